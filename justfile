@@ -1,0 +1,81 @@
+# Every workflow of the project. `just --list` shows them all.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+wasm_target := "wasm32-wasip1"
+wasm_profile := "wasm"
+wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_filter.wasm"
+
+# Show the recipes.
+default:
+    @just --list
+
+# Install what the recipes need: wasm targets (from rust-toolchain.toml) and Envoy.
+setup:
+    rustup show active-toolchain >/dev/null || rustup toolchain install
+    rustup target add wasm32-wasip1 wasm32-unknown-unknown
+    ./scripts/ensure-envoy.sh >/dev/null
+
+# Build the filter's .wasm (what Envoy loads).
+build-wasm: setup
+    cargo build -p sluice-filter --target {{wasm_target}} --profile {{wasm_profile}}
+    @ls -l {{wasm_out}}
+
+# Build the control plane binary (`target/debug/sluice`).
+build-control-plane:
+    cargo build -p sluice-control-plane --bin sluice
+
+# Build everything the integration tests and the demo run.
+build: build-wasm build-control-plane
+    cargo build -p sluice-integration-tests --bins
+
+# Run the demo: a control plane, two Envoys and uneven load above the limit.
+demo *ARGS: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo run -q -p sluice-integration-tests --bin demo -- {{ARGS}}
+
+# Everything CI checks: formatting, lints, unit tests (native and wasm32), integration tests.
+test: fmt-check clippy test-unit test-wasm test-integration
+
+# Check formatting.
+fmt-check:
+    cargo fmt --all -- --check
+
+# Format the code.
+fmt:
+    cargo fmt --all
+
+# Lint native and wasm32 builds with warnings as errors.
+clippy: setup
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy -p sluice-filter --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p sluice-filter --target wasm32-unknown-unknown --tests -- -D warnings
+
+# Unit and property tests, native.
+test-unit:
+    cargo test --workspace --exclude sluice-integration-tests
+
+# The filter's pure core on wasm32, under wasm-bindgen-test in Node.
+test-wasm: setup
+    runner="$(./scripts/ensure-wasm-bindgen.sh)"; \
+      CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
+      cargo test -p sluice-filter --target wasm32-unknown-unknown
+
+# Integration tests: real Envoy processes with the built .wasm and the real control plane.
+test-integration: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo test -p sluice-integration-tests -- --test-threads=1
+
+# Validate every config in envoy/ with `envoy --mode validate`.
+validate-envoy: build-wasm
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo test -p sluice-integration-tests --test envoy_configs
+
+# Criterion benchmarks of the pure hot path and controller.
+bench:
+    cargo bench -p sluice-benches
+
+# Remove build output and the local tool folder.
+clean:
+    cargo clean
+    rm -rf .tools .demo

@@ -1,0 +1,40 @@
+//! Messages exchanged between the Sluice filter and the control plane,
+//! generated at build time from `sluice/v1/sluice.proto`.
+//!
+//! The default build has prost messages only (what the wasm filter needs);
+//! the `grpc` feature adds the tonic client and server.
+
+/// Version 1 of the Sluice protocol.
+pub mod v1 {
+    #![allow(clippy::all, clippy::pedantic, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
+}
+
+/// Fully qualified gRPC service name, as Envoy's gRPC client needs it.
+pub const SERVICE_NAME: &str = "sluice.v1.DirectiveService";
+/// Name of the bidirectional streaming method.
+pub const STREAM_METHOD: &str = "Stream";
+
+#[cfg(test)]
+mod tests {
+    use super::v1::{BucketCount, ProxyMessage, Report, proxy_message};
+    use prost::Message;
+
+    #[test]
+    fn report_round_trips_through_protobuf() {
+        let message = ProxyMessage {
+            kind: Some(proxy_message::Kind::Report(Report {
+                sequence: 7,
+                window_ms: 250,
+                buckets: vec![BucketCount {
+                    bucket: "acme".into(),
+                    offered: u64::MAX,
+                    admitted: 3,
+                }],
+            })),
+        };
+        let bytes = message.encode_to_vec();
+        let decoded = ProxyMessage::decode(bytes.as_slice());
+        assert_eq!(decoded, Ok(message));
+    }
+}
