@@ -10,6 +10,9 @@ version="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3
 dest="$root/.tools/wasm-bindgen-$version"
 if [[ ! -x "$dest/bin/wasm-bindgen-test-runner" ]]; then
   echo "installing wasm-bindgen-cli $version into .tools/" >&2
-  cargo install --quiet --locked wasm-bindgen-cli --version "$version" --root "$dest" >&2
+  # Prefer the versions wasm-bindgen-cli was released with; fall back to a
+  # fresh resolution when the registry no longer serves one of them.
+  cargo install --quiet --locked wasm-bindgen-cli --version "$version" --root "$dest" >&2 ||
+    cargo install --quiet wasm-bindgen-cli --version "$version" --root "$dest" >&2
 fi
 echo "$dest/bin/wasm-bindgen-test-runner"

@@ -1,0 +1,66 @@
+//! The filter's per-request work without the host: directive lookup, the
+//! coin flip and counting, for one bucket and across 10k buckets; and
+//! bucket-key derivation.
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use sluice_benches::{Request, bucket_names, table_with};
+use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
+use sluice_filter::counters::BucketCounters;
+use sluice_filter::decision::{Verdict, decide};
+use std::hint::black_box;
+
+fn decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    for (name, buckets) in [("one_bucket", 1), ("keyed_10k_buckets", 10_000)] {
+        let names = bucket_names(buckets);
+        let table = table_with(&names, 0.5);
+        let mut counters = BucketCounters::new(buckets);
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut next = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                next = (next + 1) % names.len();
+                let bucket = names.get(next).map_or("", String::as_str);
+                let verdict = decide(table.threshold(black_box(bucket)), &mut rng);
+                counters.record(bucket, verdict == Verdict::Admit);
+                verdict
+            })
+        });
+    }
+    group.finish();
+}
+
+fn bucket_key(c: &mut Criterion) {
+    let spec = BucketKeySpec::new(
+        vec![
+            KeyPart {
+                source: KeySource::Header("x-tenant".into()),
+                default: "anonymous".into(),
+            },
+            KeyPart {
+                source: KeySource::PathPrefix(1),
+                default: "-".into(),
+            },
+        ],
+        "/".into(),
+    );
+    let request = Request {
+        headers: vec![
+            (":authority".into(), "api.example.com".into()),
+            (":path".into(), "/orders/42?expand=items".into()),
+            ("x-tenant".into(), "acme".into()),
+        ],
+    };
+    c.bench_function("bucket_key/header_and_path_prefix", |b| {
+        b.iter_batched(
+            || request.clone(),
+            |request| spec.derive(black_box(&request)),
+            BatchSize::SmallInput,
+        )
+    });
+}
+
+criterion_group!(benches, decision, bucket_key);
+criterion_main!(benches);

@@ -1,0 +1,302 @@
+//! The `sluice` command line: `serve` and `check-config`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ConfigError};
+use crate::state::{AppState, Settings};
+use crate::types::ControlInterval;
+use crate::{RunError, run};
+
+/// Global rate limiting for Envoy: the control plane.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC server for filters, the control loop and the admin API.
+    Serve(ServeArgs),
+    /// Validate a limits file and exit.
+    CheckConfig(CheckConfigArgs),
+}
+
+/// `sluice serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Limits file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Address for the filters' gRPC streams (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    pub grpc_listen: SocketAddr,
+    /// Address for the admin HTTP API (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub admin_listen: SocketAddr,
+    /// Control interval in milliseconds (50-60000); overrides the file.
+    #[arg(long, value_name = "MS", value_parser = parse_interval)]
+    pub control_interval_ms: Option<ControlInterval>,
+    /// Once both listeners are bound, write `{"grpc": ADDR, "admin": ADDR}` here.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
+/// `sluice check-config`.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// Limits file (YAML).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+fn parse_interval(value: &str) -> Result<ControlInterval, String> {
+    let ms: u64 = value.parse().map_err(|err| format!("{err}"))?;
+    ControlInterval::from_millis(ms).map_err(|err| err.to_string())
+}
+
+/// Why `sluice serve` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The limits file is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// The ready file could not be written.
+    #[error("cannot write ready file {}: {source}", path.display())]
+    ReadyFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The servers failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// Runs a parsed command line; the exit code is 0 on success, 1 on failure.
+pub async fn execute(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => match serve(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                tracing::error!(%err, "sluice serve failed");
+                eprintln!("sluice: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::CheckConfig(args) => check_config(&args.file),
+    }
+}
+
+/// `sluice check-config FILE`: prints `OK` or the error.
+pub fn check_config(file: &Path) -> ExitCode {
+    match Config::from_file(file) {
+        Ok(_) => {
+            println!("OK");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice serve`: load the limits, bind, announce, serve until SIGINT or
+/// SIGTERM.
+pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+    let config = Config::from_file(&args.config)?;
+    let settings = Settings::from_config(&config, args.control_interval_ms);
+    // Installed before the ready file exists: whoever reads it may signal
+    // right away, and an unhandled SIGTERM would kill the process uncleanly.
+    let shutdown = shutdown_signal().map_err(ServeError::Signals)?;
+
+    let grpc = bind("gRPC", args.grpc_listen).await?;
+    let admin = bind("admin", args.admin_listen).await?;
+    let grpc_addr = local_addr("gRPC", args.grpc_listen, &grpc)?;
+    let admin_addr = local_addr("admin", args.admin_listen, &admin)?;
+
+    let state = AppState::new(settings);
+    tracing::info!(
+        grpc = %grpc_addr,
+        admin = %admin_addr,
+        epoch = state.epoch(),
+        control_interval_ms = state.control_interval().as_millis(),
+        config = %args.config.display(),
+        "listening"
+    );
+    if let Some(path) = &args.ready_file {
+        write_ready_file(path, grpc_addr, admin_addr)
+            .await
+            .map_err(|source| ServeError::ReadyFile {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    run(grpc, admin, state, shutdown).await?;
+    Ok(())
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { what, addr, source })
+}
+
+fn local_addr(
+    what: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, ServeError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { what, addr, source })
+}
+
+/// Writes `{"grpc": "...", "admin": "..."}` atomically: readers poll for the
+/// file and must never see it half written.
+pub async fn write_ready_file(
+    path: &Path,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+) -> std::io::Result<()> {
+    let body = serde_json::json!({ "grpc": grpc.to_string(), "admin": admin.to_string() });
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    tokio::fs::write(&tmp, body.to_string()).await?;
+    tokio::fs::rename(&tmp, path).await
+}
+
+/// Completes on the first SIGINT or SIGTERM. The handlers are installed when
+/// this is called, not when the future is first polled.
+#[cfg(unix)]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => tracing::info!("received SIGINT"),
+            _ = terminate.recv() => tracing::info!("received SIGTERM"),
+        }
+    })
+}
+
+/// Completes on Ctrl-C.
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    Ok(async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    })
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_defaults_and_overrides() {
+        let cli = Cli::try_parse_from(["sluice", "serve", "--config", "l.yaml"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.grpc_listen, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(args.admin_listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(args.control_interval_ms, None);
+
+        let cli = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "l.yaml",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--control-interval-ms",
+            "100",
+            "--ready-file",
+            "r.json",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.grpc_listen.port(), 0);
+        assert_eq!(args.control_interval_ms.unwrap().as_millis(), 100);
+        assert_eq!(args.ready_file.unwrap(), PathBuf::from("r.json"));
+    }
+
+    #[test]
+    fn interval_out_of_range_is_a_usage_error() {
+        let err = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "l",
+            "--control-interval-ms",
+            "10",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("between 50 and 60000"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn ready_file_is_json_with_both_addresses() {
+        let dir = std::env::temp_dir().join(format!("sluice-ready-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ready.json");
+        write_ready_file(
+            &path,
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"grpc": "127.0.0.1:1", "admin": "127.0.0.1:2"})
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,426 @@
+//! The limits file: YAML parsed straight into validated types.
+//!
+//! Validation happens inside deserialization (`try_from` on each type), so
+//! every error, including "negative limit", carries the YAML position and the
+//! field path of the offending value.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::types::{BucketName, ControlInterval, LimitRps};
+
+/// A parsed, valid limits file.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Control interval from the file; the command line may override it.
+    #[serde(default)]
+    pub control_interval_ms: Option<ControlInterval>,
+    /// Limit for buckets no rule names; `None` = unlimited.
+    #[serde(default)]
+    pub default_limit_rps: Option<LimitRps>,
+    /// Rules in file order.
+    #[serde(default)]
+    pub limits: Rules,
+}
+
+impl Config {
+    /// Reads and validates a limits file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates YAML; `file` names the source in errors.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Self, ConfigError> {
+        // An empty file (or one with only comments) is a valid "no limits"
+        // configuration rather than a type error about a null document.
+        if text
+            .lines()
+            .all(|line| line.trim().is_empty() || line.trim_start().starts_with('#'))
+        {
+            return Ok(Self::default());
+        }
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer)
+            .map_err(|err| ConfigError::invalid(file, err))
+    }
+
+    /// The limit table the file describes.
+    pub fn limit_table(&self) -> LimitTable {
+        LimitTable::from_rules(self.default_limit_rps, self.limits.0.iter().cloned())
+    }
+}
+
+/// Rules in file order; no two entries share a bucket or a pattern.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rules(Vec<LimitRule>);
+
+impl Rules {
+    /// The rules in file order.
+    pub fn as_slice(&self) -> &[LimitRule] {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Rules {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RulesVisitor;
+
+        impl<'de> Visitor<'de> for RulesVisitor {
+            type Value = Rules;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of limits")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Rules, A::Error> {
+                // Checked while reading so the error points into the list; a
+                // duplicate is almost certainly a typo and would otherwise be
+                // silently shadowed.
+                let mut seen: HashMap<Selector, usize> = HashMap::new();
+                let mut rules = Vec::new();
+                while let Some(RawRule(rule)) = seq.next_element()? {
+                    let index = rules.len();
+                    if let Some(first) = seen.insert(rule.selector.clone(), index) {
+                        let (kind, name) = match &rule.selector {
+                            Selector::Bucket(name) => ("bucket", name),
+                            Selector::Pattern(name) => ("pattern", name),
+                        };
+                        return Err(de::Error::custom(format!(
+                            "duplicate {kind} {name:?} in entries [{first}] and [{index}]"
+                        )));
+                    }
+                    rules.push(rule);
+                }
+                Ok(Rules(rules))
+            }
+        }
+
+        deserializer.deserialize_seq(RulesVisitor)
+    }
+}
+
+/// One list entry: exactly one of `bucket` or `pattern`, and `limit_rps`.
+///
+/// A hand-written map visitor rather than a derive plus a check afterwards:
+/// errors raised inside `visit_map` are positioned at the entry itself.
+#[derive(Debug)]
+struct RawRule(LimitRule);
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum RuleField {
+    Bucket,
+    Pattern,
+    LimitRps,
+}
+
+impl<'de> Deserialize<'de> for RawRule {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RuleVisitor;
+
+        impl<'de> Visitor<'de> for RuleVisitor {
+            type Value = RawRule;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map with `bucket` or `pattern`, and `limit_rps`")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRule, A::Error> {
+                let mut selector = None;
+                let mut limit_rps = None;
+                while let Some(field) = map.next_key::<RuleField>()? {
+                    match field {
+                        RuleField::Bucket | RuleField::Pattern if selector.is_some() => {
+                            return Err(de::Error::custom(
+                                "needs exactly one of `bucket` or `pattern`",
+                            ));
+                        }
+                        RuleField::Bucket => {
+                            let BucketName(name) = map.next_value()?;
+                            selector = Some(Selector::Bucket(name));
+                        }
+                        RuleField::Pattern => {
+                            let BucketName(name) = map.next_value()?;
+                            selector = Some(Selector::Pattern(name));
+                        }
+                        RuleField::LimitRps if limit_rps.is_some() => {
+                            return Err(de::Error::duplicate_field("limit_rps"));
+                        }
+                        RuleField::LimitRps => limit_rps = Some(map.next_value()?),
+                    }
+                }
+                let selector = selector.ok_or_else(|| {
+                    de::Error::custom("needs exactly one of `bucket` or `pattern`")
+                })?;
+                let limit_rps = limit_rps.ok_or_else(|| de::Error::missing_field("limit_rps"))?;
+                Ok(RawRule(LimitRule {
+                    selector,
+                    limit_rps,
+                }))
+            }
+        }
+
+        deserializer.deserialize_struct("limit", &["bucket", "pattern", "limit_rps"], RuleVisitor)
+    }
+}
+
+/// Why a limits file was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML or does not follow the schema.
+    #[error("{0}")]
+    Invalid(InvalidConfig),
+}
+
+/// A schema or syntax error with its position, formatted as
+/// `file:line:column: field: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidConfig {
+    /// The file name as given.
+    pub file: String,
+    /// 1-based line and column, when the parser knows them.
+    pub location: Option<(usize, usize)>,
+    /// Field path such as `limits[1].limit_rps`; empty for the whole file.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some((line, column)) = self.location {
+            write!(f, ":{line}:{column}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl ConfigError {
+    fn invalid(file: &str, err: serde_path_to_error::Error<serde_yaml_ng::Error>) -> Self {
+        let path = err.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        let inner = err.into_inner();
+        let location = inner.location().map(|l| (l.line(), l.column()));
+        let message = bare_message(&inner.to_string(), &field, location);
+        Self::Invalid(InvalidConfig {
+            file: file.to_owned(),
+            location,
+            field,
+            message,
+        })
+    }
+}
+
+/// serde_yaml_ng renders errors as `path: message at line L column C`; the
+/// path and position are reported separately, so strip them from the text.
+fn bare_message(rendered: &str, field: &str, location: Option<(usize, usize)>) -> String {
+    let mut message = rendered;
+    if let Some((line, column)) = location {
+        let suffix = format!(" at line {line} column {column}");
+        if let Some(stripped) = message.strip_suffix(suffix.as_str()) {
+            message = stripped;
+        }
+    }
+    if !field.is_empty()
+        && let Some(stripped) = message
+            .strip_prefix(field)
+            .and_then(|m| m.strip_prefix(": "))
+    {
+        message = stripped;
+    }
+    message.to_owned()
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+
+    fn invalid(yaml: &str) -> InvalidConfig {
+        match Config::from_yaml(yaml, "limits.yaml") {
+            Err(ConfigError::Invalid(err)) => err,
+            other => panic!("expected an invalid config, got {other:?}"),
+        }
+    }
+
+    const GOOD: &str = "\
+# Example limits.
+control_interval_ms: 250
+default_limit_rps: 100
+limits:
+  - bucket: acme
+    limit_rps: 200
+  - pattern: \"free-*\"
+    limit_rps: 50.5
+  - bucket: blocked
+    limit_rps: 0
+";
+
+    #[test]
+    fn parses_a_good_file() {
+        let config = Config::from_yaml(GOOD, "limits.yaml").unwrap();
+        assert_eq!(config.control_interval_ms.unwrap().as_millis(), 250);
+        assert_eq!(config.default_limit_rps.unwrap().get(), 100.0);
+        let table = config.limit_table();
+        assert_eq!(table.limit_for("acme").unwrap().get(), 200.0);
+        assert_eq!(table.limit_for("free-x").unwrap().get(), 50.5);
+        assert_eq!(table.limit_for("blocked").unwrap().get(), 0.0);
+        assert_eq!(table.limit_for("other").unwrap().get(), 100.0);
+    }
+
+    #[test]
+    fn optional_fields_may_be_absent_or_null() {
+        let config = Config::from_yaml("default_limit_rps: ~\n", "l.yaml").unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.limit_table().limit_for("x"), None);
+        let config = Config::from_yaml("# nothing yet\n\n", "l.yaml").unwrap();
+        assert_eq!(config, Config::default());
+        let config = Config::from_yaml("limits: []\n", "l.yaml").unwrap();
+        assert!(config.limits.as_slice().is_empty());
+    }
+
+    #[test]
+    fn negative_limit_names_file_line_column_and_field() {
+        let yaml = "limits:\n  - bucket: a\n    limit_rps: 1\n  - bucket: b\n    limit_rps: -5\n";
+        let err = invalid(yaml);
+        assert_eq!(err.field, "limits[1].limit_rps");
+        assert_eq!(err.location, Some((5, 16)));
+        assert_eq!(
+            err.to_string(),
+            "limits.yaml:5:16: limits[1].limit_rps: must be a finite number >= 0"
+        );
+    }
+
+    #[test]
+    fn nan_infinite_and_huge_limits_are_rejected() {
+        for (value, message) in [
+            (".nan", "must be a finite number >= 0"),
+            (".inf", "must be a finite number >= 0"),
+            ("2e9", "must be at most 1e9"),
+        ] {
+            let err = invalid(&format!("default_limit_rps: {value}\n"));
+            assert_eq!(err.field, "default_limit_rps");
+            assert_eq!(err.location, Some((1, 20)));
+            assert_eq!(err.message, message);
+        }
+    }
+
+    #[test]
+    fn wrong_type_is_reported_at_the_value() {
+        let err = invalid("limits:\n  - bucket: a\n    limit_rps: lots\n");
+        assert_eq!(err.field, "limits[0].limit_rps");
+        assert_eq!(err.location, Some((3, 16)));
+        assert!(err.message.contains("invalid type"), "{}", err.message);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = invalid("default_limit: 5\n");
+        assert!(
+            err.message.contains("unknown field `default_limit`"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.location.map(|(line, _)| line), Some(1));
+        assert!(err.to_string().starts_with("limits.yaml:1:"), "{err}");
+
+        let err = invalid("limits:\n  - bucket: a\n    limit_rps: 1\n    burst: 3\n");
+        assert!(
+            err.message.contains("unknown field `burst`"),
+            "{}",
+            err.message
+        );
+        assert!(err.field.starts_with("limits[0]"), "{}", err.field);
+        assert_eq!(err.location.map(|(line, _)| line), Some(4));
+    }
+
+    #[test]
+    fn control_interval_out_of_range() {
+        let err = invalid("control_interval_ms: 10\n");
+        assert_eq!(
+            err.to_string(),
+            "limits.yaml:1:22: control_interval_ms: must be between 50 and 60000 (milliseconds)"
+        );
+    }
+
+    #[test]
+    fn entry_needs_exactly_one_selector() {
+        let err = invalid("limits:\n  - limit_rps: 1\n");
+        assert_eq!(err.field, "limits[0]");
+        assert_eq!(err.message, "needs exactly one of `bucket` or `pattern`");
+        assert_eq!(err.location.map(|(line, _)| line), Some(2));
+
+        let err = invalid("limits:\n  - bucket: a\n    pattern: b*\n    limit_rps: 1\n");
+        assert_eq!(err.field, "limits[0]");
+
+        let err = invalid("limits:\n  - bucket: \"\"\n    limit_rps: 1\n");
+        assert_eq!(
+            err.to_string(),
+            "limits.yaml:2:13: limits[0].bucket: must not be empty"
+        );
+    }
+
+    #[test]
+    fn missing_limit_is_reported() {
+        let err = invalid("limits:\n  - bucket: a\n");
+        assert_eq!(err.field, "limits[0]");
+        assert!(
+            err.message.contains("missing field `limit_rps`"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn duplicate_buckets_are_rejected() {
+        let err = invalid(
+            "limits:\n  - bucket: a\n    limit_rps: 1\n  - pattern: a\n    limit_rps: 1\n  - bucket: a\n    limit_rps: 2\n",
+        );
+        assert_eq!(err.field, "limits");
+        assert_eq!(err.message, "duplicate bucket \"a\" in entries [0] and [2]");
+        assert!(err.location.is_some());
+    }
+
+    #[test]
+    fn syntax_errors_have_a_position() {
+        let err = invalid("limits:\n  - bucket: [a\n");
+        assert!(err.location.is_some(), "{err}");
+        assert!(err.to_string().starts_with("limits.yaml:"), "{err}");
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let err = Config::from_file(Path::new("/nonexistent/limits.yaml")).unwrap_err();
+        assert!(
+            err.to_string().starts_with("/nonexistent/limits.yaml: "),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! The `sluice.v1.DirectiveService` gRPC service: one bidirectional stream
+//! per Envoy, reports in, directive batches out.
+
+use std::time::Duration;
+
+use sluice_proto::v1::directive_service_server::{DirectiveService, DirectiveServiceServer};
+use sluice_proto::v1::{
+    ControlMessage, DirectiveBatch, Hello, ProxyMessage, control_message, proxy_message,
+};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::fleet::{Connected, ReportRejected, StreamId};
+use crate::state::AppState;
+
+/// A stream that has not said Hello by then is closed.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Batches buffered per stream before the stream task waits for the client.
+const OUTBOUND_BUFFER: usize = 8;
+/// HTTP/2 pings detect proxies that vanished without closing the connection.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the gRPC API on `listener` until `shutdown` is cancelled.
+///
+/// Every stream runs in a task on `streams`, and each of those tasks ends
+/// when `shutdown` fires: tonic's graceful shutdown waits for open streams,
+/// and a proxy never closes its stream by itself.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    streams: TaskTracker,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let service = DirectiveGrpc {
+        state,
+        streams,
+        shutdown: shutdown.clone(),
+    };
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(DirectiveServiceServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await
+}
+
+/// The service implementation.
+#[derive(Debug, Clone)]
+pub struct DirectiveGrpc {
+    state: AppState,
+    streams: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+#[tonic::async_trait]
+impl DirectiveService for DirectiveGrpc {
+    type StreamStream = ReceiverStream<Result<ControlMessage, Status>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<ProxyMessage>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let peer = request.remote_addr();
+        let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
+        let session = Session {
+            state: self.state.clone(),
+            stream: self.state.next_stream_id(),
+            inbound: request.into_inner(),
+            outbound,
+            shutdown: self.shutdown.clone(),
+        };
+        let span = tracing::info_span!(
+            "stream",
+            id = session.stream.0,
+            peer = ?peer,
+            proxy_id = tracing::field::Empty
+        );
+        self.streams
+            .spawn(tracing::Instrument::instrument(session.run(), span));
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+}
+
+/// One proxy's stream.
+struct Session {
+    state: AppState,
+    stream: StreamId,
+    inbound: Streaming<ProxyMessage>,
+    outbound: mpsc::Sender<Result<ControlMessage, Status>>,
+    shutdown: CancellationToken,
+}
+
+/// Why a session ended, for the log.
+#[derive(Debug)]
+enum End {
+    Shutdown,
+    ProxyClosed,
+    ProxyGone,
+    Error(Status),
+}
+
+impl Session {
+    async fn run(mut self) {
+        let hello = match self.wait_for_hello().await {
+            Ok(hello) => hello,
+            Err(End::Error(status)) => {
+                tracing::warn!(%status, "rejecting stream");
+                // The proxy sees why; if it is already gone there is no one
+                // left to tell.
+                let _ = self.outbound.send(Err(status)).await;
+                return;
+            }
+            Err(end) => {
+                tracing::debug!(?end, "stream ended before hello");
+                return;
+            }
+        };
+        let proxy_id = hello.proxy_id;
+        tracing::Span::current().record("proxy_id", proxy_id.as_str());
+
+        let connected = self
+            .state
+            .fleet()
+            .connect(&proxy_id, hello.instance_id, self.stream);
+        match connected {
+            Connected::New => {
+                tracing::info!(proxy_id, instance_id = hello.instance_id, "proxy connected");
+            }
+            Connected::Replaced { previous } => tracing::info!(
+                proxy_id,
+                instance_id = hello.instance_id,
+                replaced_stream = previous.map(|s| s.0),
+                "proxy reconnected; the new stream replaces the old one"
+            ),
+        }
+
+        let end = self.forward(&proxy_id).await;
+        let owned = self.state.fleet().disconnect(&proxy_id, self.stream);
+        match end {
+            // Usually the proxy went away without closing (an Envoy restart).
+            End::Error(status) => tracing::info!(proxy_id, %status, "stream ended with an error"),
+            end => tracing::info!(proxy_id, ?end, superseded = !owned, "stream closed"),
+        }
+    }
+
+    async fn wait_for_hello(&mut self) -> Result<Hello, End> {
+        let first = tokio::select! {
+            () = self.shutdown.cancelled() => return Err(End::Shutdown),
+            first = tokio::time::timeout(HELLO_TIMEOUT, self.inbound.message()) => first,
+        };
+        match first {
+            Err(_elapsed) => Err(End::Error(Status::deadline_exceeded("no Hello received"))),
+            Ok(Err(status)) => Err(End::Error(status)),
+            Ok(Ok(None)) => Err(End::ProxyClosed),
+            Ok(Ok(Some(ProxyMessage {
+                kind: Some(proxy_message::Kind::Hello(hello)),
+            }))) if !hello.proxy_id.is_empty() => Ok(hello),
+            Ok(Ok(Some(ProxyMessage {
+                kind: Some(proxy_message::Kind::Hello(_)),
+            }))) => Err(End::Error(Status::invalid_argument(
+                "Hello.proxy_id is empty",
+            ))),
+            Ok(Ok(Some(_))) => Err(End::Error(Status::failed_precondition(
+                "the first message on a stream must be a Hello",
+            ))),
+        }
+    }
+
+    /// Sends the snapshot, then relays deltas and takes in reports until the
+    /// stream or the server ends.
+    async fn forward(&mut self, proxy_id: &str) -> End {
+        let (snapshot, mut subscription) = self.state.publisher().subscribe();
+        if let Err(end) = self.send(snapshot).await {
+            return end;
+        }
+        let mut last_sequence: Option<u64> = None;
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => return End::Shutdown,
+                () = self.outbound.closed() => return End::ProxyGone,
+                message = self.inbound.message() => match message {
+                    Ok(Some(message)) => self.receive(proxy_id, message, &mut last_sequence),
+                    Ok(None) => return End::ProxyClosed,
+                    Err(status) => return End::Error(status),
+                },
+                batch = subscription.next() => match batch {
+                    Some(batch) => {
+                        if let Err(end) = self.send(DirectiveBatch::clone(&batch)).await {
+                            return end;
+                        }
+                    }
+                    None => return End::Shutdown,
+                },
+            }
+        }
+    }
+
+    fn receive(&self, proxy_id: &str, message: ProxyMessage, last_sequence: &mut Option<u64>) {
+        match message.kind {
+            Some(proxy_message::Kind::Report(report)) => {
+                if let Some(last) = *last_sequence
+                    && report.sequence != last.wrapping_add(1)
+                {
+                    tracing::debug!(
+                        proxy_id,
+                        last,
+                        sequence = report.sequence,
+                        "report sequence gap"
+                    );
+                }
+                *last_sequence = Some(report.sequence);
+                match self.state.fleet().report(proxy_id, self.stream, &report) {
+                    Ok(()) => {}
+                    Err(ReportRejected::Superseded) => {
+                        tracing::debug!(proxy_id, "ignoring report from a replaced stream");
+                    }
+                    Err(err @ ReportRejected::EmptyWindow) => {
+                        tracing::warn!(proxy_id, %err, "ignoring report");
+                    }
+                }
+            }
+            Some(proxy_message::Kind::Hello(_)) => {
+                tracing::warn!(proxy_id, "ignoring a second Hello on the same stream");
+            }
+            // A newer filter may send kinds this build does not know.
+            None => tracing::debug!(proxy_id, "ignoring an empty message"),
+        }
+    }
+
+    /// Queues a batch for the proxy, giving up if the proxy is gone or the
+    /// server is shutting down (a stalled proxy must not hold up shutdown).
+    async fn send(&self, batch: DirectiveBatch) -> Result<(), End> {
+        let message = ControlMessage {
+            kind: Some(control_message::Kind::Directives(batch)),
+        };
+        tokio::select! {
+            () = self.shutdown.cancelled() => Err(End::Shutdown),
+            sent = self.outbound.send(Ok(message)) => sent.map_err(|_| End::ProxyGone),
+        }
+    }
+}

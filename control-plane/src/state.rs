@@ -1,0 +1,149 @@
+//! State shared by the gRPC streams, the control loop and the admin API.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
+
+use crate::config::Config;
+use crate::controller::BucketStatus;
+use crate::fleet::{Fleet, StreamId};
+use crate::limits::LimitTable;
+use crate::push::Publisher;
+use crate::types::ControlInterval;
+
+/// Everything needed to start a control plane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// How often the controller runs.
+    pub control_interval: ControlInterval,
+    /// Initial limits; the admin API changes them at run time.
+    pub limits: LimitTable,
+}
+
+impl Settings {
+    /// Settings from a limits file; `control_interval` (the command line)
+    /// overrides the file's interval.
+    pub fn from_config(config: &Config, control_interval: Option<ControlInterval>) -> Self {
+        Self {
+            control_interval: control_interval
+                .or(config.control_interval_ms)
+                .unwrap_or_default(),
+            limits: config.limit_table(),
+        }
+    }
+}
+
+/// Handle to the shared state; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    control_interval: ControlInterval,
+    limits: RwLock<LimitTable>,
+    fleet: Mutex<Fleet>,
+    buckets: RwLock<Arc<[BucketStatus]>>,
+    publisher: Publisher,
+    next_stream: AtomicU64,
+}
+
+impl AppState {
+    /// Fresh state with a random epoch.
+    pub fn new(settings: Settings) -> Self {
+        Self::with_epoch(settings, random_epoch())
+    }
+
+    /// Fresh state with a given epoch.
+    pub fn with_epoch(settings: Settings, epoch: u64) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                control_interval: settings.control_interval,
+                limits: RwLock::new(settings.limits),
+                fleet: Mutex::new(Fleet::new(Fleet::DEFAULT_CARRY_TICKS)),
+                buckets: RwLock::new(Arc::from([])),
+                publisher: Publisher::new(epoch),
+                next_stream: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// This process's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.publisher.epoch()
+    }
+
+    /// The control interval.
+    pub fn control_interval(&self) -> ControlInterval {
+        self.inner.control_interval
+    }
+
+    /// Read access to the limits.
+    pub fn limits(&self) -> RwLockReadGuard<'_, LimitTable> {
+        // Poisoning is ignored throughout: no code panics while holding a
+        // lock, and every critical section leaves the data consistent.
+        self.inner
+            .limits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Write access to the limits.
+    pub fn limits_mut(&self) -> RwLockWriteGuard<'_, LimitTable> {
+        self.inner
+            .limits
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The fleet's per-proxy state.
+    pub fn fleet(&self) -> MutexGuard<'_, Fleet> {
+        self.inner
+            .fleet
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The buckets as of the last control interval.
+    pub fn buckets(&self) -> Arc<[BucketStatus]> {
+        self.inner
+            .buckets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the buckets view.
+    pub fn set_buckets(&self, buckets: Vec<BucketStatus>) {
+        *self
+            .inner
+            .buckets
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::from(buckets);
+    }
+
+    /// Where directive batches are published.
+    pub fn publisher(&self) -> &Publisher {
+        &self.inner.publisher
+    }
+
+    /// A new, unique stream id.
+    pub fn next_stream_id(&self) -> StreamId {
+        StreamId(self.inner.next_stream.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A random epoch, so that a restarted control plane never reuses one.
+fn random_epoch() -> u64 {
+    getrandom::u64().unwrap_or_else(|err| {
+        tracing::warn!(%err, "no OS randomness; deriving the epoch from time and pid");
+        // `RandomState` is seeded per process; mixing in time and pid keeps
+        // epochs distinct even if that seeding were weak.
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        RandomState::new().hash_one((now, std::process::id()))
+    })
+}

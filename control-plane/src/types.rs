@@ -1,0 +1,340 @@
+//! Validated value types shared by the config, the admin API and the controller.
+//!
+//! Each type is parsed from its raw representation once, at the edge, so that
+//! the rest of the crate never has to re-check a rate or a probability.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+/// The largest accepted limit. Far above any real fleet, low enough that
+/// arithmetic on rates never gets near overflow or precision trouble.
+pub const MAX_LIMIT_RPS: f64 = 1e9;
+
+/// A bucket key is an arbitrary string built by the filter; this bounds what
+/// an operator can store through the admin API.
+pub const MAX_BUCKET_LEN: usize = 1024;
+
+/// A fleet-wide limit in requests per second: finite, `0 ..= 1e9`.
+///
+/// `0` means "drop everything"; "unlimited" is expressed as the absence of a
+/// limit (`Option::None`), never as a magic number.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
+#[serde(into = "f64")]
+pub struct LimitRps(f64);
+
+impl LimitRps {
+    /// Validates a raw rate.
+    pub fn new(rps: f64) -> Result<Self, InvalidLimit> {
+        if rps.is_finite() && (0.0..=MAX_LIMIT_RPS).contains(&rps) {
+            Ok(Self(rps))
+        } else if rps.is_finite() && rps > MAX_LIMIT_RPS {
+            Err(InvalidLimit::TooLarge)
+        } else {
+            Err(InvalidLimit::NotFiniteNonNegative)
+        }
+    }
+
+    /// The rate in requests per second.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl TryFrom<f64> for LimitRps {
+    type Error = InvalidLimit;
+
+    fn try_from(rps: f64) -> Result<Self, Self::Error> {
+        Self::new(rps)
+    }
+}
+
+impl From<LimitRps> for f64 {
+    fn from(limit: LimitRps) -> Self {
+        limit.0
+    }
+}
+
+impl fmt::Display for LimitRps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+// Validation runs inside the visitor rather than through `try_from`, so that a
+// YAML error is reported at the offending scalar instead of at its parent map.
+impl<'de> Deserialize<'de> for LimitRps {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LimitVisitor;
+
+        impl Visitor<'_> for LimitVisitor {
+            type Value = LimitRps;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of requests per second")
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<LimitRps, E> {
+                LimitRps::new(v).map_err(E::custom)
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<LimitRps, E> {
+                self.visit_f64(v as f64)
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<LimitRps, E> {
+                self.visit_f64(v as f64)
+            }
+        }
+
+        deserializer.deserialize_f64(LimitVisitor)
+    }
+}
+
+/// Why a number is not a [`LimitRps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidLimit {
+    /// NaN, infinite or negative.
+    #[error("must be a finite number >= 0")]
+    NotFiniteNonNegative,
+    /// Above [`MAX_LIMIT_RPS`].
+    #[error("must be at most 1e9")]
+    TooLarge,
+}
+
+/// A probability of dropping a request, always within `[0, 1]`.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default, Serialize)]
+#[serde(into = "f64")]
+pub struct DropRatio(f64);
+
+impl DropRatio {
+    /// Let everything through.
+    pub const ZERO: Self = Self(0.0);
+    /// Drop everything.
+    pub const ONE: Self = Self(1.0);
+
+    /// Returns `None` for NaN or values outside `[0, 1]`.
+    pub fn new(ratio: f64) -> Option<Self> {
+        (0.0..=1.0).contains(&ratio).then_some(Self(ratio))
+    }
+
+    /// Clamps into `[0, 1]`; NaN becomes 0 because a computation that went
+    /// wrong must never start dropping traffic on its own.
+    pub fn saturating(ratio: f64) -> Self {
+        if ratio.is_nan() {
+            Self::ZERO
+        } else {
+            Self(ratio.clamp(0.0, 1.0))
+        }
+    }
+
+    /// The probability.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl From<DropRatio> for f64 {
+    fn from(ratio: DropRatio) -> Self {
+        ratio.0
+    }
+}
+
+/// How often the control loop runs: `50 ..= 60000` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "u64")]
+pub struct ControlInterval(u64);
+
+impl ControlInterval {
+    /// Shortest accepted interval in milliseconds.
+    pub const MIN_MS: u64 = 50;
+    /// Longest accepted interval in milliseconds.
+    pub const MAX_MS: u64 = 60_000;
+    /// Used when neither the file nor the command line sets one.
+    pub const DEFAULT: Self = Self(500);
+
+    /// Validates an interval in milliseconds.
+    pub fn from_millis(ms: u64) -> Result<Self, InvalidControlInterval> {
+        if (Self::MIN_MS..=Self::MAX_MS).contains(&ms) {
+            Ok(Self(ms))
+        } else {
+            Err(InvalidControlInterval)
+        }
+    }
+
+    /// The interval in milliseconds.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// The interval as a [`Duration`].
+    pub fn as_duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+impl Default for ControlInterval {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl TryFrom<u64> for ControlInterval {
+    type Error = InvalidControlInterval;
+
+    fn try_from(ms: u64) -> Result<Self, Self::Error> {
+        Self::from_millis(ms)
+    }
+}
+
+impl From<ControlInterval> for u64 {
+    fn from(interval: ControlInterval) -> Self {
+        interval.0
+    }
+}
+
+// See `LimitRps`: validating in the visitor keeps the error's position exact.
+impl<'de> Deserialize<'de> for ControlInterval {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IntervalVisitor;
+
+        impl Visitor<'_> for IntervalVisitor {
+            type Value = ControlInterval;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of milliseconds")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ControlInterval, E> {
+                ControlInterval::from_millis(v).map_err(E::custom)
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ControlInterval, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(InvalidControlInterval))
+                    .and_then(|v| self.visit_u64(v))
+            }
+        }
+
+        deserializer.deserialize_u64(IntervalVisitor)
+    }
+}
+
+/// An interval outside `50 ..= 60000` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be between 50 and 60000 (milliseconds)")]
+pub struct InvalidControlInterval;
+
+/// Checks a bucket key or pattern given by an operator.
+pub fn validate_bucket(bucket: &str) -> Result<(), InvalidBucket> {
+    if bucket.is_empty() {
+        Err(InvalidBucket::Empty)
+    } else if bucket.len() > MAX_BUCKET_LEN {
+        Err(InvalidBucket::TooLong)
+    } else {
+        Ok(())
+    }
+}
+
+/// A bucket key or pattern from a file: validated while deserializing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketName(pub String);
+
+impl<'de> Deserialize<'de> for BucketName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+
+        impl Visitor<'_> for NameVisitor {
+            type Value = BucketName;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a bucket key")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BucketName, E> {
+                validate_bucket(v).map_err(E::custom)?;
+                Ok(BucketName(v.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+/// Why a string is not an acceptable bucket key or pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBucket {
+    /// The empty string.
+    #[error("must not be empty")]
+    Empty,
+    /// Longer than [`MAX_BUCKET_LEN`] bytes.
+    #[error("must be at most 1024 bytes")]
+    TooLong,
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_accepts_zero_to_a_billion() {
+        assert_eq!(LimitRps::new(0.0).unwrap().get(), 0.0);
+        assert_eq!(LimitRps::new(200.0).unwrap().get(), 200.0);
+        assert_eq!(LimitRps::new(1e9).unwrap().get(), 1e9);
+    }
+
+    #[test]
+    fn limit_rejects_nan_infinite_negative_and_huge() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, -0.001] {
+            assert_eq!(LimitRps::new(bad), Err(InvalidLimit::NotFiniteNonNegative));
+        }
+        assert_eq!(LimitRps::new(1e9 + 1.0), Err(InvalidLimit::TooLarge));
+    }
+
+    #[test]
+    fn limit_deserializes_through_validation() {
+        let ok: LimitRps = serde_json::from_str("150").unwrap();
+        assert_eq!(ok.get(), 150.0);
+        let err = serde_json::from_str::<LimitRps>("-3").unwrap_err();
+        assert!(err.to_string().contains("must be a finite number >= 0"));
+    }
+
+    #[test]
+    fn drop_ratio_stays_in_unit_interval() {
+        assert_eq!(DropRatio::new(1.5), None);
+        assert_eq!(DropRatio::new(f64::NAN), None);
+        assert_eq!(DropRatio::saturating(1.5), DropRatio::ONE);
+        assert_eq!(DropRatio::saturating(-0.5), DropRatio::ZERO);
+        assert_eq!(DropRatio::saturating(f64::NAN), DropRatio::ZERO);
+        assert_eq!(DropRatio::new(0.25).unwrap().get(), 0.25);
+    }
+
+    #[test]
+    fn control_interval_range() {
+        assert!(ControlInterval::from_millis(49).is_err());
+        assert!(ControlInterval::from_millis(60_001).is_err());
+        assert_eq!(ControlInterval::from_millis(50).unwrap().as_millis(), 50);
+        assert_eq!(
+            ControlInterval::default().as_duration(),
+            Duration::from_millis(500)
+        );
+    }
+
+    #[test]
+    fn bucket_validation() {
+        assert_eq!(validate_bucket(""), Err(InvalidBucket::Empty));
+        assert_eq!(
+            validate_bucket(&"x".repeat(1025)),
+            Err(InvalidBucket::TooLong)
+        );
+        assert!(validate_bucket("acme/api").is_ok());
+    }
+}

@@ -1,0 +1,146 @@
+//! The `sluice` binary: ready file, admin API, SIGTERM, `check-config`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/limits.yaml")
+}
+
+/// A minimal HTTP/1.1 GET, enough for a smoke test without a client crate.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn example_config_is_valid() {
+    let output = Command::new(SLUICE)
+        .arg("check-config")
+        .arg(example())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8(output.stdout).unwrap().trim(), "OK");
+}
+
+#[test]
+fn check_config_reports_file_line_column_and_field() {
+    let dir = temp_dir("check");
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, "limits:\n  - bucket: acme\n    limit_rps: -1\n").unwrap();
+    let output = Command::new(SLUICE)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "{}:3:16: limits[0].limit_rps: must be a finite number >= 0",
+            file.display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_writes_ready_file_and_stops_on_sigterm() {
+    let dir = temp_dir("serve");
+    let ready = dir.join("ready.json");
+    let mut child = Command::new(SLUICE)
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(example())
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(["--control-interval-ms", "100"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            break text;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "sluice exited early");
+        assert!(Instant::now() < deadline, "no ready file");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let grpc: SocketAddr = addrs["grpc"].as_str().unwrap().parse().unwrap();
+    let admin: SocketAddr = addrs["admin"].as_str().unwrap().parse().unwrap();
+    assert_ne!(grpc.port(), 0);
+    assert_ne!(admin.port(), 0);
+
+    let health = http_get(admin, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.ends_with(r#"{"status":"ok"}"#), "{health}");
+    let buckets = http_get(admin, "/v1/buckets");
+    assert!(
+        buckets.contains(r#""control_interval_ms":100"#),
+        "{buckets}"
+    );
+
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(5) {
+            child.kill().unwrap();
+            panic!("sluice did not stop after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        sent.elapsed()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,225 @@
+//! How a request maps to a bucket: a list of parts (header, authority, path
+//! prefix, route name, literal) joined by a separator.
+
+/// Longest bucket key in bytes. Longer keys are cut (at a character
+/// boundary) so a hostile header cannot make counters or reports large.
+pub const MAX_BUCKET_KEY_BYTES: usize = 256;
+
+/// The request attributes a bucket key can be built from.
+pub trait RequestAttributes {
+    /// A request header by lower-case name, including pseudo-headers such
+    /// as `:authority` and `:path`.
+    fn header(&self, name: &str) -> Option<String>;
+    /// The name of the route the request matched.
+    fn route_name(&self) -> Option<String>;
+}
+
+/// Where one part of the key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A request header (lower-case name).
+    Header(String),
+    /// The `:authority` pseudo-header, lower-cased.
+    Authority,
+    /// The first `n` non-empty segments of the path, without the query.
+    PathPrefix(usize),
+    /// The matched route's name.
+    RouteName,
+    /// A fixed string.
+    Literal(String),
+}
+
+/// One part of the key and the value used when its attribute is absent or
+/// empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPart {
+    /// Where the value comes from.
+    pub source: KeySource,
+    /// The value when the attribute is absent or empty.
+    pub default: String,
+}
+
+/// A validated bucket-key specification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketKeySpec {
+    parts: Vec<KeyPart>,
+    separator: String,
+}
+
+impl BucketKeySpec {
+    /// Builds a spec; [`crate::config`] validates the parts first.
+    pub fn new(parts: Vec<KeyPart>, separator: String) -> Self {
+        Self { parts, separator }
+    }
+
+    /// Whether a part needs the route name, which costs a property read.
+    pub fn uses_route_name(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|part| part.source == KeySource::RouteName)
+    }
+
+    /// The bucket of a request. Reads only the attributes the spec names.
+    pub fn derive(&self, request: &impl RequestAttributes) -> String {
+        let mut key = String::new();
+        for (index, part) in self.parts.iter().enumerate() {
+            if index > 0 {
+                key.push_str(&self.separator);
+            }
+            match attribute(&part.source, request) {
+                Some(value) if !value.is_empty() => key.push_str(&value),
+                _ => key.push_str(&part.default),
+            }
+        }
+        truncate_at_char_boundary(&mut key, MAX_BUCKET_KEY_BYTES);
+        key
+    }
+}
+
+fn attribute(source: &KeySource, request: &impl RequestAttributes) -> Option<String> {
+    match source {
+        KeySource::Header(name) => request.header(name),
+        KeySource::Authority => request.header(":authority").map(|a| a.to_ascii_lowercase()),
+        KeySource::PathPrefix(segments) => {
+            request.header(":path").map(|p| path_prefix(&p, *segments))
+        }
+        KeySource::RouteName => request.route_name(),
+        KeySource::Literal(value) => Some(value.clone()),
+    }
+}
+
+/// `/a/b/c?x=1` with 2 segments is `/a/b`; empty segments are skipped, and a
+/// path without segments is `/`.
+fn path_prefix(path: &str, segments: usize) -> String {
+    let without_query = path.split(['?', '#']).next().unwrap_or_default();
+    let mut prefix = String::new();
+    for segment in without_query
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .take(segments)
+    {
+        prefix.push('/');
+        prefix.push_str(segment);
+    }
+    if prefix.is_empty() {
+        prefix.push('/');
+    }
+    prefix
+}
+
+fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
+    if value.len() > max_bytes {
+        let cut = (0..=max_bytes)
+            .rev()
+            .find(|i| value.is_char_boundary(*i))
+            .unwrap_or(0);
+        value.truncate(cut);
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[derive(Default)]
+    struct Request {
+        headers: HashMap<&'static str, &'static str>,
+        route: Option<&'static str>,
+    }
+
+    impl RequestAttributes for Request {
+        fn header(&self, name: &str) -> Option<String> {
+            self.headers.get(name).map(|v| (*v).to_owned())
+        }
+        fn route_name(&self) -> Option<String> {
+            self.route.map(str::to_owned)
+        }
+    }
+
+    fn part(source: KeySource) -> KeyPart {
+        KeyPart {
+            source,
+            default: "-".into(),
+        }
+    }
+
+    fn request(headers: &[(&'static str, &'static str)]) -> Request {
+        Request {
+            headers: headers.iter().copied().collect(),
+            route: None,
+        }
+    }
+
+    #[test]
+    fn joins_all_sources_with_the_separator() {
+        let spec = BucketKeySpec::new(
+            vec![
+                part(KeySource::Header("x-tenant".into())),
+                part(KeySource::Authority),
+                part(KeySource::PathPrefix(1)),
+                part(KeySource::RouteName),
+                part(KeySource::Literal("api".into())),
+            ],
+            "/".into(),
+        );
+        let mut req = request(&[
+            ("x-tenant", "acme"),
+            (":authority", "Shop.Example"),
+            (":path", "/v1/items?q=1"),
+        ]);
+        req.route = Some("catalog");
+        assert_eq!(spec.derive(&req), "acme/shop.example//v1/catalog/api");
+    }
+
+    #[test]
+    fn absent_or_empty_attributes_use_the_default() {
+        let spec = BucketKeySpec::new(
+            vec![
+                KeyPart {
+                    source: KeySource::Header("x-tenant".into()),
+                    default: "anonymous".into(),
+                },
+                part(KeySource::RouteName),
+            ],
+            ":".into(),
+        );
+        assert_eq!(spec.derive(&request(&[])), "anonymous:-");
+        assert_eq!(spec.derive(&request(&[("x-tenant", "")])), "anonymous:-");
+    }
+
+    #[test]
+    fn path_prefix_takes_non_empty_segments_without_query() {
+        assert_eq!(path_prefix("/a/b/c?x=/y", 2), "/a/b");
+        assert_eq!(path_prefix("//a//b", 1), "/a");
+        assert_eq!(path_prefix("/a#frag", 3), "/a");
+        assert_eq!(path_prefix("/", 1), "/");
+        assert_eq!(path_prefix("/?q", 1), "/");
+    }
+
+    #[test]
+    fn long_keys_are_cut_at_a_char_boundary() {
+        let spec = BucketKeySpec::new(vec![part(KeySource::Header("x".into()))], "/".into());
+        let long: &'static str = Box::leak("é".repeat(MAX_BUCKET_KEY_BYTES).into_boxed_str());
+        let key = spec.derive(&request(&[("x", long)]));
+        assert!(key.len() <= MAX_BUCKET_KEY_BYTES);
+        assert!(key.len() >= MAX_BUCKET_KEY_BYTES - 1);
+        assert!(key.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn route_name_use_is_reported() {
+        let with = BucketKeySpec::new(vec![part(KeySource::RouteName)], "/".into());
+        let without = BucketKeySpec::new(vec![part(KeySource::Authority)], "/".into());
+        assert!(with.uses_route_name());
+        assert!(!without.uses_route_name());
+    }
+}

@@ -1,0 +1,171 @@
+//! The root context: configuration, the 100 ms tick and the control-plane
+//! stream callbacks, all forwarded to the VM's [`Agent`].
+
+use super::envoy_host::{self, EnvoyHost, log, now_ms};
+use super::http::{PassThrough, RequestPolicy, SluiceHttp};
+use crate::agent::{Agent, AgentSettings, TICK_MS};
+use crate::config::FilterConfig;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType, LogLevel};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Used when neither the config nor the Envoy node names the proxy.
+const FALLBACK_PROXY_ID: &str = "envoy";
+
+pub(super) struct SluiceRoot {
+    seed: u64,
+    host: EnvoyHost,
+    configured: Option<Configured>,
+    /// Last clock reading, used if the host clock fails.
+    last_now_ms: u64,
+}
+
+struct Configured {
+    agent: Rc<RefCell<Agent>>,
+    policy: Rc<RequestPolicy>,
+}
+
+impl SluiceRoot {
+    pub(super) fn new(context_id: u32) -> Self {
+        Self {
+            seed: envoy_host::seed(context_id),
+            host: EnvoyHost,
+            configured: None,
+            last_now_ms: 0,
+        }
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        if let Some(now) = now_ms() {
+            self.last_now_ms = now;
+        }
+        self.last_now_ms
+    }
+
+    /// Runs `f` on the agent, if configured and not already borrowed.
+    fn with_agent(&mut self, f: impl FnOnce(&mut Agent, &mut EnvoyHost)) {
+        if let Some(configured) = &self.configured
+            && let Ok(mut agent) = configured.agent.try_borrow_mut()
+        {
+            f(&mut agent, &mut self.host);
+        }
+    }
+}
+
+impl Context for SluiceRoot {
+    fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
+        let message = match hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, message_size) {
+            Ok(message) => message.unwrap_or_default(),
+            Err(status) => {
+                log(
+                    LogLevel::Warn,
+                    &format!("cannot read a control-plane message: {status:?}"),
+                );
+                return;
+            }
+        };
+        self.with_agent(|agent, host| agent.on_stream_message(host, token_id, &message));
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        let now = self.now_ms();
+        self.with_agent(|agent, host| agent.on_stream_close(host, token_id, status_code, now));
+    }
+
+    fn on_done(&mut self) -> bool {
+        self.with_agent(|agent, host| agent.shut_down(host));
+        true
+    }
+}
+
+impl RootContext for SluiceRoot {
+    fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
+        let bytes = match hostcalls::get_buffer(
+            BufferType::PluginConfiguration,
+            0,
+            plugin_configuration_size,
+        ) {
+            Ok(bytes) => bytes.unwrap_or_default(),
+            Err(status) => {
+                log(
+                    LogLevel::Error,
+                    &format!("cannot read the plugin configuration: {status:?}"),
+                );
+                return false;
+            }
+        };
+        let config = match FilterConfig::from_json(&bytes) {
+            Ok(config) => config,
+            Err(err) => {
+                log(
+                    LogLevel::Error,
+                    &format!("invalid sluice plugin configuration: {err}"),
+                );
+                return false;
+            }
+        };
+        if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
+            log(
+                LogLevel::Error,
+                &format!("cannot start the tick: {status:?}"),
+            );
+            return false;
+        }
+        // Envoy may configure a root context more than once: release the
+        // previous agent's stream and lease before replacing it.
+        self.with_agent(|agent, host| agent.shut_down(host));
+        let settings = AgentSettings {
+            control_plane_cluster: config.control_plane_cluster,
+            proxy_id: config.proxy_id.unwrap_or_else(node_id),
+            report_interval_ms: config.report_interval_ms,
+            max_buckets: config.max_buckets,
+        };
+        log(
+            LogLevel::Debug,
+            &format!(
+                "configured: proxy {} reports to cluster {}",
+                settings.proxy_id, settings.control_plane_cluster
+            ),
+        );
+        self.configured = Some(Configured {
+            agent: Rc::new(RefCell::new(Agent::new(settings, self.seed))),
+            policy: Rc::new(RequestPolicy {
+                bucket_key: config.bucket_key,
+                retry_after: config.retry_after_seconds.to_string(),
+            }),
+        });
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let now = self.now_ms();
+        self.with_agent(|agent, host| agent.on_tick(host, now));
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(match &self.configured {
+            Some(configured) => Box::new(SluiceHttp {
+                agent: Rc::clone(&configured.agent),
+                policy: Rc::clone(&configured.policy),
+            }),
+            None => Box::new(PassThrough),
+        })
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// The Envoy node id, which identifies the proxy unless the config does.
+fn node_id() -> String {
+    hostcalls::get_property(vec!["node", "id"])
+        .ok()
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| FALLBACK_PROXY_ID.to_owned())
+}

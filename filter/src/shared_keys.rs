@@ -1,0 +1,12 @@
+//! Names of the shared-data keys and the shared queue every VM of the
+//! `vm_id` uses. Versioned so an incompatible future layout cannot be
+//! misread during a rolling upgrade of the module.
+
+/// The directive table (an encoded `DirectiveBatch`), written by the leader.
+pub const DIRECTIVES_KEY: &str = "sluice.v1.directives";
+/// The leader lease (see [`crate::lease`]).
+pub const LEASE_KEY: &str = "sluice.v1.leader";
+/// The process-wide instance id sent in `Hello`.
+pub const INSTANCE_ID_KEY: &str = "sluice.v1.instance_id";
+/// The queue through which VMs hand their counts to the leader.
+pub const COUNTS_QUEUE: &str = "sluice.v1.counts";
