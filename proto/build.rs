@@ -36,4 +36,3 @@ fn compile(descriptors: FileDescriptorSet, out_dir: &Path) -> Result<(), Box<dyn
         .compile_fds(descriptors)?;
     Ok(())
 }
-

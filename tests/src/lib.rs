@@ -1,1 +1,21 @@
-//! Placeholder.
+//! Integration-test harness for Sluice.
+//!
+//! The tests in `tests/` and the `demo` binary drive real processes: the
+//! control plane (`sluice serve`), Envoy with the built filter (`.wasm`), and
+//! an open-loop HTTP load generator. Each module does one thing:
+//!
+//! - [`paths`]: where the workspace, Envoy, the control plane and the `.wasm` are.
+//! - [`process`]: a child-process guard that logs to a file and cleans up on drop.
+//! - [`control_plane`]: start/restart `sluice serve` and talk to its admin API.
+//! - [`envoy`]: rewrite an `envoy/*.yaml` for a test, start Envoy, validate configs.
+//! - [`fleet`]: a control plane plus N Envoys, ready for a test.
+//! - [`load`]: paced load with per-response records and rate arithmetic.
+//! - [`wait`]: polling with timeouts.
+
+pub mod control_plane;
+pub mod envoy;
+pub mod fleet;
+pub mod load;
+pub mod paths;
+pub mod process;
+pub mod wait;
