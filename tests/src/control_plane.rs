@@ -1,0 +1,404 @@
+//! The control plane under test: `sluice serve` as a child process, and a
+//! small client for its admin API.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use crate::paths;
+use crate::process::ChildGuard;
+
+/// How long `sluice serve` gets to write its ready file.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How to start `sluice serve`.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// The limits file.
+    pub limits: Limits,
+    /// `--control-interval-ms`; `None` keeps the file's value.
+    pub control_interval_ms: Option<u64>,
+    /// gRPC listen address; port 0 picks a free port.
+    pub grpc_listen: SocketAddr,
+    /// Admin listen address; port 0 picks a free port.
+    pub admin_listen: SocketAddr,
+    /// Directory for the limits file, the ready file and the log.
+    pub work_dir: PathBuf,
+    /// Name used for the log file and in messages.
+    pub name: String,
+}
+
+impl ControlPlaneOptions {
+    /// Ephemeral ports on loopback, files under `work_dir`.
+    pub fn new(limits_yaml: &str, work_dir: &Path) -> Self {
+        Self {
+            limits: Limits::Yaml(limits_yaml.to_owned()),
+            control_interval_ms: None,
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            work_dir: work_dir.to_path_buf(),
+            name: "sluice".to_owned(),
+        }
+    }
+
+    /// Uses an existing limits file instead of writing one.
+    #[must_use]
+    pub fn limits_file(mut self, path: &Path) -> Self {
+        self.limits = Limits::File(path.to_path_buf());
+        self
+    }
+
+    /// Sets fixed listen addresses instead of ephemeral ports.
+    #[must_use]
+    pub fn listen(mut self, grpc: SocketAddr, admin: SocketAddr) -> Self {
+        self.grpc_listen = grpc;
+        self.admin_listen = admin;
+        self
+    }
+
+    /// Sets `--control-interval-ms`.
+    #[must_use]
+    pub fn control_interval_ms(mut self, ms: u64) -> Self {
+        self.control_interval_ms = Some(ms);
+        self
+    }
+}
+
+/// Where the limits come from.
+#[derive(Debug, Clone)]
+pub enum Limits {
+    /// YAML written to `<work_dir>/<name>-limits.yaml`.
+    Yaml(String),
+    /// An existing file, passed as is.
+    File(PathBuf),
+}
+
+/// The addresses `sluice serve` writes to its ready file.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub struct ReadyFile {
+    /// Bound gRPC address.
+    pub grpc: SocketAddr,
+    /// Bound admin address.
+    pub admin: SocketAddr,
+}
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    guard: ChildGuard,
+    options: ControlPlaneOptions,
+    addrs: ReadyFile,
+    admin: AdminClient,
+    starts: u32,
+}
+
+impl ControlPlane {
+    /// Writes the limits file, starts `sluice serve` with a ready file and waits for it.
+    pub async fn start(options: ControlPlaneOptions) -> Result<Self> {
+        let (guard, addrs) = spawn(&options, 1).await?;
+        Ok(Self {
+            guard,
+            admin: AdminClient::new(addrs.admin)?,
+            options,
+            addrs,
+            starts: 1,
+        })
+    }
+
+    /// The bound gRPC address (what Envoy's `sluice_control_plane` cluster points at).
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.addrs.grpc
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.addrs.admin
+    }
+
+    /// A client for the admin API of the current process.
+    pub fn admin(&self) -> &AdminClient {
+        &self.admin
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.guard.is_running()
+    }
+
+    /// Kills the process with SIGKILL (a crash, as far as Envoy can tell).
+    pub fn kill(&mut self) -> Result<()> {
+        self.guard.kill().map(drop)
+    }
+
+    /// Stops the process with SIGTERM (graceful shutdown) and checks it exited 0.
+    pub fn shutdown(&mut self) -> Result<()> {
+        let status = self.guard.terminate()?;
+        if !status.success() {
+            bail!("{}: exited with {status} after SIGTERM", self.guard.name());
+        }
+        Ok(())
+    }
+
+    /// Stops the current process (if running) and starts a new one on the same
+    /// gRPC port (the admin port is picked anew), with the same limits file.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.guard.kill()?;
+        let mut options = self.options.clone();
+        options.grpc_listen = self.addrs.grpc;
+        self.starts += 1;
+        let (guard, addrs) = spawn(&options, self.starts).await?;
+        if addrs.grpc != self.addrs.grpc {
+            bail!(
+                "restarted control plane bound {} instead of {}",
+                addrs.grpc,
+                self.addrs.grpc
+            );
+        }
+        // Replacing the guard drops (and stops) the old, already dead process.
+        self.guard = guard;
+        self.admin = AdminClient::new(addrs.admin)?;
+        self.addrs = addrs;
+        Ok(())
+    }
+
+    /// Prints the log tail of the current process.
+    pub fn print_log(&self) {
+        self.guard.print_log();
+    }
+
+    /// The current process's log file.
+    pub fn log_path(&self) -> &Path {
+        self.guard.log_path()
+    }
+}
+
+async fn spawn(options: &ControlPlaneOptions, start: u32) -> Result<(ChildGuard, ReadyFile)> {
+    let name = if start == 1 {
+        options.name.clone()
+    } else {
+        format!("{}#{start}", options.name)
+    };
+    std::fs::create_dir_all(&options.work_dir)
+        .with_context(|| format!("cannot create {}", options.work_dir.display()))?;
+    let limits = match &options.limits {
+        Limits::File(path) => path.clone(),
+        Limits::Yaml(yaml) => {
+            let path = options
+                .work_dir
+                .join(format!("{}-limits.yaml", options.name));
+            std::fs::write(&path, yaml)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            path
+        }
+    };
+    let ready = options.work_dir.join(format!("{name}.ready.json"));
+    match std::fs::remove_file(&ready) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err).with_context(|| format!("cannot remove {}", ready.display())),
+    }
+    let mut command = Command::new(paths::sluice_bin()?);
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&limits)
+        .arg("--grpc-listen")
+        .arg(options.grpc_listen.to_string())
+        .arg("--admin-listen")
+        .arg(options.admin_listen.to_string())
+        .arg("--ready-file")
+        .arg(&ready)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+        );
+    if let Some(ms) = options.control_interval_ms {
+        command.arg("--control-interval-ms").arg(ms.to_string());
+    }
+    let log = options.work_dir.join(format!("{name}.log"));
+    let mut guard = ChildGuard::spawn(&name, command, &log)?;
+    let addrs = wait_ready(&mut guard, &ready).await;
+    match addrs {
+        Ok(addrs) => Ok((guard, addrs)),
+        Err(err) => {
+            guard.print_log();
+            Err(err)
+        }
+    }
+}
+
+async fn wait_ready(guard: &mut ChildGuard, ready: &Path) -> Result<ReadyFile> {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        match std::fs::read_to_string(ready) {
+            Ok(text) => return parse_ready(&text),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(err).with_context(|| format!("cannot read {}", ready.display()));
+            }
+        }
+        if let Some(status) = guard.try_exit_status()? {
+            bail!("{} exited with {status} before it was ready", guard.name());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "{} did not write {} within {READY_TIMEOUT:?}",
+                guard.name(),
+                ready.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Parses the ready file's JSON.
+pub fn parse_ready(text: &str) -> Result<ReadyFile> {
+    serde_json::from_str(text).with_context(|| format!("bad ready file: {text:?}"))
+}
+
+/// `GET /v1/buckets`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BucketsReply {
+    /// The control plane's random per-process epoch.
+    pub epoch: u64,
+    /// Its control interval.
+    pub control_interval_ms: u64,
+    /// One entry per known bucket, sorted by name.
+    pub buckets: Vec<BucketStatus>,
+}
+
+impl BucketsReply {
+    /// The entry for `bucket`, if the control plane knows it.
+    pub fn bucket(&self, bucket: &str) -> Option<&BucketStatus> {
+        self.buckets.iter().find(|b| b.bucket == bucket)
+    }
+}
+
+/// One bucket in `GET /v1/buckets`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BucketStatus {
+    /// Bucket key.
+    pub bucket: String,
+    /// Effective limit; `None` = unlimited.
+    pub limit_rps: Option<f64>,
+    /// Fleet offered rate estimate.
+    pub offered_rps: f64,
+    /// Fleet admitted rate as reported.
+    pub admitted_rps: f64,
+    /// The drop ratio the control plane pushes.
+    pub drop_ratio: f64,
+    /// How many proxies contributed to the estimate.
+    pub proxies_reporting: u32,
+}
+
+/// A client for the admin API.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl AdminClient {
+    /// A client for the admin API at `addr`.
+    pub fn new(addr: SocketAddr) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .context("cannot build the admin HTTP client")?;
+        Ok(Self {
+            base: format!("http://{addr}"),
+            http,
+        })
+    }
+
+    /// `GET /healthz` answered 200.
+    pub async fn healthy(&self) -> Result<bool> {
+        let response = self
+            .http
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .await?;
+        Ok(response.status().is_success())
+    }
+
+    /// `GET /v1/buckets`.
+    pub async fn buckets(&self) -> Result<BucketsReply> {
+        let url = format!("{}/v1/buckets", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        let response = check(response, &url).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("GET {url}: bad JSON"))
+    }
+
+    /// `PUT /v1/limits/{bucket}` with `{"limit_rps": limit_rps}`.
+    pub async fn put_limit(&self, bucket: &str, limit_rps: f64) -> Result<()> {
+        let url = format!("{}/v1/limits/{bucket}", self.base);
+        let response = self
+            .http
+            .put(&url)
+            .json(&serde_json::json!({ "limit_rps": limit_rps }))
+            .send()
+            .await
+            .with_context(|| format!("PUT {url}"))?;
+        check(response, &url).await.map(drop)
+    }
+
+    /// `DELETE /v1/limits/{bucket}`.
+    pub async fn delete_limit(&self, bucket: &str) -> Result<()> {
+        let url = format!("{}/v1/limits/{bucket}", self.base);
+        let response = self
+            .http
+            .delete(&url)
+            .send()
+            .await
+            .with_context(|| format!("DELETE {url}"))?;
+        check(response, &url).await.map(drop)
+    }
+}
+
+async fn check(response: reqwest::Response, url: &str) -> Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    bail!("{url}: HTTP {status}: {body}")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_ready_file() {
+        let ready = parse_ready(r#"{"grpc":"127.0.0.1:50051","admin":"127.0.0.1:8080"}"#).unwrap();
+        assert_eq!(ready.grpc, SocketAddr::from(([127, 0, 0, 1], 50051)));
+        assert_eq!(ready.admin.port(), 8080);
+        assert!(parse_ready("{").is_err());
+    }
+
+    #[test]
+    fn parses_the_buckets_reply() {
+        let reply: BucketsReply = serde_json::from_str(
+            r#"{"epoch":7,"control_interval_ms":200,"buckets":[
+                {"bucket":"acme","limit_rps":200.0,"offered_rps":600.0,"admitted_rps":200.0,"drop_ratio":0.6667,"proxies_reporting":2},
+                {"bucket":"free","limit_rps":null,"offered_rps":10.0,"admitted_rps":10.0,"drop_ratio":0.0,"proxies_reporting":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(reply.bucket("acme").unwrap().limit_rps, Some(200.0));
+        assert_eq!(reply.bucket("free").unwrap().limit_rps, None);
+        assert!(reply.bucket("nope").is_none());
+    }
+}

@@ -1,0 +1,597 @@
+//! Envoy under test: config rewriting, start-up with readiness checks, and
+//! `envoy --mode validate`.
+//!
+//! Tests start from the real `envoy/*.yaml` files, so the configs a newcomer
+//! runs are the configs the tests exercise. [`rewrite`] makes one safe to run
+//! beside others: ephemeral ports, the control plane's real port, an absolute
+//! `.wasm` path, and patched plugin settings (e.g. a shorter report interval).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Map as JsonMap;
+use serde_json::Value as Json;
+use serde_yaml_ng::{Mapping, Value};
+
+use crate::paths;
+use crate::process::ChildGuard;
+use crate::wait;
+
+/// The cluster the filter streams to (the contract fixes its name).
+pub const CONTROL_PLANE_CLUSTER: &str = "sluice_control_plane";
+/// How long Envoy gets to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long `envoy --mode validate` may take.
+const VALIDATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Reads a YAML config.
+pub fn load_config(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("{} is not valid YAML", path.display()))
+}
+
+/// Reads `envoy/<file_name>` from the workspace.
+pub fn load_repo_config(file_name: &str) -> Result<Value> {
+    load_config(&paths::envoy_config_dir()?.join(file_name))
+}
+
+/// What [`rewrite`] changes.
+#[derive(Debug, Clone, Default)]
+pub struct Rewrite {
+    /// Set admin and listener ports to 0 (the OS picks free ones).
+    pub ephemeral_ports: bool,
+    /// Point the `sluice_control_plane` cluster at this address.
+    pub control_plane: Option<SocketAddr>,
+    /// Replace every wasm `vm_config.code.local.filename` with this path.
+    pub wasm: Option<PathBuf>,
+    /// Fields set (top-level, replacing) in every wasm plugin's JSON configuration.
+    pub plugin_patch: JsonMap<String, Json>,
+}
+
+impl Rewrite {
+    /// Everything a test needs: ephemeral ports, the control plane, the built `.wasm`
+    /// (from `SLUICE_WASM`) and `plugin_patch` (a JSON object).
+    pub fn for_test(control_plane: SocketAddr, plugin_patch: Json) -> Result<Self> {
+        let Json::Object(plugin_patch) = plugin_patch else {
+            bail!("plugin_patch must be a JSON object, got {plugin_patch}");
+        };
+        Ok(Self {
+            ephemeral_ports: true,
+            control_plane: Some(control_plane),
+            wasm: Some(paths::sluice_wasm()?),
+            plugin_patch,
+        })
+    }
+}
+
+/// What [`rewrite`] found and changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RewriteReport {
+    /// Listener ports set to 0.
+    pub listeners: usize,
+    /// Endpoints of `sluice_control_plane` repointed.
+    pub control_plane_endpoints: usize,
+    /// Wasm plugin configs seen (code path and/or configuration patched).
+    pub wasm_plugins: usize,
+}
+
+/// Rewrites `config` in place. Fails if a requested change has nothing to apply to
+/// (e.g. a control-plane address but no `sluice_control_plane` endpoint).
+pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
+    let mut report = RewriteReport::default();
+    if rw.ephemeral_ports {
+        let admin_port = config
+            .get_mut("admin")
+            .and_then(|admin| admin.get_mut("address"))
+            .and_then(socket_address_mut)
+            .context("config has no admin.address.socket_address")?;
+        admin_port.insert("port_value".into(), 0.into());
+        for listener in seq_mut(config, &["static_resources", "listeners"]) {
+            if let Some(socket) = listener.get_mut("address").and_then(socket_address_mut) {
+                socket.insert("port_value".into(), 0.into());
+                report.listeners += 1;
+            }
+        }
+        if report.listeners == 0 {
+            bail!("config has no static listener with a socket address");
+        }
+    }
+    if let Some(addr) = rw.control_plane {
+        for cluster in seq_mut(config, &["static_resources", "clusters"]) {
+            if cluster.get("name").and_then(Value::as_str) != Some(CONTROL_PLANE_CLUSTER) {
+                continue;
+            }
+            let Some(assignment) = cluster.get_mut("load_assignment") else {
+                continue;
+            };
+            for endpoints in seq_mut(assignment, &["endpoints"]) {
+                for lb in seq_mut(endpoints, &["lb_endpoints"]) {
+                    let socket = lb
+                        .get_mut("endpoint")
+                        .and_then(|e| e.get_mut("address"))
+                        .and_then(socket_address_mut);
+                    if let Some(socket) = socket {
+                        socket.insert("address".into(), addr.ip().to_string().into());
+                        socket.insert("port_value".into(), u64::from(addr.port()).into());
+                        report.control_plane_endpoints += 1;
+                    }
+                }
+            }
+        }
+        if report.control_plane_endpoints == 0 {
+            bail!("config has no endpoint in cluster {CONTROL_PLANE_CLUSTER}");
+        }
+    }
+    let mut failure: Option<anyhow::Error> = None;
+    visit_mappings(config, &mut |mapping| {
+        if failure.is_some() || !mapping.contains_key("vm_config") {
+            return;
+        }
+        report.wasm_plugins += 1;
+        if let Err(err) = patch_plugin(mapping, rw) {
+            failure = Some(err);
+        }
+    });
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    if (rw.wasm.is_some() || !rw.plugin_patch.is_empty()) && report.wasm_plugins == 0 {
+        bail!("config has no wasm plugin (no `vm_config`)");
+    }
+    Ok(report)
+}
+
+/// Patches one wasm `PluginConfig` mapping (the one holding `vm_config`).
+fn patch_plugin(plugin: &mut Mapping, rw: &Rewrite) -> Result<()> {
+    if let Some(wasm) = &rw.wasm {
+        let local = plugin
+            .get_mut("vm_config")
+            .and_then(|vm| vm.get_mut("code"))
+            .and_then(|code| code.get_mut("local"))
+            .and_then(Value::as_mapping_mut)
+            .context("wasm plugin has no vm_config.code.local")?;
+        local.insert("filename".into(), wasm.display().to_string().into());
+    }
+    if !rw.plugin_patch.is_empty() {
+        let value = plugin
+            .get_mut("configuration")
+            .and_then(|c| c.get_mut("value"))
+            .context("wasm plugin has no configuration.value to patch")?;
+        let text = value
+            .as_str()
+            .context("configuration.value is not a string")?;
+        let patched = patch_json_object(text, &rw.plugin_patch)?;
+        *value = Value::String(patched);
+    }
+    Ok(())
+}
+
+/// Sets top-level fields of the JSON object in `text`.
+pub fn patch_json_object(text: &str, patch: &JsonMap<String, Json>) -> Result<String> {
+    let mut json: Json = serde_json::from_str(text)
+        .with_context(|| format!("plugin configuration is not JSON: {text}"))?;
+    let object = json
+        .as_object_mut()
+        .context("plugin configuration is not a JSON object")?;
+    for (key, value) in patch {
+        object.insert(key.clone(), value.clone());
+    }
+    serde_json::to_string(&json).context("cannot serialize the plugin configuration")
+}
+
+/// The plugin JSON configurations of every wasm filter in `config`, parsed.
+pub fn plugin_configurations(config: &Value) -> Result<Vec<Json>> {
+    let mut found = Vec::new();
+    let mut clone = config.clone();
+    visit_mappings(&mut clone, &mut |mapping| {
+        if mapping.contains_key("vm_config")
+            && let Some(text) = mapping
+                .get("configuration")
+                .and_then(|c| c.get("value"))
+                .and_then(Value::as_str)
+        {
+            found.push(serde_json::from_str::<Json>(text).map_err(anyhow::Error::from));
+        }
+    });
+    found.into_iter().collect()
+}
+
+fn socket_address_mut(address: &mut Value) -> Option<&mut Mapping> {
+    address
+        .get_mut("socket_address")
+        .and_then(Value::as_mapping_mut)
+}
+
+/// The items of the sequence at `path` below `value` (empty if absent).
+fn seq_mut<'a>(value: &'a mut Value, path: &[&str]) -> impl Iterator<Item = &'a mut Value> {
+    let mut current = Some(value);
+    for key in path {
+        current = current.and_then(|v| v.get_mut(*key));
+    }
+    current
+        .and_then(Value::as_sequence_mut)
+        .into_iter()
+        .flat_map(|seq| seq.iter_mut())
+}
+
+fn visit_mappings(value: &mut Value, f: &mut dyn FnMut(&mut Mapping)) {
+    match value {
+        Value::Mapping(mapping) => {
+            f(mapping);
+            for (_, child) in mapping.iter_mut() {
+                visit_mappings(child, f);
+            }
+        }
+        Value::Sequence(seq) => {
+            for child in seq {
+                visit_mappings(child, f);
+            }
+        }
+        Value::Tagged(tagged) => visit_mappings(&mut tagged.value, f),
+        _ => {}
+    }
+}
+
+/// Writes `config` as YAML to `path`.
+pub fn write_config(config: &Value, path: &Path) -> Result<()> {
+    let text = serde_yaml_ng::to_string(config).context("cannot serialize the Envoy config")?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Runs `envoy --mode validate` on `config` (written to a temp file).
+pub async fn validate(config: &Value) -> Result<()> {
+    let dir = tempfile::tempdir().context("cannot create a temp dir")?;
+    let path = dir.path().join("envoy.yaml");
+    write_config(config, &path)?;
+    let mut command = tokio::process::Command::new(paths::envoy_bin()?);
+    command
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(&path)
+        .arg("--disable-hot-restart")
+        .arg("-l")
+        .arg("warn")
+        .current_dir(paths::workspace_root()?)
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(VALIDATE_TIMEOUT, command.output())
+        .await
+        .context("envoy --mode validate timed out")?
+        .context("cannot run envoy --mode validate")?;
+    if !output.status.success() {
+        bail!(
+            "envoy --mode validate failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// How to start Envoy.
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    /// Name for the log file and messages (e.g. `envoy-a`).
+    pub name: String,
+    /// Where the config copy, the admin address file and the log go.
+    pub work_dir: PathBuf,
+    /// `--concurrency` (worker threads).
+    pub concurrency: u32,
+    /// `-l` log level.
+    pub log_level: String,
+}
+
+impl EnvoyOptions {
+    /// Two workers, `info` logs, files under `work_dir`.
+    pub fn new(name: &str, work_dir: &Path) -> Self {
+        Self {
+            name: name.to_owned(),
+            work_dir: work_dir.to_path_buf(),
+            concurrency: 2,
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+/// A running, ready Envoy.
+#[derive(Debug)]
+pub struct Envoy {
+    guard: ChildGuard,
+    admin: SocketAddr,
+    listener: SocketAddr,
+}
+
+impl Envoy {
+    /// Writes `config` to `<work_dir>/<name>.yaml` and starts Envoy on it.
+    pub async fn start(config: &Value, options: &EnvoyOptions) -> Result<Self> {
+        std::fs::create_dir_all(&options.work_dir)
+            .with_context(|| format!("cannot create {}", options.work_dir.display()))?;
+        let path = options.work_dir.join(format!("{}.yaml", options.name));
+        write_config(config, &path)?;
+        Self::start_file(&path, options).await
+    }
+
+    /// Starts Envoy on a config file as is (relative paths in it are taken from
+    /// the workspace root, Envoy's working directory).
+    pub async fn start_file(config_path: &Path, options: &EnvoyOptions) -> Result<Self> {
+        std::fs::create_dir_all(&options.work_dir)
+            .with_context(|| format!("cannot create {}", options.work_dir.display()))?;
+        let admin_file = options
+            .work_dir
+            .join(format!("{}.admin-address", options.name));
+        let _ = std::fs::remove_file(&admin_file);
+        let mut command = Command::new(paths::envoy_bin()?);
+        command
+            .arg("-c")
+            .arg(config_path)
+            .arg("--disable-hot-restart")
+            .arg("--concurrency")
+            .arg(options.concurrency.to_string())
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .arg("-l")
+            .arg(&options.log_level)
+            .current_dir(paths::workspace_root()?);
+        let log = options.work_dir.join(format!("{}.log", options.name));
+        let mut guard = ChildGuard::spawn(&options.name, command, &log)?;
+        match wait_ready(&mut guard, &admin_file).await {
+            Ok((admin, listener)) => Ok(Self {
+                guard,
+                admin,
+                listener,
+            }),
+            Err(err) => {
+                guard.print_log();
+                Err(err)
+            }
+        }
+    }
+
+    /// The admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    /// The (first) listener's bound address.
+    pub fn listener_addr(&self) -> SocketAddr {
+        self.listener
+    }
+
+    /// `http://<listener>` without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.listener)
+    }
+
+    /// Whether Envoy is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.guard.is_running()
+    }
+
+    /// Prints the log tail.
+    pub fn print_log(&self) {
+        self.guard.print_log();
+    }
+
+    /// The log file.
+    pub fn log_path(&self) -> &Path {
+        self.guard.log_path()
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period.
+    pub fn stop(&mut self) -> Result<()> {
+        self.guard.terminate().map(drop)
+    }
+
+    /// The admin `/stats` lines whose names contain `filter` (a regex, as Envoy takes it).
+    pub async fn stats(&self, filter: &str) -> Result<String> {
+        let url = format!("http://{}/stats?filter={filter}", self.admin);
+        let response = reqwest::get(&url)
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        response.text().await.with_context(|| format!("GET {url}"))
+    }
+}
+
+async fn wait_ready(guard: &mut ChildGuard, admin_file: &Path) -> Result<(SocketAddr, SocketAddr)> {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    let admin = loop {
+        if let Ok(text) = std::fs::read_to_string(admin_file)
+            && let Ok(addr) = text.trim().parse::<SocketAddr>()
+        {
+            break addr;
+        }
+        if let Some(status) = guard.try_exit_status()? {
+            bail!("{} exited with {status} during start-up", guard.name());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "{} did not write its admin address within {READY_TIMEOUT:?}",
+                guard.name()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .context("cannot build an HTTP client")?;
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let name = guard.name().to_owned();
+    wait::until(
+        &format!("{name} /ready"),
+        remaining,
+        Duration::from_millis(25),
+        || {
+            let http = http.clone();
+            async move {
+                let response = http.get(format!("http://{admin}/ready")).send().await?;
+                Ok(response.status().is_success().then_some(()))
+            }
+        },
+    )
+    .await?;
+    if let Some(status) = guard.try_exit_status()? {
+        bail!("{name} exited with {status} right after becoming ready");
+    }
+    let url = format!("http://{admin}/listeners?format=json");
+    let listeners: Json = http
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?
+        .json()
+        .await
+        .with_context(|| format!("GET {url}: bad JSON"))?;
+    let listener = first_listener(&listeners)
+        .with_context(|| format!("GET {url}: no listener address in {listeners}"))?;
+    Ok((admin, listener))
+}
+
+/// The first listener address in an admin `/listeners?format=json` reply.
+pub fn first_listener(listeners: &Json) -> Option<SocketAddr> {
+    let socket = listeners
+        .get("listener_statuses")?
+        .as_array()?
+        .first()?
+        .get("local_address")?
+        .get("socket_address")?;
+    let ip = socket.get("address")?.as_str()?.parse().ok()?;
+    let port = u16::try_from(socket.get("port_value")?.as_u64()?).ok()?;
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+
+    fn demo() -> Value {
+        load_repo_config("demo-a.yaml").unwrap()
+    }
+
+    fn rw(patch: Json) -> Rewrite {
+        let Json::Object(plugin_patch) = patch else {
+            panic!()
+        };
+        Rewrite {
+            ephemeral_ports: true,
+            control_plane: Some(SocketAddr::from(([127, 0, 0, 1], 45678))),
+            wasm: Some(PathBuf::from("/abs/sluice_filter.wasm")),
+            plugin_patch,
+        }
+    }
+
+    #[test]
+    fn rewrite_sets_ports_control_plane_wasm_and_plugin_fields() {
+        let mut config = demo();
+        let report = rewrite(
+            &mut config,
+            &rw(serde_json::json!({"proxy_id": "test-a", "report_interval_ms": 100})),
+        )
+        .unwrap();
+        assert_eq!(
+            report,
+            RewriteReport {
+                listeners: 1,
+                control_plane_endpoints: 1,
+                wasm_plugins: 1
+            }
+        );
+        assert_eq!(
+            config["admin"]["address"]["socket_address"]["port_value"],
+            Value::from(0)
+        );
+        let listener = &config["static_resources"]["listeners"][0]["address"]["socket_address"];
+        assert_eq!(listener["port_value"], Value::from(0));
+        let cluster = &config["static_resources"]["clusters"][0];
+        assert_eq!(cluster["name"].as_str(), Some(CONTROL_PLANE_CLUSTER));
+        let socket = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"];
+        assert_eq!(socket["port_value"], Value::from(45678));
+        assert_eq!(socket["address"].as_str(), Some("127.0.0.1"));
+
+        let plugins = plugin_configurations(&config).unwrap();
+        assert_eq!(plugins.len(), 1);
+        assert_eq!(plugins[0]["proxy_id"], "test-a");
+        assert_eq!(plugins[0]["report_interval_ms"], 100);
+        // Untouched fields survive.
+        assert_eq!(plugins[0]["control_plane_cluster"], CONTROL_PLANE_CLUSTER);
+        assert_eq!(plugins[0]["bucket_key"][0]["name"], "x-tenant");
+
+        let text = serde_yaml_ng::to_string(&config).unwrap();
+        assert!(text.contains("/abs/sluice_filter.wasm"), "{text}");
+        assert!(
+            !text.contains("target/wasm32-wasip1/wasm/sluice_filter.wasm"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rewritten_config_round_trips_through_yaml() {
+        let mut config = demo();
+        rewrite(&mut config, &rw(serde_json::json!({"proxy_id": "x"}))).unwrap();
+        let text = serde_yaml_ng::to_string(&config).unwrap();
+        let back: Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn demo_configs_differ_only_where_the_contract_says() {
+        let a = plugin_configurations(&load_repo_config("demo-a.yaml").unwrap()).unwrap();
+        let b = plugin_configurations(&load_repo_config("demo-b.yaml").unwrap()).unwrap();
+        assert_eq!(a[0]["proxy_id"], "demo-a");
+        assert_eq!(b[0]["proxy_id"], "demo-b");
+        let listener_port = |file: &str| {
+            let config = load_repo_config(file).unwrap();
+            config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+                .as_u64()
+        };
+        assert_eq!(listener_port("demo-a.yaml"), Some(10000));
+        assert_eq!(listener_port("demo-b.yaml"), Some(10001));
+    }
+
+    #[test]
+    fn rewrite_fails_without_a_control_plane_cluster() {
+        let mut config: Value = serde_yaml_ng::from_str(
+            "admin: {address: {socket_address: {address: 127.0.0.1, port_value: 9901}}}\n\
+             static_resources:\n  listeners:\n  - address: {socket_address: {address: 127.0.0.1, port_value: 1}}\n",
+        )
+        .unwrap();
+        let err = rewrite(&mut config, &rw(serde_json::json!({})))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(CONTROL_PLANE_CLUSTER), "{err}");
+    }
+
+    #[test]
+    fn patch_json_rejects_non_objects() {
+        let patch = JsonMap::new();
+        assert!(patch_json_object("[1]", &patch).is_err());
+        assert!(patch_json_object("not json", &patch).is_err());
+        assert_eq!(
+            patch_json_object(r#"{"a":1}"#, &patch).unwrap(),
+            r#"{"a":1}"#
+        );
+    }
+
+    #[test]
+    fn first_listener_reads_the_admin_reply() {
+        let reply = serde_json::json!({"listener_statuses": [{"name": "ingress",
+            "local_address": {"socket_address": {"address": "127.0.0.1", "port_value": 34567}}}]});
+        assert_eq!(
+            first_listener(&reply),
+            Some(SocketAddr::from(([127, 0, 0, 1], 34567)))
+        );
+        assert_eq!(first_listener(&serde_json::json!({})), None);
+    }
+}

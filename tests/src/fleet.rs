@@ -1,0 +1,130 @@
+//! A test fleet: one control plane and N Envoys built from the repo's demo
+//! configs, everything on ephemeral loopback ports under one temp dir.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::control_plane::{ControlPlane, ControlPlaneOptions};
+use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+
+/// Settings shared by the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// The control plane's limits file.
+    pub limits_yaml: String,
+    /// `--control-interval-ms`.
+    pub control_interval_ms: u64,
+    /// The filter's `report_interval_ms`.
+    pub report_interval_ms: u64,
+    /// How many Envoys (they use demo-a.yaml, demo-b.yaml, demo-a.yaml, …).
+    pub envoys: usize,
+}
+
+impl FleetOptions {
+    /// `envoys` Envoys, 200 ms control interval, 100 ms report interval.
+    pub fn new(limits_yaml: &str, envoys: usize) -> Self {
+        Self {
+            limits_yaml: limits_yaml.to_owned(),
+            control_interval_ms: 200,
+            report_interval_ms: 100,
+            envoys,
+        }
+    }
+
+    /// One control interval.
+    pub fn control_interval(&self) -> Duration {
+        Duration::from_millis(self.control_interval_ms)
+    }
+}
+
+/// A running fleet. Dropping it stops every process.
+#[derive(Debug)]
+pub struct Fleet {
+    /// Envoys, in start order (`envoy-a`, `envoy-b`, …).
+    pub envoys: Vec<Envoy>,
+    /// The control plane.
+    pub control_plane: ControlPlane,
+    /// The options it was started with.
+    pub options: FleetOptions,
+    // Last, so it is removed after the processes writing into it are stopped.
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// Starts the control plane, then the Envoys (each waited for until ready).
+    pub async fn start(options: FleetOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-it-")
+            .tempdir()
+            .context("cannot create a temp dir")?;
+        let control_plane = ControlPlane::start(
+            ControlPlaneOptions::new(&options.limits_yaml, dir.path())
+                .control_interval_ms(options.control_interval_ms),
+        )
+        .await?;
+        let mut envoys = Vec::with_capacity(options.envoys);
+        for index in 0..options.envoys {
+            let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
+            let file = if index % 2 == 0 {
+                "demo-a.yaml"
+            } else {
+                "demo-b.yaml"
+            };
+            let mut config = envoy::load_repo_config(file)?;
+            let rewrite = Rewrite::for_test(
+                control_plane.grpc_addr(),
+                json!({
+                    "proxy_id": format!("test-{letter}"),
+                    "report_interval_ms": options.report_interval_ms,
+                }),
+            )?;
+            envoy::rewrite(&mut config, &rewrite)?;
+            let envoy = Envoy::start(
+                &config,
+                &EnvoyOptions::new(&format!("envoy-{letter}"), dir.path()),
+            )
+            .await?;
+            envoys.push(envoy);
+        }
+        Ok(Self {
+            envoys,
+            control_plane,
+            options,
+            dir,
+        })
+    }
+
+    /// The `http://…` base URL of Envoy `index`.
+    pub fn url(&self, index: usize) -> Result<String> {
+        self.envoys
+            .get(index)
+            .map(Envoy::base_url)
+            .with_context(|| format!("no Envoy #{index}"))
+    }
+
+    /// Where logs and generated configs are.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Prints every process's log tail (for failures reported without a panic).
+    pub fn print_logs(&self) {
+        self.control_plane.print_log();
+        for envoy in &self.envoys {
+            envoy.print_log();
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // On a failed test keep the logs and generated configs for a post-mortem
+        // (the process guards print their log tails as they drop, after this).
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("test fleet files kept in {}", self.dir.path().display());
+        }
+    }
+}

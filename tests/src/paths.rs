@@ -1,0 +1,126 @@
+//! Locations of the workspace and of the binaries the harness runs.
+//!
+//! - `ENVOY_BIN`: Envoy with the V8 wasm runtime (`./scripts/ensure-envoy.sh` prints one).
+//!   Falls back to the project-local copy in `.tools/` when it exists.
+//! - `SLUICE_BIN`: the control plane, default `target/debug/sluice`.
+//! - `SLUICE_WASM`: the filter, default `target/wasm32-wasip1/wasm/sluice_filter.wasm`.
+//!
+//! Relative paths are taken from the workspace root.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// Default location of the built filter, relative to the workspace root.
+pub const DEFAULT_WASM: &str = "target/wasm32-wasip1/wasm/sluice_filter.wasm";
+/// Default location of the built control plane, relative to the workspace root.
+pub const DEFAULT_SLUICE_BIN: &str = "target/debug/sluice";
+/// Where `scripts/ensure-envoy.sh` installs Envoy, relative to the workspace root.
+pub const LOCAL_ENVOY: &str = ".tools/envoy-1.40.0/envoy";
+
+const BUILD_HINT: &str = "run `just build` (or `just test-integration`, which builds first)";
+
+/// The workspace root: the parent of this crate's directory.
+pub fn workspace_root() -> Result<PathBuf> {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .context("this crate's directory has no parent")?;
+    if !root.join("Cargo.toml").is_file() {
+        bail!("{} does not look like the workspace root", root.display());
+    }
+    Ok(root.to_path_buf())
+}
+
+/// A path from the workspace root unless it is already absolute.
+pub fn from_root(path: impl AsRef<Path>) -> Result<PathBuf> {
+    let path = path.as_ref();
+    if path.is_absolute() {
+        Ok(path.to_path_buf())
+    } else {
+        Ok(workspace_root()?.join(path))
+    }
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, else the project-local copy in `.tools/`.
+pub fn envoy_bin() -> Result<PathBuf> {
+    match std::env::var_os("ENVOY_BIN") {
+        Some(value) if !value.is_empty() => {
+            let path = from_root(PathBuf::from(value))?;
+            require_file(&path, "ENVOY_BIN", "run `./scripts/ensure-envoy.sh`")
+        }
+        _ => {
+            let local = from_root(LOCAL_ENVOY)?;
+            if local.is_file() {
+                Ok(local)
+            } else {
+                bail!(
+                    "ENVOY_BIN is not set and {} does not exist: {BUILD_HINT}, or set \
+                     ENVOY_BIN=\"$(./scripts/ensure-envoy.sh)\"",
+                    local.display()
+                )
+            }
+        }
+    }
+}
+
+/// The control-plane binary: `$SLUICE_BIN`, default `target/debug/sluice`.
+pub fn sluice_bin() -> Result<PathBuf> {
+    let path = env_or_default("SLUICE_BIN", DEFAULT_SLUICE_BIN)?;
+    require_file(&path, "SLUICE_BIN", BUILD_HINT)
+}
+
+/// The filter's `.wasm`: `$SLUICE_WASM`, default `target/wasm32-wasip1/wasm/sluice_filter.wasm`.
+pub fn sluice_wasm() -> Result<PathBuf> {
+    let path = env_or_default("SLUICE_WASM", DEFAULT_WASM)?;
+    require_file(&path, "SLUICE_WASM", BUILD_HINT)
+}
+
+/// Directory of the Envoy configs (`envoy/`).
+pub fn envoy_config_dir() -> Result<PathBuf> {
+    from_root("envoy")
+}
+
+fn env_or_default(var: &str, default: &str) -> Result<PathBuf> {
+    match std::env::var_os(var) {
+        Some(value) if !value.is_empty() => from_root(PathBuf::from(value)),
+        _ => from_root(default),
+    }
+}
+
+fn require_file(path: &Path, what: &str, hint: &str) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path.to_path_buf())
+    } else {
+        bail!("{what}: {} does not exist: {hint}", path.display())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_root_has_the_envoy_configs_dir() {
+        let root = workspace_root().unwrap();
+        assert!(root.join("justfile").is_file());
+        assert_eq!(envoy_config_dir().unwrap(), root.join("envoy"));
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_root() {
+        let root = workspace_root().unwrap();
+        assert_eq!(from_root("a/b").unwrap(), root.join("a/b"));
+        assert_eq!(from_root("/x/y").unwrap(), PathBuf::from("/x/y"));
+    }
+
+    #[test]
+    fn missing_file_error_tells_how_to_build() {
+        let err = require_file(Path::new("/nonexistent/sluice"), "SLUICE_BIN", BUILD_HINT)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("just build"), "{err}");
+        assert!(err.contains("SLUICE_BIN"), "{err}");
+    }
+}

@@ -1,0 +1,85 @@
+//! Two Envoys share one limit: 200 rps on a bucket offered ~600 rps split
+//! 450 / 150. After convergence the fleet admits 200 rps ± 10%, counted from
+//! the responses, and each Envoy admits in proportion to its offered load.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 200
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_converge_to_the_fleet_limit() {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 2)).await.unwrap();
+    let duration = Duration::from_secs(9);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &fleet.url(0).unwrap(), "acme", 450.0),
+            StreamSpec::new("B/acme", &fleet.url(1).unwrap(), "acme", 150.0),
+        ],
+        duration,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let buckets = fleet.control_plane.admin().buckets().await.unwrap();
+    let result = load.finish().await.unwrap();
+
+    let window = Window::secs(4.0, duration.as_secs_f64());
+    let summary = format!(
+        "{}control plane at 5s: {buckets:?}\n{}",
+        result.summary(window),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+
+    let fleet_counts = result.tenant_counts(window, "acme");
+    assert_eq!(
+        fleet_counts.server_errors + fleet_counts.errors,
+        0,
+        "{summary}"
+    );
+    assert_eq!(
+        fleet_counts.skipped, 0,
+        "the load generator fell behind\n{summary}"
+    );
+    let admitted = rate(fleet_counts.ok, window);
+    assert!(
+        within(admitted, 200.0, 0.10),
+        "fleet admitted {admitted:.1} rps, limit 200\n{summary}"
+    );
+
+    // A uniform drop ratio admits each Envoy in proportion to its offered load.
+    let per_envoy = |prefix: &str| {
+        rate(
+            result.counts(window, |s| s.label.starts_with(prefix)).ok,
+            window,
+        )
+    };
+    let (a, b) = (per_envoy("A/"), per_envoy("B/"));
+    assert!(
+        within(a, 150.0, 0.2),
+        "Envoy A admitted {a:.1} rps, expected ~150\n{summary}"
+    );
+    assert!(
+        within(b, 50.0, 0.3),
+        "Envoy B admitted {b:.1} rps, expected ~50\n{summary}"
+    );
+
+    let bucket = buckets
+        .bucket("acme")
+        .expect("the control plane must know acme");
+    assert_eq!(bucket.proxies_reporting, 2, "{summary}");
+    assert!(within(bucket.offered_rps, 600.0, 0.15), "{summary}");
+    assert!(within(bucket.drop_ratio, 2.0 / 3.0, 0.1), "{summary}");
+}
