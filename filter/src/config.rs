@@ -274,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn the_contract_example_parses() {
+    fn a_configuration_with_every_field_parses() {
         let config = FilterConfig::from_json(
             br#"{
               "control_plane_cluster": "sluice_control_plane",

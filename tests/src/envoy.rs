@@ -18,9 +18,8 @@ use serde_yaml_ng::{Mapping, Value};
 
 use crate::paths;
 use crate::process::ChildGuard;
-use crate::wait;
 
-/// The cluster the filter streams to (the contract fixes its name).
+/// The cluster the filter streams to, as the demo configs and README name it.
 pub const CONTROL_PLANE_CLUSTER: &str = "sluice_control_plane";
 /// How long Envoy gets to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -420,23 +419,22 @@ async fn wait_ready(guard: &mut ChildGuard, admin_file: &Path) -> Result<(Socket
         .timeout(Duration::from_secs(2))
         .build()
         .context("cannot build an HTTP client")?;
-    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    // Poll /ready by hand rather than with `wait::until`: Envoy can write its
+    // admin address and then exit (an invalid plugin configuration does), and
+    // that must fail at once, not after the timeout.
     let name = guard.name().to_owned();
-    wait::until(
-        &format!("{name} /ready"),
-        remaining,
-        Duration::from_millis(25),
-        || {
-            let http = http.clone();
-            async move {
-                let response = http.get(format!("http://{admin}/ready")).send().await?;
-                Ok(response.status().is_success().then_some(()))
-            }
-        },
-    )
-    .await?;
-    if let Some(status) = guard.try_exit_status()? {
-        bail!("{name} exited with {status} right after becoming ready");
+    loop {
+        if let Some(status) = guard.try_exit_status()? {
+            bail!("{name} exited with {status} during start-up");
+        }
+        let ready = http.get(format!("http://{admin}/ready")).send().await;
+        if ready.is_ok_and(|response| response.status().is_success()) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("{name} was not ready within {READY_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let url = format!("http://{admin}/listeners?format=json");
     let listeners: Json = http
@@ -546,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn demo_configs_differ_only_where_the_contract_says() {
+    fn demo_configs_differ_only_in_ports_and_proxy_id() {
         let a = plugin_configurations(&load_repo_config("demo-a.yaml").unwrap()).unwrap();
         let b = plugin_configurations(&load_repo_config("demo-b.yaml").unwrap()).unwrap();
         assert_eq!(a[0]["proxy_id"], "demo-a");

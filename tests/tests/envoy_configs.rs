@@ -1,6 +1,6 @@
 //! Every Envoy config in `envoy/` passes `envoy --mode validate` (with the
 //! `.wasm` path made absolute, so the check does not depend on the working
-//! directory), and the demo configs follow the contract.
+//! directory), and the demo configs are laid out as the README documents.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -65,7 +65,7 @@ async fn a_broken_config_fails_validation() {
 }
 
 #[test]
-fn demo_configs_follow_the_contract() {
+fn demo_configs_follow_the_documented_layout() {
     for (file, proxy_id, listener, admin) in [
         ("demo-a.yaml", "demo-a", 10000, 9901),
         ("demo-b.yaml", "demo-b", 10001, 9902),
