@@ -10,9 +10,9 @@ wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_filter.wasm"
 default:
     @just --list
 
-# Install what the recipes need: wasm targets (from rust-toolchain.toml) and Envoy.
+# Install the pinned toolchain with its wasm targets, and Envoy.
 setup:
-    rustup show active-toolchain >/dev/null || rustup toolchain install
+    rustup toolchain install
     rustup target add wasm32-wasip1 wasm32-unknown-unknown
     ./scripts/ensure-envoy.sh >/dev/null
 
@@ -35,7 +35,7 @@ demo *ARGS: build
       cargo run -q -p sluice-integration-tests --bin demo -- {{ARGS}}
 
 # Everything CI checks: formatting, lints, unit tests (native and wasm32), integration tests.
-test: fmt-check clippy test-unit test-wasm test-integration
+test: setup fmt-check clippy test-unit test-wasm test-integration
 
 # Check formatting.
 fmt-check:
