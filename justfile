@@ -57,8 +57,8 @@ test-unit:
 
 # The filter's pure core on wasm32, under wasm-bindgen-test in Node.
 test-wasm: setup
-    runner="$(./scripts/ensure-wasm-bindgen.sh)"; \
-      CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
+    runner="$(./scripts/ensure-wasm-bindgen.sh)"; node_dir="$(./scripts/ensure-node.sh)"; \
+      PATH="$node_dir:$PATH" CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
       cargo test -p sluice-filter --target wasm32-unknown-unknown
 
 # Integration tests: real Envoy processes with the built .wasm and the real control plane.

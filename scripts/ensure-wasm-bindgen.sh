@@ -12,7 +12,9 @@ if [[ ! -x "$dest/bin/wasm-bindgen-test-runner" ]]; then
   echo "installing wasm-bindgen-cli $version into .tools/" >&2
   # Prefer the versions wasm-bindgen-cli was released with; fall back to a
   # fresh resolution when the registry no longer serves one of them.
-  cargo install --quiet --locked wasm-bindgen-cli --version "$version" --root "$dest" >&2 ||
+  if ! cargo install --quiet --locked wasm-bindgen-cli --version "$version" --root "$dest" 2>/dev/null; then
+    echo "its locked dependencies are not all available; resolving them afresh" >&2
     cargo install --quiet wasm-bindgen-cli --version "$version" --root "$dest" >&2
+  fi
 fi
 echo "$dest/bin/wasm-bindgen-test-runner"

@@ -1,5 +1,8 @@
 //! Fixtures shared by the benchmarks: directive tables and request
-//! attributes built the way the filter builds them.
+//! attributes built the way the filter builds them, and (in [`control`])
+//! reports and fleet loads for the controller.
+
+pub mod control;
 
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
