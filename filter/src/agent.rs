@@ -15,12 +15,16 @@
 //! The leader merges every `DirectiveBatch` it receives into its table and
 //! writes the whole table to shared data, where every VM picks it up on its
 //! next tick.
+//!
+//! Metrics ([`crate::metrics`]) are counted in plain fields and flushed at the
+//! end of every tick; the leader alone records the process-wide gauges.
 
 use crate::counters::BucketCounters;
 use crate::decision::{Verdict, decide};
 use crate::directives::DirectiveTable;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::{LEASE_TTL_TICKS, Lease, LeaseStep, next_step};
+use crate::metrics::{Counter, Gauge, Metrics};
 use crate::shared_keys::{COUNTS_QUEUE, DIRECTIVES_KEY, INSTANCE_ID_KEY, LEASE_KEY};
 use crate::stream::{ControlStream, Reconnect};
 use prost::Message;
@@ -72,6 +76,7 @@ pub struct Agent {
     role: Role,
     untracked: u64,
     last_overflow_log_ms: Option<u64>,
+    metrics: Metrics,
 }
 
 #[derive(Debug)]
@@ -106,20 +111,28 @@ impl Agent {
             role: Role::Follower,
             untracked: 0,
             last_overflow_log_ms: None,
+            metrics: Metrics::default(),
         }
     }
 
     /// The request path: flips the coin for `bucket` and counts the request.
-    /// No host calls.
+    /// No host calls: the decision is counted in a plain field and flushed
+    /// on the next tick.
     pub fn admit(&mut self, bucket: &str) -> Verdict {
         let verdict = decide(self.directives.threshold(bucket), &mut self.rng);
         self.local.record(bucket, verdict == Verdict::Admit);
+        self.metrics.count_decision(verdict);
         verdict
     }
 
     /// Whether this VM currently owns the control-plane stream.
     pub fn is_leader(&self) -> bool {
         matches!(self.role, Role::Leader(_))
+    }
+
+    /// Metric counts not flushed yet.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The directives this VM enforces.
@@ -142,6 +155,34 @@ impl Agent {
             Role::Follower => {}
         }
         self.log_overflow(host, now_ms);
+        self.flush_metrics(host, now_ms);
+    }
+
+    /// Flushes counter deltas; the leader also records the gauges. Every VM
+    /// holds the same table, but VMs tick at different moments, so if all
+    /// recorded the age the gauge would jitter by up to a tick between
+    /// writers; one writer keeps it monotonic between batches.
+    fn flush_metrics(&mut self, host: &mut impl Host, now_ms: u64) {
+        if !self.is_leader() {
+            self.metrics.flush(host, &[]);
+            return;
+        }
+        let issued_at = self.directives.provenance().issued_at_unix_ms;
+        // Before any batch, issued_at is 0: report 0, not 55 years. A
+        // control-plane clock ahead of ours saturates to 0 as well.
+        let age_ms = if issued_at == 0 {
+            0
+        } else {
+            now_ms.saturating_sub(issued_at)
+        };
+        let buckets = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
+        self.metrics.flush(
+            host,
+            &[
+                (Gauge::DirectiveAgeMs, age_ms),
+                (Gauge::DirectiveBuckets, buckets),
+            ],
+        );
     }
 
     /// A message arrived on stream `token`.
@@ -187,6 +228,8 @@ impl Agent {
             return;
         };
         if let Some(reconnect) = leadership.stream.closed(token, now_ms, &mut self.rng) {
+            // Reports in flight on a closed stream may be lost.
+            self.metrics.add(Counter::ReportsFailed, 1);
             let what = format!("control-plane stream closed with gRPC status {status}");
             log_reconnect(host, &self.settings.control_plane_cluster, &what, reconnect);
         }
@@ -195,6 +238,8 @@ impl Agent {
     /// Releases what this VM holds before it goes away or is replaced.
     pub fn shut_down(&mut self, host: &mut impl Host) {
         self.step_down(host);
+        // Counts since the last tick would otherwise vanish with the VM.
+        self.metrics.flush(host, &[]);
     }
 
     fn ensure_queue(&mut self, host: &mut impl Host) {
@@ -390,7 +435,8 @@ impl Agent {
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Hello(hello)),
         };
-        self.send(host, leadership, token, &message.encode_to_vec(), now_ms);
+        // A failed Hello is not a report; the reconnect is logged by send().
+        let _ = self.send(host, leadership, token, &message.encode_to_vec(), now_ms);
     }
 
     fn send_report(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
@@ -416,9 +462,16 @@ impl Agent {
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Report(report)),
         };
-        self.send(host, leadership, token, &message.encode_to_vec(), now_ms);
+        let counter = if self.send(host, leadership, token, &message.encode_to_vec(), now_ms) {
+            Counter::ReportsSent
+        } else {
+            Counter::ReportsFailed
+        };
+        self.metrics.add(counter, 1);
     }
 
+    /// Sends on the stream; on failure closes it and schedules a reconnect.
+    /// Returns whether the host took the message.
     fn send(
         &mut self,
         host: &mut impl Host,
@@ -426,7 +479,7 @@ impl Agent {
         token: u32,
         bytes: &[u8],
         now_ms: u64,
-    ) {
+    ) -> bool {
         if let Err(err) = host.send_stream_message(token, bytes) {
             if let Err(close_err) = host.close_stream(token) {
                 host.log(
@@ -442,7 +495,9 @@ impl Agent {
                 &format!("cannot send on the control-plane stream: {err}"),
                 reconnect,
             );
+            return false;
         }
+        true
     }
 
     /// The process-wide instance id: created once by the first leader and
@@ -477,6 +532,11 @@ impl Agent {
     fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch) {
         let previous_epoch = self.directives.provenance().epoch;
         let outcome = self.directives.merge(batch);
+        self.metrics.add(Counter::DirectiveBatches, 1);
+        self.metrics.add(
+            Counter::DirectivesRejected,
+            u64::try_from(outcome.rejected).unwrap_or(u64::MAX),
+        );
         let provenance = self.directives.provenance();
         let level = if outcome.rejected > 0 {
             LogLevel::Warn

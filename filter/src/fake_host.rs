@@ -2,7 +2,7 @@
 //! [`FakeProcess`] the way VMs of one `vm_id` share an Envoy process: shared
 //! data (with Envoy's CAS semantics), queues and gRPC streams.
 
-use crate::host_api::{Host, HostError, LogLevel, SharedValue};
+use crate::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
@@ -30,6 +30,15 @@ pub struct FakeProcess {
     /// Clusters that exist; opening a stream to another is `BadArgument`.
     pub clusters: Vec<String>,
     pub logs: Vec<(usize, LogLevel, String)>,
+    /// Metric values by name: counters summed over VMs, gauges last write.
+    pub metrics: BTreeMap<String, (MetricKind, u64)>,
+    /// Name of every id handed out. Like Envoy, every define call returns a
+    /// fresh id, even for a known name.
+    metric_ids: Vec<String>,
+    /// Metric host calls made, by VM.
+    pub metric_calls: BTreeMap<usize, usize>,
+    /// When set, every metric call fails with this error.
+    pub metric_error: Option<HostError>,
 }
 
 impl FakeProcess {
@@ -43,6 +52,10 @@ impl FakeProcess {
             next_token: 1,
             clusters: vec![cluster.to_owned()],
             logs: Vec::new(),
+            metrics: BTreeMap::new(),
+            metric_ids: Vec::new(),
+            metric_calls: BTreeMap::new(),
+            metric_error: None,
         }))
     }
 
@@ -75,6 +88,33 @@ impl FakeProcess {
             .filter(|(_, s)| s.open)
             .map(|(t, s)| (*t, s.vm))
             .collect()
+    }
+
+    /// A metric's value, if defined.
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        self.metrics.get(name).map(|(_, value)| *value)
+    }
+
+    /// Ids defined so far, across VMs.
+    pub fn metric_definitions(&self) -> usize {
+        self.metric_ids.len()
+    }
+
+    /// Counts a metric call by `vm` and fails it if told to.
+    fn metric_call(&mut self, vm: usize) -> Result<(), HostError> {
+        *self.metric_calls.entry(vm).or_default() += 1;
+        self.metric_error.map_or(Ok(()), Err)
+    }
+
+    fn metric_mut(&mut self, id: MetricId, kind: MetricKind) -> Result<&mut u64, HostError> {
+        let name = usize::try_from(id.0)
+            .ok()
+            .and_then(|index| self.metric_ids.get(index))
+            .ok_or(HostError::NotFound)?;
+        match self.metrics.get_mut(name) {
+            Some((k, value)) if *k == kind => Ok(value),
+            _ => Err(HostError::BadArgument),
+        }
     }
 
     fn bump_cas(&mut self) -> u32 {
@@ -180,6 +220,33 @@ impl Host for FakeHost {
             }
             _ => Err(HostError::NotFound),
         }
+    }
+
+    fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError> {
+        let mut process = self.process.borrow_mut();
+        process.metric_call(self.vm)?;
+        let entry = process.metrics.entry(name.to_owned()).or_insert((kind, 0));
+        if entry.0 != kind {
+            return Err(HostError::BadArgument);
+        }
+        let id = u32::try_from(process.metric_ids.len()).map_err(|_| HostError::InternalFailure)?;
+        process.metric_ids.push(name.to_owned());
+        Ok(MetricId(id))
+    }
+
+    fn increment_metric(&mut self, id: MetricId, delta: u64) -> Result<(), HostError> {
+        let mut process = self.process.borrow_mut();
+        process.metric_call(self.vm)?;
+        let value = process.metric_mut(id, MetricKind::Counter)?;
+        *value = value.saturating_add(delta);
+        Ok(())
+    }
+
+    fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError> {
+        let mut process = self.process.borrow_mut();
+        process.metric_call(self.vm)?;
+        *process.metric_mut(id, MetricKind::Gauge)? = value;
+        Ok(())
     }
 
     fn log(&self, level: LogLevel, message: &str) {

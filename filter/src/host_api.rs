@@ -53,6 +53,20 @@ pub struct SharedValue {
     pub cas: u32,
 }
 
+/// Kind of a host metric. Envoy sums counters of every VM of a process into
+/// one, and a gauge holds whatever value some VM recorded last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only grows; the filter adds deltas.
+    Counter,
+    /// Set to a value.
+    Gauge,
+}
+
+/// A metric defined in this VM. Ids are per VM: never share one between VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricId(pub u32);
+
 /// The proxy services the tick logic uses. Deliberately small: the request
 /// path uses none of them.
 pub trait Host {
@@ -78,6 +92,13 @@ pub trait Host {
     fn send_stream_message(&mut self, token: u32, message: &[u8]) -> Result<(), HostError>;
     /// Closes a stream this VM opened.
     fn close_stream(&mut self, token: u32) -> Result<(), HostError>;
+    /// Defines (or looks up) a metric of this VM. Call it once per name and
+    /// VM: Envoy hands out a fresh id on every call.
+    fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError>;
+    /// Adds `delta` to a counter.
+    fn increment_metric(&mut self, id: MetricId, delta: u64) -> Result<(), HostError>;
+    /// Sets a gauge.
+    fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError>;
     /// Writes a log line.
     fn log(&self, level: LogLevel, message: &str);
 }

@@ -19,6 +19,7 @@ pub mod directives;
 pub mod drop_ratio;
 pub mod host_api;
 pub mod lease;
+pub mod metrics;
 pub mod shared_keys;
 pub mod stream;
 

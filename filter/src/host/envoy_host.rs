@@ -2,9 +2,9 @@
 //! context needs.
 
 use super::status::host_error;
-use crate::host_api::{Host, HostError, LogLevel, SharedValue};
+use crate::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::LogLevel as ProxyLogLevel;
+use proxy_wasm::types::{LogLevel as ProxyLogLevel, MetricType};
 use sluice_proto::{SERVICE_NAME, STREAM_METHOD};
 use std::time::UNIX_EPOCH;
 
@@ -55,6 +55,27 @@ impl Host for EnvoyHost {
 
     fn close_stream(&mut self, token: u32) -> Result<(), HostError> {
         hostcalls::close_grpc_stream(token).map_err(host_error)
+    }
+
+    fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError> {
+        let metric_type = match kind {
+            MetricKind::Counter => MetricType::Counter,
+            MetricKind::Gauge => MetricType::Gauge,
+        };
+        hostcalls::define_metric(metric_type, name)
+            .map(MetricId)
+            .map_err(host_error)
+    }
+
+    fn increment_metric(&mut self, id: MetricId, delta: u64) -> Result<(), HostError> {
+        // The ABI takes a signed offset; a delta beyond i64::MAX (never
+        // reached by a per-tick count) is refused rather than wrapped.
+        let offset = i64::try_from(delta).map_err(|_| HostError::BadArgument)?;
+        hostcalls::increment_metric(id.0, offset).map_err(host_error)
+    }
+
+    fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError> {
+        hostcalls::record_metric(id.0, value).map_err(host_error)
     }
 
     fn log(&self, level: LogLevel, message: &str) {

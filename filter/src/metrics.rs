@@ -1,0 +1,244 @@
+//! The filter's own metrics, exported through Envoy's stats.
+//!
+//! The request path only adds to plain per-VM fields: a host call per
+//! request would cost more than the decision itself. Each VM flushes the
+//! deltas on its tick with `increment_metric`, and Envoy sums the counters of
+//! every VM of the process. Gauges are process-wide values that only the
+//! leader records (see [`crate::agent`]), so VMs never overwrite each other
+//! with different readings.
+//!
+//! Labels are encoded in the names as `key=value` segments, which Envoy's
+//! `stats_config.stats_tags` regexes turn into Prometheus labels (see
+//! `envoy/README.md`): `sluice.result=drop.reason=cluster_overload.decisions`
+//! becomes `sluice_decisions{result="drop",reason="cluster_overload"}`.
+
+use crate::decision::Verdict;
+use crate::host_api::{Host, HostError, LogLevel, MetricId, MetricKind};
+
+/// Counters, each flushed as a delta on every tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Requests let through.
+    DecisionsPass,
+    /// Requests answered with 429 because their bucket sheds load.
+    DecisionsDropClusterOverload,
+    /// Reports handed to the control-plane stream.
+    ReportsSent,
+    /// Reports that could not be sent, plus closes of the live stream (which
+    /// may lose reports in flight).
+    ReportsFailed,
+    /// Directive batches received from the control plane and merged.
+    DirectiveBatches,
+    /// Directives in those batches that were invalid and ignored.
+    DirectivesRejected,
+}
+
+impl Counter {
+    /// Every counter, in definition order.
+    pub const ALL: [Self; 6] = [
+        Self::DecisionsPass,
+        Self::DecisionsDropClusterOverload,
+        Self::ReportsSent,
+        Self::ReportsFailed,
+        Self::DirectiveBatches,
+        Self::DirectivesRejected,
+    ];
+
+    /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::DecisionsPass => "sluice.result=pass.decisions",
+            Self::DecisionsDropClusterOverload => {
+                "sluice.result=drop.reason=cluster_overload.decisions"
+            }
+            Self::ReportsSent => "sluice.reports_sent",
+            Self::ReportsFailed => "sluice.reports_failed",
+            Self::DirectiveBatches => "sluice.directive_batches",
+            Self::DirectivesRejected => "sluice.directives_rejected",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Gauges, recorded by the leader on every tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gauge {
+    /// Milliseconds since the control plane issued the newest directive
+    /// batch this process holds; 0 before the first one.
+    DirectiveAgeMs,
+    /// Buckets that currently have a (non-zero) drop ratio.
+    DirectiveBuckets,
+}
+
+impl Gauge {
+    /// Every gauge, in definition order.
+    pub const ALL: [Self; 2] = [Self::DirectiveAgeMs, Self::DirectiveBuckets];
+
+    /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::DirectiveAgeMs => "sluice.directive_age_ms",
+            Self::DirectiveBuckets => "sluice.directive_buckets",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One VM's metric ids and the counts it has not flushed yet.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pending: [u64; Counter::ALL.len()],
+    counter_ids: [Option<MetricId>; Counter::ALL.len()],
+    gauge_ids: [Option<MetricId>; Gauge::ALL.len()],
+    /// A failing metric call is warned about once per VM; it would
+    /// otherwise repeat every tick.
+    failure_logged: bool,
+}
+
+impl Metrics {
+    /// Counts one request decision. The request path: no host call.
+    pub fn count_decision(&mut self, verdict: Verdict) {
+        self.add(
+            match verdict {
+                Verdict::Admit => Counter::DecisionsPass,
+                Verdict::Drop => Counter::DecisionsDropClusterOverload,
+            },
+            1,
+        );
+    }
+
+    /// Adds `n` to a counter, to be flushed on the next tick.
+    pub fn add(&mut self, counter: Counter, n: u64) {
+        if let Some(pending) = self.pending.get_mut(counter.index()) {
+            *pending = pending.saturating_add(n);
+        }
+    }
+
+    /// Not yet flushed.
+    pub fn pending(&self, counter: Counter) -> u64 {
+        self.pending.get(counter.index()).copied().unwrap_or(0)
+    }
+
+    /// Defines what is not defined yet, adds the pending deltas to the
+    /// host's counters and records `gauges`. A delta the host refuses stays
+    /// pending for the next tick, so no count is lost to a transient error.
+    pub fn flush(&mut self, host: &mut impl Host, gauges: &[(Gauge, u64)]) {
+        self.define_missing(host);
+        for counter in Counter::ALL {
+            let index = counter.index();
+            let (Some(pending), Some(Some(id))) = (
+                self.pending.get(index).copied(),
+                self.counter_ids.get(index).copied(),
+            ) else {
+                continue;
+            };
+            if pending == 0 {
+                continue;
+            }
+            let result = host.increment_metric(id, pending);
+            match result {
+                Ok(()) => {
+                    if let Some(slot) = self.pending.get_mut(index) {
+                        *slot = 0;
+                    }
+                }
+                Err(err) => self.failed(host, "increment", counter.name(), err),
+            }
+        }
+        for (gauge, value) in gauges {
+            let Some(Some(id)) = self.gauge_ids.get(gauge.index()).copied() else {
+                continue;
+            };
+            if let Err(err) = host.record_metric(id, *value) {
+                self.failed(host, "record", gauge.name(), err);
+            }
+        }
+    }
+
+    /// Defines every metric this VM has no id for. Envoy hands out a new id
+    /// on every `define_metric`, so each name is defined once per VM; one
+    /// that failed is retried on the next tick.
+    fn define_missing(&mut self, host: &mut impl Host) {
+        for counter in Counter::ALL {
+            let index = counter.index();
+            if self.counter_ids.get(index).is_some_and(Option::is_none) {
+                match host.define_metric(MetricKind::Counter, counter.name()) {
+                    Ok(id) => {
+                        if let Some(slot) = self.counter_ids.get_mut(index) {
+                            *slot = Some(id);
+                        }
+                    }
+                    Err(err) => self.failed(host, "define", counter.name(), err),
+                }
+            }
+        }
+        for gauge in Gauge::ALL {
+            let index = gauge.index();
+            if self.gauge_ids.get(index).is_some_and(Option::is_none) {
+                match host.define_metric(MetricKind::Gauge, gauge.name()) {
+                    Ok(id) => {
+                        if let Some(slot) = self.gauge_ids.get_mut(index) {
+                            *slot = Some(id);
+                        }
+                    }
+                    Err(err) => self.failed(host, "define", gauge.name(), err),
+                }
+            }
+        }
+    }
+
+    fn failed(&mut self, host: &impl Host, what: &str, name: &str, err: HostError) {
+        let level = if self.failure_logged {
+            LogLevel::Debug
+        } else {
+            LogLevel::Warn
+        };
+        self.failure_logged = true;
+        host.log(level, &format!("cannot {what} metric {name}: {err}"));
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn names_are_unique_and_indices_match_order() {
+        let mut names: Vec<&str> = Counter::ALL.iter().map(|c| c.name()).collect();
+        names.extend(Gauge::ALL.iter().map(|g| g.name()));
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count);
+        for (i, counter) in Counter::ALL.iter().enumerate() {
+            assert_eq!(counter.index(), i);
+        }
+        for (i, gauge) in Gauge::ALL.iter().enumerate() {
+            assert_eq!(gauge.index(), i);
+        }
+    }
+
+    #[test]
+    fn decisions_count_by_verdict() {
+        let mut metrics = Metrics::default();
+        metrics.count_decision(Verdict::Admit);
+        metrics.count_decision(Verdict::Admit);
+        metrics.count_decision(Verdict::Drop);
+        assert_eq!(metrics.pending(Counter::DecisionsPass), 2);
+        assert_eq!(metrics.pending(Counter::DecisionsDropClusterOverload), 1);
+    }
+}

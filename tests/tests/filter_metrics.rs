@@ -1,0 +1,195 @@
+//! The filter's metrics in Envoy's `/stats/prometheus`: decision counters with
+//! `result` and `reason` tags that add up exactly to what the client saw,
+//! reports sent, and a fresh directive-age gauge.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "limited"
+    limit_rps: 50
+"#;
+
+/// One sample line of the Prometheus text format.
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the sample lines (not `#` comments) of a Prometheus text page.
+fn parse(page: &str) -> Vec<Sample> {
+    page.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value = value.parse().ok()?;
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => {
+                    let labels = rest
+                        .trim_end_matches('}')
+                        .split(',')
+                        .filter(|pair| !pair.is_empty())
+                        .filter_map(|pair| {
+                            let (key, value) = pair.split_once('=')?;
+                            Some((key.to_owned(), value.trim_matches('"').to_owned()))
+                        })
+                        .collect();
+                    (name, labels)
+                }
+                None => (series, BTreeMap::new()),
+            };
+            Some(Sample {
+                name: name.to_owned(),
+                labels,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// The value of the series `name` with exactly `labels`, if present.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    samples
+        .iter()
+        .find(|s| s.name == name && s.labels == labels)
+        .map(|s| s.value)
+}
+
+async fn prometheus(envoy: &Envoy) -> String {
+    let url = format!("http://{}/stats/prometheus", envoy.admin_addr());
+    reqwest::get(&url).await.unwrap().text().await.unwrap()
+}
+
+/// Only the filter's lines, for failure messages.
+fn sluice_lines(page: &str) -> String {
+    page.lines()
+        .filter(|line| line.starts_with("sluice_") || line.starts_with("# TYPE sluice_"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_shows_tagged_decisions_that_match_the_responses() {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 1)).await.unwrap();
+    let envoy = &fleet.envoys[0];
+    let url = fleet.url(0).unwrap();
+    let duration = Duration::from_secs(5);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("free", &url, "free", 50.0),
+            StreamSpec::new("limited", &url, "limited", 200.0),
+        ],
+        duration,
+    ))
+    .unwrap();
+
+    // While the control plane keeps adjusting the limited bucket's ratio it
+    // pushes a batch every few control intervals, so the newest is young.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = prometheus(envoy).await;
+    let result = load.finish().await.unwrap();
+
+    let whole = Window::secs(0.0, 3600.0);
+    let mut responses = result.tenant_counts(whole, "free");
+    let limited = result.tenant_counts(whole, "limited");
+    let summary = format!("{}{}", result.summary(whole), sluice_lines(&during));
+    for counts in [&responses, &limited] {
+        assert_eq!(
+            counts.errors, 0,
+            "a request without a response may or may not have been counted\n{summary}"
+        );
+    }
+    responses.ok += limited.ok;
+    responses.limited += limited.limited;
+    responses.server_errors += limited.server_errors;
+    responses.other_status += limited.other_status;
+    let answered =
+        responses.ok + responses.limited + responses.server_errors + responses.other_status;
+    assert!(limited.limited > 0, "no 429 at 4x the limit\n{summary}");
+
+    // Every type line names the tag-stripped metric.
+    for (name, kind) in [
+        ("sluice_decisions", "counter"),
+        ("sluice_reports_sent", "counter"),
+        ("sluice_reports_failed", "counter"),
+        ("sluice_directive_batches", "counter"),
+        ("sluice_directives_rejected", "counter"),
+        ("sluice_directive_age_ms", "gauge"),
+        ("sluice_directive_buckets", "gauge"),
+    ] {
+        assert!(
+            during.contains(&format!("# TYPE {name} {kind}\n")),
+            "no {kind} {name}\n{summary}"
+        );
+    }
+    let samples = parse(&during);
+    let age = value(&samples, "sluice_directive_age_ms", &[]).expect("no directive age");
+    assert!(
+        age > 0.0 && age < 3000.0,
+        "directive age {age} ms during load\n{summary}"
+    );
+    assert_eq!(
+        value(&samples, "sluice_directive_buckets", &[]),
+        Some(1.0),
+        "{summary}"
+    );
+
+    // Counts reach Envoy on the tick after the request: wait for the last
+    // ones, then require exact agreement with what the client saw.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (page, pass, drop) = loop {
+        let page = prometheus(envoy).await;
+        let samples = parse(&page);
+        let pass = value(&samples, "sluice_decisions", &[("result", "pass")]);
+        let drop = value(
+            &samples,
+            "sluice_decisions",
+            &[("result", "drop"), ("reason", "cluster_overload")],
+        );
+        let done = pass.unwrap_or(0.0) + drop.unwrap_or(0.0) >= answered as f64;
+        if done || tokio::time::Instant::now() >= deadline {
+            break (page, pass, drop);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let summary = format!("{}{}", result.summary(whole), sluice_lines(&page));
+    println!("{summary}");
+    let pass = pass.expect("no sluice_decisions{result=\"pass\"}") as u64;
+    let drop =
+        drop.expect("no sluice_decisions{result=\"drop\",reason=\"cluster_overload\"}") as u64;
+    assert_eq!(
+        pass + drop,
+        answered,
+        "decisions must add up to the responses\n{summary}"
+    );
+    assert_eq!(drop, responses.limited, "drops must be the 429s\n{summary}");
+    assert_eq!(pass, responses.ok, "passes must be the 200s\n{summary}");
+
+    let samples = parse(&page);
+    let reports = value(&samples, "sluice_reports_sent", &[]).unwrap_or(0.0);
+    assert!(reports > 0.0, "no report counted\n{summary}");
+    let batches = value(&samples, "sluice_directive_batches", &[]).unwrap_or(0.0);
+    assert!(batches > 0.0, "no directive batch counted\n{summary}");
+    assert_eq!(
+        value(&samples, "sluice_directives_rejected", &[]),
+        Some(0.0),
+        "{summary}"
+    );
+}
