@@ -5,6 +5,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 wasm_target := "wasm32-wasip1"
 wasm_profile := "wasm"
 wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_filter.wasm"
+empty_wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_empty_filter.wasm"
 
 # Show the recipes.
 default:
@@ -48,7 +49,7 @@ fmt:
 # Lint native and wasm32 builds with warnings as errors.
 clippy: setup
     cargo clippy --workspace --all-targets -- -D warnings
-    cargo clippy -p sluice-filter --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p sluice-filter -p sluice-empty-filter --target wasm32-wasip1 -- -D warnings
     cargo clippy -p sluice-filter --target wasm32-unknown-unknown --tests -- -D warnings
 
 # Unit and property tests, native.
@@ -74,6 +75,15 @@ validate-envoy: build-wasm
 # Criterion benchmarks of the pure hot path and controller.
 bench:
     cargo bench -p sluice-benches
+
+# Build the do-nothing proxy-wasm filter the end-to-end benchmark compares Sluice with.
+build-empty-filter: setup
+    cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
+
+# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice; updates BENCHMARKS.md (`--quick`: short run, `--output -`: print only).
+bench-envoy *ARGS: build-wasm build-empty-filter
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
+      cargo run -q --release -p sluice-benches --bin bench_envoy -- {{ARGS}}
 
 # Remove build output and the local tool folder.
 clean:

@@ -1,8 +1,10 @@
 //! Fixtures shared by the benchmarks: directive tables and request
 //! attributes built the way the filter builds them, and (in [`control`])
-//! reports and fleet loads for the controller.
+//! reports and fleet loads for the controller. [`e2e`] is the machinery of
+//! the end-to-end Envoy benchmark (`bench_envoy`).
 
 pub mod control;
+pub mod e2e;
 
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;

@@ -1,0 +1,219 @@
+//! End-to-end benchmark: what Sluice costs inside Envoy, against Envoy alone,
+//! Envoy's `local_ratelimit` and an empty proxy-wasm filter.
+//!
+//! ```text
+//! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--output FILE|-]
+//! ```
+//!
+//! Finds Envoy and the filter like the integration tests (`ENVOY_BIN`,
+//! `SLUICE_WASM`), and the empty filter through `EMPTY_FILTER_WASM`. Writes
+//! the results into their own section of `BENCHMARKS.md` at the workspace
+//! root (the rest of the file is kept) unless `--output -`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use sluice_benches::e2e::client::{self, BUCKET};
+use sluice_benches::e2e::config::{self, Variant};
+use sluice_benches::e2e::directives::DirectiveServer;
+use sluice_benches::e2e::measure::{self, Machine};
+use sluice_benches::e2e::report::{self, Run, Setup, Summary};
+use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::paths;
+
+/// How long Envoy's filter gets to open its stream and receive the directive.
+const DIRECTIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Worker VMs pick up new directives on a 100 ms tick; wait a few ticks.
+const DIRECTIVE_SETTLE: Duration = Duration::from_millis(400);
+
+#[derive(Debug, Clone)]
+struct Options {
+    rounds: usize,
+    requests: usize,
+    warmup: usize,
+    concurrency: usize,
+    output: String,
+}
+
+impl Options {
+    fn parse() -> Result<Self> {
+        let mut options = Self {
+            // /proc CPU times tick every 10 ms: 100k requests at ~15 µs make
+            // the quantisation error under 1%.
+            rounds: 5,
+            requests: 100_000,
+            warmup: 5_000,
+            concurrency: 16,
+            output: "BENCHMARKS.md".to_owned(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value =
+                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+            match arg.as_str() {
+                "--quick" => {
+                    options.rounds = 3;
+                    options.requests = 20_000;
+                    options.warmup = 2_000;
+                }
+                "--rounds" => options.rounds = value("--rounds")?.parse()?,
+                "--requests" => options.requests = value("--requests")?.parse()?,
+                "--concurrency" => options.concurrency = value("--concurrency")?.parse()?,
+                "--output" => options.output = value("--output")?,
+                "-h" | "--help" => {
+                    println!(
+                        "bench_envoy [--quick] [--rounds N] [--requests N] \
+                         [--concurrency N] [--output FILE|-]"
+                    );
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other:?} (try --help)"),
+            }
+        }
+        // Bounded, so a typo cannot keep Envoy busy for hours.
+        if !(1..=20).contains(&options.rounds)
+            || !(100..=1_000_000).contains(&options.requests)
+            || !(1..=256).contains(&options.concurrency)
+        {
+            bail!("--rounds 1..=20, --requests 100..=1000000, --concurrency 1..=256");
+        }
+        Ok(options)
+    }
+}
+
+// One thread: the load client and the stand-in control plane share one
+// core, leaving the other to Envoy's single worker.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench_envoy: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let options = Options::parse()?;
+    let envoy_bin = paths::envoy_bin()?;
+    paths::sluice_wasm()?;
+    let empty_wasm = config::empty_wasm()?;
+    let ticks = measure::ticks_per_second()?;
+    let server = DirectiveServer::start().await?;
+    let work = tempfile::tempdir().context("cannot create a work directory")?;
+
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); Variant::ALL.len()];
+    for round in 0..options.rounds {
+        // Rotate the order so no variant always runs first or last.
+        for step in 0..Variant::ALL.len() {
+            let index = (round + step) % Variant::ALL.len();
+            let Some(&variant) = Variant::ALL.get(index) else {
+                continue;
+            };
+            let bench = Bench {
+                options: &options,
+                server: &server,
+                work: work.path(),
+                empty_wasm: &empty_wasm,
+                ticks,
+            };
+            let result = bench.run(variant, round).await?;
+            eprintln!(
+                "round {} {:<16} {:>8.0} req/s {:>6.1} µs CPU/req p50 {:>5.0} µs p99 {:>5.0} µs 429 {:.3}",
+                round + 1,
+                variant.slug(),
+                result.throughput,
+                result.cpu_us,
+                result.p50_us,
+                result.p99_us,
+                result.limited_share
+            );
+            if let Some(slot) = runs.get_mut(index) {
+                slot.push(result);
+            }
+        }
+    }
+
+    let summaries: Vec<Summary> = Variant::ALL
+        .iter()
+        .zip(&runs)
+        .map(|(variant, runs)| Summary::of(*variant, runs))
+        .collect();
+    println!("{}", report::table(&summaries));
+    if options.output != "-" {
+        let setup = Setup {
+            machine: Machine::probe(&envoy_bin),
+            rounds: options.rounds,
+            requests: options.requests,
+            warmup: options.warmup,
+            concurrency: options.concurrency,
+            command: std::iter::once("bench_envoy".to_owned())
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let path = paths::from_root(&options.output)?;
+        let existing = std::fs::read_to_string(&path).ok();
+        let text =
+            report::replace_section(existing.as_deref(), &report::markdown(&setup, &summaries));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+struct Bench<'a> {
+    options: &'a Options,
+    server: &'a DirectiveServer,
+    work: &'a std::path::Path,
+    empty_wasm: &'a std::path::Path,
+    ticks: u64,
+}
+
+impl Bench<'_> {
+    /// Starts Envoy for `variant`, warms it up, measures, stops it.
+    async fn run(&self, variant: Variant, round: usize) -> Result<Run> {
+        let name = format!("{}-r{round}", variant.slug());
+        let epoch = u64::try_from(round + 1)?;
+        self.server
+            .set_directive(epoch, BUCKET, variant.drop_ratio());
+        let pushed_before = self.server.pushed();
+        let config = config::envoy_config(variant, self.server.addr(), self.empty_wasm)?;
+        let mut options = EnvoyOptions::new(&name, self.work);
+        options.concurrency = 1;
+        options.log_level = "warn".to_owned();
+        let mut envoy = Envoy::start(&config, &options).await?;
+        let addr = envoy.listener_addr();
+
+        if variant.drop_ratio().is_some() {
+            let deadline = tokio::time::Instant::now() + DIRECTIVE_TIMEOUT;
+            while self.server.pushed() == pushed_before {
+                if tokio::time::Instant::now() >= deadline {
+                    envoy.print_log();
+                    bail!("{name}: the filter did not connect to the directive server");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(DIRECTIVE_SETTLE).await;
+        }
+
+        let warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+        if variant == Variant::SluiceHalf {
+            let share = warm.limited as f64 / warm.latencies_us.len().max(1) as f64;
+            if !(0.3..=0.7).contains(&share) {
+                bail!("{name}: {share:.2} of warm-up requests dropped, expected about 0.5");
+            }
+        }
+
+        let config_path = self.work.join(format!("{name}.yaml"));
+        let pid = measure::find_pid(&config_path.display().to_string())?;
+        let before = measure::cpu_time(pid, self.ticks)?;
+        let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
+        let after = measure::cpu_time(pid, self.ticks)?;
+        envoy.stop()?;
+        let cpu_us = after.saturating_sub(before).as_secs_f64() * 1e6;
+        Ok(Run::new(outcome, cpu_us))
+    }
+}

@@ -1,0 +1,187 @@
+//! The five Envoy configs. All start from `envoy/demo-a.yaml` (the config
+//! users run), rewritten by the test harness for ephemeral ports, and differ
+//! only in the HTTP filter chain in front of the router, so the difference
+//! between variants is the cost of those filters.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use serde_yaml_ng::Value;
+use sluice_integration_tests::envoy::{Rewrite, load_repo_config, rewrite};
+use sluice_integration_tests::paths;
+
+use super::client::TENANT_HEADER;
+
+/// Default location of the empty filter's `.wasm`, relative to the workspace root.
+pub const DEFAULT_EMPTY_WASM: &str = "target/wasm32-wasip1/wasm/sluice_empty_filter.wasm";
+
+/// One filter chain under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// The router alone.
+    Router,
+    /// Envoy's `local_ratelimit` with a bucket it never exhausts.
+    LocalRateLimit,
+    /// A proxy-wasm filter that does nothing.
+    EmptyWasm,
+    /// Sluice holding a directive for the bucket that (practically) never drops.
+    SluiceNoDrop,
+    /// Sluice dropping half the requests.
+    SluiceHalf,
+}
+
+impl Variant {
+    /// Every variant, baseline first.
+    pub const ALL: [Variant; 5] = [
+        Variant::Router,
+        Variant::LocalRateLimit,
+        Variant::EmptyWasm,
+        Variant::SluiceNoDrop,
+        Variant::SluiceHalf,
+    ];
+
+    /// Short name for logs and file names.
+    pub fn slug(self) -> &'static str {
+        match self {
+            Variant::Router => "router",
+            Variant::LocalRateLimit => "local-ratelimit",
+            Variant::EmptyWasm => "empty-wasm",
+            Variant::SluiceNoDrop => "sluice-no-drop",
+            Variant::SluiceHalf => "sluice-50pct",
+        }
+    }
+
+    /// Description for the results table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Variant::Router => "1. router only (direct_response)",
+            Variant::LocalRateLimit => "2. + local_ratelimit, never rejecting",
+            Variant::EmptyWasm => "3. + empty proxy-wasm filter",
+            Variant::SluiceNoDrop => "4. + Sluice, directive present, no drops",
+            Variant::SluiceHalf => "5. + Sluice at 50% drop",
+        }
+    }
+
+    /// The drop ratio the stand-in control plane pushes for the bucket.
+    /// Variant 4 needs a directive that is held and consulted but does not
+    /// drop: a ratio of exactly 0 is a lifted limit, which the filter removes
+    /// from its table, so a tiny ratio (about one request in a billion) is
+    /// pushed instead.
+    pub fn drop_ratio(self) -> Option<f64> {
+        match self {
+            Variant::SluiceNoDrop => Some(1e-9),
+            Variant::SluiceHalf => Some(0.5),
+            _ => None,
+        }
+    }
+}
+
+/// Where the empty filter is: `$EMPTY_FILTER_WASM`, else [`DEFAULT_EMPTY_WASM`].
+pub fn empty_wasm() -> Result<PathBuf> {
+    let path = match std::env::var_os("EMPTY_FILTER_WASM") {
+        Some(value) if !value.is_empty() => paths::from_root(PathBuf::from(value))?,
+        _ => paths::from_root(DEFAULT_EMPTY_WASM)?,
+    };
+    anyhow::ensure!(
+        path.is_file(),
+        "EMPTY_FILTER_WASM: {} does not exist: run \
+         `cargo build -p sluice-empty-filter --target wasm32-wasip1 --profile wasm`",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The Envoy config for `variant`, its control-plane cluster pointing at
+/// `control_plane`.
+pub fn envoy_config(
+    variant: Variant,
+    control_plane: SocketAddr,
+    empty_wasm: &Path,
+) -> Result<Value> {
+    let mut config = load_repo_config("demo-a.yaml")?;
+    // `for_test` also points every wasm filter at the built Sluice filter
+    // (`SLUICE_WASM`), as the integration tests do.
+    let rw = Rewrite::for_test(
+        control_plane,
+        json!({
+            "proxy_id": "bench",
+            "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
+        }),
+    )?;
+    rewrite(&mut config, &rw)?;
+
+    let filters = http_filters(&mut config)?;
+    let (sluice, router) = match filters.as_slice() {
+        [sluice, router] => (sluice.clone(), router.clone()),
+        _ => anyhow::bail!("demo-a.yaml: expected [sluice, router] as HTTP filters"),
+    };
+    *filters = match variant {
+        Variant::Router => vec![router],
+        Variant::LocalRateLimit => vec![local_ratelimit()?, router],
+        Variant::EmptyWasm => vec![empty_filter(sluice, empty_wasm)?, router],
+        Variant::SluiceNoDrop | Variant::SluiceHalf => vec![sluice, router],
+    };
+    Ok(config)
+}
+
+fn http_filters(config: &mut Value) -> Result<&mut Vec<Value>> {
+    config
+        .get_mut("static_resources")
+        .and_then(|v| v.get_mut("listeners"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("filter_chains"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("filters"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("typed_config"))
+        .and_then(|v| v.get_mut("http_filters"))
+        .and_then(Value::as_sequence_mut)
+        .context("demo-a.yaml: no http_filters in the first listener")
+}
+
+/// A token bucket far larger than any run can use, enabled and enforced for
+/// every request, so the filter does its full work and never rejects.
+fn local_ratelimit() -> Result<Value> {
+    serde_yaml_ng::from_str(
+        r#"
+name: envoy.filters.http.local_ratelimit
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+  stat_prefix: bench_local_rate_limit
+  token_bucket: { max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s }
+  filter_enabled:
+    runtime_key: bench_local_rate_limit_enabled
+    default_value: { numerator: 100, denominator: HUNDRED }
+  filter_enforced:
+    runtime_key: bench_local_rate_limit_enforced
+    default_value: { numerator: 100, denominator: HUNDRED }
+"#,
+    )
+    .context("local_ratelimit filter config")
+}
+
+/// The Sluice filter entry with the empty filter's code, its own `vm_id`
+/// and no configuration: same runtime and failure policy as Sluice.
+fn empty_filter(mut sluice: Value, wasm: &Path) -> Result<Value> {
+    let config = sluice
+        .get_mut("typed_config")
+        .and_then(|v| v.get_mut("config"))
+        .and_then(Value::as_mapping_mut)
+        .context("sluice filter has no typed_config.config")?;
+    config.insert("name".into(), "empty".into());
+    config.remove("configuration");
+    let vm = config
+        .get_mut("vm_config")
+        .and_then(Value::as_mapping_mut)
+        .context("sluice filter has no vm_config")?;
+    vm.insert("vm_id".into(), "empty".into());
+    let local = vm
+        .get_mut("code")
+        .and_then(|v| v.get_mut("local"))
+        .and_then(Value::as_mapping_mut)
+        .context("sluice filter has no vm_config.code.local")?;
+    local.insert("filename".into(), wasm.display().to_string().into());
+    Ok(sluice)
+}
