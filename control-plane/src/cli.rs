@@ -1,4 +1,4 @@
-//! The `sluice` command line: `serve` and `check-config`.
+//! The `sluice` command line: `serve`, `check-config` and `simulate`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::config::{Config, ConfigError};
+use crate::simulate::{self, report, scenario};
 use crate::state::{AppState, Settings};
 use crate::types::ControlInterval;
 use crate::{RunError, run};
@@ -29,6 +30,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate a limits file and exit.
     CheckConfig(CheckConfigArgs),
+    /// Run a traffic scenario through the real controller on a simulated
+    /// clock and print accuracy metrics.
+    Simulate(SimulateArgs),
 }
 
 /// `sluice serve`.
@@ -57,6 +61,31 @@ pub struct CheckConfigArgs {
     /// Limits file (YAML).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+}
+
+/// `sluice simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Scenario to run, or `all`.
+    #[arg(long, value_name = "NAME", value_parser = parse_scenario)]
+    pub scenario: String,
+    /// Seed for arrivals and coin flips; the same seed gives the same result.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the metrics as CSV to this file.
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<PathBuf>,
+}
+
+fn parse_scenario(value: &str) -> Result<String, String> {
+    if value == "all" || scenario::NAMES.contains(&value) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "unknown scenario; one of: all, {}",
+            scenario::NAMES.join(", ")
+        ))
+    }
 }
 
 fn parse_interval(value: &str) -> Result<ControlInterval, String> {
@@ -108,7 +137,39 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
         },
         Command::CheckConfig(args) => check_config(&args.file),
+        Command::Simulate(args) => simulate(&args),
     }
+}
+
+/// `sluice simulate`: runs the scenarios and prints one table row each.
+pub fn simulate(args: &SimulateArgs) -> ExitCode {
+    let scenarios = if args.scenario == "all" {
+        scenario::all()
+    } else {
+        scenario::by_name(&args.scenario).into_iter().collect()
+    };
+    let mut rows = Vec::with_capacity(scenarios.len());
+    for scenario in &scenarios {
+        match simulate::evaluate(scenario, args.seed) {
+            Ok(metrics) => rows.push(report::Row {
+                scenario: scenario.name.to_owned(),
+                seed: args.seed,
+                metrics,
+            }),
+            Err(err) => {
+                eprintln!("sluice: scenario {}: {err}", scenario.name);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    print!("{}", report::table(&rows));
+    if let Some(path) = &args.csv
+        && let Err(err) = std::fs::write(path, report::csv(&rows))
+    {
+        eprintln!("sluice: cannot write {}: {err}", path.display());
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// `sluice check-config FILE`: prints `OK` or the error.
@@ -263,6 +324,19 @@ mod tests {
         assert_eq!(args.grpc_listen.port(), 0);
         assert_eq!(args.control_interval_ms.unwrap().as_millis(), 100);
         assert_eq!(args.ready_file.unwrap(), PathBuf::from("r.json"));
+    }
+
+    #[test]
+    fn simulate_arguments() {
+        let cli = Cli::try_parse_from(["sluice", "simulate", "--scenario", "all"]).unwrap();
+        let Command::Simulate(args) = cli.command else {
+            panic!("not simulate")
+        };
+        assert_eq!(args.scenario, "all");
+        assert_eq!(args.seed, 1);
+        assert!(args.csv.is_none());
+        let err = Cli::try_parse_from(["sluice", "simulate", "--scenario", "nope"]).unwrap_err();
+        assert!(err.to_string().contains("unknown scenario"), "{err}");
     }
 
     #[test]

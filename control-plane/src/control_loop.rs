@@ -1,5 +1,7 @@
 //! Runs the controller once per control interval and publishes the result.
 
+use std::time::Instant;
+
 use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -24,17 +26,22 @@ pub async fn run(state: AppState, mut controller: Controller, shutdown: Cancella
 
 /// One control interval: close the report windows, decide, publish.
 pub fn step(state: &AppState, controller: &mut Controller) {
+    let started = Instant::now();
+    let metrics = state.metrics();
     let load = state.fleet().tick();
     let decision = {
         let limits = state.limits();
         controller.tick(&load, &limits)
     };
+    metrics.observe_buckets(&decision.buckets);
     state.set_buckets(decision.buckets);
     let changed = decision.changed.len();
     if let Some(version) = state
         .publisher()
         .publish(decision.snapshot, decision.changed)
     {
+        metrics.batch_published();
         tracing::debug!(version, changed, "pushed directives");
     }
+    metrics.control_tick(started.elapsed());
 }

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::fleet::{Connected, ReportRejected, StreamId};
+use crate::metrics::{ProxyGuard, Sent};
 use crate::state::AppState;
 
 /// A stream that has not said Hello by then is closed.
@@ -111,6 +112,7 @@ impl Session {
             Ok(hello) => hello,
             Err(End::Error(status)) => {
                 tracing::warn!(%status, "rejecting stream");
+                self.state.metrics().stream_rejected();
                 // The proxy sees why; if it is already gone there is no one
                 // left to tell.
                 let _ = self.outbound.send(Err(status)).await;
@@ -140,7 +142,9 @@ impl Session {
             ),
         }
 
-        let end = self.forward(&proxy_id).await;
+        // Dropped when this function returns, however the stream ended.
+        let proxy_metrics = self.state.metrics().proxy_connected(&proxy_id, self.stream);
+        let end = self.forward(&proxy_id, &proxy_metrics).await;
         let owned = self.state.fleet().disconnect(&proxy_id, self.stream);
         match end {
             // Usually the proxy went away without closing (an Envoy restart).
@@ -174,9 +178,9 @@ impl Session {
 
     /// Sends the snapshot, then relays deltas and takes in reports until the
     /// stream or the server ends.
-    async fn forward(&mut self, proxy_id: &str) -> End {
+    async fn forward(&mut self, proxy_id: &str, proxy_metrics: &ProxyGuard) -> End {
         let (snapshot, mut subscription) = self.state.publisher().subscribe();
-        if let Err(end) = self.send(snapshot).await {
+        if let Err(end) = self.send(snapshot, Sent::Snapshot).await {
             return end;
         }
         let mut last_sequence: Option<u64> = None;
@@ -185,13 +189,19 @@ impl Session {
                 () = self.shutdown.cancelled() => return End::Shutdown,
                 () = self.outbound.closed() => return End::ProxyGone,
                 message = self.inbound.message() => match message {
-                    Ok(Some(message)) => self.receive(proxy_id, message, &mut last_sequence),
+                    Ok(Some(message)) => {
+                        self.receive(proxy_id, proxy_metrics, message, &mut last_sequence);
+                    }
                     Ok(None) => return End::ProxyClosed,
                     Err(status) => return End::Error(status),
                 },
                 batch = subscription.next() => match batch {
-                    Some(batch) => {
-                        if let Err(end) = self.send(DirectiveBatch::clone(&batch)).await {
+                    Some(outgoing) => {
+                        let sent = match outgoing.decided_at {
+                            Some(decided_at) => Sent::Delta { decided_at },
+                            None => Sent::Snapshot,
+                        };
+                        if let Err(end) = self.send(DirectiveBatch::clone(&outgoing.batch), sent).await {
                             return end;
                         }
                     }
@@ -201,12 +211,22 @@ impl Session {
         }
     }
 
-    fn receive(&self, proxy_id: &str, message: ProxyMessage, last_sequence: &mut Option<u64>) {
+    fn receive(
+        &self,
+        proxy_id: &str,
+        proxy_metrics: &ProxyGuard,
+        message: ProxyMessage,
+        last_sequence: &mut Option<u64>,
+    ) {
+        let metrics = self.state.metrics();
         match message.kind {
             Some(proxy_message::Kind::Report(report)) => {
+                metrics.report_received();
+                proxy_metrics.report_received();
                 if let Some(last) = *last_sequence
                     && report.sequence != last.wrapping_add(1)
                 {
+                    metrics.report_sequence_gap();
                     tracing::debug!(
                         proxy_id,
                         last,
@@ -217,10 +237,12 @@ impl Session {
                 *last_sequence = Some(report.sequence);
                 match self.state.fleet().report(proxy_id, self.stream, &report) {
                     Ok(()) => {}
-                    Err(ReportRejected::Superseded) => {
+                    Err(err @ ReportRejected::Superseded) => {
+                        metrics.report_rejected(err);
                         tracing::debug!(proxy_id, "ignoring report from a replaced stream");
                     }
                     Err(err @ ReportRejected::EmptyWindow) => {
+                        metrics.report_rejected(err);
                         tracing::warn!(proxy_id, %err, "ignoring report");
                     }
                 }
@@ -235,13 +257,18 @@ impl Session {
 
     /// Queues a batch for the proxy, giving up if the proxy is gone or the
     /// server is shutting down (a stalled proxy must not hold up shutdown).
-    async fn send(&self, batch: DirectiveBatch) -> Result<(), End> {
+    /// Push latency is measured here, once the transport has the batch.
+    async fn send(&self, batch: DirectiveBatch, sent: Sent) -> Result<(), End> {
         let message = ControlMessage {
             kind: Some(control_message::Kind::Directives(batch)),
         };
         tokio::select! {
             () = self.shutdown.cancelled() => Err(End::Shutdown),
-            sent = self.outbound.send(Ok(message)) => sent.map_err(|_| End::ProxyGone),
+            queued = self.outbound.send(Ok(message)) => {
+                queued.map_err(|_| End::ProxyGone)?;
+                self.state.metrics().batch_pushed(sent);
+                Ok(())
+            }
         }
     }
 }

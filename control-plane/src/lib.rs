@@ -6,7 +6,7 @@
 //! over the fleet ([`fleet`]), compared with the limits ([`limits`]) and turned
 //! into directives ([`controller`]); the ones that changed are broadcast to
 //! every stream ([`push`]). Operators read and change limits through the admin
-//! API ([`admin`]).
+//! API ([`admin`]), which also serves Prometheus [`metrics`].
 //!
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
@@ -19,7 +19,9 @@ pub mod controller;
 pub mod fleet;
 pub mod grpc;
 pub mod limits;
+pub mod metrics;
 pub mod push;
+pub mod simulate;
 pub mod state;
 pub mod types;
 

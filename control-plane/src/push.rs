@@ -1,12 +1,12 @@
 //! Fan-out of directive batches to every open stream.
 //!
-//! One `tokio::sync::broadcast` channel carries `Arc<DirectiveBatch>` deltas;
+//! One `tokio::sync::broadcast` channel carries `Arc<Outgoing>` deltas;
 //! the current full set of directives sits next to it under the same lock, so
 //! a new subscriber gets a snapshot and a receiver with no gap and no overlap
 //! between them.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_proto::v1::{Directive, DirectiveBatch};
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -14,6 +14,16 @@ use tokio::sync::broadcast::{self, error::RecvError};
 /// How many deltas a stream may fall behind before it is resynchronised
 /// with a snapshot instead.
 const CAPACITY: usize = 64;
+
+/// A batch as a subscription yields it.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The batch.
+    pub batch: DirectiveBatch,
+    /// When the control loop published it; `None` for a snapshot sent to
+    /// resynchronise a stream, which no control interval decided.
+    pub decided_at: Option<Instant>,
+}
 
 /// Publishes directive batches; cheap to clone.
 #[derive(Debug, Clone)]
@@ -28,7 +38,7 @@ struct Inner {
     /// state it shows; each delta increments it).
     version: u64,
     snapshot: Vec<Directive>,
-    sender: broadcast::Sender<Arc<DirectiveBatch>>,
+    sender: broadcast::Sender<Arc<Outgoing>>,
 }
 
 impl Publisher {
@@ -60,7 +70,10 @@ impl Publisher {
             return None;
         }
         inner.version += 1;
-        let batch = Arc::new(self.batch(inner.version, changed));
+        let batch = Arc::new(Outgoing {
+            batch: self.batch(inner.version, changed),
+            decided_at: Some(Instant::now()),
+        });
         // An error only means no stream is open right now; the snapshot
         // already holds the new state for the next one.
         let _ = inner.sender.send(batch);
@@ -78,7 +91,7 @@ impl Publisher {
         (snapshot, subscription)
     }
 
-    fn snapshot_and_receiver(&self) -> (DirectiveBatch, broadcast::Receiver<Arc<DirectiveBatch>>) {
+    fn snapshot_and_receiver(&self) -> (DirectiveBatch, broadcast::Receiver<Arc<Outgoing>>) {
         let inner = self.lock();
         let snapshot = self.batch(inner.version, inner.snapshot.clone());
         (snapshot, inner.sender.subscribe())
@@ -104,14 +117,14 @@ impl Publisher {
 #[derive(Debug)]
 pub struct Subscription {
     publisher: Publisher,
-    receiver: broadcast::Receiver<Arc<DirectiveBatch>>,
+    receiver: broadcast::Receiver<Arc<Outgoing>>,
 }
 
 impl Subscription {
     /// The next batch to send. A stream that fell too far behind gets a fresh
     /// snapshot (merge semantics make that equivalent to the missed deltas)
     /// and continues from there. `None` once the publisher is gone.
-    pub async fn next(&mut self) -> Option<Arc<DirectiveBatch>> {
+    pub async fn next(&mut self) -> Option<Arc<Outgoing>> {
         match self.receiver.recv().await {
             Ok(batch) => Some(batch),
             Err(RecvError::Lagged(missed)) => {
@@ -121,7 +134,10 @@ impl Subscription {
                 // applied after it.
                 let (snapshot, receiver) = self.publisher.snapshot_and_receiver();
                 self.receiver = receiver;
-                Some(Arc::new(snapshot))
+                Some(Arc::new(Outgoing {
+                    batch: snapshot,
+                    decided_at: None,
+                }))
             }
             Err(RecvError::Closed) => None,
         }
@@ -167,6 +183,8 @@ mod tests {
             Some(3)
         );
         let delta = subscription.next().await.unwrap();
+        assert!(delta.decided_at.is_some());
+        let delta = &delta.batch;
         assert_eq!(delta.version, 3);
         assert_eq!(delta.directives, [directive("a", 0.7)]);
     }
@@ -180,7 +198,12 @@ mod tests {
             let d = directive(&format!("b{i}"), 0.5);
             publisher.publish(vec![d.clone()], vec![d]);
         }
-        let batch = subscription.next().await.unwrap();
+        let resync = subscription.next().await.unwrap();
+        assert!(
+            resync.decided_at.is_none(),
+            "a snapshot has no decision time"
+        );
+        let batch = &resync.batch;
         assert_eq!(
             batch.version,
             1 + total as u64,
@@ -194,6 +217,6 @@ mod tests {
         // And it keeps receiving deltas after the resync.
         publisher.publish(vec![], vec![directive("z", 0.1)]);
         let next = subscription.next().await.unwrap();
-        assert_eq!(next.version, 2 + total as u64);
+        assert_eq!(next.batch.version, 2 + total as u64);
     }
 }

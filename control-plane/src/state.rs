@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::controller::BucketStatus;
 use crate::fleet::{Fleet, StreamId};
 use crate::limits::LimitTable;
+use crate::metrics::Metrics;
 use crate::push::Publisher;
 use crate::types::ControlInterval;
 
@@ -48,6 +49,7 @@ struct Shared {
     buckets: RwLock<Arc<[BucketStatus]>>,
     publisher: Publisher,
     next_stream: AtomicU64,
+    metrics: Metrics,
 }
 
 impl AppState {
@@ -66,6 +68,7 @@ impl AppState {
                 buckets: RwLock::new(Arc::from([])),
                 publisher: Publisher::new(epoch),
                 next_stream: AtomicU64::new(1),
+                metrics: Metrics::new(epoch),
             }),
         }
     }
@@ -127,6 +130,11 @@ impl AppState {
     /// Where directive batches are published.
     pub fn publisher(&self) -> &Publisher {
         &self.inner.publisher
+    }
+
+    /// The Prometheus metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
     }
 
     /// A new, unique stream id.

@@ -266,3 +266,65 @@ async fn buckets_view_shape() {
         json!({"epoch": state.epoch(), "control_interval_ms": 500, "buckets": []})
     );
 }
+
+async fn get_metrics(router: &Router) -> String {
+    let request = Request::get("/metrics").body(Body::empty()).unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        sluice_control_plane::metrics::CONTENT_TYPE
+    );
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn metrics_show_what_the_control_loop_decided() {
+    use sluice_control_plane::Controller;
+    use sluice_control_plane::control_loop::step;
+    use sluice_control_plane::fleet::StreamId;
+    use sluice_proto::v1::{BucketCount, Report};
+
+    let (state, router) = app();
+    let text = get_metrics(&router).await;
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(text.contains("\nsluice_connected_proxies 0\n"), "{text}");
+    assert!(!text.contains("sluice_bucket_"), "no buckets yet: {text}");
+
+    // 600 requests in one second for a bucket limited to 200.
+    state.fleet().connect("envoy-a", 1, StreamId(1));
+    let report = Report {
+        sequence: 0,
+        window_ms: 1000,
+        buckets: vec![BucketCount {
+            bucket: "acme".to_owned(),
+            offered: 600,
+            admitted: 600,
+        }],
+    };
+    state
+        .fleet()
+        .report("envoy-a", StreamId(1), &report)
+        .unwrap();
+    let mut controller = Controller::default();
+    step(&state, &mut controller);
+    let text = get_metrics(&router).await;
+    for line in [
+        "sluice_bucket_offered_rps{bucket=\"acme\"} 600.0",
+        "sluice_bucket_limit_rps{bucket=\"acme\"} 200.0",
+        "sluice_bucket_drop_ratio{bucket=\"acme\"} 0.6666666666666666",
+        "sluice_directive_batches_published_total 1",
+        "sluice_control_loop_tick_duration_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+
+    let (status, content_type, body) = send(&router, Method::POST, "/metrics", None).await;
+    assert_problem(
+        status,
+        content_type.as_deref(),
+        &body,
+        StatusCode::METHOD_NOT_ALLOWED,
+    );
+}

@@ -478,3 +478,253 @@ async fn stopped_traffic_lifts_the_directive() {
     }
     cp.shutdown().await;
 }
+
+/// One sample of a Prometheus text exposition.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: std::collections::BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A parsed exposition: the `# TYPE` of each family and every sample.
+#[derive(Debug)]
+struct Exposition {
+    types: std::collections::BTreeMap<String, String>,
+    samples: Vec<Sample>,
+}
+
+impl Exposition {
+    /// Parses the subset of the text format the control plane writes:
+    /// label values without `,`, `=` or escapes, as in these tests.
+    fn parse(text: &str) -> Self {
+        assert!(text.ends_with("# EOF\n"), "no EOF marker:\n{text}");
+        let mut types = std::collections::BTreeMap::new();
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => {
+                    let labels = labels.strip_suffix('}').unwrap();
+                    let labels = labels
+                        .split(',')
+                        .map(|pair| {
+                            let (key, value) = pair.split_once('=').unwrap();
+                            let value = value.strip_prefix('"').unwrap().strip_suffix('"').unwrap();
+                            (key.to_owned(), value.to_owned())
+                        })
+                        .collect();
+                    (name, labels)
+                }
+                None => (series, std::collections::BTreeMap::new()),
+            };
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                value => value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+            };
+            samples.push(Sample {
+                name: name.to_owned(),
+                labels,
+                value,
+            });
+        }
+        Self { types, samples }
+    }
+
+    /// Samples of `name` whose labels include `labels`.
+    fn find<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = &'a Sample> {
+        self.samples.iter().filter(move |s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+    }
+
+    /// The value of the one sample of `name` with `labels`, if present.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut found = self.find(name, labels);
+        let sample = found.next()?;
+        assert!(found.next().is_none(), "several {name} {labels:?}");
+        Some(sample.value)
+    }
+}
+
+impl ControlPlane {
+    /// `GET /metrics`, checking the status and content type.
+    async fn metrics(&self) -> Exposition {
+        let response = self
+            .http
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        Exposition::parse(&response.text().await.unwrap())
+    }
+
+    /// Polls `GET /metrics` until `check` holds.
+    async fn wait_for_metrics(
+        &self,
+        what: &str,
+        check: impl Fn(&Exposition) -> bool,
+    ) -> Exposition {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let metrics = self.metrics().await;
+            if check(&metrics) {
+                return metrics;
+            }
+            assert!(Instant::now() < deadline, "{what} never held: {metrics:#?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn metrics_follow_buckets_proxies_and_pushes() {
+    let cp = ControlPlane::start(LIMITS).await;
+    let mut proxy = cp.connect("envoy-a").await;
+    proxy.next_batch().await;
+    proxy.report_steadily("acme", 600);
+    proxy.wait_for_ratio("acme", 2.0 / 3.0).await;
+
+    let acme = [("bucket", "acme")];
+    let metrics = cp
+        .wait_for_metrics("acme at 3x its limit, pushed", |m| {
+            m.value("sluice_bucket_offered_rps", &acme) == Some(600.0)
+                && m.value("sluice_bucket_drop_ratio", &acme)
+                    .is_some_and(|r| (r - 2.0 / 3.0).abs() < 0.01)
+                && m.value("sluice_push_latency_seconds_count", &[])
+                    .is_some_and(|n| n > 0.0)
+        })
+        .await;
+    for (family, kind) in [
+        ("sluice_bucket_offered_rps", "gauge"),
+        ("sluice_bucket_drop_ratio", "gauge"),
+        ("sluice_connected_proxies", "gauge"),
+        ("sluice_proxy_report_age_seconds", "gauge"),
+        ("sluice_reports_received", "counter"),
+        ("sluice_directive_batches_pushed", "counter"),
+        ("sluice_push_latency_seconds", "histogram"),
+        ("sluice_control_loop_tick_duration_seconds", "histogram"),
+        ("sluice_build", "info"),
+    ] {
+        assert_eq!(metrics.types[family], kind, "{family}");
+    }
+    // The filter stand-in admits everything it offers.
+    assert_eq!(
+        metrics.value("sluice_bucket_admitted_rps", &acme),
+        Some(600.0)
+    );
+    assert_eq!(metrics.value("sluice_bucket_limit_rps", &acme), Some(200.0));
+    assert_eq!(
+        metrics.value("sluice_bucket_proxies_reporting", &acme),
+        Some(1.0)
+    );
+    assert_eq!(metrics.value("sluice_buckets_tracked", &[]), Some(1.0));
+    assert_eq!(metrics.value("sluice_connected_proxies", &[]), Some(1.0));
+    let age = metrics
+        .value("sluice_proxy_report_age_seconds", &[("proxy", "envoy-a")])
+        .unwrap();
+    assert!((0.0..1.0).contains(&age), "report age {age}");
+    assert!(metrics.value("sluice_reports_received_total", &[]).unwrap() > 0.0);
+    assert!(
+        metrics
+            .value(
+                "sluice_directive_batches_pushed_total",
+                &[("kind", "delta")]
+            )
+            .unwrap()
+            >= 1.0
+    );
+    assert_eq!(
+        metrics.value(
+            "sluice_directive_batches_pushed_total",
+            &[("kind", "snapshot")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        metrics
+            .value("sluice_directive_batches_published_total", &[])
+            .unwrap()
+            >= 1.0
+    );
+    assert!(
+        metrics
+            .value("sluice_control_loop_tick_duration_seconds_count", &[])
+            .unwrap()
+            > 0.0
+    );
+    // The histogram's +Inf bucket holds every observation.
+    assert_eq!(
+        metrics.value("sluice_push_latency_seconds_bucket", &[("le", "+Inf")]),
+        metrics.value("sluice_push_latency_seconds_count", &[])
+    );
+    let epoch = cp.get("/v1/buckets").await["epoch"].as_u64().unwrap();
+    assert_eq!(
+        metrics.value("sluice_epoch_info", &[("epoch", &epoch.to_string())]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metrics.value(
+            "sluice_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+
+    // A report that cannot become a rate is counted as rejected.
+    proxy
+        .outbound
+        .send(ProxyMessage {
+            kind: Some(proxy_message::Kind::Report(Report {
+                sequence: 0,
+                window_ms: 0,
+                buckets: vec![],
+            })),
+        })
+        .await
+        .unwrap();
+    cp.wait_for_metrics("the empty-window report counted", |m| {
+        m.value(
+            "sluice_reports_rejected_total",
+            &[("reason", "empty_window")],
+        ) == Some(1.0)
+    })
+    .await;
+
+    // Once the proxy is gone and its rates expire, its series and the
+    // bucket's go away.
+    drop(proxy);
+    let metrics = cp
+        .wait_for_metrics("acme and envoy-a gone", |m| {
+            m.value("sluice_connected_proxies", &[]) == Some(0.0)
+                && !m.samples.iter().any(|s| {
+                    s.labels.get("bucket").is_some_and(|b| b == "acme")
+                        || s.labels.get("proxy").is_some_and(|p| p == "envoy-a")
+                })
+        })
+        .await;
+    assert_eq!(metrics.value("sluice_buckets_tracked", &[]), Some(0.0));
+    cp.shutdown().await;
+}

@@ -1,7 +1,7 @@
 //! Admin API handlers.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 
@@ -9,6 +9,7 @@ use super::extract::{Json, Path};
 use super::problem::Problem;
 use crate::controller::BucketStatus;
 use crate::limits::LimitRule;
+use crate::metrics;
 use crate::state::AppState;
 use crate::types::{LimitRps, validate_bucket};
 
@@ -22,6 +23,19 @@ pub struct Health {
 /// `GET /healthz`.
 pub async fn healthz() -> axum::Json<Health> {
     axum::Json(Health { status: "ok" })
+}
+
+/// `GET /metrics`: the Prometheus exposition (OpenMetrics text).
+pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Problem> {
+    let text = state.metrics().encode().map_err(|err| {
+        // Encoding into a String only fails if a metric's own encoder does.
+        tracing::error!(%err, "encoding metrics");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "could not encode metrics",
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text))
 }
 
 /// `GET /v1/buckets` reply.

@@ -19,6 +19,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(handlers::healthz))
+        .route("/metrics", get(handlers::metrics))
         .route("/v1/buckets", get(handlers::buckets))
         .route("/v1/limits", get(handlers::limits))
         .route(

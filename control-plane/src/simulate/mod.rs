@@ -1,0 +1,82 @@
+//! A deterministic simulator of a Sluice fleet, for measuring how closely
+//! the controller holds a limit.
+//!
+//! It runs the filter's real decision core (directive table, coin flip,
+//! counters) and the control plane's real [`crate::fleet`] and
+//! [`crate::controller`] on a simulated millisecond clock, so that what it
+//! measures is the shipped code, not a model of it. Same scenario and seed,
+//! same result.
+
+pub mod metrics;
+pub mod report;
+pub mod scenario;
+pub mod sim;
+
+pub use metrics::Metrics;
+pub use scenario::Scenario;
+pub use sim::{SimError, Trace};
+
+/// Runs `scenario` with `seed` and the default controller and measures it.
+pub fn evaluate(scenario: &Scenario, seed: u64) -> Result<Metrics, SimError> {
+    let trace = sim::run(scenario, seed)?;
+    Ok(metrics::compute(scenario, &trace))
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+mod tests {
+    use super::*;
+
+    fn scenario(name: &str) -> Scenario {
+        scenario::by_name(name).unwrap()
+    }
+
+    #[test]
+    fn same_seed_same_result() {
+        let steady = scenario("steady").truncated(6_000);
+        assert_eq!(
+            sim::run(&steady, 42).unwrap(),
+            sim::run(&steady, 42).unwrap()
+        );
+        assert_ne!(
+            sim::run(&steady, 42).unwrap(),
+            sim::run(&steady, 43).unwrap(),
+            "the seed matters"
+        );
+        let churn = scenario("churn");
+        assert_eq!(evaluate(&churn, 1).unwrap(), evaluate(&churn, 1).unwrap());
+    }
+
+    #[test]
+    fn steady_over_limit_converges() {
+        let steady = scenario("steady").truncated(15_000);
+        let metrics = evaluate(&steady, 1).unwrap();
+        assert!(metrics.admitted_within_offered);
+        // Seeds 1-5 measured 4.9-6.5 %, almost all of it the coin flips'
+        // and the arrivals' own noise at 1000 rps; 10 % leaves room for
+        // other seeds without letting a real regression through.
+        let error = metrics.error_p95_1s.unwrap();
+        assert!(error <= 0.10, "p95 error {error}");
+        let utilisation = metrics.utilisation.unwrap();
+        assert!((0.9..=1.1).contains(&utilisation), "{utilisation}");
+    }
+
+    #[test]
+    fn step_overshoots() {
+        let step = scenario("step-2x").truncated(14_000);
+        let metrics = evaluate(&step, 1).unwrap();
+        assert!(metrics.admitted_within_offered);
+        // The proxies admit all of the doubled load until the next
+        // directive lands (report, control tick and push later); seeds 1-5
+        // measured 35-42 %.
+        let overshoot = metrics.peak_overshoot_pct.unwrap();
+        assert!(overshoot > 10.0, "{overshoot}");
+        assert_eq!(metrics.convergence_ms.len(), 1, "only the step up ran");
+        assert!(metrics.convergence_ms[0].is_some());
+    }
+}

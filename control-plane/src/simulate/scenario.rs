@@ -1,0 +1,401 @@
+//! Traffic patterns: who offers how much to which bucket, and when proxies
+//! come and go.
+
+/// How requests arrive within a millisecond step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrivals {
+    /// Poisson arrivals: real traffic is bursty, and the controller must
+    /// cope with the counting noise that comes with it.
+    Poisson,
+    /// Fractional accumulation: exactly the offered rate, no noise, so that
+    /// what remains is the controller's own error.
+    Deterministic,
+}
+
+/// Fleet-wide offered rate of a bucket over time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Load {
+    /// The same rate throughout.
+    Constant(f64),
+    /// `(from_ms, rps)`, sorted by time: the rate of the last step that has
+    /// started; 0 before the first.
+    Steps(Vec<(u64, f64)>),
+    /// Linear from `from_rps` at `start_ms` to `to_rps` at `end_ms`, flat
+    /// outside.
+    Ramp {
+        /// Where the ramp starts.
+        start_ms: u64,
+        /// Where it ends.
+        end_ms: u64,
+        /// Rate up to `start_ms`.
+        from_rps: f64,
+        /// Rate from `end_ms` on.
+        to_rps: f64,
+    },
+}
+
+impl Load {
+    /// The offered rate at `t_ms`.
+    pub fn rps_at(&self, t_ms: u64) -> f64 {
+        match self {
+            Self::Constant(rps) => *rps,
+            Self::Steps(steps) => steps
+                .iter()
+                .take_while(|(from_ms, _)| *from_ms <= t_ms)
+                .last()
+                .map_or(0.0, |(_, rps)| *rps),
+            Self::Ramp {
+                start_ms,
+                end_ms,
+                from_rps,
+                to_rps,
+            } => {
+                if t_ms <= *start_ms || end_ms <= start_ms {
+                    *from_rps
+                } else if t_ms >= *end_ms {
+                    *to_rps
+                } else {
+                    let progress = (t_ms - start_ms) as f64 / (end_ms - start_ms) as f64;
+                    from_rps + (to_rps - from_rps) * progress
+                }
+            }
+        }
+    }
+
+    /// Times at which the rate jumps (after 0): where overshoot and
+    /// convergence are measured.
+    pub fn steps(&self) -> Vec<u64> {
+        match self {
+            Self::Steps(steps) => steps
+                .iter()
+                .map(|(from_ms, _)| *from_ms)
+                .filter(|from_ms| *from_ms > 0)
+                .collect(),
+            Self::Constant(_) | Self::Ramp { .. } => Vec::new(),
+        }
+    }
+}
+
+/// One limited bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketSpec {
+    /// Bucket key.
+    pub name: String,
+    /// Fleet-wide limit.
+    pub limit_rps: f64,
+    /// Fleet-wide offered rate.
+    pub load: Load,
+    /// Relative share of the bucket's traffic each proxy receives while it
+    /// is up (one weight per proxy); the load balancer spreads the traffic
+    /// of proxies that are down over the others in the same proportions.
+    pub weights: Vec<f64>,
+}
+
+/// When a proxy is part of the fleet: from `join_ms` until `leave_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Membership {
+    /// When it connects and starts receiving traffic.
+    pub join_ms: u64,
+    /// When it stops receiving traffic and disconnects; `None`: never.
+    pub leave_ms: Option<u64>,
+}
+
+impl Membership {
+    /// Up for the whole run.
+    pub const ALWAYS: Self = Self {
+        join_ms: 0,
+        leave_ms: None,
+    };
+
+    /// Whether the proxy takes traffic at `t_ms`.
+    pub fn is_up(&self, t_ms: u64) -> bool {
+        t_ms >= self.join_ms && self.leave_ms.is_none_or(|leave_ms| t_ms < leave_ms)
+    }
+}
+
+/// Everything a run needs besides the seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Short name used on the command line.
+    pub name: &'static str,
+    /// Simulated duration.
+    pub duration_ms: u64,
+    /// How often each proxy reports (the filter's `report_interval_ms`).
+    pub report_interval_ms: u64,
+    /// How often the controller runs.
+    pub control_interval_ms: u64,
+    /// From the controller's decision to the proxies applying it.
+    pub push_delay_ms: u64,
+    /// How requests arrive.
+    pub arrivals: Arrivals,
+    /// One entry per proxy.
+    pub proxies: Vec<Membership>,
+    /// The limited buckets.
+    pub buckets: Vec<BucketSpec>,
+    /// How long after the start and after every disturbance (load step,
+    /// proxy joining or leaving) the system is not yet expected to be in
+    /// steady state.
+    pub settle_ms: u64,
+}
+
+impl Scenario {
+    /// Times that disturb the steady state: load steps and membership
+    /// changes within the run, sorted.
+    pub fn disturbances(&self) -> Vec<u64> {
+        let mut times: Vec<u64> = self
+            .buckets
+            .iter()
+            .flat_map(|bucket| bucket.load.steps())
+            .chain(self.proxies.iter().flat_map(|membership| {
+                let join = Some(membership.join_ms).filter(|t| *t > 0);
+                join.into_iter().chain(membership.leave_ms)
+            }))
+            .filter(|t| *t < self.duration_ms)
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+        times
+    }
+
+    /// Times within the run at which some bucket's load jumps.
+    pub fn load_steps(&self) -> Vec<u64> {
+        let mut times: Vec<u64> = self
+            .buckets
+            .iter()
+            .flat_map(|bucket| bucket.load.steps())
+            .filter(|t| *t < self.duration_ms)
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+        times
+    }
+
+    /// A copy running for `duration_ms` instead, for quick tests.
+    pub fn truncated(mut self, duration_ms: u64) -> Self {
+        self.duration_ms = duration_ms;
+        self
+    }
+}
+
+/// The defaults of a real deployment: the filter's default report interval,
+/// the control plane's default control interval, and a push that reaches
+/// the workers within about half of the filter's 100 ms cache refresh.
+const REPORT_INTERVAL_MS: u64 = 250;
+const CONTROL_INTERVAL_MS: u64 = 500;
+const PUSH_DELAY_MS: u64 = 50;
+const SETTLE_MS: u64 = 3_000;
+const PROXIES: usize = 10;
+
+/// Names accepted by [`by_name`], in the order `all` runs them.
+pub const NAMES: [&str; 9] = [
+    "steady",
+    "low-rate",
+    "step-2x",
+    "step-10x",
+    "zipf",
+    "hot-proxy",
+    "churn",
+    "ramp",
+    "steady-deterministic",
+];
+
+/// The scenario called `name`.
+pub fn by_name(name: &str) -> Option<Scenario> {
+    let scenario = match name {
+        "steady" => steady(Arrivals::Poisson),
+        "steady-deterministic" => Scenario {
+            name: "steady-deterministic",
+            ..steady(Arrivals::Deterministic)
+        },
+        "low-rate" => low_rate(),
+        "step-2x" => step("step-2x", 800.0, 1_600.0),
+        "step-10x" => step("step-10x", 500.0, 5_000.0),
+        "zipf" => zipf(),
+        "hot-proxy" => hot_proxy(),
+        "churn" => churn(),
+        "ramp" => ramp(),
+        _ => return None,
+    };
+    Some(scenario)
+}
+
+/// Every scenario, in [`NAMES`] order.
+pub fn all() -> Vec<Scenario> {
+    NAMES.iter().filter_map(|name| by_name(name)).collect()
+}
+
+fn base(name: &'static str, duration_ms: u64, buckets: Vec<BucketSpec>) -> Scenario {
+    Scenario {
+        name,
+        duration_ms,
+        report_interval_ms: REPORT_INTERVAL_MS,
+        control_interval_ms: CONTROL_INTERVAL_MS,
+        push_delay_ms: PUSH_DELAY_MS,
+        arrivals: Arrivals::Poisson,
+        proxies: vec![Membership::ALWAYS; PROXIES],
+        buckets,
+        settle_ms: SETTLE_MS,
+    }
+}
+
+/// Proxy `i` of `n` gets weight `i + 1`: the busiest proxy sees ten times
+/// the traffic of the quietest, as behind an uneven load balancer.
+fn skewed(n: usize) -> Vec<f64> {
+    (1..=n).map(|i| i as f64).collect()
+}
+
+fn bucket(name: &str, limit_rps: f64, load: Load, weights: Vec<f64>) -> BucketSpec {
+    BucketSpec {
+        name: name.to_owned(),
+        limit_rps,
+        load,
+        weights,
+    }
+}
+
+fn steady(arrivals: Arrivals) -> Scenario {
+    let buckets = vec![bucket(
+        "acme",
+        1_000.0,
+        Load::Constant(3_000.0),
+        skewed(PROXIES),
+    )];
+    Scenario {
+        arrivals,
+        ..base("steady", 30_000, buckets)
+    }
+}
+
+fn low_rate() -> Scenario {
+    let buckets = vec![bucket(
+        "acme",
+        100.0,
+        Load::Constant(300.0),
+        skewed(PROXIES),
+    )];
+    base("low-rate", 30_000, buckets)
+}
+
+/// Below the limit, a jump to `high_rps` at 10 s, back at 20 s.
+fn step(name: &'static str, low_rps: f64, high_rps: f64) -> Scenario {
+    let load = Load::Steps(vec![(0, low_rps), (10_000, high_rps), (20_000, low_rps)]);
+    let buckets = vec![bucket("acme", 1_000.0, load, skewed(PROXIES))];
+    base(name, 30_000, buckets)
+}
+
+/// 20 buckets with a 200 rps limit each and 6000 rps in total, bucket `k`
+/// offered in proportion to `1 / k`: a few buckets far over their limit,
+/// most under it.
+fn zipf() -> Scenario {
+    const BUCKETS: usize = 20;
+    const TOTAL_RPS: f64 = 6_000.0;
+    let harmonic: f64 = (1..=BUCKETS).map(|k| 1.0 / k as f64).sum();
+    let buckets = (1..=BUCKETS)
+        .map(|k| {
+            let rps = TOTAL_RPS / (k as f64 * harmonic);
+            bucket(
+                &format!("tenant-{k:02}"),
+                200.0,
+                Load::Constant(rps),
+                skewed(PROXIES),
+            )
+        })
+        .collect();
+    base("zipf", 30_000, buckets)
+}
+
+/// Proxy 0 carries half of the bucket, the other nine share the rest.
+fn hot_proxy() -> Scenario {
+    let mut weights = vec![1.0; PROXIES];
+    if let Some(hot) = weights.first_mut() {
+        *hot = (PROXIES - 1) as f64;
+    }
+    let buckets = vec![bucket("acme", 1_000.0, Load::Constant(3_000.0), weights)];
+    base("hot-proxy", 30_000, buckets)
+}
+
+/// Ten proxies; two leave at 10 s, three new ones join at 15 s, one of the
+/// originals leaves at 20 s. The total offered rate stays the same.
+fn churn() -> Scenario {
+    let mut proxies = vec![Membership::ALWAYS; PROXIES];
+    for (index, membership) in proxies.iter_mut().enumerate() {
+        membership.leave_ms = match index {
+            0 | 1 => Some(10_000),
+            2 => Some(20_000),
+            _ => None,
+        };
+    }
+    proxies.extend(
+        [Membership {
+            join_ms: 15_000,
+            leave_ms: None,
+        }; 3],
+    );
+    let buckets = vec![bucket(
+        "acme",
+        1_000.0,
+        Load::Constant(3_000.0),
+        skewed(proxies.len()),
+    )];
+    Scenario {
+        proxies,
+        ..base("churn", 30_000, buckets)
+    }
+}
+
+/// From half the limit to twice the limit over 40 s.
+fn ramp() -> Scenario {
+    let load = Load::Ramp {
+        start_ms: 5_000,
+        end_ms: 45_000,
+        from_rps: 500.0,
+        to_rps: 2_000.0,
+    };
+    let buckets = vec![bucket("acme", 1_000.0, load, skewed(PROXIES))];
+    base("ramp", 50_000, buckets)
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::float_cmp
+)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_resolves() {
+        for name in NAMES {
+            assert_eq!(by_name(name).unwrap().name, name);
+        }
+        assert!(by_name("nope").is_none());
+    }
+
+    #[test]
+    fn loads_over_time() {
+        let steps = Load::Steps(vec![(0, 1.0), (10, 2.0)]);
+        assert_eq!(steps.rps_at(9), 1.0);
+        assert_eq!(steps.rps_at(10), 2.0);
+        assert_eq!(steps.steps(), [10]);
+        let ramp = Load::Ramp {
+            start_ms: 10,
+            end_ms: 20,
+            from_rps: 0.0,
+            to_rps: 100.0,
+        };
+        assert_eq!(ramp.rps_at(0), 0.0);
+        assert_eq!(ramp.rps_at(15), 50.0);
+        assert_eq!(ramp.rps_at(30), 100.0);
+    }
+
+    #[test]
+    fn churn_disturbances() {
+        assert_eq!(
+            by_name("churn").unwrap().disturbances(),
+            [10_000, 15_000, 20_000]
+        );
+    }
+}

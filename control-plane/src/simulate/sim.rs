@@ -1,0 +1,393 @@
+//! The event loop: proxies, the fleet and the controller on a simulated
+//! clock that advances in 1 ms steps.
+//!
+//! Every proxy holds the filter's real [`DirectiveTable`] and
+//! [`BucketCounters`] and flips the filter's real coin ([`decide`]); the
+//! control plane side is the real [`Fleet`] and [`Controller`]. Only the
+//! network is simulated: reports arrive instantly, directive batches after
+//! the push delay.
+
+use std::collections::VecDeque;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sluice_filter::counters::BucketCounters;
+use sluice_filter::decision::{Verdict, decide};
+use sluice_filter::directives::DirectiveTable;
+use sluice_proto::v1::{Directive, DirectiveBatch, Report};
+
+use crate::controller::{Controller, DropPolicy};
+use crate::fleet::{Fleet, StreamId};
+use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::types::{InvalidLimit, LimitRps};
+
+use super::scenario::{Arrivals, Scenario};
+
+/// Width of one slot of the recorded trace.
+pub const SLOT_MS: u64 = 100;
+
+/// The filter's default caps: large enough that no simulated bucket is
+/// ever untracked, as in a correctly sized deployment.
+const MAX_BUCKETS: usize = 10_000;
+
+/// Epoch stamped on simulated batches; any constant will do since the
+/// simulated control plane never restarts.
+const EPOCH: u64 = 1;
+
+/// Above this mean, a Poisson draw is split into several smaller ones:
+/// Knuth's method underflows `exp(-λ)` for large λ.
+const POISSON_CHUNK: f64 = 30.0;
+
+/// Fleet-wide counts of one bucket, per [`SLOT_MS`] slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketTrace {
+    /// Bucket key.
+    pub name: String,
+    /// Requests offered in each slot, over all proxies.
+    pub offered: Vec<u64>,
+    /// Requests admitted in each slot, over all proxies.
+    pub admitted: Vec<u64>,
+}
+
+/// What a run recorded, one entry per bucket in scenario order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// Per-bucket counts.
+    pub buckets: Vec<BucketTrace>,
+    /// Directive batches the controller pushed.
+    pub batches_pushed: u64,
+}
+
+/// Why a scenario cannot run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// A bucket's limit is not a valid limit.
+    #[error("bucket {bucket}: {source}")]
+    Limit {
+        /// The bucket.
+        bucket: String,
+        /// What is wrong with it.
+        source: InvalidLimit,
+    },
+    /// Intervals of 0 would never fire.
+    #[error("report and control intervals must be positive")]
+    ZeroInterval,
+}
+
+/// One simulated Envoy (its leader VM and workers folded into one).
+struct SimProxy {
+    id: String,
+    stream: StreamId,
+    table: DirectiveTable,
+    counters: BucketCounters,
+    rng: SmallRng,
+    next_report_ms: u64,
+    last_report_ms: u64,
+    sequence: u64,
+    connected: bool,
+}
+
+/// Where a batch goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recipient {
+    /// Every connected proxy: a delta broadcast.
+    All,
+    /// One proxy: the snapshot a newly connected stream receives.
+    Proxy(usize),
+}
+
+struct InFlight {
+    due_ms: u64,
+    recipient: Recipient,
+    batch: DirectiveBatch,
+}
+
+/// Runs `scenario` with the default [`Controller`] (the proportional policy).
+pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
+    run_with(scenario, seed, Controller::default())
+}
+
+/// Runs `scenario` with `controller`, so that other [`DropPolicy`]
+/// implementations can be compared on the same traffic.
+pub fn run_with_policy(
+    scenario: &Scenario,
+    seed: u64,
+    policy: impl DropPolicy,
+) -> Result<Trace, SimError> {
+    run_with(scenario, seed, Controller::new(policy))
+}
+
+fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Result<Trace, SimError> {
+    if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
+        return Err(SimError::ZeroInterval);
+    }
+    let limits = limit_table(scenario)?;
+    let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+    // Arrivals draw from their own generator so that changing a proxy's
+    // decisions never changes the traffic it is offered.
+    let mut arrival_rng = SmallRng::seed_from_u64(seed);
+    let mut proxies: Vec<SimProxy> = (0..scenario.proxies.len())
+        .map(|index| new_proxy(scenario, seed, index))
+        .collect();
+    let mut accumulators = vec![vec![0.0_f64; proxies.len()]; scenario.buckets.len()];
+    let slots = usize::try_from(scenario.duration_ms.div_ceil(SLOT_MS)).unwrap_or(0);
+    let mut trace = Trace {
+        buckets: scenario
+            .buckets
+            .iter()
+            .map(|bucket| BucketTrace {
+                name: bucket.name.clone(),
+                offered: vec![0; slots],
+                admitted: vec![0; slots],
+            })
+            .collect(),
+        batches_pushed: 0,
+    };
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    let mut snapshot: Vec<Directive> = Vec::new();
+    let mut version = 0_u64;
+    let mut next_stream = 0_u64;
+    // Proxies up at the current step, and per bucket the cumulative weights
+    // over them; recomputed only when membership changes.
+    let mut up: Vec<usize> = Vec::new();
+    let mut cumulative: Vec<Vec<f64>> = Vec::new();
+
+    for t_ms in 0..scenario.duration_ms {
+        deliver(&mut in_flight, &mut proxies, t_ms);
+
+        let mut membership_changed = t_ms == 0;
+        for (index, (membership, proxy)) in scenario.proxies.iter().zip(&mut proxies).enumerate() {
+            let should_be_up = membership.is_up(t_ms);
+            if should_be_up && !proxy.connected {
+                next_stream += 1;
+                proxy.stream = StreamId(next_stream);
+                fleet.connect(&proxy.id, next_stream, proxy.stream);
+                proxy.connected = true;
+                proxy.last_report_ms = t_ms;
+                proxy.next_report_ms = t_ms + proxy.next_report_ms.min(scenario.report_interval_ms);
+                in_flight.push_back(InFlight {
+                    due_ms: t_ms + scenario.push_delay_ms,
+                    recipient: Recipient::Proxy(index),
+                    batch: batch(version, t_ms, snapshot.clone()),
+                });
+                membership_changed = true;
+            } else if !should_be_up && proxy.connected {
+                // A proxy taken out of rotation loses its partial window,
+                // as an Envoy that is shut down does.
+                fleet.disconnect(&proxy.id, proxy.stream);
+                proxy.connected = false;
+                proxy.counters.drain();
+                membership_changed = true;
+            }
+        }
+        if membership_changed {
+            up = (0..proxies.len())
+                .filter(|&index| proxies.get(index).is_some_and(|p| p.connected))
+                .collect();
+            cumulative = scenario
+                .buckets
+                .iter()
+                .map(|bucket| {
+                    let mut total = 0.0;
+                    up.iter()
+                        .map(|&index| {
+                            total += bucket.weights.get(index).copied().unwrap_or(0.0);
+                            total
+                        })
+                        .collect()
+                })
+                .collect();
+        }
+
+        let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
+        for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
+            let (Some(weights), Some(recorded)) = (
+                cumulative.get(bucket_index),
+                trace.buckets.get_mut(bucket_index),
+            ) else {
+                continue;
+            };
+            let Some(&total_weight) = weights.last() else {
+                continue;
+            };
+            if total_weight <= 0.0 {
+                continue;
+            }
+            let per_ms = bucket.load.rps_at(t_ms) / 1000.0;
+            let mut offer = |proxy_index: usize| {
+                if let Some(proxy) = proxies.get_mut(proxy_index) {
+                    let admitted = decide(proxy.table.threshold(&bucket.name), &mut proxy.rng)
+                        == Verdict::Admit;
+                    proxy.counters.record(&bucket.name, admitted);
+                    if let (Some(offered), Some(admitted_count)) = (
+                        recorded.offered.get_mut(slot),
+                        recorded.admitted.get_mut(slot),
+                    ) {
+                        *offered += 1;
+                        *admitted_count += u64::from(admitted);
+                    }
+                }
+            };
+            match scenario.arrivals {
+                Arrivals::Poisson => {
+                    // Poisson splitting: one fleet-wide draw, each request
+                    // routed by weight, is the same as independent draws
+                    // per proxy and costs one draw per bucket, not per proxy.
+                    for _ in 0..poisson(per_ms, &mut arrival_rng) {
+                        let pick = uniform(&mut arrival_rng) * total_weight;
+                        let position = weights.partition_point(|&c| c <= pick);
+                        let proxy_index = up.get(position).or(up.last()).copied();
+                        if let Some(proxy_index) = proxy_index {
+                            offer(proxy_index);
+                        }
+                    }
+                }
+                Arrivals::Deterministic => {
+                    let Some(row) = accumulators.get_mut(bucket_index) else {
+                        continue;
+                    };
+                    let mut previous = 0.0;
+                    for (&proxy_index, &c) in up.iter().zip(weights) {
+                        let share = (c - previous) / total_weight;
+                        previous = c;
+                        let Some(accumulator) = row.get_mut(proxy_index) else {
+                            continue;
+                        };
+                        *accumulator += per_ms * share;
+                        while *accumulator >= 1.0 {
+                            *accumulator -= 1.0;
+                            offer(proxy_index);
+                        }
+                    }
+                }
+            }
+        }
+
+        for proxy in proxies.iter_mut().filter(|p| p.connected) {
+            if t_ms >= proxy.next_report_ms {
+                let report = Report {
+                    sequence: proxy.sequence,
+                    window_ms: t_ms - proxy.last_report_ms,
+                    buckets: proxy.counters.drain(),
+                };
+                proxy.sequence += 1;
+                proxy.last_report_ms = t_ms;
+                proxy.next_report_ms = t_ms + scenario.report_interval_ms;
+                // Only an empty window is rejected, and windows here are
+                // never empty; a rejected report is lost, as on the wire.
+                let _ = fleet.report(&proxy.id, proxy.stream, &report);
+            }
+        }
+
+        if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
+            let load = fleet.tick();
+            let decision = controller.tick(&load, &limits);
+            snapshot = decision.snapshot;
+            if !decision.changed.is_empty() {
+                version += 1;
+                trace.batches_pushed += 1;
+                in_flight.push_back(InFlight {
+                    due_ms: t_ms + scenario.push_delay_ms,
+                    recipient: Recipient::All,
+                    batch: batch(version, t_ms, decision.changed),
+                });
+            }
+        }
+    }
+    Ok(trace)
+}
+
+fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
+    let rules = scenario
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let limit_rps = LimitRps::new(bucket.limit_rps).map_err(|source| SimError::Limit {
+                bucket: bucket.name.clone(),
+                source,
+            })?;
+            Ok(LimitRule {
+                selector: Selector::Bucket(bucket.name.clone()),
+                limit_rps,
+            })
+        })
+        .collect::<Result<Vec<_>, SimError>>()?;
+    Ok(LimitTable::from_rules(None, rules))
+}
+
+fn new_proxy(scenario: &Scenario, seed: u64, index: usize) -> SimProxy {
+    let index = index as u64;
+    // Distinct, reproducible streams per proxy (the golden-ratio increment
+    // keeps neighbouring seeds far apart).
+    let mut rng = SmallRng::seed_from_u64(seed ^ (index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    // Real proxies start at random times, so their report windows are not
+    // aligned with each other or with the control interval; the phase is
+    // kept in `next_report_ms` until the proxy connects.
+    let phase = 1 + rng.next_u64() % scenario.report_interval_ms.max(1);
+    SimProxy {
+        id: format!("proxy-{index:02}"),
+        stream: StreamId(0),
+        table: DirectiveTable::new(MAX_BUCKETS),
+        counters: BucketCounters::new(MAX_BUCKETS),
+        rng,
+        next_report_ms: phase,
+        last_report_ms: 0,
+        sequence: 0,
+        connected: false,
+    }
+}
+
+fn batch(version: u64, t_ms: u64, directives: Vec<Directive>) -> DirectiveBatch {
+    DirectiveBatch {
+        epoch: EPOCH,
+        version,
+        issued_at_unix_ms: t_ms,
+        directives,
+    }
+}
+
+/// Applies every batch due by `t_ms`, in the order they were sent.
+fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u64) {
+    while in_flight.front().is_some_and(|f| f.due_ms <= t_ms) {
+        let Some(InFlight {
+            recipient, batch, ..
+        }) = in_flight.pop_front()
+        else {
+            break;
+        };
+        match recipient {
+            Recipient::All => {
+                for proxy in proxies.iter_mut().filter(|p| p.connected) {
+                    proxy.table.merge(batch.clone());
+                }
+            }
+            Recipient::Proxy(index) => {
+                if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
+                    proxy.table.merge(batch);
+                }
+            }
+        }
+    }
+}
+
+/// Uniform in `[0, 1)` from the top 53 bits.
+fn uniform(rng: &mut SmallRng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1_u64 << 53) as f64
+}
+
+/// A Poisson draw with mean `mean` (Knuth's multiplication method).
+fn poisson(mean: f64, rng: &mut SmallRng) -> u64 {
+    let mut remaining = mean.max(0.0);
+    let mut count = 0;
+    while remaining > 0.0 {
+        let chunk = remaining.min(POISSON_CHUNK);
+        remaining -= chunk;
+        let floor = (-chunk).exp();
+        let mut product = uniform(rng);
+        while product > floor {
+            count += 1;
+            product *= uniform(rng);
+        }
+    }
+    count
+}
