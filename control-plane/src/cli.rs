@@ -279,12 +279,6 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use clap::CommandFactory;
 

@@ -254,12 +254,6 @@ fn bare_message(rendered: &str, field: &str, location: Option<(usize, usize)>) -
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

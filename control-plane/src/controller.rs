@@ -188,13 +188,7 @@ fn directive(bucket: &str, drop_ratio: DropRatio, limit: Option<LimitRps>) -> Di
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    clippy::float_cmp
-)]
+#[allow(clippy::float_cmp)]
 mod tests {
     use proptest::prelude::*;
 

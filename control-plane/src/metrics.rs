@@ -569,12 +569,6 @@ impl EncodeMetric for AtomicHistogram {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
     use crate::types::{DropRatio, LimitRps};

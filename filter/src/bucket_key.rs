@@ -118,12 +118,6 @@ fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
     use std::collections::HashMap;

@@ -26,12 +26,6 @@ pub fn decide(threshold: DropThreshold, rng: &mut impl Rng) -> Verdict {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
     use crate::drop_ratio::DropRatio;

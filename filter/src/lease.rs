@@ -73,12 +73,6 @@ pub fn next_step(current: Option<Lease>, me: u64, now_ms: u64) -> LeaseStep {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]

@@ -377,7 +377,6 @@ async fn check(response: reqwest::Response, url: &str) -> Result<reqwest::Respon
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -464,12 +464,6 @@ pub fn first_listener(listeners: &Json) -> Option<SocketAddr> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

@@ -97,7 +97,6 @@ fn require_file(path: &Path, what: &str, hint: &str) -> Result<PathBuf> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -180,7 +180,6 @@ pub fn read_tail(path: &Path, max_bytes: u64) -> std::io::Result<String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -231,7 +231,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::float_cmp)]
+#[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
 

@@ -23,12 +23,6 @@ pub fn evaluate(scenario: &Scenario, seed: u64) -> Result<Metrics, SimError> {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

@@ -293,12 +293,6 @@ async fn send(request: reqwest::RequestBuilder) -> Outcome {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 
