@@ -22,6 +22,7 @@ pub fn report(buckets: &[String], offered: u64) -> Report {
                 bucket: bucket.clone(),
                 offered,
                 admitted: offered - offered / 10,
+                ..Default::default()
             })
             .collect(),
     }

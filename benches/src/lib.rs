@@ -28,8 +28,10 @@ pub fn table_with(buckets: &[String], drop_ratio: f64) -> DirectiveTable {
                 bucket: bucket.clone(),
                 drop_ratio,
                 limit_rps: 100.0,
+                ..Default::default()
             })
             .collect(),
+        ..Default::default()
     });
     table
 }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::policy::{Modes, Policy, Tenants};
 use crate::types::{BucketName, ControlInterval, LimitRps};
 
 /// A parsed, valid limits file.
@@ -27,6 +28,12 @@ pub struct Config {
     /// Rules in file order.
     #[serde(default)]
     pub limits: Rules,
+    /// Tenant weights, bursts and floors; `default` applies to the rest.
+    #[serde(default)]
+    pub tenants: Tenants,
+    /// Rollout modes: shadow or enforce, kill switch, canary.
+    #[serde(default)]
+    pub modes: Modes,
 }
 
 impl Config {
@@ -57,6 +64,15 @@ impl Config {
     /// The limit table the file describes.
     pub fn limit_table(&self) -> LimitTable {
         LimitTable::from_rules(self.default_limit_rps, self.limits.0.iter().cloned())
+    }
+
+    /// The policy (limits, tenants, modes) the file describes.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            limits: self.limit_table(),
+            tenants: self.tenants.clone(),
+            modes: self.modes.clone(),
+        }
     }
 }
 

@@ -30,8 +30,8 @@ pub fn step(state: &AppState, controller: &mut Controller) {
     let metrics = state.metrics();
     let load = state.fleet().tick();
     let decision = {
-        let limits = state.limits();
-        controller.tick(&load, &limits)
+        let policy = state.policy();
+        controller.tick(&load, &policy.limits)
     };
     metrics.observe_buckets(&decision.buckets);
     state.set_buckets(decision.buckets);

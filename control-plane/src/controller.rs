@@ -184,6 +184,7 @@ fn directive(bucket: &str, drop_ratio: DropRatio, limit: Option<LimitRps>) -> Di
         bucket: bucket.to_owned(),
         drop_ratio: drop_ratio.get(),
         limit_rps: limit.map_or(0.0, LimitRps::get),
+        ..Default::default()
     }
 }
 

@@ -257,6 +257,7 @@ mod tests {
                     bucket: bucket.to_owned(),
                     offered,
                     admitted,
+                    ..Default::default()
                 })
                 .collect(),
         }

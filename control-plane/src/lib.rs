@@ -20,6 +20,7 @@ pub mod fleet;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;
+pub mod policy;
 pub mod push;
 pub mod simulate;
 pub mod state;

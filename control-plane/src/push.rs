@@ -103,6 +103,7 @@ impl Publisher {
             version,
             issued_at_unix_ms: unix_ms(SystemTime::now()),
             directives,
+            ..Default::default()
         }
     }
 
@@ -158,6 +159,7 @@ mod tests {
             bucket: bucket.to_owned(),
             drop_ratio,
             limit_rps: 1.0,
+            ..Default::default()
         }
     }
 

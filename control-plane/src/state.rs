@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use crate::config::Config;
 use crate::controller::BucketStatus;
 use crate::fleet::{Fleet, StreamId};
-use crate::limits::LimitTable;
 use crate::metrics::Metrics;
+use crate::policy::Policy;
 use crate::push::Publisher;
 use crate::types::ControlInterval;
 
@@ -18,8 +18,9 @@ use crate::types::ControlInterval;
 pub struct Settings {
     /// How often the controller runs.
     pub control_interval: ControlInterval,
-    /// Initial limits; the admin API changes them at run time.
-    pub limits: LimitTable,
+    /// Initial limits, tenants and modes; the admin API changes them at run
+    /// time.
+    pub policy: Policy,
 }
 
 impl Settings {
@@ -30,7 +31,7 @@ impl Settings {
             control_interval: control_interval
                 .or(config.control_interval_ms)
                 .unwrap_or_default(),
-            limits: config.limit_table(),
+            policy: config.policy(),
         }
     }
 }
@@ -44,7 +45,7 @@ pub struct AppState {
 #[derive(Debug)]
 struct Shared {
     control_interval: ControlInterval,
-    limits: RwLock<LimitTable>,
+    policy: RwLock<Policy>,
     fleet: Mutex<Fleet>,
     buckets: RwLock<Arc<[BucketStatus]>>,
     publisher: Publisher,
@@ -63,7 +64,7 @@ impl AppState {
         Self {
             inner: Arc::new(Shared {
                 control_interval: settings.control_interval,
-                limits: RwLock::new(settings.limits),
+                policy: RwLock::new(settings.policy),
                 fleet: Mutex::new(Fleet::new(Fleet::DEFAULT_CARRY_TICKS)),
                 buckets: RwLock::new(Arc::from([])),
                 publisher: Publisher::new(epoch),
@@ -83,20 +84,20 @@ impl AppState {
         self.inner.control_interval
     }
 
-    /// Read access to the limits.
-    pub fn limits(&self) -> RwLockReadGuard<'_, LimitTable> {
+    /// Read access to the policy (limits, tenants, modes).
+    pub fn policy(&self) -> RwLockReadGuard<'_, Policy> {
         // Poisoning is ignored throughout: no code panics while holding a
         // lock, and every critical section leaves the data consistent.
         self.inner
-            .limits
+            .policy
             .read()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Write access to the limits.
-    pub fn limits_mut(&self) -> RwLockWriteGuard<'_, LimitTable> {
+    /// Write access to the policy.
+    pub fn policy_mut(&self) -> RwLockWriteGuard<'_, Policy> {
         self.inner
-            .limits
+            .policy
             .write()
             .unwrap_or_else(PoisonError::into_inner)
     }

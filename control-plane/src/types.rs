@@ -26,6 +26,9 @@ pub const MAX_BUCKET_LEN: usize = 1024;
 pub struct LimitRps(f64);
 
 impl LimitRps {
+    /// No requests at all.
+    pub const ZERO: Self = Self(0.0);
+
     /// Validates a raw rate.
     pub fn new(rps: f64) -> Result<Self, InvalidLimit> {
         if rps.is_finite() && (0.0..=MAX_LIMIT_RPS).contains(&rps) {

@@ -84,7 +84,10 @@ async fn put_then_get_then_delete() {
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!({"bucket": "beta", "limit_rps": 150.0}));
-    assert_eq!(state.limits().limit_for("beta").unwrap().get(), 150.0);
+    assert_eq!(
+        state.policy().limits.limit_for("beta").unwrap().get(),
+        150.0
+    );
 
     // Replacing an existing limit, and a bucket key containing the default
     // separator, percent-encoded in the path.
@@ -122,7 +125,7 @@ async fn put_then_get_then_delete() {
     let (status, _, body) = send(&router, Method::DELETE, "/v1/limits/beta", None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(body, Value::Null);
-    assert_eq!(state.limits().limit_for("beta"), None);
+    assert_eq!(state.policy().limits.limit_for("beta"), None);
 }
 
 #[tokio::test]
@@ -301,6 +304,7 @@ async fn metrics_show_what_the_control_loop_decided() {
             bucket: "acme".to_owned(),
             offered: 600,
             admitted: 600,
+            ..Default::default()
         }],
     };
     state

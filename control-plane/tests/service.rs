@@ -79,6 +79,7 @@ impl ControlPlane {
                 kind: Some(proxy_message::Kind::Hello(Hello {
                     proxy_id: proxy_id.to_owned(),
                     instance_id: 7,
+                    ..Default::default()
                 })),
             })
             .await
@@ -178,6 +179,7 @@ impl Proxy {
                             bucket: bucket.clone(),
                             offered: per_window,
                             admitted: per_window,
+                            ..Default::default()
                         }],
                     })),
                 };

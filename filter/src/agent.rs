@@ -431,6 +431,7 @@ impl Agent {
         let hello = Hello {
             proxy_id: self.settings.proxy_id.clone(),
             instance_id: self.instance_id(host),
+            ..Default::default()
         };
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Hello(hello)),

@@ -119,8 +119,10 @@ impl Fleet {
                     bucket: (*bucket).into(),
                     drop_ratio: *drop_ratio,
                     limit_rps: 1.0,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         };
         let message = ControlMessage {
             kind: Some(control_message::Kind::Directives(batch)),
@@ -417,7 +419,9 @@ fn messages_on_abandoned_streams_are_ignored() {
                 bucket: "acme".into(),
                 drop_ratio: 1.0,
                 limit_rps: 1.0,
+                ..Default::default()
             }],
+            ..Default::default()
         })),
     };
     let (host, agent) = &mut fleet.vms[0];

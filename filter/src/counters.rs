@@ -82,6 +82,7 @@ impl BucketCounters {
                 bucket,
                 offered: counts.offered,
                 admitted: counts.admitted,
+                ..Default::default()
             })
             .collect()
     }
@@ -126,6 +127,7 @@ mod tests {
             bucket: bucket.into(),
             offered,
             admitted,
+            ..Default::default()
         }
     }
 

@@ -136,6 +136,7 @@ impl DirectiveTable {
                 bucket: bucket.clone(),
                 drop_ratio: ratio.get(),
                 limit_rps: 0.0,
+                ..Default::default()
             })
             .collect();
         directives.sort_by(|a, b| a.bucket.cmp(&b.bucket));
@@ -144,6 +145,7 @@ impl DirectiveTable {
             version: self.provenance.version,
             issued_at_unix_ms: self.provenance.issued_at_unix_ms,
             directives,
+            ..Default::default()
         }
         .encode_to_vec()
     }
@@ -169,6 +171,7 @@ mod tests {
             bucket: bucket.into(),
             drop_ratio,
             limit_rps: 10.0,
+            ..Default::default()
         }
     }
 
@@ -178,6 +181,7 @@ mod tests {
             version,
             issued_at_unix_ms: 1,
             directives,
+            ..Default::default()
         }
     }
 
@@ -314,9 +318,9 @@ mod proptests {
             let directives = ratios
                 .iter()
                 .enumerate()
-                .map(|(i, r)| Directive { bucket: format!("b{i}"), drop_ratio: *r, limit_rps: 0.0 })
+                .map(|(i, r)| Directive { bucket: format!("b{i}"), drop_ratio: *r, limit_rps: 0.0, ..Default::default() })
                 .collect();
-            let bytes = DirectiveBatch { epoch: 1, version: 1, issued_at_unix_ms: 0, directives }.encode_to_vec();
+            let bytes = DirectiveBatch { epoch: 1, version: 1, issued_at_unix_ms: 0, directives, ..Default::default() }.encode_to_vec();
             let (table, outcome) = DirectiveTable::decode(&bytes, 1000)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(outcome.applied + outcome.rejected, ratios.len());

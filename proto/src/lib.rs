@@ -30,6 +30,7 @@ mod tests {
                     bucket: "acme".into(),
                     offered: u64::MAX,
                     admitted: 3,
+                    ..Default::default()
                 }],
             })),
         };

@@ -110,6 +110,7 @@ impl DirectiveService for Service {
                     bucket,
                     drop_ratio,
                     limit_rps: 1.0,
+                    ..Default::default()
                 }],
             ),
             None => (1, Vec::new()),
@@ -119,6 +120,7 @@ impl DirectiveService for Service {
             version: 1,
             issued_at_unix_ms: 0,
             directives,
+            ..Default::default()
         };
         let (outbound, receiver) = mpsc::channel(1);
         let message = ControlMessage {

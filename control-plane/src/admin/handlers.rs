@@ -69,7 +69,8 @@ pub struct LimitsReply {
 
 /// `GET /v1/limits`.
 pub async fn limits(State(state): State<AppState>) -> axum::Json<LimitsReply> {
-    let limits = state.limits();
+    let policy = state.policy();
+    let limits = &policy.limits;
     axum::Json(LimitsReply {
         default_limit_rps: limits.default_limit(),
         limits: limits.rules(),
@@ -100,7 +101,10 @@ pub async fn put_limit(
     Json(body): Json<PutLimit>,
 ) -> Result<axum::Json<LimitReply>, Problem> {
     validate_bucket(&bucket).map_err(|err| Problem::unprocessable(format!("bucket {err}")))?;
-    let previous = state.limits_mut().set_exact(bucket.clone(), body.limit_rps);
+    let previous = state
+        .policy_mut()
+        .limits
+        .set_exact(bucket.clone(), body.limit_rps);
     tracing::info!(bucket, limit_rps = %body.limit_rps, previous = ?previous.map(LimitRps::get), "limit set");
     Ok(axum::Json(LimitReply {
         bucket,
@@ -113,7 +117,7 @@ pub async fn delete_limit(
     State(state): State<AppState>,
     Path(bucket): Path<String>,
 ) -> Result<StatusCode, Problem> {
-    match state.limits_mut().remove_exact(&bucket) {
+    match state.policy_mut().limits.remove_exact(&bucket) {
         Some(previous) => {
             tracing::info!(bucket, previous = %previous, "limit removed");
             Ok(StatusCode::NO_CONTENT)

@@ -343,6 +343,7 @@ fn batch(version: u64, t_ms: u64, directives: Vec<Directive>) -> DirectiveBatch 
         version,
         issued_at_unix_ms: t_ms,
         directives,
+        ..Default::default()
     }
 }
 
