@@ -13,7 +13,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::limits::{LimitRule, LimitTable, Selector};
 use crate::policy::{Modes, Policy, Tenants};
-use crate::types::{BucketName, ControlInterval, LimitRps};
+use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 
 /// A parsed, valid limits file.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -34,6 +34,10 @@ pub struct Config {
     /// Rollout modes: shadow or enforce, kill switch, canary.
     #[serde(default)]
     pub modes: Modes,
+    /// How long proxies trust directives without hearing from the control
+    /// plane.
+    #[serde(default)]
+    pub directive_ttl_ms: Option<DirectiveTtl>,
 }
 
 impl Config {

@@ -11,7 +11,7 @@ use crate::fleet::{Fleet, StreamId};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::push::Publisher;
-use crate::types::ControlInterval;
+use crate::types::{ControlInterval, DirectiveTtl};
 
 /// Everything needed to start a control plane.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +21,8 @@ pub struct Settings {
     /// Initial limits, tenants and modes; the admin API changes them at run
     /// time.
     pub policy: Policy,
+    /// TTL stamped on every directive batch.
+    pub directive_ttl: DirectiveTtl,
 }
 
 impl Settings {
@@ -32,6 +34,7 @@ impl Settings {
                 .or(config.control_interval_ms)
                 .unwrap_or_default(),
             policy: config.policy(),
+            directive_ttl: config.directive_ttl_ms.unwrap_or_default(),
         }
     }
 }
@@ -45,6 +48,7 @@ pub struct AppState {
 #[derive(Debug)]
 struct Shared {
     control_interval: ControlInterval,
+    directive_ttl: DirectiveTtl,
     policy: RwLock<Policy>,
     fleet: Mutex<Fleet>,
     buckets: RwLock<Arc<[BucketStatus]>>,
@@ -64,6 +68,7 @@ impl AppState {
         Self {
             inner: Arc::new(Shared {
                 control_interval: settings.control_interval,
+                directive_ttl: settings.directive_ttl,
                 policy: RwLock::new(settings.policy),
                 fleet: Mutex::new(Fleet::new(Fleet::DEFAULT_CARRY_TICKS)),
                 buckets: RwLock::new(Arc::from([])),
@@ -82,6 +87,11 @@ impl AppState {
     /// The control interval.
     pub fn control_interval(&self) -> ControlInterval {
         self.inner.control_interval
+    }
+
+    /// The TTL stamped on directive batches.
+    pub fn directive_ttl(&self) -> DirectiveTtl {
+        self.inner.directive_ttl
     }
 
     /// Read access to the policy (limits, tenants, modes).

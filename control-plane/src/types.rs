@@ -335,3 +335,59 @@ mod tests {
         assert!(validate_bucket("acme/api").is_ok());
     }
 }
+
+/// How long proxies keep enforcing directives after the last batch from the
+/// control plane arrived, before their configured fallback applies:
+/// `1000 ..= 86400000` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct DirectiveTtl(u64);
+
+impl DirectiveTtl {
+    /// Shortest accepted TTL in milliseconds.
+    pub const MIN_MS: u64 = 1_000;
+    /// Longest accepted TTL in milliseconds (one day).
+    pub const MAX_MS: u64 = 86_400_000;
+    /// Long enough to ride out a control-plane restart or a minute-long
+    /// outage on the last-known directives.
+    pub const DEFAULT: Self = Self(90_000);
+
+    /// Validates a TTL in milliseconds.
+    pub fn from_millis(ms: u64) -> Result<Self, InvalidDirectiveTtl> {
+        if (Self::MIN_MS..=Self::MAX_MS).contains(&ms) {
+            Ok(Self(ms))
+        } else {
+            Err(InvalidDirectiveTtl)
+        }
+    }
+
+    /// The TTL in milliseconds.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for DirectiveTtl {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl TryFrom<u64> for DirectiveTtl {
+    type Error = InvalidDirectiveTtl;
+
+    fn try_from(ms: u64) -> Result<Self, Self::Error> {
+        Self::from_millis(ms)
+    }
+}
+
+impl From<DirectiveTtl> for u64 {
+    fn from(ttl: DirectiveTtl) -> Self {
+        ttl.0
+    }
+}
+
+/// A TTL outside `1000 ..= 86400000` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be between 1000 and 86400000 (milliseconds)")]
+pub struct InvalidDirectiveTtl;
