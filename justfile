@@ -89,6 +89,20 @@ bench-envoy *ARGS: build-wasm build-empty-filter
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
       cargo run -q --release -p sluice-benches --bin bench_envoy -- {{ARGS}}
 
+# Fuzz every target for SECONDS each with cargo fuzz (nightly and cargo-fuzz are
+# installed on first use). Crashes land in fuzz/artifacts/<target>/; move one
+# into fuzz/regressions/<target>/ to keep it as a regression test.
+fuzz SECONDS="60" *TARGETS="filter_config limits_file directive_batch bucket_key report":
+    rustup toolchain install nightly --profile minimal
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+    for target in {{TARGETS}}; do \
+      mkdir -p fuzz/corpus/$target; \
+      cp -n fuzz/seeds/$target/* fuzz/regressions/$target/* fuzz/corpus/$target/ 2>/dev/null || true; \
+      echo "== fuzzing $target for {{SECONDS}} s"; \
+      cargo +nightly fuzz run --features libfuzzer $target fuzz/corpus/$target -- \
+        -max_total_time={{SECONDS}} -rss_limit_mb=2048 -print_final_stats=1; \
+    done
+
 # Remove build output and the local tool folder.
 clean:
     cargo clean

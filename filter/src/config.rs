@@ -121,7 +121,7 @@ impl FilterConfig {
         let raw: RawConfig =
             serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
                 let path = err.path().to_string();
-                let path = if path == "." {
+                let path = if path == "." || path.is_empty() {
                     "configuration".to_owned()
                 } else {
                     path
