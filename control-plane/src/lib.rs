@@ -24,6 +24,7 @@ pub mod policy;
 pub mod push;
 pub mod simulate;
 pub mod state;
+pub mod tls;
 pub mod types;
 
 use std::future::Future;
