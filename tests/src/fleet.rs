@@ -64,36 +64,44 @@ impl Fleet {
                 .control_interval_ms(options.control_interval_ms),
         )
         .await?;
-        let mut envoys = Vec::with_capacity(options.envoys);
-        for index in 0..options.envoys {
-            let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-            let file = if index % 2 == 0 {
-                "demo-a.yaml"
-            } else {
-                "demo-b.yaml"
-            };
-            let mut config = envoy::load_repo_config(file)?;
-            let rewrite = Rewrite::for_test(
-                control_plane.grpc_addr(),
-                json!({
-                    "proxy_id": format!("test-{letter}"),
-                    "report_interval_ms": options.report_interval_ms,
-                }),
-            )?;
-            envoy::rewrite(&mut config, &rewrite)?;
-            let envoy = Envoy::start(
-                &config,
-                &EnvoyOptions::new(&format!("envoy-{letter}"), dir.path()),
-            )
-            .await?;
-            envoys.push(envoy);
-        }
-        Ok(Self {
-            envoys,
+        let mut fleet = Self {
+            envoys: Vec::with_capacity(options.envoys),
             control_plane,
             options,
             dir,
-        })
+        };
+        for _ in 0..fleet.options.envoys {
+            fleet.add_envoy().await?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one more Envoy (the next letter, alternating demo-a.yaml and
+    /// demo-b.yaml) pointed at the control plane; returns its index.
+    pub async fn add_envoy(&mut self) -> Result<usize> {
+        let index = self.envoys.len();
+        let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
+        let file = if index % 2 == 0 {
+            "demo-a.yaml"
+        } else {
+            "demo-b.yaml"
+        };
+        let mut config = envoy::load_repo_config(file)?;
+        let rewrite = Rewrite::for_test(
+            self.control_plane.grpc_addr(),
+            json!({
+                "proxy_id": format!("test-{letter}"),
+                "report_interval_ms": self.options.report_interval_ms,
+            }),
+        )?;
+        envoy::rewrite(&mut config, &rewrite)?;
+        let envoy = Envoy::start(
+            &config,
+            &EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path()),
+        )
+        .await?;
+        self.envoys.push(envoy);
+        Ok(index)
     }
 
     /// The `http://…` base URL of Envoy `index`.

@@ -1,0 +1,150 @@
+//! Proxies joining and leaving a running fleet: a new Envoy holds the
+//! current directives as soon as its stream is open (the first message on a
+//! stream is a snapshot), and an Envoy that goes away stops counting toward
+//! the fleet rate within a bounded time.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
+use sluice_integration_tests::wait;
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 100
+"#;
+
+/// The value of the first `/stats` line whose name contains `name`.
+async fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
+    let text = envoy.stats(name).await.ok()?;
+    text.lines()
+        .find(|line| line.contains(name))
+        .and_then(|line| line.rsplit(": ").next())
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
+    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 1)).await.unwrap();
+    let interval = fleet.options.control_interval();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new(
+            "A/acme",
+            &fleet.url(0).unwrap(),
+            "acme",
+            300.0,
+        )],
+        Duration::from_secs(4),
+    ))
+    .unwrap();
+    // Let the control plane settle on a drop ratio for acme.
+    let admin = fleet.control_plane.admin().clone();
+    wait::until(
+        "acme to be shed",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || {
+            let admin = admin.clone();
+            async move {
+                let buckets = admin.buckets().await?;
+                Ok(buckets
+                    .bucket("acme")
+                    .filter(|b| b.drop_ratio > 0.5)
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The newcomer sends no acme traffic yet, so nothing it reports could
+    // have caused a directive: whatever it holds came with the snapshot.
+    let added = fleet.add_envoy().await.unwrap();
+    let newcomer = &fleet.envoys[added];
+    let holds = wait::until(
+        "the new Envoy to hold acme's directive",
+        // Stream set-up on the filter's first tick, the snapshot, and the
+        // gauge flush on the next tick; a push cycle is not needed.
+        interval * 2 + Duration::from_millis(800),
+        Duration::from_millis(50),
+        || async move {
+            Ok(stat(newcomer, "sluice.directive_buckets")
+                .await
+                .filter(|&buckets| buckets >= 1.0)
+                .map(|_| ()))
+        },
+    )
+    .await;
+    let result = load.finish().await.unwrap();
+    if holds.is_err() {
+        fleet.print_logs();
+    }
+    holds.unwrap();
+    let counts = result.tenant_counts(Window::secs(0.0, 3600.0), "acme");
+    assert_eq!(counts.server_errors, 0, "{counts}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_that_goes_away_stops_counting() {
+    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 2)).await.unwrap();
+    let interval = fleet.options.control_interval();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &fleet.url(0).unwrap(), "acme", 150.0),
+            StreamSpec::new("B/acme", &fleet.url(1).unwrap(), "acme", 150.0),
+        ],
+        Duration::from_secs(8),
+    ))
+    .unwrap();
+    let admin = fleet.control_plane.admin().clone();
+    let both = |count: u32| {
+        let admin = admin.clone();
+        move || {
+            let admin = admin.clone();
+            async move {
+                let buckets = admin.buckets().await?;
+                Ok(buckets
+                    .bucket("acme")
+                    .filter(|b| b.proxies_reporting == count)
+                    .map(|b| b.offered_rps))
+            }
+        }
+    };
+    let offered_by_two = wait::until(
+        "both proxies to report acme",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        both(2),
+    )
+    .await
+    .unwrap();
+
+    fleet.envoys[1].stop().unwrap();
+    // A silent proxy's rates are carried for 3 control intervals (so a quick
+    // reconnect does not make the fleet rate dip), then dropped.
+    let offered_by_one = wait::until(
+        "the stopped proxy to stop counting",
+        interval * 6 + Duration::from_secs(1),
+        Duration::from_millis(50),
+        both(1),
+    )
+    .await;
+    load.stop();
+    let _ = load.finish().await.unwrap();
+    if offered_by_one.is_err() {
+        fleet.print_logs();
+    }
+    let offered_by_one = offered_by_one.unwrap();
+    assert!(
+        offered_by_two > 250.0 && offered_by_one < 200.0,
+        "offered by two {offered_by_two:.1} rps, by one {offered_by_one:.1} rps"
+    );
+}
