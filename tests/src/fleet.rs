@@ -81,7 +81,7 @@ impl Fleet {
     pub async fn add_envoy(&mut self) -> Result<usize> {
         let index = self.envoys.len();
         let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-        let file = if index % 2 == 0 {
+        let file = if index.is_multiple_of(2) {
             "demo-a.yaml"
         } else {
             "demo-b.yaml"
