@@ -10,6 +10,7 @@
 //! - [`envoy`]: rewrite an `envoy/*.yaml` for a test, start Envoy, validate configs.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
+//! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
 
 pub mod control_plane;
@@ -18,4 +19,5 @@ pub mod fleet;
 pub mod load;
 pub mod paths;
 pub mod process;
+pub mod stalled;
 pub mod wait;
