@@ -8,20 +8,28 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::overrides::Overrides;
 use crate::policy::{Modes, Policy, Tenants};
 use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 
 /// A parsed, valid limits file.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+///
+/// It also serializes back to the same schema: the admin API persists its
+/// changes by rewriting the whole file ([`Config::to_yaml`]).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Control interval from the file; the command line may override it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_interval_ms: Option<ControlInterval>,
+    /// How long proxies trust directives without hearing from the control
+    /// plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directive_ttl_ms: Option<DirectiveTtl>,
     /// Limit for buckets no rule names; `None` = unlimited.
     #[serde(default)]
     pub default_limit_rps: Option<LimitRps>,
@@ -29,16 +37,26 @@ pub struct Config {
     #[serde(default)]
     pub limits: Rules,
     /// Tenant weights, bursts and floors; `default` applies to the rest.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "tenants_empty")]
     pub tenants: Tenants,
     /// Rollout modes: shadow or enforce, kill switch, canary.
     #[serde(default)]
     pub modes: Modes,
-    /// How long proxies trust directives without hearing from the control
-    /// plane.
-    #[serde(default)]
-    pub directive_ttl_ms: Option<DirectiveTtl>,
+    /// Temporary limit and tenant overrides with their deadlines.
+    #[serde(default, skip_serializing_if = "Overrides::is_empty")]
+    pub overrides: Overrides,
 }
+
+fn tenants_empty(tenants: &Tenants) -> bool {
+    tenants.iter().next().is_none()
+}
+
+/// First lines of a limits file written by the control plane.
+pub const WRITTEN_HEADER: &str = "\
+# Sluice limits file. The control plane rewrites it when its admin API
+# changes something, so comments and formatting are not preserved; edits
+# made by hand are picked up within seconds.
+";
 
 impl Config {
     /// Reads and validates a limits file.
@@ -70,13 +88,42 @@ impl Config {
         LimitTable::from_rules(self.default_limit_rps, self.limits.0.iter().cloned())
     }
 
-    /// The policy (limits, tenants, modes) the file describes.
+    /// The policy (limits, tenants, modes) the file describes, with the
+    /// overrides in force now.
     pub fn policy(&self) -> Policy {
-        Policy {
+        self.policy_at(crate::overrides::unix_now())
+    }
+
+    /// The policy with the overrides in force at `now` (seconds since the
+    /// Unix epoch).
+    pub fn policy_at(&self, now: u64) -> Policy {
+        let mut policy = Policy {
             limits: self.limit_table(),
             tenants: self.tenants.clone(),
             modes: self.modes.clone(),
+        };
+        self.overrides.apply(&mut policy, now);
+        policy
+    }
+
+    /// The file a policy would be read from (no overrides, no interval).
+    pub fn from_policy(policy: &Policy) -> Self {
+        Self {
+            default_limit_rps: policy.limits.default_limit(),
+            limits: Rules(policy.limits.rules()),
+            tenants: policy.tenants.clone(),
+            modes: policy.modes.clone(),
+            ..Self::default()
         }
+    }
+
+    /// The file's text: [`WRITTEN_HEADER`], then YAML that
+    /// [`Config::from_yaml`] reads back to an equal value.
+    pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
+        Ok(format!(
+            "{WRITTEN_HEADER}{}",
+            serde_yaml_ng::to_string(self)?
+        ))
     }
 }
 
@@ -88,6 +135,37 @@ impl Rules {
     /// The rules in file order.
     pub fn as_slice(&self) -> &[LimitRule] {
         &self.0
+    }
+
+    /// Sets the exact limit of `bucket`, in place if it has an entry, else
+    /// as a new last entry; returns the previous limit.
+    pub fn set_exact(&mut self, bucket: String, limit_rps: LimitRps) -> Option<LimitRps> {
+        let selector = Selector::Bucket(bucket);
+        match self.0.iter_mut().find(|rule| rule.selector == selector) {
+            Some(rule) => Some(std::mem::replace(&mut rule.limit_rps, limit_rps)),
+            None => {
+                self.0.push(LimitRule {
+                    selector,
+                    limit_rps,
+                });
+                None
+            }
+        }
+    }
+
+    /// Removes the exact limit of `bucket`; returns it if there was one.
+    pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+        let index = self
+            .0
+            .iter()
+            .position(|rule| matches!(&rule.selector, Selector::Bucket(b) if b == bucket))?;
+        Some(self.0.remove(index).limit_rps)
+    }
+}
+
+impl Serialize for Rules {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
     }
 }
 
