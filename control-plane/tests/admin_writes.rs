@@ -1,6 +1,13 @@
 //! Admin API writes: validation, effect on the shared policy, persistence
 //! to the limits file, overrides and authentication.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

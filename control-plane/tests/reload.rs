@@ -2,6 +2,13 @@
 //! refused and the configuration in force stays, the control plane's own
 //! writes are not reloaded, and every result is counted.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
