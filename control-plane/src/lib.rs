@@ -12,6 +12,7 @@
 //! tests use port 0 and lets the binary write its ready file before serving.
 
 pub mod admin;
+pub mod cell;
 pub mod cli;
 pub mod config;
 pub mod control_loop;
