@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod control_loop;
 pub mod controller;
+pub mod fairness;
 pub mod fleet;
 pub mod grpc;
 pub mod limits;
