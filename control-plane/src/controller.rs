@@ -71,6 +71,34 @@ pub struct BucketStatus {
     pub drop_ratio: DropRatio,
     /// Proxies with a non-zero offered rate for the bucket.
     pub proxies_reporting: u32,
+    /// Fleet rate of requests the decision would have dropped but shadow
+    /// mode let through.
+    pub shadow_dropped_rps: f64,
+    /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
+    /// by tenant then priority.
+    pub cells: Vec<CellStatus>,
+}
+
+/// One (tenant, priority) cell of a bucket as shown by `GET /v1/buckets`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellStatus {
+    /// Tenant; empty when the filter derives none.
+    pub tenant: std::sync::Arc<str>,
+    /// Priority as reported.
+    pub priority: crate::cell::Priority,
+    /// Fleet offered rate of the cell.
+    pub offered_rps: f64,
+    /// Fleet admitted rate of the cell, as reported.
+    pub admitted_rps: f64,
+    /// Fleet shadow-dropped rate of the cell, as reported.
+    pub shadow_dropped_rps: f64,
+    /// The cell's share of the limit (its tenant's fair share); `None`
+    /// (JSON null) when the bucket is unlimited.
+    pub share_rps: Option<f64>,
+    /// The drop ratio pushed to proxies.
+    pub drop_ratio: crate::types::DropRatio,
+    /// Why the cell is dropped; `None` (JSON null) when it is not.
+    pub reason: Option<crate::cell::Reason>,
 }
 
 /// The outcome of one control interval.
@@ -158,6 +186,8 @@ impl Controller {
                 admitted_rps: bucket_load.admitted_rps,
                 drop_ratio: current.drop_ratio,
                 proxies_reporting: bucket_load.proxies_reporting,
+                shadow_dropped_rps: 0.0,
+                cells: Vec::new(),
             });
         }
 

@@ -6,7 +6,9 @@
 //! number of ticks a proxy has been silent.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use sluice_proto::v1::Report;
 
 /// Identifies one gRPC stream, so that a stale stream of a proxy that has
@@ -21,6 +23,29 @@ pub struct Rates {
     pub offered_rps: f64,
     /// What it let through.
     pub admitted_rps: f64,
+}
+
+/// One proxy as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxyStatus {
+    /// Proxy id from the Hello.
+    pub proxy_id: String,
+    /// Zone from the Hello; empty when the proxy named none.
+    pub zone: String,
+    /// Instance id from the latest Hello; changes when the proxy restarts.
+    pub instance_id: u64,
+    /// Whether a stream of the proxy is open.
+    pub connected: bool,
+    /// Time since the proxy's last report (since its Hello before the
+    /// first one); serialized as `since_last_report_ms`.
+    #[serde(rename = "since_last_report_ms", serialize_with = "millis")]
+    pub since_last_report: Duration,
+    /// Cells (bucket, tenant, priority) in the proxy's current rates.
+    pub cells: usize,
+}
+
+fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Fleet-wide load of one bucket.
@@ -73,6 +98,11 @@ struct Proxy {
     /// The stream that owns this proxy id; `None` once it ended.
     stream: Option<StreamId>,
     instance_id: u64,
+    /// Failure domain from the Hello.
+    zone: String,
+    /// When the proxy last reported (its Hello before the first report).
+    /// Only the operator view reads it; decisions never look at a clock.
+    last_report: Instant,
     /// Σ window_ms of the reports since the previous tick.
     window_ms: u64,
     /// Σ counts of the reports since the previous tick.
@@ -106,10 +136,24 @@ impl Fleet {
     /// Envoy whose leader VM changed opens a new stream before the old one
     /// is torn down.
     pub fn connect(&mut self, proxy_id: &str, instance_id: u64, stream: StreamId) -> Connected {
+        self.connect_in_zone(proxy_id, instance_id, "", stream)
+    }
+
+    /// [`Fleet::connect`] with the zone the Hello named.
+    pub fn connect_in_zone(
+        &mut self,
+        proxy_id: &str,
+        instance_id: u64,
+        zone: &str,
+        stream: StreamId,
+    ) -> Connected {
+        let now = Instant::now();
         match self.proxies.get_mut(proxy_id) {
             Some(proxy) => {
                 let previous = proxy.stream.replace(stream);
                 proxy.instance_id = instance_id;
+                zone.clone_into(&mut proxy.zone);
+                proxy.last_report = now;
                 Connected::Replaced { previous }
             }
             None => {
@@ -118,6 +162,8 @@ impl Fleet {
                     Proxy {
                         stream: Some(stream),
                         instance_id,
+                        zone: zone.to_owned(),
+                        last_report: now,
                         window_ms: 0,
                         counts: HashMap::new(),
                         rates: HashMap::new(),
@@ -145,6 +191,7 @@ impl Fleet {
             return Err(ReportRejected::EmptyWindow);
         }
         proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
+        proxy.last_report = Instant::now();
         for bucket in &report.buckets {
             let counts = proxy.counts.entry(bucket.bucket.clone()).or_default();
             counts.offered = counts.offered.saturating_add(bucket.offered);
@@ -169,6 +216,26 @@ impl Fleet {
     /// Instance id the proxy announced in its latest Hello.
     pub fn instance_id(&self, proxy_id: &str) -> Option<u64> {
         self.proxies.get(proxy_id).map(|proxy| proxy.instance_id)
+    }
+
+    /// Every tracked proxy, sorted by proxy id: connected ones and
+    /// disconnected ones whose rates are still carried.
+    pub fn proxies(&self) -> Vec<ProxyStatus> {
+        let now = Instant::now();
+        let mut proxies: Vec<ProxyStatus> = self
+            .proxies
+            .iter()
+            .map(|(proxy_id, proxy)| ProxyStatus {
+                proxy_id: proxy_id.clone(),
+                zone: proxy.zone.clone(),
+                instance_id: proxy.instance_id,
+                connected: proxy.stream.is_some(),
+                since_last_report: now.saturating_duration_since(proxy.last_report),
+                cells: proxy.rates.len(),
+            })
+            .collect();
+        proxies.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
+        proxies
     }
 
     /// Number of proxies still tracked (connected, or disconnected but
@@ -426,6 +493,29 @@ mod tests {
             Err(ReportRejected::EmptyWindow)
         );
         assert!(fleet.tick().is_empty());
+    }
+
+    #[test]
+    fn proxies_view_shows_zone_instance_and_connection() {
+        let mut fleet = Fleet::new(3);
+        fleet.connect_in_zone("b", 2, "eu-1", StreamId(2));
+        fleet.connect("a", 1, StreamId(1));
+        fleet
+            .report("b", StreamId(2), &report(100, &[("acme", 10, 10)]))
+            .unwrap();
+        fleet.tick();
+        fleet.disconnect("a", StreamId(1));
+        let proxies = fleet.proxies();
+        let ids: Vec<&str> = proxies.iter().map(|p| p.proxy_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "sorted by proxy id");
+        assert!(!proxies[0].connected);
+        assert_eq!(proxies[1].zone, "eu-1");
+        assert_eq!(proxies[1].instance_id, 2);
+        assert!(proxies[1].connected);
+        assert_eq!(proxies[1].cells, 1);
+        assert!(proxies[1].since_last_report < Duration::from_secs(5));
+        let json = serde_json::to_value(&proxies[1]).unwrap();
+        assert!(json["since_last_report_ms"].is_u64(), "{json}");
     }
 
     #[test]

@@ -14,11 +14,13 @@
 //! tests use port 0 and lets the binary write its ready file before serving.
 
 pub mod admin;
+pub mod cell;
 pub mod cli;
 pub mod config;
 pub mod control_loop;
 pub mod controller;
 pub mod ctl;
+pub mod fairness;
 pub mod fleet;
 pub mod grpc;
 pub mod limits;

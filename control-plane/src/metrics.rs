@@ -581,6 +581,8 @@ mod tests {
             admitted_rps: 200.0,
             drop_ratio: DropRatio::saturating(2.0 / 3.0),
             proxies_reporting: 1,
+            shadow_dropped_rps: 0.0,
+            cells: Vec::new(),
         }
     }
 
