@@ -524,3 +524,30 @@ async fn open_reads_still_guard_writes() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(!f.state.policy().modes.kill_switch);
 }
+
+#[tokio::test]
+async fn proxies_view() {
+    use sluice_control_plane::fleet::StreamId;
+
+    let f = fixture("proxies", AuthPolicy::default());
+    let (status, body) = send(&f.router, Method::GET, "/v1/proxies", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"connected": 0, "proxies": []}));
+
+    f.state
+        .fleet()
+        .connect_in_zone("envoy-b", 7, "eu-1", StreamId(1));
+    f.state.fleet().connect("envoy-a", 3, StreamId(2));
+    f.state.fleet().disconnect("envoy-a", StreamId(2));
+    let (_, body) = send(&f.router, Method::GET, "/v1/proxies", None).await;
+    assert_eq!(body["connected"], 1);
+    let proxies = body["proxies"].as_array().unwrap();
+    assert_eq!(proxies.len(), 2);
+    assert_eq!(proxies[0]["proxy_id"], "envoy-a");
+    assert_eq!(proxies[0]["connected"], false);
+    assert_eq!(proxies[1]["proxy_id"], "envoy-b");
+    assert_eq!(proxies[1]["zone"], "eu-1");
+    assert_eq!(proxies[1]["instance_id"], 7);
+    assert_eq!(proxies[1]["connected"], true);
+    assert!(proxies[1]["since_last_report_ms"].is_u64());
+}

@@ -10,6 +10,7 @@ mod handlers;
 mod modes;
 mod overrides;
 pub mod problem;
+mod proxies;
 mod tenants;
 mod write;
 
@@ -110,6 +111,7 @@ fn api() -> Api {
         .get("/metrics", handlers::metrics)
         .get("/v1/openapi.json", handlers::openapi)
         .get("/v1/buckets", handlers::buckets)
+        .get("/v1/proxies", proxies::list)
         .get("/v1/limits", handlers::limits)
         .put("/v1/limits/{bucket}", handlers::put_limit)
         .delete("/v1/limits/{bucket}", handlers::delete_limit)

@@ -81,7 +81,8 @@ pub fn proxies(reply: &Value) -> String {
         "proxy_id",
         "zone",
         "connected",
-        "last_report_age_ms",
+        "since_last_report_ms",
+        "cells",
         "instance_id",
     ];
     render(&columns, &rows_of(reply.get("proxies"), &columns))
