@@ -1,7 +1,7 @@
 //! The admin HTTP API (JSON; errors as RFC 9457 problem details).
 //!
 //! Every route is declared once, in [`api`], which both builds the router
-//! and lists the routes, so the OpenAPI document (`openapi.json`, served at
+//! and lists the routes, so the OpenAPI document (`control-plane/openapi.json`, served at
 //! `GET /v1/openapi.json`) can be checked against them.
 
 pub mod auth;
@@ -31,8 +31,8 @@ use crate::state::AppState;
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The OpenAPI 3 description of this API.
-pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+/// The OpenAPI 3 description of this API (`control-plane/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 
 /// What the admin handlers share; cheap to clone.
 #[derive(Debug, Clone)]
