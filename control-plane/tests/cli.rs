@@ -144,3 +144,76 @@ fn serve_writes_ready_file_and_stops_on_sigterm() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn serve_output(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(SLUICE);
+    command
+        .args(["serve", "--grpc-listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(config)
+        .args(extra);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // These must all fail before serving; never leave one running.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sluice serve did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn serve_refuses_an_invalid_limits_file() {
+    let dir = temp_dir("serve-invalid");
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, "limits:\n  - bucket: acme\n    limit_rps: -1\n").unwrap();
+    let output = serve_output(&file, &["--admin-listen", "127.0.0.1:0"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "{}:3:16: limits[0].limit_rps: must be a finite number >= 0",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_an_open_admin_api_off_loopback_and_an_empty_token() {
+    let output = serve_output(&example(), &["--admin-listen", "0.0.0.0:0"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("refusing an unauthenticated admin API on 0.0.0.0:0"),
+        "{stderr}"
+    );
+
+    let output = serve_output(
+        &example(),
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token-env",
+            "SLUICE_TEST_TOKEN",
+        ],
+        &[("SLUICE_TEST_TOKEN", "  \n")],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("admin token from SLUICE_TEST_TOKEN is empty"),
+        "{stderr}"
+    );
+}

@@ -115,6 +115,7 @@ pub enum LimitCommand {
         /// Exact bucket key.
         bucket: String,
         /// Requests per second (0 drops everything).
+        #[arg(allow_negative_numbers = true)]
         rps: f64,
     },
     /// Remove BUCKET's exact limit.
@@ -203,6 +204,7 @@ pub enum OverrideCommand {
         /// Exact bucket key.
         bucket: String,
         /// Requests per second while the override lasts.
+        #[arg(allow_negative_numbers = true)]
         rps: f64,
         /// How long: 90s, 15m, 1h, 2d (at most 30 days).
         #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
