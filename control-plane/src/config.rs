@@ -508,6 +508,75 @@ limits:
     }
 
     #[test]
+    fn written_files_read_back_equal() {
+        let yaml = "\
+control_interval_ms: 250
+directive_ttl_ms: 30000
+default_limit_rps: 100
+limits:
+  - pattern: \"free-*\"
+    limit_rps: 50.5
+  - bucket: acme
+    limit_rps: 200
+tenants:
+  default: {weight: 0.5}
+  gold: {weight: 4, burst: 2, min_floor_rps: 10}
+modes:
+  default: shadow
+  buckets: {acme: enforce}
+  kill_switch: true
+  canary_fraction: 0.25
+overrides:
+  limits:
+    acme: {limit_rps: 500, expires_at_unix_s: 4000000000}
+  tenants:
+    gold: {weight: 8, expires_at_unix_s: 4000000000}
+";
+        let config = Config::from_yaml(yaml, "limits.yaml").unwrap();
+        let written = config.to_yaml().unwrap();
+        assert!(written.starts_with(WRITTEN_HEADER), "{written}");
+        assert_eq!(Config::from_yaml(&written, "limits.yaml").unwrap(), config);
+        // Overrides apply until their deadline.
+        assert_eq!(
+            config.policy_at(0).limits.limit_for("acme").unwrap().get(),
+            500.0
+        );
+        let later = config.policy_at(4_000_000_000);
+        assert_eq!(later.limits.limit_for("acme").unwrap().get(), 200.0);
+        assert_eq!(later.tenants.policy_for("gold").weight.get(), 4.0);
+
+        let empty = Config::default().to_yaml().unwrap();
+        assert_eq!(Config::from_yaml(&empty, "l").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn rules_set_and_remove_exact_keep_file_order() {
+        let mut config = Config::from_yaml(GOOD, "limits.yaml").unwrap();
+        let limit = |v| LimitRps::new(v).unwrap();
+        assert_eq!(
+            config.limits.set_exact("acme".into(), limit(1.0)),
+            Some(limit(200.0))
+        );
+        assert_eq!(config.limits.set_exact("new".into(), limit(2.0)), None);
+        assert_eq!(config.limits.remove_exact("blocked"), Some(limit(0.0)));
+        assert_eq!(config.limits.remove_exact("free-*"), None, "a pattern");
+        let keys: Vec<_> = config
+            .limits
+            .as_slice()
+            .iter()
+            .map(|r| r.selector.clone())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                Selector::Bucket("acme".into()),
+                Selector::Pattern("free-*".into()),
+                Selector::Bucket("new".into()),
+            ]
+        );
+    }
+
+    #[test]
     fn unreadable_file_names_the_path() {
         let err = Config::from_file(Path::new("/nonexistent/limits.yaml")).unwrap_err();
         assert!(
