@@ -28,6 +28,10 @@ pub enum PersistError {
     /// The configuration could not be rendered as YAML.
     #[error("cannot render the limits file: {0}")]
     Render(#[from] serde_yaml_ng::Error),
+    /// The file was edited by hand and the edit is invalid: writing now
+    /// would throw the edit away.
+    #[error("the limits file was edited and is invalid; fix it first: {0}")]
+    FileInvalid(String),
     /// The file could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
@@ -63,6 +67,8 @@ struct Inner {
     /// The file's bytes as last read or written; `None` once it could not
     /// be read. A poll that finds the same bytes does nothing.
     seen: Option<Vec<u8>>,
+    /// Why the file on disk is invalid, while it is.
+    invalid: Option<String>,
 }
 
 impl LiveConfig {
@@ -87,7 +93,11 @@ impl LiveConfig {
         let live = Self {
             state,
             file,
-            inner: Mutex::new(Inner { config, seen }),
+            inner: Mutex::new(Inner {
+                config,
+                seen,
+                invalid: None,
+            }),
             reloads: ReloadMetrics::new(),
         };
         let inner = live.lock();
@@ -119,6 +129,10 @@ impl LiveConfig {
     /// Applies `change` to a copy of the configuration; if it succeeds, the
     /// copy is persisted and then put in force. If `change` fails or the
     /// file cannot be written, nothing changes. Blocks on file I/O.
+    ///
+    /// A hand edit of the file that the watcher has not picked up yet is
+    /// picked up first, so the write does not undo it; while the file holds
+    /// an invalid edit, writes are refused ([`PersistError::FileInvalid`]).
     pub fn update<T, E>(
         &self,
         now: u64,
@@ -128,6 +142,12 @@ impl LiveConfig {
         E: From<PersistError>,
     {
         let mut inner = self.lock();
+        if let Some(reload) = self.reload_locked(&mut inner, now) {
+            self.count(&reload);
+        }
+        if let Some(why) = &inner.invalid {
+            return Err(PersistError::FileInvalid(why.clone()).into());
+        }
         let mut config = inner.config.clone();
         // Expired overrides go with any write, so the file never grows them.
         config.overrides.remove_expired(now);
@@ -139,6 +159,7 @@ impl LiveConfig {
                 source,
             })?;
             inner.seen = Some(bytes);
+            inner.invalid = None;
         }
         self.apply(&config, now);
         inner.config = config;
@@ -148,25 +169,35 @@ impl LiveConfig {
     /// Removes overrides that expired by `now` and picks up a changed file.
     /// Blocks on file I/O; the reload watcher calls it every poll period.
     pub fn poll(&self, now: u64) -> Option<Reload> {
-        self.expire(now);
-        let reload = self.reload_if_changed(now);
-        let counter = match &reload {
-            Some(Reload::Applied) => &self.reloads.success,
-            Some(Reload::Rejected(_)) => &self.reloads.failure,
-            None => return None,
-        };
-        counter.inc();
+        let mut inner = self.lock();
+        // Reload first: expiring writes the file, which must not undo an
+        // edit not yet picked up.
+        let reload = self.reload_locked(&mut inner, now);
+        if let Some(reload) = &reload {
+            self.count(reload);
+        }
+        self.expire_locked(&mut inner, now);
         reload
     }
 
-    fn expire(&self, now: u64) {
-        let mut inner = self.lock();
+    fn count(&self, reload: &Reload) {
+        match reload {
+            Reload::Applied => self.reloads.success.inc(),
+            Reload::Rejected(_) => self.reloads.failure.inc(),
+        };
+    }
+
+    fn expire_locked(&self, inner: &mut Inner, now: u64) {
         if !inner.config.overrides.remove_expired(now) {
             return;
         }
         tracing::info!("overrides expired; base values apply again");
         self.apply(&inner.config, now);
         let Some(file) = &self.file else { return };
+        if inner.invalid.is_some() {
+            // The hand edit on disk wins once it is fixed.
+            return;
+        }
         // The expired entries are ignored on load anyway; failing to remove
         // them from the file only leaves clutter.
         let written = inner
@@ -187,9 +218,8 @@ impl LiveConfig {
         }
     }
 
-    fn reload_if_changed(&self, now: u64) -> Option<Reload> {
+    fn reload_locked(&self, inner: &mut Inner, now: u64) -> Option<Reload> {
         let file = self.file.as_ref()?;
-        let mut inner = self.lock();
         let bytes = match std::fs::read(file) {
             Ok(bytes) => bytes,
             Err(source) => {
@@ -218,11 +248,13 @@ impl LiveConfig {
                 warn_restart_only(&inner.config, &config);
                 self.apply(&config, now);
                 inner.config = config;
+                inner.invalid = None;
                 tracing::info!(file = %file.display(), "limits file reloaded");
                 Some(Reload::Applied)
             }
             Err(err) => {
                 tracing::error!(%err, "invalid limits file; keeping the configuration in force");
+                inner.invalid = Some(err.to_string());
                 Some(Reload::Rejected(err))
             }
         }

@@ -551,3 +551,68 @@ async fn proxies_view() {
     assert_eq!(proxies[1]["connected"], true);
     assert!(proxies[1]["since_last_report_ms"].is_u64());
 }
+
+#[tokio::test]
+async fn writes_keep_hand_edits_not_yet_picked_up() {
+    let f = fixture("hand-edit", AuthPolicy::default());
+    // Edited by hand; the watcher has not polled yet.
+    std::fs::write(&f.file, "limits:\n  - bucket: edited\n    limit_rps: 7\n").unwrap();
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let on_disk = file_config(&f);
+    assert_eq!(
+        on_disk.limit_table().limit_for("edited").unwrap().get(),
+        7.0
+    );
+    assert_eq!(on_disk.limit_table().limit_for("beta").unwrap().get(), 1.0);
+    assert_eq!(
+        on_disk.limit_table().limit_for("acme"),
+        None,
+        "the edit removed it"
+    );
+    assert_eq!(on_disk.policy(), *f.state.policy());
+
+    // An invalid edit blocks writes (409) instead of being overwritten.
+    let invalid = "limits:\n  - bucket: edited\n    limit_rps: lots\n";
+    std::fs::write(&f.file, invalid).unwrap();
+    let (status, content_type, body) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 2}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_problem(status, content_type.as_deref(), &body);
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits[0].limit_rps"),
+        "{body}"
+    );
+    assert_eq!(std::fs::read_to_string(&f.file).unwrap(), invalid);
+    assert_eq!(
+        f.state.policy().limits.limit_for("beta").unwrap().get(),
+        1.0
+    );
+
+    // Fixed by hand: writes work again.
+    std::fs::write(&f.file, "limits: []\n").unwrap();
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 3}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(file_config(&f).limits.as_slice().len(), 1);
+}

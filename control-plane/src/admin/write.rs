@@ -12,10 +12,13 @@ use crate::types::validate_bucket;
 impl From<PersistError> for Problem {
     fn from(err: PersistError) -> Self {
         tracing::error!(%err, "admin change not applied");
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the change was not applied: {err}"),
-        )
+        let status = match err {
+            PersistError::FileInvalid(_) => StatusCode::CONFLICT,
+            PersistError::Render(_) | PersistError::Write { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        Problem::new(status, format!("the change was not applied: {err}"))
     }
 }
 
