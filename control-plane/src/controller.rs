@@ -60,7 +60,8 @@ pub fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
 /// How long a rejected client should wait, from how long its bucket has
 /// been over its limit: one second (or two control intervals, if longer)
 /// at first, one more second for every ten seconds of overload, at most
-/// [`MAX_RETRY_AFTER_MS`]. Whole seconds, because `Retry-After` carries
+/// [`MAX_RETRY_AFTER_MS`], rounded down to whole seconds (but never below
+/// the start). Whole seconds, because `Retry-After` carries
 /// seconds and because a value that moves every interval would be pushed
 /// every interval.
 pub fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u64 {
@@ -68,7 +69,7 @@ pub fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u
     let base = (2 * interval_ms).max(1_000);
     let overloaded_ms = u64::from(overloaded_intervals).saturating_mul(interval_ms);
     let wait = base.saturating_add(overloaded_ms / 10);
-    (wait.div_ceil(1_000).saturating_mul(1_000)).min(MAX_RETRY_AFTER_MS)
+    (wait / 1_000 * 1_000).clamp(base, MAX_RETRY_AFTER_MS)
 }
 
 /// Decides a cell's drop ratio each control interval.
@@ -600,8 +601,11 @@ fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) ->
 mod tests {
     use proptest::prelude::*;
 
+    use sluice_proto::v1;
+
     use super::*;
     use crate::limits::{LimitRule, Selector};
+    use crate::policy::{BurstMultiplier, TenantPolicy, Weight};
 
     fn limit(rps: f64) -> LimitRps {
         LimitRps::new(rps).unwrap()
@@ -638,6 +642,264 @@ mod tests {
             .iter()
             .map(|d| (d.bucket.as_str(), d.drop_ratio))
             .collect()
+    }
+
+
+    fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
+        CellLoad {
+            tenant: Arc::from(tenant),
+            priority,
+            load: BucketLoad {
+                offered_rps,
+                admitted_rps: offered_rps,
+                proxies_reporting: 2,
+            },
+            shadow_dropped_rps: 0.0,
+        }
+    }
+
+    fn policy(limit_rps: f64, tenants: &[(&str, f64, f64, f64)]) -> Policy {
+        let mut table = Tenants::default();
+        for &(name, weight, burst, floor) in tenants {
+            table.insert(
+                name.to_owned(),
+                TenantPolicy {
+                    weight: Weight::new(weight).unwrap(),
+                    burst: BurstMultiplier::new(burst).unwrap(),
+                    min_floor_rps: limit(floor),
+                },
+            );
+        }
+        Policy {
+            limits: table_for("api", limit_rps),
+            tenants: table,
+            modes: Modes::default(),
+        }
+    }
+
+    fn table_for(bucket: &str, rps: f64) -> LimitTable {
+        table(&[(bucket, rps)])
+    }
+
+    fn find<'a>(directives: &'a [Directive], tenant: &str, priority: Priority) -> &'a Directive {
+        directives
+            .iter()
+            .find(|d| d.tenant == tenant && d.priority == priority.to_wire() as i32)
+            .unwrap_or_else(|| panic!("no directive for {tenant} {priority:?}: {directives:?}"))
+    }
+
+    fn admitted(d: &Directive, offered: f64) -> f64 {
+        offered * (1.0 - d.drop_ratio)
+    }
+
+    #[test]
+    fn weighted_tenants_are_admitted_within_five_percent_of_their_fair_share() {
+        // Limit 1000, weights 4 / 1 / 0.25. `light` offers 30, under its
+        // share, so the other 970 is split 4:1: 776 and 194.
+        let policy = policy(
+            1000.0,
+            &[("gold", 4.0, 2.0, 0.0), ("silver", 1.0, 1.0, 0.0), ("light", 0.25, 1.0, 0.0)],
+        );
+        let offered = [("gold", 2000.0), ("silver", 900.0), ("light", 30.0)];
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            offered
+                .iter()
+                .map(|&(t, rps)| tenant_cell(t, Priority::Unspecified, rps))
+                .collect(),
+        )]);
+        let mut controller = Controller::default();
+        let decision = controller.decide(&load, &policy);
+        let fair = [("gold", 776.0), ("silver", 194.0), ("light", 30.0)];
+        let mut total = 0.0;
+        for ((tenant, offered), (_, fair)) in offered.iter().zip(fair) {
+            let d = find(&decision.changed, tenant, Priority::Unspecified);
+            let got = admitted(d, *offered);
+            assert!((got - fair).abs() <= 0.05 * fair, "{tenant}: {got} vs {fair}");
+            total += got;
+            assert_eq!(d.limit_rps, 1000.0);
+            assert_eq!(d.reporting_proxies, 2);
+        }
+        assert!((total - 1000.0).abs() < 1e-6, "the limit is used exactly: {total}");
+        let gold = find(&decision.changed, "gold", Priority::Unspecified);
+        assert!((gold.share_rps - 776.0).abs() < 1e-6);
+        assert_eq!(gold.burst, 2.0);
+        assert_eq!(gold.reason, v1::Reason::TenantQuotaExceeded as i32);
+        assert!(gold.retry_after_ms >= 1_000);
+        let light = find(&decision.changed, "light", Priority::Unspecified);
+        assert_eq!(light.drop_ratio, 0.0);
+        assert_eq!(light.reason, 0);
+        assert_eq!(light.retry_after_ms, 0);
+        assert!(light.share_rps >= 30.0);
+
+        let api = &decision.buckets[0];
+        assert_eq!(api.cells.len(), 3);
+        assert_eq!(api.cells[0].tenant.as_ref(), "gold", "sorted by tenant");
+        assert_eq!(api.cells[0].reason, Some(Reason::TenantQuotaExceeded));
+    }
+
+    #[test]
+    fn priorities_shed_bulk_first_with_priority_shed_as_the_reason() {
+        let policy = policy(500.0, &[]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("a", Priority::Critical, 300.0),
+                tenant_cell("a", Priority::Unspecified, 100.0),
+                tenant_cell("b", Priority::BestEffort, 300.0),
+                tenant_cell("b", Priority::Bulk, 400.0),
+            ],
+        )]);
+        let mut controller = Controller::default();
+        let decision = controller.decide(&load, &policy);
+        let critical = find(&decision.changed, "a", Priority::Critical);
+        assert_eq!(critical.drop_ratio, 0.0);
+        // 200 left for BEST_EFFORT + unclassified (400 offered, equal
+        // weights: 100 for `a`, 100 for `b`'s 300); BULK gets nothing.
+        let unclassified = find(&decision.changed, "a", Priority::Unspecified);
+        assert_eq!(unclassified.drop_ratio, 0.0);
+        let best_effort = find(&decision.changed, "b", Priority::BestEffort);
+        assert!((admitted(best_effort, 300.0) - 100.0).abs() < 1e-6);
+        assert_eq!(best_effort.reason, v1::Reason::TenantQuotaExceeded as i32);
+        let bulk = find(&decision.changed, "b", Priority::Bulk);
+        assert_eq!(bulk.drop_ratio, 1.0);
+        assert_eq!(bulk.reason, v1::Reason::PriorityShed as i32);
+        assert_eq!(bulk.share_rps, 0.0);
+    }
+
+    #[test]
+    fn critical_is_dropped_only_when_nothing_else_covers_the_excess() {
+        let policy = policy(100.0, &[]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("", Priority::Critical, 200.0),
+                tenant_cell("", Priority::Bulk, 50.0),
+            ],
+        )]);
+        let decision = Controller::default().decide(&load, &policy);
+        let critical = find(&decision.changed, "", Priority::Critical);
+        assert!((critical.drop_ratio - 0.5).abs() < 1e-12);
+        assert_eq!(critical.reason, v1::Reason::ClusterOverload as i32);
+        assert_eq!(find(&decision.changed, "", Priority::Bulk).drop_ratio, 1.0);
+    }
+
+    #[test]
+    fn floors_are_never_dropped() {
+        let policy = policy(100.0, &[("small", 0.01, 1.0, 40.0)]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("big", Priority::Unspecified, 1000.0),
+                tenant_cell("small", Priority::Bulk, 35.0),
+            ],
+        )]);
+        let decision = Controller::default().decide(&load, &policy);
+        assert_eq!(find(&decision.changed, "small", Priority::Bulk).drop_ratio, 0.0);
+        let big = find(&decision.changed, "big", Priority::Unspecified);
+        assert!((admitted(big, 1000.0) - 65.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_bucket_mode_reaches_its_directives_and_a_mode_change_is_pushed() {
+        let mut policy = policy(100.0, &[]);
+        let load = load(&[("api", 50.0)]);
+        let mut controller = Controller::default();
+        let first = controller.decide(&load, &policy);
+        assert_eq!(first.changed[0].mode, v1::Mode::Unspecified as i32, "inherits");
+        policy.modes.buckets.insert("api".into(), Mode::Shadow);
+        let decision = controller.decide(&load, &policy);
+        assert_eq!(decision.changed.len(), 1);
+        assert_eq!(decision.changed[0].mode, v1::Mode::Shadow as i32);
+        assert!(controller.decide(&load, &policy).changed.is_empty());
+    }
+
+    #[test]
+    fn share_reason_and_burst_changes_are_pushed() {
+        let mut policy = policy(1000.0, &[("gold", 1.0, 1.0, 0.0)]);
+        let two = |gold: f64, other: f64| {
+            FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![
+                    tenant_cell("gold", Priority::Unspecified, gold),
+                    tenant_cell("other", Priority::Unspecified, other),
+                ],
+            )])
+        };
+        let mut controller = Controller::default();
+        controller.decide(&two(800.0, 100.0), &policy);
+        // Still under the limit, but `other` takes more: gold's share (what
+        // it may send) shrinks, although no ratio moves.
+        let decision = controller.decide(&two(800.0, 150.0), &policy);
+        let gold = find(&decision.changed, "gold", Priority::Unspecified);
+        assert_eq!(gold.drop_ratio, 0.0);
+        assert!((gold.share_rps - 850.0).abs() < 1e-6);
+        policy.tenants.insert(
+            "gold".into(),
+            TenantPolicy {
+                burst: BurstMultiplier::new(3.0).unwrap(),
+                ..TenantPolicy::default()
+            },
+        );
+        let decision = controller.decide(&two(800.0, 150.0), &policy);
+        assert_eq!(decision.changed.len(), 1);
+        assert_eq!(decision.changed[0].burst, 3.0);
+    }
+
+    #[test]
+    fn a_stopped_cell_is_lifted_and_retired_while_its_bucket_stays() {
+        let policy = policy(100.0, &[]);
+        let mut controller = Controller::default();
+        controller.decide(
+            &FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![
+                    tenant_cell("a", Priority::Unspecified, 300.0),
+                    tenant_cell("b", Priority::Unspecified, 10.0),
+                ],
+            )]),
+            &policy,
+        );
+        let decision = controller.decide(
+            &FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![tenant_cell("b", Priority::Unspecified, 10.0)],
+            )]),
+            &policy,
+        );
+        let lifted = find(&decision.changed, "a", Priority::Unspecified);
+        assert_eq!(lifted.drop_ratio, 0.0);
+        assert_eq!(lifted.reason, 0);
+        assert_eq!(decision.retired.len(), 1);
+        assert_eq!(decision.retired[0].tenant.as_ref(), "a");
+        assert_eq!(controller.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn retry_after_grows_with_the_overload_and_is_capped() {
+        let interval = ControlInterval::from_millis(500).unwrap();
+        assert_eq!(retry_after_ms(interval, 0), 1_000);
+        assert_eq!(retry_after_ms(interval, 1), 1_000, "whole seconds");
+        assert_eq!(retry_after_ms(interval, 19), 1_000);
+        assert_eq!(retry_after_ms(interval, 20), 2_000, "10 s of overload: +1 s");
+        assert_eq!(retry_after_ms(interval, 1_000), MAX_RETRY_AFTER_MS);
+        let slow = ControlInterval::from_millis(5_000).unwrap();
+        assert_eq!(retry_after_ms(slow, 0), 10_000, "two control intervals");
+
+        // Through the controller: the same bucket, longer overloaded.
+        let limits = table(&[("acme", 100.0)]);
+        let mut controller = Controller::default().with_interval(interval);
+        let first = controller.tick(&load(&[("acme", 200.0)]), &limits);
+        let first_wait = first.changed[0].retry_after_ms;
+        let mut later = first_wait;
+        for _ in 0..60 {
+            if let Some(d) = controller.tick(&load(&[("acme", 200.0)]), &limits).changed.first() {
+                later = d.retry_after_ms;
+            }
+        }
+        assert!(later > first_wait, "{later} after {first_wait}");
+        let calm = controller.tick(&load(&[("acme", 50.0)]), &limits);
+        assert_eq!(calm.changed[0].retry_after_ms, 0);
     }
 
     #[test]
