@@ -43,7 +43,19 @@ pub struct Claim {
 /// growing (`lo/w`) and one where it is satisfied (`hi/w`); the kinks are
 /// sorted once and swept, tracking the total weight of the growing claims.
 pub fn water_fill(claims: &[Claim], capacity: f64, out: &mut Vec<f64>) -> f64 {
+    water_fill_with(claims, capacity, out, &mut Vec::new())
+}
+
+/// [`water_fill`] with a caller-owned buffer for the sorted kinks, so that
+/// a caller dividing many buckets allocates once.
+pub fn water_fill_with(
+    claims: &[Claim],
+    capacity: f64,
+    out: &mut Vec<f64>,
+    kinks: &mut Vec<(f64, f64)>,
+) -> f64 {
     out.clear();
+    kinks.clear();
     let lo_sum: f64 = claims.iter().map(|c| c.lo).sum();
     let hi_sum: f64 = claims.iter().map(|c| c.hi).sum();
     if capacity >= hi_sum {
@@ -55,7 +67,6 @@ pub fn water_fill(claims: &[Claim], capacity: f64, out: &mut Vec<f64>) -> f64 {
         return 0.0;
     }
     // (level, change of the growing weight there)
-    let mut kinks: Vec<(f64, f64)> = Vec::with_capacity(2 * claims.len());
     for claim in claims.iter().filter(|c| c.weight > 0.0) {
         kinks.push((claim.lo / claim.weight, claim.weight));
         kinks.push((claim.hi / claim.weight, -claim.weight));
@@ -66,7 +77,7 @@ pub fn water_fill(claims: &[Claim], capacity: f64, out: &mut Vec<f64>) -> f64 {
     let mut total = lo_sum;
     let mut growing = 0.0_f64;
     let mut solved = None;
-    for &(at, change) in &kinks {
+    for &(at, change) in kinks.iter() {
         let reached = total + growing * (at - level);
         if growing > 0.0 && reached >= capacity {
             solved = Some(level + (capacity - total) / growing);
@@ -138,16 +149,45 @@ pub struct Allocation {
 /// estimates, and dropping 1e-9 of a class would only add noise.
 const EPSILON: f64 = 1e-9;
 
+/// Buffers [`allocate_into`] reuses from one bucket to the next.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    guaranteed: Vec<[f64; CLASSES]>,
+    claims: Vec<Claim>,
+    fill: Vec<f64>,
+    kinks: Vec<(f64, f64)>,
+}
+
 /// Divides `limit` among `tenants` (see the module docs).
 pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
-    let mut result = Allocation {
-        tenants: vec![TenantAllocation::default(); tenants.len()],
-        ..Allocation::default()
-    };
+    let mut result = Allocation::default();
+    allocate_into(limit, tenants, &mut result, &mut Scratch::default());
+    result
+}
+
+/// [`allocate`] into `result`, reusing its and `scratch`'s memory.
+pub fn allocate_into(
+    limit: f64,
+    tenants: &[TenantDemand],
+    result: &mut Allocation,
+    scratch: &mut Scratch,
+) {
+    result.tenants.clear();
+    result
+        .tenants
+        .resize(tenants.len(), TenantAllocation::default());
+    result.classes = [ClassOutcome::Admitted; CLASSES];
+    let Scratch {
+        guaranteed,
+        claims,
+        fill,
+        kinks,
+    } = scratch;
     // Floors, spread over each tenant's classes from the most important.
-    let mut guaranteed = vec![[0.0; CLASSES]; tenants.len()];
+    guaranteed.clear();
+    guaranteed.resize(tenants.len(), [0.0; CLASSES]);
     let mut guaranteed_total = 0.0;
-    for (tenant, guaranteed) in tenants.iter().zip(&mut guaranteed) {
+    for (tenant, guaranteed) in tenants.iter().zip(guaranteed.iter_mut()) {
         let mut floor = tenant.floor.max(0.0);
         for (offered, g) in tenant.offered.iter().zip(guaranteed.iter_mut()) {
             *g = offered.max(0.0).min(floor);
@@ -159,14 +199,12 @@ pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
     result.floors_exceed_limit = spare < -EPSILON * limit.max(1.0);
     spare = spare.max(0.0);
 
-    let mut claims = Vec::with_capacity(tenants.len());
-    let mut fill = Vec::with_capacity(tenants.len());
     let mut higher_demand = false;
     for class in 0..CLASSES {
         claims.clear();
         let mut extra = 0.0;
         let mut demand = 0.0;
-        for (tenant, guaranteed) in tenants.iter().zip(&guaranteed) {
+        for (tenant, guaranteed) in tenants.iter().zip(guaranteed.iter()) {
             let offered = tenant.offered.get(class).copied().unwrap_or(0.0).max(0.0);
             let lo = guaranteed.get(class).copied().unwrap_or(0.0);
             demand += offered;
@@ -181,11 +219,8 @@ pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
             spare = (spare - extra).max(0.0);
             ClassOutcome::Admitted
         } else if spare > 0.0 {
-            let level = water_fill(
-                &claims,
-                claims.iter().map(|c| c.lo).sum::<f64>() + spare,
-                &mut fill,
-            );
+            let capacity = claims.iter().map(|c| c.lo).sum::<f64>() + spare;
+            let level = water_fill_with(claims, capacity, fill, kinks);
             spare = 0.0;
             ClassOutcome::Constrained { level }
         } else {
@@ -193,17 +228,17 @@ pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
         };
         match outcome {
             ClassOutcome::Admitted => {
-                for (allocation, claim) in result.tenants.iter_mut().zip(&claims) {
+                for (allocation, claim) in result.tenants.iter_mut().zip(claims.iter()) {
                     set(&mut allocation.admitted, class, claim.hi);
                 }
             }
             ClassOutcome::Constrained { .. } => {
-                for (allocation, a) in result.tenants.iter_mut().zip(&fill) {
+                for (allocation, a) in result.tenants.iter_mut().zip(fill.iter()) {
                     set(&mut allocation.admitted, class, *a);
                 }
             }
             ClassOutcome::Shed => {
-                for (allocation, claim) in result.tenants.iter_mut().zip(&claims) {
+                for (allocation, claim) in result.tenants.iter_mut().zip(claims.iter()) {
                     set(&mut allocation.admitted, class, claim.lo);
                 }
             }
@@ -215,7 +250,7 @@ pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
         let someone_undropped = claims.iter().zip(&result.tenants).any(|(claim, a)| {
             claim.hi > 0.0 && get(&a.admitted, class) >= claim.hi * (1.0 - 1e-12)
         });
-        for (allocation, claim) in result.tenants.iter_mut().zip(&claims) {
+        for (allocation, claim) in result.tenants.iter_mut().zip(claims.iter()) {
             let dropped = get(&allocation.admitted, class) < claim.hi * (1.0 - 1e-12);
             let reason = match outcome {
                 _ if !dropped => None,
@@ -244,7 +279,6 @@ pub fn allocate(limit: f64, tenants: &[TenantDemand]) -> Allocation {
             set(&mut allocation.share, class, share.min(limit.max(admitted)));
         }
     }
-    result
 }
 
 fn get(values: &[f64; CLASSES], class: usize) -> f64 {

@@ -103,7 +103,8 @@ pub async fn run_with(
     let mut tasks: JoinSet<(&'static str, Result<(), RunError>)> = JoinSet::new();
 
     tasks.spawn({
-        let run = control_loop::run(state.clone(), Controller::default(), token.clone());
+        let controller = Controller::default().with_interval(state.control_interval());
+        let run = control_loop::run(state.clone(), controller, token.clone());
         async move {
             run.await;
             ("control loop", Ok(()))

@@ -72,7 +72,7 @@ impl AppState {
                 policy: RwLock::new(settings.policy),
                 fleet: Mutex::new(Fleet::new(Fleet::DEFAULT_CARRY_TICKS)),
                 buckets: RwLock::new(Arc::from([])),
-                publisher: Publisher::new(epoch),
+                publisher: Publisher::new(epoch, settings.directive_ttl),
                 next_stream: AtomicU64::new(1),
                 metrics: Metrics::new(epoch),
             }),
