@@ -62,17 +62,47 @@ fn remaining(expires_at: Option<&Value>) -> String {
     }
 }
 
-/// `GET /v1/buckets`.
+/// `GET /v1/buckets`: one row per bucket, then one per (bucket, tenant,
+/// priority) cell with its fair share.
 pub fn buckets(reply: &Value) -> String {
     let columns = [
         "bucket",
         "limit_rps",
         "offered_rps",
         "admitted_rps",
+        "shadow_dropped_rps",
         "drop_ratio",
         "proxies_reporting",
     ];
-    render(&columns, &rows_of(reply.get("buckets"), &columns))
+    let mut out = render(&columns, &rows_of(reply.get("buckets"), &columns));
+    let cell_columns = [
+        "tenant",
+        "priority",
+        "offered_rps",
+        "admitted_rps",
+        "share_rps",
+        "drop_ratio",
+        "reason",
+    ];
+    let mut rows = Vec::new();
+    for bucket in reply
+        .get("buckets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for mut row in rows_of(bucket.get("cells"), &cell_columns) {
+            row.insert(0, cell(bucket.get("bucket")));
+            rows.push(row);
+        }
+    }
+    if !rows.is_empty() {
+        out.push('\n');
+        let mut header = vec!["bucket"];
+        header.extend(cell_columns);
+        out.push_str(&render(&header, &rows));
+    }
+    out
 }
 
 /// `GET /v1/proxies`.
@@ -214,6 +244,16 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("bucket          limit_rps"), "{text}");
+
+        let text = buckets(&json!({"buckets": [{"bucket": "acme", "cells": [
+            {"tenant": "gold", "priority": "high", "offered_rps": 10.0, "admitted_rps": 10.0,
+             "share_rps": 12.5, "drop_ratio": 0.0, "reason": null}]}]}));
+        let last = text.lines().last().unwrap();
+        assert_eq!(
+            last.split_whitespace().collect::<Vec<_>>(),
+            ["acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-"],
+            "{text}"
+        );
         assert!(lines[1].starts_with("acme            200.0"), "{text}");
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
     }
