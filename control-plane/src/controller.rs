@@ -644,7 +644,6 @@ mod tests {
             .collect()
     }
 
-
     fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
         CellLoad {
             tenant: Arc::from(tenant),
@@ -698,7 +697,11 @@ mod tests {
         // share, so the other 970 is split 4:1: 776 and 194.
         let policy = policy(
             1000.0,
-            &[("gold", 4.0, 2.0, 0.0), ("silver", 1.0, 1.0, 0.0), ("light", 0.25, 1.0, 0.0)],
+            &[
+                ("gold", 4.0, 2.0, 0.0),
+                ("silver", 1.0, 1.0, 0.0),
+                ("light", 0.25, 1.0, 0.0),
+            ],
         );
         let offered = [("gold", 2000.0), ("silver", 900.0), ("light", 30.0)];
         let load = FleetLoad::new(vec![BucketTraffic::from_cells(
@@ -715,12 +718,18 @@ mod tests {
         for ((tenant, offered), (_, fair)) in offered.iter().zip(fair) {
             let d = find(&decision.changed, tenant, Priority::Unspecified);
             let got = admitted(d, *offered);
-            assert!((got - fair).abs() <= 0.05 * fair, "{tenant}: {got} vs {fair}");
+            assert!(
+                (got - fair).abs() <= 0.05 * fair,
+                "{tenant}: {got} vs {fair}"
+            );
             total += got;
             assert_eq!(d.limit_rps, 1000.0);
             assert_eq!(d.reporting_proxies, 2);
         }
-        assert!((total - 1000.0).abs() < 1e-6, "the limit is used exactly: {total}");
+        assert!(
+            (total - 1000.0).abs() < 1e-6,
+            "the limit is used exactly: {total}"
+        );
         let gold = find(&decision.changed, "gold", Priority::Unspecified);
         assert!((gold.share_rps - 776.0).abs() < 1e-6);
         assert_eq!(gold.burst, 2.0);
@@ -795,7 +804,10 @@ mod tests {
             ],
         )]);
         let decision = Controller::default().decide(&load, &policy);
-        assert_eq!(find(&decision.changed, "small", Priority::Bulk).drop_ratio, 0.0);
+        assert_eq!(
+            find(&decision.changed, "small", Priority::Bulk).drop_ratio,
+            0.0
+        );
         let big = find(&decision.changed, "big", Priority::Unspecified);
         assert!((admitted(big, 1000.0) - 65.0).abs() < 1e-6);
     }
@@ -806,7 +818,11 @@ mod tests {
         let load = load(&[("api", 50.0)]);
         let mut controller = Controller::default();
         let first = controller.decide(&load, &policy);
-        assert_eq!(first.changed[0].mode, v1::Mode::Unspecified as i32, "inherits");
+        assert_eq!(
+            first.changed[0].mode,
+            v1::Mode::Unspecified as i32,
+            "inherits"
+        );
         policy.modes.buckets.insert("api".into(), Mode::Shadow);
         let decision = controller.decide(&load, &policy);
         assert_eq!(decision.changed.len(), 1);
@@ -881,7 +897,11 @@ mod tests {
         assert_eq!(retry_after_ms(interval, 0), 1_000);
         assert_eq!(retry_after_ms(interval, 1), 1_000, "whole seconds");
         assert_eq!(retry_after_ms(interval, 19), 1_000);
-        assert_eq!(retry_after_ms(interval, 20), 2_000, "10 s of overload: +1 s");
+        assert_eq!(
+            retry_after_ms(interval, 20),
+            2_000,
+            "10 s of overload: +1 s"
+        );
         assert_eq!(retry_after_ms(interval, 1_000), MAX_RETRY_AFTER_MS);
         let slow = ControlInterval::from_millis(5_000).unwrap();
         assert_eq!(retry_after_ms(slow, 0), 10_000, "two control intervals");
@@ -893,7 +913,11 @@ mod tests {
         let first_wait = first.changed[0].retry_after_ms;
         let mut later = first_wait;
         for _ in 0..60 {
-            if let Some(d) = controller.tick(&load(&[("acme", 200.0)]), &limits).changed.first() {
+            if let Some(d) = controller
+                .tick(&load(&[("acme", 200.0)]), &limits)
+                .changed
+                .first()
+            {
                 later = d.retry_after_ms;
             }
         }

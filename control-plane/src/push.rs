@@ -106,10 +106,10 @@ pub enum Published {
 }
 
 impl Publisher {
-    /// A publisher for `epoch` with nothing published yet; every batch
-    /// carries `ttl`, and heartbeats go out every [`MAX_HEARTBEAT`] or a
-    /// quarter of the TTL, whichever is shorter.
-    pub fn new(epoch: u64, ttl: DirectiveTtl) -> Self {
+    /// A publisher for `epoch` with no directive published yet and `modes`
+    /// in force; every batch carries `ttl`, and heartbeats go out every
+    /// [`MAX_HEARTBEAT`] or a quarter of the TTL, whichever is shorter.
+    pub fn new(epoch: u64, ttl: DirectiveTtl, modes: ModePolicy) -> Self {
         let (sender, _) = broadcast::channel(CAPACITY);
         let ttl_ms = ttl.as_millis();
         Self {
@@ -120,7 +120,7 @@ impl Publisher {
                 // 0 is what an unset protobuf field reads as; start above it.
                 version: 1,
                 snapshot: HashMap::new(),
-                modes: ModePolicy::default(),
+                modes,
                 last_sent: Instant::now(),
                 sender,
             })),
@@ -293,7 +293,11 @@ mod tests {
     }
 
     fn publisher() -> Publisher {
-        Publisher::new(42, DirectiveTtl::from_millis(4_000).unwrap())
+        Publisher::new(
+            42,
+            DirectiveTtl::from_millis(4_000).unwrap(),
+            ModePolicy::default(),
+        )
     }
 
     #[tokio::test]
@@ -396,7 +400,11 @@ mod tests {
         assert_eq!(heartbeat.batch.ttl_ms, 4_000);
 
         // A short TTL shortens the cadence to a quarter of it.
-        let short = Publisher::new(1, DirectiveTtl::from_millis(1_000).unwrap());
+        let short = Publisher::new(
+            1,
+            DirectiveTtl::from_millis(1_000).unwrap(),
+            ModePolicy::default(),
+        );
         assert_eq!(short.heartbeat_every(), Duration::from_millis(250));
     }
 
