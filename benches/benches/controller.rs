@@ -2,12 +2,19 @@
 //! state, closing the window into a fleet load, and turning the load of 100k
 //! buckets into directives. Throughput is in bucket entries per second.
 
+use std::hint::black_box;
+use std::sync::Arc;
+
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use sluice_benches::bucket_names;
 use sluice_benches::control::{connected_fleet, fleet_load, limits, proxy_ids, report};
 use sluice_control_plane::Controller;
-use sluice_control_plane::fleet::StreamId;
-use std::hint::black_box;
+use sluice_control_plane::cell::{CLASSES, Priority};
+use sluice_control_plane::fairness::{Allocation, Scratch, TenantDemand, allocate_into};
+use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, StreamId};
+use sluice_control_plane::limits::{LimitRule, LimitTable, Selector};
+use sluice_control_plane::policy::{Policy, TenantPolicy, Tenants, Weight};
+use sluice_control_plane::types::LimitRps;
 
 /// One proxy's report of `n` buckets, added to a window that already holds
 /// those buckets (the steady state: the same tenants every report).
@@ -82,5 +89,107 @@ fn controller_tick(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, fleet_report, fleet_tick, controller_tick);
+/// 10k tenants of one bucket: weights 1–7, a floor for every third, offered
+/// 1–100 requests/s, spread over the four priority classes, against a limit
+/// of a third of what is offered (so every class up to BEST_EFFORT is
+/// water-filled or shed).
+fn tenant_demands(n: usize) -> Vec<TenantDemand> {
+    (0..n)
+        .map(|i| {
+            let mut offered = [0.0; CLASSES];
+            if let Some(slot) = offered.get_mut(i % CLASSES) {
+                *slot = (i % 100 + 1) as f64;
+            }
+            TenantDemand {
+                weight: (i % 7 + 1) as f64,
+                floor: if i % 3 == 0 { 5.0 } else { 0.0 },
+                offered,
+            }
+        })
+        .collect()
+}
+
+/// The fair division of one bucket among 10k tenants, alone and through the
+/// controller (tenant policy lookups, per-cell ratios, change detection).
+fn fair_shares(c: &mut Criterion) {
+    const TENANTS: usize = 10_000;
+    let mut group = c.benchmark_group("fair_shares");
+    group.throughput(Throughput::Elements(TENANTS as u64));
+    let demands = tenant_demands(TENANTS);
+    let offered: f64 = demands.iter().flat_map(|d| d.offered.iter()).sum();
+    let limit = offered / 3.0;
+    let mut allocation = Allocation::default();
+    let mut scratch = Scratch::default();
+    group.bench_function("10k_tenants_allocate", |b| {
+        b.iter(|| {
+            allocate_into(black_box(limit), &demands, &mut allocation, &mut scratch);
+        })
+    });
+
+    let names: Vec<Arc<str>> = (0..TENANTS)
+        .map(|i| Arc::from(format!("t{i:05}")))
+        .collect();
+    let cells = demands
+        .iter()
+        .zip(&names)
+        .enumerate()
+        .map(|(i, (demand, tenant))| {
+            let offered_rps: f64 = demand.offered.iter().sum();
+            CellLoad {
+                tenant: Arc::clone(tenant),
+                priority: match i % CLASSES {
+                    0 => Priority::Critical,
+                    1 => Priority::Degraded,
+                    2 => Priority::BestEffort,
+                    _ => Priority::Bulk,
+                },
+                load: BucketLoad {
+                    offered_rps,
+                    admitted_rps: offered_rps,
+                    proxies_reporting: 3,
+                },
+                shadow_dropped_rps: 0.0,
+            }
+        })
+        .collect();
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)]);
+    let mut tenants = Tenants::default();
+    for (i, name) in names.iter().enumerate().step_by(2) {
+        let policy = TenantPolicy {
+            weight: Weight::new((i % 7 + 1) as f64).unwrap_or_default(),
+            min_floor_rps: if i % 3 == 0 {
+                LimitRps::new(5.0).unwrap_or(LimitRps::ZERO)
+            } else {
+                LimitRps::ZERO
+            },
+            ..TenantPolicy::default()
+        };
+        tenants.insert(name.to_string(), policy);
+    }
+    let policy = Policy {
+        limits: LimitTable::from_rules(
+            None,
+            [LimitRule {
+                selector: Selector::Bucket("api".into()),
+                limit_rps: LimitRps::new(limit).unwrap_or(LimitRps::ZERO),
+            }],
+        ),
+        tenants,
+        ..Policy::default()
+    };
+    let mut controller = Controller::default();
+    controller.decide(&load, &policy);
+    group.bench_function("10k_tenants_controller_steady", |b| {
+        b.iter_with_large_drop(|| controller.decide(black_box(&load), &policy))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    fleet_report,
+    fleet_tick,
+    controller_tick,
+    fair_shares
+);
 criterion_main!(benches);

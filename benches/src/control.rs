@@ -1,7 +1,7 @@
 //! Fixtures for the controller benchmarks: reports as a fleet of proxies
 //! sends them, and fleet loads as the control loop hands them on.
 
-use sluice_control_plane::fleet::{BucketLoad, Fleet, FleetLoad, StreamId};
+use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, Fleet, FleetLoad, StreamId};
 use sluice_control_plane::limits::LimitTable;
 use sluice_control_plane::types::LimitRps;
 use sluice_proto::v1::{BucketCount, Report};
@@ -40,19 +40,21 @@ pub fn connected_fleet(proxies: &[String]) -> Fleet {
 /// A fleet load where bucket `i` offers `i % 400` requests/s (never 0), so
 /// against [`limits`] some buckets are limited and most are not.
 pub fn fleet_load(buckets: &[String]) -> FleetLoad {
-    buckets
-        .iter()
-        .enumerate()
-        .map(|(i, bucket)| {
-            let offered_rps = (i % 400 + 1) as f64;
-            let load = BucketLoad {
-                offered_rps,
-                admitted_rps: offered_rps,
-                proxies_reporting: 3,
-            };
-            (bucket.clone(), load)
-        })
-        .collect()
+    FleetLoad::new(
+        buckets
+            .iter()
+            .enumerate()
+            .map(|(i, bucket)| {
+                let offered_rps = (i % 400 + 1) as f64;
+                let load = BucketLoad {
+                    offered_rps,
+                    admitted_rps: offered_rps,
+                    proxies_reporting: 3,
+                };
+                BucketTraffic::single(bucket, load)
+            })
+            .collect(),
+    )
 }
 
 /// A default limit of 200 requests/s for every bucket.

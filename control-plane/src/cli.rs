@@ -1,4 +1,4 @@
-//! The `sluice` command line: `serve`, `check-config` and `simulate`.
+//! The `sluice` command line: `serve`, `check-config`, `simulate` and `ctl`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,11 +8,15 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 
+use crate::admin::Admin;
+use crate::admin::auth::{AuthPolicy, Token, TokenError};
 use crate::config::{Config, ConfigError};
+use crate::ctl::{self, CtlArgs};
+use crate::live_config::LiveConfig;
 use crate::simulate::{self, report, scenario};
 use crate::state::{AppState, Settings};
 use crate::types::ControlInterval;
-use crate::{RunError, run};
+use crate::{RunError, run_with};
 
 /// Global rate limiting for Envoy: the control plane.
 #[derive(Debug, Parser)]
@@ -33,6 +37,8 @@ pub enum Command {
     /// Run a traffic scenario through the real controller on a simulated
     /// clock and print accuracy metrics.
     Simulate(SimulateArgs),
+    /// Read and change a running control plane through its admin API.
+    Ctl(CtlArgs),
 }
 
 /// `sluice serve`.
@@ -53,6 +59,21 @@ pub struct ServeArgs {
     /// Once both listeners are bound, write `{"grpc": ADDR, "admin": ADDR}` here.
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+    /// File holding the admin API's bearer token. Without a token (from
+    /// here or `--admin-token-env`) the admin API is unauthenticated, which
+    /// is only allowed on a loopback address.
+    #[arg(long, value_name = "FILE", conflicts_with = "admin_token_env")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Environment variable holding the admin API's bearer token.
+    #[arg(long, value_name = "NAME")]
+    pub admin_token_env: Option<String>,
+    /// Let GET requests through without the token (writes still need it).
+    #[arg(long)]
+    pub admin_open_reads: bool,
+    /// How often the limits file is checked for changes, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub reload_poll_ms: u64,
 }
 
 /// `sluice check-config`.
@@ -109,6 +130,14 @@ pub enum ServeError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The admin token could not be loaded.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// An unauthenticated admin API on a non-loopback address.
+    #[error(
+        "refusing an unauthenticated admin API on {0}: pass --admin-token-file or --admin-token-env, or listen on a loopback address"
+    )]
+    Unauthenticated(SocketAddr),
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -138,6 +167,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
         },
         Command::CheckConfig(args) => check_config(&args.file),
         Command::Simulate(args) => simulate(&args),
+        Command::Ctl(args) => ctl::execute(args).await,
     }
 }
 
@@ -189,18 +219,36 @@ pub fn check_config(file: &Path) -> ExitCode {
 /// `sluice serve`: load the limits, bind, announce, serve until SIGINT or
 /// SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
-    let config = Config::from_file(&args.config)?;
+    let text = std::fs::read_to_string(&args.config).map_err(|source| ConfigError::Read {
+        path: args.config.clone(),
+        source,
+    })?;
+    let config = Config::from_yaml(&text, &args.config.display().to_string())?;
     let settings = Settings::from_config(&config, args.control_interval_ms);
+    let auth = auth_policy(&args)?;
+    if auth.token.is_none() && !args.admin_listen.ip().is_loopback() {
+        return Err(ServeError::Unauthenticated(args.admin_listen));
+    }
     // Installed before the ready file exists: whoever reads it may signal
     // right away, and an unhandled SIGTERM would kill the process uncleanly.
     let shutdown = shutdown_signal().map_err(ServeError::Signals)?;
 
     let grpc = bind("gRPC", args.grpc_listen).await?;
-    let admin = bind("admin", args.admin_listen).await?;
+    let admin_listener = bind("admin", args.admin_listen).await?;
     let grpc_addr = local_addr("gRPC", args.grpc_listen, &grpc)?;
-    let admin_addr = local_addr("admin", args.admin_listen, &admin)?;
+    let admin_addr = local_addr("admin", args.admin_listen, &admin_listener)?;
 
     let state = AppState::new(settings);
+    if auth.token.is_none() {
+        tracing::warn!("admin API without a token: anyone on this host can change limits");
+    }
+    let live = LiveConfig::with_file(
+        state.clone(),
+        config,
+        args.config.clone(),
+        text.into_bytes(),
+    );
+    let admin = Admin::new(std::sync::Arc::new(live), auth);
     tracing::info!(
         grpc = %grpc_addr,
         admin = %admin_addr,
@@ -217,8 +265,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 source,
             })?;
     }
-    run(grpc, admin, state, shutdown).await?;
+    let poll = std::time::Duration::from_millis(args.reload_poll_ms);
+    run_with(grpc, admin_listener, admin, poll, shutdown).await?;
     Ok(())
+}
+
+fn auth_policy(args: &ServeArgs) -> Result<AuthPolicy, TokenError> {
+    let token = match (&args.admin_token_file, &args.admin_token_env) {
+        (Some(path), _) => Some(Token::from_file(path)?),
+        (None, Some(name)) => Some(Token::from_env(name)?),
+        (None, None) => None,
+    };
+    Ok(AuthPolicy {
+        token,
+        open_reads: args.admin_open_reads,
+    })
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {

@@ -8,20 +8,28 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::overrides::Overrides;
 use crate::policy::{Modes, Policy, Tenants};
 use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 
 /// A parsed, valid limits file.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+///
+/// It also serializes back to the same schema: the admin API persists its
+/// changes by rewriting the whole file ([`Config::to_yaml`]).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Control interval from the file; the command line may override it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_interval_ms: Option<ControlInterval>,
+    /// How long proxies trust directives without hearing from the control
+    /// plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directive_ttl_ms: Option<DirectiveTtl>,
     /// Limit for buckets no rule names; `None` = unlimited.
     #[serde(default)]
     pub default_limit_rps: Option<LimitRps>,
@@ -29,16 +37,26 @@ pub struct Config {
     #[serde(default)]
     pub limits: Rules,
     /// Tenant weights, bursts and floors; `default` applies to the rest.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "tenants_empty")]
     pub tenants: Tenants,
     /// Rollout modes: shadow or enforce, kill switch, canary.
     #[serde(default)]
     pub modes: Modes,
-    /// How long proxies trust directives without hearing from the control
-    /// plane.
-    #[serde(default)]
-    pub directive_ttl_ms: Option<DirectiveTtl>,
+    /// Temporary limit and tenant overrides with their deadlines.
+    #[serde(default, skip_serializing_if = "Overrides::is_empty")]
+    pub overrides: Overrides,
 }
+
+fn tenants_empty(tenants: &Tenants) -> bool {
+    tenants.iter().next().is_none()
+}
+
+/// First lines of a limits file written by the control plane.
+pub const WRITTEN_HEADER: &str = "\
+# Sluice limits file. The control plane rewrites it when its admin API
+# changes something, so comments and formatting are not preserved; edits
+# made by hand are picked up within seconds.
+";
 
 impl Config {
     /// Reads and validates a limits file.
@@ -70,13 +88,42 @@ impl Config {
         LimitTable::from_rules(self.default_limit_rps, self.limits.0.iter().cloned())
     }
 
-    /// The policy (limits, tenants, modes) the file describes.
+    /// The policy (limits, tenants, modes) the file describes, with the
+    /// overrides in force now.
     pub fn policy(&self) -> Policy {
-        Policy {
+        self.policy_at(crate::overrides::unix_now())
+    }
+
+    /// The policy with the overrides in force at `now` (seconds since the
+    /// Unix epoch).
+    pub fn policy_at(&self, now: u64) -> Policy {
+        let mut policy = Policy {
             limits: self.limit_table(),
             tenants: self.tenants.clone(),
             modes: self.modes.clone(),
+        };
+        self.overrides.apply(&mut policy, now);
+        policy
+    }
+
+    /// The file a policy would be read from (no overrides, no interval).
+    pub fn from_policy(policy: &Policy) -> Self {
+        Self {
+            default_limit_rps: policy.limits.default_limit(),
+            limits: Rules(policy.limits.rules()),
+            tenants: policy.tenants.clone(),
+            modes: policy.modes.clone(),
+            ..Self::default()
         }
+    }
+
+    /// The file's text: [`WRITTEN_HEADER`], then YAML that
+    /// [`Config::from_yaml`] reads back to an equal value.
+    pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
+        Ok(format!(
+            "{WRITTEN_HEADER}{}",
+            serde_yaml_ng::to_string(self)?
+        ))
     }
 }
 
@@ -88,6 +135,37 @@ impl Rules {
     /// The rules in file order.
     pub fn as_slice(&self) -> &[LimitRule] {
         &self.0
+    }
+
+    /// Sets the exact limit of `bucket`, in place if it has an entry, else
+    /// as a new last entry; returns the previous limit.
+    pub fn set_exact(&mut self, bucket: String, limit_rps: LimitRps) -> Option<LimitRps> {
+        let selector = Selector::Bucket(bucket);
+        match self.0.iter_mut().find(|rule| rule.selector == selector) {
+            Some(rule) => Some(std::mem::replace(&mut rule.limit_rps, limit_rps)),
+            None => {
+                self.0.push(LimitRule {
+                    selector,
+                    limit_rps,
+                });
+                None
+            }
+        }
+    }
+
+    /// Removes the exact limit of `bucket`; returns it if there was one.
+    pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+        let index = self
+            .0
+            .iter()
+            .position(|rule| matches!(&rule.selector, Selector::Bucket(b) if b == bucket))?;
+        Some(self.0.remove(index).limit_rps)
+    }
+}
+
+impl Serialize for Rules {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
     }
 }
 
@@ -427,6 +505,75 @@ limits:
         let err = invalid("limits:\n  - bucket: [a\n");
         assert!(err.location.is_some(), "{err}");
         assert!(err.to_string().starts_with("limits.yaml:"), "{err}");
+    }
+
+    #[test]
+    fn written_files_read_back_equal() {
+        let yaml = "\
+control_interval_ms: 250
+directive_ttl_ms: 30000
+default_limit_rps: 100
+limits:
+  - pattern: \"free-*\"
+    limit_rps: 50.5
+  - bucket: acme
+    limit_rps: 200
+tenants:
+  default: {weight: 0.5}
+  gold: {weight: 4, burst: 2, min_floor_rps: 10}
+modes:
+  default: shadow
+  buckets: {acme: enforce}
+  kill_switch: true
+  canary_fraction: 0.25
+overrides:
+  limits:
+    acme: {limit_rps: 500, expires_at_unix_s: 4000000000}
+  tenants:
+    gold: {weight: 8, expires_at_unix_s: 4000000000}
+";
+        let config = Config::from_yaml(yaml, "limits.yaml").unwrap();
+        let written = config.to_yaml().unwrap();
+        assert!(written.starts_with(WRITTEN_HEADER), "{written}");
+        assert_eq!(Config::from_yaml(&written, "limits.yaml").unwrap(), config);
+        // Overrides apply until their deadline.
+        assert_eq!(
+            config.policy_at(0).limits.limit_for("acme").unwrap().get(),
+            500.0
+        );
+        let later = config.policy_at(4_000_000_000);
+        assert_eq!(later.limits.limit_for("acme").unwrap().get(), 200.0);
+        assert_eq!(later.tenants.policy_for("gold").weight.get(), 4.0);
+
+        let empty = Config::default().to_yaml().unwrap();
+        assert_eq!(Config::from_yaml(&empty, "l").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn rules_set_and_remove_exact_keep_file_order() {
+        let mut config = Config::from_yaml(GOOD, "limits.yaml").unwrap();
+        let limit = |v| LimitRps::new(v).unwrap();
+        assert_eq!(
+            config.limits.set_exact("acme".into(), limit(1.0)),
+            Some(limit(200.0))
+        );
+        assert_eq!(config.limits.set_exact("new".into(), limit(2.0)), None);
+        assert_eq!(config.limits.remove_exact("blocked"), Some(limit(0.0)));
+        assert_eq!(config.limits.remove_exact("free-*"), None, "a pattern");
+        let keys: Vec<_> = config
+            .limits
+            .as_slice()
+            .iter()
+            .map(|r| r.selector.clone())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                Selector::Bucket("acme".into()),
+                Selector::Pattern("free-*".into()),
+                Selector::Bucket("new".into()),
+            ]
+        );
     }
 
     #[test]

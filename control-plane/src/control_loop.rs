@@ -1,4 +1,5 @@
-//! Runs the controller once per control interval and publishes the result.
+//! Runs the controller once per control interval and publishes the result;
+//! between intervals, keeps heartbeats going.
 
 use std::time::Instant;
 
@@ -6,6 +7,7 @@ use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::Controller;
+use crate::push::{Published, Update};
 use crate::state::AppState;
 
 /// Ticks until `shutdown` is cancelled.
@@ -15,10 +17,15 @@ pub async fn run(state: AppState, mut controller: Controller, shutdown: Cancella
     // ticks: each tick closes one report window, and back-to-back ticks
     // would see windows with no reports and carry stale rates.
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // With a control interval longer than the heartbeat cadence, heartbeats
+    // (and mode changes) still go out on time.
+    let mut heartbeat = time::interval(state.publisher().heartbeat_every());
+    heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = interval.tick() => step(&state, &mut controller),
+            _ = heartbeat.tick() => keep_alive(&state),
         }
     }
     tracing::debug!("control loop stopped");
@@ -29,19 +36,45 @@ pub fn step(state: &AppState, controller: &mut Controller) {
     let started = Instant::now();
     let metrics = state.metrics();
     let load = state.fleet().tick();
-    let decision = {
+    let (decision, modes) = {
         let policy = state.policy();
-        controller.tick(&load, &policy.limits)
+        (controller.decide(&load, &policy), policy.modes.to_wire())
     };
+    metrics.observe_fleet(&load.stats);
     metrics.observe_buckets(&decision.buckets);
     state.set_buckets(decision.buckets);
     let changed = decision.changed.len();
-    if let Some(version) = state
-        .publisher()
-        .publish(decision.snapshot, decision.changed)
-    {
-        metrics.batch_published();
-        tracing::debug!(version, changed, "pushed directives");
-    }
+    let published = state.publisher().publish(Update {
+        changed: decision.changed,
+        retired: decision.retired,
+        modes,
+    });
+    record(state, published, changed);
     metrics.control_tick(started.elapsed());
+}
+
+/// Between control intervals: publishes a mode change or a heartbeat if
+/// one is due, without touching the fleet.
+pub fn keep_alive(state: &AppState) {
+    let modes = state.policy().modes.to_wire();
+    let published = state.publisher().publish(Update {
+        modes,
+        ..Update::default()
+    });
+    record(state, published, 0);
+}
+
+fn record(state: &AppState, published: Published, changed: usize) {
+    let metrics = state.metrics();
+    match published {
+        Published::Nothing => {}
+        Published::Delta { version } => {
+            metrics.batch_published();
+            tracing::debug!(version, changed, "pushed directives");
+        }
+        Published::Heartbeat { version } => {
+            metrics.heartbeat_published();
+            tracing::trace!(version, "heartbeat");
+        }
+    }
 }

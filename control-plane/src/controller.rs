@@ -1,21 +1,49 @@
-//! From fleet load and limits to directives: the drop-ratio policy and the
-//! change detection that decides what to push.
+//! From fleet load and policy to directives: the fair division of each
+//! limited bucket ([`crate::fairness`]), the per-cell drop ratio
+//! ([`DropPolicy`]), the directive fields, and the change detection that
+//! decides what to push.
 //!
 //! Pure: no clock, no I/O, no locks. The control loop feeds it one
 //! [`FleetLoad`] per control interval.
+//!
+//! What each directive field says:
+//!
+//! - `drop_ratio`: from the [`DropPolicy`], called once per cell with the
+//!   cell's load and its admitted share as the target;
+//! - `limit_rps`: the bucket's limit (0 = unlimited);
+//! - `share_rps`: what the cell may send before it is dropped: its tenant's
+//!   fair share in its priority class (plus the bucket's unused capacity
+//!   when nothing in the bucket is dropped), split over the tenant's cells
+//!   of that class by their offered rate; 0 when the bucket is unlimited;
+//! - `reporting_proxies`: proxies that reported the bucket this interval;
+//! - `burst`: the tenant's burst multiplier;
+//! - `mode`: the bucket's mode when `modes.buckets` names it, else
+//!   unspecified (the batch's [`sluice_proto::v1::ModePolicy`] decides);
+//! - `reason`: set only when the ratio is above 0; see
+//!   [`crate::fairness`] for how it is chosen;
+//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
 
 use serde::Serialize;
 use sluice_proto::v1::Directive;
 
-use crate::fleet::{BucketLoad, FleetLoad};
+use crate::cell::{CLASSES, Priority, Reason};
+use crate::fairness::{self, Allocation, Scratch, TenantDemand};
+use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad};
 use crate::limits::LimitTable;
-use crate::types::{DropRatio, LimitRps};
+use crate::policy::{Mode, Modes, Policy, Tenants};
+use crate::types::{ControlInterval, DropRatio, LimitRps};
 
 /// A drop ratio that moved by at most this much is not pushed again: the
-/// estimate is noisy and every push goes to every proxy.
+/// estimate is noisy and every push goes to every proxy. A share moving by
+/// at most this fraction of itself is not a change either.
 pub const CHANGE_THRESHOLD: f64 = 0.001;
+
+/// Longest `retry_after_ms` ever pushed.
+pub const MAX_RETRY_AFTER_MS: u64 = 30_000;
 
 /// The drop ratio that brings `offered_rps` down to `limit`:
 /// `max(0, (offered − limit) / offered)`, and 0 when nothing is offered or
@@ -29,19 +57,53 @@ pub fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
     }
 }
 
-/// Decides a bucket's drop ratio each control interval.
+/// How long a rejected client should wait, from how long its bucket has
+/// been over its limit: one second (or two control intervals, if longer)
+/// at first, one more second for every ten seconds of overload, at most
+/// [`MAX_RETRY_AFTER_MS`], rounded down to whole seconds (but never below
+/// the start). Whole seconds, because `Retry-After` carries
+/// seconds and because a value that moves every interval would be pushed
+/// every interval.
+pub fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u64 {
+    let interval_ms = interval.as_millis();
+    let base = (2 * interval_ms).max(1_000);
+    let overloaded_ms = u64::from(overloaded_intervals).saturating_mul(interval_ms);
+    let wait = base.saturating_add(overloaded_ms / 10);
+    (wait / 1_000 * 1_000).clamp(base, MAX_RETRY_AFTER_MS)
+}
+
+/// Decides a cell's drop ratio each control interval.
 ///
 /// The default, [`Proportional`], is stateless; the trait takes `&mut self`
 /// and the full [`BucketLoad`] so that a feedback controller (one that also
 /// looks at the admitted rate or smooths over time) can replace it without
 /// touching the loop or the change detection.
+///
+/// The controller calls it once per cell: `load` is the cell's fleet load
+/// and `limit` the cell's admitted share (the target), or `None` when the
+/// bucket is unlimited. A bucket without tenants or priorities has exactly
+/// one cell, whose share is the bucket's limit.
 pub trait DropPolicy: Send + 'static {
     /// The drop ratio for `bucket` given its fleet load and limit.
     fn drop_ratio(&mut self, bucket: &str, load: &BucketLoad, limit: Option<LimitRps>)
     -> DropRatio;
+
+    /// The drop ratio of one cell; by default [`DropPolicy::drop_ratio`]
+    /// with the cell's load and share. A policy that keeps state per key
+    /// overrides this to key it by the whole cell.
+    fn cell_drop_ratio(
+        &mut self,
+        bucket: &str,
+        _tenant: &str,
+        _priority: Priority,
+        load: &BucketLoad,
+        share: Option<LimitRps>,
+    ) -> DropRatio {
+        self.drop_ratio(bucket, load, share)
+    }
 }
 
-/// Drops exactly the excess of the offered rate over the limit.
+/// Drops exactly the excess of the offered rate over the target.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Proportional;
 
@@ -60,17 +122,48 @@ impl DropPolicy for Proportional {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BucketStatus {
     /// Bucket key.
-    pub bucket: String,
+    pub bucket: Arc<str>,
     /// Effective limit; `None` (JSON null) when unlimited.
     pub limit_rps: Option<LimitRps>,
     /// Fleet offered rate estimate.
     pub offered_rps: f64,
     /// Fleet admitted rate, as reported.
     pub admitted_rps: f64,
-    /// The drop ratio pushed to proxies.
+    /// The largest drop ratio pushed for a cell of the bucket.
     pub drop_ratio: DropRatio,
     /// Proxies with a non-zero offered rate for the bucket.
     pub proxies_reporting: u32,
+    /// Fleet rate of requests the decision would have dropped but shadow
+    /// mode let through.
+    pub shadow_dropped_rps: f64,
+    /// The floors of the bucket's tenants alone exceed its limit, so it
+    /// admits more than the limit (see [`crate::fairness`]).
+    pub floors_exceed_limit: bool,
+    /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
+    /// by tenant then priority.
+    pub cells: Vec<CellStatus>,
+}
+
+/// One (tenant, priority) cell of a bucket as shown by `GET /v1/buckets`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellStatus {
+    /// Tenant; empty when the filter derives none.
+    pub tenant: Arc<str>,
+    /// Priority as reported.
+    pub priority: Priority,
+    /// Fleet offered rate of the cell.
+    pub offered_rps: f64,
+    /// Fleet admitted rate of the cell, as reported.
+    pub admitted_rps: f64,
+    /// Fleet shadow-dropped rate of the cell, as reported.
+    pub shadow_dropped_rps: f64,
+    /// The cell's share of the limit as pushed; `None` (JSON null) when the
+    /// bucket is unlimited.
+    pub share_rps: Option<f64>,
+    /// The drop ratio pushed to proxies.
+    pub drop_ratio: DropRatio,
+    /// Why the cell is dropped; `None` (JSON null) when it is not.
+    pub reason: Option<Reason>,
 }
 
 /// The outcome of one control interval.
@@ -78,35 +171,97 @@ pub struct BucketStatus {
 pub struct Decision {
     /// Every bucket with traffic, sorted by bucket.
     pub buckets: Vec<BucketStatus>,
-    /// Directives to push now: those that changed since they were last pushed.
+    /// Directives to push now: those that changed since they were last
+    /// pushed, and a final 0 for dropping cells whose traffic stopped.
     pub changed: Vec<Directive>,
-    /// Everything currently pushed, for streams that connect later.
-    pub snapshot: Vec<Directive>,
+    /// Cells no longer tracked: take them out of the snapshot (after
+    /// applying `changed`).
+    pub retired: Vec<RetiredCell>,
 }
 
-/// What proxies were last told about a bucket.
+/// A cell the controller stopped tracking.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RetiredCell {
+    /// Bucket key.
+    pub bucket: Arc<str>,
+    /// Tenant.
+    pub tenant: Arc<str>,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// What proxies were last told about a cell.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Pushed {
     drop_ratio: DropRatio,
     limit: Option<LimitRps>,
+    share_rps: f64,
+    reporting_proxies: u32,
+    mode: Option<Mode>,
+    reason: Option<Reason>,
+    retry_after_ms: u64,
+    burst: f64,
 }
 
 impl Pushed {
-    fn differs_from(&self, drop_ratio: DropRatio, limit: Option<LimitRps>) -> bool {
-        (self.drop_ratio.get() - drop_ratio.get()).abs() > CHANGE_THRESHOLD || self.limit != limit
+    fn differs_from(&self, next: &Self) -> bool {
+        let share_moved = (self.share_rps - next.share_rps).abs()
+            > CHANGE_THRESHOLD * self.share_rps.abs().max(next.share_rps.abs());
+        (self.drop_ratio.get() - next.drop_ratio.get()).abs() > CHANGE_THRESHOLD
+            || share_moved
+            || self.limit != next.limit
+            || self.mode != next.mode
+            || self.reason != next.reason
+            || self.retry_after_ms != next.retry_after_ms
+            || self.burst != next.burst
+            || self.reporting_proxies != next.reporting_proxies
     }
+
+    /// The directive lifting a cell whose traffic stopped.
+    fn lifted(&self, limit: Option<LimitRps>) -> Self {
+        Self {
+            drop_ratio: DropRatio::ZERO,
+            limit,
+            reason: None,
+            retry_after_ms: 0,
+            reporting_proxies: 0,
+            ..*self
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CellState {
+    pushed: Pushed,
+    seen: u64,
+}
+
+#[derive(Debug)]
+struct BucketState {
+    /// Consecutive intervals with the offered rate above the limit.
+    overloaded_intervals: u32,
+    seen: u64,
+    cells: HashMap<(Arc<str>, Priority), CellState>,
 }
 
 /// Runs a [`DropPolicy`] over the fleet load and tracks what was pushed.
 pub struct Controller {
     policy: Box<dyn DropPolicy>,
-    pushed: BTreeMap<String, Pushed>,
+    interval: ControlInterval,
+    buckets: HashMap<Arc<str>, BucketState>,
+    generation: u64,
+    scratch: Scratch,
+    allocation: Allocation,
+    tenants: Vec<TenantDemand>,
+    /// Per cell of the bucket at hand: index into `tenants`.
+    cell_tenant: Vec<usize>,
 }
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
-            .field("pushed", &self.pushed.len())
+            .field("buckets", &self.buckets.len())
+            .field("interval", &self.interval)
             .finish_non_exhaustive()
     }
 }
@@ -118,73 +273,326 @@ impl Default for Controller {
 }
 
 impl Controller {
-    /// A controller with nothing pushed yet.
+    /// A controller with nothing pushed yet, for the default control
+    /// interval.
     pub fn new(policy: impl DropPolicy) -> Self {
         Self {
             policy: Box::new(policy),
-            pushed: BTreeMap::new(),
+            interval: ControlInterval::default(),
+            buckets: HashMap::new(),
+            generation: 0,
+            scratch: Scratch::default(),
+            allocation: Allocation::default(),
+            tenants: Vec::new(),
+            cell_tenant: Vec::new(),
         }
+    }
+
+    /// The control interval it runs at (used for `retry_after_ms`).
+    #[must_use]
+    pub fn with_interval(mut self, interval: ControlInterval) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// [`Controller::decide`] with limits only: no tenant policies, no
+    /// per-bucket modes.
+    pub fn tick(&mut self, load: &FleetLoad, limits: &LimitTable) -> Decision {
+        self.decide_with(load, limits, &Tenants::default(), &Modes::default())
     }
 
     /// Decides the directives for one control interval.
     ///
-    /// A bucket is tracked while it has traffic. A bucket seen for the first
+    /// A cell is tracked while it has traffic. A cell seen for the first
     /// time is always pushed, even at drop ratio 0: after a control-plane
     /// restart the proxies may still hold an old non-zero directive for it.
-    /// A bucket whose traffic stopped is dropped from tracking; if its last
+    /// A cell whose traffic stopped is dropped from tracking; if its last
     /// pushed ratio was non-zero, a final ratio of 0 is pushed to lift it.
-    pub fn tick(&mut self, load: &FleetLoad, limits: &LimitTable) -> Decision {
-        let mut pushed = BTreeMap::new();
-        let mut decision = Decision::default();
+    pub fn decide(&mut self, load: &FleetLoad, policy: &Policy) -> Decision {
+        self.decide_with(load, &policy.limits, &policy.tenants, &policy.modes)
+    }
 
-        for (bucket, bucket_load) in load.iter().filter(|(_, l)| l.offered_rps > 0.0) {
+    fn decide_with(
+        &mut self,
+        load: &FleetLoad,
+        limits: &LimitTable,
+        tenants: &Tenants,
+        modes: &Modes,
+    ) -> Decision {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut decision = Decision {
+            buckets: Vec::with_capacity(load.buckets.len()),
+            ..Decision::default()
+        };
+        for traffic in load.buckets.iter().filter(|b| b.load.offered_rps > 0.0) {
+            let limit = limits.limit_for(&traffic.bucket);
+            let status = self.decide_bucket(traffic, limit, tenants, modes, &mut decision);
+            decision.buckets.push(status);
+        }
+        self.buckets.retain(|bucket, state| {
+            if state.seen == generation {
+                return true;
+            }
             let limit = limits.limit_for(bucket);
-            let ratio = self.policy.drop_ratio(bucket, bucket_load, limit);
-            let current = match self.pushed.get(bucket) {
-                Some(previous) if !previous.differs_from(ratio, limit) => *previous,
-                _ => {
-                    decision.changed.push(directive(bucket, ratio, limit));
-                    Pushed {
-                        drop_ratio: ratio,
-                        limit,
+            for ((tenant, priority), cell) in state.cells.drain() {
+                retire(
+                    bucket,
+                    &tenant,
+                    priority,
+                    &cell.pushed,
+                    limit,
+                    &mut decision,
+                );
+            }
+            false
+        });
+        decision
+    }
+
+    fn decide_bucket(
+        &mut self,
+        traffic: &BucketTraffic,
+        limit: Option<LimitRps>,
+        tenants: &Tenants,
+        modes: &Modes,
+        decision: &mut Decision,
+    ) -> BucketStatus {
+        let generation = self.generation;
+        let bucket = &traffic.bucket;
+        if let Some(limit) = limit {
+            self.allocate(traffic, limit, tenants);
+        }
+        let Self {
+            policy,
+            buckets,
+            interval,
+            allocation,
+            tenants: demands,
+            cell_tenant,
+            ..
+        } = self;
+        let state = match buckets.entry(Arc::clone(bucket)) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert(BucketState {
+                overloaded_intervals: 0,
+                seen: generation,
+                cells: HashMap::new(),
+            }),
+        };
+        state.seen = generation;
+        let overloaded = limit.is_some_and(|l| traffic.load.offered_rps > l.get());
+        state.overloaded_intervals = if overloaded {
+            state.overloaded_intervals.saturating_add(1)
+        } else {
+            0
+        };
+        let retry_after = retry_after_ms(*interval, state.overloaded_intervals);
+        let mode = modes.buckets.get(bucket.as_ref()).copied();
+
+        let mut status = BucketStatus {
+            bucket: Arc::clone(bucket),
+            limit_rps: limit,
+            offered_rps: traffic.load.offered_rps,
+            admitted_rps: traffic.load.admitted_rps,
+            drop_ratio: DropRatio::ZERO,
+            proxies_reporting: traffic.load.proxies_reporting,
+            shadow_dropped_rps: traffic.shadow_dropped_rps,
+            floors_exceed_limit: limit.is_some() && allocation.floors_exceed_limit,
+            cells: Vec::with_capacity(traffic.cells.len()),
+        };
+        for (index, cell) in traffic.cells.iter().enumerate() {
+            let (target, share, reason) = match limit {
+                Some(_) => cell_share(demands, allocation, cell_tenant, index, cell),
+                None => (None, 0.0, None),
+            };
+            let ratio =
+                policy.cell_drop_ratio(bucket, &cell.tenant, cell.priority, &cell.load, target);
+            let dropping = ratio > DropRatio::ZERO;
+            let next = Pushed {
+                drop_ratio: ratio,
+                limit,
+                share_rps: share,
+                reporting_proxies: traffic.load.proxies_reporting,
+                mode,
+                // A policy that still drops (smoothing) where the division
+                // no longer would: the bucket as a whole is the reason.
+                reason: dropping.then(|| reason.unwrap_or(Reason::ClusterOverload)),
+                retry_after_ms: if dropping { retry_after } else { 0 },
+                burst: tenants.policy_for(&cell.tenant).burst.get(),
+            };
+            let current = match state.cells.entry((Arc::clone(&cell.tenant), cell.priority)) {
+                Entry::Occupied(entry) => {
+                    let cell_state = entry.into_mut();
+                    if cell_state.pushed.differs_from(&next) {
+                        cell_state.pushed = next;
+                        decision.changed.push(directive(
+                            bucket,
+                            &cell.tenant,
+                            cell.priority,
+                            &next,
+                        ));
                     }
+                    cell_state.seen = generation;
+                    cell_state.pushed
+                }
+                Entry::Vacant(entry) => {
+                    entry.insert(CellState {
+                        pushed: next,
+                        seen: generation,
+                    });
+                    decision
+                        .changed
+                        .push(directive(bucket, &cell.tenant, cell.priority, &next));
+                    next
                 }
             };
-            pushed.insert(bucket.clone(), current);
-            decision.buckets.push(BucketStatus {
-                bucket: bucket.clone(),
-                limit_rps: limit,
-                offered_rps: bucket_load.offered_rps,
-                admitted_rps: bucket_load.admitted_rps,
+            if current.drop_ratio > status.drop_ratio {
+                status.drop_ratio = current.drop_ratio;
+            }
+            status.cells.push(CellStatus {
+                tenant: Arc::clone(&cell.tenant),
+                priority: cell.priority,
+                offered_rps: cell.load.offered_rps,
+                admitted_rps: cell.load.admitted_rps,
+                shadow_dropped_rps: cell.shadow_dropped_rps,
+                share_rps: limit.map(|_| current.share_rps),
                 drop_ratio: current.drop_ratio,
-                proxies_reporting: bucket_load.proxies_reporting,
+                reason: current.reason,
             });
         }
-
-        for (bucket, previous) in &self.pushed {
-            if !pushed.contains_key(bucket) && previous.drop_ratio != DropRatio::ZERO {
-                decision
-                    .changed
-                    .push(directive(bucket, DropRatio::ZERO, limits.limit_for(bucket)));
-            }
+        if state.cells.len() > traffic.cells.len() {
+            state.cells.retain(|(tenant, priority), cell| {
+                if cell.seen == generation {
+                    return true;
+                }
+                retire(bucket, tenant, *priority, &cell.pushed, limit, decision);
+                false
+            });
         }
+        status
+    }
 
-        decision.snapshot = pushed
+    /// Fills `self.allocation` with the bucket's division, and
+    /// `self.cell_tenant` with each cell's tenant index.
+    fn allocate(&mut self, traffic: &BucketTraffic, limit: LimitRps, tenants: &Tenants) {
+        self.tenants.clear();
+        self.cell_tenant.clear();
+        let mut previous: Option<&str> = None;
+        for cell in &traffic.cells {
+            // Cells are sorted by tenant, so a tenant's cells are adjacent.
+            if previous != Some(cell.tenant.as_ref()) {
+                let policy = tenants.policy_for(&cell.tenant);
+                self.tenants.push(TenantDemand {
+                    weight: policy.weight.get(),
+                    floor: policy.min_floor_rps.get(),
+                    offered: [0.0; CLASSES],
+                });
+                previous = Some(cell.tenant.as_ref());
+            }
+            let index = self.tenants.len().saturating_sub(1);
+            if let Some(offered) = self
+                .tenants
+                .last_mut()
+                .and_then(|t| t.offered.get_mut(cell.priority.class()))
+            {
+                *offered += cell.load.offered_rps;
+            }
+            self.cell_tenant.push(index);
+        }
+        fairness::allocate_into(
+            limit.get(),
+            &self.tenants,
+            &mut self.allocation,
+            &mut self.scratch,
+        );
+    }
+
+    /// Every directive currently in force, sorted by bucket, tenant and
+    /// priority: what a proxy connecting now should receive.
+    pub fn snapshot(&self) -> Vec<Directive> {
+        let mut cells: Vec<(&Arc<str>, &Arc<str>, Priority, &Pushed)> = self
+            .buckets
             .iter()
-            .map(|(bucket, p)| directive(bucket, p.drop_ratio, p.limit))
+            .flat_map(|(bucket, state)| {
+                state.cells.iter().map(move |((tenant, priority), cell)| {
+                    (bucket, tenant, *priority, &cell.pushed)
+                })
+            })
             .collect();
-        self.pushed = pushed;
-        decision
+        cells.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        cells
+            .into_iter()
+            .map(|(bucket, tenant, priority, pushed)| directive(bucket, tenant, priority, pushed))
+            .collect()
     }
 }
 
+/// The cell's admitted target, share and reason from the division: its
+/// tenant's allocation in its class, split over the tenant's cells of that
+/// class by offered rate.
+fn cell_share(
+    demands: &[TenantDemand],
+    allocation: &Allocation,
+    cell_tenant: &[usize],
+    index: usize,
+    cell: &CellLoad,
+) -> (Option<LimitRps>, f64, Option<Reason>) {
+    let class = cell.priority.class();
+    let tenant = cell_tenant.get(index).copied().unwrap_or(0);
+    let (Some(demand), Some(allocation)) = (demands.get(tenant), allocation.tenants.get(tenant))
+    else {
+        return (None, 0.0, None);
+    };
+    let class_offered = demand.offered.get(class).copied().unwrap_or(0.0);
+    let fraction = if class_offered > 0.0 {
+        cell.load.offered_rps / class_offered
+    } else {
+        0.0
+    };
+    let admitted = allocation.admitted.get(class).copied().unwrap_or(0.0) * fraction;
+    let share = allocation.share.get(class).copied().unwrap_or(0.0) * fraction;
+    let reason = allocation.reason.get(class).copied().flatten();
+    (LimitRps::new(admitted).ok(), share, reason)
+}
+
+/// Stops tracking a cell: lifts it if it was dropping, and names it for
+/// removal from the snapshot.
+fn retire(
+    bucket: &Arc<str>,
+    tenant: &Arc<str>,
+    priority: Priority,
+    pushed: &Pushed,
+    limit: Option<LimitRps>,
+    decision: &mut Decision,
+) {
+    if pushed.drop_ratio != DropRatio::ZERO {
+        let lifted = pushed.lifted(limit);
+        decision
+            .changed
+            .push(directive(bucket, tenant, priority, &lifted));
+    }
+    decision.retired.push(RetiredCell {
+        bucket: Arc::clone(bucket),
+        tenant: Arc::clone(tenant),
+        priority,
+    });
+}
+
 /// The wire form; on the wire `limit_rps` 0 stands for "unlimited".
-fn directive(bucket: &str, drop_ratio: DropRatio, limit: Option<LimitRps>) -> Directive {
+fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) -> Directive {
     Directive {
         bucket: bucket.to_owned(),
-        drop_ratio: drop_ratio.get(),
-        limit_rps: limit.map_or(0.0, LimitRps::get),
-        ..Default::default()
+        drop_ratio: pushed.drop_ratio.get(),
+        limit_rps: pushed.limit.map_or(0.0, LimitRps::get),
+        tenant: tenant.to_owned(),
+        priority: priority.to_wire() as i32,
+        share_rps: pushed.share_rps,
+        reporting_proxies: pushed.reporting_proxies,
+        mode: pushed.mode.map_or(0, |mode| mode.to_wire() as i32),
+        reason: pushed.reason.map_or(0, |reason| reason.to_wire() as i32),
+        retry_after_ms: pushed.retry_after_ms,
+        burst: pushed.burst,
     }
 }
 
@@ -193,25 +601,30 @@ fn directive(bucket: &str, drop_ratio: DropRatio, limit: Option<LimitRps>) -> Di
 mod tests {
     use proptest::prelude::*;
 
+    use sluice_proto::v1;
+
     use super::*;
     use crate::limits::{LimitRule, Selector};
+    use crate::policy::{BurstMultiplier, TenantPolicy, Weight};
 
     fn limit(rps: f64) -> LimitRps {
         LimitRps::new(rps).unwrap()
     }
 
     fn load(entries: &[(&str, f64)]) -> FleetLoad {
-        entries
-            .iter()
-            .map(|&(bucket, offered_rps)| {
-                let load = BucketLoad {
-                    offered_rps,
-                    admitted_rps: offered_rps / 2.0,
-                    proxies_reporting: 1,
-                };
-                (bucket.to_owned(), load)
-            })
-            .collect()
+        FleetLoad::new(
+            entries
+                .iter()
+                .map(|&(bucket, offered_rps)| {
+                    let load = BucketLoad {
+                        offered_rps,
+                        admitted_rps: offered_rps / 2.0,
+                        proxies_reporting: 1,
+                    };
+                    BucketTraffic::single(bucket, load)
+                })
+                .collect(),
+        )
     }
 
     fn table(rules: &[(&str, f64)]) -> LimitTable {
@@ -229,6 +642,288 @@ mod tests {
             .iter()
             .map(|d| (d.bucket.as_str(), d.drop_ratio))
             .collect()
+    }
+
+    fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
+        CellLoad {
+            tenant: Arc::from(tenant),
+            priority,
+            load: BucketLoad {
+                offered_rps,
+                admitted_rps: offered_rps,
+                proxies_reporting: 2,
+            },
+            shadow_dropped_rps: 0.0,
+        }
+    }
+
+    fn policy(limit_rps: f64, tenants: &[(&str, f64, f64, f64)]) -> Policy {
+        let mut table = Tenants::default();
+        for &(name, weight, burst, floor) in tenants {
+            table.insert(
+                name.to_owned(),
+                TenantPolicy {
+                    weight: Weight::new(weight).unwrap(),
+                    burst: BurstMultiplier::new(burst).unwrap(),
+                    min_floor_rps: limit(floor),
+                },
+            );
+        }
+        Policy {
+            limits: table_for("api", limit_rps),
+            tenants: table,
+            modes: Modes::default(),
+        }
+    }
+
+    fn table_for(bucket: &str, rps: f64) -> LimitTable {
+        table(&[(bucket, rps)])
+    }
+
+    fn find<'a>(directives: &'a [Directive], tenant: &str, priority: Priority) -> &'a Directive {
+        directives
+            .iter()
+            .find(|d| d.tenant == tenant && d.priority == priority.to_wire() as i32)
+            .unwrap_or_else(|| panic!("no directive for {tenant} {priority:?}: {directives:?}"))
+    }
+
+    fn admitted(d: &Directive, offered: f64) -> f64 {
+        offered * (1.0 - d.drop_ratio)
+    }
+
+    #[test]
+    fn weighted_tenants_are_admitted_within_five_percent_of_their_fair_share() {
+        // Limit 1000, weights 4 / 1 / 0.25. `light` offers 30, under its
+        // share, so the other 970 is split 4:1: 776 and 194.
+        let policy = policy(
+            1000.0,
+            &[
+                ("gold", 4.0, 2.0, 0.0),
+                ("silver", 1.0, 1.0, 0.0),
+                ("light", 0.25, 1.0, 0.0),
+            ],
+        );
+        let offered = [("gold", 2000.0), ("silver", 900.0), ("light", 30.0)];
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            offered
+                .iter()
+                .map(|&(t, rps)| tenant_cell(t, Priority::Unspecified, rps))
+                .collect(),
+        )]);
+        let mut controller = Controller::default();
+        let decision = controller.decide(&load, &policy);
+        let fair = [("gold", 776.0), ("silver", 194.0), ("light", 30.0)];
+        let mut total = 0.0;
+        for ((tenant, offered), (_, fair)) in offered.iter().zip(fair) {
+            let d = find(&decision.changed, tenant, Priority::Unspecified);
+            let got = admitted(d, *offered);
+            assert!(
+                (got - fair).abs() <= 0.05 * fair,
+                "{tenant}: {got} vs {fair}"
+            );
+            total += got;
+            assert_eq!(d.limit_rps, 1000.0);
+            assert_eq!(d.reporting_proxies, 2);
+        }
+        assert!(
+            (total - 1000.0).abs() < 1e-6,
+            "the limit is used exactly: {total}"
+        );
+        let gold = find(&decision.changed, "gold", Priority::Unspecified);
+        assert!((gold.share_rps - 776.0).abs() < 1e-6);
+        assert_eq!(gold.burst, 2.0);
+        assert_eq!(gold.reason, v1::Reason::TenantQuotaExceeded as i32);
+        assert!(gold.retry_after_ms >= 1_000);
+        let light = find(&decision.changed, "light", Priority::Unspecified);
+        assert_eq!(light.drop_ratio, 0.0);
+        assert_eq!(light.reason, 0);
+        assert_eq!(light.retry_after_ms, 0);
+        assert!(light.share_rps >= 30.0);
+
+        let api = &decision.buckets[0];
+        assert_eq!(api.cells.len(), 3);
+        assert_eq!(api.cells[0].tenant.as_ref(), "gold", "sorted by tenant");
+        assert_eq!(api.cells[0].reason, Some(Reason::TenantQuotaExceeded));
+    }
+
+    #[test]
+    fn priorities_shed_bulk_first_with_priority_shed_as_the_reason() {
+        let policy = policy(500.0, &[]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("a", Priority::Critical, 300.0),
+                tenant_cell("a", Priority::Unspecified, 100.0),
+                tenant_cell("b", Priority::BestEffort, 300.0),
+                tenant_cell("b", Priority::Bulk, 400.0),
+            ],
+        )]);
+        let mut controller = Controller::default();
+        let decision = controller.decide(&load, &policy);
+        let critical = find(&decision.changed, "a", Priority::Critical);
+        assert_eq!(critical.drop_ratio, 0.0);
+        // 200 left for BEST_EFFORT + unclassified (400 offered, equal
+        // weights: 100 for `a`, 100 for `b`'s 300); BULK gets nothing.
+        let unclassified = find(&decision.changed, "a", Priority::Unspecified);
+        assert_eq!(unclassified.drop_ratio, 0.0);
+        let best_effort = find(&decision.changed, "b", Priority::BestEffort);
+        assert!((admitted(best_effort, 300.0) - 100.0).abs() < 1e-6);
+        assert_eq!(best_effort.reason, v1::Reason::TenantQuotaExceeded as i32);
+        let bulk = find(&decision.changed, "b", Priority::Bulk);
+        assert_eq!(bulk.drop_ratio, 1.0);
+        assert_eq!(bulk.reason, v1::Reason::PriorityShed as i32);
+        assert_eq!(bulk.share_rps, 0.0);
+    }
+
+    #[test]
+    fn critical_is_dropped_only_when_nothing_else_covers_the_excess() {
+        let policy = policy(100.0, &[]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("", Priority::Critical, 200.0),
+                tenant_cell("", Priority::Bulk, 50.0),
+            ],
+        )]);
+        let decision = Controller::default().decide(&load, &policy);
+        let critical = find(&decision.changed, "", Priority::Critical);
+        assert!((critical.drop_ratio - 0.5).abs() < 1e-12);
+        assert_eq!(critical.reason, v1::Reason::ClusterOverload as i32);
+        assert_eq!(find(&decision.changed, "", Priority::Bulk).drop_ratio, 1.0);
+    }
+
+    #[test]
+    fn floors_are_never_dropped() {
+        let policy = policy(100.0, &[("small", 0.01, 1.0, 40.0)]);
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("big", Priority::Unspecified, 1000.0),
+                tenant_cell("small", Priority::Bulk, 35.0),
+            ],
+        )]);
+        let decision = Controller::default().decide(&load, &policy);
+        assert_eq!(
+            find(&decision.changed, "small", Priority::Bulk).drop_ratio,
+            0.0
+        );
+        let big = find(&decision.changed, "big", Priority::Unspecified);
+        assert!((admitted(big, 1000.0) - 65.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_bucket_mode_reaches_its_directives_and_a_mode_change_is_pushed() {
+        let mut policy = policy(100.0, &[]);
+        let load = load(&[("api", 50.0)]);
+        let mut controller = Controller::default();
+        let first = controller.decide(&load, &policy);
+        assert_eq!(
+            first.changed[0].mode,
+            v1::Mode::Unspecified as i32,
+            "inherits"
+        );
+        policy.modes.buckets.insert("api".into(), Mode::Shadow);
+        let decision = controller.decide(&load, &policy);
+        assert_eq!(decision.changed.len(), 1);
+        assert_eq!(decision.changed[0].mode, v1::Mode::Shadow as i32);
+        assert!(controller.decide(&load, &policy).changed.is_empty());
+    }
+
+    #[test]
+    fn share_reason_and_burst_changes_are_pushed() {
+        let mut policy = policy(1000.0, &[("gold", 1.0, 1.0, 0.0)]);
+        let two = |gold: f64, other: f64| {
+            FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![
+                    tenant_cell("gold", Priority::Unspecified, gold),
+                    tenant_cell("other", Priority::Unspecified, other),
+                ],
+            )])
+        };
+        let mut controller = Controller::default();
+        controller.decide(&two(800.0, 100.0), &policy);
+        // Still under the limit, but `other` takes more: gold's share (what
+        // it may send) shrinks, although no ratio moves.
+        let decision = controller.decide(&two(800.0, 150.0), &policy);
+        let gold = find(&decision.changed, "gold", Priority::Unspecified);
+        assert_eq!(gold.drop_ratio, 0.0);
+        assert!((gold.share_rps - 850.0).abs() < 1e-6);
+        policy.tenants.insert(
+            "gold".into(),
+            TenantPolicy {
+                burst: BurstMultiplier::new(3.0).unwrap(),
+                ..TenantPolicy::default()
+            },
+        );
+        let decision = controller.decide(&two(800.0, 150.0), &policy);
+        assert_eq!(decision.changed.len(), 1);
+        assert_eq!(decision.changed[0].burst, 3.0);
+    }
+
+    #[test]
+    fn a_stopped_cell_is_lifted_and_retired_while_its_bucket_stays() {
+        let policy = policy(100.0, &[]);
+        let mut controller = Controller::default();
+        controller.decide(
+            &FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![
+                    tenant_cell("a", Priority::Unspecified, 300.0),
+                    tenant_cell("b", Priority::Unspecified, 10.0),
+                ],
+            )]),
+            &policy,
+        );
+        let decision = controller.decide(
+            &FleetLoad::new(vec![BucketTraffic::from_cells(
+                "api",
+                vec![tenant_cell("b", Priority::Unspecified, 10.0)],
+            )]),
+            &policy,
+        );
+        let lifted = find(&decision.changed, "a", Priority::Unspecified);
+        assert_eq!(lifted.drop_ratio, 0.0);
+        assert_eq!(lifted.reason, 0);
+        assert_eq!(decision.retired.len(), 1);
+        assert_eq!(decision.retired[0].tenant.as_ref(), "a");
+        assert_eq!(controller.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn retry_after_grows_with_the_overload_and_is_capped() {
+        let interval = ControlInterval::from_millis(500).unwrap();
+        assert_eq!(retry_after_ms(interval, 0), 1_000);
+        assert_eq!(retry_after_ms(interval, 1), 1_000, "whole seconds");
+        assert_eq!(retry_after_ms(interval, 19), 1_000);
+        assert_eq!(
+            retry_after_ms(interval, 20),
+            2_000,
+            "10 s of overload: +1 s"
+        );
+        assert_eq!(retry_after_ms(interval, 1_000), MAX_RETRY_AFTER_MS);
+        let slow = ControlInterval::from_millis(5_000).unwrap();
+        assert_eq!(retry_after_ms(slow, 0), 10_000, "two control intervals");
+
+        // Through the controller: the same bucket, longer overloaded.
+        let limits = table(&[("acme", 100.0)]);
+        let mut controller = Controller::default().with_interval(interval);
+        let first = controller.tick(&load(&[("acme", 200.0)]), &limits);
+        let first_wait = first.changed[0].retry_after_ms;
+        let mut later = first_wait;
+        for _ in 0..60 {
+            if let Some(d) = controller
+                .tick(&load(&[("acme", 200.0)]), &limits)
+                .changed
+                .first()
+            {
+                later = d.retry_after_ms;
+            }
+        }
+        assert!(later > first_wait, "{later} after {first_wait}");
+        let calm = controller.tick(&load(&[("acme", 50.0)]), &limits);
+        assert_eq!(calm.changed[0].retry_after_ms, 0);
     }
 
     #[test]
@@ -280,7 +975,7 @@ mod tests {
         );
         assert_eq!(decision.changed[0].limit_rps, 200.0);
         assert_eq!(decision.changed[1].limit_rps, 0.0, "unlimited on the wire");
-        assert_eq!(decision.snapshot, decision.changed);
+        assert_eq!(controller.snapshot(), decision.changed);
         assert_eq!(decision.buckets.len(), 2);
         assert_eq!(decision.buckets[0].limit_rps, Some(limit(200.0)));
         assert_eq!(decision.buckets[1].limit_rps, None);
@@ -332,7 +1027,8 @@ mod tests {
             [("acme", 0.0)],
             "calm was already at 0"
         );
-        assert!(decision.snapshot.is_empty());
+        assert!(controller.snapshot().is_empty());
+        assert_eq!(decision.retired.len(), 2);
         assert!(decision.buckets.is_empty());
         assert!(controller.tick(&load(&[]), &limits).changed.is_empty());
     }
@@ -344,7 +1040,7 @@ mod tests {
         controller.tick(&load(&[("acme", 600.0)]), &limits);
         let decision = controller.tick(&load(&[("acme", 600.0)]), &limits);
         assert!(decision.changed.is_empty());
-        assert_eq!(buckets(&decision.snapshot), [("acme", 2.0 / 3.0)]);
+        assert_eq!(buckets(&controller.snapshot()), [("acme", 2.0 / 3.0)]);
     }
 
     #[test]

@@ -1,13 +1,27 @@
-//! Per-proxy, per-bucket rate estimation and the fleet-wide sum.
+//! Per-proxy, per-cell rate estimation and the fleet-wide sum.
 //!
-//! Pure state machine: reports are added as they arrive and [`Fleet::tick`]
-//! turns what arrived since the previous tick into rates. It never reads a
-//! clock; time enters only through the windows the proxies report and the
-//! number of ticks a proxy has been silent.
+//! A cell is a (bucket, tenant, priority) triple as the filter reports it.
+//! Reports are added as they arrive and [`Fleet::tick`] turns what arrived
+//! since the previous tick into rates. Decisions never read a clock; time
+//! enters only through the windows the proxies report and the number of
+//! ticks a proxy has been silent (the proxies view alone notes when a proxy
+//! last reported).
+//!
+//! The state is bounded whatever the proxies send: keys longer than
+//! [`FleetCaps`] allows are refused, each proxy may hold a bounded number of
+//! cells per window and the fleet a bounded number in total, and a cell that
+//! no proxy's rates mention any more is evicted at the next tick. Every
+//! refusal and eviction is counted in [`FleetStats`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use sluice_proto::v1::Report;
+
+use crate::cell::{CellKey, Priority};
 
 /// Identifies one gRPC stream, so that a stale stream of a proxy that has
 /// reconnected cannot touch the state of its replacement.
@@ -21,21 +35,166 @@ pub struct Rates {
     pub offered_rps: f64,
     /// What it let through.
     pub admitted_rps: f64,
+    /// What it would have dropped but shadow mode let through.
+    pub shadow_dropped_rps: f64,
 }
 
-/// Fleet-wide load of one bucket.
+/// Fleet-wide load of one bucket or one cell: what a
+/// [`crate::controller::DropPolicy`] looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BucketLoad {
     /// Σ over proxies of their offered rate.
     pub offered_rps: f64,
     /// Σ over proxies of their admitted rate.
     pub admitted_rps: f64,
-    /// Proxies whose offered rate for the bucket is non-zero.
+    /// Proxies whose offered rate is non-zero.
     pub proxies_reporting: u32,
 }
 
-/// Fleet-wide load per bucket, sorted by bucket.
-pub type FleetLoad = BTreeMap<String, BucketLoad>;
+/// Fleet-wide load of one cell of a bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellLoad {
+    /// Tenant; empty when the filter derives none.
+    pub tenant: Arc<str>,
+    /// Priority as reported.
+    pub priority: Priority,
+    /// Offered and admitted rates and the proxies reporting the cell.
+    pub load: BucketLoad,
+    /// Σ over proxies of their shadow-dropped rate.
+    pub shadow_dropped_rps: f64,
+}
+
+/// Fleet-wide load of one bucket: totals and cells.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketTraffic {
+    /// Bucket key.
+    pub bucket: Arc<str>,
+    /// Totals over the cells; `proxies_reporting` counts each proxy once.
+    pub load: BucketLoad,
+    /// Σ over the cells of their shadow-dropped rate.
+    pub shadow_dropped_rps: f64,
+    /// Cells with a non-zero offered rate, sorted by tenant then priority.
+    pub cells: Vec<CellLoad>,
+}
+
+impl BucketTraffic {
+    /// A bucket with one cell (no tenant, unclassified), as a filter that
+    /// derives neither reports it.
+    pub fn single(bucket: &str, load: BucketLoad) -> Self {
+        Self {
+            bucket: Arc::from(bucket),
+            load,
+            shadow_dropped_rps: 0.0,
+            cells: vec![CellLoad {
+                tenant: Arc::from(""),
+                priority: Priority::Unspecified,
+                load,
+                shadow_dropped_rps: 0.0,
+            }],
+        }
+    }
+
+    /// A bucket from its cells; totals are computed, `proxies_reporting` is
+    /// the largest of the cells' (the proxies view of a real tick counts
+    /// distinct proxies instead).
+    pub fn from_cells(bucket: &str, mut cells: Vec<CellLoad>) -> Self {
+        cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+        let mut load = BucketLoad::default();
+        let mut shadow_dropped_rps = 0.0;
+        for cell in &cells {
+            load.offered_rps += cell.load.offered_rps;
+            load.admitted_rps += cell.load.admitted_rps;
+            load.proxies_reporting = load.proxies_reporting.max(cell.load.proxies_reporting);
+            shadow_dropped_rps += cell.shadow_dropped_rps;
+        }
+        Self {
+            bucket: Arc::from(bucket),
+            load,
+            shadow_dropped_rps,
+            cells,
+        }
+    }
+}
+
+/// What one tick saw: the load per bucket and what the fleet refused or
+/// evicted since the previous tick.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FleetLoad {
+    /// Buckets with traffic, sorted by bucket.
+    pub buckets: Vec<BucketTraffic>,
+    /// Counts since the previous tick.
+    pub stats: FleetStats,
+}
+
+impl FleetLoad {
+    /// A load from buckets in any order.
+    pub fn new(mut buckets: Vec<BucketTraffic>) -> Self {
+        buckets.sort_unstable_by(|a, b| a.bucket.cmp(&b.bucket));
+        Self {
+            buckets,
+            stats: FleetStats::default(),
+        }
+    }
+
+    /// The bucket's traffic, if it has any.
+    pub fn get(&self, bucket: &str) -> Option<&BucketTraffic> {
+        self.buckets
+            .binary_search_by(|b| b.bucket.as_ref().cmp(bucket))
+            .ok()
+            .and_then(|at| self.buckets.get(at))
+    }
+
+    /// Whether no bucket has traffic.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+}
+
+/// Cells refused and evicted since the previous tick, and cells tracked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FleetStats {
+    /// Cells tracked after the tick.
+    pub cells: usize,
+    /// Buckets tracked after the tick.
+    pub buckets: usize,
+    /// Report entries refused: bucket or tenant longer than allowed.
+    pub rejected_key_too_long: u64,
+    /// Report entries refused: the proxy already had its maximum of cells
+    /// in the window.
+    pub rejected_proxy_cap: u64,
+    /// Report entries refused: the fleet already tracked its maximum of
+    /// cells.
+    pub rejected_fleet_cap: u64,
+    /// Cells forgotten because no proxy's rates mentioned them any more.
+    pub evicted_idle: u64,
+}
+
+/// Bounds on the state reports can create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetCaps {
+    /// Longest accepted bucket key, in bytes.
+    pub max_bucket_len: usize,
+    /// Longest accepted tenant, in bytes.
+    pub max_tenant_len: usize,
+    /// Distinct cells one proxy may report in one window.
+    pub max_cells_per_proxy: usize,
+    /// Distinct cells tracked fleet-wide.
+    pub max_cells: usize,
+}
+
+impl Default for FleetCaps {
+    /// Bucket keys as long as the admin API accepts; tenants as long as the
+    /// filter cuts them; per proxy 5× the filter's default `max_buckets`;
+    /// 250k cells in total (a few hundred bytes each).
+    fn default() -> Self {
+        Self {
+            max_bucket_len: crate::types::MAX_BUCKET_LEN,
+            max_tenant_len: 256,
+            max_cells_per_proxy: 50_000,
+            max_cells: 250_000,
+        }
+    }
+}
 
 /// What [`Fleet::connect`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +221,39 @@ pub enum ReportRejected {
     EmptyWindow,
 }
 
+/// One proxy as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxyStatus {
+    /// Proxy id from the Hello.
+    pub proxy_id: String,
+    /// Zone from the Hello; empty when the proxy named none.
+    pub zone: String,
+    /// Instance id from the latest Hello; changes when the proxy restarts.
+    pub instance_id: u64,
+    /// Whether a stream of the proxy is open.
+    pub connected: bool,
+    /// Time since the proxy's last report (since its Hello before the
+    /// first one); serialized as `since_last_report_ms`.
+    #[serde(rename = "since_last_report_ms", serialize_with = "millis")]
+    pub since_last_report: Duration,
+    /// Cells (bucket, tenant, priority) in the proxy's current rates.
+    pub cells: usize,
+}
+
+fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Index of a cell in the interner.
+type CellId = u32;
+/// Marks an empty priority slot of a tenant.
+const NO_CELL: CellId = CellId::MAX;
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
     offered: u64,
     admitted: u64,
+    shadow_dropped: u64,
 }
 
 #[derive(Debug)]
@@ -73,14 +261,153 @@ struct Proxy {
     /// The stream that owns this proxy id; `None` once it ended.
     stream: Option<StreamId>,
     instance_id: u64,
+    /// Failure domain from the Hello.
+    zone: String,
+    /// When the proxy last reported (its Hello before the first report).
+    /// Only the operator view reads it.
+    last_report: Instant,
     /// Σ window_ms of the reports since the previous tick.
     window_ms: u64,
     /// Σ counts of the reports since the previous tick.
-    counts: HashMap<String, Counts>,
+    counts: HashMap<CellId, Counts>,
     /// Rates as of the last tick that had reports.
-    rates: HashMap<String, Rates>,
+    rates: Vec<(CellId, Rates)>,
     /// Ticks since the last one that had reports.
     silent_ticks: u32,
+}
+
+/// One bucket's cells: tenant → cell per priority (wire order).
+#[derive(Debug)]
+struct BucketCells {
+    id: u32,
+    tenants: HashMap<Arc<str>, [CellId; 5]>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: CellKey,
+    bucket: u32,
+    /// The last tick at which some proxy's rates mentioned the cell.
+    seen: u64,
+}
+
+/// Gives every cell a small id, so that per-proxy state and the per-tick
+/// sums index arrays instead of hashing strings, and shares the strings.
+#[derive(Debug, Default)]
+struct Interner {
+    buckets: HashMap<Arc<str>, BucketCells>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<CellId>,
+    free_buckets: Vec<u32>,
+    next_bucket: u32,
+    live: usize,
+}
+
+impl Interner {
+    fn find(&self, bucket: &str, tenant: &str, priority: Priority) -> Option<CellId> {
+        let id = *self
+            .buckets
+            .get(bucket)?
+            .tenants
+            .get(tenant)?
+            .get(priority.index())?;
+        (id != NO_CELL).then_some(id)
+    }
+
+    fn insert(&mut self, bucket: &str, tenant: &str, priority: Priority, seen: u64) -> CellId {
+        let (bucket_key, cells) = match self.buckets.get_key_value(bucket) {
+            Some((key, cells)) => (Arc::clone(key), cells.id),
+            None => {
+                let key: Arc<str> = Arc::from(bucket);
+                let id = self.free_buckets.pop().unwrap_or_else(|| {
+                    self.next_bucket += 1;
+                    self.next_bucket - 1
+                });
+                self.buckets.insert(
+                    Arc::clone(&key),
+                    BucketCells {
+                        id,
+                        tenants: HashMap::new(),
+                    },
+                );
+                (key, id)
+            }
+        };
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = CellId::try_from(self.slots.len()).unwrap_or(NO_CELL - 1);
+                self.slots.push(None);
+                id
+            }
+        };
+        let Some(bucket_cells) = self.buckets.get_mut(bucket) else {
+            return NO_CELL;
+        };
+        let tenant_key = match bucket_cells.tenants.get_key_value(tenant) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(tenant),
+        };
+        let priorities = bucket_cells
+            .tenants
+            .entry(Arc::clone(&tenant_key))
+            .or_insert([NO_CELL; 5]);
+        if let Some(slot) = priorities.get_mut(priority.index()) {
+            *slot = id;
+        }
+        if let Some(slot) = self.slots.get_mut(id as usize) {
+            *slot = Some(Slot {
+                key: CellKey {
+                    bucket: bucket_key,
+                    tenant: tenant_key,
+                    priority,
+                },
+                bucket: cells,
+                seen,
+            });
+        }
+        self.live += 1;
+        id
+    }
+
+    /// Forgets every cell not seen at `tick`; returns how many.
+    fn evict_unseen(&mut self, tick: u64) -> u64 {
+        let mut evicted = 0;
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            let Some(entry) = slot.take_if(|entry| entry.seen != tick) else {
+                continue;
+            };
+            evicted += 1;
+            self.live -= 1;
+            self.free.push(CellId::try_from(id).unwrap_or(NO_CELL));
+            let key = entry.key;
+            let Some(cells) = self.buckets.get_mut(key.bucket.as_ref()) else {
+                continue;
+            };
+            if let Some(priorities) = cells.tenants.get_mut(key.tenant.as_ref()) {
+                if let Some(slot) = priorities.get_mut(key.priority.index()) {
+                    *slot = NO_CELL;
+                }
+                if priorities.iter().all(|&id| id == NO_CELL) {
+                    cells.tenants.remove(key.tenant.as_ref());
+                }
+            }
+            if cells.tenants.is_empty() {
+                self.free_buckets.push(cells.id);
+                self.buckets.remove(key.bucket.as_ref());
+            }
+        }
+        evicted
+    }
+}
+
+/// Per-tick sums, kept between ticks so the arrays are allocated once.
+#[derive(Debug, Default)]
+struct Sums {
+    cells: Vec<(BucketLoad, f64)>,
+    /// Per bucket id: the last proxy (index + 1) counted as reporting it.
+    last_proxy: Vec<usize>,
+    proxies_reporting: Vec<u32>,
 }
 
 /// All proxies, keyed by proxy id.
@@ -88,28 +415,63 @@ struct Proxy {
 pub struct Fleet {
     proxies: HashMap<String, Proxy>,
     carry_ticks: u32,
+    caps: FleetCaps,
+    cells: Interner,
+    stats: FleetStats,
+    tick: u64,
+    sums: Sums,
 }
 
 impl Fleet {
     /// How many control intervals a silent proxy's rates are carried.
     pub const DEFAULT_CARRY_TICKS: u32 = 3;
 
-    /// An empty fleet; silent proxies keep their rates for `carry_ticks` ticks.
+    /// An empty fleet with the default caps; silent proxies keep their rates
+    /// for `carry_ticks` ticks.
     pub fn new(carry_ticks: u32) -> Self {
+        Self::with_caps(carry_ticks, FleetCaps::default())
+    }
+
+    /// An empty fleet with the given caps.
+    pub fn with_caps(carry_ticks: u32, caps: FleetCaps) -> Self {
         Self {
             proxies: HashMap::new(),
             carry_ticks,
+            caps,
+            cells: Interner::default(),
+            stats: FleetStats::default(),
+            tick: 0,
+            sums: Sums::default(),
         }
+    }
+
+    /// The caps in force.
+    pub fn caps(&self) -> FleetCaps {
+        self.caps
     }
 
     /// A stream said Hello for `proxy_id`. The newest stream always wins: an
     /// Envoy whose leader VM changed opens a new stream before the old one
     /// is torn down.
     pub fn connect(&mut self, proxy_id: &str, instance_id: u64, stream: StreamId) -> Connected {
+        self.connect_in_zone(proxy_id, instance_id, "", stream)
+    }
+
+    /// [`Fleet::connect`] with the zone the Hello named.
+    pub fn connect_in_zone(
+        &mut self,
+        proxy_id: &str,
+        instance_id: u64,
+        zone: &str,
+        stream: StreamId,
+    ) -> Connected {
+        let now = Instant::now();
         match self.proxies.get_mut(proxy_id) {
             Some(proxy) => {
                 let previous = proxy.stream.replace(stream);
                 proxy.instance_id = instance_id;
+                zone.clone_into(&mut proxy.zone);
+                proxy.last_report = now;
                 Connected::Replaced { previous }
             }
             None => {
@@ -118,9 +480,11 @@ impl Fleet {
                     Proxy {
                         stream: Some(stream),
                         instance_id,
+                        zone: zone.to_owned(),
+                        last_report: now,
                         window_ms: 0,
                         counts: HashMap::new(),
-                        rates: HashMap::new(),
+                        rates: Vec::new(),
                         silent_ticks: 0,
                     },
                 );
@@ -129,15 +493,23 @@ impl Fleet {
         }
     }
 
-    /// Adds a report's counts to the proxy's current window.
+    /// Adds a report's counts to the proxy's current window. Entries the
+    /// caps refuse are skipped and counted; the rest of the report counts.
     pub fn report(
         &mut self,
         proxy_id: &str,
         stream: StreamId,
         report: &Report,
     ) -> Result<(), ReportRejected> {
-        let proxy = self
-            .proxies
+        let Self {
+            proxies,
+            caps,
+            cells,
+            stats,
+            tick,
+            ..
+        } = self;
+        let proxy = proxies
             .get_mut(proxy_id)
             .filter(|proxy| proxy.stream == Some(stream))
             .ok_or(ReportRejected::Superseded)?;
@@ -145,10 +517,42 @@ impl Fleet {
             return Err(ReportRejected::EmptyWindow);
         }
         proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
-        for bucket in &report.buckets {
-            let counts = proxy.counts.entry(bucket.bucket.clone()).or_default();
-            counts.offered = counts.offered.saturating_add(bucket.offered);
-            counts.admitted = counts.admitted.saturating_add(bucket.admitted);
+        proxy.last_report = Instant::now();
+        for count in &report.buckets {
+            // Reports list only cells with traffic; a zero entry would only
+            // create state.
+            if count.offered == 0 {
+                continue;
+            }
+            if count.bucket.len() > caps.max_bucket_len || count.tenant.len() > caps.max_tenant_len
+            {
+                stats.rejected_key_too_long += 1;
+                continue;
+            }
+            let priority = Priority::from_wire(count.priority);
+            let known = cells.find(&count.bucket, &count.tenant, priority);
+            let in_window = known.is_some_and(|id| proxy.counts.contains_key(&id));
+            if !in_window && proxy.counts.len() >= caps.max_cells_per_proxy {
+                stats.rejected_proxy_cap += 1;
+                continue;
+            }
+            let id = match known {
+                Some(id) => id,
+                None if cells.live >= caps.max_cells => {
+                    stats.rejected_fleet_cap += 1;
+                    continue;
+                }
+                // Marked seen now so a tick cannot evict it before the
+                // window that holds it closes.
+                None => cells.insert(&count.bucket, &count.tenant, priority, *tick),
+            };
+            let counts = match proxy.counts.entry(id) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => entry.insert(Counts::default()),
+            };
+            counts.offered = counts.offered.saturating_add(count.offered);
+            counts.admitted = counts.admitted.saturating_add(count.admitted);
+            counts.shadow_dropped = counts.shadow_dropped.saturating_add(count.shadow_dropped);
         }
         Ok(())
     }
@@ -171,6 +575,26 @@ impl Fleet {
         self.proxies.get(proxy_id).map(|proxy| proxy.instance_id)
     }
 
+    /// Every tracked proxy, sorted by proxy id: connected ones and
+    /// disconnected ones whose rates are still carried.
+    pub fn proxies(&self) -> Vec<ProxyStatus> {
+        let now = Instant::now();
+        let mut proxies: Vec<ProxyStatus> = self
+            .proxies
+            .iter()
+            .map(|(proxy_id, proxy)| ProxyStatus {
+                proxy_id: proxy_id.clone(),
+                zone: proxy.zone.clone(),
+                instance_id: proxy.instance_id,
+                connected: proxy.stream.is_some(),
+                since_last_report: now.saturating_duration_since(proxy.last_report),
+                cells: proxy.rates.len(),
+            })
+            .collect();
+        proxies.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
+        proxies
+    }
+
     /// Number of proxies still tracked (connected, or disconnected but
     /// still carried).
     pub fn len(&self) -> usize {
@@ -182,30 +606,117 @@ impl Fleet {
         self.proxies.is_empty()
     }
 
+    /// Cells tracked right now.
+    pub fn cells(&self) -> usize {
+        self.cells.live
+    }
+
     /// Closes the current window of every proxy and returns the fleet load.
     ///
-    /// For each proxy, `rate_b = Σcounts_b / Σwindow` over the reports since
+    /// For each proxy, `rate_c = Σcounts_c / Σwindow` over the reports since
     /// the previous tick. A proxy without reports keeps its previous rates
     /// for `carry_ticks` ticks, then contributes nothing; a disconnected one
-    /// is forgotten at that point.
+    /// is forgotten at that point. Cells no proxy's rates mention are
+    /// evicted.
     pub fn tick(&mut self) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
         self.proxies.retain(|_, proxy| {
             proxy.close_window(carry_ticks);
             proxy.stream.is_some() || !proxy.rates.is_empty()
         });
+        self.tick += 1;
+        let tick = self.tick;
 
-        let mut load = FleetLoad::new();
-        for proxy in self.proxies.values() {
-            for (bucket, rates) in &proxy.rates {
-                let entry = load.entry(bucket.clone()).or_default();
-                entry.offered_rps += rates.offered_rps;
-                entry.admitted_rps += rates.admitted_rps;
-                if rates.offered_rps > 0.0 {
-                    entry.proxies_reporting += 1;
+        let sums = &mut self.sums;
+        sums.cells.clear();
+        sums.cells
+            .resize(self.cells.slots.len(), (BucketLoad::default(), 0.0));
+        let buckets = self.cells.next_bucket as usize;
+        sums.last_proxy.clear();
+        sums.last_proxy.resize(buckets, 0);
+        sums.proxies_reporting.clear();
+        sums.proxies_reporting.resize(buckets, 0);
+        for (index, proxy) in self.proxies.values().enumerate() {
+            for &(id, rates) in &proxy.rates {
+                let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) else {
+                    continue;
+                };
+                slot.seen = tick;
+                let bucket = slot.bucket as usize;
+                if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
+                    sum.offered_rps += rates.offered_rps;
+                    sum.admitted_rps += rates.admitted_rps;
+                    sum.proxies_reporting += 1;
+                    *shadow += rates.shadow_dropped_rps;
+                }
+                if let (Some(last), Some(reporting)) = (
+                    sums.last_proxy.get_mut(bucket),
+                    sums.proxies_reporting.get_mut(bucket),
+                ) && *last != index + 1
+                {
+                    *last = index + 1;
+                    *reporting += 1;
+                }
+            }
+            // Cells in a window still open (reports since this tick began
+            // cannot exist, but a proxy that has counts keeps them alive).
+            for &id in proxy.counts.keys() {
+                if let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) {
+                    slot.seen = tick;
                 }
             }
         }
+        let mut stats = std::mem::take(&mut self.stats);
+        stats.evicted_idle = self.cells.evict_unseen(tick);
+
+        let mut load = Vec::with_capacity(self.cells.buckets.len());
+        for (bucket, cells) in &self.cells.buckets {
+            let mut traffic = BucketTraffic {
+                bucket: Arc::clone(bucket),
+                load: BucketLoad {
+                    proxies_reporting: sums
+                        .proxies_reporting
+                        .get(cells.id as usize)
+                        .copied()
+                        .unwrap_or(0),
+                    ..BucketLoad::default()
+                },
+                shadow_dropped_rps: 0.0,
+                cells: Vec::new(),
+            };
+            for (tenant, priorities) in &cells.tenants {
+                for (&id, priority) in priorities.iter().zip(Priority::ALL) {
+                    let Some(&(sum, shadow)) = sums.cells.get(id as usize) else {
+                        continue;
+                    };
+                    if sum.offered_rps <= 0.0 {
+                        continue;
+                    }
+                    traffic.load.offered_rps += sum.offered_rps;
+                    traffic.load.admitted_rps += sum.admitted_rps;
+                    traffic.shadow_dropped_rps += shadow;
+                    traffic.cells.push(CellLoad {
+                        tenant: Arc::clone(tenant),
+                        priority,
+                        load: sum,
+                        shadow_dropped_rps: shadow,
+                    });
+                }
+            }
+            if traffic.cells.is_empty() {
+                continue;
+            }
+            if traffic.cells.len() > 1 {
+                traffic
+                    .cells
+                    .sort_unstable_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+            }
+            load.push(traffic);
+        }
+        stats.cells = self.cells.live;
+        stats.buckets = self.cells.buckets.len();
+        let mut load = FleetLoad::new(load);
+        load.stats = stats;
         load
     }
 }
@@ -214,21 +725,16 @@ impl Proxy {
     fn close_window(&mut self, carry_ticks: u32) {
         if self.window_ms > 0 {
             let seconds = self.window_ms as f64 / 1000.0;
-            // Buckets absent from every report of the window had no traffic:
-            // reports list only buckets with offered > 0 (zero entries a
-            // filter might still send are dropped here for the same reason).
-            self.rates = self
-                .counts
-                .drain()
-                .filter(|(_, counts)| counts.offered > 0)
-                .map(|(bucket, counts)| {
-                    let rates = Rates {
-                        offered_rps: counts.offered as f64 / seconds,
-                        admitted_rps: counts.admitted as f64 / seconds,
-                    };
-                    (bucket, rates)
-                })
-                .collect();
+            // Cells absent from every report of the window had no traffic.
+            self.rates.clear();
+            self.rates.extend(self.counts.drain().map(|(id, counts)| {
+                let rates = Rates {
+                    offered_rps: counts.offered as f64 / seconds,
+                    admitted_rps: counts.admitted as f64 / seconds,
+                    shadow_dropped_rps: counts.shadow_dropped as f64 / seconds,
+                };
+                (id, rates)
+            }));
             self.window_ms = 0;
             self.silent_ticks = 0;
         } else {
@@ -264,7 +770,212 @@ mod tests {
     }
 
     fn offered(load: &FleetLoad, bucket: &str) -> f64 {
-        load.get(bucket).map_or(0.0, |b| b.offered_rps)
+        load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
+    }
+
+    fn cell(bucket: &str, tenant: &str, priority: Priority, offered: u64) -> BucketCount {
+        BucketCount {
+            bucket: bucket.to_owned(),
+            tenant: tenant.to_owned(),
+            priority: priority.to_wire() as i32,
+            offered,
+            admitted: offered / 2,
+            shadow_dropped: offered / 4,
+        }
+    }
+
+    fn cells_report(window_ms: u64, cells: Vec<BucketCount>) -> Report {
+        Report {
+            sequence: 0,
+            window_ms,
+            buckets: cells,
+        }
+    }
+
+    #[test]
+    fn cells_are_summed_per_tenant_and_priority_with_bucket_totals() {
+        let mut fleet = Fleet::new(3);
+        fleet.connect("a", 1, StreamId(1));
+        fleet.connect("b", 2, StreamId(2));
+        fleet
+            .report(
+                "a",
+                StreamId(1),
+                &cells_report(
+                    100,
+                    vec![
+                        cell("api", "gold", Priority::Critical, 10),
+                        cell("api", "free", Priority::Bulk, 20),
+                    ],
+                ),
+            )
+            .unwrap();
+        fleet
+            .report(
+                "b",
+                StreamId(2),
+                &cells_report(
+                    100,
+                    vec![
+                        cell("api", "gold", Priority::Critical, 30),
+                        cell("api", "gold", Priority::Bulk, 4),
+                    ],
+                ),
+            )
+            .unwrap();
+        let load = fleet.tick();
+        let api = load.get("api").unwrap();
+        assert_eq!(api.load.offered_rps, 640.0);
+        assert_eq!(api.load.admitted_rps, 320.0);
+        assert_eq!(api.shadow_dropped_rps, 150.0);
+        assert_eq!(api.load.proxies_reporting, 2, "each proxy counted once");
+        let cells: Vec<(&str, Priority, f64, u32)> = api
+            .cells
+            .iter()
+            .map(|c| {
+                (
+                    c.tenant.as_ref(),
+                    c.priority,
+                    c.load.offered_rps,
+                    c.load.proxies_reporting,
+                )
+            })
+            .collect();
+        assert_eq!(
+            cells,
+            [
+                ("free", Priority::Bulk, 200.0, 1),
+                ("gold", Priority::Critical, 400.0, 2),
+                ("gold", Priority::Bulk, 40.0, 1),
+            ]
+        );
+        assert_eq!(api.cells[1].shadow_dropped_rps, 90.0);
+        assert_eq!(fleet.cells(), 3);
+    }
+
+    #[test]
+    fn idle_cells_are_evicted_and_counted() {
+        let mut fleet = Fleet::new(1);
+        fleet.connect("a", 1, StreamId(1));
+        fleet
+            .report(
+                "a",
+                StreamId(1),
+                &cells_report(
+                    100,
+                    vec![
+                        cell("x", "t1", Priority::Unspecified, 1),
+                        cell("y", "", Priority::Unspecified, 1),
+                    ],
+                ),
+            )
+            .unwrap();
+        fleet.tick();
+        fleet
+            .report(
+                "a",
+                StreamId(1),
+                &cells_report(100, vec![cell("y", "", Priority::Unspecified, 1)]),
+            )
+            .unwrap();
+        let load = fleet.tick();
+        assert_eq!(load.stats.evicted_idle, 1);
+        assert_eq!(load.stats.cells, 1);
+        assert_eq!(load.stats.buckets, 1);
+        // A silent proxy's carried cells stay until the carry ends.
+        assert_eq!(fleet.tick().stats.evicted_idle, 0);
+        let load = fleet.tick();
+        assert_eq!(load.stats.evicted_idle, 1);
+        assert_eq!(fleet.cells(), 0);
+    }
+
+    #[test]
+    fn long_keys_are_refused() {
+        let mut fleet = Fleet::new(3);
+        fleet.connect("a", 1, StreamId(1));
+        let long = "x".repeat(FleetCaps::default().max_bucket_len + 1);
+        let long_tenant = "t".repeat(FleetCaps::default().max_tenant_len + 1);
+        fleet
+            .report(
+                "a",
+                StreamId(1),
+                &cells_report(
+                    100,
+                    vec![
+                        cell(&long, "", Priority::Unspecified, 1),
+                        cell("ok", &long_tenant, Priority::Unspecified, 1),
+                        cell("ok", "", Priority::Unspecified, 1),
+                    ],
+                ),
+            )
+            .unwrap();
+        let load = fleet.tick();
+        assert_eq!(load.stats.rejected_key_too_long, 2);
+        assert_eq!(load.buckets.len(), 1);
+        assert_eq!(
+            fleet.tick().stats.rejected_key_too_long,
+            0,
+            "counts are per tick"
+        );
+    }
+
+    #[test]
+    fn a_cardinality_flood_stays_within_the_caps() {
+        let caps = FleetCaps {
+            max_cells_per_proxy: 100,
+            max_cells: 150,
+            ..FleetCaps::default()
+        };
+        let mut fleet = Fleet::with_caps(3, caps);
+        fleet.connect("flood", 1, StreamId(1));
+        fleet.connect("b", 2, StreamId(2));
+        fleet.connect("c", 3, StreamId(3));
+        let mut rejected_proxy = 0;
+        let mut rejected_fleet = 0;
+        for round in 0..20 {
+            // Every round the flooding proxy reports 1000 buckets never seen.
+            let flood = (0..1000)
+                .map(|i| cell(&format!("f{round}-{i}"), "", Priority::Unspecified, 1))
+                .collect();
+            fleet
+                .report("flood", StreamId(1), &cells_report(100, flood))
+                .unwrap();
+            let steady = (0..40)
+                .map(|i| cell(&format!("s{i}"), "", Priority::Unspecified, 1))
+                .collect();
+            fleet
+                .report("b", StreamId(2), &cells_report(100, steady))
+                .unwrap();
+            let more = (0..40)
+                .map(|i| cell(&format!("c{round}-{i}"), "", Priority::Unspecified, 1))
+                .collect();
+            let _ = fleet.report("c", StreamId(3), &cells_report(100, more));
+            let load = fleet.tick();
+            assert!(
+                fleet.cells() <= 150,
+                "round {round}: {} cells",
+                fleet.cells()
+            );
+            assert!(load.buckets.len() <= 150);
+            rejected_proxy += load.stats.rejected_proxy_cap;
+            rejected_fleet += load.stats.rejected_fleet_cap;
+            assert!(
+                fleet.proxies().iter().all(|p| p.cells <= 100),
+                "{:?}",
+                fleet.proxies()
+            );
+        }
+        // The flood alone sent 1000 new cells a round, and at most 100 fit.
+        assert!(
+            rejected_proxy + rejected_fleet >= 20 * 900,
+            "{rejected_proxy} + {rejected_fleet}"
+        );
+        assert!(rejected_proxy > 0);
+        assert!(rejected_fleet > 0, "the fleet cap was reached too");
+        assert!(
+            fleet.cells.slots.len() <= 150,
+            "slots are reused, not grown"
+        );
     }
 
     #[test]
@@ -280,7 +991,7 @@ mod tests {
             .report("a", StreamId(1), &report(250, &[("acme", 50, 50)]))
             .unwrap();
         let load = fleet.tick();
-        let acme = load["acme"];
+        let acme = load.get("acme").unwrap().load;
         assert_eq!(acme.offered_rps, 400.0);
         assert_eq!(acme.admitted_rps, 300.0);
         assert_eq!(acme.proxies_reporting, 1);
@@ -303,8 +1014,8 @@ mod tests {
             .unwrap();
         let load = fleet.tick();
         assert_eq!(offered(&load, "acme"), 450.0 + 148.0);
-        assert_eq!(load["acme"].proxies_reporting, 2);
-        assert_eq!(load["x"].proxies_reporting, 1);
+        assert_eq!(load.get("acme").unwrap().load.proxies_reporting, 2);
+        assert_eq!(load.get("x").unwrap().load.proxies_reporting, 1);
     }
 
     #[test]
@@ -359,7 +1070,7 @@ mod tests {
             .report("a", StreamId(1), &report(100, &[("x", 2, 2)]))
             .unwrap();
         let load = fleet.tick();
-        assert!(!load.contains_key("acme"));
+        assert!(load.get("acme").is_none());
         assert_eq!(offered(&load, "x"), 20.0);
     }
 
@@ -429,6 +1140,29 @@ mod tests {
     }
 
     #[test]
+    fn proxies_view_shows_zone_instance_and_connection() {
+        let mut fleet = Fleet::new(3);
+        fleet.connect_in_zone("b", 2, "eu-1", StreamId(2));
+        fleet.connect("a", 1, StreamId(1));
+        fleet
+            .report("b", StreamId(2), &report(100, &[("acme", 10, 10)]))
+            .unwrap();
+        fleet.tick();
+        fleet.disconnect("a", StreamId(1));
+        let proxies = fleet.proxies();
+        let ids: Vec<&str> = proxies.iter().map(|p| p.proxy_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "sorted by proxy id");
+        assert!(!proxies[0].connected);
+        assert_eq!(proxies[1].zone, "eu-1");
+        assert_eq!(proxies[1].instance_id, 2);
+        assert!(proxies[1].connected);
+        assert_eq!(proxies[1].cells, 1);
+        assert!(proxies[1].since_last_report < Duration::from_secs(5));
+        let json = serde_json::to_value(&proxies[1]).unwrap();
+        assert!(json["since_last_report_ms"].is_u64(), "{json}");
+    }
+
+    #[test]
     fn proxies_reporting_counts_only_non_zero_rates() {
         let mut fleet = Fleet::new(3);
         fleet.connect("a", 1, StreamId(1));
@@ -440,6 +1174,6 @@ mod tests {
         fleet
             .report("b", StreamId(2), &report(100, &[("acme", 0, 0)]))
             .unwrap();
-        assert_eq!(fleet.tick()["acme"].proxies_reporting, 1);
+        assert_eq!(fleet.tick().get("acme").unwrap().load.proxies_reporting, 1);
     }
 }

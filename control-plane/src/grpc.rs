@@ -126,10 +126,12 @@ impl Session {
         let proxy_id = hello.proxy_id;
         tracing::Span::current().record("proxy_id", proxy_id.as_str());
 
-        let connected = self
-            .state
-            .fleet()
-            .connect(&proxy_id, hello.instance_id, self.stream);
+        let connected = self.state.fleet().connect_in_zone(
+            &proxy_id,
+            hello.instance_id,
+            &hello.zone,
+            self.stream,
+        );
         match connected {
             Connected::New => {
                 tracing::info!(proxy_id, instance_id = hello.instance_id, "proxy connected");

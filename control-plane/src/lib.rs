@@ -6,35 +6,46 @@
 //! over the fleet ([`fleet`]), compared with the limits ([`limits`]) and turned
 //! into directives ([`controller`]); the ones that changed are broadcast to
 //! every stream ([`push`]). Operators read and change limits through the admin
-//! API ([`admin`]), which also serves Prometheus [`metrics`].
+//! API ([`admin`]), which also serves Prometheus [`metrics`], persists every
+//! change to the limits file ([`live_config`]) and picks up edits of that file
+//! ([`reload`]); `sluice ctl` ([`ctl`]) is its command-line client.
 //!
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
 
 pub mod admin;
+pub mod cell;
 pub mod cli;
 pub mod config;
 pub mod control_loop;
 pub mod controller;
+pub mod ctl;
+pub mod fairness;
 pub mod fleet;
 pub mod grpc;
 pub mod limits;
+pub mod live_config;
 pub mod metrics;
+pub mod overrides;
+pub mod persist;
 pub mod policy;
 pub mod push;
+pub mod reload;
 pub mod simulate;
 pub mod state;
 pub mod tls;
 pub mod types;
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use admin::router;
+pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
 pub use controller::Controller;
 pub use state::{AppState, Settings};
@@ -58,13 +69,34 @@ pub enum RunError {
 
 /// Runs the gRPC server, the admin server and the control loop until
 /// `shutdown` completes (or one of them fails), then stops all three and
-/// waits for them and for every open stream.
+/// waits for them and for every open stream. The admin API is open and its
+/// changes live in memory; [`run_with`] serves a limits file.
 pub async fn run(
     grpc_listener: TcpListener,
     admin_listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    run_with(
+        grpc_listener,
+        admin_listener,
+        Admin::in_memory(state),
+        reload::DEFAULT_POLL,
+        shutdown,
+    )
+    .await
+}
+
+/// Like [`run`], with a configured admin API; if it has a limits file, the
+/// file is also watched every `reload_poll`.
+pub async fn run_with(
+    grpc_listener: TcpListener,
+    admin_listener: TcpListener,
+    admin: Admin,
+    reload_poll: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let state = admin.state().clone();
     // One token stops everything: both servers, the control loop and each
     // gRPC stream task (tonic's graceful shutdown waits for open streams).
     let token = CancellationToken::new();
@@ -72,7 +104,8 @@ pub async fn run(
     let mut tasks: JoinSet<(&'static str, Result<(), RunError>)> = JoinSet::new();
 
     tasks.spawn({
-        let run = control_loop::run(state.clone(), Controller::default(), token.clone());
+        let controller = Controller::default().with_interval(state.control_interval());
+        let run = control_loop::run(state.clone(), controller, token.clone());
         async move {
             run.await;
             ("control loop", Ok(()))
@@ -82,8 +115,17 @@ pub async fn run(
         let serve = grpc::serve(grpc_listener, state.clone(), streams.clone(), token.clone());
         async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
     });
+    if admin.live().file().is_some() {
+        tasks.spawn({
+            let watch = reload::run(Arc::clone(admin.live()), reload_poll, token.clone());
+            async move {
+                watch.await;
+                ("limits file watcher", Ok(()))
+            }
+        });
+    }
     tasks.spawn({
-        let serve = axum::serve(admin_listener, router(state))
+        let serve = axum::serve(admin_listener, admin_router(admin))
             .with_graceful_shutdown(token.clone().cancelled_owned());
         async move { ("admin server", serve.await.map_err(RunError::Admin)) }
     });

@@ -26,7 +26,12 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::controller::BucketStatus;
-use crate::fleet::{ReportRejected, StreamId};
+use crate::fleet::{FleetStats, ReportRejected, StreamId};
+
+/// Most (bucket, tenant) series of the per-tenant gauges; tenants beyond
+/// this many (in bucket order) have none, and
+/// `tenant_series_omitted` says how many were left out.
+pub const MAX_TENANT_SERIES: usize = 1_000;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output. Prometheus negotiates
 /// OpenMetrics by default, and it is what prometheus-client's encoder writes.
@@ -53,6 +58,12 @@ type F64Gauge = Gauge<f64, AtomicU64>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BucketLabels {
     bucket: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+struct TenantLabels {
+    bucket: String,
+    tenant: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -96,6 +107,13 @@ pub struct Metrics {
     report_sequence_gaps: Counter,
     streams_rejected: Counter,
     batches_published: Counter,
+    heartbeats_published: Counter,
+    staleness: Arc<Staleness>,
+    cells_tracked: Gauge,
+    cells_rejected_key: Counter,
+    cells_rejected_proxy_cap: Counter,
+    cells_rejected_fleet_cap: Counter,
+    cells_evicted_idle: Counter,
     sent_snapshots: Counter,
     sent_deltas: Counter,
     push_latency: AtomicHistogram,
@@ -111,9 +129,14 @@ struct BucketMetrics {
     drop_ratio: Family<BucketLabels, F64Gauge>,
     proxies_reporting: Family<BucketLabels, Gauge>,
     tracked: Gauge,
+    tenant_admitted: Family<TenantLabels, F64Gauge>,
+    tenant_share: Family<TenantLabels, F64Gauge>,
+    tenant_omitted: Gauge,
     /// Buckets of the previous control interval. Only the control loop
     /// touches it, so the lock is never contended.
     previous: Mutex<BTreeSet<String>>,
+    /// (bucket, tenant) series of the previous control interval.
+    previous_tenants: Mutex<BTreeSet<TenantLabels>>,
 }
 
 impl Metrics {
@@ -175,6 +198,39 @@ impl Metrics {
             "Buckets with traffic as of the last control interval",
             buckets.tracked.clone(),
         );
+        registry.register(
+            "tenant_admitted_rps",
+            "Fleet-wide admitted rate of a tenant in a limited bucket, as reported",
+            buckets.tenant_admitted.clone(),
+        );
+        registry.register(
+            "tenant_share_rps",
+            "Share of a limited bucket's limit a tenant may use before it is dropped",
+            buckets.tenant_share.clone(),
+        );
+        registry.register(
+            "tenant_series_omitted",
+            "Tenants of limited buckets without per-tenant series, beyond the series cap",
+            buckets.tenant_omitted.clone(),
+        );
+        let cells_tracked = Gauge::default();
+        registry.register(
+            "cells_tracked",
+            "Distinct (bucket, tenant, priority) cells tracked",
+            cells_tracked.clone(),
+        );
+        let cells_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "cells_rejected",
+            "Report entries not counted because of a cap, by reason (key_too_long, proxy_cap, fleet_cap)",
+            cells_rejected.clone(),
+        );
+        let cells_evicted = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "cells_evicted",
+            "Cells forgotten, by reason (idle: no proxy reports them any more)",
+            cells_evicted.clone(),
+        );
 
         let proxies = Arc::new(Proxies::default());
         registry.register(
@@ -215,6 +271,14 @@ impl Metrics {
             "Directive deltas the control loop broadcast to all streams",
             batches_published.clone(),
         );
+        let heartbeats_published = Counter::default();
+        registry.register(
+            "heartbeats_published",
+            "Empty directive batches broadcast because nothing changed for the heartbeat interval",
+            heartbeats_published.clone(),
+        );
+        let staleness = Arc::new(Staleness::default());
+        registry.register_collector(Box::new(Arc::clone(&staleness)));
         let batches_pushed = Family::<KindLabels, Counter>::default();
         registry.register(
             "directive_batches_pushed",
@@ -240,7 +304,15 @@ impl Metrics {
         // family (which takes its lock).
         let reason = |reason| reports_rejected.get_or_create_owned(&ReasonLabels { reason });
         let kind = |kind| batches_pushed.get_or_create_owned(&KindLabels { kind });
+        let rejected = |reason| cells_rejected.get_or_create_owned(&ReasonLabels { reason });
         Self {
+            cells_rejected_key: rejected("key_too_long"),
+            cells_rejected_proxy_cap: rejected("proxy_cap"),
+            cells_rejected_fleet_cap: rejected("fleet_cap"),
+            cells_evicted_idle: cells_evicted.get_or_create_owned(&ReasonLabels { reason: "idle" }),
+            cells_tracked,
+            heartbeats_published,
+            staleness,
             rejected_superseded: reason("superseded"),
             rejected_empty_window: reason("empty_window"),
             sent_snapshots: kind("snapshot"),
@@ -276,7 +348,7 @@ impl Metrics {
         let mut current = BTreeSet::new();
         for status in buckets {
             let labels = BucketLabels {
-                bucket: status.bucket.clone(),
+                bucket: status.bucket.to_string(),
             };
             metrics
                 .offered
@@ -303,7 +375,7 @@ impl Metrics {
                     metrics.limit.remove(&labels);
                 }
             }
-            previous.remove(&status.bucket);
+            previous.remove(status.bucket.as_ref());
             current.insert(labels.bucket);
         }
         for bucket in std::mem::replace(&mut *previous, current) {
@@ -317,6 +389,67 @@ impl Metrics {
         metrics
             .tracked
             .set(i64::try_from(buckets.len()).unwrap_or(i64::MAX));
+        drop(previous);
+        self.observe_tenants(buckets);
+    }
+
+    /// Per-tenant admitted rate and share of limited buckets with tenants,
+    /// at most [`MAX_TENANT_SERIES`] series.
+    fn observe_tenants(&self, buckets: &[BucketStatus]) {
+        let metrics = &self.buckets;
+        let mut previous = metrics
+            .previous_tenants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = BTreeSet::new();
+        let mut omitted = 0_usize;
+        for status in buckets.iter().filter(|s| s.limit_rps.is_some()) {
+            // A tenant's cells are adjacent (sorted by tenant).
+            let mut cells = status
+                .cells
+                .iter()
+                .filter(|c| !c.tenant.is_empty())
+                .peekable();
+            while let Some(first) = cells.next() {
+                let mut admitted = first.admitted_rps;
+                let mut share = first.share_rps.unwrap_or(0.0);
+                while let Some(next) = cells.next_if(|c| c.tenant == first.tenant) {
+                    admitted += next.admitted_rps;
+                    share += next.share_rps.unwrap_or(0.0);
+                }
+                if current.len() >= MAX_TENANT_SERIES {
+                    omitted += 1;
+                    continue;
+                }
+                let labels = TenantLabels {
+                    bucket: status.bucket.to_string(),
+                    tenant: first.tenant.to_string(),
+                };
+                metrics.tenant_admitted.get_or_create(&labels).set(admitted);
+                metrics.tenant_share.get_or_create(&labels).set(share);
+                previous.remove(&labels);
+                current.insert(labels);
+            }
+        }
+        for labels in std::mem::replace(&mut *previous, current) {
+            metrics.tenant_admitted.remove(&labels);
+            metrics.tenant_share.remove(&labels);
+        }
+        metrics
+            .tenant_omitted
+            .set(i64::try_from(omitted).unwrap_or(i64::MAX));
+    }
+
+    /// Cells tracked, refused and evicted, from one fleet tick.
+    pub fn observe_fleet(&self, stats: &FleetStats) {
+        self.cells_tracked
+            .set(i64::try_from(stats.cells).unwrap_or(i64::MAX));
+        self.cells_rejected_key.inc_by(stats.rejected_key_too_long);
+        self.cells_rejected_proxy_cap
+            .inc_by(stats.rejected_proxy_cap);
+        self.cells_rejected_fleet_cap
+            .inc_by(stats.rejected_fleet_cap);
+        self.cells_evicted_idle.inc_by(stats.evicted_idle);
     }
 
     /// A proxy said Hello on `stream`. Its staleness series and its share of
@@ -368,6 +501,13 @@ impl Metrics {
     /// The control loop broadcast a delta.
     pub fn batch_published(&self) {
         self.batches_published.inc();
+        self.staleness.batch_sent();
+    }
+
+    /// The control loop broadcast a heartbeat.
+    pub fn heartbeat_published(&self) {
+        self.heartbeats_published.inc();
+        self.staleness.batch_sent();
     }
 
     /// A stream handed a batch to its transport.
@@ -500,6 +640,56 @@ impl Collector for Proxies {
     }
 }
 
+/// Time since the last directive batch was broadcast, computed at scrape
+/// time: if the control loop stalls, the gauge keeps growing. A healthy
+/// control plane keeps it below the heartbeat interval, and with it every
+/// connected proxy's directive age.
+#[derive(Debug)]
+struct Staleness {
+    origin: Instant,
+    /// Milliseconds since `origin` of the last batch; `u64::MAX` before the
+    /// first one.
+    last_batch_ms: AtomicU64,
+}
+
+impl Default for Staleness {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            last_batch_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Staleness {
+    fn batch_sent(&self) {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.last_batch_ms.store(now, Ordering::Relaxed);
+    }
+}
+
+impl Collector for Staleness {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let last = self.last_batch_ms.load(Ordering::Relaxed);
+        // Before the first batch there is nothing to be stale about; the
+        // process start time covers that case.
+        let since = if last == u64::MAX {
+            self.origin.elapsed()
+        } else {
+            self.origin
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last))
+        };
+        let metric = encoder.encode_descriptor(
+            "directive_batch_age",
+            "Time since the last directive batch (delta or heartbeat) was broadcast.",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(since.as_secs_f64()).encode(metric)
+    }
+}
+
 /// A histogram with fixed buckets kept in atomics: observing is lock-free.
 #[derive(Debug, Clone)]
 pub struct AtomicHistogram {
@@ -575,12 +765,15 @@ mod tests {
 
     fn status(bucket: &str, limit: Option<f64>) -> BucketStatus {
         BucketStatus {
-            bucket: bucket.to_owned(),
+            bucket: Arc::from(bucket),
+            floors_exceed_limit: false,
             limit_rps: limit.map(|l| LimitRps::new(l).unwrap()),
             offered_rps: 600.0,
             admitted_rps: 200.0,
             drop_ratio: DropRatio::saturating(2.0 / 3.0),
             proxies_reporting: 1,
+            shadow_dropped_rps: 0.0,
+            cells: Vec::new(),
         }
     }
 

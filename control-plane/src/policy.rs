@@ -240,7 +240,27 @@ pub struct Modes {
     pub canary_fraction: Option<Fraction>,
 }
 
+impl Mode {
+    /// The wire value.
+    pub fn to_wire(self) -> sluice_proto::v1::Mode {
+        match self {
+            Self::Shadow => sluice_proto::v1::Mode::Shadow,
+            Self::Enforce => sluice_proto::v1::Mode::Enforce,
+        }
+    }
+}
+
 impl Modes {
+    /// What every directive batch carries: kill switch, default mode and
+    /// canary fraction (per-bucket modes travel in the directives).
+    pub fn to_wire(&self) -> sluice_proto::v1::ModePolicy {
+        sluice_proto::v1::ModePolicy {
+            kill_switch: self.kill_switch,
+            default_mode: self.default.to_wire() as i32,
+            canary_fraction: self.canary_fraction.map(Fraction::get),
+        }
+    }
+
     /// The configured mode of a bucket (ignoring kill switch and canary,
     /// which proxies apply on top).
     pub fn mode_for(&self, bucket: &str) -> Mode {

@@ -3,13 +3,26 @@
 //! One `tokio::sync::broadcast` channel carries `Arc<Outgoing>` deltas;
 //! the current full set of directives sits next to it under the same lock, so
 //! a new subscriber gets a snapshot and a receiver with no gap and no overlap
-//! between them.
+//! between them. The snapshot is kept up to date from the deltas, so a
+//! control interval costs what changed, not what is known.
+//!
+//! Every batch carries the directive TTL and the mode policy. When nothing
+//! changed for [`Publisher::heartbeat_every`], an empty batch goes out: it
+//! tells each proxy that its whole table is still current, so a healthy
+//! control plane keeps every proxy's directive age below that cadence.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_proto::v1::{Directive, DirectiveBatch};
+use sluice_proto::v1::{Directive, DirectiveBatch, ModePolicy};
 use tokio::sync::broadcast::{self, error::RecvError};
+
+use crate::controller::RetiredCell;
+use crate::types::DirectiveTtl;
+
+/// Longest time between two batches while the control plane runs.
+pub const MAX_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How many deltas a stream may fall behind before it is resynchronised
 /// with a snapshot instead.
@@ -29,7 +42,27 @@ pub struct Outgoing {
 #[derive(Debug, Clone)]
 pub struct Publisher {
     epoch: u64,
+    ttl_ms: u64,
+    heartbeat_every: Duration,
     inner: Arc<Mutex<Inner>>,
+}
+
+/// A directive's identity within the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct DirectiveKey {
+    bucket: String,
+    tenant: String,
+    priority: i32,
+}
+
+impl DirectiveKey {
+    fn of(directive: &Directive) -> Self {
+        Self {
+            bucket: directive.bucket.clone(),
+            tenant: directive.tenant.clone(),
+            priority: directive.priority,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -37,20 +70,58 @@ struct Inner {
     /// Version of the latest batch (a snapshot carries the version of the
     /// state it shows; each delta increments it).
     version: u64,
-    snapshot: Vec<Directive>,
+    snapshot: HashMap<DirectiveKey, Directive>,
+    modes: ModePolicy,
+    /// When the last batch was broadcast.
+    last_sent: Instant,
     sender: broadcast::Sender<Arc<Outgoing>>,
 }
 
+/// One control interval's changes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Update {
+    /// Directives that changed (upserted into the snapshot).
+    pub changed: Vec<Directive>,
+    /// Cells to take out of the snapshot after applying `changed`.
+    pub retired: Vec<RetiredCell>,
+    /// The mode policy in force.
+    pub modes: ModePolicy,
+}
+
+/// What [`Publisher::publish`] broadcast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Nothing: no change, and the last batch is recent.
+    Nothing,
+    /// A delta with changed directives or a changed mode policy.
+    Delta {
+        /// Its version.
+        version: u64,
+    },
+    /// An empty batch confirming that the table is current.
+    Heartbeat {
+        /// Its version.
+        version: u64,
+    },
+}
+
 impl Publisher {
-    /// A publisher for `epoch` with nothing published yet.
-    pub fn new(epoch: u64) -> Self {
+    /// A publisher for `epoch` with no directive published yet and `modes`
+    /// in force; every batch carries `ttl`, and heartbeats go out every
+    /// [`MAX_HEARTBEAT`] or a quarter of the TTL, whichever is shorter.
+    pub fn new(epoch: u64, ttl: DirectiveTtl, modes: ModePolicy) -> Self {
         let (sender, _) = broadcast::channel(CAPACITY);
+        let ttl_ms = ttl.as_millis();
         Self {
             epoch,
+            ttl_ms,
+            heartbeat_every: MAX_HEARTBEAT.min(Duration::from_millis(ttl_ms / 4)),
             inner: Arc::new(Mutex::new(Inner {
                 // 0 is what an unset protobuf field reads as; start above it.
                 version: 1,
-                snapshot: Vec::new(),
+                snapshot: HashMap::new(),
+                modes,
+                last_sent: Instant::now(),
                 sender,
             })),
         }
@@ -61,23 +132,64 @@ impl Publisher {
         self.epoch
     }
 
-    /// Replaces the snapshot and, if `changed` is not empty, broadcasts it as
-    /// the next delta. Returns the delta's version, if one was sent.
-    pub fn publish(&self, snapshot: Vec<Directive>, changed: Vec<Directive>) -> Option<u64> {
+    /// The longest time between two batches.
+    pub fn heartbeat_every(&self) -> Duration {
+        self.heartbeat_every
+    }
+
+    /// Applies `update` to the snapshot and broadcasts it as the next delta
+    /// if a directive or the mode policy changed; with no change, broadcasts
+    /// an empty heartbeat once [`Publisher::heartbeat_every`] has passed
+    /// since the last batch.
+    pub fn publish(&self, update: Update) -> Published {
+        self.publish_at(update, Instant::now())
+    }
+
+    /// [`Publisher::publish`] at a given time.
+    pub fn publish_at(&self, update: Update, now: Instant) -> Published {
+        let Update {
+            changed,
+            retired,
+            modes,
+        } = update;
         let mut inner = self.lock();
-        inner.snapshot = snapshot;
-        if changed.is_empty() {
-            return None;
+        for directive in &changed {
+            inner
+                .snapshot
+                .insert(DirectiveKey::of(directive), directive.clone());
         }
+        for cell in retired {
+            inner.snapshot.remove(&DirectiveKey {
+                bucket: cell.bucket.as_ref().to_owned(),
+                tenant: cell.tenant.as_ref().to_owned(),
+                priority: cell.priority.to_wire() as i32,
+            });
+        }
+        let modes_changed = inner.modes != modes;
+        inner.modes = modes;
+        let heartbeat = now.saturating_duration_since(inner.last_sent) >= self.heartbeat_every;
+        if changed.is_empty() && !modes_changed && !heartbeat {
+            return Published::Nothing;
+        }
+        let is_heartbeat = changed.is_empty() && !modes_changed;
         inner.version += 1;
+        inner.last_sent = now;
         let batch = Arc::new(Outgoing {
-            batch: self.batch(inner.version, changed),
-            decided_at: Some(Instant::now()),
+            batch: self.batch(inner.version, changed, &inner.modes),
+            decided_at: Some(now),
         });
         // An error only means no stream is open right now; the snapshot
         // already holds the new state for the next one.
         let _ = inner.sender.send(batch);
-        Some(inner.version)
+        if is_heartbeat {
+            Published::Heartbeat {
+                version: inner.version,
+            }
+        } else {
+            Published::Delta {
+                version: inner.version,
+            }
+        }
     }
 
     /// A snapshot of everything currently pushed, and a subscription to the
@@ -93,17 +205,26 @@ impl Publisher {
 
     fn snapshot_and_receiver(&self) -> (DirectiveBatch, broadcast::Receiver<Arc<Outgoing>>) {
         let inner = self.lock();
-        let snapshot = self.batch(inner.version, inner.snapshot.clone());
+        let mut directives: Vec<(&DirectiveKey, &Directive)> = inner.snapshot.iter().collect();
+        directives.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let directives = directives.into_iter().map(|(_, d)| d.clone()).collect();
+        let snapshot = self.batch(inner.version, directives, &inner.modes);
         (snapshot, inner.sender.subscribe())
     }
 
-    fn batch(&self, version: u64, directives: Vec<Directive>) -> DirectiveBatch {
+    fn batch(
+        &self,
+        version: u64,
+        directives: Vec<Directive>,
+        modes: &ModePolicy,
+    ) -> DirectiveBatch {
         DirectiveBatch {
             epoch: self.epoch,
             version,
             issued_at_unix_ms: unix_ms(SystemTime::now()),
             directives,
-            ..Default::default()
+            ttl_ms: self.ttl_ms,
+            modes: Some(*modes),
         }
     }
 
@@ -153,6 +274,7 @@ fn unix_ms(time: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cell::Priority;
 
     fn directive(bucket: &str, drop_ratio: f64) -> Directive {
         Directive {
@@ -163,36 +285,136 @@ mod tests {
         }
     }
 
+    fn changed(directives: Vec<Directive>) -> Update {
+        Update {
+            changed: directives,
+            ..Update::default()
+        }
+    }
+
+    fn publisher() -> Publisher {
+        Publisher::new(
+            42,
+            DirectiveTtl::from_millis(4_000).unwrap(),
+            ModePolicy::default(),
+        )
+    }
+
     #[tokio::test]
     async fn snapshot_then_deltas_in_order() {
-        let publisher = Publisher::new(42);
-        publisher.publish(vec![directive("a", 0.5)], vec![directive("a", 0.5)]);
+        let publisher = publisher();
+        let now = Instant::now();
+        publisher.publish_at(changed(vec![directive("a", 0.5)]), now);
         let (snapshot, mut subscription) = publisher.subscribe();
         assert_eq!(snapshot.epoch, 42);
         assert_eq!(snapshot.version, 2);
         assert_eq!(snapshot.directives, [directive("a", 0.5)]);
+        assert_eq!(snapshot.ttl_ms, 4_000);
+        assert_eq!(snapshot.modes, Some(ModePolicy::default()));
         assert!(snapshot.issued_at_unix_ms > 0);
 
-        assert_eq!(publisher.publish(vec![directive("a", 0.5)], vec![]), None);
         assert_eq!(
-            publisher.publish(vec![directive("a", 0.7)], vec![directive("a", 0.7)]),
-            Some(3)
+            publisher.publish_at(changed(vec![]), now),
+            Published::Nothing
+        );
+        assert_eq!(
+            publisher.publish_at(changed(vec![directive("a", 0.7)]), now),
+            Published::Delta { version: 3 }
         );
         let delta = subscription.next().await.unwrap();
         assert!(delta.decided_at.is_some());
         let delta = &delta.batch;
         assert_eq!(delta.version, 3);
+        assert_eq!(delta.ttl_ms, 4_000);
         assert_eq!(delta.directives, [directive("a", 0.7)]);
     }
 
     #[tokio::test]
+    async fn the_snapshot_follows_deltas_and_retirements() {
+        let publisher = publisher();
+        let mut cell = directive("a", 0.5);
+        cell.tenant = "gold".into();
+        cell.priority = Priority::Bulk.to_wire() as i32;
+        publisher.publish(changed(vec![directive("b", 0.1), cell.clone()]));
+        let (snapshot, _) = publisher.subscribe();
+        assert_eq!(snapshot.directives, [cell.clone(), directive("b", 0.1)]);
+        publisher.publish(Update {
+            changed: vec![directive("b", 0.0)],
+            retired: vec![RetiredCell {
+                bucket: Arc::from("a"),
+                tenant: Arc::from("gold"),
+                priority: Priority::Bulk,
+            }],
+            modes: ModePolicy::default(),
+        });
+        let (snapshot, _) = publisher.subscribe();
+        assert_eq!(snapshot.directives, [directive("b", 0.0)]);
+    }
+
+    #[tokio::test]
+    async fn a_mode_change_alone_is_broadcast() {
+        let publisher = publisher();
+        let (_, mut subscription) = publisher.subscribe();
+        let now = Instant::now();
+        let kill = ModePolicy {
+            kill_switch: true,
+            ..ModePolicy::default()
+        };
+        let update = Update {
+            modes: kill,
+            ..Update::default()
+        };
+        assert!(matches!(
+            publisher.publish_at(update.clone(), now),
+            Published::Delta { .. }
+        ));
+        let batch = subscription.next().await.unwrap();
+        assert!(batch.batch.directives.is_empty());
+        assert_eq!(batch.batch.modes, Some(kill));
+        assert_eq!(publisher.publish_at(update, now), Published::Nothing);
+        assert_eq!(publisher.subscribe().0.modes, Some(kill));
+    }
+
+    #[tokio::test]
+    async fn heartbeats_fill_quiet_periods() {
+        let publisher = publisher();
+        assert_eq!(publisher.heartbeat_every(), Duration::from_secs(1));
+        let (_, mut subscription) = publisher.subscribe();
+        let start = Instant::now();
+        assert_eq!(
+            publisher.publish_at(Update::default(), start),
+            Published::Nothing
+        );
+        let later = start + Duration::from_millis(1_100);
+        assert_eq!(
+            publisher.publish_at(Update::default(), later),
+            Published::Heartbeat { version: 2 }
+        );
+        assert_eq!(
+            publisher.publish_at(Update::default(), later + Duration::from_millis(500)),
+            Published::Nothing,
+            "the heartbeat itself restarts the wait"
+        );
+        let heartbeat = subscription.next().await.unwrap();
+        assert!(heartbeat.batch.directives.is_empty());
+        assert_eq!(heartbeat.batch.ttl_ms, 4_000);
+
+        // A short TTL shortens the cadence to a quarter of it.
+        let short = Publisher::new(
+            1,
+            DirectiveTtl::from_millis(1_000).unwrap(),
+            ModePolicy::default(),
+        );
+        assert_eq!(short.heartbeat_every(), Duration::from_millis(250));
+    }
+
+    #[tokio::test]
     async fn lagging_subscriber_gets_a_fresh_snapshot() {
-        let publisher = Publisher::new(1);
+        let publisher = publisher();
         let (_, mut subscription) = publisher.subscribe();
         let total = CAPACITY + 10;
         for i in 0..total {
-            let d = directive(&format!("b{i}"), 0.5);
-            publisher.publish(vec![d.clone()], vec![d]);
+            publisher.publish(changed(vec![directive(&format!("b{i:03}"), 0.5)]));
         }
         let resync = subscription.next().await.unwrap();
         assert!(
@@ -205,13 +427,10 @@ mod tests {
             1 + total as u64,
             "snapshot of the latest state"
         );
-        assert_eq!(
-            batch.directives,
-            [directive(&format!("b{}", total - 1), 0.5)]
-        );
+        assert_eq!(batch.directives.len(), total);
 
         // And it keeps receiving deltas after the resync.
-        publisher.publish(vec![], vec![directive("z", 0.1)]);
+        publisher.publish(changed(vec![directive("z", 0.1)]));
         let next = subscription.next().await.unwrap();
         assert_eq!(next.batch.version, 2 + total as u64);
     }

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use crate::config::Config;
 use crate::controller::BucketStatus;
-use crate::fleet::{Fleet, StreamId};
+use crate::fleet::{Fleet, FleetCaps, StreamId};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::push::Publisher;
@@ -23,6 +23,8 @@ pub struct Settings {
     pub policy: Policy,
     /// TTL stamped on every directive batch.
     pub directive_ttl: DirectiveTtl,
+    /// Bounds on the cells reports can create.
+    pub fleet_caps: FleetCaps,
 }
 
 impl Settings {
@@ -35,6 +37,7 @@ impl Settings {
                 .unwrap_or_default(),
             policy: config.policy(),
             directive_ttl: config.directive_ttl_ms.unwrap_or_default(),
+            fleet_caps: FleetCaps::default(),
         }
     }
 }
@@ -65,14 +68,18 @@ impl AppState {
 
     /// Fresh state with a given epoch.
     pub fn with_epoch(settings: Settings, epoch: u64) -> Self {
+        let modes = settings.policy.modes.to_wire();
         Self {
             inner: Arc::new(Shared {
                 control_interval: settings.control_interval,
                 directive_ttl: settings.directive_ttl,
                 policy: RwLock::new(settings.policy),
-                fleet: Mutex::new(Fleet::new(Fleet::DEFAULT_CARRY_TICKS)),
+                fleet: Mutex::new(Fleet::with_caps(
+                    Fleet::DEFAULT_CARRY_TICKS,
+                    settings.fleet_caps,
+                )),
                 buckets: RwLock::new(Arc::from([])),
-                publisher: Publisher::new(epoch),
+                publisher: Publisher::new(epoch, settings.directive_ttl, modes),
                 next_stream: AtomicU64::new(1),
                 metrics: Metrics::new(epoch),
             }),

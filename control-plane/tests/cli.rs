@@ -144,3 +144,163 @@ fn serve_writes_ready_file_and_stops_on_sigterm() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn serve_output(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(SLUICE);
+    command
+        .args(["serve", "--grpc-listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(config)
+        .args(extra);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // These must all fail before serving; never leave one running.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sluice serve did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn serve_refuses_an_invalid_limits_file() {
+    let dir = temp_dir("serve-invalid");
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, "limits:\n  - bucket: acme\n    limit_rps: -1\n").unwrap();
+    let output = serve_output(&file, &["--admin-listen", "127.0.0.1:0"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "{}:3:16: limits[0].limit_rps: must be a finite number >= 0",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_an_open_admin_api_off_loopback_and_an_empty_token() {
+    let output = serve_output(&example(), &["--admin-listen", "0.0.0.0:0"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("refusing an unauthenticated admin API on 0.0.0.0:0"),
+        "{stderr}"
+    );
+
+    let output = serve_output(
+        &example(),
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token-env",
+            "SLUICE_TEST_TOKEN",
+        ],
+        &[("SLUICE_TEST_TOKEN", "  \n")],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("admin token from SLUICE_TEST_TOKEN is empty"),
+        "{stderr}"
+    );
+}
+
+/// A minimal HTTP/1.1 request with an optional bearer token and JSON body.
+fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn serve_with_a_token_file_guards_writes_and_persists_them() {
+    let dir = temp_dir("serve-token");
+    let limits = dir.join("limits.yaml");
+    std::fs::copy(example(), &limits).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let ready = dir.join("ready.json");
+    let mut child = Command::new(SLUICE)
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&limits)
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--admin-token-file")
+        .arg(&token)
+        .arg("--admin-open-reads")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            break text;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sluice did not get ready");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let admin: SocketAddr = addrs["admin"].as_str().unwrap().parse().unwrap();
+
+    let body = Some(r#"{"limit_rps": 75}"#);
+    let refused = http_request(admin, "PUT", "/v1/limits/acme", None, body);
+    let wrong = http_request(admin, "PUT", "/v1/limits/acme", Some("nope"), body);
+    let read = http_request(admin, "GET", "/v1/limits", None, None);
+    let accepted = http_request(admin, "PUT", "/v1/limits/acme", Some("t0ken"), body);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    assert!(refused.contains("application/problem+json"), "{refused}");
+    assert!(wrong.starts_with("HTTP/1.1 403"), "{wrong}");
+    assert!(read.starts_with("HTTP/1.1 200"), "{read}");
+    assert!(accepted.starts_with("HTTP/1.1 200"), "{accepted}");
+    // Persisted: a restart would read the new limit.
+    let persisted = std::fs::read_to_string(&limits).unwrap();
+    assert!(persisted.contains("limit_rps: 75.0"), "{persisted}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

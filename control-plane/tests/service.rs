@@ -12,12 +12,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_control_plane::fleet::FleetCaps;
+use sluice_control_plane::policy::Fraction;
 use sluice_control_plane::types::ControlInterval;
 use sluice_control_plane::{AppState, Config, RunError, Settings, run};
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
 use sluice_proto::v1::{
-    BucketCount, ControlMessage, DirectiveBatch, Hello, ProxyMessage, Report, control_message,
-    proxy_message,
+    BucketCount, ControlMessage, DirectiveBatch, Hello, Priority, ProxyMessage, Reason, Report,
+    control_message, proxy_message,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -39,6 +41,7 @@ limits:
 
 /// A control plane running in this process.
 struct ControlPlane {
+    state: AppState,
     grpc: SocketAddr,
     admin: SocketAddr,
     http: reqwest::Client,
@@ -48,17 +51,24 @@ struct ControlPlane {
 
 impl ControlPlane {
     async fn start(yaml: &str) -> Self {
+        Self::start_with(yaml, |_| {}).await
+    }
+
+    async fn start_with(yaml: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
         let config = Config::from_yaml(yaml, "test.yaml").unwrap();
         let interval = ControlInterval::from_millis(INTERVAL_MS).unwrap();
-        let state = AppState::new(Settings::from_config(&config, Some(interval)));
+        let mut settings = Settings::from_config(&config, Some(interval));
+        tweak(&mut settings);
+        let state = AppState::new(settings);
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(grpc, admin, state, async {
+        let task = tokio::spawn(run(grpc, admin, state.clone(), async {
             let _ = stopped.await;
         }));
         Self {
+            state,
             grpc: grpc_addr,
             admin: admin_addr,
             http: reqwest::Client::new(),
@@ -164,9 +174,24 @@ impl Proxy {
     /// Reports `rps` offered requests per second for `bucket` every
     /// `REPORT_MS`, admitting them all, in the background.
     fn report_steadily(&mut self, bucket: &str, rps: u64) {
+        self.report_cells_steadily(&[(bucket, "", Priority::Unspecified, rps)]);
+    }
+
+    /// Reports every (bucket, tenant, priority, rps) cell every `REPORT_MS`,
+    /// admitting everything, in the background.
+    fn report_cells_steadily(&mut self, cells: &[(&str, &str, Priority, u64)]) {
         let outbound = self.outbound.clone();
-        let bucket = bucket.to_owned();
-        let per_window = rps * REPORT_MS / 1000;
+        let counts: Vec<BucketCount> = cells
+            .iter()
+            .map(|&(bucket, tenant, priority, rps)| BucketCount {
+                bucket: bucket.to_owned(),
+                tenant: tenant.to_owned(),
+                priority: priority as i32,
+                offered: rps * REPORT_MS / 1000,
+                admitted: rps * REPORT_MS / 1000,
+                ..Default::default()
+            })
+            .collect();
         self.reporter = Some(tokio::spawn(async move {
             let mut ticker = tokio::time::interval(Duration::from_millis(REPORT_MS));
             for sequence in 0.. {
@@ -175,12 +200,7 @@ impl Proxy {
                     kind: Some(proxy_message::Kind::Report(Report {
                         sequence,
                         window_ms: REPORT_MS,
-                        buckets: vec![BucketCount {
-                            bucket: bucket.clone(),
-                            offered: per_window,
-                            admitted: per_window,
-                            ..Default::default()
-                        }],
+                        buckets: counts.clone(),
                     })),
                 };
                 if outbound.send(report).await.is_err() {
@@ -728,5 +748,248 @@ async fn metrics_follow_buckets_proxies_and_pushes() {
         })
         .await;
     assert_eq!(metrics.value("sluice_buckets_tracked", &[]), Some(0.0));
+    cp.shutdown().await;
+}
+
+const TENANTS: &str = "\
+directive_ttl_ms: 4000
+limits:
+  - bucket: api
+    limit_rps: 1000
+tenants:
+  gold: {weight: 4, burst: 2}
+  silver: {weight: 1}
+  light: {weight: 0.25}
+";
+
+#[tokio::test]
+async fn tenants_get_weighted_fair_shares_over_the_stream() {
+    let cp = ControlPlane::start(TENANTS).await;
+    let mut proxy = cp.connect("envoy-a").await;
+    let snapshot = proxy.next_batch().await;
+    assert_eq!(snapshot.ttl_ms, 4000);
+    assert!(snapshot.modes.is_some());
+    let offered = [("gold", 2000), ("silver", 900), ("light", 40)];
+    let cells: Vec<_> = offered
+        .iter()
+        .map(|&(tenant, rps)| ("api", tenant, Priority::Unspecified, rps))
+        .collect();
+    proxy.report_cells_steadily(&cells);
+
+    // The fair shares of 1000: `light` fits (40), the other 960 goes 4:1.
+    let fair = [("gold", 768.0), ("silver", 192.0), ("light", 40.0)];
+    let mut held = std::collections::HashMap::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let batch = proxy.next_batch().await;
+        assert_eq!(batch.ttl_ms, 4000, "every batch carries the TTL");
+        for d in batch.directives.iter().filter(|d| d.bucket == "api") {
+            held.insert(d.tenant.clone(), d.clone());
+        }
+        let admitted = |tenant: &str, rps: f64| {
+            held.get(tenant)
+                .map(|d: &sluice_proto::v1::Directive| rps * (1.0 - d.drop_ratio))
+        };
+        let converged = offered.iter().zip(fair).all(|(&(tenant, rps), (_, fair))| {
+            admitted(tenant, rps as f64).is_some_and(|a| (a - fair).abs() <= 0.05 * fair)
+        });
+        if converged {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never converged: {held:#?}");
+    }
+    let gold = &held["gold"];
+    assert_eq!(gold.reason, Reason::TenantQuotaExceeded as i32);
+    assert_eq!(gold.burst, 2.0);
+    assert_eq!(gold.limit_rps, 1000.0);
+    assert_eq!(gold.reporting_proxies, 1);
+    assert!(gold.retry_after_ms >= 1000);
+    assert!((gold.share_rps - 768.0).abs() < 0.05 * 768.0);
+    assert_eq!(held["light"].drop_ratio, 0.0);
+
+    let api = cp
+        .wait_for_bucket("api", |b| {
+            b["cells"].as_array().is_some_and(|c| c.len() == 3)
+        })
+        .await;
+    let gold = &api["cells"][0];
+    assert_eq!(gold["tenant"], "gold");
+    assert_eq!(gold["priority"], "unspecified");
+    assert_eq!(gold["reason"], "tenant_quota_exceeded");
+    assert!(gold["share_rps"].as_f64().unwrap() > 700.0);
+
+    let metrics = cp
+        .wait_for_metrics("per-tenant series", |m| {
+            m.value(
+                "sluice_tenant_share_rps",
+                &[("bucket", "api"), ("tenant", "gold")],
+            )
+            .is_some()
+        })
+        .await;
+    assert!(
+        metrics
+            .value(
+                "sluice_tenant_admitted_rps",
+                &[("bucket", "api"), ("tenant", "silver")]
+            )
+            .is_some()
+    );
+    cp.shutdown().await;
+}
+
+#[tokio::test]
+async fn bulk_is_shed_before_critical_over_the_stream() {
+    let cp = ControlPlane::start(LIMITS).await;
+    let mut proxy = cp.connect("envoy-a").await;
+    proxy.next_batch().await;
+    proxy.report_cells_steadily(&[
+        ("acme", "", Priority::Critical, 160),
+        ("acme", "", Priority::Bulk, 400),
+    ]);
+    let deadline = Instant::now() + WAIT;
+    let (mut critical, mut bulk) = (None, None);
+    while critical.is_none() || bulk.is_none() {
+        for d in proxy.next_batch().await.directives {
+            if d.priority == Priority::Critical as i32 {
+                critical = Some(d);
+            } else if d.priority == Priority::Bulk as i32 {
+                bulk = Some(d);
+            }
+        }
+        assert!(Instant::now() < deadline);
+    }
+    let (critical, bulk) = (critical.unwrap(), bulk.unwrap());
+    assert_eq!(critical.drop_ratio, 0.0);
+    // 40 of BULK's 400 fit under the limit of 200.
+    assert!((bulk.drop_ratio - 0.9).abs() < 0.01, "{bulk:?}");
+    assert_eq!(bulk.reason, Reason::PriorityShed as i32);
+    cp.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_kill_switch_reaches_a_connected_stream_within_one_push() {
+    let cp = ControlPlane::start(LIMITS).await;
+    let mut proxy = cp.connect("envoy-a").await;
+    let snapshot = proxy.next_batch().await;
+    assert!(!snapshot.modes.unwrap().kill_switch);
+
+    cp.state.policy_mut().modes.kill_switch = true;
+    let batch = proxy.next_batch().await;
+    let modes = batch.modes.unwrap();
+    assert!(modes.kill_switch, "the next batch carries it: {batch:?}");
+    assert!(batch.directives.is_empty(), "no directive had to change");
+
+    cp.state.policy_mut().modes.canary_fraction = Some(Fraction::new(0.25).unwrap());
+    let batch = proxy.next_batch().await;
+    assert_eq!(batch.modes.unwrap().canary_fraction, Some(0.25));
+    assert!(batch.modes.unwrap().kill_switch);
+
+    // A proxy connecting later starts from the same modes.
+    let mut late = cp.connect("envoy-b").await;
+    let snapshot = late.next_batch().await;
+    assert!(snapshot.modes.unwrap().kill_switch);
+    cp.shutdown().await;
+}
+
+#[tokio::test]
+async fn heartbeats_keep_an_idle_stream_fresh() {
+    let cp = ControlPlane::start(TENANTS).await;
+    let mut proxy = cp.connect("envoy-a").await;
+    let snapshot = proxy.next_batch().await;
+    // Nothing changes: only heartbeats arrive, each an empty batch with the
+    // TTL, each a new version.
+    let mut version = snapshot.version;
+    for _ in 0..2 {
+        let heartbeat = proxy.next_batch().await;
+        assert!(heartbeat.directives.is_empty());
+        assert_eq!(heartbeat.ttl_ms, 4000);
+        assert_eq!(heartbeat.epoch, snapshot.epoch);
+        assert!(heartbeat.version > version);
+        version = heartbeat.version;
+    }
+    let metrics = cp.metrics().await;
+    assert!(
+        metrics
+            .value("sluice_heartbeats_published_total", &[])
+            .unwrap()
+            >= 2.0
+    );
+    let age = metrics
+        .value("sluice_directive_batch_age_seconds", &[])
+        .unwrap();
+    assert!(age < 2.0, "a heartbeat went out recently: {age}");
+    cp.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cardinality_flood_keeps_the_state_bounded() {
+    let caps = FleetCaps {
+        max_cells_per_proxy: 500,
+        max_cells: 800,
+        ..FleetCaps::default()
+    };
+    let cp = ControlPlane::start_with(LIMITS, |settings| settings.fleet_caps = caps).await;
+    let mut steady = cp.connect("envoy-a").await;
+    steady.next_batch().await;
+    steady.report_steadily("acme", 600);
+    steady.wait_for_ratio("acme", 2.0 / 3.0).await;
+
+    let flood = cp.connect("flood").await;
+    for round in 0..10_u64 {
+        let buckets = (0..5_000)
+            .map(|i| BucketCount {
+                bucket: format!("flood-{round}-{i}"),
+                tenant: format!("tenant-{i}"),
+                offered: 1,
+                admitted: 1,
+                ..Default::default()
+            })
+            .collect();
+        flood
+            .outbound
+            .send(ProxyMessage {
+                kind: Some(proxy_message::Kind::Report(Report {
+                    sequence: round,
+                    window_ms: 100,
+                    buckets,
+                })),
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(INTERVAL_MS)).await;
+        let metrics = cp.metrics().await;
+        let tracked = metrics.value("sluice_cells_tracked", &[]).unwrap();
+        assert!(tracked <= 800.0, "round {round}: {tracked} cells");
+    }
+    // 50,000 entries, at most 500 accepted per window: the rest refused by
+    // the proxy's cap or, once the fleet is full, by the fleet's.
+    let refused = |m: &Exposition| {
+        ["proxy_cap", "fleet_cap"]
+            .iter()
+            .filter_map(|reason| m.value("sluice_cells_rejected_total", &[("reason", reason)]))
+            .sum::<f64>()
+    };
+    let metrics = cp
+        .wait_for_metrics("refusals counted", |m| refused(m) >= 45_000.0)
+        .await;
+    assert!(
+        metrics
+            .value("sluice_cells_rejected_total", &[("reason", "proxy_cap")])
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        metrics
+            .value("sluice_cells_evicted_total", &[("reason", "idle")])
+            .unwrap()
+            > 0.0
+    );
+    let buckets = cp.get("/v1/buckets").await;
+    assert!(buckets["buckets"].as_array().unwrap().len() <= 800);
+    // The steady bucket kept its directive throughout.
+    cp.wait_for_bucket("acme", |b| b["offered_rps"] == 600.0)
+        .await;
+    drop(flood);
     cp.shutdown().await;
 }

@@ -7,11 +7,13 @@ use serde::{Deserialize, Serialize};
 
 use super::extract::{Json, Path};
 use super::problem::Problem;
+use super::{Admin, OPENAPI_JSON, write};
 use crate::controller::BucketStatus;
 use crate::limits::LimitRule;
 use crate::metrics;
+use crate::overrides::LimitOverride;
 use crate::state::AppState;
-use crate::types::{LimitRps, validate_bucket};
+use crate::types::LimitRps;
 
 /// `GET /healthz` reply.
 #[derive(Debug, Serialize)]
@@ -26,8 +28,14 @@ pub async fn healthz() -> axum::Json<Health> {
 }
 
 /// `GET /metrics`: the Prometheus exposition (OpenMetrics text).
-pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Problem> {
-    let text = state.metrics().encode().map_err(|err| {
+pub async fn metrics(State(admin): State<Admin>) -> Result<impl IntoResponse, Problem> {
+    let encoded = admin.state().metrics().encode().and_then(|main| {
+        // Two registries, one exposition: a single `# EOF`, at the end.
+        let reloads = admin.live().reload_metrics().encode()?;
+        let main = main.strip_suffix("# EOF\n").unwrap_or(&main);
+        Ok(format!("{main}{reloads}"))
+    });
+    let text = encoded.map_err(|err| {
         // Encoding into a String only fails if a metric's own encoder does.
         tracing::error!(%err, "encoding metrics");
         Problem::new(
@@ -36,6 +44,11 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
         )
     })?;
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text))
+}
+
+/// `GET /v1/openapi.json`: the description of this API.
+pub async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON)
 }
 
 /// `GET /v1/buckets` reply.
@@ -63,17 +76,24 @@ pub async fn buckets(State(state): State<AppState>) -> axum::Json<BucketsReply> 
 pub struct LimitsReply {
     /// Limit for buckets no rule names; null = unlimited.
     pub default_limit_rps: Option<LimitRps>,
-    /// Exact limits sorted by bucket, then patterns in file order.
+    /// Limits in force (overrides included): exact limits sorted by bucket,
+    /// then patterns in file order.
     pub limits: Vec<LimitRule>,
+    /// Temporary limits by bucket, with their deadlines; left out when
+    /// there are none.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub overrides: std::collections::BTreeMap<String, LimitOverride>,
 }
 
 /// `GET /v1/limits`.
-pub async fn limits(State(state): State<AppState>) -> axum::Json<LimitsReply> {
-    let policy = state.policy();
+pub async fn limits(State(admin): State<Admin>) -> axum::Json<LimitsReply> {
+    let overrides = admin.live().config().overrides.limits;
+    let policy = admin.state().policy();
     let limits = &policy.limits;
     axum::Json(LimitsReply {
         default_limit_rps: limits.default_limit(),
         limits: limits.rules(),
+        overrides,
     })
 }
 
@@ -94,38 +114,42 @@ pub struct LimitReply {
     pub limit_rps: LimitRps,
 }
 
-/// `PUT /v1/limits/{bucket}`: in force from the next control interval.
+/// `PUT /v1/limits/{bucket}`: persisted, and in force from the next control
+/// interval (unless an override for the bucket is in force).
 pub async fn put_limit(
-    State(state): State<AppState>,
+    State(admin): State<Admin>,
     Path(bucket): Path<String>,
     Json(body): Json<PutLimit>,
 ) -> Result<axum::Json<LimitReply>, Problem> {
-    validate_bucket(&bucket).map_err(|err| Problem::unprocessable(format!("bucket {err}")))?;
-    let previous = state
-        .policy_mut()
-        .limits
-        .set_exact(bucket.clone(), body.limit_rps);
-    tracing::info!(bucket, limit_rps = %body.limit_rps, previous = ?previous.map(LimitRps::get), "limit set");
+    write::bucket(&bucket)?;
+    let limit = body.limit_rps;
+    let key = bucket.clone();
+    let previous = write::change(&admin, move |config| {
+        Ok(config.limits.set_exact(key, limit))
+    })
+    .await?;
+    tracing::info!(bucket, limit_rps = %limit, previous = ?previous.map(LimitRps::get), "limit set");
     Ok(axum::Json(LimitReply {
         bucket,
-        limit_rps: body.limit_rps,
+        limit_rps: limit,
     }))
 }
 
 /// `DELETE /v1/limits/{bucket}`: only exact limits can be removed.
 pub async fn delete_limit(
-    State(state): State<AppState>,
+    State(admin): State<Admin>,
     Path(bucket): Path<String>,
 ) -> Result<StatusCode, Problem> {
-    match state.policy_mut().limits.remove_exact(&bucket) {
-        Some(previous) => {
-            tracing::info!(bucket, previous = %previous, "limit removed");
-            Ok(StatusCode::NO_CONTENT)
-        }
-        None => Err(Problem::not_found(format!(
-            "no exact limit for bucket {bucket:?}"
-        ))),
-    }
+    let key = bucket.clone();
+    let previous = write::change(&admin, move |config| {
+        config
+            .limits
+            .remove_exact(&key)
+            .ok_or_else(|| Problem::not_found(format!("no exact limit for bucket {key:?}")))
+    })
+    .await?;
+    tracing::info!(bucket, previous = %previous, "limit removed");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Unknown paths.

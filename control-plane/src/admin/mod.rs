@@ -1,33 +1,167 @@
 //! The admin HTTP API (JSON; errors as RFC 9457 problem details).
+//!
+//! Every route is declared once, in [`api`], which both builds the router
+//! and lists the routes, so the OpenAPI document (`control-plane/openapi.json`, served at
+//! `GET /v1/openapi.json`) can be checked against them.
 
+pub mod auth;
 mod extract;
 mod handlers;
+mod modes;
+mod overrides;
 pub mod problem;
+mod proxies;
+mod tenants;
+mod write;
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, put};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRef};
+use axum::handler::Handler;
+use axum::http::Method;
+use axum::{Router, middleware, routing};
 
 pub use handlers::{BucketsReply, LimitReply, LimitsReply, PutLimit};
 
+use self::auth::AuthPolicy;
+use crate::config::Config;
+use crate::live_config::LiveConfig;
 use crate::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The admin API.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(handlers::healthz))
-        .route("/metrics", get(handlers::metrics))
-        .route("/v1/buckets", get(handlers::buckets))
-        .route("/v1/limits", get(handlers::limits))
-        .route(
-            "/v1/limits/{bucket}",
-            put(handlers::put_limit).delete(handlers::delete_limit),
+/// The OpenAPI 3 description of this API (`control-plane/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
+
+/// What the admin handlers share; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    live: Arc<LiveConfig>,
+    auth: Arc<AuthPolicy>,
+}
+
+impl Admin {
+    /// An admin API over `live`, guarded by `auth`.
+    pub fn new(live: Arc<LiveConfig>, auth: AuthPolicy) -> Self {
+        Self {
+            live,
+            auth: Arc::new(auth),
+        }
+    }
+
+    /// An unauthenticated admin API whose changes live in memory only.
+    pub fn in_memory(state: AppState) -> Self {
+        let config = Config::from_policy(&state.policy());
+        Self::new(
+            Arc::new(LiveConfig::in_memory(state, config)),
+            AuthPolicy::default(),
         )
+    }
+
+    /// The shared control plane state.
+    pub fn state(&self) -> &AppState {
+        self.live.state()
+    }
+
+    /// The configuration in force and its file.
+    pub fn live(&self) -> &Arc<LiveConfig> {
+        &self.live
+    }
+
+    /// Who may do what.
+    pub fn auth(&self) -> &AuthPolicy {
+        &self.auth
+    }
+}
+
+impl FromRef<Admin> for AppState {
+    fn from_ref(admin: &Admin) -> Self {
+        admin.state().clone()
+    }
+}
+
+/// The admin API over `state` without authentication or persistence.
+pub fn router(state: AppState) -> Router {
+    admin_router(Admin::in_memory(state))
+}
+
+/// The admin API.
+pub fn admin_router(admin: Admin) -> Router {
+    api()
+        .router
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            admin.clone(),
+            auth::require_token,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .with_state(admin)
+}
+
+/// Every route as `(method, path)`, in declaration order.
+pub fn routes() -> Vec<(Method, &'static str)> {
+    api().routes
+}
+
+fn api() -> Api {
+    Api::default()
+        .get("/healthz", handlers::healthz)
+        .get("/metrics", handlers::metrics)
+        .get("/v1/openapi.json", handlers::openapi)
+        .get("/v1/buckets", handlers::buckets)
+        .get("/v1/proxies", proxies::list)
+        .get("/v1/limits", handlers::limits)
+        .put("/v1/limits/{bucket}", handlers::put_limit)
+        .delete("/v1/limits/{bucket}", handlers::delete_limit)
+        .get("/v1/tenants", tenants::list)
+        .put("/v1/tenants/{tenant}", tenants::put)
+        .delete("/v1/tenants/{tenant}", tenants::delete)
+        .get("/v1/modes", modes::get)
+        .put("/v1/modes", modes::put)
+        .put("/v1/modes/buckets/{bucket}", modes::put_bucket)
+        .delete("/v1/modes/buckets/{bucket}", modes::delete_bucket)
+        .put("/v1/kill-switch", modes::kill_switch_on)
+        .delete("/v1/kill-switch", modes::kill_switch_off)
+        .put("/v1/canary", modes::put_canary)
+        .delete("/v1/canary", modes::delete_canary)
+        .get("/v1/overrides", overrides::list)
+        .put("/v1/overrides/limits/{bucket}", overrides::put_limit)
+        .delete("/v1/overrides/limits/{bucket}", overrides::delete_limit)
+        .put("/v1/overrides/tenants/{tenant}", overrides::put_tenant)
+        .delete("/v1/overrides/tenants/{tenant}", overrides::delete_tenant)
+}
+
+/// A router that remembers what was routed.
+#[derive(Default)]
+struct Api {
+    router: Router<Admin>,
+    routes: Vec<(Method, &'static str)>,
+}
+
+impl Api {
+    fn get<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add(Method::GET, path, routing::get(handler))
+    }
+
+    fn put<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add(Method::PUT, path, routing::put(handler))
+    }
+
+    fn delete<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add(Method::DELETE, path, routing::delete(handler))
+    }
+
+    fn add(
+        mut self,
+        method: Method,
+        path: &'static str,
+        route: routing::MethodRouter<Admin>,
+    ) -> Self {
+        self.routes.push((method, path));
+        // Routes for the same path merge into one method router.
+        self.router = self.router.route(path, route);
+        self
+    }
 }

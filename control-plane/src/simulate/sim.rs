@@ -282,7 +282,7 @@ fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Resul
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
             let load = fleet.tick();
             let decision = controller.tick(&load, &limits);
-            snapshot = decision.snapshot;
+            snapshot = controller.snapshot();
             if !decision.changed.is_empty() {
                 version += 1;
                 trace.batches_pushed += 1;

@@ -1,0 +1,141 @@
+//! `/v1/overrides`: temporary limits and tenant values. Each target has at
+//! most one override; a new one replaces it. At the deadline the override is
+//! removed and the base value applies again.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+
+use super::extract::{Json, Path};
+use super::problem::Problem;
+use super::{Admin, write};
+use crate::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
+use crate::policy::{BurstMultiplier, Weight};
+use crate::types::LimitRps;
+
+/// `GET /v1/overrides`: those in force (expired ones are removed within a
+/// second or so of their deadline).
+pub async fn list(State(admin): State<Admin>) -> axum::Json<Overrides> {
+    let mut overrides = admin.live().config().overrides;
+    overrides.remove_expired(unix_now());
+    axum::Json(overrides)
+}
+
+/// `PUT /v1/overrides/limits/{bucket}` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutLimitOverride {
+    /// The limit while the override lasts.
+    pub limit_rps: LimitRps,
+    /// How long it lasts, in seconds (at most 30 days).
+    pub ttl_s: OverrideTtl,
+}
+
+/// `PUT /v1/overrides/limits/{bucket}`.
+pub async fn put_limit(
+    State(admin): State<Admin>,
+    Path(bucket): Path<String>,
+    Json(body): Json<PutLimitOverride>,
+) -> Result<axum::Json<LimitOverride>, Problem> {
+    write::bucket(&bucket)?;
+    let over = LimitOverride {
+        limit_rps: body.limit_rps,
+        expires_at_unix_s: body.ttl_s.expires_at(unix_now()),
+    };
+    let key = bucket.clone();
+    write::change(&admin, move |config| {
+        config.overrides.limits.insert(key, over);
+        Ok(())
+    })
+    .await?;
+    tracing::info!(bucket, limit_rps = %over.limit_rps, ttl_s = body.ttl_s.as_secs(), "limit override set");
+    Ok(axum::Json(over))
+}
+
+/// `DELETE /v1/overrides/limits/{bucket}`: the base limit applies at once.
+pub async fn delete_limit(
+    State(admin): State<Admin>,
+    Path(bucket): Path<String>,
+) -> Result<StatusCode, Problem> {
+    let key = bucket.clone();
+    write::change(&admin, move |config| {
+        config
+            .overrides
+            .limits
+            .remove(&key)
+            .map(drop)
+            .ok_or_else(|| Problem::not_found(format!("no override for bucket {key:?}")))
+    })
+    .await?;
+    tracing::info!(bucket, "limit override removed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /v1/overrides/tenants/{tenant}` body: at least one value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutTenantOverride {
+    /// Weight while the override lasts.
+    #[serde(default)]
+    pub weight: Option<Weight>,
+    /// Burst multiplier while the override lasts.
+    #[serde(default)]
+    pub burst: Option<BurstMultiplier>,
+    /// Floor while the override lasts.
+    #[serde(default)]
+    pub min_floor_rps: Option<LimitRps>,
+    /// How long it lasts, in seconds (at most 30 days).
+    pub ttl_s: OverrideTtl,
+}
+
+/// `PUT /v1/overrides/tenants/{tenant}`.
+pub async fn put_tenant(
+    State(admin): State<Admin>,
+    Path(tenant): Path<String>,
+    Json(body): Json<PutTenantOverride>,
+) -> Result<axum::Json<TenantOverride>, Problem> {
+    write::tenant(&tenant)?;
+    if body.weight.is_none() && body.burst.is_none() && body.min_floor_rps.is_none() {
+        return Err(Problem::unprocessable(
+            "needs at least one of `weight`, `burst` or `min_floor_rps`",
+        ));
+    }
+    let over = TenantOverride {
+        weight: body.weight,
+        burst: body.burst,
+        min_floor_rps: body.min_floor_rps,
+        expires_at_unix_s: body.ttl_s.expires_at(unix_now()),
+    };
+    let key = tenant.clone();
+    write::change(&admin, move |config| {
+        config.overrides.tenants.insert(key, over);
+        Ok(())
+    })
+    .await?;
+    tracing::info!(
+        tenant,
+        ?over,
+        ttl_s = body.ttl_s.as_secs(),
+        "tenant override set"
+    );
+    Ok(axum::Json(over))
+}
+
+/// `DELETE /v1/overrides/tenants/{tenant}`: the base values apply at once.
+pub async fn delete_tenant(
+    State(admin): State<Admin>,
+    Path(tenant): Path<String>,
+) -> Result<StatusCode, Problem> {
+    let key = tenant.clone();
+    write::change(&admin, move |config| {
+        config
+            .overrides
+            .tenants
+            .remove(&key)
+            .map(drop)
+            .ok_or_else(|| Problem::not_found(format!("no override for tenant {key:?}")))
+    })
+    .await?;
+    tracing::info!(tenant, "tenant override removed");
+    Ok(StatusCode::NO_CONTENT)
+}

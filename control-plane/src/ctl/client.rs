@@ -1,0 +1,146 @@
+//! A small client for the admin API.
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::admin::auth::{Token, TokenError};
+
+/// Why a `sluice ctl` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// Bad arguments.
+    #[error("{0}")]
+    Usage(String),
+    /// The token could not be loaded.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// The admin API could not be reached or answered garbage.
+    #[error("{0}")]
+    Http(String),
+    /// The admin API refused the request.
+    #[error("{status}: {detail}")]
+    Refused {
+        /// The status code.
+        status: StatusCode,
+        /// The problem's `detail` (or the body).
+        detail: String,
+    },
+}
+
+/// Admin API client.
+#[derive(Debug)]
+pub struct Client {
+    base: String,
+    token: Option<Token>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client for the API at `url`, with the token from `token_file` or,
+    /// without one, from `SLUICE_ADMIN_TOKEN` if set.
+    pub fn new(url: &str, token_file: Option<&Path>) -> Result<Self, CtlError> {
+        let token = match token_file {
+            Some(path) => Some(Token::from_file(path)?),
+            None if std::env::var_os(super::TOKEN_ENV).is_some() => {
+                Some(Token::from_env(super::TOKEN_ENV)?)
+            }
+            None => None,
+        };
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|err| CtlError::Http(format!("cannot build an HTTP client: {err}")))?;
+        Ok(Self {
+            base: url.trim_end_matches('/').to_owned(),
+            token,
+            http,
+        })
+    }
+
+    /// GET; the reply body.
+    pub async fn get(&self, path: &str) -> Result<Option<Value>, CtlError> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// PUT with an optional JSON body.
+    pub async fn put(&self, path: &str, body: Option<Value>) -> Result<Option<Value>, CtlError> {
+        self.call(Method::PUT, path, body).await
+    }
+
+    /// DELETE.
+    pub async fn delete(&self, path: &str) -> Result<Option<Value>, CtlError> {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Option<Value>, CtlError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method.clone(), &url);
+        if let Some(token) = &self.token {
+            let mut value = b"Bearer ".to_vec();
+            value.extend_from_slice(token.expose());
+            let mut header = reqwest::header::HeaderValue::from_bytes(&value)
+                .map_err(|_| CtlError::Usage("the token is not a valid header value".into()))?;
+            header.set_sensitive(true);
+            request = request.header(reqwest::header::AUTHORIZATION, header);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
+        if !status.is_success() {
+            let detail = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|problem| problem.get("detail")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(CtlError::Refused { status, detail });
+        }
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|err| CtlError::Http(format!("{method} {url}: not JSON: {err}")))
+    }
+}
+
+/// Percent-encodes one path segment (a bucket key may contain `/`).
+pub fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_encoded() {
+        assert_eq!(segment("acme"), "acme");
+        assert_eq!(segment("acme/api v2"), "acme%2Fapi%20v2");
+        assert_eq!(segment("free-*"), "free-%2A");
+        assert_eq!(segment("é"), "%C3%A9");
+    }
+}

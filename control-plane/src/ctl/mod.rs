@@ -1,0 +1,360 @@
+//! `sluice ctl`: the admin API from the command line.
+//!
+//! Reads print a table (or the API's JSON with `--json`); writes print the
+//! API's answer. Any error prints the problem detail on stderr and exits 1.
+
+mod client;
+mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+
+use self::client::{Client, CtlError};
+use crate::overrides::{OverrideTtl, parse_duration};
+
+/// Environment variable holding the admin token for `sluice ctl`.
+pub const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
+
+/// `sluice ctl`.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Base URL of the admin API.
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub url: String,
+    /// File holding the bearer token; without it, the token is read from
+    /// SLUICE_ADMIN_TOKEN if that is set.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// `sluice ctl` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Buckets with traffic: rates, limits, drop ratios.
+    Buckets,
+    /// Proxies: identity, zone, last report, connected.
+    Proxies,
+    /// Limits in force and limit overrides.
+    Limits,
+    /// Set or remove a bucket's limit.
+    #[command(subcommand)]
+    Limit(LimitCommand),
+    /// Tenant policies in force and tenant overrides.
+    Tenants,
+    /// Set or remove a tenant's policy.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Rollout modes, kill switch and canary fraction.
+    Modes,
+    /// Set modes.
+    #[command(subcommand)]
+    Mode(ModeCommand),
+    /// Turn the kill switch on (every proxy shadows) or off.
+    KillSwitch {
+        /// `on` or `off`.
+        state: Switch,
+    },
+    /// Set the fraction of proxies that enforce (0-1), or `off` for all.
+    Canary {
+        /// A fraction such as 0.1, or `off`.
+        fraction: String,
+    },
+    /// Temporary overrides in force.
+    Overrides,
+    /// Set or remove a temporary override.
+    #[command(subcommand)]
+    Override(OverrideCommand),
+}
+
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+/// `shadow` or `enforce`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// Count would-be drops, reject nothing.
+    Shadow,
+    /// Reject with 429.
+    Enforce,
+}
+
+impl ModeArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Shadow => "shadow",
+            Self::Enforce => "enforce",
+        }
+    }
+}
+
+/// `sluice ctl limit`.
+#[derive(Debug, Subcommand)]
+pub enum LimitCommand {
+    /// Set BUCKET's fleet-wide limit in requests per second.
+    Set {
+        /// Exact bucket key.
+        bucket: String,
+        /// Requests per second (0 drops everything).
+        #[arg(allow_negative_numbers = true)]
+        rps: f64,
+    },
+    /// Remove BUCKET's exact limit.
+    Rm {
+        /// Exact bucket key.
+        bucket: String,
+    },
+}
+
+/// Values of a tenant policy; those not given take their defaults.
+#[derive(Debug, Args)]
+pub struct TenantValues {
+    /// Relative weight in the fair share.
+    #[arg(long)]
+    pub weight: Option<f64>,
+    /// Burst multiplier (1-100).
+    #[arg(long)]
+    pub burst: Option<f64>,
+    /// Floor in requests per second, below which the tenant is never dropped.
+    #[arg(long, value_name = "RPS")]
+    pub floor: Option<f64>,
+}
+
+impl TenantValues {
+    fn to_json(&self) -> serde_json::Map<String, Value> {
+        let mut body = serde_json::Map::new();
+        if let Some(weight) = self.weight {
+            body.insert("weight".into(), json!(weight));
+        }
+        if let Some(burst) = self.burst {
+            body.insert("burst".into(), json!(burst));
+        }
+        if let Some(floor) = self.floor {
+            body.insert("min_floor_rps".into(), json!(floor));
+        }
+        body
+    }
+}
+
+/// `sluice ctl tenant`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Set NAME's policy; values not given take their defaults (weight 1,
+    /// burst 1, floor 0).
+    Set {
+        /// Tenant name (`default` applies to tenants not listed).
+        name: String,
+        /// The values.
+        #[command(flatten)]
+        values: TenantValues,
+    },
+    /// Remove NAME's policy; it falls back to `default`.
+    Rm {
+        /// Tenant name.
+        name: String,
+    },
+}
+
+/// `sluice ctl mode`.
+#[derive(Debug, Subcommand)]
+pub enum ModeCommand {
+    /// Set BUCKET's mode.
+    Set {
+        /// Exact bucket key.
+        bucket: String,
+        /// The mode.
+        mode: ModeArg,
+    },
+    /// Remove BUCKET's mode; it follows the default.
+    Rm {
+        /// Exact bucket key.
+        bucket: String,
+    },
+    /// Set the mode of buckets without one of their own.
+    Default {
+        /// The mode.
+        mode: ModeArg,
+    },
+}
+
+/// `sluice ctl override`.
+#[derive(Debug, Subcommand)]
+pub enum OverrideCommand {
+    /// Give BUCKET a limit for a while.
+    Limit {
+        /// Exact bucket key.
+        bucket: String,
+        /// Requests per second while the override lasts.
+        #[arg(allow_negative_numbers = true)]
+        rps: f64,
+        /// How long: 90s, 15m, 1h, 2d (at most 30 days).
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+        duration: OverrideTtl,
+    },
+    /// Give tenant NAME other values for a while.
+    Tenant {
+        /// Tenant name.
+        name: String,
+        /// The values (at least one).
+        #[command(flatten)]
+        values: TenantValues,
+        /// How long: 90s, 15m, 1h, 2d (at most 30 days).
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+        duration: OverrideTtl,
+    },
+    /// Remove an override now; the base values apply again.
+    Rm {
+        /// `limit` or `tenant`.
+        kind: OverrideKind,
+        /// Bucket key or tenant name.
+        name: String,
+    },
+}
+
+/// What an override applies to.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OverrideKind {
+    /// A bucket's limit.
+    Limit,
+    /// A tenant's values.
+    Tenant,
+}
+
+/// Runs `sluice ctl`; exit code 1 on any error.
+pub async fn execute(args: CtlArgs) -> ExitCode {
+    match run(&args).await {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("sluice ctl: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `sluice ctl` and returns what it prints.
+pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
+    let client = Client::new(&args.url, args.token_file.as_deref())?;
+    let json = args.json;
+    let seg = client::segment;
+    let (reply, render): (Option<Value>, fn(&Value) -> String) = match &args.command {
+        CtlCommand::Buckets => (client.get("/v1/buckets").await?, table::buckets),
+        CtlCommand::Proxies => (client.get("/v1/proxies").await?, table::proxies),
+        CtlCommand::Limits => (client.get("/v1/limits").await?, table::limits),
+        CtlCommand::Tenants => (client.get("/v1/tenants").await?, table::tenants),
+        CtlCommand::Modes => (client.get("/v1/modes").await?, table::modes),
+        CtlCommand::Overrides => (client.get("/v1/overrides").await?, table::overrides),
+        CtlCommand::Limit(LimitCommand::Set { bucket, rps }) => {
+            let path = format!("/v1/limits/{}", seg(bucket));
+            let body = json!({ "limit_rps": rps });
+            (client.put(&path, Some(body)).await?, table::written)
+        }
+        CtlCommand::Limit(LimitCommand::Rm { bucket }) => {
+            let path = format!("/v1/limits/{}", seg(bucket));
+            (client.delete(&path).await?, table::written)
+        }
+        CtlCommand::Tenant(TenantCommand::Set { name, values }) => {
+            let path = format!("/v1/tenants/{}", seg(name));
+            let body = Value::Object(values.to_json());
+            (client.put(&path, Some(body)).await?, table::written)
+        }
+        CtlCommand::Tenant(TenantCommand::Rm { name }) => {
+            let path = format!("/v1/tenants/{}", seg(name));
+            (client.delete(&path).await?, table::written)
+        }
+        CtlCommand::Mode(ModeCommand::Set { bucket, mode }) => {
+            let path = format!("/v1/modes/buckets/{}", seg(bucket));
+            let body = json!({ "mode": mode.as_str() });
+            (client.put(&path, Some(body)).await?, table::modes)
+        }
+        CtlCommand::Mode(ModeCommand::Rm { bucket }) => {
+            let path = format!("/v1/modes/buckets/{}", seg(bucket));
+            (client.delete(&path).await?, table::modes)
+        }
+        CtlCommand::Mode(ModeCommand::Default { mode }) => {
+            // Read, change one field, write back: PUT /v1/modes replaces all.
+            let mut modes = client.get("/v1/modes").await?.unwrap_or_default();
+            if let Some(object) = modes.as_object_mut() {
+                object.insert("default".into(), json!(mode.as_str()));
+            }
+            (client.put("/v1/modes", Some(modes)).await?, table::modes)
+        }
+        CtlCommand::KillSwitch { state } => {
+            let reply = match state {
+                Switch::On => client.put("/v1/kill-switch", None).await?,
+                Switch::Off => client.delete("/v1/kill-switch").await?,
+            };
+            (reply, table::modes)
+        }
+        CtlCommand::Canary { fraction } => {
+            let reply = if fraction == "off" {
+                client.delete("/v1/canary").await?
+            } else {
+                let fraction: f64 = fraction.parse().map_err(|_| {
+                    CtlError::Usage(format!(
+                        "canary: {fraction:?} is neither a fraction nor `off`"
+                    ))
+                })?;
+                let body = json!({ "canary_fraction": fraction });
+                client.put("/v1/canary", Some(body)).await?
+            };
+            (reply, table::modes)
+        }
+        CtlCommand::Override(OverrideCommand::Limit {
+            bucket,
+            rps,
+            duration,
+        }) => {
+            let path = format!("/v1/overrides/limits/{}", seg(bucket));
+            let body = json!({ "limit_rps": rps, "ttl_s": duration.as_secs() });
+            (client.put(&path, Some(body)).await?, table::written)
+        }
+        CtlCommand::Override(OverrideCommand::Tenant {
+            name,
+            values,
+            duration,
+        }) => {
+            let path = format!("/v1/overrides/tenants/{}", seg(name));
+            let mut body = values.to_json();
+            body.insert("ttl_s".into(), json!(duration.as_secs()));
+            (
+                client.put(&path, Some(Value::Object(body))).await?,
+                table::written,
+            )
+        }
+        CtlCommand::Override(OverrideCommand::Rm { kind, name }) => {
+            let kind = match kind {
+                OverrideKind::Limit => "limits",
+                OverrideKind::Tenant => "tenants",
+            };
+            let path = format!("/v1/overrides/{kind}/{}", seg(name));
+            (client.delete(&path).await?, table::written)
+        }
+    };
+    Ok(match reply {
+        None => "ok\n".to_owned(),
+        Some(value) if json => format!("{value}\n"),
+        Some(value) => render(&value),
+    })
+}

@@ -1,0 +1,270 @@
+//! Plain-text tables of admin API replies.
+
+use serde_json::Value;
+
+use crate::overrides::unix_now;
+
+/// Left-aligned columns separated by two spaces.
+fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (cell, width) in cells.zip(&widths) {
+            text.push_str(&format!("{cell:<width$}  "));
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// A JSON value as a cell: `-` for null or missing.
+fn cell(value: Option<&Value>) -> String {
+    match value {
+        None | Some(Value::Null) => "-".to_owned(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn rows_of(items: Option<&Value>, columns: &[&str]) -> Vec<Vec<String>> {
+    items
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| columns.iter().map(|c| cell(item.get(*c))).collect())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn entries(map: Option<&Value>) -> Vec<(&String, &Value)> {
+    map.and_then(Value::as_object)
+        .map(|m| m.iter().collect())
+        .unwrap_or_default()
+}
+
+fn remaining(expires_at: Option<&Value>) -> String {
+    match expires_at.and_then(Value::as_u64) {
+        Some(at) => format!("{}s", at.saturating_sub(unix_now())),
+        None => "-".to_owned(),
+    }
+}
+
+/// `GET /v1/buckets`: one row per bucket, then one per (bucket, tenant,
+/// priority) cell with its fair share.
+pub fn buckets(reply: &Value) -> String {
+    let columns = [
+        "bucket",
+        "limit_rps",
+        "offered_rps",
+        "admitted_rps",
+        "shadow_dropped_rps",
+        "drop_ratio",
+        "proxies_reporting",
+    ];
+    let mut out = render(&columns, &rows_of(reply.get("buckets"), &columns));
+    let cell_columns = [
+        "tenant",
+        "priority",
+        "offered_rps",
+        "admitted_rps",
+        "share_rps",
+        "drop_ratio",
+        "reason",
+    ];
+    let mut rows = Vec::new();
+    for bucket in reply
+        .get("buckets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for mut row in rows_of(bucket.get("cells"), &cell_columns) {
+            row.insert(0, cell(bucket.get("bucket")));
+            rows.push(row);
+        }
+    }
+    if !rows.is_empty() {
+        out.push('\n');
+        let mut header = vec!["bucket"];
+        header.extend(cell_columns);
+        out.push_str(&render(&header, &rows));
+    }
+    out
+}
+
+/// `GET /v1/proxies`.
+pub fn proxies(reply: &Value) -> String {
+    let columns = [
+        "proxy_id",
+        "zone",
+        "connected",
+        "since_last_report_ms",
+        "cells",
+        "instance_id",
+    ];
+    render(&columns, &rows_of(reply.get("proxies"), &columns))
+}
+
+/// `GET /v1/limits`.
+pub fn limits(reply: &Value) -> String {
+    let overrides = reply.get("overrides");
+    let mut rows = vec![vec![
+        "default".to_owned(),
+        "*".to_owned(),
+        cell(reply.get("default_limit_rps")),
+        "-".to_owned(),
+    ]];
+    for rule in reply
+        .get("limits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (kind, key) = match (rule.get("bucket"), rule.get("pattern")) {
+            (Some(bucket), _) => ("bucket", cell(Some(bucket))),
+            (None, pattern) => ("pattern", cell(pattern)),
+        };
+        let overridden = (kind == "bucket")
+            .then(|| overrides.and_then(|o| o.get(&key)))
+            .flatten();
+        let until = overridden.map_or("-".to_owned(), |o| {
+            format!("override, {} left", remaining(o.get("expires_at_unix_s")))
+        });
+        rows.push(vec![
+            kind.to_owned(),
+            key,
+            cell(rule.get("limit_rps")),
+            until,
+        ]);
+    }
+    render(&["kind", "key", "limit_rps", "note"], &rows)
+}
+
+/// `GET /v1/tenants`.
+pub fn tenants(reply: &Value) -> String {
+    let overrides = reply.get("overrides");
+    let rows: Vec<Vec<String>> = entries(reply.get("tenants"))
+        .into_iter()
+        .map(|(name, policy)| {
+            let note = overrides
+                .and_then(|o| o.get(name))
+                .map_or("-".to_owned(), |o| {
+                    format!("override, {} left", remaining(o.get("expires_at_unix_s")))
+                });
+            vec![
+                name.clone(),
+                cell(policy.get("weight")),
+                cell(policy.get("burst")),
+                cell(policy.get("min_floor_rps")),
+                note,
+            ]
+        })
+        .collect();
+    render(
+        &["tenant", "weight", "burst", "min_floor_rps", "note"],
+        &rows,
+    )
+}
+
+/// `GET /v1/modes` and every modes write.
+pub fn modes(reply: &Value) -> String {
+    let mut out = format!(
+        "default: {}\nkill_switch: {}\ncanary_fraction: {}\n",
+        cell(reply.get("default")),
+        cell(reply.get("kill_switch")),
+        cell(reply.get("canary_fraction")),
+    );
+    let rows: Vec<Vec<String>> = entries(reply.get("buckets"))
+        .into_iter()
+        .map(|(bucket, mode)| vec![bucket.clone(), cell(Some(mode))])
+        .collect();
+    if !rows.is_empty() {
+        out.push('\n');
+        out.push_str(&render(&["bucket", "mode"], &rows));
+    }
+    out
+}
+
+/// `GET /v1/overrides`.
+pub fn overrides(reply: &Value) -> String {
+    let mut rows = Vec::new();
+    for (kind, field) in [("limit", "limits"), ("tenant", "tenants")] {
+        for (name, over) in entries(reply.get(field)) {
+            let values: Vec<String> = over
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(key, _)| *key != "expires_at_unix_s")
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            rows.push(vec![
+                kind.to_owned(),
+                name.clone(),
+                values.join(" "),
+                remaining(over.get("expires_at_unix_s")),
+            ]);
+        }
+    }
+    render(&["kind", "target", "values", "remaining"], &rows)
+}
+
+/// Any other write: the reply, pretty-printed.
+pub fn written(reply: &Value) -> String {
+    let text = serde_json::to_string_pretty(reply).unwrap_or_else(|_| reply.to_string());
+    format!("{text}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tables_line_up() {
+        let text = buckets(&json!({"buckets": [
+            {"bucket": "acme", "limit_rps": 200.0, "offered_rps": 600.0,
+             "admitted_rps": 200.0, "drop_ratio": 0.5, "proxies_reporting": 2},
+            {"bucket": "free-long-name", "limit_rps": null, "offered_rps": 1.0,
+             "admitted_rps": 1.0, "drop_ratio": 0.0, "proxies_reporting": 1},
+        ]}));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("bucket          limit_rps"), "{text}");
+
+        let text = buckets(&json!({"buckets": [{"bucket": "acme", "cells": [
+            {"tenant": "gold", "priority": "high", "offered_rps": 10.0, "admitted_rps": 10.0,
+             "share_rps": 12.5, "drop_ratio": 0.0, "reason": null}]}]}));
+        let last = text.lines().last().unwrap();
+        assert_eq!(
+            last.split_whitespace().collect::<Vec<_>>(),
+            ["acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-"],
+            "{text}"
+        );
+        assert!(lines[1].starts_with("acme            200.0"), "{text}");
+        assert!(lines[2].starts_with("free-long-name  -"), "{text}");
+    }
+
+    #[test]
+    fn modes_show_the_switches_and_buckets() {
+        let text = modes(&json!({"default": "enforce", "buckets": {"b": "shadow"},
+            "kill_switch": true, "canary_fraction": null}));
+        assert_eq!(
+            text,
+            "default: enforce\nkill_switch: true\ncanary_fraction: -\n\nbucket  mode\nb       shadow\n"
+        );
+    }
+}

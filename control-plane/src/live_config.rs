@@ -1,0 +1,319 @@
+//! The limits file as the control plane holds it at run time.
+//!
+//! Three things change it: admin API writes ([`LiveConfig::update`]), edits
+//! of the file on disk ([`LiveConfig::poll`] picks them up) and overrides
+//! reaching their deadline (also [`LiveConfig::poll`]). After each change the
+//! effective policy (base values plus the overrides in force) replaces the
+//! one in [`AppState`], which the control loop reads on its next interval.
+//!
+//! Writes are persisted before they take effect, atomically, and the bytes
+//! written are remembered: the next poll finds the file unchanged and does
+//! not reload what the control plane wrote itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::config::{Config, ConfigError};
+use crate::persist;
+use crate::state::AppState;
+
+/// Why a change could not be persisted; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// The configuration could not be rendered as YAML.
+    #[error("cannot render the limits file: {0}")]
+    Render(#[from] serde_yaml_ng::Error),
+    /// The file was edited by hand and the edit is invalid: writing now
+    /// would throw the edit away.
+    #[error("the limits file was edited and is invalid; fix it first: {0}")]
+    FileInvalid(String),
+    /// The file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The limits file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// What a poll of the limits file found.
+#[derive(Debug)]
+pub enum Reload {
+    /// A new, valid file is in force.
+    Applied,
+    /// The file changed but is invalid (or unreadable); the previous
+    /// configuration stays in force.
+    Rejected(ConfigError),
+}
+
+/// The configuration in force and the file it lives in.
+#[derive(Debug)]
+pub struct LiveConfig {
+    state: AppState,
+    file: Option<PathBuf>,
+    inner: Mutex<Inner>,
+    reloads: ReloadMetrics,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    /// The file's bytes as last read or written; `None` once it could not
+    /// be read. A poll that finds the same bytes does nothing.
+    seen: Option<Vec<u8>>,
+    /// Why the file on disk is invalid, while it is.
+    invalid: Option<String>,
+}
+
+impl LiveConfig {
+    /// A configuration persisted in `file`, whose current content is
+    /// `bytes` (the text `config` was parsed from).
+    pub fn with_file(state: AppState, config: Config, file: PathBuf, bytes: Vec<u8>) -> Self {
+        Self::build(state, config, Some(file), Some(bytes))
+    }
+
+    /// A configuration that lives only in memory: writes take effect but
+    /// are lost on restart, and nothing is watched.
+    pub fn in_memory(state: AppState, config: Config) -> Self {
+        Self::build(state, config, None, None)
+    }
+
+    fn build(
+        state: AppState,
+        config: Config,
+        file: Option<PathBuf>,
+        seen: Option<Vec<u8>>,
+    ) -> Self {
+        let live = Self {
+            state,
+            file,
+            inner: Mutex::new(Inner {
+                config,
+                seen,
+                invalid: None,
+            }),
+            reloads: ReloadMetrics::new(),
+        };
+        let inner = live.lock();
+        live.apply(&inner.config, crate::overrides::unix_now());
+        drop(inner);
+        live
+    }
+
+    /// The limits file, if there is one.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// The shared state this configuration drives.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// A copy of the configuration in force (base values and overrides).
+    pub fn config(&self) -> Config {
+        self.lock().config.clone()
+    }
+
+    /// Reload counters, for `GET /metrics`.
+    pub fn reload_metrics(&self) -> &ReloadMetrics {
+        &self.reloads
+    }
+
+    /// Applies `change` to a copy of the configuration; if it succeeds, the
+    /// copy is persisted and then put in force. If `change` fails or the
+    /// file cannot be written, nothing changes. Blocks on file I/O.
+    ///
+    /// A hand edit of the file that the watcher has not picked up yet is
+    /// picked up first, so the write does not undo it; while the file holds
+    /// an invalid edit, writes are refused ([`PersistError::FileInvalid`]).
+    pub fn update<T, E>(
+        &self,
+        now: u64,
+        change: impl FnOnce(&mut Config) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<PersistError>,
+    {
+        let mut inner = self.lock();
+        if let Some(reload) = self.reload_locked(&mut inner, now) {
+            self.count(&reload);
+        }
+        if let Some(why) = &inner.invalid {
+            return Err(PersistError::FileInvalid(why.clone()).into());
+        }
+        let mut config = inner.config.clone();
+        // Expired overrides go with any write, so the file never grows them.
+        config.overrides.remove_expired(now);
+        let outcome = change(&mut config)?;
+        if let Some(file) = &self.file {
+            let bytes = config.to_yaml().map_err(PersistError::from)?.into_bytes();
+            persist::write_atomic(file, &bytes).map_err(|source| PersistError::Write {
+                path: file.clone(),
+                source,
+            })?;
+            inner.seen = Some(bytes);
+            inner.invalid = None;
+        }
+        self.apply(&config, now);
+        inner.config = config;
+        Ok(outcome)
+    }
+
+    /// Removes overrides that expired by `now` and picks up a changed file.
+    /// Blocks on file I/O; the reload watcher calls it every poll period.
+    pub fn poll(&self, now: u64) -> Option<Reload> {
+        let mut inner = self.lock();
+        // Reload first: expiring writes the file, which must not undo an
+        // edit not yet picked up.
+        let reload = self.reload_locked(&mut inner, now);
+        if let Some(reload) = &reload {
+            self.count(reload);
+        }
+        self.expire_locked(&mut inner, now);
+        reload
+    }
+
+    fn count(&self, reload: &Reload) {
+        match reload {
+            Reload::Applied => self.reloads.success.inc(),
+            Reload::Rejected(_) => self.reloads.failure.inc(),
+        };
+    }
+
+    fn expire_locked(&self, inner: &mut Inner, now: u64) {
+        if !inner.config.overrides.remove_expired(now) {
+            return;
+        }
+        tracing::info!("overrides expired; base values apply again");
+        self.apply(&inner.config, now);
+        let Some(file) = &self.file else { return };
+        if inner.invalid.is_some() {
+            // The hand edit on disk wins once it is fixed.
+            return;
+        }
+        // The expired entries are ignored on load anyway; failing to remove
+        // them from the file only leaves clutter.
+        let written = inner
+            .config
+            .to_yaml()
+            .map_err(PersistError::from)
+            .and_then(|yaml| {
+                persist::write_atomic(file, yaml.as_bytes())
+                    .map(|()| yaml.into_bytes())
+                    .map_err(|source| PersistError::Write {
+                        path: file.clone(),
+                        source,
+                    })
+            });
+        match written {
+            Ok(bytes) => inner.seen = Some(bytes),
+            Err(err) => tracing::warn!(%err, "cannot remove expired overrides from the file"),
+        }
+    }
+
+    fn reload_locked(&self, inner: &mut Inner, now: u64) -> Option<Reload> {
+        let file = self.file.as_ref()?;
+        let bytes = match std::fs::read(file) {
+            Ok(bytes) => bytes,
+            Err(source) => {
+                // Reported once, not on every poll, until it is readable again.
+                inner.seen.take()?;
+                let err = ConfigError::Read {
+                    path: file.clone(),
+                    source,
+                };
+                tracing::error!(%err, "cannot read the limits file; keeping the configuration in force");
+                return Some(Reload::Rejected(err));
+            }
+        };
+        if inner.seen.as_deref() == Some(bytes.as_slice()) {
+            return None;
+        }
+        let parsed = std::str::from_utf8(&bytes)
+            .map_err(|err| ConfigError::Read {
+                path: file.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, err),
+            })
+            .and_then(|text| Config::from_yaml(text, &file.display().to_string()));
+        inner.seen = Some(bytes);
+        match parsed {
+            Ok(config) => {
+                warn_restart_only(&inner.config, &config);
+                self.apply(&config, now);
+                inner.config = config;
+                inner.invalid = None;
+                tracing::info!(file = %file.display(), "limits file reloaded");
+                Some(Reload::Applied)
+            }
+            Err(err) => {
+                tracing::error!(%err, "invalid limits file; keeping the configuration in force");
+                inner.invalid = Some(err.to_string());
+                Some(Reload::Rejected(err))
+            }
+        }
+    }
+
+    fn apply(&self, config: &Config, now: u64) {
+        *self.state.policy_mut() = config.policy_at(now);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // No code panics while holding the lock.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The control interval and the directive TTL are fixed at start-up.
+fn warn_restart_only(old: &Config, new: &Config) {
+    if old.control_interval_ms != new.control_interval_ms {
+        tracing::warn!("control_interval_ms changed in the file; it applies after a restart");
+    }
+    if old.directive_ttl_ms != new.directive_ttl_ms {
+        tracing::warn!("directive_ttl_ms changed in the file; it applies after a restart");
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// `sluice_config_reloads_total{result="success"|"failure"}`, in a registry
+/// of its own that `GET /metrics` appends to the main one.
+#[derive(Debug)]
+pub struct ReloadMetrics {
+    registry: Registry,
+    success: Counter,
+    failure: Counter,
+}
+
+impl ReloadMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Changes of the limits file picked up by the watcher, by result (success or failure)",
+            reloads.clone(),
+        );
+        Self {
+            success: reloads.get_or_create_owned(&ResultLabels { result: "success" }),
+            failure: reloads.get_or_create_owned(&ResultLabels { result: "failure" }),
+            registry,
+        }
+    }
+
+    /// The counters in OpenMetrics text, ending with `# EOF`.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}

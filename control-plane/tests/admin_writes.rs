@@ -1,0 +1,618 @@
+//! Admin API writes: validation, effect on the shared policy, persistence
+//! to the limits file, overrides and authentication.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sluice_control_plane::admin::auth::{AuthPolicy, Token};
+use sluice_control_plane::live_config::LiveConfig;
+use sluice_control_plane::policy::Mode;
+use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router};
+use tower::ServiceExt;
+
+const LIMITS: &str = "\
+# A comment the control plane will not keep.
+default_limit_rps: 1000
+limits:
+  - bucket: acme
+    limit_rps: 200
+  - pattern: \"free-*\"
+    limit_rps: 5
+tenants:
+  gold:
+    weight: 4
+";
+
+struct Fixture {
+    dir: PathBuf,
+    file: PathBuf,
+    state: AppState,
+    live: Arc<LiveConfig>,
+    router: Router,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fixture(name: &str, auth: AuthPolicy) -> Fixture {
+    let dir = std::env::temp_dir().join(format!("sluice-admin-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, LIMITS).unwrap();
+    let config = Config::from_yaml(LIMITS, "limits.yaml").unwrap();
+    let state = AppState::new(Settings::from_config(&config, None));
+    let live = Arc::new(LiveConfig::with_file(
+        state.clone(),
+        config,
+        file.clone(),
+        LIMITS.as_bytes().to_vec(),
+    ));
+    let router = admin_router(Admin::new(Arc::clone(&live), auth));
+    Fixture {
+        dir,
+        file,
+        state,
+        live,
+        router,
+    }
+}
+
+async fn send_as(
+    router: &Router,
+    token: Option<&str>,
+    method: Method,
+    uri: &str,
+    body: Option<&str>,
+) -> (StatusCode, Option<String>, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header(header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(token) = token {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("not JSON: {bytes:?}"))
+    };
+    (status, content_type, json)
+}
+
+async fn send(
+    router: &Router,
+    method: Method,
+    uri: &str,
+    body: Option<&str>,
+) -> (StatusCode, Value) {
+    let (status, _, json) = send_as(router, None, method, uri, body).await;
+    (status, json)
+}
+
+fn file_config(f: &Fixture) -> Config {
+    Config::from_file(&f.file).unwrap()
+}
+
+fn assert_problem(status: StatusCode, content_type: Option<&str>, body: &Value) {
+    assert!(status.is_client_error(), "{status}: {body}");
+    assert_eq!(content_type, Some("application/problem+json"), "{body}");
+    assert_eq!(body["status"], status.as_u16());
+    assert!(!body["detail"].as_str().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn limit_writes_are_persisted_and_survive_a_restart() {
+    let f = fixture("limits", AuthPolicy::default());
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 150}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send(&f.router, Method::DELETE, "/v1/limits/acme", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let text = std::fs::read_to_string(&f.file).unwrap();
+    assert!(text.starts_with("# Sluice limits file."), "{text}");
+    assert!(!text.contains("A comment"), "comments are not preserved");
+    let persisted = file_config(&f);
+    assert_eq!(persisted, f.live.config());
+    // A restart builds its policy from the file alone.
+    let restarted = persisted.policy();
+    assert_eq!(restarted, *f.state.policy());
+    assert_eq!(restarted.limits.limit_for("beta").unwrap().get(), 150.0);
+    assert_eq!(restarted.limits.limit_for("acme").unwrap().get(), 1000.0);
+    assert_eq!(restarted.limits.limit_for("free-x").unwrap().get(), 5.0);
+    assert_eq!(restarted.tenants.policy_for("gold").weight.get(), 4.0);
+    // Nothing left behind but the file itself.
+    assert_eq!(std::fs::read_dir(&f.dir).unwrap().count(), 1);
+}
+
+#[tokio::test]
+async fn tenants_put_get_delete() {
+    let f = fixture("tenants", AuthPolicy::default());
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/tenants/silver",
+        Some(r#"{"weight": 2, "min_floor_rps": 10}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"tenant": "silver", "weight": 2.0, "burst": 1.0, "min_floor_rps": 10.0})
+    );
+    let (_, body) = send(&f.router, Method::GET, "/v1/tenants", None).await;
+    assert_eq!(body["tenants"]["silver"]["weight"], 2.0);
+    assert_eq!(body["tenants"]["gold"]["weight"], 4.0);
+    assert_eq!(
+        f.state
+            .policy()
+            .tenants
+            .policy_for("silver")
+            .min_floor_rps
+            .get(),
+        10.0
+    );
+    assert_eq!(
+        file_config(&f).tenants.policy_for("silver").weight.get(),
+        2.0
+    );
+
+    let (status, _) = send(&f.router, Method::DELETE, "/v1/tenants/silver", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        f.state.policy().tenants.policy_for("silver").weight.get(),
+        1.0
+    );
+    let (status, _) = send(&f.router, Method::DELETE, "/v1/tenants/silver", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn invalid_writes_are_problems_and_change_nothing() {
+    let f = fixture("invalid", AuthPolicy::default());
+    let before_file = std::fs::read(&f.file).unwrap();
+    let before_policy = f.state.policy().clone();
+    let cases: &[(Method, &str, &str)] = &[
+        (Method::PUT, "/v1/tenants/t", "{"),
+        (Method::PUT, "/v1/tenants/t", r#"{"weight": -1}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"weight": 0}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"weight": NaN}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"weight": 1e300}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"weight": 1e400}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"burst": 0.5}"#),
+        (Method::PUT, "/v1/tenants/t", r#"{"min_floor_rps": -3}"#),
+        (
+            Method::PUT,
+            "/v1/tenants/t",
+            r#"{"weight": 1, "priority": 2}"#,
+        ),
+        (Method::PUT, "/v1/modes", r#"{"default": "off"}"#),
+        (Method::PUT, "/v1/modes", r#"{"canary_fraction": 1.5}"#),
+        (Method::PUT, "/v1/modes", r#"{"kill": true}"#),
+        (Method::PUT, "/v1/modes", r#"{"buckets": {"": "shadow"}}"#),
+        (Method::PUT, "/v1/modes/buckets/acme", r#"{"mode": "loud"}"#),
+        (Method::PUT, "/v1/modes/buckets/acme", r#"{}"#),
+        (Method::PUT, "/v1/canary", r#"{"canary_fraction": -0.1}"#),
+        (Method::PUT, "/v1/canary", r#"{"canary_fraction": "half"}"#),
+        (Method::PUT, "/v1/canary", r#"{}"#),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"limit_rps": 5, "ttl_s": 0}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"limit_rps": 5, "ttl_s": 99999999}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"limit_rps": 5}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"limit_rps": -5, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/tenants/gold",
+            r#"{"ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/tenants/gold",
+            r#"{"weight": 0, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/tenants/gold",
+            r#"{"weight": 2, "ttl_s": -60}"#,
+        ),
+        (Method::DELETE, "/v1/overrides/limits/acme", ""),
+        (Method::DELETE, "/v1/overrides/tenants/gold", ""),
+        (Method::DELETE, "/v1/modes/buckets/acme", ""),
+    ];
+    for (method, uri, body) in cases {
+        let body = (!body.is_empty()).then_some(*body);
+        let (status, content_type, problem) =
+            send_as(&f.router, None, method.clone(), uri, body).await;
+        assert_problem(status, content_type.as_deref(), &problem);
+    }
+    let huge = format!(r#"{{"weight": 1{}}}"#, " ".repeat(70 * 1024));
+    let (status, content_type, problem) =
+        send_as(&f.router, None, Method::PUT, "/v1/tenants/t", Some(&huge)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_problem(status, content_type.as_deref(), &problem);
+
+    assert_eq!(std::fs::read(&f.file).unwrap(), before_file);
+    assert_eq!(*f.state.policy(), before_policy);
+}
+
+#[tokio::test]
+async fn modes_kill_switch_and_canary() {
+    let f = fixture("modes", AuthPolicy::default());
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/modes/buckets/acme",
+        Some(r#"{"mode": "shadow"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["buckets"], json!({"acme": "shadow"}));
+    assert_eq!(f.state.policy().modes.mode_for("acme"), Mode::Shadow);
+
+    let (_, body) = send(&f.router, Method::PUT, "/v1/kill-switch", None).await;
+    assert_eq!(body["kill_switch"], true);
+    assert!(f.state.policy().modes.kill_switch);
+    assert!(file_config(&f).modes.kill_switch);
+    let (_, body) = send(&f.router, Method::DELETE, "/v1/kill-switch", None).await;
+    assert_eq!(body["kill_switch"], false);
+    // The per-bucket mode survived the kill switch.
+    assert_eq!(body["buckets"], json!({"acme": "shadow"}));
+
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/canary",
+        Some(r#"{"canary_fraction": 0.1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["canary_fraction"], 0.1);
+    assert_eq!(f.state.policy().modes.canary_fraction.unwrap().get(), 0.1);
+    let (_, body) = send(&f.router, Method::DELETE, "/v1/canary", None).await;
+    assert_eq!(body["canary_fraction"], Value::Null);
+
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/modes",
+        Some(r#"{"default": "shadow", "buckets": {"checkout": "enforce"}}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = send(&f.router, Method::GET, "/v1/modes", None).await;
+    assert_eq!(
+        body,
+        json!({"default": "shadow", "buckets": {"checkout": "enforce"},
+               "kill_switch": false, "canary_fraction": null})
+    );
+    assert_eq!(file_config(&f).modes, f.state.policy().modes);
+}
+
+#[tokio::test]
+async fn overrides_apply_then_expire_and_the_base_returns() {
+    let f = fixture("overrides", AuthPolicy::default());
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/overrides/limits/acme",
+        Some(r#"{"limit_rps": 500, "ttl_s": 3600}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let expires = body["expires_at_unix_s"].as_u64().unwrap();
+    let now = sluice_control_plane::overrides::unix_now();
+    assert!((now + 3599..=now + 3601).contains(&expires), "{body}");
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/overrides/tenants/gold",
+        Some(r#"{"min_floor_rps": 50, "ttl_s": 60}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    {
+        let policy = f.state.policy();
+        assert_eq!(policy.limits.limit_for("acme").unwrap().get(), 500.0);
+        let gold = policy.tenants.policy_for("gold");
+        assert_eq!(gold.min_floor_rps.get(), 50.0);
+        assert_eq!(gold.weight.get(), 4.0, "not overridden: the base");
+    }
+    let (_, limits) = send(&f.router, Method::GET, "/v1/limits", None).await;
+    assert_eq!(limits["overrides"]["acme"]["limit_rps"], 500.0);
+    let (_, listed) = send(&f.router, Method::GET, "/v1/overrides", None).await;
+    assert_eq!(listed["tenants"]["gold"]["min_floor_rps"], 50.0);
+    // Persisted with their deadlines.
+    assert_eq!(file_config(&f).overrides, f.live.config().overrides);
+
+    // The base limit changes underneath; the override still wins.
+    send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/acme",
+        Some(r#"{"limit_rps": 250}"#),
+    )
+    .await;
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        500.0
+    );
+
+    // The tenant override expires first, then the limit override.
+    assert!(f.live.poll(now + 61).is_none(), "expiry is not a reload");
+    assert_eq!(
+        f.state
+            .policy()
+            .tenants
+            .policy_for("gold")
+            .min_floor_rps
+            .get(),
+        0.0
+    );
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        500.0
+    );
+    f.live.poll(expires);
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        250.0
+    );
+    assert!(file_config(&f).overrides.is_empty());
+    assert_eq!(file_config(&f).limits, f.live.config().limits);
+
+    let (status, _) = send(&f.router, Method::DELETE, "/v1/overrides/limits/acme", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn deleting_an_override_restores_the_base_at_once() {
+    let f = fixture("override-delete", AuthPolicy::default());
+    send(
+        &f.router,
+        Method::PUT,
+        "/v1/overrides/tenants/gold",
+        Some(r#"{"weight": 9, "ttl_s": 600}"#),
+    )
+    .await;
+    assert_eq!(
+        f.state.policy().tenants.policy_for("gold").weight.get(),
+        9.0
+    );
+    let (status, _) = send(
+        &f.router,
+        Method::DELETE,
+        "/v1/overrides/tenants/gold",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        f.state.policy().tenants.policy_for("gold").weight.get(),
+        4.0
+    );
+}
+
+#[tokio::test]
+async fn a_write_that_cannot_be_persisted_changes_nothing() {
+    let f = fixture("unwritable", AuthPolicy::default());
+    std::fs::remove_dir_all(&f.dir).unwrap();
+    let (status, content_type, body) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        "/v1/limits/acme",
+        Some(r#"{"limit_rps": 1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        200.0
+    );
+    assert_eq!(f.live.config().limits.as_slice().len(), 2);
+}
+
+fn token_auth(open_reads: bool) -> AuthPolicy {
+    AuthPolicy {
+        token: Some(Token::new("s3cret", "test").unwrap()),
+        open_reads,
+    }
+}
+
+#[tokio::test]
+async fn writes_need_the_token() {
+    let f = fixture("auth", token_auth(false));
+    let put = Some(r#"{"limit_rps": 1}"#);
+    let (status, content_type, body) =
+        send_as(&f.router, None, Method::PUT, "/v1/limits/acme", put).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_problem(status, content_type.as_deref(), &body);
+    let (status, content_type, body) = send_as(
+        &f.router,
+        Some("wrong"),
+        Method::PUT,
+        "/v1/limits/acme",
+        put,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_problem(status, content_type.as_deref(), &body);
+    assert!(!body.to_string().contains("s3cret"));
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        200.0
+    );
+
+    // Reads need it too unless opened; probes and scrapers never do.
+    let (status, _, _) = send_as(&f.router, None, Method::GET, "/v1/limits", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = send_as(&f.router, None, Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, _, body) = send_as(
+        &f.router,
+        Some("s3cret"),
+        Method::PUT,
+        "/v1/limits/acme",
+        put,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        1.0
+    );
+    let (status, _, _) = send_as(&f.router, Some("s3cret"), Method::GET, "/v1/limits", None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn open_reads_still_guard_writes() {
+    let f = fixture("open-reads", token_auth(true));
+    let (status, _, _) = send_as(&f.router, None, Method::GET, "/v1/tenants", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = send_as(&f.router, None, Method::PUT, "/v1/kill-switch", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = send_as(&f.router, None, Method::DELETE, "/v1/kill-switch", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(!f.state.policy().modes.kill_switch);
+}
+
+#[tokio::test]
+async fn proxies_view() {
+    use sluice_control_plane::fleet::StreamId;
+
+    let f = fixture("proxies", AuthPolicy::default());
+    let (status, body) = send(&f.router, Method::GET, "/v1/proxies", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"connected": 0, "proxies": []}));
+
+    f.state
+        .fleet()
+        .connect_in_zone("envoy-b", 7, "eu-1", StreamId(1));
+    f.state.fleet().connect("envoy-a", 3, StreamId(2));
+    f.state.fleet().disconnect("envoy-a", StreamId(2));
+    let (_, body) = send(&f.router, Method::GET, "/v1/proxies", None).await;
+    assert_eq!(body["connected"], 1);
+    let proxies = body["proxies"].as_array().unwrap();
+    assert_eq!(proxies.len(), 2);
+    assert_eq!(proxies[0]["proxy_id"], "envoy-a");
+    assert_eq!(proxies[0]["connected"], false);
+    assert_eq!(proxies[1]["proxy_id"], "envoy-b");
+    assert_eq!(proxies[1]["zone"], "eu-1");
+    assert_eq!(proxies[1]["instance_id"], 7);
+    assert_eq!(proxies[1]["connected"], true);
+    assert!(proxies[1]["since_last_report_ms"].is_u64());
+}
+
+#[tokio::test]
+async fn writes_keep_hand_edits_not_yet_picked_up() {
+    let f = fixture("hand-edit", AuthPolicy::default());
+    // Edited by hand; the watcher has not polled yet.
+    std::fs::write(&f.file, "limits:\n  - bucket: edited\n    limit_rps: 7\n").unwrap();
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let on_disk = file_config(&f);
+    assert_eq!(
+        on_disk.limit_table().limit_for("edited").unwrap().get(),
+        7.0
+    );
+    assert_eq!(on_disk.limit_table().limit_for("beta").unwrap().get(), 1.0);
+    assert_eq!(
+        on_disk.limit_table().limit_for("acme"),
+        None,
+        "the edit removed it"
+    );
+    assert_eq!(on_disk.policy(), *f.state.policy());
+
+    // An invalid edit blocks writes (409) instead of being overwritten.
+    let invalid = "limits:\n  - bucket: edited\n    limit_rps: lots\n";
+    std::fs::write(&f.file, invalid).unwrap();
+    let (status, content_type, body) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 2}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_problem(status, content_type.as_deref(), &body);
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits[0].limit_rps"),
+        "{body}"
+    );
+    assert_eq!(std::fs::read_to_string(&f.file).unwrap(), invalid);
+    assert_eq!(
+        f.state.policy().limits.limit_for("beta").unwrap().get(),
+        1.0
+    );
+
+    // Fixed by hand: writes work again.
+    std::fs::write(&f.file, "limits: []\n").unwrap();
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/beta",
+        Some(r#"{"limit_rps": 3}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(file_config(&f).limits.as_slice().len(), 1);
+}

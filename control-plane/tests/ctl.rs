@@ -1,0 +1,309 @@
+//! `sluice ctl` (the real binary) against an in-process control plane.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_control_plane::admin::auth::{AuthPolicy, Token};
+use sluice_control_plane::live_config::LiveConfig;
+use sluice_control_plane::policy::Mode;
+use sluice_control_plane::{Admin, AppState, Config, RunError, Settings, run_with};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+const TOKEN: &str = "ctl-test-token";
+const LIMITS: &str = "limits:\n  - bucket: acme\n    limit_rps: 200\n";
+
+struct Server {
+    dir: PathBuf,
+    addr: SocketAddr,
+    state: AppState,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), RunError>>>,
+}
+
+impl Server {
+    async fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sluice-ctl-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limits.yaml");
+        std::fs::write(&file, LIMITS).unwrap();
+        std::fs::write(dir.join("token"), format!("{TOKEN}\n")).unwrap();
+        let config = Config::from_yaml(LIMITS, "limits.yaml").unwrap();
+        let state = AppState::new(Settings::from_config(&config, None));
+        let live = LiveConfig::with_file(state.clone(), config, file, LIMITS.as_bytes().to_vec());
+        let auth = AuthPolicy {
+            token: Some(Token::new(TOKEN, "test").unwrap()),
+            open_reads: false,
+        };
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = admin.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_with(
+            grpc,
+            admin,
+            Admin::new(Arc::new(live), auth),
+            Duration::from_millis(200),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            dir,
+            addr,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Runs `sluice ctl ARGS` with the URL and token in the environment.
+    async fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        self.ctl_with(args, Some(TOKEN)).await
+    }
+
+    async fn ctl_with(&self, args: &[&str], token: Option<&str>) -> (i32, String, String) {
+        let mut command = tokio::process::Command::new(SLUICE);
+        command
+            .arg("ctl")
+            .args(args)
+            .env("SLUICE_ADMIN_URL", format!("http://{}", self.addr))
+            .env_remove("SLUICE_ADMIN_TOKEN")
+            .kill_on_drop(true);
+        if let Some(token) = token {
+            command.env("SLUICE_ADMIN_TOKEN", token);
+        }
+        let output = tokio::time::timeout(Duration::from_secs(20), command.output())
+            .await
+            .expect("sluice ctl timed out")
+            .unwrap();
+        (
+            output.status.code().unwrap(),
+            String::from_utf8(output.stdout).unwrap(),
+            String::from_utf8(output.stderr).unwrap(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (code, stdout, stderr) = self.ctl(args).await;
+        assert_eq!(code, 0, "sluice ctl {args:?}: {stderr}");
+        stdout
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop.send(()).unwrap();
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_tenants_and_tables() {
+    let server = Server::start("limits").await;
+    server.ok(&["limit", "set", "beta/api", "150"]).await;
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .limits
+            .limit_for("beta/api")
+            .unwrap()
+            .get(),
+        150.0
+    );
+    let table = server.ok(&["limits"]).await;
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("kind"), "{table}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["bucket", "beta/api", "150.0", "-"]),
+        "{table}"
+    );
+    server.ok(&["limit", "rm", "beta/api"]).await;
+    assert_eq!(server.state.policy().limits.limit_for("beta/api"), None);
+
+    server
+        .ok(&["tenant", "set", "gold", "--weight", "4", "--floor", "10"])
+        .await;
+    let policy = server.state.policy().tenants.policy_for("gold");
+    assert_eq!(
+        (policy.weight.get(), policy.min_floor_rps.get()),
+        (4.0, 10.0)
+    );
+    let table = server.ok(&["tenants"]).await;
+    assert!(
+        table.lines().any(
+            |l| l.split_whitespace().collect::<Vec<_>>() == ["gold", "4.0", "1.0", "10.0", "-"]
+        ),
+        "{table}"
+    );
+
+    let json: Value = serde_json::from_str(&server.ok(&["--json", "buckets"]).await).unwrap();
+    assert_eq!(json["buckets"], serde_json::json!([]));
+    let table = server.ok(&["proxies"]).await;
+    assert!(table.starts_with("proxy_id"), "{table}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_kill_switch_canary_and_overrides() {
+    let server = Server::start("modes").await;
+    server.ok(&["mode", "set", "acme", "shadow"]).await;
+    server.ok(&["mode", "default", "shadow"]).await;
+    {
+        let modes = &server.state.policy().modes;
+        assert_eq!(modes.mode_for("acme"), Mode::Shadow);
+        assert_eq!(modes.default, Mode::Shadow);
+    }
+    let out = server.ok(&["kill-switch", "on"]).await;
+    assert!(out.contains("kill_switch: true"), "{out}");
+    assert!(server.state.policy().modes.kill_switch);
+    server.ok(&["kill-switch", "off"]).await;
+    assert!(!server.state.policy().modes.kill_switch);
+    server.ok(&["canary", "0.25"]).await;
+    assert_eq!(
+        server.state.policy().modes.canary_fraction.unwrap().get(),
+        0.25
+    );
+    server.ok(&["canary", "off"]).await;
+    assert_eq!(server.state.policy().modes.canary_fraction, None);
+
+    server
+        .ok(&["override", "limit", "acme", "500", "--for", "1h"])
+        .await;
+    server
+        .ok(&[
+            "override", "tenant", "gold", "--weight", "8", "--for", "15m",
+        ])
+        .await;
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .limits
+            .limit_for("acme")
+            .unwrap()
+            .get(),
+        500.0
+    );
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .tenants
+            .policy_for("gold")
+            .weight
+            .get(),
+        8.0
+    );
+    let table = server.ok(&["overrides"]).await;
+    assert!(table.contains("limit   acme"), "{table}");
+    assert!(table.contains("weight=8.0"), "{table}");
+    server.ok(&["override", "rm", "limit", "acme"]).await;
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .limits
+            .limit_for("acme")
+            .unwrap()
+            .get(),
+        200.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_exit_non_zero_with_the_problem_detail() {
+    let server = Server::start("errors").await;
+    let (code, stdout, stderr) = server.ctl(&["limit", "set", "acme", "-5"]).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stderr.starts_with("sluice ctl: 422 Unprocessable Entity: "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("limit_rps: must be a finite number >= 0"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let (code, _, stderr) = server.ctl(&["override", "rm", "tenant", "nobody"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("404 Not Found: no override for tenant"),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = server.ctl_with(&["limits"], None).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("401 Unauthorized"), "{stderr}");
+    let (code, _, stderr) = server.ctl_with(&["kill-switch", "on"], Some("wrong")).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("403 Forbidden"), "{stderr}");
+    assert!(!server.state.policy().modes.kill_switch);
+
+    // The token from a file instead of the environment.
+    let token_file = server.dir.join("token");
+    let (code, _, stderr) = server
+        .ctl_with(
+            &[
+                "--token-file",
+                token_file.to_str().unwrap(),
+                "kill-switch",
+                "on",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(server.state.policy().modes.kill_switch);
+
+    let (code, _, stderr) = server
+        .ctl(&["override", "limit", "acme", "1", "--for", "1y"])
+        .await;
+    assert_eq!(code, 2, "usage error: {stderr}");
+    let (code, _, stderr) = server.ctl(&["canary", "half"]).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("neither a fraction nor `off`"), "{stderr}");
+
+    let addr = server.addr;
+    server.stop().await;
+    let output = tokio::process::Command::new(SLUICE)
+        .args(["ctl", "--url", &format!("http://{addr}"), "buckets"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8(output.stderr)
+            .unwrap()
+            .starts_with("sluice ctl: GET http://"),
+    );
+}
