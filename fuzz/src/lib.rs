@@ -136,9 +136,12 @@ pub fn report(data: &[u8]) {
     if let Some(proxy_message::Kind::Report(report)) = message.kind {
         let _ = fleet.report("fuzz", stream, &report);
     }
-    for load in fleet.tick().values() {
-        assert!(load.offered_rps.is_finite() && load.offered_rps >= 0.0);
-        assert!(load.admitted_rps.is_finite() && load.admitted_rps >= 0.0);
+    for traffic in fleet.tick().buckets {
+        let loads = std::iter::once(traffic.load).chain(traffic.cells.iter().map(|c| c.load));
+        for load in loads {
+            assert!(load.offered_rps.is_finite() && load.offered_rps >= 0.0);
+            assert!(load.admitted_rps.is_finite() && load.admitted_rps >= 0.0);
+        }
     }
 }
 
