@@ -26,10 +26,8 @@ struct Fleet {
 
 fn settings() -> AgentSettings {
     AgentSettings {
-        control_plane_cluster: CLUSTER.into(),
-        proxy_id: "envoy-a".into(),
-        report_interval_ms: 250,
         max_buckets: 100,
+        ..AgentSettings::new(CLUSTER, "envoy-a")
     }
 }
 
@@ -128,7 +126,8 @@ impl Fleet {
             kind: Some(control_message::Kind::Directives(batch)),
         };
         let (host, agent) = &mut self.vms[vm];
-        agent.on_stream_message(host, token, &message.encode_to_vec());
+        let now_ms = self.now_ms;
+        agent.on_stream_message(host, token, &message.encode_to_vec(), now_ms);
     }
 
     /// The host closes the current stream, as Envoy does when the control
@@ -150,6 +149,15 @@ impl Fleet {
         (0..n)
             .filter(|_| self.vms[vm].1.admit(bucket) == Verdict::Drop)
             .count()
+    }
+
+    /// Marks the shared table as rewritten, as the leader does.
+    fn bump_directives_sequence(&mut self) {
+        let mut process = self.process.borrow_mut();
+        let mut meta =
+            DirectivesMeta::decode(&process.get(DIRECTIVES_META_KEY).unwrap().bytes).unwrap();
+        meta.sequence += 1;
+        process.set(DIRECTIVES_META_KEY, &meta.encode());
     }
 
     fn warnings(&self) -> usize {
@@ -397,6 +405,7 @@ fn a_corrupt_directive_blob_keeps_the_last_known_table() {
     fleet.push(1, 1, &[("acme", 1.0)]);
     fleet.tick();
     fleet.process.borrow_mut().set(DIRECTIVES_KEY, &[0xff; 7]);
+    fleet.bump_directives_sequence();
     let before = fleet.warnings();
     fleet.ticks(10);
     // One warning per VM for the bad blob, not one per tick.
@@ -425,8 +434,8 @@ fn messages_on_abandoned_streams_are_ignored() {
         })),
     };
     let (host, agent) = &mut fleet.vms[0];
-    agent.on_stream_message(host, 9999, &message.encode_to_vec());
-    agent.on_stream_message(host, 1, b"\xff\xff not protobuf");
+    agent.on_stream_message(host, 9999, &message.encode_to_vec(), START_MS);
+    agent.on_stream_message(host, 1, b"\xff\xff not protobuf", START_MS);
     assert!(agent.directives().is_empty());
 }
 
@@ -564,10 +573,11 @@ mod metrics {
             assert_eq!(made, expected, "vm {vm}");
         }
 
-        fleet.push(1, 2, &[("a", 0.0)]);
+        // A lifted limit stays a known cell.
+        fleet.push(1, 2, &[("a", 0.0), ("c", 0.0)]);
         fleet.tick();
         assert_eq!(fleet.metric(age), Some(TICK_MS));
-        assert_eq!(fleet.metric(buckets), Some(1));
+        assert_eq!(fleet.metric(buckets), Some(3));
     }
 
     #[test]
