@@ -92,7 +92,7 @@ impl ModeSettings {
 
     /// The wire form, to share the table between VMs.
     pub fn to_policy(self) -> Option<ModePolicy> {
-        (self != Self::default() || self.canary_fraction.is_some()).then(|| ModePolicy {
+        (self != Self::default() || self.canary_fraction.is_some()).then_some(ModePolicy {
             kill_switch: self.kill_switch,
             default_mode: self.default_mode as i32,
             canary_fraction: self.canary_fraction,

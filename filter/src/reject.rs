@@ -209,7 +209,7 @@ fn quota_and_window(rps: f64) -> (u64, u64) {
     if rps >= 1.0 {
         (rps.round() as u64, 1)
     } else {
-        (1, (1.0 / rps).round().max(1.0).min(86_400.0) as u64)
+        (1, (1.0 / rps).round().clamp(1.0, 86_400.0) as u64)
     }
 }
 
