@@ -698,6 +698,157 @@ mod tests {
     }
 
     #[test]
+    fn classification_and_behaviour_keys_parse() {
+        let config = FilterConfig::from_json(
+            br#"{
+              "control_plane_cluster": "cp",
+              "tenant": {"source": "header", "name": "X-Tenant"},
+              "priority": {
+                "header": "X-Priority",
+                "values": {"high": "critical", "batch": "bulk"},
+                "routes": {"checkout": "critical"},
+                "default": "degraded"
+              },
+              "directive_ttl_ms": 5000,
+              "fallback": "local_limit",
+              "new_bucket": {"action": "local_limit", "fleet_limit_rps": 100, "expected_proxies": 4},
+              "response": {"reason_header": "X-Shed-Reason", "x_ratelimit_headers": false, "ietf_headers": true, "policy_name": "edge"},
+              "directive_poll_ms": 10
+            }"#,
+        )
+        .unwrap();
+        let tenant = config.classifier.tenant.clone().unwrap();
+        assert_eq!(tenant.source, KeySource::Header("x-tenant".into()));
+        assert_eq!(tenant.default, "default");
+        let priority = config.classifier.priority.clone().unwrap();
+        assert_eq!(priority.header.as_deref(), Some("x-priority"));
+        assert_eq!(
+            priority.values,
+            vec![
+                ("batch".to_owned(), Priority::Bulk),
+                ("high".to_owned(), Priority::Critical)
+            ]
+        );
+        assert_eq!(
+            priority.routes,
+            vec![("checkout".to_owned(), Priority::Critical)]
+        );
+        assert_eq!(priority.default, Priority::Degraded);
+        assert_eq!(config.directive_ttl_ms, 5000);
+        assert_eq!(config.fallback, Fallback::LocalLimit);
+        assert_eq!(
+            config.new_bucket,
+            NewBucketPolicy::LocalLimit {
+                fleet_limit_rps: 100.0,
+                expected_proxies: 4
+            }
+        );
+        assert_eq!(config.response.reason_header, "x-shed-reason");
+        assert!(!config.response.x_ratelimit_headers);
+        assert_eq!(config.response.policy_name, "edge");
+        assert_eq!(config.directive_poll_ms, 10);
+    }
+
+    #[test]
+    fn behaviour_defaults_are_explicit() {
+        let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+        assert_eq!(config.classifier.tenant, None);
+        assert_eq!(config.classifier.priority, None);
+        assert_eq!(config.directive_ttl_ms, 90_000);
+        assert_eq!(config.fallback, Fallback::KeepLast);
+        assert_eq!(config.new_bucket, NewBucketPolicy::Allow);
+        assert_eq!(config.response, ResponseSettings::default());
+        assert_eq!(config.directive_poll_ms, 20);
+        // A priority header alone maps the class names themselves.
+        let config = FilterConfig::from_json(
+            br#"{"control_plane_cluster": "cp", "priority": {"header": "x-priority"}}"#,
+        )
+        .unwrap();
+        let priority = config.classifier.priority.unwrap();
+        assert_eq!(priority.values.len(), 4);
+        assert_eq!(priority.default, Priority::BestEffort);
+    }
+
+    #[test]
+    fn new_keys_name_the_field_in_errors() {
+        let cases = [
+            (
+                r#""directive_ttl_ms": 10"#,
+                "directive_ttl_ms: must be between 100 and 86400000, got 10",
+            ),
+            (
+                r#""directive_poll_ms": 1"#,
+                "directive_poll_ms: must be between 4 and 100, got 1",
+            ),
+            (
+                r#""new_bucket": {"action": "local_limit", "fleet_limit_rps": -1, "expected_proxies": 2}"#,
+                "new_bucket.fleet_limit_rps: must be a finite number between 0 and 1e9, got -1",
+            ),
+            (
+                r#""new_bucket": {"action": "local_limit", "fleet_limit_rps": 1, "expected_proxies": 0}"#,
+                "new_bucket.expected_proxies: must be between 1 and 100000, got 0",
+            ),
+            (
+                r#""priority": {"default": "bulk"}"#,
+                "priority: needs `header` or `routes` (or both)",
+            ),
+            (
+                r#""priority": {"routes": {"r": "bulk"}, "values": {"a": "bulk"}}"#,
+                "priority.values: needs `header`",
+            ),
+            (
+                r#""response": {"reason_header": "bad header"}"#,
+                "response.reason_header: must be a header name of 1 to 64 bytes without whitespace or ':'",
+            ),
+            (
+                r#""tenant": {"source": "header", "name": "x", "default": ""}"#,
+                "tenant.default: must be between 1 and 256 bytes",
+            ),
+        ];
+        for (field, expected) in cases {
+            assert_eq!(
+                error_of(&format!(r#"{{"control_plane_cluster": "cp", {field}}}"#)),
+                expected
+            );
+        }
+        let prefixed = [
+            (
+                r#""fallback": "panic""#,
+                "fallback: unknown variant `panic`",
+            ),
+            (r#""fallback": 3"#, "fallback: "),
+            (
+                r#""new_bucket": {"action": "deny"}"#,
+                "new_bucket.action: unknown variant `deny`",
+            ),
+            (
+                r#""new_bucket": {"action": "allow", "rps": 1}"#,
+                "new_bucket: unknown field `rps`",
+            ),
+            (
+                r#""priority": {"header": "x", "values": {"a": "urgent"}}"#,
+                "priority.values.a: unknown variant `urgent`",
+            ),
+            (
+                r#""priority": {"header": "x", "colour": 1}"#,
+                "priority: unknown field `colour`",
+            ),
+            (
+                r#""response": {"x_ratelimit_headers": "no"}"#,
+                "response.x_ratelimit_headers: invalid type",
+            ),
+            (
+                r#""tenant": {"source": "cookie"}"#,
+                "tenant.source: unknown variant `cookie`",
+            ),
+        ];
+        for (field, expected) in prefixed {
+            let err = error_of(&format!(r#"{{"control_plane_cluster": "cp", {field}}}"#));
+            assert!(err.starts_with(expected), "{field}: {err}");
+        }
+    }
+
+    #[test]
     fn structural_errors_are_reported() {
         assert!(error_of("").starts_with("configuration: is empty"));
         assert!(error_of("{}").contains("missing field `control_plane_cluster`"));
