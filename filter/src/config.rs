@@ -157,7 +157,8 @@ enum RawFallback {
 #[derive(Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 enum RawNewBucket {
-    Allow,
+    // A struct variant, so unknown fields next to the tag are refused.
+    Allow {},
     LocalLimit {
         fleet_limit_rps: f64,
         expected_proxies: u32,
@@ -207,7 +208,7 @@ fn default_fallback() -> RawFallback {
     RawFallback::KeepLast
 }
 fn default_new_bucket() -> RawNewBucket {
-    RawNewBucket::Allow
+    RawNewBucket::Allow {}
 }
 
 #[derive(Deserialize)]
@@ -331,7 +332,7 @@ impl RawConfig {
         };
         let priority = self.priority.map(|p| p.validate("priority")).transpose()?;
         let new_bucket = match self.new_bucket {
-            RawNewBucket::Allow => NewBucketPolicy::Allow,
+            RawNewBucket::Allow {} => NewBucketPolicy::Allow,
             RawNewBucket::LocalLimit {
                 fleet_limit_rps,
                 expected_proxies,
@@ -831,7 +832,7 @@ mod tests {
             ),
             (
                 r#""priority": {"header": "x", "colour": 1}"#,
-                "priority: unknown field `colour`",
+                "priority.colour: unknown field `colour`",
             ),
             (
                 r#""response": {"x_ratelimit_headers": "no"}"#,
