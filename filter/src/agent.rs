@@ -331,6 +331,11 @@ impl Agent {
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        // Counts of a VM that has not handed off yet cover at most the
+        // time since its previous slow tick.
+        if self.handoff_from_ms.is_none() {
+            self.handoff_from_ms = self.last_slow_ms;
+        }
         self.last_slow_ms = Some(now_ms);
         self.ensure_queue(host);
         let leader_alive = self.run_lease(host, now_ms);
