@@ -363,11 +363,13 @@ impl Agent {
             return;
         }
         let cells = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
+        let shedding = u64::try_from(self.directives.shedding()).unwrap_or(u64::MAX);
         self.metrics.flush(
             host,
             &[
                 (Gauge::DirectiveAgeMs, self.freshness.age_ms(now_ms)),
-                (Gauge::DirectiveBuckets, cells),
+                (Gauge::DirectiveBuckets, shedding),
+                (Gauge::DirectiveCells, cells),
                 (Gauge::FallbackActive, u64::from(self.in_fallback())),
                 (Gauge::Workers, u64::from(self.workers)),
             ],

@@ -573,11 +573,12 @@ mod metrics {
             assert_eq!(made, expected, "vm {vm}");
         }
 
-        // A lifted limit stays a known cell.
+        // A lifted limit stays a known cell but no longer sheds.
         fleet.push(1, 2, &[("a", 0.0), ("c", 0.0)]);
         fleet.tick();
         assert_eq!(fleet.metric(age), Some(TICK_MS));
-        assert_eq!(fleet.metric(buckets), Some(3));
+        assert_eq!(fleet.metric(buckets), Some(1));
+        assert_eq!(fleet.metric(Gauge::DirectiveCells.name()), Some(3));
     }
 
     #[test]

@@ -132,8 +132,10 @@ pub enum Gauge {
     /// Milliseconds since the last directive batch (a heartbeat included)
     /// arrived, on this proxy's clock; 0 before the first one.
     DirectiveAgeMs,
-    /// Cells that have a directive.
+    /// Cells whose directive has a non-zero drop ratio.
     DirectiveBuckets,
+    /// Cells that have a directive (zero drop ratios included).
+    DirectiveCells,
     /// 1 while the directives are older than their TTL and the configured
     /// fallback applies, else 0.
     FallbackActive,
@@ -143,9 +145,10 @@ pub enum Gauge {
 
 impl Gauge {
     /// Every gauge, in definition order.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::DirectiveAgeMs,
         Self::DirectiveBuckets,
+        Self::DirectiveCells,
         Self::FallbackActive,
         Self::Workers,
     ];
@@ -155,6 +158,7 @@ impl Gauge {
         match self {
             Self::DirectiveAgeMs => "sluice.directive_age_ms",
             Self::DirectiveBuckets => "sluice.directive_buckets",
+            Self::DirectiveCells => "sluice.directive_cells",
             Self::FallbackActive => "sluice.fallback_active",
             Self::Workers => "sluice.workers",
         }
