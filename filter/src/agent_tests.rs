@@ -722,6 +722,69 @@ mod cells {
         assert!((10..=13).contains(&handoffs), "{handoffs} hand-offs in 1 s");
     }
 
+    struct Request(&'static [(&'static str, &'static str)]);
+
+    impl crate::bucket_key::RequestAttributes for Request {
+        fn header(&self, name: &str) -> Option<String> {
+            self.0
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+        fn route_name(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn requests_are_classified_into_their_cells() {
+        let config = crate::config::FilterConfig::from_json(
+            br#"{"control_plane_cluster": "cp",
+                 "bucket_key": [{"source": "authority"}],
+                 "tenant": {"source": "header", "name": "x-tenant"},
+                 "priority": {"header": "x-priority", "values": {"batch": "bulk"}}}"#,
+        )
+        .unwrap();
+        let mut fleet = Fleet::new(1);
+        fleet.ticks(2);
+        fleet.push_batch(batch(vec![cell("api", "acme", Priority::Bulk, 1.0)]));
+        fleet.tick();
+        let agent = &mut fleet.vms[0].1;
+        let bulk = Request(&[
+            (":authority", "API"),
+            ("x-tenant", "acme"),
+            ("x-priority", "Batch"),
+        ]);
+        let plain = Request(&[(":authority", "api"), ("x-tenant", "acme")]);
+        let anonymous = Request(&[(":authority", "api")]);
+        assert!(matches!(
+            agent.admit_request(&config.classifier, &bulk),
+            Decision::Reject(_)
+        ));
+        assert_eq!(
+            agent.admit_request(&config.classifier, &plain),
+            Decision::Admit
+        );
+        assert_eq!(
+            agent.admit_request(&config.classifier, &anonymous),
+            Decision::Admit
+        );
+        let mut cells = agent.local.clone().drain();
+        cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+        let seen: Vec<(&str, i32, u64, u64)> = cells
+            .iter()
+            .map(|c| (c.tenant.as_str(), c.priority, c.offered, c.admitted))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("acme", Priority::BestEffort as i32, 1, 1),
+                ("acme", Priority::Bulk as i32, 1, 0),
+                ("default", Priority::BestEffort as i32, 1, 1),
+            ]
+        );
+    }
+
     #[test]
     fn the_exact_cell_wins_then_the_bucket_wide_directive() {
         let mut fleet = Fleet::new(1);
