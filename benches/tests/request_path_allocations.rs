@@ -20,9 +20,12 @@
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sluice_benches::{bucket_names, table_with};
-use sluice_filter::agent::{Agent, AgentSettings};
+use sluice_filter::agent::{Agent, AgentSettings, Decision};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
+use sluice_filter::directives::DirectiveTable;
+use sluice_filter::new_cells::NewBucketPolicy;
+use sluice_proto::v1::{Directive, DirectiveBatch, Mode, Priority};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
@@ -119,10 +122,9 @@ fn warm_agent_admit_does_not_allocate() {
     // short-cut and the counter; the test above covers thresholds.
     let mut agent = Agent::new(
         AgentSettings {
-            control_plane_cluster: "sluice_control_plane".into(),
-            proxy_id: "bench".into(),
             report_interval_ms: 1_000,
             max_buckets: 1_000,
+            ..AgentSettings::new("sluice_control_plane", "bench")
         },
         7,
     );
@@ -138,6 +140,80 @@ fn warm_agent_admit_does_not_allocate() {
     });
 
     assert_eq!(allocations, 0, "{REQUESTS} warm admits allocated");
+}
+
+/// The cell path: tenant and priority cells with their own directives
+/// (enforced and shadowed), cells falling back to the bucket-wide
+/// directive, and new cells under a local limit; rejections hand out the
+/// prepared response without copying it.
+#[test]
+fn warm_cell_admit_does_not_allocate() {
+    let mut agent = Agent::new(
+        AgentSettings {
+            max_buckets: 1_000,
+            new_bucket: NewBucketPolicy::LocalLimit {
+                fleet_limit_rps: 10.0,
+                expected_proxies: 1,
+            },
+            ..AgentSettings::new("sluice_control_plane", "bench")
+        },
+        7,
+    );
+    let buckets = bucket_names(20);
+    let mut directives = Vec::new();
+    for (i, bucket) in buckets.iter().enumerate().take(10) {
+        directives.push(Directive {
+            bucket: bucket.clone(),
+            drop_ratio: 0.5,
+            limit_rps: 100.0,
+            ..Default::default()
+        });
+        directives.push(Directive {
+            bucket: bucket.clone(),
+            tenant: "acme".into(),
+            priority: Priority::Bulk as i32,
+            drop_ratio: 0.9,
+            share_rps: 10.0,
+            mode: if i % 2 == 0 {
+                Mode::Shadow
+            } else {
+                Mode::Enforce
+            } as i32,
+            ..Default::default()
+        });
+    }
+    let mut table = DirectiveTable::new(1_000);
+    table.merge(DirectiveBatch {
+        directives,
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    let cells: Vec<(String, &str, Priority)> = buckets
+        .iter()
+        .flat_map(|bucket| {
+            [
+                (bucket.clone(), "acme", Priority::Bulk),
+                (bucket.clone(), "globex", Priority::Critical),
+                (bucket.clone(), "", Priority::Unspecified),
+            ]
+        })
+        .collect();
+    for (bucket, tenant, priority) in &cells {
+        agent.admit_cell(bucket, tenant, *priority);
+    }
+
+    let mut rejected = 0usize;
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let (bucket, tenant, priority) = &cells[i % cells.len()];
+            let decision = agent.admit_cell(black_box(bucket), tenant, *priority);
+            rejected += usize::from(matches!(decision, Decision::Reject(_)));
+            drop(black_box(decision));
+        }
+    });
+
+    assert_eq!(allocations, 0, "{REQUESTS} warm cell admits allocated");
+    assert!(rejected > 0 && rejected < REQUESTS, "rejected {rejected}");
 }
 
 /// The probe can fail: a bucket seen for the first time allocates its key.

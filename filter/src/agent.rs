@@ -1,31 +1,46 @@
-//! The per-VM logic: the request-path decision and the 100 ms tick that
-//! reconciles this VM with the rest of the Envoy process.
+//! The per-VM logic: the request-path decision and the ticks that
+//! reconcile this VM with the rest of the Envoy process.
 //!
-//! Every VM (each worker's and the main thread's) runs the same tick:
+//! Every VM (each worker's and the main thread's) ticks every
+//! `directive_poll_ms` (20 ms by default). Each tick reads one small shared
+//! key, the table's sequence and freshness, and reads and decodes the table
+//! only when the sequence changed: a directive reaches every VM within one
+//! short tick of the leader receiving it. The rest runs at the old cadence,
+//! every [`TICK_MS`]:
 //! 1. lease: read the leader lease and renew, follow or try to acquire it
 //!    ([`crate::lease`]);
-//! 2. directives: one shared-data read; decode only when the CAS changed;
-//! 3. counts: a follower hands its counts to the leader through the shared
-//!    queue, but only while a leader holds a live lease (otherwise nobody
-//!    drains the queue, so the counts stay local, bounded by `max_buckets`);
-//!    the leader adds its own counts and drains the queue;
-//! 4. leader only: keep the control-plane stream open (reconnecting with
-//!    backoff) and send one `Report` per report interval.
+//! 2. counts: a follower hands its counts, with the span they cover, to the
+//!    leader through the shared queue, but only while a leader holds a live
+//!    lease (otherwise nobody drains the queue, so the counts stay local,
+//!    bounded by `max_buckets`); the leader aligns them to its report
+//!    windows ([`crate::report_window`]);
+//! 3. leader only: keep the control-plane stream open (reconnecting with
+//!    backoff), send one `Report` per report window, publish how many VMs
+//!    serve requests.
 //!
-//! The leader merges every `DirectiveBatch` it receives into its table and
-//! writes the whole table to shared data, where every VM picks it up on its
-//! next tick.
+//! The leader merges every `DirectiveBatch` it receives into its table,
+//! writes the table to shared data when it changed, and stamps the batch's
+//! arrival (heartbeats included) in the freshness key.
 //!
-//! Metrics ([`crate::metrics`]) are counted in plain fields and flushed at the
-//! end of every tick; the leader alone records the process-wide gauges.
+//! Metrics ([`crate::metrics`]) are counted in plain fields and flushed on
+//! the slow tick; the leader alone records the process-wide gauges.
 
-use crate::counters::BucketCounters;
-use crate::decision::{Verdict, decide};
+use crate::bucket_key::RequestAttributes;
+use crate::cell::CellKeyBuf;
+use crate::classify::Classifier;
+use crate::counters::{BucketCounters, Outcome};
+use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
 use crate::directives::DirectiveTable;
+use crate::freshness::{DirectivesMeta, Freshness};
 use crate::host_api::{Host, LogLevel};
 use crate::lease::{LEASE_TTL_TICKS, Lease, LeaseStep, next_step};
 use crate::metrics::{Counter, Gauge, Metrics};
-use crate::shared_keys::{COUNTS_QUEUE, DIRECTIVES_KEY, INSTANCE_ID_KEY, LEASE_KEY};
+use crate::new_cells::{NewBucketPolicy, NewCells};
+use crate::reject::{DropReason, RejectResponse, ResponseSettings};
+use crate::report_window::{Handoff, ReportWindows};
+use crate::shared_keys::{
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, INSTANCE_ID_KEY, LEASE_KEY, WORKERS_KEY,
+};
 use crate::stream::{ControlStream, Reconnect};
 use prost::Message;
 use rand::rngs::SmallRng;
@@ -33,45 +48,98 @@ use rand::{Rng, SeedableRng};
 use sluice_proto::v1::{
     ControlMessage, DirectiveBatch, Hello, ProxyMessage, Report, control_message, proxy_message,
 };
+use std::sync::Arc;
 
-/// Tick period of every VM.
+/// The slow cadence: lease, hand-offs, reports, metrics.
 pub const TICK_MS: u64 = 100;
+/// Default short tick: how often every VM checks for a new directive table.
+pub const DEFAULT_DIRECTIVE_POLL_MS: u64 = 20;
 /// How long a lease outlives its last renewal.
 pub const LEASE_TTL_MS: u64 = LEASE_TTL_TICKS * TICK_MS;
 /// Most queue messages the leader takes per tick: one per VM per tick
 /// arrives, so this only bounds a backlog, never falls behind in steady state.
 pub const MAX_DEQUEUES_PER_TICK: usize = 256;
+/// Default TTL of the directives when batches name none.
+pub const DEFAULT_DIRECTIVE_TTL_MS: u64 = 90_000;
 /// Least time between two warnings about buckets beyond `max_buckets`.
 const OVERFLOW_LOG_INTERVAL_MS: u64 = 10_000;
 /// While the control plane stays unreachable, warn again every this many
 /// failed attempts (the others are logged at debug level).
 const RECONNECT_WARN_EVERY: u32 = 20;
+/// A slow tick is due this long after the previous one (a little less than
+/// [`TICK_MS`], so short ticks that jitter do not skip a beat).
+const SLOW_TICK_DUE_MS: u64 = TICK_MS - TICK_MS / 4;
 
 /// What the agent needs from the configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AgentSettings {
     /// Envoy cluster of the control plane.
     pub control_plane_cluster: String,
-    /// Identity sent in `Hello`.
+    /// Identity sent in `Hello`; also decides canary membership.
     pub proxy_id: String,
     /// Milliseconds between reports.
     pub report_interval_ms: u64,
-    /// Cap on buckets counted and directives held.
+    /// Cap on cells counted and directives held.
     pub max_buckets: usize,
+    /// TTL of the directives when batches name none.
+    pub directive_ttl_ms: u64,
+    /// What applies once the directives are stale.
+    pub fallback: Fallback,
+    /// What applies to cells without a directive.
+    pub new_bucket: NewBucketPolicy,
+    /// How 429 responses are rendered.
+    pub responses: Arc<ResponseSettings>,
+}
+
+impl AgentSettings {
+    /// Settings with every optional behaviour at its default.
+    pub fn new(control_plane_cluster: &str, proxy_id: &str) -> Self {
+        Self {
+            control_plane_cluster: control_plane_cluster.into(),
+            proxy_id: proxy_id.into(),
+            report_interval_ms: 250,
+            max_buckets: 10_000,
+            directive_ttl_ms: DEFAULT_DIRECTIVE_TTL_MS,
+            fallback: Fallback::KeepLast,
+            new_bucket: NewBucketPolicy::Allow,
+            responses: Arc::new(ResponseSettings::default()),
+        }
+    }
+}
+
+/// What the request path does with a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Let it through (also a shadow drop).
+    Admit,
+    /// Answer with this prepared 429.
+    Reject(Arc<RejectResponse>),
 }
 
 /// State of one VM.
 #[derive(Debug)]
 pub struct Agent {
     settings: AgentSettings,
-    /// Identifies this VM in the lease.
+    /// Identifies this VM in the lease and its hand-offs.
     vm_id: u64,
     rng: SmallRng,
     /// Requests counted on this VM and not yet handed on.
     local: BucketCounters,
     directives: DirectiveTable,
-    /// CAS of the shared table last decoded, to skip unchanged reads.
-    directives_cas: Option<u32>,
+    new_cells: NewCells,
+    /// Sequence of the shared table last decoded (or written).
+    directives_sequence: Option<u64>,
+    freshness: Freshness,
+    regime: Regime,
+    /// The request's cell, built in reused buffers.
+    cell: CellKeyBuf,
+    /// The VM's clock as of its last tick (the request path reads no clock).
+    clock_ms: u64,
+    last_slow_ms: Option<u64>,
+    /// End of the span the next hand-off starts at.
+    handoff_from_ms: Option<u64>,
+    handed_off_last: bool,
+    workers: u32,
     queue_id: Option<u32>,
     role: Role,
     untracked: u64,
@@ -89,9 +157,10 @@ enum Role {
 #[derive(Debug)]
 struct Leadership {
     stream: ControlStream,
-    /// The whole process's counts for the current report window.
-    window: BucketCounters,
-    window_started_ms: u64,
+    /// The whole process's counts, aligned to report windows.
+    windows: ReportWindows,
+    /// Workers last published.
+    published_workers: Option<u32>,
 }
 
 impl Agent {
@@ -102,11 +171,31 @@ impl Agent {
         let vm_id = rng.next_u64();
         Self {
             local: BucketCounters::new(settings.max_buckets),
-            directives: DirectiveTable::new(settings.max_buckets),
+            directives: DirectiveTable::with_settings(
+                settings.max_buckets,
+                Arc::clone(&settings.responses),
+                &settings.proxy_id,
+            ),
+            new_cells: NewCells::new(
+                settings.new_bucket,
+                settings.max_buckets,
+                Arc::clone(&settings.responses),
+            ),
+            freshness: Freshness {
+                received_at_ms: None,
+                ttl_ms: settings.directive_ttl_ms,
+            },
             settings,
             vm_id,
             rng,
-            directives_cas: None,
+            directives_sequence: None,
+            regime: Regime::Fresh,
+            cell: CellKeyBuf::default(),
+            clock_ms: 0,
+            last_slow_ms: None,
+            handoff_from_ms: None,
+            handed_off_last: false,
+            workers: 1,
             queue_id: None,
             role: Role::Follower,
             untracked: 0,
@@ -115,14 +204,92 @@ impl Agent {
         }
     }
 
-    /// The request path: flips the coin for `bucket` and counts the request.
-    /// No host calls: the decision is counted in a plain field and flushed
-    /// on the next tick.
+    /// The request path: classifies the request into its cell, decides and
+    /// counts. No host calls beyond the attribute reads the classifier
+    /// needs; no allocation once the cell has been seen.
+    pub fn admit_request(
+        &mut self,
+        classifier: &Classifier,
+        request: &impl RequestAttributes,
+    ) -> Decision {
+        classifier.classify_into(request, &mut self.cell);
+        self.decide_current()
+    }
+
+    /// Decides a request of a bucket without tenant or priority.
     pub fn admit(&mut self, bucket: &str) -> Verdict {
-        let verdict = decide(self.directives.threshold(bucket), &mut self.rng);
-        self.local.record(bucket, verdict == Verdict::Admit);
-        self.metrics.count_decision(verdict);
-        verdict
+        self.cell.bucket.clear();
+        self.cell.bucket.push_str(bucket);
+        self.cell.tenant.clear();
+        self.cell.priority = Default::default();
+        match self.decide_current() {
+            Decision::Admit => Verdict::Admit,
+            Decision::Reject(_) => Verdict::Drop,
+        }
+    }
+
+    /// Decides a request of the cell (`bucket`, `tenant`, `priority`).
+    pub fn admit_cell(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: sluice_proto::v1::Priority,
+    ) -> Decision {
+        self.cell.bucket.clear();
+        self.cell.bucket.push_str(bucket);
+        self.cell.tenant.clear();
+        self.cell.tenant.push_str(tenant);
+        self.cell.priority = priority;
+        self.decide_current()
+    }
+
+    fn decide_current(&mut self) -> Decision {
+        let wide = self.cell.is_bucket_wide();
+        let (exact, bucket) = self.cell.keys();
+        let local = Local {
+            now_ms: self.clock_ms,
+            workers: self.workers,
+        };
+        let found = self.directives.find((!wide).then_some(exact), bucket);
+        let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
+            Some(entry) => match decide_cell(entry, self.regime, local, &mut self.rng) {
+                None => (None, false, None),
+                Some(reason) => {
+                    let response = if reason == DropReason::FallbackLimit {
+                        &entry.fallback_response
+                    } else {
+                        &entry.response
+                    };
+                    (Some(reason), entry.enforce, Some(Arc::clone(response)))
+                }
+            },
+            None => match self.new_cells.decide(exact, local.now_ms, local.workers) {
+                None => (None, false, None),
+                Some((reason, response)) => (
+                    Some(reason),
+                    self.directives.modes().enforces_local(),
+                    Some(response),
+                ),
+            },
+        };
+        let (outcome, decision) = match (reason, response) {
+            (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
+            (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
+            (None, _) => (Outcome::Admitted, Decision::Admit),
+        };
+        self.local.record_cell(exact, outcome);
+        self.metrics.count_decision(outcome, reason);
+        decision
+    }
+
+    /// Replaces the directive table, as if it had arrived fresh at the last
+    /// tick: for simulations and benchmarks, which have no host. Envoy's
+    /// VMs take the table from shared data.
+    pub fn load_directives(&mut self, mut table: DirectiveTable) {
+        table.adopt_state(&mut self.directives);
+        self.directives = table;
+        self.freshness.received_at_ms = Some(self.clock_ms);
+        self.regime = Regime::Fresh;
     }
 
     /// Whether this VM currently owns the control-plane stream.
@@ -140,17 +307,47 @@ impl Agent {
         &self.directives
     }
 
-    /// Runs one tick at `now_ms` (Unix milliseconds).
+    /// Whether the configured fallback applies (directives past their TTL).
+    pub fn in_fallback(&self) -> bool {
+        matches!(self.regime, Regime::Stale(_))
+    }
+
+    /// VMs of this proxy sharing local limits, as last published.
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
+    /// Runs one tick at `now_ms` (Unix milliseconds): the directive check
+    /// always, the rest when a slow tick is due.
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        self.clock_ms = now_ms;
+        self.poll_directives(host, now_ms);
+        let slow_due = self
+            .last_slow_ms
+            .is_none_or(|last| now_ms.saturating_sub(last) >= SLOW_TICK_DUE_MS);
+        if slow_due {
+            self.slow_tick(host, now_ms);
+        }
+    }
+
+    fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        // Counts of a VM that has not handed off yet cover at most the
+        // time since its previous slow tick.
+        if self.handoff_from_ms.is_none() {
+            self.handoff_from_ms = self.last_slow_ms;
+        }
+        self.last_slow_ms = Some(now_ms);
         self.ensure_queue(host);
         let leader_alive = self.run_lease(host, now_ms);
-        self.refresh_directives(host);
         match std::mem::replace(&mut self.role, Role::Follower) {
             Role::Leader(mut leadership) => {
                 self.lead(host, &mut leadership, now_ms);
                 self.role = Role::Leader(leadership);
             }
-            Role::Follower if leader_alive => self.hand_counts_to_leader(host),
+            Role::Follower if leader_alive => {
+                self.hand_counts_to_leader(host, now_ms);
+                self.read_workers(host);
+            }
             // No leader to drain the queue: keep counting locally.
             Role::Follower => {}
         }
@@ -158,35 +355,35 @@ impl Agent {
         self.flush_metrics(host, now_ms);
     }
 
-    /// Flushes counter deltas; the leader also records the gauges. Every VM
-    /// holds the same table, but VMs tick at different moments, so if all
-    /// recorded the age the gauge would jitter by up to a tick between
-    /// writers; one writer keeps it monotonic between batches.
+    /// Flushes counter deltas; the leader also records the gauges, so VMs
+    /// ticking at different moments do not overwrite each other.
     fn flush_metrics(&mut self, host: &mut impl Host, now_ms: u64) {
         if !self.is_leader() {
             self.metrics.flush(host, &[]);
             return;
         }
-        let issued_at = self.directives.provenance().issued_at_unix_ms;
-        // Before any batch, issued_at is 0: report 0, not 55 years. A
-        // control-plane clock ahead of ours saturates to 0 as well.
-        let age_ms = if issued_at == 0 {
-            0
-        } else {
-            now_ms.saturating_sub(issued_at)
-        };
-        let buckets = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
+        let cells = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
+        let shedding = u64::try_from(self.directives.shedding()).unwrap_or(u64::MAX);
         self.metrics.flush(
             host,
             &[
-                (Gauge::DirectiveAgeMs, age_ms),
-                (Gauge::DirectiveBuckets, buckets),
+                (Gauge::DirectiveAgeMs, self.freshness.age_ms(now_ms)),
+                (Gauge::DirectiveBuckets, shedding),
+                (Gauge::DirectiveCells, cells),
+                (Gauge::FallbackActive, u64::from(self.in_fallback())),
+                (Gauge::Workers, u64::from(self.workers)),
             ],
         );
     }
 
-    /// A message arrived on stream `token`.
-    pub fn on_stream_message(&mut self, host: &mut impl Host, token: u32, message: &[u8]) {
+    /// A message arrived on stream `token` at `now_ms`.
+    pub fn on_stream_message(
+        &mut self,
+        host: &mut impl Host,
+        token: u32,
+        message: &[u8],
+        now_ms: u64,
+    ) {
         let Role::Leader(leadership) = &mut self.role else {
             host.log(
                 LogLevel::Debug,
@@ -205,7 +402,7 @@ impl Agent {
             Ok(ControlMessage {
                 kind: Some(control_message::Kind::Directives(batch)),
             }) => {
-                self.apply_batch(host, batch);
+                self.apply_batch(host, batch, now_ms);
             }
             Ok(ControlMessage { kind: None }) => {
                 host.log(
@@ -307,8 +504,8 @@ impl Agent {
         host.log(LogLevel::Info, "this VM now owns the control-plane stream");
         self.role = Role::Leader(Box::new(Leadership {
             stream: ControlStream::new(),
-            window: BucketCounters::new(self.settings.max_buckets),
-            window_started_ms: now_ms,
+            windows: ReportWindows::new(self.settings.max_buckets, now_ms),
+            published_workers: None,
         }));
     }
 
@@ -325,24 +522,47 @@ impl Agent {
         {
             host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
         }
-        // Keep the window's counts: they go to the next leader.
-        self.local.merge(leadership.window.drain());
+        // Keep the windows' counts: they go to the next leader.
+        leadership.windows.drain_all().move_into(&mut self.local);
     }
 
-    fn refresh_directives(&mut self, host: &mut impl Host) {
+    /// The short-tick check: one small read; the table only if it changed.
+    fn poll_directives(&mut self, host: &mut impl Host, now_ms: u64) {
+        let meta = match host.get_shared_data(DIRECTIVES_META_KEY) {
+            Ok(Some(value)) => DirectivesMeta::decode(&value.bytes),
+            Ok(None) => None,
+            Err(err) => {
+                host.log(
+                    LogLevel::Debug,
+                    &format!("cannot read directive freshness: {err}"),
+                );
+                None
+            }
+        };
+        if let Some(meta) = meta {
+            if self.directives_sequence != Some(meta.sequence) {
+                self.read_table(host, meta.sequence);
+            }
+            self.freshness.received_at_ms = Some(meta.received_at_ms);
+            self.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+        }
+        self.update_regime(host, now_ms);
+    }
+
+    fn read_table(&mut self, host: &mut impl Host, sequence: u64) {
         let value = match host.get_shared_data(DIRECTIVES_KEY) {
-            Ok(Some(value)) if Some(value.cas) != self.directives_cas => value,
-            Ok(_) => return,
+            Ok(Some(value)) => value,
+            Ok(None) => return,
             Err(err) => {
                 host.log(LogLevel::Debug, &format!("cannot read directives: {err}"));
                 return;
             }
         };
-        // Remember the CAS even if decoding fails, so a bad blob costs one
-        // warning rather than one per tick; the last good table stays.
-        self.directives_cas = Some(value.cas);
-        match DirectiveTable::decode(&value.bytes, self.settings.max_buckets) {
-            Ok((table, outcome)) => {
+        // Remember the sequence even if decoding fails, so a bad blob costs
+        // one warning rather than one per tick; the last good table stays.
+        self.directives_sequence = Some(sequence);
+        match DirectiveTable::decode_with(&value.bytes, self.directives.empty_like()) {
+            Ok((mut table, outcome)) => {
                 if outcome.rejected > 0 {
                     host.log(
                         LogLevel::Warn,
@@ -352,6 +572,7 @@ impl Agent {
                         ),
                     );
                 }
+                table.adopt_state(&mut self.directives);
                 self.directives = table;
             }
             Err(err) => host.log(
@@ -361,43 +582,125 @@ impl Agent {
         }
     }
 
-    fn hand_counts_to_leader(&mut self, host: &mut impl Host) {
+    /// Moves between fresh and fallback; the leader logs and counts each
+    /// transition once for the process.
+    fn update_regime(&mut self, host: &mut impl Host, now_ms: u64) {
+        let regime = self.freshness.regime(now_ms, self.settings.fallback);
+        if regime == self.regime {
+            return;
+        }
+        let was_stale = matches!(self.regime, Regime::Stale(_));
+        self.regime = regime;
+        let stale = matches!(regime, Regime::Stale(_));
+        if stale == was_stale {
+            return;
+        }
+        let level = if self.is_leader() {
+            LogLevel::Warn
+        } else {
+            LogLevel::Debug
+        };
+        let age = self.freshness.age_ms(now_ms);
+        if stale {
+            if self.is_leader() {
+                self.metrics.add(Counter::FallbackEntered, 1);
+            }
+            host.log(
+                level,
+                &format!(
+                    "directives are stale ({age} ms since the last batch, TTL {} ms): fallback {} applies",
+                    self.freshness.ttl_ms,
+                    fallback_name(self.settings.fallback)
+                ),
+            );
+        } else {
+            host.log(
+                if self.is_leader() {
+                    LogLevel::Info
+                } else {
+                    LogLevel::Debug
+                },
+                "directives are fresh again: leaving the fallback",
+            );
+        }
+    }
+
+    fn hand_counts_to_leader(&mut self, host: &mut impl Host, now_ms: u64) {
         let Some(queue_id) = self.queue_id else {
             return;
         };
-        if self.local.is_empty() {
+        let from_ms = self.handoff_from_ms.unwrap_or(now_ms);
+        if self.local.is_empty() && !self.handed_off_last {
+            // Nothing counted since `now_ms`: the next span starts here.
+            self.handoff_from_ms = Some(now_ms);
             return;
         }
-        let report = Report {
-            sequence: 0,
-            window_ms: 0,
-            buckets: self.local.drain(),
+        let handoff = Handoff {
+            source: self.vm_id,
+            start_ms: from_ms,
+            end_ms: now_ms,
+            counts: self.local.drain(),
         };
-        if let Err(err) = host.enqueue_shared_queue(queue_id, &report.encode_to_vec()) {
+        let had_counts = !handoff.counts.is_empty();
+        if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
-            self.local.merge(report.buckets);
+            self.local.merge(handoff.counts);
+            return;
+        }
+        self.handoff_from_ms = Some(now_ms);
+        // One empty hand-off after traffic tells the leader this VM is
+        // idle, so it need not wait for it at the next window's end.
+        self.handed_off_last = had_counts;
+    }
+
+    fn read_workers(&mut self, host: &mut impl Host) {
+        if let Ok(Some(value)) = host.get_shared_data(WORKERS_KEY)
+            && let Ok(bytes) = <[u8; 4]>::try_from(value.bytes.as_slice())
+        {
+            self.workers = u32::from_le_bytes(bytes).max(1);
         }
     }
 
     fn lead(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
-        leadership.window.merge(self.local.drain());
-        self.drain_queue(host, leadership);
+        leadership.windows.add_own(&mut self.local, now_ms);
+        self.drain_queue(host, leadership, now_ms);
+        self.publish_workers(host, leadership, now_ms);
         if leadership.stream.should_open(now_ms) {
             self.open_stream(host, leadership, now_ms);
         }
-        if now_ms.saturating_sub(leadership.window_started_ms) >= self.settings.report_interval_ms {
-            self.send_report(host, leadership, now_ms);
+        if now_ms.saturating_sub(leadership.windows.current_start_ms())
+            >= self.settings.report_interval_ms
+        {
+            leadership.windows.close(now_ms);
+        }
+        if let Some(ready) = leadership.windows.take_ready(now_ms) {
+            self.send_report(host, leadership, ready.window_ms, ready.counts, now_ms);
         }
     }
 
-    fn drain_queue(&mut self, host: &mut impl Host, leadership: &mut Leadership) {
+    fn publish_workers(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
+        let workers = leadership.windows.workers(now_ms);
+        self.workers = workers;
+        if leadership.published_workers == Some(workers) {
+            return;
+        }
+        match host.set_shared_data(WORKERS_KEY, &workers.to_le_bytes(), None) {
+            Ok(()) => leadership.published_workers = Some(workers),
+            Err(err) => host.log(
+                LogLevel::Debug,
+                &format!("cannot publish the worker count: {err}"),
+            ),
+        }
+    }
+
+    fn drain_queue(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
         let Some(queue_id) = self.queue_id else {
             return;
         };
         for _ in 0..MAX_DEQUEUES_PER_TICK {
             match host.dequeue_shared_queue(queue_id) {
-                Ok(Some(bytes)) => match Report::decode(bytes.as_slice()) {
-                    Ok(report) => leadership.window.merge(report.buckets),
+                Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
+                    Ok(handoff) => leadership.windows.add_handoff(handoff, now_ms),
                     Err(err) => host.log(
                         LogLevel::Warn,
                         &format!("dropping undecodable counts: {err}"),
@@ -440,10 +743,14 @@ impl Agent {
         let _ = self.send(host, leadership, token, &message.encode_to_vec(), now_ms);
     }
 
-    fn send_report(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
-        let buckets = leadership.window.drain();
-        let window_ms = now_ms.saturating_sub(leadership.window_started_ms);
-        leadership.window_started_ms = now_ms;
+    fn send_report(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        window_ms: u64,
+        buckets: Vec<sluice_proto::v1::BucketCount>,
+        now_ms: u64,
+    ) {
         let Some((token, sequence)) = leadership.stream.take_sequence() else {
             // Counts of a window nobody hears about would skew the next
             // report's rate; the control plane holds rates across short gaps.
@@ -530,8 +837,10 @@ impl Agent {
         id
     }
 
-    fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch) {
+    fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch, now_ms: u64) {
         let previous_epoch = self.directives.provenance().epoch;
+        let changes = self.directives.changes_with(&batch);
+        let ttl_ms = batch.ttl_ms;
         let outcome = self.directives.merge(batch);
         self.metrics.add(Counter::DirectiveBatches, 1);
         self.metrics.add(
@@ -549,20 +858,53 @@ impl Agent {
         host.log(
             level,
             &format!(
-                "directives epoch {} version {}: {} applied, {} rejected, {} buckets shedding",
+                "directives epoch {} version {}: {} applied, {} rejected, {} cells, {} shedding",
                 provenance.epoch,
                 provenance.version,
                 outcome.applied,
                 outcome.rejected,
-                self.directives.len()
+                self.directives.len(),
+                self.directives.shedding()
             ),
         );
-        if let Err(err) = host.set_shared_data(DIRECTIVES_KEY, &self.directives.encode(), None) {
+        let stored = host
+            .get_shared_data(DIRECTIVES_META_KEY)
+            .ok()
+            .flatten()
+            .and_then(|value| DirectivesMeta::decode(&value.bytes));
+        let mut sequence = stored
+            .map(|meta| meta.sequence)
+            .max(self.directives_sequence)
+            .unwrap_or(0);
+        // A VM that just became leader may hold a table other than the
+        // shared one: write it whenever the sequence is not its own.
+        if changes || self.directives_sequence != stored.map(|meta| meta.sequence) {
+            sequence = sequence.wrapping_add(1);
+            if let Err(err) = host.set_shared_data(DIRECTIVES_KEY, &self.directives.encode(), None)
+            {
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot publish directives to other VMs: {err}"),
+                );
+                return;
+            }
+        }
+        let meta = DirectivesMeta {
+            sequence,
+            received_at_ms: now_ms,
+            ttl_ms,
+        };
+        if let Err(err) = host.set_shared_data(DIRECTIVES_META_KEY, &meta.encode(), None) {
             host.log(
                 LogLevel::Warn,
-                &format!("cannot publish directives to other VMs: {err}"),
+                &format!("cannot publish directive freshness to other VMs: {err}"),
             );
+            return;
         }
+        self.directives_sequence = Some(sequence);
+        self.freshness.received_at_ms = Some(now_ms);
+        self.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
+        self.update_regime(host, now_ms);
     }
 
     fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
@@ -570,7 +912,7 @@ impl Agent {
         if let Role::Leader(leadership) = &mut self.role {
             self.untracked = self
                 .untracked
-                .saturating_add(leadership.window.take_untracked());
+                .saturating_add(leadership.windows.take_untracked());
         }
         let due = self
             .last_overflow_log_ms
@@ -586,6 +928,23 @@ impl Agent {
             self.untracked = 0;
             self.last_overflow_log_ms = Some(now_ms);
         }
+    }
+}
+
+/// The batch's TTL, else the configured one.
+fn effective_ttl(batch_ttl_ms: u64, configured_ms: u64) -> u64 {
+    if batch_ttl_ms == 0 {
+        configured_ms
+    } else {
+        batch_ttl_ms
+    }
+}
+
+fn fallback_name(fallback: Fallback) -> &'static str {
+    match fallback {
+        Fallback::KeepLast => "keep_last",
+        Fallback::LocalLimit => "local_limit",
+        Fallback::Allow => "allow",
     }
 }
 

@@ -62,17 +62,41 @@ impl BucketKeySpec {
     /// The bucket of a request. Reads only the attributes the spec names.
     pub fn derive(&self, request: &impl RequestAttributes) -> String {
         let mut key = String::new();
+        self.derive_into(request, &mut key);
+        key
+    }
+
+    /// Writes the bucket of a request into `key`, replacing its contents:
+    /// the request path reuses one buffer, so no key is allocated once it
+    /// has grown to the longest key.
+    pub fn derive_into(&self, request: &impl RequestAttributes, key: &mut String) {
+        key.clear();
         for (index, part) in self.parts.iter().enumerate() {
             if index > 0 {
                 key.push_str(&self.separator);
             }
-            match attribute(&part.source, request) {
-                Some(value) if !value.is_empty() => key.push_str(&value),
-                _ => key.push_str(&part.default),
-            }
+            part.append_to(request, key);
         }
-        truncate_at_char_boundary(&mut key, MAX_BUCKET_KEY_BYTES);
-        key
+        truncate_at_char_boundary(key, MAX_BUCKET_KEY_BYTES);
+    }
+}
+
+impl KeyPart {
+    /// Appends this part's value (or its default) to `out`.
+    pub fn append_to(&self, request: &impl RequestAttributes, out: &mut String) {
+        if let KeySource::Literal(value) = &self.source {
+            out.push_str(value);
+            return;
+        }
+        match attribute(&self.source, request) {
+            Some(value) if !value.is_empty() => out.push_str(&value),
+            _ => out.push_str(&self.default),
+        }
+    }
+
+    /// Whether this part needs the route name.
+    pub fn uses_route_name(&self) -> bool {
+        self.source == KeySource::RouteName
     }
 }
 
@@ -107,7 +131,7 @@ fn path_prefix(path: &str, segments: usize) -> String {
     prefix
 }
 
-fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
+pub(crate) fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
     if value.len() > max_bytes {
         let cut = (0..=max_bytes)
             .rev()

@@ -3,8 +3,15 @@
 //! [`FilterConfig`]. Errors name the offending field path, e.g.
 //! `report_interval_ms: must be between 50 and 60000`.
 
+use crate::agent::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS};
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
+use crate::classify::{Classifier, PrioritySpec};
+use crate::decision::Fallback;
+use crate::new_cells::NewBucketPolicy;
+use crate::reject::ResponseSettings;
 use serde::Deserialize;
+use sluice_proto::v1::Priority;
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use thiserror::Error;
 
@@ -14,9 +21,14 @@ const REPORT_INTERVAL_MS: RangeInclusive<u64> = 50..=60_000;
 const RETRY_AFTER_SECONDS: RangeInclusive<u32> = 1..=3600;
 const MAX_BUCKETS: RangeInclusive<usize> = 1..=1_000_000;
 const MAX_SEPARATOR_BYTES: usize = 16;
+const DIRECTIVE_TTL_MS: RangeInclusive<u64> = 100..=86_400_000;
+const DIRECTIVE_POLL_MS: RangeInclusive<u64> = 4..=100;
+const EXPECTED_PROXIES: RangeInclusive<u32> = 1..=100_000;
+const MAX_PRIORITY_MAPPINGS: usize = 64;
+const MAX_NAME_BYTES: usize = 64;
 
 /// The validated plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FilterConfig {
     /// Envoy cluster (HTTP/2) of the control plane.
     pub control_plane_cluster: String,
@@ -28,9 +40,22 @@ pub struct FilterConfig {
     pub report_interval_ms: u64,
     /// Value of the `retry-after` header on a 429.
     pub retry_after_seconds: u32,
-    /// Most distinct buckets counted per report window and held as
+    /// Most distinct cells counted per report window and held as
     /// directives.
     pub max_buckets: usize,
+    /// How requests map to cells (bucket as `bucket_key`, tenant,
+    /// priority).
+    pub classifier: Classifier,
+    /// Directive TTL when batches name none.
+    pub directive_ttl_ms: u64,
+    /// What applies once the directives are stale.
+    pub fallback: Fallback,
+    /// What applies to cells without a directive.
+    pub new_bucket: NewBucketPolicy,
+    /// How 429s are rendered.
+    pub response: ResponseSettings,
+    /// Short tick: how often every VM checks for new directives.
+    pub directive_poll_ms: u64,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.
@@ -68,6 +93,122 @@ struct RawConfig {
     retry_after_seconds: u32,
     #[serde(default = "default_max_buckets")]
     max_buckets: usize,
+    #[serde(default)]
+    tenant: Option<RawKeyPart>,
+    #[serde(default)]
+    priority: Option<RawPriority>,
+    #[serde(default = "default_directive_ttl_ms")]
+    directive_ttl_ms: u64,
+    #[serde(default = "default_fallback")]
+    fallback: RawFallback,
+    #[serde(default = "default_new_bucket")]
+    new_bucket: RawNewBucket,
+    #[serde(default)]
+    response: RawResponse,
+    #[serde(default = "default_directive_poll_ms")]
+    directive_poll_ms: u64,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum RawClass {
+    Critical,
+    Degraded,
+    BestEffort,
+    Bulk,
+}
+
+impl RawClass {
+    fn priority(self) -> Priority {
+        match self {
+            Self::Critical => Priority::Critical,
+            Self::Degraded => Priority::Degraded,
+            Self::BestEffort => Priority::BestEffort,
+            Self::Bulk => Priority::Bulk,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPriority {
+    #[serde(default)]
+    header: Option<String>,
+    #[serde(default)]
+    values: Option<BTreeMap<String, RawClass>>,
+    #[serde(default)]
+    routes: BTreeMap<String, RawClass>,
+    #[serde(default = "default_class")]
+    default: RawClass,
+}
+
+fn default_class() -> RawClass {
+    RawClass::BestEffort
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum RawFallback {
+    KeepLast,
+    LocalLimit,
+    Allow,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+enum RawNewBucket {
+    // A struct variant, so unknown fields next to the tag are refused.
+    Allow {},
+    LocalLimit {
+        fleet_limit_rps: f64,
+        expected_proxies: u32,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResponse {
+    #[serde(default = "default_reason_header")]
+    reason_header: String,
+    #[serde(default = "default_true")]
+    x_ratelimit_headers: bool,
+    #[serde(default = "default_true")]
+    ietf_headers: bool,
+    #[serde(default = "default_policy_name")]
+    policy_name: String,
+}
+
+impl Default for RawResponse {
+    fn default() -> Self {
+        Self {
+            reason_header: default_reason_header(),
+            x_ratelimit_headers: true,
+            ietf_headers: true,
+            policy_name: default_policy_name(),
+        }
+    }
+}
+
+fn default_reason_header() -> String {
+    "x-ratelimit-reason".into()
+}
+fn default_policy_name() -> String {
+    "sluice".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_directive_ttl_ms() -> u64 {
+    DEFAULT_DIRECTIVE_TTL_MS
+}
+fn default_directive_poll_ms() -> u64 {
+    DEFAULT_DIRECTIVE_POLL_MS
+}
+fn default_fallback() -> RawFallback {
+    RawFallback::KeepLast
+}
+fn default_new_bucket() -> RawNewBucket {
+    RawNewBucket::Allow {}
 }
 
 #[derive(Deserialize)]
@@ -172,25 +313,196 @@ impl RawConfig {
             &RETRY_AFTER_SECONDS,
         )?;
         check_range("max_buckets", self.max_buckets, &MAX_BUCKETS)?;
+        check_range("directive_ttl_ms", self.directive_ttl_ms, &DIRECTIVE_TTL_MS)?;
+        check_range(
+            "directive_poll_ms",
+            self.directive_poll_ms,
+            &DIRECTIVE_POLL_MS,
+        )?;
         let parts = self
             .bucket_key
             .into_iter()
             .enumerate()
             .map(|(index, part)| part.validate(&format!("bucket_key[{index}]")))
             .collect::<Result<Vec<_>, _>>()?;
+        let bucket_key = BucketKeySpec::new(parts, self.bucket_separator);
+        let tenant = match self.tenant {
+            None => None,
+            Some(part) => Some(part.validate_with_default("tenant", "default")?),
+        };
+        let priority = self.priority.map(|p| p.validate("priority")).transpose()?;
+        let new_bucket = match self.new_bucket {
+            RawNewBucket::Allow {} => NewBucketPolicy::Allow,
+            RawNewBucket::LocalLimit {
+                fleet_limit_rps,
+                expected_proxies,
+            } => {
+                if !(fleet_limit_rps.is_finite() && (0.0..=1e9).contains(&fleet_limit_rps)) {
+                    return Err(ConfigError::new(
+                        "new_bucket.fleet_limit_rps",
+                        format!("must be a finite number between 0 and 1e9, got {fleet_limit_rps}"),
+                    ));
+                }
+                check_range(
+                    "new_bucket.expected_proxies",
+                    expected_proxies,
+                    &EXPECTED_PROXIES,
+                )?;
+                NewBucketPolicy::LocalLimit {
+                    fleet_limit_rps,
+                    expected_proxies,
+                }
+            }
+        };
+        let response = self.response.validate(self.retry_after_seconds)?;
         Ok(FilterConfig {
             control_plane_cluster: self.control_plane_cluster,
             proxy_id: self.proxy_id,
-            bucket_key: BucketKeySpec::new(parts, self.bucket_separator),
+            classifier: Classifier {
+                bucket_key: bucket_key.clone(),
+                tenant,
+                priority,
+            },
+            bucket_key,
             report_interval_ms: self.report_interval_ms,
             retry_after_seconds: self.retry_after_seconds,
             max_buckets: self.max_buckets,
+            directive_ttl_ms: self.directive_ttl_ms,
+            fallback: match self.fallback {
+                RawFallback::KeepLast => Fallback::KeepLast,
+                RawFallback::LocalLimit => Fallback::LocalLimit,
+                RawFallback::Allow => Fallback::Allow,
+            },
+            new_bucket,
+            response,
+            directive_poll_ms: self.directive_poll_ms,
         })
     }
 }
 
+impl RawResponse {
+    fn validate(self, retry_after_seconds: u32) -> Result<ResponseSettings, ConfigError> {
+        check_header_name("response.reason_header", &self.reason_header)?;
+        if self.policy_name.is_empty()
+            || self.policy_name.len() > MAX_NAME_BYTES
+            || !self
+                .policy_name
+                .bytes()
+                .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            return Err(ConfigError::new(
+                "response.policy_name",
+                format!(
+                    "must be 1 to {MAX_NAME_BYTES} printable ASCII characters without quotes or backslashes"
+                ),
+            ));
+        }
+        Ok(ResponseSettings {
+            reason_header: self.reason_header.to_ascii_lowercase(),
+            x_ratelimit_headers: self.x_ratelimit_headers,
+            ietf_headers: self.ietf_headers,
+            policy_name: self.policy_name,
+            default_retry_after_seconds: retry_after_seconds,
+        })
+    }
+}
+
+impl RawPriority {
+    fn validate(self, path: &str) -> Result<PrioritySpec, ConfigError> {
+        let header = match self.header {
+            Some(name) => {
+                check_header_name(&format!("{path}.header"), &name)?;
+                Some(name.to_ascii_lowercase())
+            }
+            None => None,
+        };
+        let values: Vec<(String, Priority)> = match self.values {
+            Some(values) => {
+                if header.is_none() {
+                    return Err(ConfigError::new(format!("{path}.values"), "needs `header`"));
+                }
+                for name in values.keys() {
+                    check_mapping_name(&format!("{path}.values.{name}"), name)?;
+                }
+                values
+                    .into_iter()
+                    .map(|(name, class)| (name, class.priority()))
+                    .collect()
+            }
+            // The class names themselves.
+            None => [
+                ("critical", Priority::Critical),
+                ("degraded", Priority::Degraded),
+                ("best_effort", Priority::BestEffort),
+                ("bulk", Priority::Bulk),
+            ]
+            .into_iter()
+            .map(|(name, class)| (name.to_owned(), class))
+            .collect(),
+        };
+        for name in self.routes.keys() {
+            check_mapping_name(&format!("{path}.routes.{name}"), name)?;
+        }
+        if values.len() > MAX_PRIORITY_MAPPINGS || self.routes.len() > MAX_PRIORITY_MAPPINGS {
+            return Err(ConfigError::new(
+                path,
+                format!(
+                    "at most {MAX_PRIORITY_MAPPINGS} values and {MAX_PRIORITY_MAPPINGS} routes"
+                ),
+            ));
+        }
+        if header.is_none() && self.routes.is_empty() {
+            return Err(ConfigError::new(
+                path,
+                "needs `header` or `routes` (or both)",
+            ));
+        }
+        Ok(PrioritySpec {
+            header,
+            values,
+            routes: self
+                .routes
+                .into_iter()
+                .map(|(name, class)| (name, class.priority()))
+                .collect(),
+            default: self.default.priority(),
+        })
+    }
+}
+
+fn check_header_name(path: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || name.len() > MAX_NAME_BYTES
+        || name
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || !b.is_ascii() || b == b':')
+    {
+        return Err(ConfigError::new(
+            path,
+            format!(
+                "must be a header name of 1 to {MAX_NAME_BYTES} bytes without whitespace or ':'"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_mapping_name(path: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > MAX_BUCKET_KEY_BYTES {
+        return Err(ConfigError::new(
+            path,
+            format!("must be between 1 and {MAX_BUCKET_KEY_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 impl RawKeyPart {
     fn validate(self, path: &str) -> Result<KeyPart, ConfigError> {
+        self.validate_with_default(path, "-")
+    }
+
+    fn validate_with_default(self, path: &str, fallback: &str) -> Result<KeyPart, ConfigError> {
         let (source, default) = match self {
             Self::Header { name, default } => {
                 if name.is_empty()
@@ -220,7 +532,7 @@ impl RawKeyPart {
                 });
             }
         };
-        let default = default.unwrap_or_else(|| "-".to_owned());
+        let default = default.unwrap_or_else(|| fallback.to_owned());
         check_key_text(&format!("{path}.default"), &default)?;
         Ok(KeyPart { source, default })
     }
@@ -384,6 +696,157 @@ mod tests {
             r#"{"control_plane_cluster": "cp", "bucket_key": [{"source": "authority", "nme": "x"}]}"#,
         );
         assert!(err.contains("unknown field `nme`"), "{err}");
+    }
+
+    #[test]
+    fn classification_and_behaviour_keys_parse() {
+        let config = FilterConfig::from_json(
+            br#"{
+              "control_plane_cluster": "cp",
+              "tenant": {"source": "header", "name": "X-Tenant"},
+              "priority": {
+                "header": "X-Priority",
+                "values": {"high": "critical", "batch": "bulk"},
+                "routes": {"checkout": "critical"},
+                "default": "degraded"
+              },
+              "directive_ttl_ms": 5000,
+              "fallback": "local_limit",
+              "new_bucket": {"action": "local_limit", "fleet_limit_rps": 100, "expected_proxies": 4},
+              "response": {"reason_header": "X-Shed-Reason", "x_ratelimit_headers": false, "ietf_headers": true, "policy_name": "edge"},
+              "directive_poll_ms": 10
+            }"#,
+        )
+        .unwrap();
+        let tenant = config.classifier.tenant.clone().unwrap();
+        assert_eq!(tenant.source, KeySource::Header("x-tenant".into()));
+        assert_eq!(tenant.default, "default");
+        let priority = config.classifier.priority.clone().unwrap();
+        assert_eq!(priority.header.as_deref(), Some("x-priority"));
+        assert_eq!(
+            priority.values,
+            vec![
+                ("batch".to_owned(), Priority::Bulk),
+                ("high".to_owned(), Priority::Critical)
+            ]
+        );
+        assert_eq!(
+            priority.routes,
+            vec![("checkout".to_owned(), Priority::Critical)]
+        );
+        assert_eq!(priority.default, Priority::Degraded);
+        assert_eq!(config.directive_ttl_ms, 5000);
+        assert_eq!(config.fallback, Fallback::LocalLimit);
+        assert_eq!(
+            config.new_bucket,
+            NewBucketPolicy::LocalLimit {
+                fleet_limit_rps: 100.0,
+                expected_proxies: 4
+            }
+        );
+        assert_eq!(config.response.reason_header, "x-shed-reason");
+        assert!(!config.response.x_ratelimit_headers);
+        assert_eq!(config.response.policy_name, "edge");
+        assert_eq!(config.directive_poll_ms, 10);
+    }
+
+    #[test]
+    fn behaviour_defaults_are_explicit() {
+        let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+        assert_eq!(config.classifier.tenant, None);
+        assert_eq!(config.classifier.priority, None);
+        assert_eq!(config.directive_ttl_ms, 90_000);
+        assert_eq!(config.fallback, Fallback::KeepLast);
+        assert_eq!(config.new_bucket, NewBucketPolicy::Allow);
+        assert_eq!(config.response, ResponseSettings::default());
+        assert_eq!(config.directive_poll_ms, 20);
+        // A priority header alone maps the class names themselves.
+        let config = FilterConfig::from_json(
+            br#"{"control_plane_cluster": "cp", "priority": {"header": "x-priority"}}"#,
+        )
+        .unwrap();
+        let priority = config.classifier.priority.unwrap();
+        assert_eq!(priority.values.len(), 4);
+        assert_eq!(priority.default, Priority::BestEffort);
+    }
+
+    #[test]
+    fn new_keys_name_the_field_in_errors() {
+        let cases = [
+            (
+                r#""directive_ttl_ms": 10"#,
+                "directive_ttl_ms: must be between 100 and 86400000, got 10",
+            ),
+            (
+                r#""directive_poll_ms": 1"#,
+                "directive_poll_ms: must be between 4 and 100, got 1",
+            ),
+            (
+                r#""new_bucket": {"action": "local_limit", "fleet_limit_rps": -1, "expected_proxies": 2}"#,
+                "new_bucket.fleet_limit_rps: must be a finite number between 0 and 1e9, got -1",
+            ),
+            (
+                r#""new_bucket": {"action": "local_limit", "fleet_limit_rps": 1, "expected_proxies": 0}"#,
+                "new_bucket.expected_proxies: must be between 1 and 100000, got 0",
+            ),
+            (
+                r#""priority": {"default": "bulk"}"#,
+                "priority: needs `header` or `routes` (or both)",
+            ),
+            (
+                r#""priority": {"routes": {"r": "bulk"}, "values": {"a": "bulk"}}"#,
+                "priority.values: needs `header`",
+            ),
+            (
+                r#""response": {"reason_header": "bad header"}"#,
+                "response.reason_header: must be a header name of 1 to 64 bytes without whitespace or ':'",
+            ),
+            (
+                r#""tenant": {"source": "header", "name": "x", "default": ""}"#,
+                "tenant.default: must be between 1 and 256 bytes",
+            ),
+        ];
+        for (field, expected) in cases {
+            assert_eq!(
+                error_of(&format!(r#"{{"control_plane_cluster": "cp", {field}}}"#)),
+                expected
+            );
+        }
+        let prefixed = [
+            (
+                r#""fallback": "panic""#,
+                "fallback: unknown variant `panic`",
+            ),
+            (r#""fallback": 3"#, "fallback: "),
+            (
+                r#""new_bucket": {"action": "deny"}"#,
+                "new_bucket.action: unknown variant `deny`",
+            ),
+            (
+                r#""new_bucket": {"action": "allow", "rps": 1}"#,
+                "new_bucket: unknown field `rps`",
+            ),
+            (
+                r#""priority": {"header": "x", "values": {"a": "urgent"}}"#,
+                "priority.values.a: unknown variant `urgent`",
+            ),
+            (
+                r#""priority": {"header": "x", "colour": 1}"#,
+                "priority.colour: unknown field `colour`",
+            ),
+            (
+                r#""response": {"x_ratelimit_headers": "no"}"#,
+                "response.x_ratelimit_headers: invalid type",
+            ),
+            (
+                r#""tenant": {"source": "cookie"}"#,
+                "tenant.source: unknown variant `cookie`",
+            ),
+        ];
+        for (field, expected) in prefixed {
+            let err = error_of(&format!(r#"{{"control_plane_cluster": "cp", {field}}}"#));
+            assert!(err.starts_with(expected), "{field}: {err}");
+        }
     }
 
     #[test]

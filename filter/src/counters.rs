@@ -1,88 +1,191 @@
-//! Bounded per-bucket request counts for one window.
+//! Bounded per-cell request counts for one window.
 
-use sluice_proto::v1::BucketCount;
+use crate::cell::{key_of, parse_key, priority_from_i32, write_key};
+use sluice_proto::v1::{BucketCount, Priority};
 use std::collections::HashMap;
 
-/// Requests seen and let through for one bucket.
+/// Requests seen, let through and shadow-dropped for one cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     /// All requests seen, dropped or not.
     pub offered: u64,
-    /// Requests let through.
+    /// Requests let through (shadow drops included).
     pub admitted: u64,
+    /// Requests the decision would have dropped but shadow mode let through.
+    pub shadow_dropped: u64,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Let through, nothing to note.
+    Admitted,
+    /// Let through although the decision said drop (shadow mode).
+    ShadowDropped,
+    /// Rejected.
+    Dropped,
 }
 
 impl Counts {
+    fn one(outcome: Outcome) -> Self {
+        Self {
+            offered: 1,
+            admitted: u64::from(outcome != Outcome::Dropped),
+            shadow_dropped: u64::from(outcome == Outcome::ShadowDropped),
+        }
+    }
+
     fn add(&mut self, other: Counts) {
         self.offered = self.offered.saturating_add(other.offered);
         self.admitted = self.admitted.saturating_add(other.admitted);
+        self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
+    }
+
+    /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
+    /// rest, rounding so the parts add up exactly and each part keeps
+    /// `shadow_dropped <= admitted <= offered`.
+    pub fn split(self, fraction: f64) -> (Counts, Counts) {
+        let f = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        let part = |n: u64| ((n as f64) * f).round() as u64;
+        let offered = part(self.offered).min(self.offered);
+        let rest_offered = self.offered - offered;
+        let admitted = part(self.admitted)
+            .max(self.admitted.saturating_sub(rest_offered))
+            .min(offered)
+            .min(self.admitted);
+        let rest_admitted = self.admitted - admitted;
+        let shadow = part(self.shadow_dropped)
+            .max(self.shadow_dropped.saturating_sub(rest_admitted))
+            .min(admitted)
+            .min(self.shadow_dropped);
+        (
+            Counts {
+                offered,
+                admitted,
+                shadow_dropped: shadow,
+            },
+            Counts {
+                offered: rest_offered,
+                admitted: rest_admitted,
+                shadow_dropped: self.shadow_dropped - shadow,
+            },
+        )
+    }
+
+    /// The counts of a wire record.
+    pub fn of(count: &BucketCount) -> Self {
+        Self {
+            offered: count.offered,
+            admitted: count.admitted,
+            shadow_dropped: count.shadow_dropped,
+        }
     }
 }
 
-/// Counts per bucket, holding at most `max_buckets` buckets. Requests of a
-/// new bucket beyond the cap are not attributed; they are tallied in
+/// Counts per cell, holding at most `max_cells` cells. Requests of a new
+/// cell beyond the cap are not attributed; they are tallied in
 /// [`BucketCounters::take_untracked`] so the caller can report the overflow.
 #[derive(Debug, Clone)]
 pub struct BucketCounters {
+    /// By cell key ([`crate::cell`]).
     counts: HashMap<String, Counts>,
-    max_buckets: usize,
+    max_cells: usize,
     untracked: u64,
+    scratch: String,
 }
 
 impl BucketCounters {
-    /// Empty counters for at most `max_buckets` buckets.
-    pub fn new(max_buckets: usize) -> Self {
+    /// Empty counters for at most `max_cells` cells.
+    pub fn new(max_cells: usize) -> Self {
         Self {
             counts: HashMap::new(),
-            max_buckets,
+            max_cells,
             untracked: 0,
+            scratch: String::new(),
         }
     }
 
-    /// Counts one request. Allocates only for a bucket not seen this window.
+    /// Counts one request of a bucket without tenant or priority.
     pub fn record(&mut self, bucket: &str, admitted: bool) {
-        let one = Counts {
-            offered: 1,
-            admitted: u64::from(admitted),
+        let outcome = if admitted {
+            Outcome::Admitted
+        } else {
+            Outcome::Dropped
         };
-        if let Some(counts) = self.counts.get_mut(bucket) {
+        write_key(&mut self.scratch, bucket, "", Priority::Unspecified);
+        let one = Counts::one(outcome);
+        if let Some(counts) = self.counts.get_mut(self.scratch.as_str()) {
             counts.add(one);
         } else {
-            self.insert(bucket.to_owned(), one);
+            let key = self.scratch.clone();
+            self.insert(key, one);
         }
     }
 
-    /// Adds counts for a bucket (saturating).
-    pub fn add(&mut self, bucket: String, counts: Counts) {
-        if let Some(existing) = self.counts.get_mut(&bucket) {
+    /// Counts one request of the cell with key `cell_key`. Allocates only
+    /// for a cell not seen this window.
+    pub fn record_cell(&mut self, cell_key: &str, outcome: Outcome) {
+        let one = Counts::one(outcome);
+        if let Some(counts) = self.counts.get_mut(cell_key) {
+            counts.add(one);
+        } else {
+            self.insert(cell_key.to_owned(), one);
+        }
+    }
+
+    /// Adds counts for a cell key (saturating).
+    pub fn add(&mut self, cell_key: String, counts: Counts) {
+        if let Some(existing) = self.counts.get_mut(&cell_key) {
             existing.add(counts);
         } else {
-            self.insert(bucket, counts);
+            self.insert(cell_key, counts);
         }
     }
 
     /// Adds counts drained elsewhere, for example from the shared queue.
     pub fn merge(&mut self, counts: impl IntoIterator<Item = BucketCount>) {
         for count in counts {
-            let counts = Counts {
-                offered: count.offered,
-                admitted: count.admitted,
-            };
-            self.add(count.bucket, counts);
+            let key = key_of(
+                &count.bucket,
+                &count.tenant,
+                priority_from_i32(count.priority),
+            );
+            self.add(key, Counts::of(&count));
         }
     }
 
-    /// Takes every bucket with traffic, leaving the counters empty (with
+    /// Moves every cell into `other`.
+    pub fn move_into(&mut self, other: &mut BucketCounters) {
+        for (key, counts) in self.counts.drain() {
+            other.add(key, counts);
+        }
+    }
+
+    /// Takes the counts by cell key, leaving the counters empty.
+    pub fn drain_keyed(&mut self) -> impl Iterator<Item = (String, Counts)> + '_ {
+        self.counts.drain()
+    }
+
+    /// Takes every cell with traffic, leaving the counters empty (with
     /// their capacity kept for the next window).
     pub fn drain(&mut self) -> Vec<BucketCount> {
         self.counts
             .drain()
             .filter(|(_, counts)| counts.offered > 0)
-            .map(|(bucket, counts)| BucketCount {
-                bucket,
-                offered: counts.offered,
-                admitted: counts.admitted,
-                ..Default::default()
+            .filter_map(|(key, counts)| {
+                let (bucket, tenant, priority) = parse_key(&key)?;
+                Some(BucketCount {
+                    bucket: bucket.to_owned(),
+                    offered: counts.offered,
+                    admitted: counts.admitted,
+                    tenant: tenant.to_owned(),
+                    priority: priority as i32,
+                    shadow_dropped: counts.shadow_dropped,
+                })
             })
             .collect()
     }
@@ -92,7 +195,7 @@ impl BucketCounters {
         self.counts.is_empty()
     }
 
-    /// Number of buckets held.
+    /// Number of cells held.
     pub fn len(&self) -> usize {
         self.counts.len()
     }
@@ -102,9 +205,9 @@ impl BucketCounters {
         std::mem::take(&mut self.untracked)
     }
 
-    fn insert(&mut self, bucket: String, counts: Counts) {
-        if self.counts.len() < self.max_buckets {
-            self.counts.insert(bucket, counts);
+    fn insert(&mut self, key: String, counts: Counts) {
+        if self.counts.len() < self.max_cells {
+            self.counts.insert(key, counts);
         } else {
             self.untracked = self.untracked.saturating_add(counts.offered);
         }
@@ -118,7 +221,9 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn sorted(mut counts: Vec<BucketCount>) -> Vec<BucketCount> {
-        counts.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        counts.sort_by(|a, b| {
+            (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+        });
         counts
     }
 
@@ -146,6 +251,35 @@ mod tests {
     }
 
     #[test]
+    fn cells_are_counted_apart_with_shadow_drops() {
+        let mut counters = BucketCounters::new(10);
+        let acme = key_of("api", "acme", Priority::Bulk);
+        let globex = key_of("api", "globex", Priority::Critical);
+        counters.record_cell(&acme, Outcome::Admitted);
+        counters.record_cell(&acme, Outcome::ShadowDropped);
+        counters.record_cell(&acme, Outcome::Dropped);
+        counters.record_cell(&globex, Outcome::Admitted);
+        counters.record("api", true);
+        assert_eq!(
+            sorted(counters.drain()),
+            vec![
+                count("api", 1, 1),
+                BucketCount {
+                    tenant: "acme".into(),
+                    priority: Priority::Bulk as i32,
+                    shadow_dropped: 1,
+                    ..count("api", 3, 2)
+                },
+                BucketCount {
+                    tenant: "globex".into(),
+                    priority: Priority::Critical as i32,
+                    ..count("api", 1, 1)
+                },
+            ]
+        );
+    }
+
+    #[test]
     fn merge_adds_and_saturates() {
         let mut counters = BucketCounters::new(10);
         counters.merge([count("a", u64::MAX - 1, 5)]);
@@ -157,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn new_buckets_beyond_the_cap_are_untracked() {
+    fn new_cells_beyond_the_cap_are_untracked() {
         let mut counters = BucketCounters::new(2);
         counters.record("a", true);
         counters.record("b", true);
@@ -174,10 +308,25 @@ mod tests {
     }
 
     #[test]
-    fn drain_skips_buckets_without_traffic() {
+    fn drain_skips_cells_without_traffic() {
         let mut counters = BucketCounters::new(10);
         counters.merge([count("idle", 0, 0), count("busy", 1, 0)]);
         assert_eq!(counters.drain(), vec![count("busy", 1, 0)]);
+    }
+
+    #[test]
+    fn split_examples() {
+        let c = Counts {
+            offered: 10,
+            admitted: 6,
+            shadow_dropped: 2,
+        };
+        let (a, b) = c.split(0.25);
+        assert_eq!(a.offered + b.offered, 10);
+        assert_eq!(a.offered, 3);
+        assert_eq!(c.split(0.0).0, Counts::default());
+        assert_eq!(c.split(1.0).0, c);
+        assert_eq!(c.split(f64::NAN).1, c);
     }
 }
 
@@ -193,7 +342,7 @@ mod proptests {
             let mut expected: HashMap<String, (u128, u128)> = HashMap::new();
             for (bucket, offered, admitted) in adds {
                 let bucket = format!("b{bucket}");
-                counters.add(bucket.clone(), Counts { offered, admitted });
+                counters.merge([BucketCount { bucket: bucket.clone(), offered, admitted, ..Default::default() }]);
                 let entry = expected.entry(bucket).or_default();
                 entry.0 += u128::from(offered);
                 entry.1 += u128::from(admitted);
@@ -203,6 +352,21 @@ mod proptests {
                 prop_assert_eq!(u128::from(count.offered), offered.min(u128::from(u64::MAX)));
                 prop_assert_eq!(u128::from(count.admitted), admitted.min(u128::from(u64::MAX)));
             }
+        }
+
+        #[test]
+        fn split_preserves_totals_and_invariants(offered in 0u64..1_000_000, a in 0u64..1_000_000, s in 0u64..1_000_000, f in 0.0f64..=1.0) {
+            let admitted = a.min(offered);
+            let shadow = s.min(admitted);
+            let c = Counts { offered, admitted, shadow_dropped: shadow };
+            let (x, y) = c.split(f);
+            prop_assert_eq!(x.offered + y.offered, offered);
+            prop_assert_eq!(x.admitted + y.admitted, admitted);
+            prop_assert_eq!(x.shadow_dropped + y.shadow_dropped, shadow);
+            for part in [x, y] {
+                prop_assert!(part.shadow_dropped <= part.admitted && part.admitted <= part.offered);
+            }
+            prop_assert!((x.offered as f64 - offered as f64 * f).abs() <= 1.0);
         }
     }
 }

@@ -1,12 +1,27 @@
-//! The directive table: the drop ratio of every bucket that currently sheds
-//! load, merged from `DirectiveBatch` messages and shared between VMs as one
+//! The directive table: what the control plane said about each cell,
+//! merged from `DirectiveBatch` messages and shared between VMs as one
 //! encoded `DirectiveBatch`.
+//!
+//! Bucket-wide directives (empty tenant, unspecified priority) are indexed
+//! by the plain bucket name, the others by the cell key
+//! ([`crate::cell`]), so finding a request's directive is at most two hash
+//! probes: the exact cell, then the bucket. Entries live in a vector the
+//! indexes point into, so the request path can take the entry mutably (for
+//! its per-cell state) after immutable probes.
+//!
+//! Every directive is kept, a zero drop ratio included: a cell the control
+//! plane knows is not a new bucket, and the 429 contract needs its limit.
 
 use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
+use crate::cell::{MAX_TENANT_BYTES, key_of, priority_from_i32};
 use crate::drop_ratio::{DropRatio, DropThreshold};
+use crate::modes::ModeSettings;
+use crate::reject::{DropReason, RejectFacts, RejectResponse, ResponseSettings};
+use crate::token_bucket::TokenBucket;
 use prost::Message;
-use sluice_proto::v1::{Directive, DirectiveBatch};
+use sluice_proto::v1::{Directive, DirectiveBatch, Priority};
 use std::collections::HashMap;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Where the directives came from: the control plane's process (`epoch`)
@@ -24,10 +39,10 @@ pub struct Provenance {
 /// What merging a batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MergeOutcome {
-    /// Directives applied (including lifted limits).
+    /// Directives applied.
     pub applied: usize,
-    /// Directives ignored: empty or oversized bucket, drop ratio not in
-    /// `[0, 1]`, or table full.
+    /// Directives ignored: empty or oversized bucket or tenant, a number
+    /// out of range, or table full.
     pub rejected: usize,
 }
 
@@ -36,49 +51,181 @@ pub struct MergeOutcome {
 #[error("undecodable directive table: {0}")]
 pub struct DecodeError(String);
 
-/// Drop thresholds by bucket. Buckets not in the table are never dropped, so
-/// a lifted limit (drop ratio 0) is removed rather than stored.
+/// A validated directive of one cell.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DirectiveTable {
-    ratios: HashMap<String, DropRatio>,
-    thresholds: HashMap<String, DropThreshold>,
-    provenance: Provenance,
-    max_entries: usize,
+pub struct CellDirective {
+    /// Probability of dropping a request.
+    pub drop_ratio: DropRatio,
+    /// The same, in the form the coin flip compares against.
+    pub threshold: DropThreshold,
+    /// The bucket's fleet-wide limit (0: unlimited).
+    pub limit_rps: f64,
+    /// The cell's admitted share (0: not given).
+    pub share_rps: f64,
+    /// Proxies that reported the bucket (0: unknown).
+    pub reporting_proxies: u32,
+    /// Wire mode (inherit, shadow, enforce).
+    pub mode: i32,
+    /// Why the cell drops.
+    pub reason: DropReason,
+    /// Retry hint for clients (0: configured default).
+    pub retry_after_ms: u64,
+    /// Burst multiplier of the tenant (>= 1).
+    pub burst: f64,
 }
 
-impl DirectiveTable {
-    /// An empty table of at most `max_entries` buckets.
-    pub fn new(max_entries: usize) -> Self {
-        Self {
-            ratios: HashMap::new(),
-            thresholds: HashMap::new(),
-            provenance: Provenance::default(),
-            max_entries,
+impl CellDirective {
+    /// The limit a client is told: the share, else the bucket limit.
+    pub fn stated_limit_rps(&self) -> f64 {
+        if self.share_rps > 0.0 {
+            self.share_rps
+        } else {
+            self.limit_rps
         }
     }
 
-    /// The threshold for a bucket; [`DropThreshold::NEVER`] if it has none.
-    /// This is the request-path lookup: one hash probe, no allocation.
+    /// This proxy's part of the cell's limit when it limits locally: the
+    /// stated limit over the reporting proxies; `None` when unlimited.
+    pub fn per_proxy_rps(&self) -> Option<f64> {
+        let limit = self.stated_limit_rps();
+        (limit > 0.0).then(|| limit / f64::from(self.reporting_proxies.max(1)))
+    }
+}
+
+/// Mutable per-cell state kept across table updates (a decision strategy
+/// keeps what it needs here).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CellState {
+    /// The local limiter used while the table is stale (`local_limit`).
+    pub fallback: Option<TokenBucket>,
+}
+
+/// One cell's directive with what the request path needs prepared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellEntry {
+    /// What the control plane said.
+    pub directive: CellDirective,
+    /// Whether drops are enforced on this proxy (else shadowed).
+    pub enforce: bool,
+    /// The 429 for drops decided by the directive.
+    pub response: Arc<RejectResponse>,
+    /// The 429 for drops of the local fallback limit.
+    pub fallback_response: Arc<RejectResponse>,
+    /// Per-cell state.
+    pub state: CellState,
+    /// The wire form, for sharing the table.
+    wire: Directive,
+}
+
+/// Directives by cell.
+#[derive(Debug, Clone)]
+pub struct DirectiveTable {
+    entries: Vec<CellEntry>,
+    /// Bucket-wide directives by bucket name.
+    bucket_wide: HashMap<String, usize>,
+    /// Tenant or priority directives by cell key.
+    cells: HashMap<String, usize>,
+    provenance: Provenance,
+    modes: ModeSettings,
+    ttl_ms: u64,
+    max_entries: usize,
+    responses: Arc<ResponseSettings>,
+    proxy_id: Arc<str>,
+}
+
+impl PartialEq for DirectiveTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.encode() == other.encode()
+    }
+}
+
+impl DirectiveTable {
+    /// An empty table of at most `max_entries` cells, with default
+    /// responses, for a proxy without an id.
+    pub fn new(max_entries: usize) -> Self {
+        Self::with_settings(max_entries, Arc::new(ResponseSettings::default()), "")
+    }
+
+    /// An empty table rendering responses with `responses`, applying mode
+    /// policies for the proxy `proxy_id`.
+    pub fn with_settings(
+        max_entries: usize,
+        responses: Arc<ResponseSettings>,
+        proxy_id: &str,
+    ) -> Self {
+        Self {
+            entries: Vec::new(),
+            bucket_wide: HashMap::new(),
+            cells: HashMap::new(),
+            provenance: Provenance::default(),
+            modes: ModeSettings::default(),
+            ttl_ms: 0,
+            max_entries,
+            responses,
+            proxy_id: Arc::from(proxy_id),
+        }
+    }
+
+    /// The threshold of a bucket's bucket-wide directive;
+    /// [`DropThreshold::NEVER`] if it has none. One probe, no allocation.
     pub fn threshold(&self, bucket: &str) -> DropThreshold {
-        self.thresholds
+        self.bucket_wide
             .get(bucket)
-            .copied()
-            .unwrap_or(DropThreshold::NEVER)
+            .and_then(|i| self.entries.get(*i))
+            .map_or(DropThreshold::NEVER, |e| e.directive.threshold)
     }
 
-    /// The drop ratio of a bucket, if it has one.
+    /// The drop ratio of a bucket's bucket-wide directive, if any.
     pub fn drop_ratio(&self, bucket: &str) -> Option<DropRatio> {
-        self.ratios.get(bucket).copied()
+        self.bucket_wide
+            .get(bucket)
+            .and_then(|i| self.entries.get(*i))
+            .map(|e| e.directive.drop_ratio)
     }
 
-    /// Number of buckets with a non-zero drop ratio.
+    /// The index of the entry covering a request: the exact cell (`cell_key`,
+    /// skipped when `None`, i.e. the request's cell is bucket-wide), else
+    /// the bucket's. At most two probes, no allocation.
+    pub fn find(&self, cell_key: Option<&str>, bucket: &str) -> Option<usize> {
+        if let Some(key) = cell_key
+            && let Some(index) = self.cells.get(key)
+        {
+            return Some(*index);
+        }
+        self.bucket_wide.get(bucket).copied()
+    }
+
+    /// The entry at an index from [`Self::find`].
+    pub fn entry_mut(&mut self, index: usize) -> Option<&mut CellEntry> {
+        self.entries.get_mut(index)
+    }
+
+    /// The directive of exactly this cell, if any (not the bucket's).
+    pub fn cell(&self, bucket: &str, tenant: &str, priority: Priority) -> Option<&CellEntry> {
+        let index = if tenant.is_empty() && priority == Priority::Unspecified {
+            self.bucket_wide.get(bucket)
+        } else {
+            self.cells.get(&key_of(bucket, tenant, priority))
+        };
+        index.and_then(|i| self.entries.get(*i))
+    }
+
+    /// Number of cells with a directive.
     pub fn len(&self) -> usize {
-        self.ratios.len()
+        self.entries.len()
     }
 
-    /// Whether no bucket is shedding.
+    /// Whether no cell has a directive.
     pub fn is_empty(&self) -> bool {
-        self.ratios.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Cells whose drop ratio is above zero.
+    pub fn shedding(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| !e.directive.threshold.is_never())
+            .count()
     }
 
     /// The batch the table was last merged from.
@@ -86,14 +233,34 @@ impl DirectiveTable {
         self.provenance
     }
 
-    /// Merges a batch: named buckets take the new ratio, others keep theirs.
-    /// Invalid directives are skipped and counted, never fatal.
+    /// The mode policy in force.
+    pub fn modes(&self) -> ModeSettings {
+        self.modes
+    }
+
+    /// The TTL the last batch named (0: the configured default).
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// Merges a batch: named cells take the new directive (keeping their
+    /// state), others keep theirs; the batch's mode policy and TTL replace
+    /// the previous ones (an absent policy means "enforce, no kill
+    /// switch"). Invalid directives are skipped and counted, never fatal.
     pub fn merge(&mut self, batch: DirectiveBatch) -> MergeOutcome {
         self.provenance = Provenance {
             epoch: batch.epoch,
             version: batch.version,
             issued_at_unix_ms: batch.issued_at_unix_ms,
         };
+        self.ttl_ms = batch.ttl_ms;
+        let modes = ModeSettings::from_policy(batch.modes.as_ref(), &self.proxy_id);
+        if modes != self.modes {
+            self.modes = modes;
+            for entry in &mut self.entries {
+                entry.enforce = modes.enforces(entry.directive.mode);
+            }
+        }
         let mut outcome = MergeOutcome::default();
         for directive in batch.directives {
             if self.apply(directive) {
@@ -105,47 +272,117 @@ impl DirectiveTable {
         outcome
     }
 
-    fn apply(&mut self, directive: Directive) -> bool {
-        let bucket = directive.bucket;
-        if bucket.is_empty() || bucket.len() > MAX_BUCKET_KEY_BYTES {
-            return false;
-        }
-        let Ok(ratio) = DropRatio::new(directive.drop_ratio) else {
+    /// Whether merging `batch` would change more than freshness: it names
+    /// directives, or its mode policy or TTL differ.
+    pub fn changes_with(&self, batch: &DirectiveBatch) -> bool {
+        !batch.directives.is_empty()
+            || batch.ttl_ms != self.ttl_ms
+            || ModeSettings::from_policy(batch.modes.as_ref(), &self.proxy_id) != self.modes
+    }
+
+    fn apply(&mut self, wire: Directive) -> bool {
+        let Some(directive) = validate(&wire) else {
             return false;
         };
-        if ratio == DropRatio::NEVER {
-            self.thresholds.remove(&bucket);
-            self.ratios.remove(&bucket);
-            return true;
-        }
-        if !self.ratios.contains_key(&bucket) && self.ratios.len() >= self.max_entries {
+        let priority = priority_from_i32(wire.priority);
+        let wide = wire.tenant.is_empty() && priority == Priority::Unspecified;
+        let key = if wide {
+            wire.bucket.clone()
+        } else {
+            key_of(&wire.bucket, &wire.tenant, priority)
+        };
+        let index_map = if wide { &self.bucket_wide } else { &self.cells };
+        let existing = index_map.get(&key).copied();
+        if existing.is_none() && self.entries.len() >= self.max_entries {
             return false;
         }
-        self.thresholds.insert(bucket.clone(), ratio.threshold());
-        self.ratios.insert(bucket, ratio);
+        let reason = directive.reason;
+        let stated = directive.stated_limit_rps();
+        let retry = directive.retry_after_ms;
+        let render = |reason| {
+            Arc::new(self.responses.render(&RejectFacts {
+                bucket: &wire.bucket,
+                tenant: &wire.tenant,
+                reason,
+                limit_rps: stated,
+                retry_after_ms: retry,
+            }))
+        };
+        let response = render(reason);
+        let fallback_response = render(DropReason::FallbackLimit);
+        let enforce = self.modes.enforces(directive.mode);
+        let mut wire = wire;
+        wire.priority = priority as i32;
+        match existing.and_then(|i| self.entries.get_mut(i)) {
+            Some(entry) => {
+                entry.directive = directive;
+                entry.enforce = enforce;
+                entry.response = response;
+                entry.fallback_response = fallback_response;
+                entry.wire = wire;
+            }
+            None => {
+                let index = self.entries.len();
+                self.entries.push(CellEntry {
+                    directive,
+                    enforce,
+                    response,
+                    fallback_response,
+                    state: CellState::default(),
+                    wire,
+                });
+                if wide {
+                    self.bucket_wide.insert(key, index);
+                } else {
+                    self.cells.insert(key, index);
+                }
+            }
+        }
         true
     }
 
-    /// The shared form: a `DirectiveBatch` holding the whole table, buckets
-    /// sorted so equal tables encode to equal bytes.
+    /// Takes over the per-cell state of `previous` for cells both hold (a
+    /// VM rebuilding its table from the shared blob keeps its limiters).
+    pub fn adopt_state(&mut self, previous: &mut DirectiveTable) {
+        for (bucket, index) in &self.bucket_wide {
+            if let (Some(entry), Some(old)) = (
+                self.entries.get_mut(*index),
+                previous
+                    .bucket_wide
+                    .get(bucket)
+                    .and_then(|i| previous.entries.get_mut(*i)),
+            ) {
+                entry.state = std::mem::take(&mut old.state);
+            }
+        }
+        for (key, index) in &self.cells {
+            if let (Some(entry), Some(old)) = (
+                self.entries.get_mut(*index),
+                previous
+                    .cells
+                    .get(key)
+                    .and_then(|i| previous.entries.get_mut(*i)),
+            ) {
+                entry.state = std::mem::take(&mut old.state);
+            }
+        }
+    }
+
+    /// The shared form: a `DirectiveBatch` holding the whole table (mode
+    /// policy and TTL included), cells sorted so equal tables encode to
+    /// equal bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut directives: Vec<Directive> = self
-            .ratios
-            .iter()
-            .map(|(bucket, ratio)| Directive {
-                bucket: bucket.clone(),
-                drop_ratio: ratio.get(),
-                limit_rps: 0.0,
-                ..Default::default()
-            })
-            .collect();
-        directives.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        let mut directives: Vec<Directive> = self.entries.iter().map(|e| e.wire.clone()).collect();
+        directives.sort_by(|a, b| {
+            (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+        });
         DirectiveBatch {
             epoch: self.provenance.epoch,
             version: self.provenance.version,
             issued_at_unix_ms: self.provenance.issued_at_unix_ms,
             directives,
-            ..Default::default()
+            ttl_ms: self.ttl_ms,
+            modes: self.modes.to_policy(),
         }
         .encode_to_vec()
     }
@@ -153,182 +390,53 @@ impl DirectiveTable {
     /// Rebuilds a table from its shared form, validating every entry again
     /// (the blob is written by another VM, possibly another module version).
     pub fn decode(bytes: &[u8], max_entries: usize) -> Result<(Self, MergeOutcome), DecodeError> {
+        Self::decode_with(bytes, Self::new(max_entries))
+    }
+
+    /// Like [`Self::decode`], into an empty table with `empty`'s settings.
+    pub fn decode_with(bytes: &[u8], empty: Self) -> Result<(Self, MergeOutcome), DecodeError> {
         let batch = DirectiveBatch::decode(bytes).map_err(|err| DecodeError(err.to_string()))?;
-        let mut table = Self::new(max_entries);
+        let mut table = empty;
         let outcome = table.merge(batch);
         Ok((table, outcome))
     }
+
+    /// An empty table with this table's settings.
+    pub fn empty_like(&self) -> Self {
+        Self::with_settings(
+            self.max_entries,
+            Arc::clone(&self.responses),
+            &self.proxy_id,
+        )
+    }
+}
+
+fn finite_non_negative(value: f64) -> Option<f64> {
+    (value.is_finite() && value >= 0.0).then_some(value + 0.0)
+}
+
+fn validate(wire: &Directive) -> Option<CellDirective> {
+    if wire.bucket.is_empty()
+        || wire.bucket.len() > MAX_BUCKET_KEY_BYTES
+        || wire.tenant.len() > MAX_TENANT_BYTES
+    {
+        return None;
+    }
+    let drop_ratio = DropRatio::new(wire.drop_ratio).ok()?;
+    let burst = finite_non_negative(wire.burst)?;
+    Some(CellDirective {
+        drop_ratio,
+        threshold: drop_ratio.threshold(),
+        limit_rps: finite_non_negative(wire.limit_rps)?,
+        share_rps: finite_non_negative(wire.share_rps)?,
+        reporting_proxies: wire.reporting_proxies,
+        mode: wire.mode,
+        reason: DropReason::of_directive(wire.reason),
+        retry_after_ms: wire.retry_after_ms,
+        burst: burst.max(1.0),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    pub(crate) fn directive(bucket: &str, drop_ratio: f64) -> Directive {
-        Directive {
-            bucket: bucket.into(),
-            drop_ratio,
-            limit_rps: 10.0,
-            ..Default::default()
-        }
-    }
-
-    fn batch(epoch: u64, version: u64, directives: Vec<Directive>) -> DirectiveBatch {
-        DirectiveBatch {
-            epoch,
-            version,
-            issued_at_unix_ms: 1,
-            directives,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn merge_keeps_unnamed_buckets() {
-        let mut table = DirectiveTable::new(100);
-        table.merge(batch(1, 1, vec![directive("a", 0.5), directive("b", 0.25)]));
-        let outcome = table.merge(batch(1, 2, vec![directive("a", 0.75)]));
-        assert_eq!(
-            outcome,
-            MergeOutcome {
-                applied: 1,
-                rejected: 0
-            }
-        );
-        assert_eq!(table.drop_ratio("a").map(DropRatio::get), Some(0.75));
-        assert_eq!(table.drop_ratio("b").map(DropRatio::get), Some(0.25));
-        assert_eq!(table.provenance().version, 2);
-    }
-
-    #[test]
-    fn zero_lifts_the_limit() {
-        let mut table = DirectiveTable::new(100);
-        table.merge(batch(1, 1, vec![directive("a", 1.0)]));
-        assert_eq!(table.threshold("a"), DropRatio::ALWAYS.threshold());
-        table.merge(batch(1, 2, vec![directive("a", 0.0)]));
-        assert_eq!(table.threshold("a"), DropThreshold::NEVER);
-        assert!(table.is_empty());
-    }
-
-    #[test]
-    fn a_new_epoch_is_merged_not_rejected() {
-        let mut table = DirectiveTable::new(100);
-        table.merge(batch(7, 40, vec![directive("a", 0.5), directive("b", 0.5)]));
-        // A restarted control plane starts at version 1 and knows only "b".
-        table.merge(batch(8, 1, vec![directive("b", 0.1)]));
-        assert_eq!(table.drop_ratio("a").map(DropRatio::get), Some(0.5));
-        assert_eq!(table.drop_ratio("b").map(DropRatio::get), Some(0.1));
-        assert_eq!(table.provenance().epoch, 8);
-    }
-
-    #[test]
-    fn invalid_directives_are_counted_and_skipped() {
-        let mut table = DirectiveTable::new(100);
-        let outcome = table.merge(batch(
-            1,
-            1,
-            vec![
-                directive("", 0.5),
-                directive(&"x".repeat(MAX_BUCKET_KEY_BYTES + 1), 0.5),
-                directive("nan", f64::NAN),
-                directive("neg", -0.1),
-                directive("big", 1.5),
-                directive("inf", f64::INFINITY),
-                directive("ok", 0.5),
-            ],
-        ));
-        assert_eq!(
-            outcome,
-            MergeOutcome {
-                applied: 1,
-                rejected: 6
-            }
-        );
-        assert_eq!(table.len(), 1);
-    }
-
-    #[test]
-    fn the_table_is_bounded() {
-        let mut table = DirectiveTable::new(2);
-        let outcome = table.merge(batch(
-            1,
-            1,
-            vec![
-                directive("a", 0.5),
-                directive("b", 0.5),
-                directive("c", 0.5),
-            ],
-        ));
-        assert_eq!(
-            outcome,
-            MergeOutcome {
-                applied: 2,
-                rejected: 1
-            }
-        );
-        // Updating a held bucket still works when full.
-        let outcome = table.merge(batch(1, 2, vec![directive("a", 0.9)]));
-        assert_eq!(outcome.applied, 1);
-    }
-
-    #[test]
-    fn encode_decode_round_trips() {
-        let mut table = DirectiveTable::new(100);
-        table.merge(batch(
-            3,
-            9,
-            vec![directive("b", 0.5), directive("a", 0.125)],
-        ));
-        let bytes = table.encode();
-        let (decoded, outcome) = DirectiveTable::decode(&bytes, 100).unwrap();
-        assert_eq!(decoded, table);
-        assert_eq!(
-            outcome,
-            MergeOutcome {
-                applied: 2,
-                rejected: 0
-            }
-        );
-        assert_eq!(decoded.encode(), bytes);
-    }
-
-    #[test]
-    fn garbage_is_an_error() {
-        assert!(DirectiveTable::decode(&[0xff, 0xff, 0xff], 100).is_err());
-    }
-}
-
-#[cfg(all(test, not(target_arch = "wasm32")))]
-mod proptests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Ok((table, _)) = DirectiveTable::decode(&bytes, 16) {
-                prop_assert!(table.len() <= 16);
-            }
-        }
-
-        #[test]
-        fn decoded_ratios_are_always_valid(ratios in proptest::collection::vec(any::<f64>(), 0..32)) {
-            let directives = ratios
-                .iter()
-                .enumerate()
-                .map(|(i, r)| Directive { bucket: format!("b{i}"), drop_ratio: *r, limit_rps: 0.0, ..Default::default() })
-                .collect();
-            let bytes = DirectiveBatch { epoch: 1, version: 1, issued_at_unix_ms: 0, directives, ..Default::default() }.encode_to_vec();
-            let (table, outcome) = DirectiveTable::decode(&bytes, 1000)
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(outcome.applied + outcome.rejected, ratios.len());
-            for i in 0..ratios.len() {
-                if let Some(ratio) = table.drop_ratio(&format!("b{i}")) {
-                    prop_assert!(ratio.get() > 0.0 && ratio.get() <= 1.0);
-                }
-            }
-        }
-    }
-}
+#[path = "directives_tests.rs"]
+mod tests;

@@ -39,6 +39,8 @@ pub struct FakeProcess {
     pub metric_calls: BTreeMap<usize, usize>,
     /// When set, every metric call fails with this error.
     pub metric_error: Option<HostError>,
+    /// Messages ever enqueued, by queue id.
+    pub enqueued: BTreeMap<u32, usize>,
 }
 
 impl FakeProcess {
@@ -56,6 +58,7 @@ impl FakeProcess {
             metric_ids: Vec::new(),
             metric_calls: BTreeMap::new(),
             metric_error: None,
+            enqueued: BTreeMap::new(),
         }))
     }
 
@@ -170,6 +173,7 @@ impl Host for FakeHost {
             .get_mut(&queue_id)
             .ok_or(HostError::NotFound)?;
         queue.push_back(message.to_vec());
+        *process.enqueued.entry(queue_id).or_default() += 1;
         Ok(())
     }
 

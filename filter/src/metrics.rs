@@ -12,16 +12,20 @@
 //! `envoy/README.md`): `sluice.result=drop.reason=cluster_overload.decisions`
 //! becomes `sluice_decisions{result="drop",reason="cluster_overload"}`.
 
-use crate::decision::Verdict;
+use crate::counters::Outcome;
 use crate::host_api::{Host, HostError, LogLevel, MetricId, MetricKind};
+use crate::reject::DropReason;
 
 /// Counters, each flushed as a delta on every tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
-    /// Requests let through.
+    /// Requests let through (shadow drops not included).
     DecisionsPass,
-    /// Requests answered with 429 because their bucket sheds load.
-    DecisionsDropClusterOverload,
+    /// Requests answered with 429, by reason.
+    DecisionsDrop(DropReason),
+    /// Requests the decision would have dropped but shadow mode let
+    /// through, by reason.
+    DecisionsShadowDrop(DropReason),
     /// Reports handed to the control-plane stream.
     ReportsSent,
     /// Reports that could not be sent, plus closes of the live stream (which
@@ -31,57 +35,132 @@ pub enum Counter {
     DirectiveBatches,
     /// Directives in those batches that were invalid and ignored.
     DirectivesRejected,
+    /// Times the directives went stale and the fallback took over.
+    FallbackEntered,
 }
+
+/// The old name of the overload drop counter.
+#[allow(non_upper_case_globals)]
+impl Counter {
+    /// Requests answered with 429 because their bucket sheds load.
+    pub const DecisionsDropClusterOverload: Self = Self::DecisionsDrop(DropReason::ClusterOverload);
+}
+
+const REASONS: usize = DropReason::ALL.len();
 
 impl Counter {
     /// Every counter, in definition order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 6 + 2 * REASONS] = [
         Self::DecisionsPass,
-        Self::DecisionsDropClusterOverload,
+        Self::DecisionsDrop(DropReason::ClusterOverload),
+        Self::DecisionsDrop(DropReason::TenantQuotaExceeded),
+        Self::DecisionsDrop(DropReason::PriorityShed),
+        Self::DecisionsDrop(DropReason::FallbackLimit),
+        Self::DecisionsDrop(DropReason::NewBucketLimit),
+        Self::DecisionsShadowDrop(DropReason::ClusterOverload),
+        Self::DecisionsShadowDrop(DropReason::TenantQuotaExceeded),
+        Self::DecisionsShadowDrop(DropReason::PriorityShed),
+        Self::DecisionsShadowDrop(DropReason::FallbackLimit),
+        Self::DecisionsShadowDrop(DropReason::NewBucketLimit),
         Self::ReportsSent,
         Self::ReportsFailed,
         Self::DirectiveBatches,
         Self::DirectivesRejected,
+        Self::FallbackEntered,
     ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
     pub const fn name(self) -> &'static str {
+        use DropReason as R;
         match self {
             Self::DecisionsPass => "sluice.result=pass.decisions",
-            Self::DecisionsDropClusterOverload => {
+            Self::DecisionsDrop(R::ClusterOverload) => {
                 "sluice.result=drop.reason=cluster_overload.decisions"
+            }
+            Self::DecisionsDrop(R::TenantQuotaExceeded) => {
+                "sluice.result=drop.reason=tenant_quota_exceeded.decisions"
+            }
+            Self::DecisionsDrop(R::PriorityShed) => {
+                "sluice.result=drop.reason=priority_shed.decisions"
+            }
+            Self::DecisionsDrop(R::FallbackLimit) => {
+                "sluice.result=drop.reason=local_fallback_limit.decisions"
+            }
+            Self::DecisionsDrop(R::NewBucketLimit) => {
+                "sluice.result=drop.reason=new_bucket_limit.decisions"
+            }
+            Self::DecisionsShadowDrop(R::ClusterOverload) => {
+                "sluice.result=shadow_drop.reason=cluster_overload.decisions"
+            }
+            Self::DecisionsShadowDrop(R::TenantQuotaExceeded) => {
+                "sluice.result=shadow_drop.reason=tenant_quota_exceeded.decisions"
+            }
+            Self::DecisionsShadowDrop(R::PriorityShed) => {
+                "sluice.result=shadow_drop.reason=priority_shed.decisions"
+            }
+            Self::DecisionsShadowDrop(R::FallbackLimit) => {
+                "sluice.result=shadow_drop.reason=local_fallback_limit.decisions"
+            }
+            Self::DecisionsShadowDrop(R::NewBucketLimit) => {
+                "sluice.result=shadow_drop.reason=new_bucket_limit.decisions"
             }
             Self::ReportsSent => "sluice.reports_sent",
             Self::ReportsFailed => "sluice.reports_failed",
             Self::DirectiveBatches => "sluice.directive_batches",
             Self::DirectivesRejected => "sluice.directives_rejected",
+            Self::FallbackEntered => "sluice.fallback_entered",
         }
     }
 
     const fn index(self) -> usize {
-        self as usize
+        match self {
+            Self::DecisionsPass => 0,
+            Self::DecisionsDrop(reason) => 1 + reason.index(),
+            Self::DecisionsShadowDrop(reason) => 1 + REASONS + reason.index(),
+            Self::ReportsSent => 1 + 2 * REASONS,
+            Self::ReportsFailed => 2 + 2 * REASONS,
+            Self::DirectiveBatches => 3 + 2 * REASONS,
+            Self::DirectivesRejected => 4 + 2 * REASONS,
+            Self::FallbackEntered => 5 + 2 * REASONS,
+        }
     }
 }
 
 /// Gauges, recorded by the leader on every tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gauge {
-    /// Milliseconds since the control plane issued the newest directive
-    /// batch this process holds; 0 before the first one.
+    /// Milliseconds since the last directive batch (a heartbeat included)
+    /// arrived, on this proxy's clock; 0 before the first one.
     DirectiveAgeMs,
-    /// Buckets that currently have a (non-zero) drop ratio.
+    /// Cells whose directive has a non-zero drop ratio.
     DirectiveBuckets,
+    /// Cells that have a directive (zero drop ratios included).
+    DirectiveCells,
+    /// 1 while the directives are older than their TTL and the configured
+    /// fallback applies, else 0.
+    FallbackActive,
+    /// VMs of this proxy serving requests, which share local limits.
+    Workers,
 }
 
 impl Gauge {
     /// Every gauge, in definition order.
-    pub const ALL: [Self; 2] = [Self::DirectiveAgeMs, Self::DirectiveBuckets];
+    pub const ALL: [Self; 5] = [
+        Self::DirectiveAgeMs,
+        Self::DirectiveBuckets,
+        Self::DirectiveCells,
+        Self::FallbackActive,
+        Self::Workers,
+    ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
     pub const fn name(self) -> &'static str {
         match self {
             Self::DirectiveAgeMs => "sluice.directive_age_ms",
             Self::DirectiveBuckets => "sluice.directive_buckets",
+            Self::DirectiveCells => "sluice.directive_cells",
+            Self::FallbackActive => "sluice.fallback_active",
+            Self::Workers => "sluice.workers",
         }
     }
 
@@ -103,11 +182,13 @@ pub struct Metrics {
 
 impl Metrics {
     /// Counts one request decision. The request path: no host call.
-    pub fn count_decision(&mut self, verdict: Verdict) {
+    pub fn count_decision(&mut self, outcome: Outcome, reason: Option<DropReason>) {
+        let reason = reason.unwrap_or(DropReason::ClusterOverload);
         self.add(
-            match verdict {
-                Verdict::Admit => Counter::DecisionsPass,
-                Verdict::Drop => Counter::DecisionsDropClusterOverload,
+            match outcome {
+                Outcome::Admitted => Counter::DecisionsPass,
+                Outcome::Dropped => Counter::DecisionsDrop(reason),
+                Outcome::ShadowDropped => Counter::DecisionsShadowDrop(reason),
             },
             1,
         );
@@ -227,12 +308,17 @@ mod tests {
     }
 
     #[test]
-    fn decisions_count_by_verdict() {
+    fn decisions_count_by_outcome_and_reason() {
         let mut metrics = Metrics::default();
-        metrics.count_decision(Verdict::Admit);
-        metrics.count_decision(Verdict::Admit);
-        metrics.count_decision(Verdict::Drop);
+        metrics.count_decision(Outcome::Admitted, None);
+        metrics.count_decision(Outcome::Admitted, None);
+        metrics.count_decision(Outcome::Dropped, Some(DropReason::ClusterOverload));
+        metrics.count_decision(Outcome::ShadowDropped, Some(DropReason::PriorityShed));
         assert_eq!(metrics.pending(Counter::DecisionsPass), 2);
         assert_eq!(metrics.pending(Counter::DecisionsDropClusterOverload), 1);
+        assert_eq!(
+            metrics.pending(Counter::DecisionsShadowDrop(DropReason::PriorityShed)),
+            1
+        );
     }
 }

@@ -1,25 +1,22 @@
-//! The per-request filter: derive the bucket, flip the coin, answer 429 or
-//! continue. Reads only the headers the bucket key names; never touches
-//! shared data, the clock or the network.
+//! The per-request filter: classify the request into its cell, decide,
+//! answer with the cell's prepared 429 or continue. Reads only the headers
+//! the classification names; never touches shared data, the clock or the
+//! network.
 
 use super::envoy_host::log;
-use crate::agent::Agent;
-use crate::bucket_key::{BucketKeySpec, RequestAttributes};
-use crate::decision::Verdict;
+use crate::agent::{Agent, Decision};
+use crate::bucket_key::RequestAttributes;
+use crate::classify::Classifier;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::RefCell;
 use std::rc::Rc;
 
-const RESPONSE_BODY: &[u8] = b"rate limited: cluster overload\n";
-
 /// What every request of a plugin shares, fixed at configuration time.
 #[derive(Debug)]
 pub(super) struct RequestPolicy {
-    pub bucket_key: BucketKeySpec,
-    /// The `retry-after` header value, formatted once.
-    pub retry_after: String,
+    pub classifier: Classifier,
 }
 
 pub(super) struct SluiceHttp {
@@ -31,22 +28,21 @@ impl Context for SluiceHttp {}
 
 impl HttpContext for SluiceHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let bucket = self.policy.bucket_key.derive(&EnvoyRequest);
         // The agent is never borrowed across host callbacks, so this cannot
         // fail; if it somehow did, the request passes.
-        let verdict = match self.agent.try_borrow_mut() {
-            Ok(mut agent) => agent.admit(&bucket),
-            Err(_) => Verdict::Admit,
+        let decision = match self.agent.try_borrow_mut() {
+            Ok(mut agent) => agent.admit_request(&self.policy.classifier, &EnvoyRequest),
+            Err(_) => Decision::Admit,
         };
-        if verdict == Verdict::Admit {
+        let Decision::Reject(response) = decision else {
             return Action::Continue;
-        }
-        let headers = vec![
-            ("retry-after", self.policy.retry_after.as_str()),
-            ("x-ratelimit-reason", "cluster_overload"),
-            ("content-type", "text/plain"),
-        ];
-        match hostcalls::send_http_response(429, headers, Some(RESPONSE_BODY)) {
+        };
+        let headers = response
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        match hostcalls::send_http_response(429, headers, Some(&response.body)) {
             Ok(()) => Action::Pause,
             Err(status) => {
                 log(

@@ -1,9 +1,9 @@
-//! The root context: configuration, the 100 ms tick and the control-plane
-//! stream callbacks, all forwarded to the VM's [`Agent`].
+//! The root context: configuration, the ticks and the control-plane stream
+//! callbacks, all forwarded to the VM's [`Agent`].
 
 use super::envoy_host::{self, EnvoyHost, log, now_ms};
 use super::http::{PassThrough, RequestPolicy, SluiceHttp};
-use crate::agent::{Agent, AgentSettings, TICK_MS};
+use crate::agent::{Agent, AgentSettings};
 use crate::config::FilterConfig;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -67,7 +67,8 @@ impl Context for SluiceRoot {
                 return;
             }
         };
-        self.with_agent(|agent, host| agent.on_stream_message(host, token_id, &message));
+        let now = self.now_ms();
+        self.with_agent(|agent, host| agent.on_stream_message(host, token_id, &message, now));
     }
 
     fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
@@ -107,7 +108,9 @@ impl RootContext for SluiceRoot {
                 return false;
             }
         };
-        if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
+        if let Err(status) =
+            hostcalls::set_tick_period(Duration::from_millis(config.directive_poll_ms))
+        {
             log(
                 LogLevel::Error,
                 &format!("cannot start the tick: {status:?}"),
@@ -122,6 +125,10 @@ impl RootContext for SluiceRoot {
             proxy_id: config.proxy_id.unwrap_or_else(node_id),
             report_interval_ms: config.report_interval_ms,
             max_buckets: config.max_buckets,
+            directive_ttl_ms: config.directive_ttl_ms,
+            fallback: config.fallback,
+            new_bucket: config.new_bucket,
+            responses: std::sync::Arc::new(config.response),
         };
         log(
             LogLevel::Debug,
@@ -133,8 +140,7 @@ impl RootContext for SluiceRoot {
         self.configured = Some(Configured {
             agent: Rc::new(RefCell::new(Agent::new(settings, self.seed))),
             policy: Rc::new(RequestPolicy {
-                bucket_key: config.bucket_key,
-                retry_after: config.retry_after_seconds.to_string(),
+                classifier: config.classifier,
             }),
         });
         true

@@ -1,0 +1,329 @@
+use super::*;
+use sluice_proto::v1::{Mode, ModePolicy, Reason};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+pub(crate) fn directive(bucket: &str, drop_ratio: f64) -> Directive {
+    Directive {
+        bucket: bucket.into(),
+        drop_ratio,
+        limit_rps: 10.0,
+        ..Default::default()
+    }
+}
+
+fn cell_directive(bucket: &str, tenant: &str, priority: Priority, drop_ratio: f64) -> Directive {
+    Directive {
+        tenant: tenant.into(),
+        priority: priority as i32,
+        ..directive(bucket, drop_ratio)
+    }
+}
+
+fn batch(epoch: u64, version: u64, directives: Vec<Directive>) -> DirectiveBatch {
+    DirectiveBatch {
+        epoch,
+        version,
+        issued_at_unix_ms: 1,
+        directives,
+        ..Default::default()
+    }
+}
+
+fn header<'a>(response: &'a RejectResponse, name: &str) -> Option<&'a str> {
+    response
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn merge_keeps_unnamed_buckets() {
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(1, 1, vec![directive("a", 0.5), directive("b", 0.25)]));
+    let outcome = table.merge(batch(1, 2, vec![directive("a", 0.75)]));
+    assert_eq!(
+        outcome,
+        MergeOutcome {
+            applied: 1,
+            rejected: 0
+        }
+    );
+    assert_eq!(table.drop_ratio("a").map(DropRatio::get), Some(0.75));
+    assert_eq!(table.drop_ratio("b").map(DropRatio::get), Some(0.25));
+    assert_eq!(table.provenance().version, 2);
+}
+
+#[test]
+fn zero_is_kept_but_never_drops() {
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(1, 1, vec![directive("a", 1.0)]));
+    assert_eq!(table.threshold("a"), DropRatio::ALWAYS.threshold());
+    assert_eq!(table.shedding(), 1);
+    table.merge(batch(1, 2, vec![directive("a", 0.0)]));
+    assert_eq!(table.threshold("a"), DropThreshold::NEVER);
+    assert_eq!(table.len(), 1, "a known bucket is not a new bucket");
+    assert_eq!(table.shedding(), 0);
+}
+
+#[test]
+fn a_new_epoch_is_merged_not_rejected() {
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(7, 40, vec![directive("a", 0.5), directive("b", 0.5)]));
+    table.merge(batch(8, 1, vec![directive("b", 0.1)]));
+    assert_eq!(table.drop_ratio("a").map(DropRatio::get), Some(0.5));
+    assert_eq!(table.drop_ratio("b").map(DropRatio::get), Some(0.1));
+    assert_eq!(table.provenance().epoch, 8);
+}
+
+#[test]
+fn invalid_directives_are_counted_and_skipped() {
+    let mut table = DirectiveTable::new(100);
+    let outcome = table.merge(batch(
+        1,
+        1,
+        vec![
+            directive("", 0.5),
+            directive(&"x".repeat(MAX_BUCKET_KEY_BYTES + 1), 0.5),
+            directive("nan", f64::NAN),
+            directive("neg", -0.1),
+            directive("big", 1.5),
+            directive("inf", f64::INFINITY),
+            Directive {
+                limit_rps: -1.0,
+                ..directive("neg-limit", 0.5)
+            },
+            Directive {
+                share_rps: f64::NAN,
+                ..directive("nan-share", 0.5)
+            },
+            Directive {
+                tenant: "t".repeat(MAX_TENANT_BYTES + 1),
+                ..directive("long-tenant", 0.5)
+            },
+            directive("ok", 0.5),
+        ],
+    ));
+    assert_eq!(
+        outcome,
+        MergeOutcome {
+            applied: 1,
+            rejected: 9
+        }
+    );
+    assert_eq!(table.len(), 1);
+}
+
+#[test]
+fn the_table_is_bounded() {
+    let mut table = DirectiveTable::new(2);
+    let outcome = table.merge(batch(
+        1,
+        1,
+        vec![
+            directive("a", 0.5),
+            directive("b", 0.5),
+            directive("c", 0.5),
+        ],
+    ));
+    assert_eq!(
+        outcome,
+        MergeOutcome {
+            applied: 2,
+            rejected: 1
+        }
+    );
+    let outcome = table.merge(batch(1, 2, vec![directive("a", 0.9)]));
+    assert_eq!(outcome.applied, 1);
+}
+
+#[test]
+fn exact_cell_then_bucket_wide() {
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(
+        1,
+        1,
+        vec![
+            directive("api", 0.1),
+            cell_directive("api", "acme", Priority::Bulk, 0.9),
+            cell_directive("api", "", Priority::Critical, 0.0),
+        ],
+    ));
+    let exact = key_of("api", "acme", Priority::Bulk);
+    let i = table.find(Some(&exact), "api").unwrap();
+    assert_eq!(table.entry_mut(i).unwrap().directive.drop_ratio.get(), 0.9);
+    // Another tenant falls back to the bucket-wide directive.
+    let other = key_of("api", "globex", Priority::Bulk);
+    let i = table.find(Some(&other), "api").unwrap();
+    assert_eq!(table.entry_mut(i).unwrap().directive.drop_ratio.get(), 0.1);
+    let critical = key_of("api", "", Priority::Critical);
+    let i = table.find(Some(&critical), "api").unwrap();
+    assert_eq!(table.entry_mut(i).unwrap().directive.drop_ratio.get(), 0.0);
+    assert_eq!(table.find(None, "unknown"), None);
+    assert!(table.cell("api", "acme", Priority::Bulk).is_some());
+    assert!(table.cell("api", "acme", Priority::Critical).is_none());
+}
+
+#[test]
+fn responses_are_rendered_per_cell_when_applied() {
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(
+        1,
+        1,
+        vec![Directive {
+            share_rps: 40.0,
+            reason: Reason::TenantQuotaExceeded as i32,
+            retry_after_ms: 2500,
+            ..cell_directive("api", "acme", Priority::Unspecified, 0.5)
+        }],
+    ));
+    let entry = table.cell("api", "acme", Priority::Unspecified).unwrap();
+    assert_eq!(header(&entry.response, "x-ratelimit-limit"), Some("40"));
+    assert_eq!(header(&entry.response, "retry-after"), Some("3"));
+    assert_eq!(
+        header(&entry.response, "x-ratelimit-reason"),
+        Some("tenant_quota_exceeded")
+    );
+    assert_eq!(
+        header(&entry.fallback_response, "x-ratelimit-reason"),
+        Some("local_fallback_limit")
+    );
+}
+
+#[test]
+fn modes_are_resolved_when_applied_and_when_the_policy_changes() {
+    let mut table = DirectiveTable::with_settings(100, Arc::default(), "envoy-a");
+    table.merge(batch(
+        1,
+        1,
+        vec![
+            directive("inherit", 0.5),
+            Directive {
+                mode: Mode::Shadow as i32,
+                ..directive("shadow", 0.5)
+            },
+            Directive {
+                mode: Mode::Enforce as i32,
+                ..directive("enforce", 0.5)
+            },
+        ],
+    ));
+    let enforced =
+        |t: &DirectiveTable, b: &str| t.cell(b, "", Priority::Unspecified).unwrap().enforce;
+    assert!(
+        enforced(&table, "inherit") && !enforced(&table, "shadow") && enforced(&table, "enforce")
+    );
+    let mut shadow_default = batch(1, 2, vec![]);
+    shadow_default.modes = Some(ModePolicy {
+        default_mode: Mode::Shadow as i32,
+        ..Default::default()
+    });
+    assert!(table.changes_with(&shadow_default));
+    table.merge(shadow_default.clone());
+    assert!(!table.changes_with(&shadow_default));
+    assert!(!enforced(&table, "inherit") && enforced(&table, "enforce"));
+    let mut kill = batch(1, 3, vec![]);
+    kill.modes = Some(ModePolicy {
+        kill_switch: true,
+        ..Default::default()
+    });
+    table.merge(kill);
+    assert!(!enforced(&table, "enforce"));
+    // A batch without a policy means "enforce, no kill switch".
+    table.merge(batch(1, 4, vec![]));
+    assert!(enforced(&table, "inherit"));
+}
+
+#[test]
+fn encode_decode_round_trips() {
+    let mut table = DirectiveTable::new(100);
+    let mut b = batch(
+        3,
+        9,
+        vec![
+            directive("b", 0.5),
+            directive("a", 0.125),
+            cell_directive("a", "t", Priority::Bulk, 0.25),
+        ],
+    );
+    b.ttl_ms = 5000;
+    b.modes = Some(ModePolicy {
+        kill_switch: false,
+        default_mode: Mode::Shadow as i32,
+        canary_fraction: Some(0.5),
+    });
+    table.merge(b);
+    let bytes = table.encode();
+    let (decoded, outcome) = DirectiveTable::decode(&bytes, 100).unwrap();
+    assert_eq!(decoded, table);
+    assert_eq!(decoded.ttl_ms(), 5000);
+    assert_eq!(decoded.modes(), table.modes());
+    assert_eq!(
+        outcome,
+        MergeOutcome {
+            applied: 3,
+            rejected: 0
+        }
+    );
+    assert_eq!(decoded.encode(), bytes);
+}
+
+#[test]
+fn state_is_adopted_across_rebuilds() {
+    let mut old = DirectiveTable::new(100);
+    old.merge(batch(
+        1,
+        1,
+        vec![
+            directive("a", 0.5),
+            cell_directive("a", "t", Priority::Bulk, 0.5),
+        ],
+    ));
+    for i in 0..old.len() {
+        old.entry_mut(i).unwrap().state.fallback = Some(TokenBucket::new(5.0, 42));
+    }
+    let (mut new, _) = DirectiveTable::decode(&old.encode(), 100).unwrap();
+    new.adopt_state(&mut old);
+    for i in 0..new.len() {
+        assert!(new.entry_mut(i).unwrap().state.fallback.is_some());
+    }
+}
+
+#[test]
+fn garbage_is_an_error() {
+    assert!(DirectiveTable::decode(&[0xff, 0xff, 0xff], 100).is_err());
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok((table, _)) = DirectiveTable::decode(&bytes, 16) {
+                prop_assert!(table.len() <= 16);
+            }
+        }
+
+        #[test]
+        fn decoded_ratios_are_always_valid(ratios in proptest::collection::vec(any::<f64>(), 0..32)) {
+            let directives = ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Directive { bucket: format!("b{i}"), drop_ratio: *r, ..Default::default() })
+                .collect();
+            let bytes = DirectiveBatch { epoch: 1, version: 1, directives, ..Default::default() }.encode_to_vec();
+            let (table, outcome) = DirectiveTable::decode(&bytes, 1000)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(outcome.applied + outcome.rejected, ratios.len());
+            for i in 0..ratios.len() {
+                if let Some(ratio) = table.drop_ratio(&format!("b{i}")) {
+                    prop_assert!((0.0..=1.0).contains(&ratio.get()));
+                }
+            }
+        }
+    }
+}

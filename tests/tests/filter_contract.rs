@@ -1,0 +1,247 @@
+//! The filter's own behaviour against real Envoy and the real control plane:
+//! the full 429 contract on a limited bucket, the local limit of new buckets
+//! without any control plane, and the local fallback once the directives
+//! outlive their TTL after the control plane dies.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::wait;
+
+async fn start_envoy(dir: &std::path::Path, control_plane: SocketAddr, patch: Json) -> Envoy {
+    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
+    envoy::rewrite(
+        &mut config,
+        &Rewrite::for_test(control_plane, patch).unwrap(),
+    )
+    .unwrap();
+    Envoy::start(&config, &EnvoyOptions::new("envoy-contract", dir))
+        .await
+        .unwrap()
+}
+
+/// A port nobody listens on.
+fn dead_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The first 429 among up to `tries` requests for `tenant`.
+async fn first_429(url: &str, tenant: &str, tries: usize) -> Option<reqwest::Response> {
+    let client = reqwest::Client::new();
+    for _ in 0..tries {
+        let response = client
+            .get(format!("{url}/"))
+            .header("x-tenant", tenant)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            return Some(response);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+fn header(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_bucket_gets_the_full_429_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "limits:\n  - bucket: limited\n    limit_rps: 20\n",
+            dir.path(),
+        )
+        .control_interval_ms(200),
+    )
+    .await
+    .unwrap();
+    let envoy = start_envoy(
+        dir.path(),
+        control_plane.grpc_addr(),
+        json!({"proxy_id": "contract", "report_interval_ms": 100}),
+    )
+    .await;
+    let url = envoy.base_url();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("limited", &url, "limited", 150.0)],
+        Duration::from_secs(4),
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let response = first_429(&url, "limited", 200).await;
+    let result = load.finish().await.unwrap();
+    println!("{}", result.summary(Window::secs(0.0, 4.0)));
+    let response = response.expect("no 429 at 7x the limit");
+
+    assert_eq!(header(&response, "retry-after").as_deref(), Some("1"));
+    assert_eq!(
+        header(&response, "x-ratelimit-limit").as_deref(),
+        Some("20")
+    );
+    assert_eq!(
+        header(&response, "x-ratelimit-remaining").as_deref(),
+        Some("0")
+    );
+    assert_eq!(header(&response, "x-ratelimit-reset").as_deref(), Some("1"));
+    assert_eq!(
+        header(&response, "x-ratelimit-reason").as_deref(),
+        Some("cluster_overload")
+    );
+    assert_eq!(
+        header(&response, "ratelimit-policy").as_deref(),
+        Some("\"sluice\";q=20;w=1")
+    );
+    assert_eq!(
+        header(&response, "ratelimit").as_deref(),
+        Some("\"sluice\";r=0;t=1")
+    );
+    assert_eq!(
+        header(&response, "content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    let body: Json = response.json().await.unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["type"], "urn:sluice:problem:cluster_overload");
+    assert_eq!(body["bucket"], "limited");
+    assert_eq!(body["tenant"], "");
+    assert_eq!(body["retry_after_seconds"], 1);
+    assert!(body["detail"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_buckets_are_limited_locally_without_a_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = start_envoy(
+        dir.path(),
+        dead_port(),
+        json!({
+            "proxy_id": "lonely",
+            "new_bucket": {"action": "local_limit", "fleet_limit_rps": 40, "expected_proxies": 2},
+            "response": {"reason_header": "x-shed-reason", "x_ratelimit_headers": false}
+        }),
+    )
+    .await;
+    let url = envoy.base_url();
+    let duration = Duration::from_secs(5);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("fresh", &url, "fresh", 100.0)],
+        duration,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let response = first_429(&url, "fresh", 200).await;
+    let result = load.finish().await.unwrap();
+    let steady = Window::secs(2.0, duration.as_secs_f64());
+    let summary = result.summary(Window::secs(0.0, duration.as_secs_f64()));
+    println!("{summary}");
+    let counts = result.tenant_counts(steady, "fresh");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    // 40 rps over 2 expected proxies: 20 rps here, split over the workers
+    // that serve requests.
+    let admitted = rate(counts.ok, steady);
+    assert!(
+        within(admitted, 20.0, 0.35),
+        "admitted {admitted:.1} rps\n{summary}"
+    );
+
+    let response = response.expect("no 429 at 5x the new-bucket limit");
+    assert_eq!(
+        header(&response, "x-shed-reason").as_deref(),
+        Some("new_bucket_limit")
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), None);
+    assert_eq!(header(&response, "retry-after").as_deref(), Some("1"));
+    let body: Json = response.json().await.unwrap();
+    assert_eq!(body["bucket"], "fresh");
+    let stats = envoy.stats("sluice").await.unwrap();
+    assert!(
+        stats.contains("sluice.result=drop.reason=new_bucket_limit.decisions"),
+        "{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut control_plane = ControlPlane::start(
+        ControlPlaneOptions::new("limits:\n  - bucket: acme\n    limit_rps: 30\n", dir.path())
+            .control_interval_ms(200),
+    )
+    .await
+    .unwrap();
+    let envoy = start_envoy(
+        dir.path(),
+        control_plane.grpc_addr(),
+        json!({
+            "proxy_id": "fallback",
+            "report_interval_ms": 100,
+            "directive_ttl_ms": 1000,
+            "fallback": "local_limit"
+        }),
+    )
+    .await;
+    let url = envoy.base_url();
+    let duration = Duration::from_secs(9);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &url, "acme", 120.0)],
+        duration,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    control_plane.kill().unwrap();
+    let killed_at = load.elapsed().as_secs_f64();
+
+    let envoy_ref = &envoy;
+    wait::until(
+        "the filter to report its fallback",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async move {
+            let stats = envoy_ref.stats("sluice.fallback_active").await?;
+            Ok(stats.contains("sluice.fallback_active: 1").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let response = first_429(&url, "acme", 200).await;
+    let result = load.finish().await.unwrap();
+    let after = Window::secs(killed_at + 2.5, duration.as_secs_f64());
+    let summary = result.summary(Window::secs(0.0, duration.as_secs_f64()));
+    println!("{summary}");
+    let counts = result.tenant_counts(after, "acme");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    let admitted = rate(counts.ok, after);
+    assert!(
+        within(admitted, 30.0, 0.4),
+        "admitted {admitted:.1} rps\n{summary}"
+    );
+    let response = response.expect("no 429 in fallback at 4x the limit");
+    assert_eq!(
+        header(&response, "x-ratelimit-reason").as_deref(),
+        Some("local_fallback_limit")
+    );
+    let stats = envoy.stats("sluice.fallback_entered").await.unwrap();
+    assert!(stats.contains("sluice.fallback_entered: 1"), "{stats}");
+}

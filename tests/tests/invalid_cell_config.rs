@@ -1,0 +1,90 @@
+//! The classification, staleness, new-bucket and response keys are checked
+//! like the others: an invalid value is refused when Envoy loads the filter,
+//! with a log line naming the field; valid values serve.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+
+/// Nothing listens here; the filter must load without a control plane.
+const NO_CONTROL_PLANE: &str = "127.0.0.1:9";
+
+async fn start_with(patch: serde_json::Value, name: &str) -> (anyhow::Result<Envoy>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
+    let control_plane: SocketAddr = NO_CONTROL_PLANE.parse().unwrap();
+    envoy::rewrite(
+        &mut config,
+        &Rewrite::for_test(control_plane, patch).unwrap(),
+    )
+    .unwrap();
+    let options = EnvoyOptions::new(name, dir.path());
+    let started = Envoy::start(&config, &options).await;
+    let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
+    (started, log)
+}
+
+#[tokio::test]
+async fn invalid_cell_keys_are_refused_naming_the_field() {
+    let cases = [
+        (json!({"directive_ttl_ms": 5}), "directive_ttl_ms"),
+        (json!({"fallback": "fail_open"}), "fallback"),
+        (
+            json!({"new_bucket": {"action": "local_limit", "fleet_limit_rps": 10}}),
+            "new_bucket",
+        ),
+        (
+            json!({"priority": {"header": "x-p", "values": {"a": "vip"}}}),
+            "priority.values.a",
+        ),
+        (json!({"tenant": {"source": "header"}}), "tenant"),
+        (
+            json!({"response": {"reason_header": ""}}),
+            "response.reason_header",
+        ),
+    ];
+    for (index, (patch, field)) in cases.into_iter().enumerate() {
+        let (started, log) = start_with(patch.clone(), &format!("bad-cell-{index}")).await;
+        assert!(
+            started.is_err(),
+            "Envoy served with an invalid plugin config {patch}\n{log}"
+        );
+        let line = log
+            .lines()
+            .find(|line| line.contains("invalid sluice plugin configuration"))
+            .unwrap_or_else(|| panic!("no configuration error logged for {patch}\n{log}"));
+        assert!(
+            line.contains(field),
+            "the error for {patch} does not name `{field}`: {line}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn valid_cell_keys_serve() {
+    let (started, log) = start_with(
+        json!({
+            "tenant": {"source": "header", "name": "x-tenant"},
+            "priority": {"header": "x-priority", "routes": {"local_route": "critical"}},
+            "directive_ttl_ms": 5000,
+            "fallback": "local_limit",
+            "new_bucket": {"action": "local_limit", "fleet_limit_rps": 1000, "expected_proxies": 2},
+            "response": {"reason_header": "x-shed-reason", "ietf_headers": false},
+            "directive_poll_ms": 10
+        }),
+        "good-cell",
+    )
+    .await;
+    let envoy = started.unwrap_or_else(|err| panic!("valid config refused: {err:#}\n{log}"));
+    let response = reqwest::get(format!("{}/", envoy.base_url()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
