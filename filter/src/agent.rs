@@ -59,6 +59,9 @@ pub const LEASE_TTL_MS: u64 = LEASE_TTL_TICKS * TICK_MS;
 /// Most queue messages the leader takes per tick: one per VM per tick
 /// arrives, so this only bounds a backlog, never falls behind in steady state.
 pub const MAX_DEQUEUES_PER_TICK: usize = 256;
+/// Default for giving up on a control-plane stream that stays silent: ten
+/// missed heartbeats of a healthy control plane.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT_MS: u64 = 10_000;
 /// Default TTL of the directives when batches name none.
 pub const DEFAULT_DIRECTIVE_TTL_MS: u64 = 90_000;
 /// Least time between two warnings about buckets beyond `max_buckets`.
@@ -89,6 +92,8 @@ pub struct AgentSettings {
     pub new_bucket: NewBucketPolicy,
     /// How 429 responses are rendered.
     pub responses: Arc<ResponseSettings>,
+    /// Give up on a stream that delivered nothing for this long.
+    pub stream_idle_timeout_ms: u64,
 }
 
 impl AgentSettings {
@@ -103,6 +108,7 @@ impl AgentSettings {
             fallback: Fallback::KeepLast,
             new_bucket: NewBucketPolicy::Allow,
             responses: Arc::new(ResponseSettings::default()),
+            stream_idle_timeout_ms: DEFAULT_STREAM_IDLE_TIMEOUT_MS,
         }
     }
 }
@@ -391,7 +397,7 @@ impl Agent {
             );
             return;
         };
-        if !leadership.stream.received(token) {
+        if !leadership.stream.received(token, now_ms) {
             host.log(
                 LogLevel::Debug,
                 &format!("ignoring message on abandoned stream {token}"),
@@ -665,6 +671,7 @@ impl Agent {
         leadership.windows.add_own(&mut self.local, now_ms);
         self.drain_queue(host, leadership, now_ms);
         self.publish_workers(host, leadership, now_ms);
+        self.abandon_silent_stream(host, leadership, now_ms);
         if leadership.stream.should_open(now_ms) {
             self.open_stream(host, leadership, now_ms);
         }
@@ -676,6 +683,31 @@ impl Agent {
         if let Some(ready) = leadership.windows.take_ready(now_ms) {
             self.send_report(host, leadership, ready.window_ms, ready.counts, now_ms);
         }
+    }
+
+    /// Closes a stream that delivered nothing (not even a heartbeat) for
+    /// `stream_idle_timeout_ms` and schedules a reconnect with backoff.
+    fn abandon_silent_stream(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        let timeout_ms = self.settings.stream_idle_timeout_ms;
+        let Some(token) = leadership.stream.silent_for(now_ms, timeout_ms) else {
+            return;
+        };
+        if let Err(err) = host.close_stream(token) {
+            host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
+        }
+        self.metrics.add(Counter::StreamsAbandoned, 1);
+        let reconnect = leadership.stream.failed(now_ms, &mut self.rng);
+        log_reconnect(
+            host,
+            &self.settings.control_plane_cluster,
+            &format!("the control plane sent nothing for {timeout_ms} ms"),
+            reconnect,
+        );
     }
 
     fn publish_workers(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
@@ -730,7 +762,7 @@ impl Agent {
                 return;
             }
         };
-        leadership.stream.opened(token);
+        leadership.stream.opened(token, now_ms);
         let hello = Hello {
             proxy_id: self.settings.proxy_id.clone(),
             instance_id: self.instance_id(host),

@@ -1129,3 +1129,42 @@ mod cells {
         assert!(followers.iter().all(|f| fleet.vms[*f].1.workers() == 2));
     }
 }
+
+#[test]
+fn a_silent_stream_is_given_up_and_reopened() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            stream_idle_timeout_ms: 2_000,
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let (first, _) = fleet.the_stream();
+    // A heartbeat every second keeps the stream, however long it lasts.
+    for _ in 0..5 {
+        fleet.ticks(10);
+        fleet.push(1, 1, &[]);
+    }
+    assert_eq!(fleet.the_stream().0, first);
+    // Then silence: given up once 2 s pass without a message.
+    fleet.ticks(19);
+    assert_eq!(fleet.the_stream().0, first, "not before the timeout");
+    fleet.ticks(2);
+    assert!(
+        !fleet.process.borrow().streams[&first].open,
+        "the silent stream is closed"
+    );
+    assert_eq!(
+        fleet.process.borrow().metric("sluice.streams_abandoned"),
+        Some(1)
+    );
+    // And a new one opens after the backoff, starting with a Hello.
+    fleet.ticks(4);
+    let (second, _) = fleet.the_stream();
+    assert_ne!(first, second);
+    assert!(matches!(
+        fleet.sent(second)[0].kind,
+        Some(proxy_message::Kind::Hello(_))
+    ));
+}

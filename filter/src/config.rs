@@ -3,7 +3,9 @@
 //! [`FilterConfig`]. Errors name the offending field path, e.g.
 //! `report_interval_ms: must be between 50 and 60000`.
 
-use crate::agent::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS};
+use crate::agent::{
+    DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS,
+};
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
 use crate::classify::{Classifier, PrioritySpec};
 use crate::decision::Fallback;
@@ -23,6 +25,9 @@ const MAX_BUCKETS: RangeInclusive<usize> = 1..=1_000_000;
 const MAX_SEPARATOR_BYTES: usize = 16;
 const DIRECTIVE_TTL_MS: RangeInclusive<u64> = 100..=86_400_000;
 const DIRECTIVE_POLL_MS: RangeInclusive<u64> = 4..=100;
+// Above the control plane's one-second heartbeat with room for a slow
+// network; at most ten minutes so a wedged stream is always given up.
+const STREAM_IDLE_TIMEOUT_MS: RangeInclusive<u64> = 2_000..=600_000;
 const EXPECTED_PROXIES: RangeInclusive<u32> = 1..=100_000;
 const MAX_PRIORITY_MAPPINGS: usize = 64;
 const MAX_NAME_BYTES: usize = 64;
@@ -56,6 +61,9 @@ pub struct FilterConfig {
     pub response: ResponseSettings,
     /// Short tick: how often every VM checks for new directives.
     pub directive_poll_ms: u64,
+    /// Give up on a control-plane stream that delivered nothing for this
+    /// long, and reconnect.
+    pub stream_idle_timeout_ms: u64,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.
@@ -107,6 +115,8 @@ struct RawConfig {
     response: RawResponse,
     #[serde(default = "default_directive_poll_ms")]
     directive_poll_ms: u64,
+    #[serde(default = "default_stream_idle_timeout_ms")]
+    stream_idle_timeout_ms: u64,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -203,6 +213,9 @@ fn default_directive_ttl_ms() -> u64 {
 }
 fn default_directive_poll_ms() -> u64 {
     DEFAULT_DIRECTIVE_POLL_MS
+}
+fn default_stream_idle_timeout_ms() -> u64 {
+    DEFAULT_STREAM_IDLE_TIMEOUT_MS
 }
 fn default_fallback() -> RawFallback {
     RawFallback::KeepLast
@@ -319,6 +332,11 @@ impl RawConfig {
             self.directive_poll_ms,
             &DIRECTIVE_POLL_MS,
         )?;
+        check_range(
+            "stream_idle_timeout_ms",
+            self.stream_idle_timeout_ms,
+            &STREAM_IDLE_TIMEOUT_MS,
+        )?;
         let parts = self
             .bucket_key
             .into_iter()
@@ -376,6 +394,7 @@ impl RawConfig {
             new_bucket,
             response,
             directive_poll_ms: self.directive_poll_ms,
+            stream_idle_timeout_ms: self.stream_idle_timeout_ms,
         })
     }
 }

@@ -37,6 +37,9 @@ pub enum Counter {
     DirectivesRejected,
     /// Times the directives went stale and the fallback took over.
     FallbackEntered,
+    /// Control-plane streams given up because nothing arrived on them for
+    /// `stream_idle_timeout_ms`.
+    StreamsAbandoned,
 }
 
 /// The old name of the overload drop counter.
@@ -50,7 +53,7 @@ const REASONS: usize = DropReason::ALL.len();
 
 impl Counter {
     /// Every counter, in definition order.
-    pub const ALL: [Self; 6 + 2 * REASONS] = [
+    pub const ALL: [Self; 7 + 2 * REASONS] = [
         Self::DecisionsPass,
         Self::DecisionsDrop(DropReason::ClusterOverload),
         Self::DecisionsDrop(DropReason::TenantQuotaExceeded),
@@ -67,6 +70,7 @@ impl Counter {
         Self::DirectiveBatches,
         Self::DirectivesRejected,
         Self::FallbackEntered,
+        Self::StreamsAbandoned,
     ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
@@ -109,6 +113,7 @@ impl Counter {
             Self::DirectiveBatches => "sluice.directive_batches",
             Self::DirectivesRejected => "sluice.directives_rejected",
             Self::FallbackEntered => "sluice.fallback_entered",
+            Self::StreamsAbandoned => "sluice.streams_abandoned",
         }
     }
 
@@ -122,6 +127,7 @@ impl Counter {
             Self::DirectiveBatches => 3 + 2 * REASONS,
             Self::DirectivesRejected => 4 + 2 * REASONS,
             Self::FallbackEntered => 5 + 2 * REASONS,
+            Self::StreamsAbandoned => 6 + 2 * REASONS,
         }
     }
 }

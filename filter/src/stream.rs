@@ -22,6 +22,8 @@ pub enum StreamState {
         token: u32,
         /// Sequence number of the next `Report`.
         next_sequence: u64,
+        /// When the stream opened or last delivered a message.
+        last_heard_ms: u64,
     },
 }
 
@@ -75,10 +77,11 @@ impl ControlStream {
     }
 
     /// The host opened a stream.
-    pub fn opened(&mut self, token: u32) {
+    pub fn opened(&mut self, token: u32, now_ms: u64) {
         self.state = StreamState::Open {
             token,
             next_sequence: 1,
+            last_heard_ms: now_ms,
         };
     }
 
@@ -103,12 +106,34 @@ impl ControlStream {
 
     /// A message arrived on `token`; returns whether it is the current
     /// stream. The stream has proved healthy, so the backoff resets.
-    pub fn received(&mut self, token: u32) -> bool {
-        let current = self.open_token() == Some(token);
-        if current {
-            self.backoff.reset();
+    pub fn received(&mut self, token: u32, now_ms: u64) -> bool {
+        match &mut self.state {
+            StreamState::Open {
+                token: open,
+                last_heard_ms,
+                ..
+            } if *open == token => {
+                *last_heard_ms = now_ms;
+                self.backoff.reset();
+                true
+            }
+            _ => false,
         }
-        current
+    }
+
+    /// The open stream's token if nothing arrived on it for `timeout_ms`.
+    /// A healthy control plane sends at least a heartbeat every second, so
+    /// a stream this quiet is wedged: giving it up releases whatever Envoy
+    /// buffered for it, and the reconnect finds a working control plane.
+    pub fn silent_for(&self, now_ms: u64, timeout_ms: u64) -> Option<u32> {
+        match self.state {
+            StreamState::Open {
+                token,
+                last_heard_ms,
+                ..
+            } if now_ms.saturating_sub(last_heard_ms) >= timeout_ms => Some(token),
+            _ => None,
+        }
     }
 
     /// Takes the sequence number for the next report, if open.
@@ -117,6 +142,7 @@ impl ControlStream {
             StreamState::Open {
                 token,
                 next_sequence,
+                ..
             } => {
                 let sequence = *next_sequence;
                 *next_sequence = next_sequence.saturating_add(1);
@@ -147,7 +173,7 @@ mod tests {
     fn opens_at_once_then_numbers_reports() {
         let mut stream = ControlStream::new();
         assert!(stream.should_open(0));
-        stream.opened(5);
+        stream.opened(5, 0);
         assert!(!stream.should_open(10));
         assert_eq!(stream.take_sequence(), Some((5, 1)));
         assert_eq!(stream.take_sequence(), Some((5, 2)));
@@ -157,7 +183,7 @@ mod tests {
     fn close_schedules_a_jittered_retry() {
         let mut rng = SmallRng::seed_from_u64(1);
         let mut stream = ControlStream::new();
-        stream.opened(5);
+        stream.opened(5, 0);
         assert_eq!(
             stream.closed(6, 1000, &mut rng),
             None,
@@ -185,25 +211,25 @@ mod tests {
             failures: 0,
         };
         for token in 1..=10 {
-            stream.opened(token);
+            stream.opened(token, 0);
             last = stream.closed(token, 0, &mut rng).unwrap();
             assert!(last.delay_ms <= MAX_DELAY_MS);
         }
         assert_eq!(last.failures, 10);
-        stream.opened(11);
-        assert!(stream.received(11));
-        assert!(!stream.received(12));
+        stream.opened(11, 0);
+        assert!(stream.received(11, 0));
+        assert!(!stream.received(12, 0));
         assert_eq!(stream.closed(11, 0, &mut rng).unwrap().failures, 1);
     }
 
     #[test]
     fn a_new_stream_restarts_the_sequence() {
         let mut stream = ControlStream::new();
-        stream.opened(1);
+        stream.opened(1, 0);
         stream.take_sequence();
         assert_eq!(stream.shut_down(), Some(1));
         assert_eq!(stream.shut_down(), None);
-        stream.opened(2);
+        stream.opened(2, 0);
         assert_eq!(stream.take_sequence(), Some((2, 1)));
     }
 }

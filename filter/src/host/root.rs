@@ -129,6 +129,7 @@ impl RootContext for SluiceRoot {
             fallback: config.fallback,
             new_bucket: config.new_bucket,
             responses: std::sync::Arc::new(config.response),
+            stream_idle_timeout_ms: config.stream_idle_timeout_ms,
         };
         log(
             LogLevel::Debug,
