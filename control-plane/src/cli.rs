@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
+use tonic::transport::ServerTlsConfig;
 
 use crate::admin::Admin;
 use crate::admin::auth::{AuthPolicy, Token, TokenError};
@@ -15,8 +16,9 @@ use crate::ctl::{self, CtlArgs};
 use crate::live_config::LiveConfig;
 use crate::simulate::{self, report, scenario};
 use crate::state::{AppState, Settings};
+use crate::tls::{GrpcTlsFiles, TlsError};
 use crate::types::ControlInterval;
-use crate::{RunError, run_with};
+use crate::{GrpcEndpoint, RunError, run_with};
 
 /// Global rate limiting for Envoy: the control plane.
 #[derive(Debug, Parser)]
@@ -74,6 +76,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub reload_poll_ms: u64,
+    /// Serve gRPC over TLS with this certificate chain (PEM); needs
+    /// `--grpc-tls-key`.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `--grpc-tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Require proxies to present a client certificate issued by this CA
+    /// (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
 }
 
 /// `sluice check-config`.
@@ -138,6 +151,9 @@ pub enum ServeError {
         "refusing an unauthenticated admin API on {0}: pass --admin-token-file or --admin-token-env, or listen on a loopback address"
     )]
     Unauthenticated(SocketAddr),
+    /// The gRPC TLS files are unusable.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] TlsError),
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -226,6 +242,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
     let settings = Settings::from_config(&config, args.control_interval_ms);
     let auth = auth_policy(&args)?;
+    let grpc_tls = grpc_tls(&args)?;
     if auth.token.is_none() && !args.admin_listen.ip().is_loopback() {
         return Err(ServeError::Unauthenticated(args.admin_listen));
     }
@@ -266,8 +283,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             })?;
     }
     let poll = std::time::Duration::from_millis(args.reload_poll_ms);
+    let grpc = GrpcEndpoint {
+        listener: grpc,
+        tls: grpc_tls,
+    };
     run_with(grpc, admin_listener, admin, poll, shutdown).await?;
     Ok(())
+}
+
+fn grpc_tls(args: &ServeArgs) -> Result<Option<ServerTlsConfig>, TlsError> {
+    let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
+        return Ok(None);
+    };
+    let files = GrpcTlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.grpc_tls_client_ca.clone(),
+    };
+    files.load().map(Some)
 }
 
 fn auth_policy(args: &ServeArgs) -> Result<AuthPolicy, TokenError> {

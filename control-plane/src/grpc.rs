@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::fleet::{Connected, ReportRejected, StreamId};
@@ -26,13 +27,32 @@ const OUTBOUND_BUFFER: usize = 8;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves the gRPC API on `listener` until `shutdown` is cancelled.
+/// Where the gRPC API is served: a bound listener, with TLS when
+/// configured.
+#[derive(Debug)]
+pub struct GrpcEndpoint {
+    /// The bound listener.
+    pub listener: TcpListener,
+    /// Server TLS (and client-certificate checks); `None` serves plaintext.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+impl From<TcpListener> for GrpcEndpoint {
+    fn from(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            tls: None,
+        }
+    }
+}
+
+/// Serves the gRPC API on `endpoint` until `shutdown` is cancelled.
 ///
 /// Every stream runs in a task on `streams`, and each of those tasks ends
 /// when `shutdown` fires: tonic's graceful shutdown waits for open streams,
 /// and a proxy never closes its stream by itself.
 pub async fn serve(
-    listener: TcpListener,
+    endpoint: GrpcEndpoint,
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,
@@ -42,12 +62,19 @@ pub async fn serve(
         streams,
         shutdown: shutdown.clone(),
     };
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = endpoint.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(DirectiveServiceServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(endpoint.listener),
+            shutdown.cancelled_owned(),
+        )
         .await
 }
 

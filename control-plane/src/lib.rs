@@ -48,6 +48,7 @@ use tokio_util::task::TaskTracker;
 pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
 pub use controller::Controller;
+pub use grpc::GrpcEndpoint;
 pub use state::{AppState, Settings};
 
 /// Why [`run`] returned an error.
@@ -72,7 +73,7 @@ pub enum RunError {
 /// waits for them and for every open stream. The admin API is open and its
 /// changes live in memory; [`run_with`] serves a limits file.
 pub async fn run(
-    grpc_listener: TcpListener,
+    grpc_listener: impl Into<GrpcEndpoint>,
     admin_listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()>,
@@ -90,7 +91,7 @@ pub async fn run(
 /// Like [`run`], with a configured admin API; if it has a limits file, the
 /// file is also watched every `reload_poll`.
 pub async fn run_with(
-    grpc_listener: TcpListener,
+    grpc_listener: impl Into<GrpcEndpoint>,
     admin_listener: TcpListener,
     admin: Admin,
     reload_poll: Duration,
@@ -112,7 +113,12 @@ pub async fn run_with(
         }
     });
     tasks.spawn({
-        let serve = grpc::serve(grpc_listener, state.clone(), streams.clone(), token.clone());
+        let serve = grpc::serve(
+            grpc_listener.into(),
+            state.clone(),
+            streams.clone(),
+            token.clone(),
+        );
         async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
     });
     if admin.live().file().is_some() {

@@ -30,6 +30,8 @@ pub struct ControlPlaneOptions {
     pub work_dir: PathBuf,
     /// Name used for the log file and in messages.
     pub name: String,
+    /// More `sluice serve` arguments (e.g. TLS files).
+    pub extra_args: Vec<String>,
 }
 
 impl ControlPlaneOptions {
@@ -42,6 +44,7 @@ impl ControlPlaneOptions {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             work_dir: work_dir.to_path_buf(),
             name: "sluice".to_owned(),
+            extra_args: Vec::new(),
         }
     }
 
@@ -57,6 +60,13 @@ impl ControlPlaneOptions {
     pub fn listen(mut self, grpc: SocketAddr, admin: SocketAddr) -> Self {
         self.grpc_listen = grpc;
         self.admin_listen = admin;
+        self
+    }
+
+    /// Appends `sluice serve` arguments.
+    #[must_use]
+    pub fn args(mut self, args: impl IntoIterator<Item = String>) -> Self {
+        self.extra_args.extend(args);
         self
     }
 
@@ -219,6 +229,7 @@ async fn spawn(options: &ControlPlaneOptions, start: u32) -> Result<(ChildGuard,
     if let Some(ms) = options.control_interval_ms {
         command.arg("--control-interval-ms").arg(ms.to_string());
     }
+    command.args(&options.extra_args);
     let log = options.work_dir.join(format!("{name}.log"));
     let mut guard = ChildGuard::spawn(&name, command, &log)?;
     let addrs = wait_ready(&mut guard, &ready).await;

@@ -6,6 +6,7 @@
 //!
 //! - [`paths`]: where the workspace, Envoy, the control plane and the `.wasm` are.
 //! - [`process`]: a child-process guard that logs to a file and cleans up on drop.
+//! - [`certs`]: a throw-away CA with server and client certificates for mutual TLS.
 //! - [`control_plane`]: start/restart `sluice serve` and talk to its admin API.
 //! - [`envoy`]: rewrite an `envoy/*.yaml` for a test, start Envoy, validate configs.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
@@ -13,6 +14,7 @@
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
 
+pub mod certs;
 pub mod control_plane;
 pub mod envoy;
 pub mod fleet;

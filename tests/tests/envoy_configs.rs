@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+use sluice_integration_tests::certs::{self, DevCerts};
 use sluice_integration_tests::envoy::{self, CONTROL_PLANE_CLUSTER, Rewrite};
 use sluice_integration_tests::paths;
 
@@ -32,9 +33,14 @@ async fn every_envoy_config_validates() {
         "expected at least demo-a.yaml and demo-b.yaml, found {files:?}"
     );
     let wasm = paths::sluice_wasm().unwrap();
+    // Configs with TLS name certificates under .demo/certs/ (made by
+    // `just certs`); validate them against a fresh set instead.
+    let cert_dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(cert_dir.path()).unwrap();
     let mut failures = Vec::new();
     for file in &files {
         let mut config = envoy::load_config(file).unwrap();
+        certs::point_config_at(&mut config, &certs);
         let rewrite = Rewrite {
             wasm: Some(wasm.clone()),
             ..Rewrite::default()

@@ -1,0 +1,126 @@
+//! The gRPC stream over mutual TLS: the control plane started with
+//! `--grpc-tls-*` and Envoy with `envoy/demo-mtls.yaml` (certificates from a
+//! fresh test CA). Directives flow and are enforced; a proxy without a
+//! client certificate is refused and never appears in the fleet.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_integration_tests::certs::{self, DevCerts};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
+use sluice_integration_tests::wait;
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 50
+"#;
+
+/// demo-mtls.yaml pointed at `control_plane` and `certs`; `client_cert`
+/// false drops Envoy's client certificate.
+fn mtls_config(
+    control_plane: &ControlPlane,
+    certs: &DevCerts,
+    proxy_id: &str,
+    client_cert: bool,
+) -> serde_yaml_ng::Value {
+    let mut config = envoy::load_repo_config("demo-mtls.yaml").unwrap();
+    assert_eq!(certs::point_config_at(&mut config, certs), 3);
+    let rewrite = Rewrite::for_test(
+        control_plane.grpc_addr(),
+        json!({ "proxy_id": proxy_id, "report_interval_ms": 100 }),
+    )
+    .unwrap();
+    envoy::rewrite(&mut config, &rewrite).unwrap();
+    if !client_cert {
+        let cluster = &mut config["static_resources"]["clusters"][0];
+        let context = &mut cluster["transport_socket"]["typed_config"]["common_tls_context"];
+        context
+            .as_mapping_mut()
+            .unwrap()
+            .remove("tls_certificates")
+            .unwrap();
+    }
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directives_flow_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(LIMITS, dir.path())
+            .control_interval_ms(200)
+            .args(certs.serve_args()),
+    )
+    .await
+    .unwrap();
+    let trusted = Envoy::start(
+        &mtls_config(&control_plane, &certs, "trusted", true),
+        &EnvoyOptions::new("envoy-trusted", dir.path()),
+    )
+    .await
+    .unwrap();
+    let _untrusted = Envoy::start(
+        &mtls_config(&control_plane, &certs, "untrusted", false),
+        &EnvoyOptions::new("envoy-untrusted", dir.path()),
+    )
+    .await
+    .unwrap();
+
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &trusted.base_url(), "acme", 150.0)],
+        Duration::from_secs(6),
+    ))
+    .unwrap();
+    let admin = control_plane.admin().clone();
+    let shed = wait::until(
+        "the control plane to shed acme for the trusted proxy",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || {
+            let admin = admin.clone();
+            async move {
+                let buckets = admin.buckets().await?;
+                Ok(buckets
+                    .bucket("acme")
+                    .filter(|b| b.drop_ratio > 0.3)
+                    .map(|b| b.proxies_reporting))
+            }
+        },
+    )
+    .await;
+    let result = load.finish().await.unwrap();
+    if shed.is_err() {
+        control_plane.print_log();
+        trusted.print_log();
+    }
+    assert_eq!(
+        shed.unwrap(),
+        1,
+        "only the proxy with a certificate reports"
+    );
+    let counts = result.tenant_counts(Window::secs(3.0, 3600.0), "acme");
+    assert!(counts.limited > 0, "directives enforced: {counts}");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{counts}");
+
+    let proxies = reqwest::get(format!("http://{}/v1/proxies", control_plane.admin_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(proxies.contains("\"trusted\""), "{proxies}");
+    assert!(
+        !proxies.contains("\"untrusted\""),
+        "a proxy without a client certificate is refused: {proxies}"
+    );
+}
