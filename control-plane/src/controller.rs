@@ -23,8 +23,6 @@
 //!   [`crate::fairness`] for how it is chosen;
 //! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -230,26 +228,45 @@ impl Pushed {
     }
 }
 
+/// What was pushed for one cell.
 #[derive(Debug)]
 struct CellState {
-    pushed: Pushed,
-    seen: u64,
+    tenant: Arc<str>,
+    priority: Priority,
+    /// `None` for a cell that appeared this tick and is not pushed yet.
+    pushed: Option<Pushed>,
 }
 
+/// What the controller remembers about one bucket.
 #[derive(Debug)]
 struct BucketState {
+    bucket: Arc<str>,
     /// Consecutive intervals with the offered rate above the limit.
     overloaded_intervals: u32,
-    seen: u64,
-    cells: HashMap<(Arc<str>, Priority), CellState>,
+    /// Sorted by tenant, then priority.
+    cells: Vec<CellState>,
+}
+
+/// Orders keys that are usually the very same interned string: comparing
+/// the pointers first skips reading the text.
+fn compare(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.as_ref().cmp(b.as_ref())
+    }
 }
 
 /// Runs a [`DropPolicy`] over the fleet load and tracks what was pushed.
+///
+/// The state is a vector sorted like the fleet load (by bucket, then
+/// tenant and priority), so each tick is a sequential merge of the two: no
+/// hashing and no lookups scattered over memory, which is what dominated
+/// the tick at 100k buckets.
 pub struct Controller {
     policy: Box<dyn DropPolicy>,
     interval: ControlInterval,
-    buckets: HashMap<Arc<str>, BucketState>,
-    generation: u64,
+    buckets: Vec<BucketState>,
     scratch: Scratch,
     allocation: Allocation,
     tenants: Vec<TenantDemand>,
@@ -279,8 +296,7 @@ impl Controller {
         Self {
             policy: Box::new(policy),
             interval: ControlInterval::default(),
-            buckets: HashMap::new(),
-            generation: 0,
+            buckets: Vec::new(),
             scratch: Scratch::default(),
             allocation: Allocation::default(),
             tenants: Vec::new(),
@@ -319,76 +335,75 @@ impl Controller {
         tenants: &Tenants,
         modes: &Modes,
     ) -> Decision {
-        self.generation += 1;
-        let generation = self.generation;
         let mut decision = Decision {
             buckets: Vec::with_capacity(load.buckets.len()),
             ..Decision::default()
         };
+        let previous = std::mem::take(&mut self.buckets);
+        let mut next = Vec::with_capacity(load.buckets.len());
+        let mut previous = previous.into_iter().peekable();
         for traffic in load.buckets.iter().filter(|b| b.load.offered_rps > 0.0) {
+            while let Some(gone) =
+                previous.next_if(|state| compare(&state.bucket, &traffic.bucket).is_lt())
+            {
+                retire_bucket(gone, limits, &mut decision);
+            }
+            let state = previous
+                .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
+                .unwrap_or_else(|| BucketState {
+                    bucket: Arc::clone(&traffic.bucket),
+                    overloaded_intervals: 0,
+                    cells: Vec::new(),
+                });
             let limit = limits.limit_for(&traffic.bucket);
-            let status = self.decide_bucket(traffic, limit, tenants, modes, &mut decision);
+            let (state, status) =
+                self.decide_bucket(traffic, state, limit, tenants, modes, &mut decision);
+            next.push(state);
             decision.buckets.push(status);
         }
-        self.buckets.retain(|bucket, state| {
-            if state.seen == generation {
-                return true;
-            }
-            let limit = limits.limit_for(bucket);
-            for ((tenant, priority), cell) in state.cells.drain() {
-                retire(
-                    bucket,
-                    &tenant,
-                    priority,
-                    &cell.pushed,
-                    limit,
-                    &mut decision,
-                );
-            }
-            false
-        });
+        for gone in previous {
+            retire_bucket(gone, limits, &mut decision);
+        }
+        self.buckets = next;
         decision
     }
 
     fn decide_bucket(
         &mut self,
         traffic: &BucketTraffic,
+        mut state: BucketState,
         limit: Option<LimitRps>,
         tenants: &Tenants,
         modes: &Modes,
         decision: &mut Decision,
-    ) -> BucketStatus {
-        let generation = self.generation;
+    ) -> (BucketState, BucketStatus) {
         let bucket = &traffic.bucket;
         if let Some(limit) = limit {
             self.allocate(traffic, limit, tenants);
         }
-        let Self {
-            policy,
-            buckets,
-            interval,
-            allocation,
-            tenants: demands,
-            cell_tenant,
-            ..
-        } = self;
-        let state = match buckets.entry(Arc::clone(bucket)) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => entry.insert(BucketState {
-                overloaded_intervals: 0,
-                seen: generation,
-                cells: HashMap::new(),
-            }),
-        };
-        state.seen = generation;
         let overloaded = limit.is_some_and(|l| traffic.load.offered_rps > l.get());
         state.overloaded_intervals = if overloaded {
             state.overloaded_intervals.saturating_add(1)
         } else {
             0
         };
-        let retry_after = retry_after_ms(*interval, state.overloaded_intervals);
+        let retry_after = retry_after_ms(self.interval, state.overloaded_intervals);
         let mode = modes.buckets.get(bucket.as_ref()).copied();
+
+        // The steady case: the same cells as last time, updated in place.
+        let same_cells = state.cells.len() == traffic.cells.len()
+            && state.cells.iter().zip(&traffic.cells).all(|(old, new)| {
+                old.priority == new.priority && compare(&old.tenant, &new.tenant).is_eq()
+            });
+        if !same_cells {
+            state.cells = merge_cells(
+                bucket,
+                std::mem::take(&mut state.cells),
+                &traffic.cells,
+                limit,
+                decision,
+            );
+        }
 
         let mut status = BucketStatus {
             bucket: Arc::clone(bucket),
@@ -398,16 +413,27 @@ impl Controller {
             drop_ratio: DropRatio::ZERO,
             proxies_reporting: traffic.load.proxies_reporting,
             shadow_dropped_rps: traffic.shadow_dropped_rps,
-            floors_exceed_limit: limit.is_some() && allocation.floors_exceed_limit,
+            floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
             cells: Vec::with_capacity(traffic.cells.len()),
         };
-        for (index, cell) in traffic.cells.iter().enumerate() {
+        for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
             let (target, share, reason) = match limit {
-                Some(_) => cell_share(demands, allocation, cell_tenant, index, cell),
+                Some(_) => cell_share(
+                    &self.tenants,
+                    &self.allocation,
+                    &self.cell_tenant,
+                    index,
+                    cell,
+                ),
                 None => (None, 0.0, None),
             };
-            let ratio =
-                policy.cell_drop_ratio(bucket, &cell.tenant, cell.priority, &cell.load, target);
+            let ratio = self.policy.cell_drop_ratio(
+                bucket,
+                &cell.tenant,
+                cell.priority,
+                &cell.load,
+                target,
+            );
             let dropping = ratio > DropRatio::ZERO;
             let next = Pushed {
                 drop_ratio: ratio,
@@ -421,32 +447,18 @@ impl Controller {
                 retry_after_ms: if dropping { retry_after } else { 0 },
                 burst: tenants.policy_for(&cell.tenant).burst.get(),
             };
-            let current = match state.cells.entry((Arc::clone(&cell.tenant), cell.priority)) {
-                Entry::Occupied(entry) => {
-                    let cell_state = entry.into_mut();
-                    if cell_state.pushed.differs_from(&next) {
-                        cell_state.pushed = next;
-                        decision.changed.push(directive(
-                            bucket,
-                            &cell.tenant,
-                            cell.priority,
-                            &next,
-                        ));
-                    }
-                    cell_state.seen = generation;
-                    cell_state.pushed
-                }
-                Entry::Vacant(entry) => {
-                    entry.insert(CellState {
-                        pushed: next,
-                        seen: generation,
-                    });
-                    decision
-                        .changed
-                        .push(directive(bucket, &cell.tenant, cell.priority, &next));
-                    next
-                }
-            };
+            // A cell new this tick is always pushed.
+            let changed = cell_state
+                .pushed
+                .as_ref()
+                .is_none_or(|pushed| pushed.differs_from(&next));
+            if changed {
+                cell_state.pushed = Some(next);
+                decision
+                    .changed
+                    .push(directive(bucket, &cell.tenant, cell.priority, &next));
+            }
+            let current = cell_state.pushed.unwrap_or(next);
             if current.drop_ratio > status.drop_ratio {
                 status.drop_ratio = current.drop_ratio;
             }
@@ -461,16 +473,7 @@ impl Controller {
                 reason: current.reason,
             });
         }
-        if state.cells.len() > traffic.cells.len() {
-            state.cells.retain(|(tenant, priority), cell| {
-                if cell.seen == generation {
-                    return true;
-                }
-                retire(bucket, tenant, *priority, &cell.pushed, limit, decision);
-                false
-            });
-        }
-        status
+        (state, status)
     }
 
     /// Fills `self.allocation` with the bucket's division, and
@@ -511,20 +514,61 @@ impl Controller {
     /// Every directive currently in force, sorted by bucket, tenant and
     /// priority: what a proxy connecting now should receive.
     pub fn snapshot(&self) -> Vec<Directive> {
-        let mut cells: Vec<(&Arc<str>, &Arc<str>, Priority, &Pushed)> = self
-            .buckets
+        self.buckets
             .iter()
-            .flat_map(|(bucket, state)| {
-                state.cells.iter().map(move |((tenant, priority), cell)| {
-                    (bucket, tenant, *priority, &cell.pushed)
+            .flat_map(|state| {
+                state.cells.iter().filter_map(move |cell| {
+                    let pushed = cell.pushed.as_ref()?;
+                    Some(directive(
+                        &state.bucket,
+                        &cell.tenant,
+                        cell.priority,
+                        pushed,
+                    ))
                 })
             })
-            .collect();
-        cells.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
-        cells
-            .into_iter()
-            .map(|(bucket, tenant, priority, pushed)| directive(bucket, tenant, priority, pushed))
             .collect()
+    }
+}
+
+/// The cells of a bucket whose set of cells changed: kept ones carry their
+/// pushed state over, new ones start unpushed, gone ones are retired.
+fn merge_cells(
+    bucket: &Arc<str>,
+    previous: Vec<CellState>,
+    cells: &[CellLoad],
+    limit: Option<LimitRps>,
+    decision: &mut Decision,
+) -> Vec<CellState> {
+    let order = |state: &CellState, cell: &CellLoad| {
+        compare(&state.tenant, &cell.tenant).then(state.priority.cmp(&cell.priority))
+    };
+    let mut merged = Vec::with_capacity(cells.len());
+    let mut previous = previous.into_iter().peekable();
+    for cell in cells {
+        while let Some(gone) = previous.next_if(|state| order(state, cell).is_lt()) {
+            retire(bucket, gone, limit, decision);
+        }
+        let state = previous
+            .next_if(|state| order(state, cell).is_eq())
+            .unwrap_or_else(|| CellState {
+                tenant: Arc::clone(&cell.tenant),
+                priority: cell.priority,
+                pushed: None,
+            });
+        merged.push(state);
+    }
+    for gone in previous {
+        retire(bucket, gone, limit, decision);
+    }
+    merged
+}
+
+/// Retires every cell of a bucket whose traffic stopped.
+fn retire_bucket(state: BucketState, limits: &LimitTable, decision: &mut Decision) {
+    let limit = limits.limit_for(&state.bucket);
+    for cell in state.cells {
+        retire(&state.bucket, cell, limit, decision);
     }
 }
 
@@ -558,24 +602,17 @@ fn cell_share(
 
 /// Stops tracking a cell: lifts it if it was dropping, and names it for
 /// removal from the snapshot.
-fn retire(
-    bucket: &Arc<str>,
-    tenant: &Arc<str>,
-    priority: Priority,
-    pushed: &Pushed,
-    limit: Option<LimitRps>,
-    decision: &mut Decision,
-) {
-    if pushed.drop_ratio != DropRatio::ZERO {
+fn retire(bucket: &Arc<str>, cell: CellState, limit: Option<LimitRps>, decision: &mut Decision) {
+    if let Some(pushed) = cell.pushed.filter(|p| p.drop_ratio != DropRatio::ZERO) {
         let lifted = pushed.lifted(limit);
         decision
             .changed
-            .push(directive(bucket, tenant, priority, &lifted));
+            .push(directive(bucket, &cell.tenant, cell.priority, &lifted));
     }
     decision.retired.push(RetiredCell {
         bucket: Arc::clone(bucket),
-        tenant: Arc::clone(tenant),
-        priority,
+        tenant: cell.tenant,
+        priority: cell.priority,
     });
 }
 
