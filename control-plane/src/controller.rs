@@ -974,7 +974,79 @@ mod tests {
         assert_eq!(drop_ratio(0.0, Some(limit(0.0))).get(), 0.0);
     }
 
+    fn arbitrary_load(cells: &[(u8, u8, u8, u16)]) -> FleetLoad {
+        let mut buckets: std::collections::BTreeMap<String, Vec<CellLoad>> = Default::default();
+        for &(bucket, tenant, priority, offered) in cells {
+            let cells = buckets.entry(format!("b{}", bucket % 6)).or_default();
+            let tenant = format!("t{}", tenant % 4);
+            let priority = Priority::ALL[usize::from(priority) % Priority::ALL.len()];
+            if cells
+                .iter()
+                .any(|c| c.tenant.as_ref() == tenant && c.priority == priority)
+            {
+                continue;
+            }
+            cells.push(tenant_cell(&tenant, priority, f64::from(offered) + 1.0));
+        }
+        FleetLoad::new(
+            buckets
+                .into_iter()
+                .map(|(bucket, cells)| BucketTraffic::from_cells(&bucket, cells))
+                .collect(),
+        )
+    }
+
     proptest! {
+        /// Applying each tick's `changed` and `retired` to what proxies hold
+        /// always yields the controller's snapshot, and a limited bucket
+        /// with more offered than its limit admits its limit.
+        #[test]
+        fn deltas_reproduce_the_snapshot_and_shares_use_the_limit(
+            ticks in prop::collection::vec(
+                prop::collection::vec((0u8..6, 0u8..4, 0u8..5, 0u16..500), 0..20),
+                1..8,
+            ),
+        ) {
+            let policy = Policy {
+                limits: LimitTable::new(Some(limit(300.0))),
+                tenants: Tenants::default(),
+                modes: Modes::default(),
+            };
+            let mut controller = Controller::default();
+            let mut held: std::collections::BTreeMap<(String, String, i32), Directive> =
+                Default::default();
+            for cells in &ticks {
+                let load = arbitrary_load(cells);
+                let decision = controller.decide(&load, &policy);
+                for d in decision.changed {
+                    held.insert((d.bucket.clone(), d.tenant.clone(), d.priority), d);
+                }
+                for r in decision.retired {
+                    held.remove(&(r.bucket.to_string(), r.tenant.to_string(), r.priority.to_wire() as i32));
+                }
+                let held_now: Vec<Directive> = held.values().cloned().collect();
+                prop_assert_eq!(held_now, controller.snapshot());
+                for traffic in &load.buckets {
+                    let admitted: f64 = traffic
+                        .cells
+                        .iter()
+                        .map(|c| {
+                            let d = held
+                                .get(&(traffic.bucket.to_string(), c.tenant.to_string(), c.priority.to_wire() as i32))
+                                .unwrap();
+                            c.load.offered_rps * (1.0 - d.drop_ratio)
+                        })
+                        .sum();
+                    let expected = traffic.load.offered_rps.min(300.0);
+                    // Pushed ratios lag by at most the change threshold.
+                    prop_assert!(
+                        (admitted - expected).abs() <= CHANGE_THRESHOLD * traffic.load.offered_rps + 1e-6,
+                        "{}: {} vs {}", traffic.bucket, admitted, expected
+                    );
+                }
+            }
+        }
+
         #[test]
         fn ratio_is_a_probability(offered in 0.0..1e12f64, rps in 0.0..=1e9f64) {
             let ratio = drop_ratio(offered, Some(limit(rps))).get();
