@@ -173,10 +173,26 @@ pub fn allocate_into(
     scratch: &mut Scratch,
 ) {
     result.tenants.clear();
+    result.classes = [ClassOutcome::Admitted; CLASSES];
+    result.floors_exceed_limit = false;
+    // The common case: everything fits. Each tenant keeps what it offers
+    // and may also use what is left.
+    let offered: f64 = tenants.iter().flat_map(|t| t.offered.iter()).sum();
+    if offered <= limit {
+        let spare = limit - offered;
+        result.tenants.extend(tenants.iter().map(|tenant| {
+            let admitted = tenant.offered.map(|o| o.max(0.0));
+            TenantAllocation {
+                admitted,
+                share: admitted.map(|a| (a + spare).min(limit)),
+                reason: [None; CLASSES],
+            }
+        }));
+        return;
+    }
     result
         .tenants
         .resize(tenants.len(), TenantAllocation::default());
-    result.classes = [ClassOutcome::Admitted; CLASSES];
     let Scratch {
         guaranteed,
         claims,

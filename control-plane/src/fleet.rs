@@ -14,7 +14,6 @@
 //! refusal and eviction is counted in [`FleetStats`].
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -246,6 +245,30 @@ fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S:
 
 /// Index of a cell in the interner.
 type CellId = u32;
+
+/// Hashes a [`CellId`] by one multiplication. The ids are handed out here,
+/// never chosen by a proxy, so the protection a keyed hash gives string
+/// keys from request headers is not needed for them.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<CellId, V, std::hash::BuildHasherDefault<IdHasher>>;
 /// Marks an empty priority slot of a tenant.
 const NO_CELL: CellId = CellId::MAX;
 
@@ -254,6 +277,14 @@ struct Counts {
     offered: u64,
     admitted: u64,
     shadow_dropped: u64,
+}
+
+impl Counts {
+    fn add(&mut self, count: &sluice_proto::v1::BucketCount) {
+        self.offered = self.offered.saturating_add(count.offered);
+        self.admitted = self.admitted.saturating_add(count.admitted);
+        self.shadow_dropped = self.shadow_dropped.saturating_add(count.shadow_dropped);
+    }
 }
 
 #[derive(Debug)]
@@ -269,7 +300,11 @@ struct Proxy {
     /// Σ window_ms of the reports since the previous tick.
     window_ms: u64,
     /// Σ counts of the reports since the previous tick.
-    counts: HashMap<CellId, Counts>,
+    counts: IdMap<Counts>,
+    /// The cell of each entry of the previous report: a proxy lists the
+    /// same cells in the same order report after report, so checking the
+    /// hint's key is enough and the strings need no hashing.
+    hints: Vec<CellId>,
     /// Rates as of the last tick that had reports.
     rates: Vec<(CellId, Rates)>,
     /// Ticks since the last one that had reports.
@@ -304,6 +339,17 @@ struct Interner {
 }
 
 impl Interner {
+    /// Whether `id` is the live cell with this key.
+    fn matches(&self, id: CellId, bucket: &str, tenant: &str, priority: Priority) -> bool {
+        self.slots.get(id as usize).is_some_and(|slot| {
+            slot.as_ref().is_some_and(|slot| {
+                slot.key.priority == priority
+                    && slot.key.bucket.as_ref() == bucket
+                    && slot.key.tenant.as_ref() == tenant
+            })
+        })
+    }
+
     fn find(&self, bucket: &str, tenant: &str, priority: Priority) -> Option<CellId> {
         let id = *self
             .buckets
@@ -483,7 +529,8 @@ impl Fleet {
                         zone: zone.to_owned(),
                         last_report: now,
                         window_ms: 0,
-                        counts: HashMap::new(),
+                        counts: IdMap::default(),
+                        hints: Vec::new(),
                         rates: Vec::new(),
                         silent_ticks: 0,
                     },
@@ -518,7 +565,8 @@ impl Fleet {
         }
         proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
         proxy.last_report = Instant::now();
-        for count in &report.buckets {
+        proxy.hints.resize(report.buckets.len(), NO_CELL);
+        for (count, hint) in report.buckets.iter().zip(proxy.hints.iter_mut()) {
             // Reports list only cells with traffic; a zero entry would only
             // create state.
             if count.offered == 0 {
@@ -530,9 +578,19 @@ impl Fleet {
                 continue;
             }
             let priority = Priority::from_wire(count.priority);
-            let known = cells.find(&count.bucket, &count.tenant, priority);
-            let in_window = known.is_some_and(|id| proxy.counts.contains_key(&id));
-            if !in_window && proxy.counts.len() >= caps.max_cells_per_proxy {
+            let known = if cells.matches(*hint, &count.bucket, &count.tenant, priority) {
+                Some(*hint)
+            } else {
+                cells.find(&count.bucket, &count.tenant, priority)
+            };
+            if let Some(id) = known
+                && let Some(counts) = proxy.counts.get_mut(&id)
+            {
+                *hint = id;
+                counts.add(count);
+                continue;
+            }
+            if proxy.counts.len() >= caps.max_cells_per_proxy {
                 stats.rejected_proxy_cap += 1;
                 continue;
             }
@@ -546,13 +604,8 @@ impl Fleet {
                 // window that holds it closes.
                 None => cells.insert(&count.bucket, &count.tenant, priority, *tick),
             };
-            let counts = match proxy.counts.entry(id) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => entry.insert(Counts::default()),
-            };
-            counts.offered = counts.offered.saturating_add(count.offered);
-            counts.admitted = counts.admitted.saturating_add(count.admitted);
-            counts.shadow_dropped = counts.shadow_dropped.saturating_add(count.shadow_dropped);
+            *hint = id;
+            proxy.counts.entry(id).or_default().add(count);
         }
         Ok(())
     }

@@ -1,0 +1,64 @@
+//! The per-cell drop ratio: the [`DropPolicy`] trait and the default,
+//! proportional policy.
+
+use crate::cell::Priority;
+use crate::fleet::BucketLoad;
+use crate::types::{DropRatio, LimitRps};
+
+/// The drop ratio that brings `offered_rps` down to `limit`:
+/// `max(0, (offered − limit) / offered)`, and 0 when nothing is offered or
+/// the bucket is unlimited.
+pub fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
+    match limit {
+        Some(limit) if offered_rps > 0.0 => {
+            DropRatio::saturating((offered_rps - limit.get()) / offered_rps)
+        }
+        _ => DropRatio::ZERO,
+    }
+}
+
+/// Decides a cell's drop ratio each control interval.
+///
+/// The default, [`Proportional`], is stateless; the trait takes `&mut self`
+/// and the full [`BucketLoad`] so that a feedback controller (one that also
+/// looks at the admitted rate or smooths over time) can replace it without
+/// touching the loop or the change detection.
+///
+/// The controller calls it once per cell: `load` is the cell's fleet load
+/// and `limit` the cell's admitted share (the target), or `None` when the
+/// bucket is unlimited. A bucket without tenants or priorities has exactly
+/// one cell, whose share is the bucket's limit.
+pub trait DropPolicy: Send + 'static {
+    /// The drop ratio for `bucket` given its fleet load and limit.
+    fn drop_ratio(&mut self, bucket: &str, load: &BucketLoad, limit: Option<LimitRps>)
+    -> DropRatio;
+
+    /// The drop ratio of one cell; by default [`DropPolicy::drop_ratio`]
+    /// with the cell's load and share. A policy that keeps state per key
+    /// overrides this to key it by the whole cell.
+    fn cell_drop_ratio(
+        &mut self,
+        bucket: &str,
+        _tenant: &str,
+        _priority: Priority,
+        load: &BucketLoad,
+        share: Option<LimitRps>,
+    ) -> DropRatio {
+        self.drop_ratio(bucket, load, share)
+    }
+}
+
+/// Drops exactly the excess of the offered rate over the target.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proportional;
+
+impl DropPolicy for Proportional {
+    fn drop_ratio(
+        &mut self,
+        _bucket: &str,
+        load: &BucketLoad,
+        limit: Option<LimitRps>,
+    ) -> DropRatio {
+        drop_ratio(load.offered_rps, limit)
+    }
+}

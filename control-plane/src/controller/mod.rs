@@ -1,0 +1,519 @@
+//! From fleet load and policy to directives: the fair division of each
+//! limited bucket ([`crate::fairness`]), the per-cell drop ratio
+//! ([`DropPolicy`]), the directive fields, and the change detection that
+//! decides what to push.
+//!
+//! Pure: no clock, no I/O, no locks. The control loop feeds it one
+//! [`FleetLoad`] per control interval.
+//!
+//! What each directive field says:
+//!
+//! - `drop_ratio`: from the [`DropPolicy`], called once per cell with the
+//!   cell's load and its admitted share as the target;
+//! - `limit_rps`: the bucket's limit (0 = unlimited);
+//! - `share_rps`: what the cell may send before it is dropped: its tenant's
+//!   fair share in its priority class (plus the bucket's unused capacity
+//!   when nothing in the bucket is dropped), split over the tenant's cells
+//!   of that class by their offered rate; 0 when the bucket is unlimited;
+//! - `reporting_proxies`: proxies that reported the bucket this interval;
+//! - `burst`: the tenant's burst multiplier;
+//! - `mode`: the bucket's mode when `modes.buckets` names it, else
+//!   unspecified (the batch's [`sluice_proto::v1::ModePolicy`] decides);
+//! - `reason`: set only when the ratio is above 0; see
+//!   [`crate::fairness`] for how it is chosen;
+//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
+
+use std::sync::Arc;
+
+use sluice_proto::v1::Directive;
+
+use crate::cell::{CLASSES, Priority, Reason};
+use crate::fairness::{self, Allocation, Scratch, TenantDemand};
+use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
+use crate::limits::LimitTable;
+use crate::policy::{Mode, Modes, Policy, Tenants};
+use crate::types::{ControlInterval, DropRatio, LimitRps};
+
+mod drop_policy;
+mod retry;
+mod status;
+#[cfg(test)]
+mod tests;
+
+pub use drop_policy::{DropPolicy, Proportional, drop_ratio};
+pub use retry::{MAX_RETRY_AFTER_MS, retry_after_ms};
+pub use status::{BucketStatus, CellStatus};
+
+/// A drop ratio that moved by at most this much is not pushed again: the
+/// estimate is noisy and every push goes to every proxy. A share moving by
+/// at most this fraction of itself is not a change either.
+pub const CHANGE_THRESHOLD: f64 = 0.001;
+
+/// The outcome of one control interval.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Decision {
+    /// Every bucket with traffic, sorted by bucket.
+    pub buckets: Vec<BucketStatus>,
+    /// Directives to push now: those that changed since they were last
+    /// pushed, and a final 0 for dropping cells whose traffic stopped.
+    pub changed: Vec<Directive>,
+    /// Cells no longer tracked: take them out of the snapshot (after
+    /// applying `changed`).
+    pub retired: Vec<RetiredCell>,
+}
+
+/// A cell the controller stopped tracking.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RetiredCell {
+    /// Bucket key.
+    pub bucket: Arc<str>,
+    /// Tenant.
+    pub tenant: Arc<str>,
+    /// Priority.
+    pub priority: Priority,
+}
+
+/// What proxies were last told about a cell.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pushed {
+    drop_ratio: DropRatio,
+    limit: Option<LimitRps>,
+    share_rps: f64,
+    reporting_proxies: u32,
+    mode: Option<Mode>,
+    reason: Option<Reason>,
+    retry_after_ms: u64,
+    burst: f64,
+}
+
+impl Pushed {
+    fn differs_from(&self, next: &Self) -> bool {
+        let share_moved = (self.share_rps - next.share_rps).abs()
+            > CHANGE_THRESHOLD * self.share_rps.abs().max(next.share_rps.abs());
+        (self.drop_ratio.get() - next.drop_ratio.get()).abs() > CHANGE_THRESHOLD
+            || share_moved
+            || self.limit != next.limit
+            || self.mode != next.mode
+            || self.reason != next.reason
+            || self.retry_after_ms != next.retry_after_ms
+            || self.burst != next.burst
+            || self.reporting_proxies != next.reporting_proxies
+    }
+
+    /// The directive lifting a cell whose traffic stopped.
+    fn lifted(&self, limit: Option<LimitRps>) -> Self {
+        Self {
+            drop_ratio: DropRatio::ZERO,
+            limit,
+            reason: None,
+            retry_after_ms: 0,
+            reporting_proxies: 0,
+            ..*self
+        }
+    }
+}
+
+/// What was pushed for one cell.
+#[derive(Debug)]
+struct CellState {
+    tenant: Arc<str>,
+    priority: Priority,
+    /// `None` for a cell that appeared this tick and is not pushed yet.
+    pushed: Option<Pushed>,
+}
+
+/// What the controller remembers about one bucket.
+#[derive(Debug)]
+struct BucketState {
+    bucket: Arc<str>,
+    /// Consecutive intervals with the offered rate above the limit.
+    overloaded_intervals: u32,
+    /// Sorted by tenant, then priority.
+    cells: Vec<CellState>,
+}
+
+/// Orders keys that are usually the very same interned string: comparing
+/// the pointers first skips reading the text.
+fn compare(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.as_ref().cmp(b.as_ref())
+    }
+}
+
+/// Runs a [`DropPolicy`] over the fleet load and tracks what was pushed.
+///
+/// The state is a vector sorted like the fleet load (by bucket, then
+/// tenant and priority), so each tick is a sequential merge of the two: no
+/// hashing and no lookups scattered over memory, which is what dominated
+/// the tick at 100k buckets.
+pub struct Controller {
+    policy: Box<dyn DropPolicy>,
+    interval: ControlInterval,
+    buckets: Vec<BucketState>,
+    scratch: Scratch,
+    allocation: Allocation,
+    tenants: Vec<TenantDemand>,
+    /// Per cell of the bucket at hand: index into `tenants`.
+    cell_tenant: Vec<usize>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("buckets", &self.buckets.len())
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        Self::new(Proportional)
+    }
+}
+
+impl Controller {
+    /// A controller with nothing pushed yet, for the default control
+    /// interval.
+    pub fn new(policy: impl DropPolicy) -> Self {
+        Self {
+            policy: Box::new(policy),
+            interval: ControlInterval::default(),
+            buckets: Vec::new(),
+            scratch: Scratch::default(),
+            allocation: Allocation::default(),
+            tenants: Vec::new(),
+            cell_tenant: Vec::new(),
+        }
+    }
+
+    /// The control interval it runs at (used for `retry_after_ms`).
+    #[must_use]
+    pub fn with_interval(mut self, interval: ControlInterval) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// [`Controller::decide`] with limits only: no tenant policies, no
+    /// per-bucket modes.
+    pub fn tick(&mut self, load: &FleetLoad, limits: &LimitTable) -> Decision {
+        self.decide_with(load, limits, &Tenants::default(), &Modes::default())
+    }
+
+    /// Decides the directives for one control interval.
+    ///
+    /// A cell is tracked while it has traffic. A cell seen for the first
+    /// time is always pushed, even at drop ratio 0: after a control-plane
+    /// restart the proxies may still hold an old non-zero directive for it.
+    /// A cell whose traffic stopped is dropped from tracking; if its last
+    /// pushed ratio was non-zero, a final ratio of 0 is pushed to lift it.
+    pub fn decide(&mut self, load: &FleetLoad, policy: &Policy) -> Decision {
+        self.decide_with(load, &policy.limits, &policy.tenants, &policy.modes)
+    }
+
+    fn decide_with(
+        &mut self,
+        load: &FleetLoad,
+        limits: &LimitTable,
+        tenants: &Tenants,
+        modes: &Modes,
+    ) -> Decision {
+        let mut decision = Decision {
+            buckets: Vec::with_capacity(load.buckets.len()),
+            ..Decision::default()
+        };
+        let previous = std::mem::take(&mut self.buckets);
+        let mut next = Vec::with_capacity(load.buckets.len());
+        let mut previous = previous.into_iter().peekable();
+        for traffic in load.buckets.iter().filter(|b| b.load.offered_rps > 0.0) {
+            while let Some(gone) =
+                previous.next_if(|state| compare(&state.bucket, &traffic.bucket).is_lt())
+            {
+                retire_bucket(gone, limits, &mut decision);
+            }
+            let state = previous
+                .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
+                .unwrap_or_else(|| BucketState {
+                    bucket: Arc::clone(&traffic.bucket),
+                    overloaded_intervals: 0,
+                    cells: Vec::new(),
+                });
+            let limit = limits.limit_for(&traffic.bucket);
+            let (state, status) =
+                self.decide_bucket(traffic, state, limit, tenants, modes, &mut decision);
+            next.push(state);
+            decision.buckets.push(status);
+        }
+        for gone in previous {
+            retire_bucket(gone, limits, &mut decision);
+        }
+        self.buckets = next;
+        decision
+    }
+
+    fn decide_bucket(
+        &mut self,
+        traffic: &BucketTraffic,
+        mut state: BucketState,
+        limit: Option<LimitRps>,
+        tenants: &Tenants,
+        modes: &Modes,
+        decision: &mut Decision,
+    ) -> (BucketState, BucketStatus) {
+        let bucket = &traffic.bucket;
+        if let Some(limit) = limit {
+            self.allocate(traffic, limit, tenants);
+        }
+        let overloaded = limit.is_some_and(|l| traffic.load.offered_rps > l.get());
+        state.overloaded_intervals = if overloaded {
+            state.overloaded_intervals.saturating_add(1)
+        } else {
+            0
+        };
+        let retry_after = retry_after_ms(self.interval, state.overloaded_intervals);
+        let mode = modes.buckets.get(bucket.as_ref()).copied();
+
+        // The steady case: the same cells as last time, updated in place.
+        let same_cells = state.cells.len() == traffic.cells.len()
+            && state.cells.iter().zip(&traffic.cells).all(|(old, new)| {
+                old.priority == new.priority && compare(&old.tenant, &new.tenant).is_eq()
+            });
+        if !same_cells {
+            state.cells = merge_cells(
+                bucket,
+                std::mem::take(&mut state.cells),
+                &traffic.cells,
+                limit,
+                decision,
+            );
+        }
+
+        let mut status = BucketStatus {
+            bucket: Arc::clone(bucket),
+            limit_rps: limit,
+            offered_rps: traffic.load.offered_rps,
+            admitted_rps: traffic.load.admitted_rps,
+            drop_ratio: DropRatio::ZERO,
+            proxies_reporting: traffic.load.proxies_reporting,
+            shadow_dropped_rps: traffic.shadow_dropped_rps,
+            floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
+            cells: Vec::with_capacity(traffic.cells.len()),
+        };
+        for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
+            let (target, share, reason) = match limit {
+                Some(_) => cell_share(
+                    &self.tenants,
+                    &self.allocation,
+                    &self.cell_tenant,
+                    index,
+                    cell,
+                ),
+                None => (None, 0.0, None),
+            };
+            let ratio = self.policy.cell_drop_ratio(
+                bucket,
+                &cell.tenant,
+                cell.priority,
+                &cell.load,
+                target,
+            );
+            let dropping = ratio > DropRatio::ZERO;
+            let next = Pushed {
+                drop_ratio: ratio,
+                limit,
+                share_rps: share,
+                reporting_proxies: traffic.load.proxies_reporting,
+                mode,
+                // A policy that still drops (smoothing) where the division
+                // no longer would: the bucket as a whole is the reason.
+                reason: dropping.then(|| reason.unwrap_or(Reason::ClusterOverload)),
+                retry_after_ms: if dropping { retry_after } else { 0 },
+                burst: tenants.policy_for(&cell.tenant).burst.get(),
+            };
+            // A cell new this tick is always pushed.
+            let changed = cell_state
+                .pushed
+                .as_ref()
+                .is_none_or(|pushed| pushed.differs_from(&next));
+            if changed {
+                cell_state.pushed = Some(next);
+                decision
+                    .changed
+                    .push(directive(bucket, &cell.tenant, cell.priority, &next));
+            }
+            let current = cell_state.pushed.unwrap_or(next);
+            if current.drop_ratio > status.drop_ratio {
+                status.drop_ratio = current.drop_ratio;
+            }
+            status.cells.push(CellStatus {
+                tenant: Arc::clone(&cell.tenant),
+                priority: cell.priority,
+                offered_rps: cell.load.offered_rps,
+                admitted_rps: cell.load.admitted_rps,
+                shadow_dropped_rps: cell.shadow_dropped_rps,
+                share_rps: limit.map(|_| current.share_rps),
+                drop_ratio: current.drop_ratio,
+                reason: current.reason,
+            });
+        }
+        (state, status)
+    }
+
+    /// Fills `self.allocation` with the bucket's division, and
+    /// `self.cell_tenant` with each cell's tenant index.
+    fn allocate(&mut self, traffic: &BucketTraffic, limit: LimitRps, tenants: &Tenants) {
+        self.tenants.clear();
+        self.cell_tenant.clear();
+        let mut previous: Option<&str> = None;
+        for cell in &traffic.cells {
+            // Cells are sorted by tenant, so a tenant's cells are adjacent.
+            if previous != Some(cell.tenant.as_ref()) {
+                let policy = tenants.policy_for(&cell.tenant);
+                self.tenants.push(TenantDemand {
+                    weight: policy.weight.get(),
+                    floor: policy.min_floor_rps.get(),
+                    offered: [0.0; CLASSES],
+                });
+                previous = Some(cell.tenant.as_ref());
+            }
+            let index = self.tenants.len().saturating_sub(1);
+            if let Some(offered) = self
+                .tenants
+                .last_mut()
+                .and_then(|t| t.offered.get_mut(cell.priority.class()))
+            {
+                *offered += cell.load.offered_rps;
+            }
+            self.cell_tenant.push(index);
+        }
+        fairness::allocate_into(
+            limit.get(),
+            &self.tenants,
+            &mut self.allocation,
+            &mut self.scratch,
+        );
+    }
+
+    /// Every directive currently in force, sorted by bucket, tenant and
+    /// priority: what a proxy connecting now should receive.
+    pub fn snapshot(&self) -> Vec<Directive> {
+        self.buckets
+            .iter()
+            .flat_map(|state| {
+                state.cells.iter().filter_map(move |cell| {
+                    let pushed = cell.pushed.as_ref()?;
+                    Some(directive(
+                        &state.bucket,
+                        &cell.tenant,
+                        cell.priority,
+                        pushed,
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// The cells of a bucket whose set of cells changed: kept ones carry their
+/// pushed state over, new ones start unpushed, gone ones are retired.
+fn merge_cells(
+    bucket: &Arc<str>,
+    previous: Vec<CellState>,
+    cells: &[CellLoad],
+    limit: Option<LimitRps>,
+    decision: &mut Decision,
+) -> Vec<CellState> {
+    let order = |state: &CellState, cell: &CellLoad| {
+        compare(&state.tenant, &cell.tenant).then(state.priority.cmp(&cell.priority))
+    };
+    let mut merged = Vec::with_capacity(cells.len());
+    let mut previous = previous.into_iter().peekable();
+    for cell in cells {
+        while let Some(gone) = previous.next_if(|state| order(state, cell).is_lt()) {
+            retire(bucket, gone, limit, decision);
+        }
+        let state = previous
+            .next_if(|state| order(state, cell).is_eq())
+            .unwrap_or_else(|| CellState {
+                tenant: Arc::clone(&cell.tenant),
+                priority: cell.priority,
+                pushed: None,
+            });
+        merged.push(state);
+    }
+    for gone in previous {
+        retire(bucket, gone, limit, decision);
+    }
+    merged
+}
+
+/// Retires every cell of a bucket whose traffic stopped.
+fn retire_bucket(state: BucketState, limits: &LimitTable, decision: &mut Decision) {
+    let limit = limits.limit_for(&state.bucket);
+    for cell in state.cells {
+        retire(&state.bucket, cell, limit, decision);
+    }
+}
+
+/// The cell's admitted target, share and reason from the division: its
+/// tenant's allocation in its class, split over the tenant's cells of that
+/// class by offered rate.
+fn cell_share(
+    demands: &[TenantDemand],
+    allocation: &Allocation,
+    cell_tenant: &[usize],
+    index: usize,
+    cell: &CellLoad,
+) -> (Option<LimitRps>, f64, Option<Reason>) {
+    let class = cell.priority.class();
+    let tenant = cell_tenant.get(index).copied().unwrap_or(0);
+    let (Some(demand), Some(allocation)) = (demands.get(tenant), allocation.tenants.get(tenant))
+    else {
+        return (None, 0.0, None);
+    };
+    let class_offered = demand.offered.get(class).copied().unwrap_or(0.0);
+    let fraction = if class_offered > 0.0 {
+        cell.load.offered_rps / class_offered
+    } else {
+        0.0
+    };
+    let admitted = allocation.admitted.get(class).copied().unwrap_or(0.0) * fraction;
+    let share = allocation.share.get(class).copied().unwrap_or(0.0) * fraction;
+    let reason = allocation.reason.get(class).copied().flatten();
+    (LimitRps::new(admitted).ok(), share, reason)
+}
+
+/// Stops tracking a cell: lifts it if it was dropping, and names it for
+/// removal from the snapshot.
+fn retire(bucket: &Arc<str>, cell: CellState, limit: Option<LimitRps>, decision: &mut Decision) {
+    if let Some(pushed) = cell.pushed.filter(|p| p.drop_ratio != DropRatio::ZERO) {
+        let lifted = pushed.lifted(limit);
+        decision
+            .changed
+            .push(directive(bucket, &cell.tenant, cell.priority, &lifted));
+    }
+    decision.retired.push(RetiredCell {
+        bucket: Arc::clone(bucket),
+        tenant: cell.tenant,
+        priority: cell.priority,
+    });
+}
+
+/// The wire form; on the wire `limit_rps` 0 stands for "unlimited".
+fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) -> Directive {
+    Directive {
+        bucket: bucket.to_owned(),
+        drop_ratio: pushed.drop_ratio.get(),
+        limit_rps: pushed.limit.map_or(0.0, LimitRps::get),
+        tenant: tenant.to_owned(),
+        priority: priority.to_wire() as i32,
+        share_rps: pushed.share_rps,
+        reporting_proxies: pushed.reporting_proxies,
+        mode: pushed.mode.map_or(0, |mode| mode.to_wire() as i32),
+        reason: pushed.reason.map_or(0, |reason| reason.to_wire() as i32),
+        retry_after_ms: pushed.retry_after_ms,
+        burst: pushed.burst,
+    }
+}

@@ -1,0 +1,21 @@
+//! How long a rejected client is told to wait.
+
+use crate::types::ControlInterval;
+
+/// Longest `retry_after_ms` ever pushed.
+pub const MAX_RETRY_AFTER_MS: u64 = 30_000;
+
+/// How long a rejected client should wait, from how long its bucket has
+/// been over its limit: one second (or two control intervals, if longer)
+/// at first, one more second for every ten seconds of overload, at most
+/// [`MAX_RETRY_AFTER_MS`], rounded down to whole seconds (but never below
+/// the start). Whole seconds, because `Retry-After` carries
+/// seconds and because a value that moves every interval would be pushed
+/// every interval.
+pub fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u64 {
+    let interval_ms = interval.as_millis();
+    let base = (2 * interval_ms).max(1_000);
+    let overloaded_ms = u64::from(overloaded_intervals).saturating_mul(interval_ms);
+    let wait = base.saturating_add(overloaded_ms / 10);
+    (wait / 1_000 * 1_000).clamp(base, MAX_RETRY_AFTER_MS)
+}

@@ -1,0 +1,534 @@
+//! Tests of the controller: fair division, reasons, modes, change
+//! detection and the drop policy.
+
+#![allow(clippy::float_cmp)]
+
+use proptest::prelude::*;
+
+use sluice_proto::v1;
+
+use super::*;
+use crate::fleet::BucketLoad;
+use crate::limits::{LimitRule, Selector};
+use crate::policy::{BurstMultiplier, TenantPolicy, Weight};
+
+fn limit(rps: f64) -> LimitRps {
+    LimitRps::new(rps).unwrap()
+}
+
+fn load(entries: &[(&str, f64)]) -> FleetLoad {
+    FleetLoad::new(
+        entries
+            .iter()
+            .map(|&(bucket, offered_rps)| {
+                let load = BucketLoad {
+                    offered_rps,
+                    admitted_rps: offered_rps / 2.0,
+                    proxies_reporting: 1,
+                };
+                BucketTraffic::single(bucket, load)
+            })
+            .collect(),
+    )
+}
+
+fn table(rules: &[(&str, f64)]) -> LimitTable {
+    LimitTable::from_rules(
+        None,
+        rules.iter().map(|&(bucket, rps)| LimitRule {
+            selector: Selector::Bucket(bucket.to_owned()),
+            limit_rps: limit(rps),
+        }),
+    )
+}
+
+fn buckets(directives: &[Directive]) -> Vec<(&str, f64)> {
+    directives
+        .iter()
+        .map(|d| (d.bucket.as_str(), d.drop_ratio))
+        .collect()
+}
+
+fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
+    CellLoad {
+        tenant: Arc::from(tenant),
+        priority,
+        load: BucketLoad {
+            offered_rps,
+            admitted_rps: offered_rps,
+            proxies_reporting: 2,
+        },
+        shadow_dropped_rps: 0.0,
+    }
+}
+
+fn policy(limit_rps: f64, tenants: &[(&str, f64, f64, f64)]) -> Policy {
+    let mut table = Tenants::default();
+    for &(name, weight, burst, floor) in tenants {
+        table.insert(
+            name.to_owned(),
+            TenantPolicy {
+                weight: Weight::new(weight).unwrap(),
+                burst: BurstMultiplier::new(burst).unwrap(),
+                min_floor_rps: limit(floor),
+            },
+        );
+    }
+    Policy {
+        limits: table_for("api", limit_rps),
+        tenants: table,
+        modes: Modes::default(),
+    }
+}
+
+fn table_for(bucket: &str, rps: f64) -> LimitTable {
+    table(&[(bucket, rps)])
+}
+
+fn find<'a>(directives: &'a [Directive], tenant: &str, priority: Priority) -> &'a Directive {
+    directives
+        .iter()
+        .find(|d| d.tenant == tenant && d.priority == priority.to_wire() as i32)
+        .unwrap_or_else(|| panic!("no directive for {tenant} {priority:?}: {directives:?}"))
+}
+
+fn admitted(d: &Directive, offered: f64) -> f64 {
+    offered * (1.0 - d.drop_ratio)
+}
+
+#[test]
+fn weighted_tenants_are_admitted_within_five_percent_of_their_fair_share() {
+    // Limit 1000, weights 4 / 1 / 0.25. `light` offers 30, under its
+    // share, so the other 970 is split 4:1: 776 and 194.
+    let policy = policy(
+        1000.0,
+        &[
+            ("gold", 4.0, 2.0, 0.0),
+            ("silver", 1.0, 1.0, 0.0),
+            ("light", 0.25, 1.0, 0.0),
+        ],
+    );
+    let offered = [("gold", 2000.0), ("silver", 900.0), ("light", 30.0)];
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+        "api",
+        offered
+            .iter()
+            .map(|&(t, rps)| tenant_cell(t, Priority::Unspecified, rps))
+            .collect(),
+    )]);
+    let mut controller = Controller::default();
+    let decision = controller.decide(&load, &policy);
+    let fair = [("gold", 776.0), ("silver", 194.0), ("light", 30.0)];
+    let mut total = 0.0;
+    for ((tenant, offered), (_, fair)) in offered.iter().zip(fair) {
+        let d = find(&decision.changed, tenant, Priority::Unspecified);
+        let got = admitted(d, *offered);
+        assert!(
+            (got - fair).abs() <= 0.05 * fair,
+            "{tenant}: {got} vs {fair}"
+        );
+        total += got;
+        assert_eq!(d.limit_rps, 1000.0);
+        assert_eq!(d.reporting_proxies, 2);
+    }
+    assert!(
+        (total - 1000.0).abs() < 1e-6,
+        "the limit is used exactly: {total}"
+    );
+    let gold = find(&decision.changed, "gold", Priority::Unspecified);
+    assert!((gold.share_rps - 776.0).abs() < 1e-6);
+    assert_eq!(gold.burst, 2.0);
+    assert_eq!(gold.reason, v1::Reason::TenantQuotaExceeded as i32);
+    assert!(gold.retry_after_ms >= 1_000);
+    let light = find(&decision.changed, "light", Priority::Unspecified);
+    assert_eq!(light.drop_ratio, 0.0);
+    assert_eq!(light.reason, 0);
+    assert_eq!(light.retry_after_ms, 0);
+    assert!(light.share_rps >= 30.0);
+
+    let api = &decision.buckets[0];
+    assert_eq!(api.cells.len(), 3);
+    assert_eq!(api.cells[0].tenant.as_ref(), "gold", "sorted by tenant");
+    assert_eq!(api.cells[0].reason, Some(Reason::TenantQuotaExceeded));
+}
+
+#[test]
+fn priorities_shed_bulk_first_with_priority_shed_as_the_reason() {
+    let policy = policy(500.0, &[]);
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+        "api",
+        vec![
+            tenant_cell("a", Priority::Critical, 300.0),
+            tenant_cell("a", Priority::Unspecified, 100.0),
+            tenant_cell("b", Priority::BestEffort, 300.0),
+            tenant_cell("b", Priority::Bulk, 400.0),
+        ],
+    )]);
+    let mut controller = Controller::default();
+    let decision = controller.decide(&load, &policy);
+    let critical = find(&decision.changed, "a", Priority::Critical);
+    assert_eq!(critical.drop_ratio, 0.0);
+    // 200 left for BEST_EFFORT + unclassified (400 offered, equal
+    // weights: 100 for `a`, 100 for `b`'s 300); BULK gets nothing.
+    let unclassified = find(&decision.changed, "a", Priority::Unspecified);
+    assert_eq!(unclassified.drop_ratio, 0.0);
+    let best_effort = find(&decision.changed, "b", Priority::BestEffort);
+    assert!((admitted(best_effort, 300.0) - 100.0).abs() < 1e-6);
+    assert_eq!(best_effort.reason, v1::Reason::TenantQuotaExceeded as i32);
+    let bulk = find(&decision.changed, "b", Priority::Bulk);
+    assert_eq!(bulk.drop_ratio, 1.0);
+    assert_eq!(bulk.reason, v1::Reason::PriorityShed as i32);
+    assert_eq!(bulk.share_rps, 0.0);
+}
+
+#[test]
+fn critical_is_dropped_only_when_nothing_else_covers_the_excess() {
+    let policy = policy(100.0, &[]);
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+        "api",
+        vec![
+            tenant_cell("", Priority::Critical, 200.0),
+            tenant_cell("", Priority::Bulk, 50.0),
+        ],
+    )]);
+    let decision = Controller::default().decide(&load, &policy);
+    let critical = find(&decision.changed, "", Priority::Critical);
+    assert!((critical.drop_ratio - 0.5).abs() < 1e-12);
+    assert_eq!(critical.reason, v1::Reason::ClusterOverload as i32);
+    assert_eq!(find(&decision.changed, "", Priority::Bulk).drop_ratio, 1.0);
+}
+
+#[test]
+fn floors_are_never_dropped() {
+    let policy = policy(100.0, &[("small", 0.01, 1.0, 40.0)]);
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+        "api",
+        vec![
+            tenant_cell("big", Priority::Unspecified, 1000.0),
+            tenant_cell("small", Priority::Bulk, 35.0),
+        ],
+    )]);
+    let decision = Controller::default().decide(&load, &policy);
+    assert_eq!(
+        find(&decision.changed, "small", Priority::Bulk).drop_ratio,
+        0.0
+    );
+    let big = find(&decision.changed, "big", Priority::Unspecified);
+    assert!((admitted(big, 1000.0) - 65.0).abs() < 1e-6);
+}
+
+#[test]
+fn a_bucket_mode_reaches_its_directives_and_a_mode_change_is_pushed() {
+    let mut policy = policy(100.0, &[]);
+    let load = load(&[("api", 50.0)]);
+    let mut controller = Controller::default();
+    let first = controller.decide(&load, &policy);
+    assert_eq!(
+        first.changed[0].mode,
+        v1::Mode::Unspecified as i32,
+        "inherits"
+    );
+    policy.modes.buckets.insert("api".into(), Mode::Shadow);
+    let decision = controller.decide(&load, &policy);
+    assert_eq!(decision.changed.len(), 1);
+    assert_eq!(decision.changed[0].mode, v1::Mode::Shadow as i32);
+    assert!(controller.decide(&load, &policy).changed.is_empty());
+}
+
+#[test]
+fn share_reason_and_burst_changes_are_pushed() {
+    let mut policy = policy(1000.0, &[("gold", 1.0, 1.0, 0.0)]);
+    let two = |gold: f64, other: f64| {
+        FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("gold", Priority::Unspecified, gold),
+                tenant_cell("other", Priority::Unspecified, other),
+            ],
+        )])
+    };
+    let mut controller = Controller::default();
+    controller.decide(&two(800.0, 100.0), &policy);
+    // Still under the limit, but `other` takes more: gold's share (what
+    // it may send) shrinks, although no ratio moves.
+    let decision = controller.decide(&two(800.0, 150.0), &policy);
+    let gold = find(&decision.changed, "gold", Priority::Unspecified);
+    assert_eq!(gold.drop_ratio, 0.0);
+    assert!((gold.share_rps - 850.0).abs() < 1e-6);
+    policy.tenants.insert(
+        "gold".into(),
+        TenantPolicy {
+            burst: BurstMultiplier::new(3.0).unwrap(),
+            ..TenantPolicy::default()
+        },
+    );
+    let decision = controller.decide(&two(800.0, 150.0), &policy);
+    assert_eq!(decision.changed.len(), 1);
+    assert_eq!(decision.changed[0].burst, 3.0);
+}
+
+#[test]
+fn a_stopped_cell_is_lifted_and_retired_while_its_bucket_stays() {
+    let policy = policy(100.0, &[]);
+    let mut controller = Controller::default();
+    controller.decide(
+        &FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("a", Priority::Unspecified, 300.0),
+                tenant_cell("b", Priority::Unspecified, 10.0),
+            ],
+        )]),
+        &policy,
+    );
+    let decision = controller.decide(
+        &FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![tenant_cell("b", Priority::Unspecified, 10.0)],
+        )]),
+        &policy,
+    );
+    let lifted = find(&decision.changed, "a", Priority::Unspecified);
+    assert_eq!(lifted.drop_ratio, 0.0);
+    assert_eq!(lifted.reason, 0);
+    assert_eq!(decision.retired.len(), 1);
+    assert_eq!(decision.retired[0].tenant.as_ref(), "a");
+    assert_eq!(controller.snapshot().len(), 1);
+}
+
+#[test]
+fn retry_after_grows_with_the_overload_and_is_capped() {
+    let interval = ControlInterval::from_millis(500).unwrap();
+    assert_eq!(retry_after_ms(interval, 0), 1_000);
+    assert_eq!(retry_after_ms(interval, 1), 1_000, "whole seconds");
+    assert_eq!(retry_after_ms(interval, 19), 1_000);
+    assert_eq!(
+        retry_after_ms(interval, 20),
+        2_000,
+        "10 s of overload: +1 s"
+    );
+    assert_eq!(retry_after_ms(interval, 1_000), MAX_RETRY_AFTER_MS);
+    let slow = ControlInterval::from_millis(5_000).unwrap();
+    assert_eq!(retry_after_ms(slow, 0), 10_000, "two control intervals");
+
+    // Through the controller: the same bucket, longer overloaded.
+    let limits = table(&[("acme", 100.0)]);
+    let mut controller = Controller::default().with_interval(interval);
+    let first = controller.tick(&load(&[("acme", 200.0)]), &limits);
+    let first_wait = first.changed[0].retry_after_ms;
+    let mut later = first_wait;
+    for _ in 0..60 {
+        if let Some(d) = controller
+            .tick(&load(&[("acme", 200.0)]), &limits)
+            .changed
+            .first()
+        {
+            later = d.retry_after_ms;
+        }
+    }
+    assert!(later > first_wait, "{later} after {first_wait}");
+    let calm = controller.tick(&load(&[("acme", 50.0)]), &limits);
+    assert_eq!(calm.changed[0].retry_after_ms, 0);
+}
+
+#[test]
+fn formula() {
+    assert_eq!(drop_ratio(600.0, Some(limit(200.0))).get(), 2.0 / 3.0);
+    assert_eq!(drop_ratio(200.0, Some(limit(200.0))).get(), 0.0);
+    assert_eq!(drop_ratio(100.0, Some(limit(200.0))).get(), 0.0);
+    assert_eq!(drop_ratio(0.0, Some(limit(200.0))).get(), 0.0);
+    assert_eq!(drop_ratio(600.0, None).get(), 0.0);
+    assert_eq!(drop_ratio(5.0, Some(limit(0.0))).get(), 1.0);
+    assert_eq!(drop_ratio(0.0, Some(limit(0.0))).get(), 0.0);
+}
+
+fn arbitrary_load(cells: &[(u8, u8, u8, u16)]) -> FleetLoad {
+    let mut buckets: std::collections::BTreeMap<String, Vec<CellLoad>> = Default::default();
+    for &(bucket, tenant, priority, offered) in cells {
+        let cells = buckets.entry(format!("b{}", bucket % 6)).or_default();
+        let tenant = format!("t{}", tenant % 4);
+        let priority = Priority::ALL[usize::from(priority) % Priority::ALL.len()];
+        if cells
+            .iter()
+            .any(|c| c.tenant.as_ref() == tenant && c.priority == priority)
+        {
+            continue;
+        }
+        cells.push(tenant_cell(&tenant, priority, f64::from(offered) + 1.0));
+    }
+    FleetLoad::new(
+        buckets
+            .into_iter()
+            .map(|(bucket, cells)| BucketTraffic::from_cells(&bucket, cells))
+            .collect(),
+    )
+}
+
+proptest! {
+    /// Applying each tick's `changed` and `retired` to what proxies hold
+    /// always yields the controller's snapshot, and a limited bucket
+    /// with more offered than its limit admits its limit.
+    #[test]
+    fn deltas_reproduce_the_snapshot_and_shares_use_the_limit(
+        ticks in prop::collection::vec(
+            prop::collection::vec((0u8..6, 0u8..4, 0u8..5, 0u16..500), 0..20),
+            1..8,
+        ),
+    ) {
+        let policy = Policy {
+            limits: LimitTable::new(Some(limit(300.0))),
+            tenants: Tenants::default(),
+            modes: Modes::default(),
+        };
+        let mut controller = Controller::default();
+        let mut held: std::collections::BTreeMap<(String, String, i32), Directive> =
+            Default::default();
+        for cells in &ticks {
+            let load = arbitrary_load(cells);
+            let decision = controller.decide(&load, &policy);
+            for d in decision.changed {
+                held.insert((d.bucket.clone(), d.tenant.clone(), d.priority), d);
+            }
+            for r in decision.retired {
+                held.remove(&(r.bucket.to_string(), r.tenant.to_string(), r.priority.to_wire() as i32));
+            }
+            let held_now: Vec<Directive> = held.values().cloned().collect();
+            prop_assert_eq!(held_now, controller.snapshot());
+            for traffic in &load.buckets {
+                let admitted: f64 = traffic
+                    .cells
+                    .iter()
+                    .map(|c| {
+                        let d = held
+                            .get(&(traffic.bucket.to_string(), c.tenant.to_string(), c.priority.to_wire() as i32))
+                            .unwrap();
+                        c.load.offered_rps * (1.0 - d.drop_ratio)
+                    })
+                    .sum();
+                let expected = traffic.load.offered_rps.min(300.0);
+                // Pushed ratios lag by at most the change threshold.
+                prop_assert!(
+                    (admitted - expected).abs() <= CHANGE_THRESHOLD * traffic.load.offered_rps + 1e-6,
+                    "{}: {} vs {}", traffic.bucket, admitted, expected
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ratio_is_a_probability(offered in 0.0..1e12f64, rps in 0.0..=1e9f64) {
+        let ratio = drop_ratio(offered, Some(limit(rps))).get();
+        prop_assert!((0.0..=1.0).contains(&ratio));
+    }
+
+    #[test]
+    fn admitted_share_respects_the_limit(offered in 0.0..1e12f64, rps in 0.0..=1e9f64) {
+        let ratio = drop_ratio(offered, Some(limit(rps))).get();
+        let admitted = offered * (1.0 - ratio);
+        if offered > rps {
+            prop_assert!(admitted <= rps + 1e-6 * rps.max(1.0), "{admitted} > {rps}");
+        } else {
+            prop_assert_eq!(ratio, 0.0);
+            prop_assert_eq!(admitted, offered);
+        }
+    }
+
+    #[test]
+    fn unlimited_never_drops(offered in 0.0..1e12f64) {
+        prop_assert_eq!(drop_ratio(offered, None), DropRatio::ZERO);
+    }
+}
+
+#[test]
+fn new_buckets_are_pushed_even_at_zero() {
+    let mut controller = Controller::default();
+    let decision = controller.tick(
+        &load(&[("acme", 600.0), ("free", 10.0)]),
+        &table(&[("acme", 200.0)]),
+    );
+    assert_eq!(
+        buckets(&decision.changed),
+        [("acme", 2.0 / 3.0), ("free", 0.0)]
+    );
+    assert_eq!(decision.changed[0].limit_rps, 200.0);
+    assert_eq!(decision.changed[1].limit_rps, 0.0, "unlimited on the wire");
+    assert_eq!(controller.snapshot(), decision.changed);
+    assert_eq!(decision.buckets.len(), 2);
+    assert_eq!(decision.buckets[0].limit_rps, Some(limit(200.0)));
+    assert_eq!(decision.buckets[1].limit_rps, None);
+}
+
+#[test]
+fn small_changes_are_not_pushed_but_accumulate() {
+    let limits = table(&[("acme", 200.0)]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 400.0)]), &limits); // 0.5
+    // 0.5 → 0.5006: below the threshold, nothing to push, view keeps 0.5.
+    let decision = controller.tick(&load(&[("acme", 400.48)]), &limits);
+    assert!(decision.changed.is_empty());
+    assert_eq!(decision.buckets[0].drop_ratio.get(), 0.5);
+    // Compared against what was pushed, not the previous tick: drifting
+    // in small steps still ends up pushed.
+    let decision = controller.tick(&load(&[("acme", 401.0)]), &limits);
+    assert_eq!(decision.changed.len(), 1);
+    assert!((decision.changed[0].drop_ratio - (1.0 - 200.0 / 401.0)).abs() < 1e-12);
+}
+
+#[test]
+fn limit_change_is_pushed_even_without_ratio_change() {
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 100.0)]), &table(&[("acme", 200.0)]));
+    let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[("acme", 300.0)]));
+    assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
+    assert_eq!(decision.changed[0].limit_rps, 300.0);
+    let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[]));
+    assert_eq!(decision.changed[0].limit_rps, 0.0, "limit removed");
+}
+
+#[test]
+fn limit_change_that_changes_the_ratio() {
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 600.0)]), &table(&[("acme", 200.0)]));
+    let decision = controller.tick(&load(&[("acme", 600.0)]), &table(&[("acme", 300.0)]));
+    assert_eq!(buckets(&decision.changed), [("acme", 0.5)]);
+}
+
+#[test]
+fn stopped_bucket_is_lifted_once_then_forgotten() {
+    let limits = table(&[("acme", 200.0), ("calm", 200.0)]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
+    let decision = controller.tick(&load(&[]), &limits);
+    assert_eq!(
+        buckets(&decision.changed),
+        [("acme", 0.0)],
+        "calm was already at 0"
+    );
+    assert!(controller.snapshot().is_empty());
+    assert_eq!(decision.retired.len(), 2);
+    assert!(decision.buckets.is_empty());
+    assert!(controller.tick(&load(&[]), &limits).changed.is_empty());
+}
+
+#[test]
+fn unchanged_state_pushes_nothing() {
+    let limits = table(&[("acme", 200.0)]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 600.0)]), &limits);
+    let decision = controller.tick(&load(&[("acme", 600.0)]), &limits);
+    assert!(decision.changed.is_empty());
+    assert_eq!(buckets(&controller.snapshot()), [("acme", 2.0 / 3.0)]);
+}
+
+#[test]
+fn policy_can_be_swapped() {
+    struct Halve;
+    impl DropPolicy for Halve {
+        fn drop_ratio(&mut self, _: &str, _: &BucketLoad, _: Option<LimitRps>) -> DropRatio {
+            DropRatio::new(0.5).unwrap()
+        }
+    }
+    let mut controller = Controller::new(Halve);
+    let decision = controller.tick(&load(&[("x", 1.0)]), &table(&[]));
+    assert_eq!(buckets(&decision.changed), [("x", 0.5)]);
+}
