@@ -10,10 +10,12 @@
 //! trait, so the logic is unit-tested natively and under wasm32 in Node.
 
 pub mod agent;
+pub mod allowance;
 pub mod backoff;
 pub mod bucket_key;
 pub mod config;
 pub mod counters;
+pub mod credit;
 pub mod decision;
 pub mod directives;
 pub mod drop_ratio;
