@@ -89,6 +89,8 @@ pub struct Decision {
 struct Pushed {
     drop_ratio: DropRatio,
     limit: Option<LimitRps>,
+    /// The fleet offered rate the ratio came from, for proxies' allowances.
+    offered_rps: f64,
 }
 
 impl Pushed {
@@ -143,10 +145,13 @@ impl Controller {
             let current = match self.pushed.get(bucket) {
                 Some(previous) if !previous.differs_from(ratio, limit) => *previous,
                 _ => {
-                    decision.changed.push(directive(bucket, ratio, limit));
+                    decision
+                        .changed
+                        .push(directive(bucket, ratio, limit, bucket_load.offered_rps));
                     Pushed {
                         drop_ratio: ratio,
                         limit,
+                        offered_rps: bucket_load.offered_rps,
                     }
                 }
             };
@@ -163,15 +168,18 @@ impl Controller {
 
         for (bucket, previous) in &self.pushed {
             if !pushed.contains_key(bucket) && previous.drop_ratio != DropRatio::ZERO {
-                decision
-                    .changed
-                    .push(directive(bucket, DropRatio::ZERO, limits.limit_for(bucket)));
+                decision.changed.push(directive(
+                    bucket,
+                    DropRatio::ZERO,
+                    limits.limit_for(bucket),
+                    0.0,
+                ));
             }
         }
 
         decision.snapshot = pushed
             .iter()
-            .map(|(bucket, p)| directive(bucket, p.drop_ratio, p.limit))
+            .map(|(bucket, p)| directive(bucket, p.drop_ratio, p.limit, p.offered_rps))
             .collect();
         self.pushed = pushed;
         decision
@@ -179,11 +187,17 @@ impl Controller {
 }
 
 /// The wire form; on the wire `limit_rps` 0 stands for "unlimited".
-fn directive(bucket: &str, drop_ratio: DropRatio, limit: Option<LimitRps>) -> Directive {
+fn directive(
+    bucket: &str,
+    drop_ratio: DropRatio,
+    limit: Option<LimitRps>,
+    offered_rps: f64,
+) -> Directive {
     Directive {
         bucket: bucket.to_owned(),
         drop_ratio: drop_ratio.get(),
         limit_rps: limit.map_or(0.0, LimitRps::get),
+        offered_rps,
         ..Default::default()
     }
 }

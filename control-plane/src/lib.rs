@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod control_loop;
 pub mod controller;
+pub mod estimator;
 pub mod fleet;
 pub mod grpc;
 pub mod limits;

@@ -22,6 +22,7 @@ pub mod drop_ratio;
 pub mod host_api;
 pub mod lease;
 pub mod metrics;
+pub mod pacing;
 pub mod shared_keys;
 pub mod stream;
 
