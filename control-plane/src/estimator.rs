@@ -12,7 +12,9 @@
 //! - corrects the admit share by a factor learned from the admitted rate
 //!   the proxies report: while the bucket is shedding, each interval moves
 //!   the factor by [`GAIN`] of the log ratio between the limit and the
-//!   admitted rate, within [`CORRECTION`]. The factor keeps its value when
+//!   admitted rate, within [`CORRECTION`]; gaps beyond [`MAX_ERROR`] are
+//!   transients (or proxies in shadow mode) and are ignored. The factor
+//!   keeps its value when
 //!   the bucket stops shedding, and is reset by a load step.
 //!
 //! [`Proportional`](crate::controller::Proportional) stays available as the
@@ -32,6 +34,9 @@ pub const STEP: f64 = 0.25;
 pub const GAIN: f64 = 0.4;
 /// Bounds of the correction factor.
 pub const CORRECTION: (f64, f64) = (0.8, 1.25);
+/// Larger gaps between the limit and the admitted rate (as a log ratio) do
+/// not move the correction.
+pub const MAX_ERROR: f64 = 0.2;
 /// Buckets not seen for this many decisions are forgotten.
 const FORGET_AFTER: u32 = 20;
 
@@ -113,9 +118,16 @@ impl DropPolicy for Tracking {
             state.offered_rps = offered;
         } else {
             state.offered_rps += SMOOTHING * (offered - state.offered_rps);
-            if state.last_ratio > 0.0 && !state.after_step && load.admitted_rps > 0.0 && limit > 0.0
+            let error = (limit / load.admitted_rps).ln();
+            // Only a small, persistent gap is the proxies' systematic loss;
+            // a large one is a transient, or proxies that do not enforce
+            // (shadow mode counts would-be drops as admitted).
+            if state.last_ratio > 0.0
+                && !state.after_step
+                && load.admitted_rps > 0.0
+                && limit > 0.0
+                && error.abs() <= MAX_ERROR
             {
-                let error = (limit / load.admitted_rps).ln();
                 let (low, high) = CORRECTION;
                 state.correction = (state.correction * (GAIN * error).exp()).clamp(low, high);
             }
@@ -173,6 +185,16 @@ mod tests {
         // ×2: a step, taken at once.
         let ratio = policy.drop_ratio("a", &load(6_300.0, 1_900.0), l).get();
         assert!((ratio - (1.0 - 1_000.0 / 6_300.0)).abs() < 1e-9, "{ratio}");
+    }
+
+    #[test]
+    fn proxies_that_do_not_enforce_do_not_move_it() {
+        let mut policy = Tracking::new();
+        let l = limit(200.0);
+        for _ in 0..10 {
+            let ratio = policy.drop_ratio("a", &load(600.0, 600.0), l).get();
+            assert!((ratio - 2.0 / 3.0).abs() < 1e-12, "{ratio}");
+        }
     }
 
     #[test]

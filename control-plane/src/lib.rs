@@ -72,7 +72,10 @@ pub async fn run(
     let mut tasks: JoinSet<(&'static str, Result<(), RunError>)> = JoinSet::new();
 
     tasks.spawn({
-        let run = control_loop::run(state.clone(), Controller::default(), token.clone());
+        // The tracking policy beats the proportional baseline in every
+        // simulated scenario (`sluice simulate`); see `estimator`.
+        let controller = Controller::new(estimator::Tracking::new());
+        let run = control_loop::run(state.clone(), controller, token.clone());
         async move {
             run.await;
             ("control loop", Ok(()))

@@ -44,31 +44,68 @@ pub struct DirectiveRates {
     pub fleet_offered_rps: f64,
 }
 
+/// What this VM was offered of a bucket over its recent window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalRate {
+    /// Requests counted.
+    pub requests: u64,
+    /// Over this many milliseconds.
+    pub window_ms: u64,
+}
+
+impl LocalRate {
+    /// The measured rate.
+    pub fn rps(self) -> f64 {
+        if self.window_ms == 0 {
+            return 0.0;
+        }
+        self.requests as f64 * 1000.0 / self.window_ms as f64
+    }
+
+    /// A rate this VM's traffic is unlikely to exceed given the count: one
+    /// standard deviation of a Poisson count above it (plus one request).
+    /// A few requests a second say little about a VM's real share.
+    pub fn upper_rps(self) -> f64 {
+        if self.window_ms == 0 {
+            return 0.0;
+        }
+        let n = self.requests as f64;
+        (n + n.sqrt() + 1.0) * 1000.0 / self.window_ms as f64
+    }
+}
+
 /// The rate this VM may admit, or `None` for "no cap": the bucket is
 /// unlimited, or this VM saw no traffic of it, so it has no share to scale.
+///
+/// Shedding (ratio > 0): `local × (1 − ratio)`, the share the control plane
+/// computed from the same traffic. Below the limit: the generous end of the
+/// local rate times `limit / fleet offered`, so counting noise does not cut
+/// a bucket that is within its limit.
 pub fn allowance_rps(
-    local_offered_rps: f64,
+    local: LocalRate,
     directive: DirectiveRates,
     settings: AllowanceSettings,
 ) -> Option<f64> {
     let limit = directive.limit_rps;
-    if !(limit > 0.0 && limit.is_finite() && local_offered_rps > 0.0) {
+    if !(limit > 0.0 && limit.is_finite() && local.requests > 0 && local.window_ms > 0) {
         return None;
     }
     let ratio = directive.drop_ratio.get();
-    let scale = if ratio > 0.0 {
-        1.0 - ratio
+    let rate = if ratio > 0.0 {
+        local.rps() * (1.0 - ratio)
     } else if directive.fleet_offered_rps > 0.0 {
-        (limit / directive.fleet_offered_rps).max(1.0)
+        local.upper_rps() * (limit / directive.fleet_offered_rps).max(1.0)
     } else {
         return None;
     };
-    let rate = (local_offered_rps * scale).min(limit) * (1.0 + settings.headroom.clamp(0.0, 1.0));
+    let rate = rate.min(limit) * (1.0 + settings.headroom.clamp(0.0, 1.0));
     rate.is_finite().then_some(rate)
 }
 
 /// Microseconds per millisecond.
 const US_PER_MS: u64 = 1_000;
+/// Requests a cap lets through at once besides the first, whatever its rate.
+pub const MIN_BURST_REQUESTS: u64 = 3;
 /// The slowest allowance held as a rate; below it the cap admits nothing.
 const MIN_RATE_RPS: f64 = 1e-6;
 
@@ -103,8 +140,13 @@ impl Gcra {
     pub fn set_rate(&mut self, rate_rps: f64, slack_ms: u64, now_ms: u64) {
         self.interval_us = interval_us(rate_rps);
         let slack_us = slack_ms.saturating_mul(US_PER_MS);
-        // At least one request's worth, so a slow allowance still admits.
-        self.tolerance_us = slack_us.max(self.interval_us.min(slack_us.saturating_mul(100)));
+        // At least a few requests' worth: a cap barely below a slow VM's
+        // Poisson arrivals would otherwise waste the allowance of every gap.
+        self.tolerance_us = slack_us.max(
+            self.interval_us
+                .saturating_mul(MIN_BURST_REQUESTS)
+                .min(slack_us.saturating_mul(100).max(US_PER_MS)),
+        );
         // A debt run up at an older, faster rate (or one that admitted
         // nothing) is cut to what the new rate could owe.
         let now_us = now_ms.saturating_mul(US_PER_MS);
@@ -168,6 +210,14 @@ impl RateWindow {
         total as f64 * 1000.0 / (self.filled as u64 * tick_ms) as f64
     }
 
+    /// The requests of the ticks remembered, each `tick_ms` long.
+    pub fn local(&self, tick_ms: u64) -> LocalRate {
+        LocalRate {
+            requests: self.slots.iter().fold(0_u64, |a, &c| a.saturating_add(c)),
+            window_ms: (self.filled as u64).saturating_mul(tick_ms),
+        }
+    }
+
     /// Whether the last second saw no request.
     pub fn is_idle(&self) -> bool {
         self.slots.iter().all(|&c| c == 0)
@@ -193,30 +243,47 @@ mod tests {
         burst_ms: 0,
     };
 
+    fn per_second(requests: u64) -> LocalRate {
+        LocalRate {
+            requests,
+            window_ms: 1_000,
+        }
+    }
+
     #[test]
     fn share_of_the_limit() {
         // 3000 offered, limit 1000: a VM offered 300 may admit 100.
-        let got = allowance_rps(300.0, rates(2.0 / 3.0, 1_000.0, 3_000.0), EXACT).unwrap();
-        assert!((got - 100.0).abs() < 1e-9, "{got}");
-        // Below the limit: 800 offered, limit 1000, a VM offered 80 gets 100.
-        let got = allowance_rps(80.0, rates(0.0, 1_000.0, 800.0), EXACT).unwrap();
-        assert!((got - 100.0).abs() < 1e-9, "{got}");
+        let got = allowance_rps(per_second(300), rates(2.0 / 3.0, 1_000.0, 3_000.0), EXACT);
+        assert!((got.unwrap() - 100.0).abs() < 1e-9, "{got:?}");
+        // Below the limit: 800 offered, limit 1000, a VM offered 100 gets
+        // (100 + 10 + 1) × 1.25.
+        let got = allowance_rps(per_second(100), rates(0.0, 1_000.0, 800.0), EXACT);
+        assert!((got.unwrap() - 138.75).abs() < 1e-9, "{got:?}");
         let headroom = AllowanceSettings {
             headroom: 0.1,
             burst_ms: 0,
         };
-        let got = allowance_rps(80.0, rates(0.0, 1_000.0, 800.0), headroom).unwrap();
-        assert!((got - 110.0).abs() < 1e-9, "{got}");
+        let got = allowance_rps(per_second(300), rates(0.5, 1_000.0, 800.0), headroom);
+        assert!((got.unwrap() - 165.0).abs() < 1e-9, "{got:?}");
     }
 
     #[test]
     fn no_cap_without_a_share() {
-        assert_eq!(allowance_rps(0.0, rates(0.5, 10.0, 20.0), EXACT), None);
-        assert_eq!(allowance_rps(5.0, rates(0.5, 0.0, 20.0), EXACT), None);
-        assert_eq!(allowance_rps(5.0, rates(0.0, 10.0, 0.0), EXACT), None);
+        assert_eq!(
+            allowance_rps(per_second(0), rates(0.5, 10.0, 20.0), EXACT),
+            None
+        );
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.5, 0.0, 20.0), EXACT),
+            None
+        );
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.0, 10.0, 0.0), EXACT),
+            None
+        );
         // Never more than the whole limit.
         assert_eq!(
-            allowance_rps(500.0, rates(0.0, 10.0, 1.0), EXACT),
+            allowance_rps(per_second(500), rates(0.0, 10.0, 1.0), EXACT),
             Some(10.0)
         );
     }
@@ -301,21 +368,25 @@ mod proptests {
                     admitted += u64::from(gcra.admit(now));
                 }
             }
-            let tolerance_ms = (slack_ms as f64).max((1e3 / rate).min(slack_ms as f64 * 100.0));
+            let interval_ms = (1e6 / rate).round().max(1.0) / 1e3;
+            let tolerance_ms = (slack_ms as f64).max(
+                (interval_ms * MIN_BURST_REQUESTS as f64).min((slack_ms as f64 * 100.0).max(1.0)),
+            );
             let bound = rate * (now as f64 + tolerance_ms) / 1e3 + 1.0;
             prop_assert!(admitted as f64 <= bound + 1e-6, "{} > {}", admitted, bound);
         }
 
-        /// With a fresh directive, the allowances of the VMs that saw the
-        /// traffic add up to at most the limit (times the headroom).
+        /// With a fresh directive over the limit, the allowances of the VMs
+        /// that saw the traffic add up to at most the limit (times the
+        /// headroom): the expected admitted rate never exceeds it.
         #[test]
         fn allowances_sum_to_the_limit(
-            locals in proptest::collection::vec(0.0f64..10_000.0, 1..20),
+            locals in proptest::collection::vec(0u64..10_000, 1..20),
             limit in 1.0f64..100_000.0,
             headroom in 0.0f64..=1.0,
         ) {
-            let fleet: f64 = locals.iter().sum();
-            prop_assume!(fleet > 0.0);
+            let fleet = locals.iter().sum::<u64>() as f64;
+            prop_assume!(fleet > limit);
             let ratio = ((fleet - limit) / fleet).max(0.0);
             let directive = DirectiveRates {
                 drop_ratio: DropRatio::new(ratio).map_err(|e| TestCaseError::fail(e.to_string()))?,
@@ -325,7 +396,7 @@ mod proptests {
             let settings = AllowanceSettings { headroom, burst_ms: 0 };
             let total: f64 = locals
                 .iter()
-                .filter_map(|&local| allowance_rps(local, directive, settings))
+                .filter_map(|&n| allowance_rps(LocalRate { requests: n, window_ms: 1_000 }, directive, settings))
                 .sum();
             prop_assert!(total <= limit * (1.0 + headroom) * (1.0 + 1e-9), "{} > {}", total, limit);
         }
