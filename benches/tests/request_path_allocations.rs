@@ -123,6 +123,8 @@ fn warm_agent_admit_does_not_allocate() {
             proxy_id: "bench".into(),
             report_interval_ms: 1_000,
             max_buckets: 1_000,
+            decision: sluice_filter::pacing::DecisionMode::Credit,
+            allowance: Some(sluice_filter::allowance::AllowanceSettings::default()),
         },
         7,
     );
@@ -157,4 +159,48 @@ fn first_seen_bucket_allocates() {
         "{} new buckets made only {allocations} allocations",
         names.len()
     );
+}
+
+#[test]
+fn warm_pacer_with_caps_does_not_allocate() {
+    use sluice_filter::allowance::AllowanceSettings;
+    use sluice_filter::pacing::{DecisionMode, Pacer};
+    use sluice_proto::v1::Directive;
+
+    let names = bucket_names(100);
+    let mut rng = SmallRng::seed_from_u64(3);
+    let mut pacer = Pacer::new(
+        DecisionMode::Credit,
+        Some(AllowanceSettings::default()),
+        100,
+        1_000,
+    );
+    for tick in 0..10 {
+        pacer.on_tick(tick * 100, names.iter().map(String::as_str), &mut rng);
+    }
+    // Half the buckets get a cap, the other half decide by credit.
+    let directives: Vec<Directive> = names
+        .iter()
+        .step_by(2)
+        .map(|bucket| Directive {
+            bucket: bucket.clone(),
+            drop_ratio: 0.5,
+            limit_rps: 100.0,
+            offered_rps: 200.0,
+            ..Default::default()
+        })
+        .collect();
+    pacer.apply(&directives);
+    let threshold = sluice_filter::drop_ratio::DropRatio::new(0.5)
+        .unwrap()
+        .threshold();
+
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let bucket = names[i % names.len()].as_str();
+            black_box(pacer.decide(black_box(bucket), threshold, &mut rng));
+        }
+    });
+
+    assert_eq!(allocations, 0, "{REQUESTS} warm paced decisions allocated");
 }

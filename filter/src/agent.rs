@@ -19,12 +19,14 @@
 //! Metrics ([`crate::metrics`]) are counted in plain fields and flushed at the
 //! end of every tick; the leader alone records the process-wide gauges.
 
+use crate::allowance::AllowanceSettings;
 use crate::counters::BucketCounters;
-use crate::decision::{Verdict, decide};
+use crate::decision::Verdict;
 use crate::directives::DirectiveTable;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::{LEASE_TTL_TICKS, Lease, LeaseStep, next_step};
 use crate::metrics::{Counter, Gauge, Metrics};
+use crate::pacing::{DecisionMode, Pacer};
 use crate::shared_keys::{COUNTS_QUEUE, DIRECTIVES_KEY, INSTANCE_ID_KEY, LEASE_KEY};
 use crate::stream::{ControlStream, Reconnect};
 use prost::Message;
@@ -48,7 +50,7 @@ const OVERFLOW_LOG_INTERVAL_MS: u64 = 10_000;
 const RECONNECT_WARN_EVERY: u32 = 20;
 
 /// What the agent needs from the configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AgentSettings {
     /// Envoy cluster of the control plane.
     pub control_plane_cluster: String,
@@ -58,6 +60,10 @@ pub struct AgentSettings {
     pub report_interval_ms: u64,
     /// Cap on buckets counted and directives held.
     pub max_buckets: usize,
+    /// How a drop ratio is applied to single requests.
+    pub decision: DecisionMode,
+    /// The local allowance; `None`: off.
+    pub allowance: Option<AllowanceSettings>,
 }
 
 /// State of one VM.
@@ -70,6 +76,8 @@ pub struct Agent {
     /// Requests counted on this VM and not yet handed on.
     local: BucketCounters,
     directives: DirectiveTable,
+    /// Per-bucket decision state: credit balances and local allowances.
+    pacer: Pacer,
     /// CAS of the shared table last decoded, to skip unchanged reads.
     directives_cas: Option<u32>,
     queue_id: Option<u32>,
@@ -103,6 +111,12 @@ impl Agent {
         Self {
             local: BucketCounters::new(settings.max_buckets),
             directives: DirectiveTable::new(settings.max_buckets),
+            pacer: Pacer::new(
+                settings.decision,
+                settings.allowance,
+                TICK_MS,
+                settings.max_buckets,
+            ),
             settings,
             vm_id,
             rng,
@@ -119,7 +133,8 @@ impl Agent {
     /// No host calls: the decision is counted in a plain field and flushed
     /// on the next tick.
     pub fn admit(&mut self, bucket: &str) -> Verdict {
-        let verdict = decide(self.directives.threshold(bucket), &mut self.rng);
+        let threshold = self.directives.threshold(bucket);
+        let verdict = self.pacer.decide(bucket, threshold, &mut self.rng);
         self.local.record(bucket, verdict == Verdict::Admit);
         self.metrics.count_decision(verdict);
         verdict
@@ -142,6 +157,8 @@ impl Agent {
 
     /// Runs one tick at `now_ms` (Unix milliseconds).
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        self.pacer
+            .on_tick(now_ms, self.local.buckets(), &mut self.rng);
         self.ensure_queue(host);
         let leader_alive = self.run_lease(host, now_ms);
         self.refresh_directives(host);
@@ -343,6 +360,10 @@ impl Agent {
         self.directives_cas = Some(value.cas);
         match DirectiveTable::decode(&value.bytes, self.settings.max_buckets) {
             Ok((table, outcome)) => {
+                // Allowances are derived again only for directives that
+                // changed: an unchanged one stays frozen.
+                let changed = table.changed_since(&self.directives);
+                self.pacer.apply(&changed);
                 if outcome.rejected > 0 {
                     host.log(
                         LogLevel::Warn,
@@ -532,6 +553,7 @@ impl Agent {
 
     fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch) {
         let previous_epoch = self.directives.provenance().epoch;
+        self.pacer.apply(&batch.directives);
         let outcome = self.directives.merge(batch);
         self.metrics.add(Counter::DirectiveBatches, 1);
         self.metrics.add(

@@ -30,6 +30,8 @@ fn settings() -> AgentSettings {
         proxy_id: "envoy-a".into(),
         report_interval_ms: 250,
         max_buckets: 100,
+        decision: DecisionMode::Coin,
+        allowance: None,
     }
 }
 

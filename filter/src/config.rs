@@ -3,7 +3,9 @@
 //! [`FilterConfig`]. Errors name the offending field path, e.g.
 //! `report_interval_ms: must be between 50 and 60000`.
 
+use crate::allowance::AllowanceSettings;
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
+use crate::pacing::DecisionMode;
 use serde::Deserialize;
 use std::ops::RangeInclusive;
 use thiserror::Error;
@@ -14,9 +16,10 @@ const REPORT_INTERVAL_MS: RangeInclusive<u64> = 50..=60_000;
 const RETRY_AFTER_SECONDS: RangeInclusive<u32> = 1..=3600;
 const MAX_BUCKETS: RangeInclusive<usize> = 1..=1_000_000;
 const MAX_SEPARATOR_BYTES: usize = 16;
+const BURST_MS: RangeInclusive<u64> = 0..=10_000;
 
 /// The validated plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FilterConfig {
     /// Envoy cluster (HTTP/2) of the control plane.
     pub control_plane_cluster: String,
@@ -31,6 +34,10 @@ pub struct FilterConfig {
     /// Most distinct buckets counted per report window and held as
     /// directives.
     pub max_buckets: usize,
+    /// How a drop ratio is applied to single requests.
+    pub decision: DecisionMode,
+    /// The local allowance; `None`: off.
+    pub allowance: Option<AllowanceSettings>,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.
@@ -68,6 +75,31 @@ struct RawConfig {
     retry_after_seconds: u32,
     #[serde(default = "default_max_buckets")]
     max_buckets: usize,
+    #[serde(default)]
+    decision: RawDecision,
+    #[serde(default)]
+    allowance: Option<RawAllowance>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum RawDecision {
+    #[default]
+    Coin,
+    Credit,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAllowance {
+    #[serde(default)]
+    headroom: f64,
+    #[serde(default = "default_burst_ms")]
+    burst_ms: u64,
+}
+
+fn default_burst_ms() -> u64 {
+    AllowanceSettings::default().burst_ms
 }
 
 #[derive(Deserialize)]
@@ -172,6 +204,26 @@ impl RawConfig {
             &RETRY_AFTER_SECONDS,
         )?;
         check_range("max_buckets", self.max_buckets, &MAX_BUCKETS)?;
+        let allowance = match self.allowance {
+            None => None,
+            Some(raw) => {
+                if !(0.0..=1.0).contains(&raw.headroom) {
+                    return Err(ConfigError::new(
+                        "allowance.headroom",
+                        format!("must be between 0 and 1, got {}", raw.headroom),
+                    ));
+                }
+                check_range("allowance.burst_ms", raw.burst_ms, &BURST_MS)?;
+                Some(AllowanceSettings {
+                    headroom: raw.headroom,
+                    burst_ms: raw.burst_ms,
+                })
+            }
+        };
+        let decision = match self.decision {
+            RawDecision::Coin => DecisionMode::Coin,
+            RawDecision::Credit => DecisionMode::Credit,
+        };
         let parts = self
             .bucket_key
             .into_iter()
@@ -185,6 +237,8 @@ impl RawConfig {
             report_interval_ms: self.report_interval_ms,
             retry_after_seconds: self.retry_after_seconds,
             max_buckets: self.max_buckets,
+            decision,
+            allowance,
         })
     }
 }
@@ -260,6 +314,38 @@ mod tests {
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn decision_and_allowance() {
+        let config = FilterConfig::from_json(
+            br#"{"control_plane_cluster": "cp", "decision": "credit",
+                 "allowance": {"headroom": 0.05, "burst_ms": 20}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.decision, DecisionMode::Credit);
+        assert_eq!(
+            config.allowance,
+            Some(AllowanceSettings {
+                headroom: 0.05,
+                burst_ms: 20
+            })
+        );
+        let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+        assert_eq!(config.decision, DecisionMode::Coin);
+        assert_eq!(config.allowance, None);
+        assert!(
+            error_of(r#"{"control_plane_cluster": "cp", "decision": "dice"}"#)
+                .starts_with("decision: unknown variant")
+        );
+        assert_eq!(
+            error_of(r#"{"control_plane_cluster": "cp", "allowance": {"headroom": 2}}"#),
+            "allowance.headroom: must be between 0 and 1, got 2"
+        );
+        assert!(
+            error_of(r#"{"control_plane_cluster": "cp", "allowance": {"burst": 2}}"#)
+                .starts_with("allowance.burst: unknown field")
+        );
+    }
 
     fn error_of(json: &str) -> String {
         FilterConfig::from_json(json.as_bytes())

@@ -31,6 +31,13 @@ pub struct MergeOutcome {
     pub rejected: usize,
 }
 
+/// The rates a directive carried besides its ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct BucketRates {
+    limit_rps: f64,
+    offered_rps: f64,
+}
+
 /// The shared blob could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("undecodable directive table: {0}")]
@@ -41,6 +48,9 @@ pub struct DecodeError(String);
 #[derive(Debug, Clone, PartialEq)]
 pub struct DirectiveTable {
     ratios: HashMap<String, DropRatio>,
+    /// Limit and fleet offered rate of every bucket with a limit, ratio 0
+    /// included: what a local allowance is derived from.
+    rates: HashMap<String, BucketRates>,
     thresholds: HashMap<String, DropThreshold>,
     provenance: Provenance,
     max_entries: usize,
@@ -51,6 +61,7 @@ impl DirectiveTable {
     pub fn new(max_entries: usize) -> Self {
         Self {
             ratios: HashMap::new(),
+            rates: HashMap::new(),
             thresholds: HashMap::new(),
             provenance: Provenance::default(),
             max_entries,
@@ -113,33 +124,77 @@ impl DirectiveTable {
         let Ok(ratio) = DropRatio::new(directive.drop_ratio) else {
             return false;
         };
+        let rates = BucketRates {
+            limit_rps: directive.limit_rps,
+            offered_rps: directive.offered_rps,
+        };
+        let limited = rates.limit_rps > 0.0
+            && rates.limit_rps.is_finite()
+            && rates.offered_rps >= 0.0
+            && rates.offered_rps.is_finite();
+        let known = self.ratios.contains_key(&bucket) || self.rates.contains_key(&bucket);
+        if !known && (ratio != DropRatio::NEVER || limited) && self.len_held() >= self.max_entries {
+            return false;
+        }
+        if limited {
+            self.rates.insert(bucket.clone(), rates);
+        } else {
+            self.rates.remove(&bucket);
+        }
         if ratio == DropRatio::NEVER {
             self.thresholds.remove(&bucket);
             self.ratios.remove(&bucket);
             return true;
-        }
-        if !self.ratios.contains_key(&bucket) && self.ratios.len() >= self.max_entries {
-            return false;
         }
         self.thresholds.insert(bucket.clone(), ratio.threshold());
         self.ratios.insert(bucket, ratio);
         true
     }
 
-    /// The shared form: a `DirectiveBatch` holding the whole table, buckets
-    /// sorted so equal tables encode to equal bytes.
-    pub fn encode(&self) -> Vec<u8> {
+    /// Buckets held: shedding, or limited at ratio 0.
+    fn len_held(&self) -> usize {
+        self.ratios.len()
+            + self
+                .rates
+                .keys()
+                .filter(|b| !self.ratios.contains_key(*b))
+                .count()
+    }
+
+    /// Every entry as a directive, sorted by bucket.
+    pub fn entries(&self) -> Vec<Directive> {
         let mut directives: Vec<Directive> = self
             .ratios
-            .iter()
-            .map(|(bucket, ratio)| Directive {
-                bucket: bucket.clone(),
-                drop_ratio: ratio.get(),
-                limit_rps: 0.0,
-                ..Default::default()
+            .keys()
+            .chain(self.rates.keys().filter(|b| !self.ratios.contains_key(*b)))
+            .map(|bucket| {
+                let rates = self.rates.get(bucket).copied().unwrap_or_default();
+                Directive {
+                    bucket: bucket.clone(),
+                    drop_ratio: self.ratios.get(bucket).map_or(0.0, |r| r.get()),
+                    limit_rps: rates.limit_rps,
+                    offered_rps: rates.offered_rps,
+                    ..Default::default()
+                }
             })
             .collect();
         directives.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        directives
+    }
+
+    /// Entries of this table that `older` does not hold as they are here.
+    pub fn changed_since(&self, older: &Self) -> Vec<Directive> {
+        let before = older.entries();
+        self.entries()
+            .into_iter()
+            .filter(|entry| !before.contains(entry))
+            .collect()
+    }
+
+    /// The shared form: a `DirectiveBatch` holding the whole table, buckets
+    /// sorted so equal tables encode to equal bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let directives = self.entries();
         DirectiveBatch {
             epoch: self.provenance.epoch,
             version: self.provenance.version,
@@ -292,6 +347,38 @@ mod tests {
             }
         );
         assert_eq!(decoded.encode(), bytes);
+    }
+
+    #[test]
+    fn limits_and_offered_rates_survive_the_shared_form() {
+        let mut table = DirectiveTable::new(100);
+        let below = Directive {
+            offered_rps: 80.0,
+            ..directive("below", 0.0)
+        };
+        let over = Directive {
+            offered_rps: 30.0,
+            ..directive("over", 0.5)
+        };
+        table.merge(batch(1, 1, vec![below.clone(), over.clone()]));
+        assert_eq!(table.threshold("below"), DropThreshold::NEVER);
+        let (decoded, _) = DirectiveTable::decode(&table.encode(), 100).unwrap();
+        assert_eq!(decoded.entries(), vec![below, over.clone()]);
+        let mut newer = decoded.clone();
+        newer.merge(batch(1, 2, vec![directive("over", 0.75)]));
+        let changed = newer.changed_since(&decoded);
+        assert_eq!(changed.len(), 1);
+        assert_eq!(changed[0].drop_ratio, 0.75);
+        // Unlimited at ratio 0 is not held at all.
+        newer.merge(batch(
+            1,
+            3,
+            vec![Directive {
+                limit_rps: 0.0,
+                ..directive("below", 0.0)
+            }],
+        ));
+        assert_eq!(newer.entries().len(), 1);
     }
 
     #[test]

@@ -122,6 +122,8 @@ impl RootContext for SluiceRoot {
             proxy_id: config.proxy_id.unwrap_or_else(node_id),
             report_interval_ms: config.report_interval_ms,
             max_buckets: config.max_buckets,
+            decision: config.decision,
+            allowance: config.allowance,
         };
         log(
             LogLevel::Debug,
