@@ -28,7 +28,7 @@ impl Default for AllowanceSettings {
     fn default() -> Self {
         Self {
             headroom: 0.0,
-            burst_ms: 100,
+            burst_ms: 20,
         }
     }
 }
