@@ -109,6 +109,28 @@ pub struct SimulateArgs {
     /// Also write the metrics as CSV to this file.
     #[arg(long, value_name = "PATH")]
     pub csv: Option<PathBuf>,
+    /// Controller and decision to run: `baseline` (proportional ratio,
+    /// coin flips), `improved` (the default of `serve` and the filter's
+    /// recommended settings), `credit`, `tracking-coin`, or `compare`
+    /// (baseline and improved side by side).
+    #[arg(long, value_name = "NAME", default_value = "compare", value_parser = parse_variant)]
+    pub variant: String,
+    /// Write per-scenario time series (`NAME-VARIANT.csv`) and plots
+    /// (`NAME.svg`: offered, admitted and limit over time) into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+fn parse_variant(value: &str) -> Result<String, String> {
+    if value == "compare" || simulate::Variant::by_name(value).is_some() {
+        Ok(value.to_owned())
+    } else {
+        let names: Vec<&str> = simulate::Variant::ALL.iter().map(|v| v.name).collect();
+        Err(format!(
+            "unknown variant; one of: compare, {}",
+            names.join(", ")
+        ))
+    }
 }
 
 fn parse_scenario(value: &str) -> Result<String, String> {
@@ -194,18 +216,40 @@ pub fn simulate(args: &SimulateArgs) -> ExitCode {
     } else {
         scenario::by_name(&args.scenario).into_iter().collect()
     };
-    let mut rows = Vec::with_capacity(scenarios.len());
+    let variants: Vec<simulate::Variant> = match simulate::Variant::by_name(&args.variant) {
+        Some(variant) => vec![variant],
+        None => vec![simulate::Variant::BASELINE, simulate::Variant::IMPROVED],
+    };
+    if let Some(dir) = &args.out
+        && let Err(err) = std::fs::create_dir_all(dir)
+    {
+        eprintln!("sluice: cannot create {}: {err}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
     for scenario in &scenarios {
-        match simulate::evaluate(scenario, args.seed) {
-            Ok(metrics) => rows.push(report::Row {
+        let mut traces = Vec::new();
+        for &variant in &variants {
+            let trace = match simulate::sim::run_variant(scenario, args.seed, variant) {
+                Ok(trace) => trace,
+                Err(err) => {
+                    eprintln!("sluice: scenario {}: {err}", scenario.name);
+                    return ExitCode::FAILURE;
+                }
+            };
+            rows.push(report::Row {
                 scenario: scenario.name.to_owned(),
+                variant: variant.name.to_owned(),
                 seed: args.seed,
-                metrics,
-            }),
-            Err(err) => {
-                eprintln!("sluice: scenario {}: {err}", scenario.name);
-                return ExitCode::FAILURE;
-            }
+                metrics: simulate::metrics::compute(scenario, &trace),
+            });
+            traces.push((variant.name, trace));
+        }
+        if let Some(dir) = &args.out
+            && let Err(err) = simulate::plot::write(dir, scenario, &traces)
+        {
+            eprintln!("sluice: scenario {}: {err}", scenario.name);
+            return ExitCode::FAILURE;
         }
     }
     print!("{}", report::table(&rows));

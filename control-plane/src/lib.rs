@@ -20,6 +20,7 @@ pub mod config;
 pub mod control_loop;
 pub mod controller;
 pub mod ctl;
+pub mod estimator;
 pub mod fairness;
 pub mod fleet;
 pub mod grpc;
@@ -105,7 +106,10 @@ pub async fn run_with(
     let mut tasks: JoinSet<(&'static str, Result<(), RunError>)> = JoinSet::new();
 
     tasks.spawn({
-        let controller = Controller::default().with_interval(state.control_interval());
+        // The tracking policy beats the proportional baseline in every
+        // simulated scenario (`sluice simulate`); see `estimator`.
+        let controller =
+            Controller::new(estimator::Tracking::new()).with_interval(state.control_interval());
         let run = control_loop::run(state.clone(), controller, token.clone());
         async move {
             run.await;

@@ -25,8 +25,10 @@
 //! Metrics ([`crate::metrics`]) are counted in plain fields and flushed on
 //! the slow tick; the leader alone records the process-wide gauges.
 
+use crate::allowance::{AllowanceSettings, DirectiveRates};
 use crate::bucket_key::RequestAttributes;
 use crate::cell::CellKeyBuf;
+use crate::cell::key_of;
 use crate::classify::Classifier;
 use crate::counters::{BucketCounters, Outcome};
 use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
@@ -36,6 +38,7 @@ use crate::host_api::{Host, LogLevel};
 use crate::lease::{LEASE_TTL_TICKS, Lease, LeaseStep, next_step};
 use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::{NewBucketPolicy, NewCells};
+use crate::pacing::{DecisionMode, Pacer};
 use crate::reject::{DropReason, RejectResponse, ResponseSettings};
 use crate::report_window::{Handoff, ReportWindows};
 use crate::shared_keys::{
@@ -94,6 +97,10 @@ pub struct AgentSettings {
     pub responses: Arc<ResponseSettings>,
     /// Give up on a stream that delivered nothing for this long.
     pub stream_idle_timeout_ms: u64,
+    /// How a drop ratio is applied to single requests.
+    pub decision: DecisionMode,
+    /// The local allowance; `None`: off.
+    pub allowance: Option<AllowanceSettings>,
 }
 
 impl AgentSettings {
@@ -109,6 +116,8 @@ impl AgentSettings {
             new_bucket: NewBucketPolicy::Allow,
             responses: Arc::new(ResponseSettings::default()),
             stream_idle_timeout_ms: DEFAULT_STREAM_IDLE_TIMEOUT_MS,
+            decision: DecisionMode::Coin,
+            allowance: None,
         }
     }
 }
@@ -132,6 +141,10 @@ pub struct Agent {
     /// Requests counted on this VM and not yet handed on.
     local: BucketCounters,
     directives: DirectiveTable,
+    /// Per-cell decision state: credit balances and local allowances.
+    pacer: Pacer,
+    /// When the pacer's next 100 ms window closes.
+    pacer_due_ms: Option<u64>,
     new_cells: NewCells,
     /// Sequence of the shared table last decoded (or written).
     directives_sequence: Option<u64>,
@@ -182,6 +195,13 @@ impl Agent {
                 Arc::clone(&settings.responses),
                 &settings.proxy_id,
             ),
+            pacer: Pacer::new(
+                settings.decision,
+                settings.allowance,
+                TICK_MS,
+                settings.max_buckets,
+            ),
+            pacer_due_ms: None,
             new_cells: NewCells::new(
                 settings.new_bucket,
                 settings.max_buckets,
@@ -258,7 +278,14 @@ impl Agent {
         };
         let found = self.directives.find((!wide).then_some(exact), bucket);
         let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
-            Some(entry) => match decide_cell(entry, self.regime, local, &mut self.rng) {
+            Some(entry) => match decide_cell(
+                entry,
+                self.regime,
+                local,
+                &mut self.pacer,
+                exact,
+                &mut self.rng,
+            ) {
                 None => (None, false, None),
                 Some(reason) => {
                     let response = if reason == DropReason::FallbackLimit {
@@ -294,6 +321,7 @@ impl Agent {
     pub fn load_directives(&mut self, mut table: DirectiveTable) {
         table.adopt_state(&mut self.directives);
         self.directives = table;
+        self.pace_directives();
         self.freshness.received_at_ms = Some(self.clock_ms);
         self.regime = Regime::Fresh;
     }
@@ -327,12 +355,49 @@ impl Agent {
     /// always, the rest when a slow tick is due.
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
         self.clock_ms = now_ms;
+        self.close_pacer_window(now_ms);
         self.poll_directives(host, now_ms);
         let slow_due = self
             .last_slow_ms
             .is_none_or(|last| now_ms.saturating_sub(last) >= SLOW_TICK_DUE_MS);
         if slow_due {
             self.slow_tick(host, now_ms);
+        }
+    }
+
+    /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever
+    /// the tick period, so its per-window counts are rates. Counts are
+    /// taken before the slow tick hands them on.
+    fn close_pacer_window(&mut self, now_ms: u64) {
+        let due = *self.pacer_due_ms.get_or_insert(now_ms);
+        if now_ms < due {
+            return;
+        }
+        self.pacer
+            .on_tick(now_ms, self.local.buckets(), &mut self.rng);
+        // After a stall, restart the cadence rather than closing a burst of
+        // empty windows.
+        let next = due.saturating_add(TICK_MS);
+        self.pacer_due_ms = Some(if next <= now_ms {
+            now_ms.saturating_add(TICK_MS)
+        } else {
+            next
+        });
+    }
+
+    /// Lets the pacer derive allowances of cells whose directive changed.
+    fn pace_directives(&mut self) {
+        for entry in self.directives.entries() {
+            let wire = entry.wire();
+            let priority = sluice_proto::v1::Priority::try_from(wire.priority)
+                .unwrap_or(sluice_proto::v1::Priority::Unspecified);
+            let rates = DirectiveRates {
+                drop_ratio: entry.directive.drop_ratio,
+                limit_rps: entry.directive.stated_limit_rps(),
+                fleet_offered_rps: entry.directive.offered_rps,
+            };
+            self.pacer
+                .apply_cell(&key_of(&wire.bucket, &wire.tenant, priority), rates);
         }
     }
 
@@ -580,6 +645,7 @@ impl Agent {
                 }
                 table.adopt_state(&mut self.directives);
                 self.directives = table;
+                self.pace_directives();
             }
             Err(err) => host.log(
                 LogLevel::Warn,
@@ -874,6 +940,9 @@ impl Agent {
         let changes = self.directives.changes_with(&batch);
         let ttl_ms = batch.ttl_ms;
         let outcome = self.directives.merge(batch);
+        if changes {
+            self.pace_directives();
+        }
         self.metrics.add(Counter::DirectiveBatches, 1);
         self.metrics.add(
             Counter::DirectivesRejected,

@@ -6,10 +6,12 @@
 use crate::agent::{
     DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS,
 };
+use crate::allowance::AllowanceSettings;
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
 use crate::classify::{Classifier, PrioritySpec};
 use crate::decision::Fallback;
 use crate::new_cells::NewBucketPolicy;
+use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
 use serde::Deserialize;
 use sluice_proto::v1::Priority;
@@ -28,6 +30,7 @@ const DIRECTIVE_POLL_MS: RangeInclusive<u64> = 4..=100;
 // Above the control plane's one-second heartbeat with room for a slow
 // network; at most ten minutes so a wedged stream is always given up.
 const STREAM_IDLE_TIMEOUT_MS: RangeInclusive<u64> = 2_000..=600_000;
+const BURST_MS: RangeInclusive<u64> = 0..=10_000;
 const EXPECTED_PROXIES: RangeInclusive<u32> = 1..=100_000;
 const MAX_PRIORITY_MAPPINGS: usize = 64;
 const MAX_NAME_BYTES: usize = 64;
@@ -64,6 +67,10 @@ pub struct FilterConfig {
     /// Give up on a control-plane stream that delivered nothing for this
     /// long, and reconnect.
     pub stream_idle_timeout_ms: u64,
+    /// How a drop ratio is applied to single requests.
+    pub decision: DecisionMode,
+    /// The local allowance; `None`: off.
+    pub allowance: Option<AllowanceSettings>,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.
@@ -117,6 +124,31 @@ struct RawConfig {
     directive_poll_ms: u64,
     #[serde(default = "default_stream_idle_timeout_ms")]
     stream_idle_timeout_ms: u64,
+    #[serde(default)]
+    decision: RawDecision,
+    #[serde(default)]
+    allowance: Option<RawAllowance>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum RawDecision {
+    #[default]
+    Coin,
+    Credit,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAllowance {
+    #[serde(default)]
+    headroom: f64,
+    #[serde(default = "default_burst_ms")]
+    burst_ms: u64,
+}
+
+fn default_burst_ms() -> u64 {
+    AllowanceSettings::default().burst_ms
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -337,6 +369,26 @@ impl RawConfig {
             self.stream_idle_timeout_ms,
             &STREAM_IDLE_TIMEOUT_MS,
         )?;
+        let allowance = match self.allowance {
+            None => None,
+            Some(raw) => {
+                if !(0.0..=1.0).contains(&raw.headroom) {
+                    return Err(ConfigError::new(
+                        "allowance.headroom",
+                        format!("must be between 0 and 1, got {}", raw.headroom),
+                    ));
+                }
+                check_range("allowance.burst_ms", raw.burst_ms, &BURST_MS)?;
+                Some(AllowanceSettings {
+                    headroom: raw.headroom,
+                    burst_ms: raw.burst_ms,
+                })
+            }
+        };
+        let decision = match self.decision {
+            RawDecision::Coin => DecisionMode::Coin,
+            RawDecision::Credit => DecisionMode::Credit,
+        };
         let parts = self
             .bucket_key
             .into_iter()
@@ -395,6 +447,8 @@ impl RawConfig {
             response,
             directive_poll_ms: self.directive_poll_ms,
             stream_idle_timeout_ms: self.stream_idle_timeout_ms,
+            decision,
+            allowance,
         })
     }
 }
@@ -591,6 +645,38 @@ mod tests {
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn decision_and_allowance() {
+        let config = FilterConfig::from_json(
+            br#"{"control_plane_cluster": "cp", "decision": "credit",
+                 "allowance": {"headroom": 0.05, "burst_ms": 20}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.decision, DecisionMode::Credit);
+        assert_eq!(
+            config.allowance,
+            Some(AllowanceSettings {
+                headroom: 0.05,
+                burst_ms: 20
+            })
+        );
+        let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+        assert_eq!(config.decision, DecisionMode::Coin);
+        assert_eq!(config.allowance, None);
+        assert!(
+            error_of(r#"{"control_plane_cluster": "cp", "decision": "dice"}"#)
+                .starts_with("decision: unknown variant")
+        );
+        assert_eq!(
+            error_of(r#"{"control_plane_cluster": "cp", "allowance": {"headroom": 2}}"#),
+            "allowance.headroom: must be between 0 and 1, got 2"
+        );
+        assert!(
+            error_of(r#"{"control_plane_cluster": "cp", "allowance": {"burst": 2}}"#)
+                .starts_with("allowance.burst: unknown field")
+        );
+    }
 
     fn error_of(json: &str) -> String {
         FilterConfig::from_json(json.as_bytes())

@@ -190,6 +190,11 @@ impl BucketCounters {
             .collect()
     }
 
+    /// The buckets counted so far in this window.
+    pub fn buckets(&self) -> impl Iterator<Item = &str> {
+        self.counts.keys().map(String::as_str)
+    }
+
     /// Whether nothing is counted.
     pub fn is_empty(&self) -> bool {
         self.counts.is_empty()

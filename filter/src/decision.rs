@@ -9,6 +9,7 @@
 
 use crate::directives::CellEntry;
 use crate::drop_ratio::DropThreshold;
+use crate::pacing::Pacer;
 use crate::reject::DropReason;
 use crate::token_bucket::TokenBucket;
 use rand::Rng;
@@ -47,15 +48,21 @@ pub struct Local {
 
 /// The decision for a request of a cell with a directive: `Some(reason)`
 /// to drop it (or, in shadow mode, to count a would-be drop).
+///
+/// A fresh (or kept) directive is applied by `pacer` for the cell
+/// `cell_key`: the coin or the credit decision, under the cell's local
+/// allowance when one is configured.
 pub fn decide_cell(
     entry: &mut CellEntry,
     regime: Regime,
     local: Local,
+    pacer: &mut Pacer,
+    cell_key: &str,
     rng: &mut impl Rng,
 ) -> Option<DropReason> {
     match regime {
         Regime::Fresh | Regime::Stale(Fallback::KeepLast) => {
-            (decide(entry.directive.threshold, rng) == Verdict::Drop)
+            (pacer.decide(cell_key, entry.directive.threshold, rng) == Verdict::Drop)
                 .then_some(entry.directive.reason)
         }
         Regime::Stale(Fallback::Allow) => None,
@@ -106,6 +113,10 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn coin() -> Pacer {
+        Pacer::new(crate::pacing::DecisionMode::Coin, None, 100, 10)
+    }
+
     fn drop_fraction(ratio: f64, draws: u32, seed: u64) -> f64 {
         let threshold = DropRatio::new(ratio).unwrap().threshold();
         let mut rng = SmallRng::seed_from_u64(seed);
@@ -149,17 +160,24 @@ mod tests {
         let mut always = entry(1.0, 10.0, 1);
         for regime in [Regime::Fresh, Regime::Stale(Fallback::KeepLast)] {
             assert_eq!(
-                decide_cell(&mut always, regime, LOCAL, &mut rng),
+                decide_cell(&mut always, regime, LOCAL, &mut coin(), "b", &mut rng),
                 Some(DropReason::PriorityShed)
             );
         }
         assert_eq!(
-            decide_cell(&mut always, Regime::Stale(Fallback::Allow), LOCAL, &mut rng),
+            decide_cell(
+                &mut always,
+                Regime::Stale(Fallback::Allow),
+                LOCAL,
+                &mut coin(),
+                "b",
+                &mut rng
+            ),
             None
         );
         let mut never = entry(0.0, 10.0, 1);
         assert_eq!(
-            decide_cell(&mut never, Regime::Fresh, LOCAL, &mut rng),
+            decide_cell(&mut never, Regime::Fresh, LOCAL, &mut coin(), "b", &mut rng),
             None
         );
     }
@@ -177,7 +195,7 @@ mod tests {
                     now_ms: ms,
                     workers: 2,
                 };
-                match decide_cell(&mut cell, regime, local, &mut rng) {
+                match decide_cell(&mut cell, regime, local, &mut coin(), "b", &mut rng) {
                     None => admitted += 1,
                     Some(reason) => assert_eq!(reason, DropReason::FallbackLimit),
                 }
@@ -187,7 +205,10 @@ mod tests {
         assert!((100..=111).contains(&admitted), "{admitted}");
         // Unlimited cells pass.
         let mut unlimited = entry(1.0, 0.0, 5);
-        assert_eq!(decide_cell(&mut unlimited, regime, LOCAL, &mut rng), None);
+        assert_eq!(
+            decide_cell(&mut unlimited, regime, LOCAL, &mut coin(), "b", &mut rng),
+            None
+        );
     }
 
     #[test]

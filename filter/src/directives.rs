@@ -72,6 +72,9 @@ pub struct CellDirective {
     pub retry_after_ms: u64,
     /// Burst multiplier of the tenant (>= 1).
     pub burst: f64,
+    /// The cell's fleet offered rate the ratio came from (0: unknown);
+    /// local allowances are derived from it.
+    pub offered_rps: f64,
 }
 
 impl CellDirective {
@@ -115,6 +118,13 @@ pub struct CellEntry {
     pub state: CellState,
     /// The wire form, for sharing the table.
     wire: Directive,
+}
+
+impl CellEntry {
+    /// The directive as it arrived.
+    pub fn wire(&self) -> &Directive {
+        &self.wire
+    }
 }
 
 /// Directives by cell.
@@ -193,6 +203,11 @@ impl DirectiveTable {
             return Some(*index);
         }
         self.bucket_wide.get(bucket).copied()
+    }
+
+    /// Every entry, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = &CellEntry> {
+        self.entries.iter()
     }
 
     /// The entry at an index from [`Self::find`].
@@ -434,6 +449,7 @@ fn validate(wire: &Directive) -> Option<CellDirective> {
         reason: DropReason::of_directive(wire.reason),
         retry_after_ms: wire.retry_after_ms,
         burst: burst.max(1.0),
+        offered_rps: finite_non_negative(wire.offered_rps)?,
     })
 }
 

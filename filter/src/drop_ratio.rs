@@ -52,6 +52,14 @@ impl DropThreshold {
     /// The threshold of [`DropRatio::NEVER`].
     pub const NEVER: Self = Self(0);
 
+    /// The raw value of [`DropRatio::ALWAYS`]'s threshold: 2⁶³.
+    pub const ALWAYS_RAW: u64 = 1 << 63;
+
+    /// The scaled value, in `[0, 2⁶³]`.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
     /// Whether a uniformly random `u64` means "drop".
     pub fn drops(self, random: u64) -> bool {
         (random >> 1) < self.0

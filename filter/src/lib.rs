@@ -10,12 +10,14 @@
 //! trait, so the logic is unit-tested natively and under wasm32 in Node.
 
 pub mod agent;
+pub mod allowance;
 pub mod backoff;
 pub mod bucket_key;
 pub mod cell;
 pub mod classify;
 pub mod config;
 pub mod counters;
+pub mod credit;
 pub mod decision;
 pub mod directives;
 pub mod drop_ratio;
@@ -25,6 +27,7 @@ pub mod lease;
 pub mod metrics;
 pub mod modes;
 pub mod new_cells;
+pub mod pacing;
 pub mod reject;
 pub mod report_window;
 pub mod shared_keys;

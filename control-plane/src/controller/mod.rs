@@ -84,6 +84,9 @@ struct Pushed {
     reason: Option<Reason>,
     retry_after_ms: u64,
     burst: f64,
+    /// The cell's fleet offered rate the ratio came from: proxies derive
+    /// their local allowance from it. Not a reason to push on its own.
+    offered_rps: f64,
 }
 
 impl Pushed {
@@ -108,6 +111,7 @@ impl Pushed {
             reason: None,
             retry_after_ms: 0,
             reporting_proxies: 0,
+            offered_rps: 0.0,
             ..*self
         }
     }
@@ -323,6 +327,7 @@ impl Controller {
             let next = Pushed {
                 drop_ratio: ratio,
                 limit,
+                offered_rps: cell.load.offered_rps,
                 share_rps: share,
                 reporting_proxies: traffic.load.proxies_reporting,
                 mode,
@@ -482,7 +487,17 @@ fn cell_share(
     let admitted = allocation.admitted.get(class).copied().unwrap_or(0.0) * fraction;
     let share = allocation.share.get(class).copied().unwrap_or(0.0) * fraction;
     let reason = allocation.reason.get(class).copied().flatten();
-    (LimitRps::new(admitted).ok(), share, reason)
+    // A cell whose whole offered load is admitted is not to be dropped: its
+    // target is its share (the room it has), not its current rate, or a
+    // smoothing policy would shed the noise of a bucket far below its
+    // limit.
+    let fully_admitted = admitted >= cell.load.offered_rps * (1.0 - 1e-9);
+    let target = if fully_admitted {
+        admitted.max(share)
+    } else {
+        admitted
+    };
+    (LimitRps::new(target).ok(), share, reason)
 }
 
 /// Stops tracking a cell: lifts it if it was dropping, and names it for
@@ -515,5 +530,6 @@ fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) ->
         reason: pushed.reason.map_or(0, |reason| reason.to_wire() as i32),
         retry_after_ms: pushed.retry_after_ms,
         burst: pushed.burst,
+        offered_rps: pushed.offered_rps,
     }
 }

@@ -39,7 +39,8 @@ pub struct Metrics {
     /// above the limit.
     pub utilisation: Option<f64>,
     /// Sign changes of (admitted − limit) per minute, over consecutive
-    /// non-overlapping steady-state 1 s windows above the limit.
+    /// non-overlapping steady-state 1 s windows above the limit, ignoring
+    /// windows within ±2 % of the limit (a dead band for counting noise).
     pub oscillations_per_min: Option<f64>,
     /// Whether admitted ≤ offered held in every slot of every bucket.
     pub admitted_within_offered: bool,
@@ -172,7 +173,9 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
         long_errors.extend(long.iter().filter(steady_over).map(Window::error));
 
         // Non-overlapping windows, so that one excursion is not counted once
-        // per slot it spans; a gap resets the sign.
+        // per slot it spans; a gap resets the sign. Windows within the ±2 %
+        // band carry no sign: an unbiased limiter's counting noise flips the
+        // sign of a tiny error every other second, which is not oscillation.
         let mut previous: Option<(u64, bool)> = None;
         for window in short.iter().step_by(SHORT_SLOTS) {
             if !steady_over(&window) {
@@ -180,7 +183,12 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
                 continue;
             }
             oscillation_windows += 1;
-            let above = window.admitted_rps > window.limit_rps;
+            let error = (window.admitted_rps - window.limit_rps) / window.limit_rps;
+            if error.abs() <= CONVERGENCE_TOLERANCE {
+                previous = previous.map(|(_, above)| (window.end_ms, above));
+                continue;
+            }
+            let above = error > 0.0;
             if let Some((end_ms, was_above)) = previous
                 && end_ms == window.start_ms
                 && was_above != above

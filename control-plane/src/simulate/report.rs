@@ -10,14 +10,17 @@ use super::metrics::Metrics;
 pub struct Row {
     /// Scenario name.
     pub scenario: String,
+    /// Controller and decision it ran with.
+    pub variant: String,
     /// Seed it ran with.
     pub seed: u64,
     /// Its metrics.
     pub metrics: Metrics,
 }
 
-const HEADERS: [&str; 9] = [
+const HEADERS: [&str; 10] = [
     "scenario",
+    "variant",
     "err p95 1s",
     "err p95 10s",
     "overshoot",
@@ -32,7 +35,7 @@ fn percent(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{:.1}%", v * 100.0))
 }
 
-fn cells(row: &Row) -> [String; 9] {
+fn cells(row: &Row) -> [String; 10] {
     let metrics = &row.metrics;
     let convergence = if metrics.convergence_ms.is_empty() {
         "-".to_owned()
@@ -43,6 +46,7 @@ fn cells(row: &Row) -> [String; 9] {
     };
     [
         row.scenario.clone(),
+        row.variant.clone(),
         percent(metrics.error_p95_1s),
         percent(metrics.error_p95_10s),
         metrics
@@ -67,7 +71,7 @@ fn cells(row: &Row) -> [String; 9] {
 
 /// A fixed-width table, one line per row, with a header.
 pub fn table(rows: &[Row]) -> String {
-    let body: Vec<[String; 9]> = rows.iter().map(cells).collect();
+    let body: Vec<[String; 10]> = rows.iter().map(cells).collect();
     let mut widths = HEADERS.map(str::len);
     for line in &body {
         for (width, cell) in widths.iter_mut().zip(line) {
@@ -79,9 +83,11 @@ pub fn table(rows: &[Row]) -> String {
     for line in std::iter::once(&header).chain(&body) {
         let mut text = String::new();
         for (index, (cell, width)) in line.iter().zip(widths).enumerate() {
-            // The name is text, left-aligned; every other column is a number.
+            // Names are text, left-aligned; every other column is a number.
             if index == 0 {
                 let _ = write!(text, "{cell:<width$}");
+            } else if index == 1 {
+                let _ = write!(text, "  {cell:<width$}");
             } else {
                 let _ = write!(text, "  {cell:>width$}");
             }
@@ -100,15 +106,16 @@ fn csv_number(value: Option<f64>) -> String {
 /// the worst over the scenario's disturbances.
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
-        "scenario,seed,error_p95_1s,error_p95_10s,peak_overshoot_pct,convergence_ms,\
+        "scenario,variant,seed,error_p95_1s,error_p95_10s,peak_overshoot_pct,convergence_ms,\
          disturbances,utilisation,oscillations_per_min,batches_pushed,admitted_within_offered\n",
     );
     for row in rows {
         let metrics = &row.metrics;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             row.scenario,
+            row.variant,
             row.seed,
             csv_number(metrics.error_p95_1s),
             csv_number(metrics.error_p95_10s),
@@ -133,6 +140,7 @@ mod tests {
     fn row() -> Row {
         Row {
             scenario: "steady".to_owned(),
+            variant: "baseline".to_owned(),
             seed: 7,
             metrics: Metrics {
                 error_p95_1s: Some(0.05),
@@ -162,7 +170,7 @@ mod tests {
         let text = csv(&[row()]);
         assert_eq!(
             text.lines().nth(1).unwrap(),
-            "steady,7,0.05,,,,2,0.99,12,3,true"
+            "steady,baseline,7,0.05,,,,2,0.99,12,3,true"
         );
     }
 }

@@ -11,12 +11,16 @@ use std::collections::VecDeque;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_filter::agent::TICK_MS;
+use sluice_filter::allowance::AllowanceSettings;
 use sluice_filter::counters::BucketCounters;
-use sluice_filter::decision::{Verdict, decide};
+use sluice_filter::decision::Verdict;
 use sluice_filter::directives::DirectiveTable;
+use sluice_filter::pacing::{DecisionMode, Pacer};
 use sluice_proto::v1::{Directive, DirectiveBatch, Report};
 
-use crate::controller::{Controller, DropPolicy};
+use crate::controller::{Controller, DropPolicy, Proportional};
+use crate::estimator::Tracking;
 use crate::fleet::{Fleet, StreamId};
 use crate::limits::{LimitRule, LimitTable, Selector};
 use crate::types::{InvalidLimit, LimitRps};
@@ -74,11 +78,87 @@ pub enum SimError {
     ZeroInterval,
 }
 
+/// Which controller and which per-request decision a run uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Variant {
+    /// Name in tables and file names.
+    pub name: &'static str,
+    /// The control plane's drop policy.
+    pub policy: PolicyKind,
+    /// How proxies apply a drop ratio.
+    pub decision: DecisionMode,
+    /// The local allowance, if proxies enforce one.
+    pub allowance: Option<AllowanceSettings>,
+}
+
+/// The drop policies the simulator can compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// `(offered − limit) / offered` from the last interval.
+    Proportional,
+    /// [`Tracking`]: smoothed, step-following, feedback-corrected.
+    Tracking,
+}
+
+impl Variant {
+    /// The original design: proportional ratio, independent coin flips.
+    pub const BASELINE: Self = Self {
+        name: "baseline",
+        policy: PolicyKind::Proportional,
+        decision: DecisionMode::Coin,
+        allowance: None,
+    };
+
+    /// The default: tracking policy, local allowance, credit where no
+    /// allowance applies.
+    pub const IMPROVED: Self = Self {
+        name: "improved",
+        policy: PolicyKind::Tracking,
+        decision: DecisionMode::Credit,
+        allowance: Some(AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 20,
+        }),
+    };
+
+    /// Every variant the CLI can name.
+    pub const ALL: [Self; 4] = [
+        Self::BASELINE,
+        Self::IMPROVED,
+        Self {
+            name: "credit",
+            policy: PolicyKind::Proportional,
+            decision: DecisionMode::Credit,
+            allowance: None,
+        },
+        Self {
+            name: "tracking-coin",
+            policy: PolicyKind::Tracking,
+            decision: DecisionMode::Coin,
+            allowance: None,
+        },
+    ];
+
+    /// The variant called `name`.
+    pub fn by_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name == name)
+    }
+
+    fn controller(&self) -> Controller {
+        match self.policy {
+            PolicyKind::Proportional => Controller::new(Proportional),
+            PolicyKind::Tracking => Controller::new(Tracking::new()),
+        }
+    }
+}
+
 /// One simulated Envoy (its leader VM and workers folded into one).
 struct SimProxy {
     id: String,
     stream: StreamId,
     table: DirectiveTable,
+    pacer: Pacer,
+    next_tick_ms: u64,
     counters: BucketCounters,
     rng: SmallRng,
     next_report_ms: u64,
@@ -102,9 +182,14 @@ struct InFlight {
     batch: DirectiveBatch,
 }
 
-/// Runs `scenario` with the default [`Controller`] (the proportional policy).
+/// Runs `scenario` with the baseline (proportional policy, coin flips).
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
-    run_with(scenario, seed, Controller::default())
+    run_variant(scenario, seed, Variant::BASELINE)
+}
+
+/// Runs `scenario` with `variant`'s policy and decision.
+pub fn run_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<Trace, SimError> {
+    run_with(scenario, seed, variant.controller(), variant)
 }
 
 /// Runs `scenario` with `controller`, so that other [`DropPolicy`]
@@ -114,10 +199,15 @@ pub fn run_with_policy(
     seed: u64,
     policy: impl DropPolicy,
 ) -> Result<Trace, SimError> {
-    run_with(scenario, seed, Controller::new(policy))
+    run_with(scenario, seed, Controller::new(policy), Variant::BASELINE)
 }
 
-fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Result<Trace, SimError> {
+fn run_with(
+    scenario: &Scenario,
+    seed: u64,
+    mut controller: Controller,
+    variant: Variant,
+) -> Result<Trace, SimError> {
     if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
         return Err(SimError::ZeroInterval);
     }
@@ -127,7 +217,7 @@ fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Resul
     // decisions never changes the traffic it is offered.
     let mut arrival_rng = SmallRng::seed_from_u64(seed);
     let mut proxies: Vec<SimProxy> = (0..scenario.proxies.len())
-        .map(|index| new_proxy(scenario, seed, index))
+        .map(|index| new_proxy(scenario, seed, index, variant))
         .collect();
     let mut accumulators = vec![vec![0.0_f64; proxies.len()]; scenario.buckets.len()];
     let slots = usize::try_from(scenario.duration_ms.div_ceil(SLOT_MS)).unwrap_or(0);
@@ -199,6 +289,15 @@ fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Resul
                 .collect();
         }
 
+        // Each VM's 100 ms tick: the pacer's clock and rate windows.
+        for proxy in proxies.iter_mut().filter(|p| p.connected) {
+            if t_ms >= proxy.next_tick_ms {
+                proxy.next_tick_ms = t_ms + TICK_MS;
+                let names = scenario.buckets.iter().map(|b| b.name.as_str());
+                proxy.pacer.on_tick(t_ms, names, &mut proxy.rng);
+            }
+        }
+
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
             let (Some(weights), Some(recorded)) = (
@@ -216,7 +315,8 @@ fn run_with(scenario: &Scenario, seed: u64, mut controller: Controller) -> Resul
             let per_ms = bucket.load.rps_at(t_ms) / 1000.0;
             let mut offer = |proxy_index: usize| {
                 if let Some(proxy) = proxies.get_mut(proxy_index) {
-                    let admitted = decide(proxy.table.threshold(&bucket.name), &mut proxy.rng)
+                    let threshold = proxy.table.threshold(&bucket.name);
+                    let admitted = proxy.pacer.decide(&bucket.name, threshold, &mut proxy.rng)
                         == Verdict::Admit;
                     proxy.counters.record(&bucket.name, admitted);
                     if let (Some(offered), Some(admitted_count)) = (
@@ -315,7 +415,7 @@ fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
     Ok(LimitTable::from_rules(None, rules))
 }
 
-fn new_proxy(scenario: &Scenario, seed: u64, index: usize) -> SimProxy {
+fn new_proxy(scenario: &Scenario, seed: u64, index: usize, variant: Variant) -> SimProxy {
     let index = index as u64;
     // Distinct, reproducible streams per proxy (the golden-ratio increment
     // keeps neighbouring seeds far apart).
@@ -328,6 +428,8 @@ fn new_proxy(scenario: &Scenario, seed: u64, index: usize) -> SimProxy {
         id: format!("proxy-{index:02}"),
         stream: StreamId(0),
         table: DirectiveTable::new(MAX_BUCKETS),
+        pacer: Pacer::new(variant.decision, variant.allowance, TICK_MS, MAX_BUCKETS),
+        next_tick_ms: phase % TICK_MS,
         counters: BucketCounters::new(MAX_BUCKETS),
         rng,
         next_report_ms: phase,
@@ -359,11 +461,13 @@ fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u
         match recipient {
             Recipient::All => {
                 for proxy in proxies.iter_mut().filter(|p| p.connected) {
+                    proxy.pacer.apply(&batch.directives);
                     proxy.table.merge(batch.clone());
                 }
             }
             Recipient::Proxy(index) => {
                 if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
+                    proxy.pacer.apply(&batch.directives);
                     proxy.table.merge(batch);
                 }
             }

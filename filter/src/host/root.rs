@@ -130,6 +130,8 @@ impl RootContext for SluiceRoot {
             new_bucket: config.new_bucket,
             responses: std::sync::Arc::new(config.response),
             stream_idle_timeout_ms: config.stream_idle_timeout_ms,
+            decision: config.decision,
+            allowance: config.allowance,
         };
         log(
             LogLevel::Debug,

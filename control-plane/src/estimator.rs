@@ -1,0 +1,240 @@
+//! The tracking drop policy: a smoothed offered-rate estimate with step
+//! detection, and integral feedback on the admitted rate.
+//!
+//! The proportional formula `(offered − limit) / offered` is right only if
+//! the offered estimate is right and the proxies admit exactly `1 − ratio`
+//! of it. Neither holds exactly: the estimate is counting noise over half a
+//! second, and proxies enforcing a local allowance lose a little to bursts.
+//! [`Tracking`] therefore
+//! - smooths the offered rate (exponentially, weight [`SMOOTHING`] on the
+//!   newest interval) unless it moved by more than [`STEP`], which is taken
+//!   as a real load step and followed at once;
+//! - corrects the admit share by a factor learned from the admitted rate
+//!   the proxies report: while the bucket is shedding, each interval moves
+//!   the factor by [`GAIN`] of the log ratio between the limit and the
+//!   admitted rate, within [`CORRECTION`]; gaps beyond [`MAX_ERROR`] are
+//!   transients (or proxies in shadow mode) and are ignored. The factor
+//!   keeps its value when
+//!   the bucket stops shedding, and is reset by a load step.
+//!
+//! [`Proportional`](crate::controller::Proportional) stays available as the
+//! baseline.
+
+use std::collections::HashMap;
+
+use crate::controller::DropPolicy;
+use crate::fleet::BucketLoad;
+use crate::types::{DropRatio, LimitRps};
+
+/// Weight of the newest interval in the smoothed offered rate.
+pub const SMOOTHING: f64 = 0.5;
+/// A relative change of the offered rate beyond this is a load step.
+pub const STEP: f64 = 0.25;
+/// Fraction of the measured log error corrected per interval.
+pub const GAIN: f64 = 0.4;
+/// Bounds of the correction factor.
+pub const CORRECTION: (f64, f64) = (0.8, 1.25);
+/// Larger gaps between the limit and the admitted rate (as a log ratio) do
+/// not move the correction.
+pub const MAX_ERROR: f64 = 0.2;
+/// Buckets not seen for this many decisions are forgotten.
+const FORGET_AFTER: u32 = 20;
+
+#[derive(Debug, Clone, Copy)]
+struct BucketState {
+    offered_rps: f64,
+    correction: f64,
+    /// The ratio decided last time, whose effect the admitted rate shows.
+    last_ratio: f64,
+    /// Whether the interval before was a step: its admitted rate mixes two
+    /// regimes and says nothing about the correction.
+    after_step: bool,
+    idle: u32,
+}
+
+/// Smoothed, feedback-corrected drop ratios; see the module docs.
+#[derive(Debug, Default)]
+pub struct Tracking {
+    buckets: HashMap<String, BucketState>,
+    decisions: u64,
+}
+
+impl Tracking {
+    /// A policy that knows no bucket yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The correction factor learned for `bucket` (1 if unknown).
+    pub fn correction(&self, bucket: &str) -> f64 {
+        self.buckets.get(bucket).map_or(1.0, |s| s.correction)
+    }
+
+    fn forget_idle(&mut self) {
+        self.decisions += 1;
+        // Amortised: the control loop calls once per bucket per interval.
+        if self.decisions.is_multiple_of(1024) {
+            for state in self.buckets.values_mut() {
+                state.idle = state.idle.saturating_add(1);
+            }
+            self.buckets.retain(|_, s| s.idle < FORGET_AFTER);
+        }
+    }
+}
+
+impl DropPolicy for Tracking {
+    fn drop_ratio(
+        &mut self,
+        bucket: &str,
+        load: &BucketLoad,
+        limit: Option<LimitRps>,
+    ) -> DropRatio {
+        self.forget_idle();
+        let offered = load.offered_rps;
+        let Some(limit) = limit.map(LimitRps::get) else {
+            self.buckets.remove(bucket);
+            return DropRatio::ZERO;
+        };
+        if !(offered > 0.0 && offered.is_finite()) {
+            return DropRatio::ZERO;
+        }
+        let state = match self.buckets.get_mut(bucket) {
+            Some(state) => state,
+            None => self
+                .buckets
+                .entry(bucket.to_owned())
+                .or_insert(BucketState {
+                    offered_rps: offered,
+                    correction: 1.0,
+                    last_ratio: 0.0,
+                    after_step: true,
+                    idle: 0,
+                }),
+        };
+        state.idle = 0;
+
+        let step = (offered - state.offered_rps).abs() > STEP * state.offered_rps;
+        if step {
+            state.offered_rps = offered;
+        } else {
+            state.offered_rps += SMOOTHING * (offered - state.offered_rps);
+            let error = (limit / load.admitted_rps).ln();
+            // Only a small, persistent gap is the proxies' systematic loss;
+            // a large one is a transient, or proxies that do not enforce
+            // (shadow mode counts would-be drops as admitted).
+            if state.last_ratio > 0.0
+                && !state.after_step
+                && load.admitted_rps > 0.0
+                && limit > 0.0
+                && error.abs() <= MAX_ERROR
+            {
+                let (low, high) = CORRECTION;
+                state.correction = (state.correction * (GAIN * error).exp()).clamp(low, high);
+            }
+        }
+        state.after_step = step;
+
+        let admit_share = state.correction * limit / state.offered_rps;
+        let ratio = DropRatio::saturating(1.0 - admit_share);
+        state.last_ratio = ratio.get();
+        ratio
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn load(offered_rps: f64, admitted_rps: f64) -> BucketLoad {
+        BucketLoad {
+            offered_rps,
+            admitted_rps,
+            proxies_reporting: 3,
+        }
+    }
+
+    fn limit(rps: f64) -> Option<LimitRps> {
+        Some(LimitRps::new(rps).unwrap())
+    }
+
+    #[test]
+    fn starts_at_the_proportional_ratio() {
+        let mut policy = Tracking::new();
+        let ratio = policy.drop_ratio("a", &load(3_000.0, 3_000.0), limit(1_000.0));
+        assert!((ratio.get() - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(
+            policy.drop_ratio("b", &load(500.0, 500.0), limit(1_000.0)),
+            DropRatio::ZERO
+        );
+        assert_eq!(
+            policy.drop_ratio("c", &load(500.0, 500.0), None),
+            DropRatio::ZERO
+        );
+    }
+
+    #[test]
+    fn smooths_noise_and_follows_steps() {
+        let mut policy = Tracking::new();
+        let l = limit(1_000.0);
+        policy.drop_ratio("a", &load(3_000.0, 1_000.0), l);
+        // +10 %: noise, half of it taken.
+        let ratio = policy.drop_ratio("a", &load(3_300.0, 1_000.0), l).get();
+        assert!((ratio - (1.0 - 1_000.0 / 3_150.0)).abs() < 1e-9, "{ratio}");
+        // ×2: a step, taken at once.
+        let ratio = policy.drop_ratio("a", &load(6_300.0, 1_900.0), l).get();
+        assert!((ratio - (1.0 - 1_000.0 / 6_300.0)).abs() < 1e-9, "{ratio}");
+    }
+
+    #[test]
+    fn proxies_that_do_not_enforce_do_not_move_it() {
+        let mut policy = Tracking::new();
+        let l = limit(200.0);
+        for _ in 0..10 {
+            let ratio = policy.drop_ratio("a", &load(600.0, 600.0), l).get();
+            assert!((ratio - 2.0 / 3.0).abs() < 1e-12, "{ratio}");
+        }
+    }
+
+    #[test]
+    fn feedback_closes_a_persistent_gap() {
+        // Proxies that admit 10 % less than the share they are given.
+        let mut policy = Tracking::new();
+        let l = limit(1_000.0);
+        let mut ratio = policy.drop_ratio("a", &load(3_000.0, 3_000.0), l).get();
+        for _ in 0..30 {
+            let admitted = 3_000.0 * (1.0 - ratio) * 0.9;
+            ratio = policy.drop_ratio("a", &load(3_000.0, admitted), l).get();
+        }
+        let admitted = 3_000.0 * (1.0 - ratio) * 0.9;
+        assert!((admitted - 1_000.0).abs() < 5.0, "{admitted}");
+        assert!(policy.correction("a") > 1.1);
+    }
+
+    proptest! {
+        #[test]
+        fn ratios_are_probabilities(
+            steps in proptest::collection::vec((0.0f64..1e9, 0.0f64..1e9), 1..50),
+            rps in 0.0f64..=1e9,
+        ) {
+            let mut policy = Tracking::new();
+            for (offered, admitted) in steps {
+                let ratio = policy.drop_ratio("a", &load(offered, admitted), limit(rps)).get();
+                prop_assert!((0.0..=1.0).contains(&ratio));
+            }
+        }
+
+        /// With a fresh directive, the expected admitted rate
+        /// `offered × (1 − ratio)` is at most the limit times the largest
+        /// correction, and exactly the limit before any correction.
+        #[test]
+        fn expected_admitted_is_bounded(offered in 1.0f64..1e9, rps in 0.0f64..1e9) {
+            let mut policy = Tracking::new();
+            let ratio = policy.drop_ratio("a", &load(offered, offered), limit(rps)).get();
+            let admitted = offered * (1.0 - ratio);
+            prop_assert!(admitted <= rps.max(0.0) + 1e-6 * rps.max(1.0) || offered <= rps);
+            prop_assert!(admitted <= offered * (1.0 + 1e-12));
+        }
+    }
+}

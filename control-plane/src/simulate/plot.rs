@@ -1,0 +1,187 @@
+//! Time series of a run: a CSV per variant and an SVG plot per scenario of
+//! offered, admitted and limit over time (first bucket; for `zipf` the
+//! busiest), as 1 s rates sampled every [`SLOT_MS`].
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::scenario::Scenario;
+use super::sim::{SLOT_MS, Trace};
+
+/// Slots in the 1 s window the rates are averaged over.
+const RATE_SLOTS: usize = (1_000 / SLOT_MS) as usize;
+
+/// Why the files could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// Writing a CSV failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Drawing the SVG failed.
+    #[error("cannot draw {path}: {message}")]
+    Draw {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// 1 s trailing rates, one per slot (shorter at the start).
+pub fn rates(counts: &[u64]) -> Vec<f64> {
+    (0..counts.len())
+        .map(|end| {
+            let start = (end + 1).saturating_sub(RATE_SLOTS);
+            let window = counts.get(start..=end).unwrap_or(&[]);
+            let seconds = (window.len() as u64 * SLOT_MS) as f64 / 1000.0;
+            window.iter().sum::<u64>() as f64 / seconds.max(f64::MIN_POSITIVE)
+        })
+        .collect()
+}
+
+/// The time series CSV of one run: `time_s,bucket,limit_rps,offered_rps,admitted_rps`.
+pub fn series_csv(scenario: &Scenario, trace: &Trace) -> String {
+    let mut out = String::from("time_s,bucket,limit_rps,offered_rps,admitted_rps\n");
+    for (spec, bucket) in scenario.buckets.iter().zip(&trace.buckets) {
+        let offered = rates(&bucket.offered);
+        let admitted = rates(&bucket.admitted);
+        for (slot, (o, a)) in offered.iter().zip(&admitted).enumerate() {
+            let time = ((slot as u64 + 1) * SLOT_MS) as f64 / 1000.0;
+            let _ = writeln!(out, "{time},{},{},{o},{a}", bucket.name, spec.limit_rps);
+        }
+    }
+    out
+}
+
+/// Writes `NAME-VARIANT.csv` for every run and `NAME.svg` with all of them.
+pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), PlotError> {
+    for (variant, trace) in runs {
+        let path = dir.join(format!("{}-{variant}.csv", scenario.name));
+        std::fs::write(&path, series_csv(scenario, trace)).map_err(|source| PlotError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    let path = dir.join(format!("{}.svg", scenario.name));
+    draw(&path, scenario, runs).map_err(|message| PlotError::Draw {
+        path: path.display().to_string(),
+        message,
+    })
+}
+
+const COLOURS: [RGBColor; 4] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
+fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), String> {
+    let (Some(spec), Some((_, first))) = (scenario.buckets.first(), runs.first()) else {
+        return Ok(());
+    };
+    let Some(bucket) = first.buckets.first() else {
+        return Ok(());
+    };
+    let offered = rates(&bucket.offered);
+    let seconds = scenario.duration_ms as f64 / 1000.0;
+    let top = offered.iter().copied().fold(spec.limit_rps, f64::max) * 1.15;
+
+    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let title = format!(
+        "{}: bucket {}, 1 s rates (limit {} rps)",
+        scenario.name, bucket.name, spec.limit_rps
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..seconds, 0.0..top)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("requests/s")
+        .draw()
+        .map_err(|e| e.to_string())?;
+
+    let points = |values: &[f64]| -> Vec<(f64, f64)> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(slot, v)| (((slot as u64 + 1) * SLOT_MS) as f64 / 1000.0, *v))
+            .collect()
+    };
+    chart
+        .draw_series(LineSeries::new(points(&offered), &BLACK))
+        .map_err(|e| e.to_string())?
+        .label("offered")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    let limit = spec.limit_rps;
+    chart
+        .draw_series(LineSeries::new(
+            vec![(0.0, limit), (seconds, limit)],
+            ShapeStyle::from(&RGBColor(127, 127, 127)).stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("limit")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(127, 127, 127)));
+    for ((variant, trace), colour) in runs.iter().zip(COLOURS.iter().cycle()) {
+        let Some(bucket) = trace.buckets.first() else {
+            continue;
+        };
+        let colour = *colour;
+        chart
+            .draw_series(LineSeries::new(points(&rates(&bucket.admitted)), colour))
+            .map_err(|e| e.to_string())?
+            .label(format!("admitted ({variant})"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+    use crate::simulate::scenario;
+    use crate::simulate::sim::{Variant, run_variant};
+
+    #[test]
+    fn trailing_rates() {
+        let rates = rates(&[10; 20]);
+        assert_eq!(rates[0], 100.0);
+        assert_eq!(rates[19], 100.0);
+    }
+
+    #[test]
+    fn writes_csv_and_svg() {
+        let scenario = scenario::by_name("step-2x").unwrap().truncated(3_000);
+        let trace = run_variant(&scenario, 1, Variant::BASELINE).unwrap();
+        let dir = std::env::temp_dir().join(format!("sluice-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write(&dir, &scenario, &[("baseline", trace)]).unwrap();
+        let csv = std::fs::read_to_string(dir.join("step-2x-baseline.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 31, "header and 30 slots");
+        let svg = std::fs::read_to_string(dir.join("step-2x.svg")).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..40]);
+        assert!(svg.contains("admitted (baseline)"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,404 @@
+//! The local allowance: a per-VM rate cap per bucket, derived from the
+//! pushed drop ratio and this VM's own offered rate, so that a load step
+//! cannot overshoot the limit for the whole interval until the next
+//! directive.
+//!
+//! When a directive arrives, a VM that was offered `r` requests/s of a
+//! bucket over the last second may admit `r × (1 − drop_ratio)` (its share
+//! of the limit, as the control plane computed it from the same traffic);
+//! below the limit, where the ratio is 0, `r × limit / fleet offered`. That
+//! rate is frozen until the next directive: if this VM's traffic doubles in
+//! between, it still admits only its share. A generic cell rate algorithm
+//! (GCRA) enforces it in integer microseconds, with time injected by the
+//! caller (the VM's last tick, so the request path never reads a clock).
+
+use crate::drop_ratio::DropRatio;
+
+/// The allowance knobs of the filter configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllowanceSettings {
+    /// Fraction added on top of the derived rate, in `[0, 1]`.
+    pub headroom: f64,
+    /// Requests that may arrive at once beyond the rate, as milliseconds of
+    /// the allowance.
+    pub burst_ms: u64,
+}
+
+impl Default for AllowanceSettings {
+    fn default() -> Self {
+        Self {
+            headroom: 0.0,
+            burst_ms: 20,
+        }
+    }
+}
+
+/// What a directive says about a bucket, as far as the allowance cares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DirectiveRates {
+    /// The pushed drop ratio.
+    pub drop_ratio: DropRatio,
+    /// The bucket's fleet-wide limit; 0 or less means unlimited.
+    pub limit_rps: f64,
+    /// The fleet offered rate the ratio was computed from; 0 if unknown.
+    pub fleet_offered_rps: f64,
+}
+
+/// What this VM was offered of a bucket over its recent window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalRate {
+    /// Requests counted.
+    pub requests: u64,
+    /// Over this many milliseconds.
+    pub window_ms: u64,
+}
+
+impl LocalRate {
+    /// The measured rate.
+    pub fn rps(self) -> f64 {
+        if self.window_ms == 0 {
+            return 0.0;
+        }
+        self.requests as f64 * 1000.0 / self.window_ms as f64
+    }
+
+    /// A rate this VM's traffic is unlikely to exceed given the count: one
+    /// standard deviation of a Poisson count above it (plus one request).
+    /// A few requests a second say little about a VM's real share.
+    pub fn upper_rps(self) -> f64 {
+        if self.window_ms == 0 {
+            return 0.0;
+        }
+        let n = self.requests as f64;
+        (n + n.sqrt() + 1.0) * 1000.0 / self.window_ms as f64
+    }
+}
+
+/// The rate this VM may admit, or `None` for "no cap": the bucket is
+/// unlimited, or this VM saw no traffic of it, so it has no share to scale.
+///
+/// Shedding (ratio > 0): `local × (1 − ratio)`, the share the control plane
+/// computed from the same traffic. Below the limit: the generous end of the
+/// local rate times `limit / fleet offered`, so counting noise does not cut
+/// a bucket that is within its limit.
+pub fn allowance_rps(
+    local: LocalRate,
+    directive: DirectiveRates,
+    settings: AllowanceSettings,
+) -> Option<f64> {
+    let limit = directive.limit_rps;
+    if !(limit > 0.0 && limit.is_finite() && local.requests > 0 && local.window_ms > 0) {
+        return None;
+    }
+    let ratio = directive.drop_ratio.get();
+    let rate = if ratio > 0.0 {
+        local.rps() * (1.0 - ratio)
+    } else if directive.fleet_offered_rps > 0.0 {
+        local.upper_rps() * (limit / directive.fleet_offered_rps).max(1.0)
+    } else {
+        return None;
+    };
+    let rate = rate.min(limit) * (1.0 + settings.headroom.clamp(0.0, 1.0));
+    rate.is_finite().then_some(rate)
+}
+
+/// Microseconds per millisecond.
+const US_PER_MS: u64 = 1_000;
+/// Requests a cap lets through at once besides the first, whatever its rate.
+pub const MIN_BURST_REQUESTS: u64 = 3;
+/// The slowest allowance held as a rate; below it the cap admits nothing.
+const MIN_RATE_RPS: f64 = 1e-6;
+
+/// A rate cap (GCRA, "virtual scheduling"): a request is admitted when its
+/// theoretical arrival time is at most `tolerance` ahead of now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    /// Time one request uses up, in µs; `u64::MAX` admits nothing.
+    interval_us: u64,
+    /// How far ahead of now the schedule may run, in µs.
+    tolerance_us: u64,
+    /// Theoretical arrival time of the next request, in µs.
+    tat_us: u64,
+}
+
+impl Gcra {
+    /// A cap of `rate_rps` that starts full. `slack_ms` is how long time may
+    /// stand still for the caller (its tick) plus the burst: with time
+    /// advancing in ticks, a whole tick's worth must fit at one instant.
+    pub fn new(rate_rps: f64, slack_ms: u64, now_ms: u64) -> Self {
+        let mut gcra = Self {
+            interval_us: u64::MAX,
+            tolerance_us: 0,
+            tat_us: now_ms.saturating_mul(US_PER_MS),
+        };
+        gcra.set_rate(rate_rps, slack_ms, now_ms);
+        gcra
+    }
+
+    /// Changes the rate, keeping what was already used: a new directive
+    /// does not hand out a fresh burst.
+    pub fn set_rate(&mut self, rate_rps: f64, slack_ms: u64, now_ms: u64) {
+        self.interval_us = interval_us(rate_rps);
+        let slack_us = slack_ms.saturating_mul(US_PER_MS);
+        // At least a few requests' worth: a cap barely below a slow VM's
+        // Poisson arrivals would otherwise waste the allowance of every gap.
+        self.tolerance_us = slack_us.max(
+            self.interval_us
+                .saturating_mul(MIN_BURST_REQUESTS)
+                .min(slack_us.saturating_mul(100).max(US_PER_MS)),
+        );
+        // A debt run up at an older, faster rate (or one that admitted
+        // nothing) is cut to what the new rate could owe.
+        let now_us = now_ms.saturating_mul(US_PER_MS);
+        let cap = now_us
+            .saturating_add(self.tolerance_us)
+            .saturating_add(self.interval_us.min(slack_us.max(US_PER_MS)));
+        self.tat_us = self.tat_us.min(cap);
+    }
+
+    /// Whether a request at `now_ms` fits; if so it is counted.
+    pub fn admit(&mut self, now_ms: u64) -> bool {
+        if self.interval_us == u64::MAX {
+            return false;
+        }
+        let now_us = now_ms.saturating_mul(US_PER_MS);
+        if self.tat_us > now_us.saturating_add(self.tolerance_us) {
+            return false;
+        }
+        self.tat_us = self.tat_us.max(now_us).saturating_add(self.interval_us);
+        true
+    }
+}
+
+fn interval_us(rate_rps: f64) -> u64 {
+    if rate_rps.is_nan() || rate_rps < MIN_RATE_RPS {
+        return u64::MAX;
+    }
+    let interval = (1e6 / rate_rps).round();
+    // Casting saturates; a rate above 10^6/s per VM still spends 1 µs.
+    (interval as u64).max(1)
+}
+
+/// Counts of the last [`RateWindow::SLOTS`] ticks: this VM's offered rate
+/// of one bucket over the last second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RateWindow {
+    slots: [u64; Self::SLOTS],
+    next: usize,
+    filled: usize,
+}
+
+impl RateWindow {
+    /// Ticks remembered.
+    pub const SLOTS: usize = 10;
+
+    /// Closes one tick that saw `count` requests.
+    pub fn push(&mut self, count: u64) {
+        if let Some(slot) = self.slots.get_mut(self.next) {
+            *slot = count;
+        }
+        self.next = (self.next + 1) % Self::SLOTS;
+        self.filled = (self.filled + 1).min(Self::SLOTS);
+    }
+
+    /// Requests per second over the ticks remembered, each `tick_ms` long.
+    pub fn rate_rps(&self, tick_ms: u64) -> f64 {
+        if self.filled == 0 || tick_ms == 0 {
+            return 0.0;
+        }
+        let total = self.slots.iter().fold(0_u64, |a, &c| a.saturating_add(c));
+        total as f64 * 1000.0 / (self.filled as u64 * tick_ms) as f64
+    }
+
+    /// The requests of the ticks remembered, each `tick_ms` long.
+    pub fn local(&self, tick_ms: u64) -> LocalRate {
+        LocalRate {
+            requests: self.slots.iter().fold(0_u64, |a, &c| a.saturating_add(c)),
+            window_ms: (self.filled as u64).saturating_mul(tick_ms),
+        }
+    }
+
+    /// Whether the last second saw no request.
+    pub fn is_idle(&self) -> bool {
+        self.slots.iter().all(|&c| c == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn rates(ratio: f64, limit_rps: f64, fleet_offered_rps: f64) -> DirectiveRates {
+        DirectiveRates {
+            drop_ratio: DropRatio::new(ratio).unwrap(),
+            limit_rps,
+            fleet_offered_rps,
+        }
+    }
+
+    const EXACT: AllowanceSettings = AllowanceSettings {
+        headroom: 0.0,
+        burst_ms: 0,
+    };
+
+    fn per_second(requests: u64) -> LocalRate {
+        LocalRate {
+            requests,
+            window_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn share_of_the_limit() {
+        // 3000 offered, limit 1000: a VM offered 300 may admit 100.
+        let got = allowance_rps(per_second(300), rates(2.0 / 3.0, 1_000.0, 3_000.0), EXACT);
+        assert!((got.unwrap() - 100.0).abs() < 1e-9, "{got:?}");
+        // Below the limit: 800 offered, limit 1000, a VM offered 100 gets
+        // (100 + 10 + 1) × 1.25.
+        let got = allowance_rps(per_second(100), rates(0.0, 1_000.0, 800.0), EXACT);
+        assert!((got.unwrap() - 138.75).abs() < 1e-9, "{got:?}");
+        let headroom = AllowanceSettings {
+            headroom: 0.1,
+            burst_ms: 0,
+        };
+        let got = allowance_rps(per_second(300), rates(0.5, 1_000.0, 800.0), headroom);
+        assert!((got.unwrap() - 165.0).abs() < 1e-9, "{got:?}");
+    }
+
+    #[test]
+    fn no_cap_without_a_share() {
+        assert_eq!(
+            allowance_rps(per_second(0), rates(0.5, 10.0, 20.0), EXACT),
+            None
+        );
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.5, 0.0, 20.0), EXACT),
+            None
+        );
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.0, 10.0, 0.0), EXACT),
+            None
+        );
+        // Never more than the whole limit.
+        assert_eq!(
+            allowance_rps(per_second(500), rates(0.0, 10.0, 1.0), EXACT),
+            Some(10.0)
+        );
+    }
+
+    #[test]
+    fn gcra_holds_the_rate_over_ticks() {
+        // 100 rps, time advancing in 100 ms ticks, 1000 rps offered.
+        let mut gcra = Gcra::new(100.0, 100, 0);
+        let mut admitted = 0;
+        for tick in 0..100_u64 {
+            for _ in 0..100 {
+                admitted += u32::from(gcra.admit(tick * 100));
+            }
+        }
+        // 10 s at 100 rps, plus the first tick's slack.
+        assert!((1_000..=1_011).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn gcra_below_the_rate_admits_everything() {
+        let mut gcra = Gcra::new(100.0, 100, 0);
+        for ms in 0..10_000_u64 {
+            if ms % 20 == 0 {
+                assert!(gcra.admit(ms), "at {ms}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_rate_admits_nothing_and_recovers() {
+        let mut gcra = Gcra::new(0.0, 100, 0);
+        assert!(!gcra.admit(0));
+        assert!(!gcra.admit(1_000_000));
+        gcra.set_rate(10.0, 100, 2_000_000);
+        assert!(gcra.admit(2_000_000));
+    }
+
+    #[test]
+    fn a_new_rate_does_not_refill() {
+        let mut gcra = Gcra::new(10.0, 100, 0);
+        while gcra.admit(0) {}
+        gcra.set_rate(10.0, 100, 0);
+        assert!(!gcra.admit(0), "no fresh burst from an unchanged directive");
+    }
+
+    #[test]
+    fn rate_window_averages_the_last_second() {
+        let mut window = RateWindow::default();
+        assert_eq!(window.rate_rps(100), 0.0);
+        assert!(window.is_idle());
+        window.push(10);
+        assert!((window.rate_rps(100) - 100.0).abs() < 1e-9);
+        for _ in 0..20 {
+            window.push(5);
+        }
+        assert!((window.rate_rps(100) - 50.0).abs() < 1e-9);
+        window.push(u64::MAX);
+        window.push(u64::MAX);
+        assert!(window.rate_rps(100).is_finite());
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever arrives, a cap admits at most rate × elapsed plus its
+        /// slack plus one request.
+        #[test]
+        fn gcra_never_exceeds_rate_plus_slack(
+            rate in 0.1f64..10_000.0,
+            slack_ms in 0u64..1_000,
+            arrivals in proptest::collection::vec((0u64..50, 1u32..50), 1..200),
+        ) {
+            let mut gcra = Gcra::new(rate, slack_ms, 0);
+            let (mut now, mut admitted) = (0u64, 0u64);
+            for (advance, count) in arrivals {
+                now += advance;
+                for _ in 0..count {
+                    admitted += u64::from(gcra.admit(now));
+                }
+            }
+            let interval_ms = (1e6 / rate).round().max(1.0) / 1e3;
+            let tolerance_ms = (slack_ms as f64).max(
+                (interval_ms * MIN_BURST_REQUESTS as f64).min((slack_ms as f64 * 100.0).max(1.0)),
+            );
+            let bound = rate * (now as f64 + tolerance_ms) / 1e3 + 1.0;
+            prop_assert!(admitted as f64 <= bound + 1e-6, "{} > {}", admitted, bound);
+        }
+
+        /// With a fresh directive over the limit, the allowances of the VMs
+        /// that saw the traffic add up to at most the limit (times the
+        /// headroom): the expected admitted rate never exceeds it.
+        #[test]
+        fn allowances_sum_to_the_limit(
+            locals in proptest::collection::vec(0u64..10_000, 1..20),
+            limit in 1.0f64..100_000.0,
+            headroom in 0.0f64..=1.0,
+        ) {
+            let fleet = locals.iter().sum::<u64>() as f64;
+            prop_assume!(fleet > limit);
+            let ratio = ((fleet - limit) / fleet).max(0.0);
+            let directive = DirectiveRates {
+                drop_ratio: DropRatio::new(ratio).map_err(|e| TestCaseError::fail(e.to_string()))?,
+                limit_rps: limit,
+                fleet_offered_rps: fleet,
+            };
+            let settings = AllowanceSettings { headroom, burst_ms: 0 };
+            let total: f64 = locals
+                .iter()
+                .filter_map(|&n| allowance_rps(LocalRate { requests: n, window_ms: 1_000 }, directive, settings))
+                .sum();
+            prop_assert!(total <= limit * (1.0 + headroom) * (1.0 + 1e-9), "{} > {}", total, limit);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! A load step in real Envoys: 2 Envoys share a 200 rps limit; the load
+//! jumps from 100 rps (under the limit) to 600 rps. With the filter's
+//! coin flips alone, every Envoy admits the whole step until the next
+//! directive lands; with the local allowance (`"allowance": {…}`) and the
+//! credit decision, each VM holds its share of the limit meanwhile. Two
+//! runs with the same control plane build and the same load measure both,
+//! as the simulator does (`sluice simulate --scenario step-10x`): the
+//! allowance overshoots less in the first second after the step, and both
+//! settle near the limit.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 200
+"#;
+const LIMIT_RPS: f64 = 200.0;
+const BEFORE_S: u64 = 4;
+const AFTER_S: u64 = 5;
+
+/// Admitted rate in the first second after the step, and over the last
+/// two seconds of the run.
+struct Outcome {
+    first_second_rps: f64,
+    settled_rps: f64,
+    report: String,
+    // Kept until the assertions, so their logs can be printed on failure.
+    envoys: Vec<Envoy>,
+    control_plane: ControlPlane,
+    _dir: tempfile::TempDir,
+}
+
+impl Outcome {
+    fn print_logs(&self) {
+        self.control_plane.print_log();
+        for envoy in &self.envoys {
+            envoy.print_log();
+        }
+    }
+}
+
+async fn run_step(filter_patch: Json) -> Outcome {
+    let dir = tempfile::Builder::new()
+        .prefix("sluice-it-")
+        .tempdir()
+        .unwrap();
+    let control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let mut envoys = Vec::new();
+    for (letter, file) in [("a", "demo-a.yaml"), ("b", "demo-b.yaml")] {
+        let mut config = envoy::load_repo_config(file).unwrap();
+        let mut patch = json!({
+            "proxy_id": format!("step-{letter}"),
+            "report_interval_ms": 100,
+        });
+        if let (Some(patch), Some(extra)) = (patch.as_object_mut(), filter_patch.as_object()) {
+            patch.extend(extra.clone());
+        }
+        let rewrite = Rewrite::for_test(control_plane.grpc_addr(), patch).unwrap();
+        envoy::rewrite(&mut config, &rewrite).unwrap();
+        let options = EnvoyOptions::new(&format!("envoy-{letter}"), dir.path());
+        envoys.push(Envoy::start(&config, &options).await.unwrap());
+    }
+    let urls: Vec<String> = envoys.iter().map(Envoy::base_url).collect();
+
+    // 100 rps throughout (75 / 25), then 500 rps more (375 / 125).
+    let total = Duration::from_secs(BEFORE_S + AFTER_S);
+    let base = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/base", &urls[0], "acme", 75.0),
+            StreamSpec::new("B/base", &urls[1], "acme", 25.0),
+        ],
+        total,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(BEFORE_S)).await;
+    let step_started = base.elapsed().as_secs_f64();
+    let step = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/step", &urls[0], "acme", 375.0),
+            StreamSpec::new("B/step", &urls[1], "acme", 125.0),
+        ],
+        Duration::from_secs(AFTER_S),
+    ))
+    .unwrap();
+    let step_result = step.finish().await.unwrap();
+    let base_result = base.finish().await.unwrap();
+
+    let admitted = |from_s: f64, to_s: f64| {
+        let base_window = Window::secs(step_started + from_s, step_started + to_s);
+        let step_window = Window::secs(from_s, to_s);
+        rate(
+            base_result.tenant_counts(base_window, "acme").ok,
+            base_window,
+        ) + rate(
+            step_result.tenant_counts(step_window, "acme").ok,
+            step_window,
+        )
+    };
+    let errors = base_result
+        .tenant_counts(Window::secs(0.0, total.as_secs_f64()), "acme")
+        .server_errors;
+    assert_eq!(errors, 0);
+    Outcome {
+        first_second_rps: admitted(0.0, 1.0),
+        settled_rps: admitted(AFTER_S as f64 - 2.5, AFTER_S as f64 - 0.5),
+        report: format!(
+            "{filter_patch}\nbase:\n{}step:\n{}",
+            base_result.timeline(Duration::from_millis(250)),
+            step_result.timeline(Duration::from_millis(250))
+        ),
+        envoys,
+        control_plane,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_holds_a_load_step_that_coin_flips_overshoot() {
+    let coin = run_step(json!({})).await;
+    let allowance = run_step(json!({
+        "decision": "credit",
+        "allowance": {"headroom": 0.0, "burst_ms": 20}
+    }))
+    .await;
+    let summary = format!(
+        "coin: first second {:.0} rps, settled {:.0} rps\n\
+         allowance: first second {:.0} rps, settled {:.0} rps\n{}\n{}",
+        coin.first_second_rps,
+        coin.settled_rps,
+        allowance.first_second_rps,
+        allowance.settled_rps,
+        coin.report,
+        allowance.report
+    );
+    println!("{summary}");
+    let holds = allowance.first_second_rps < coin.first_second_rps
+        && allowance.first_second_rps <= LIMIT_RPS * 1.35
+        && [coin.settled_rps, allowance.settled_rps]
+            .iter()
+            .all(|settled| (LIMIT_RPS * 0.8..=LIMIT_RPS * 1.15).contains(settled));
+    if !holds {
+        coin.print_logs();
+        allowance.print_logs();
+    }
+
+    // Same direction as the simulator: the coin admits the step until the
+    // next directive; the allowance holds each VM near its share.
+    assert!(
+        allowance.first_second_rps < coin.first_second_rps,
+        "{summary}"
+    );
+    assert!(allowance.first_second_rps <= LIMIT_RPS * 1.35, "{summary}");
+    // Both settle near the limit; looser bounds than the simulator's, for
+    // real clocks, real scheduling and a few hundred requests a second.
+    for settled in [coin.settled_rps, allowance.settled_rps] {
+        assert!(
+            (LIMIT_RPS * 0.8..=LIMIT_RPS * 1.15).contains(&settled),
+            "{summary}"
+        );
+    }
+}
