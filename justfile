@@ -84,10 +84,11 @@ bench:
 build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
-# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice; updates BENCHMARKS.md (`--quick`: short run, `--output -`: print only).
+# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
 bench-envoy *ARGS: build-wasm build-empty-filter
+    cargo build -q --release -p sluice-benches --bins
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
-      cargo run -q --release -p sluice-benches --bin bench_envoy -- {{ARGS}}
+      target/release/bench_envoy {{ARGS}}
 
 # Remove build output and the local tool folder.
 clean:
