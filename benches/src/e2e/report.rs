@@ -197,16 +197,34 @@ pub const SECTION_END: &str = "<!-- bench_envoy:end -->";
 /// section replaced by `section`; the rest of the file, such as the
 /// controller numbers, is kept.
 pub fn replace_section(existing: Option<&str>, section: &str) -> String {
-    let section = format!("{SECTION_START}\n{section}{SECTION_END}\n");
+    replace_marked(existing, "bench_envoy", section)
+}
+
+/// `existing` with the section between `<!-- {name}:start -->` and
+/// `<!-- {name}:end -->` replaced by `section`; a missing section is
+/// appended (or starts a new file).
+pub fn replace_marked(existing: Option<&str>, name: &str, section: &str) -> String {
+    let start = format!("<!-- {name}:start -->");
+    let end = format!("<!-- {name}:end -->");
+    let section = format!("{start}\n{section}{end}\n");
     let split = existing.and_then(|text| {
-        let (before, rest) = text.split_once(SECTION_START)?;
-        let (_, after) = rest.split_once(SECTION_END)?;
+        let (before, rest) = text.split_once(&start)?;
+        let (_, after) = rest.split_once(&end)?;
         Some((before, after.strip_prefix('\n').unwrap_or(after)))
     });
-    match split {
-        Some((before, after)) => format!("{before}{section}{after}"),
-        None => format!("# Benchmarks\n\n{section}"),
+    match (split, existing) {
+        (Some((before, after)), _) => format!("{before}{section}{after}"),
+        (None, Some(text)) => format!("{}\n\n{section}", text.trim_end()),
+        (None, None) => format!("# Benchmarks\n\n{section}"),
     }
+}
+
+/// Writes `section` into its marked place in the Markdown file at `path`.
+pub fn write_marked(path: &std::path::Path, name: &str, section: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let existing = std::fs::read_to_string(path).ok();
+    let text = replace_marked(existing.as_deref(), name, section);
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The end-to-end section of `BENCHMARKS.md`.
