@@ -90,6 +90,19 @@ bench-envoy *ARGS: build-wasm build-empty-filter
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
       target/release/bench_envoy {{ARGS}}
 
+# Directive propagation latency to 1,000 simulated proxy streams and to one real Envoy; updates BENCHMARKS.md (`--output -`: print only, `--streams N`, `--events N`).
+bench-propagation *ARGS: build-wasm
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
+      target/release/bench_propagation {{ARGS}}
+
+# Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. Updates BENCHMARKS.md. Not part of `just test`.
+soak seconds="600" *ARGS:
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    SLUICE_BIN=target/release/sluice target/release/soak --duration {{seconds}} {{ARGS}}
+
 # Remove build output and the local tool folder.
 clean:
     cargo clean
