@@ -127,7 +127,7 @@ async fn run() -> Result<()> {
 
 /// Flips the limit: even events set it to 0 (drop ratio 1), odd ones lift it.
 async fn flip(cp: &ControlPlaneProcess, event: usize) -> Result<f64> {
-    if event % 2 == 0 {
+    if event.is_multiple_of(2) {
         cp.admin().put_limit(BUCKET, 0.0).await?;
         Ok(1.0)
     } else {

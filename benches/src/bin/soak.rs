@@ -97,7 +97,7 @@ async fn main() -> ExitCode {
 
 /// Hot buckets: over the limit, load swinging over a minute.
 fn is_hot(bucket: usize) -> bool {
-    bucket % 10 == 0
+    bucket.is_multiple_of(10)
 }
 
 fn limits_yaml(streams: usize) -> String {
@@ -121,8 +121,9 @@ struct Sample {
 async fn run() -> Result<()> {
     let options = Options::parse()?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
-    let mut cp = ControlPlaneProcess::start(work.path(), "sluice-soak", &limits_yaml(options.streams))
-        .await?;
+    let mut cp =
+        ControlPlaneProcess::start(work.path(), "sluice-soak", &limits_yaml(options.streams))
+            .await?;
     let ticks = measure::ticks_per_second()?;
     let buckets: Vec<String> = (0..options.buckets)
         .map(|i| {
@@ -306,7 +307,11 @@ async fn run() -> Result<()> {
         rss_peak = mib(peak),
         rss_last = mib(last.rss),
         growth = growth * 100.0,
-        flat = if growth <= MAX_GROWTH { "flat" } else { "growing" },
+        flat = if growth <= MAX_GROWTH {
+            "flat"
+        } else {
+            "growing"
+        },
         cpu = cpu_share,
         own_cpu = own_cpu_share,
         h50 = bound(0.5),
