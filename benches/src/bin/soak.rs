@@ -255,6 +255,11 @@ async fn run() -> Result<()> {
         stats::histogram_quantile_bound(&histogram, q)
             .map_or_else(|| "–".to_owned(), |s| format!("<= {:.1}", s * 1000.0))
     };
+    let ticks_histogram = stats::histogram(&metrics, "sluice_control_loop_tick_duration_seconds");
+    let tick_bound = |q: f64| {
+        stats::histogram_quantile_bound(&ticks_histogram, q)
+            .map_or_else(|| "–".to_owned(), |s| format!("<= {:.1}", s * 1000.0))
+    };
     let (lat_p50, lat_p99, lat_max) = stats::summary(&mut latencies_ms);
     let cpu_share =
         cpu_after.saturating_sub(cpu_before).as_secs_f64() / options.duration.as_secs_f64();
@@ -290,6 +295,7 @@ async fn run() -> Result<()> {
          | RSS growth after warm-up | {growth:+.1}% ({flat}) |\n\
          | control-plane CPU / simulated fleet's CPU (of 2 cores) | {cpu:.2} / {own_cpu:.2} cores |\n\
          | push latency, control plane (`sluice_push_latency_seconds`: publish to the stream's transport), p50 / p99 | {h50} / {h99} ms |\n\
+         | control-loop tick (`sluice_control_loop_tick_duration_seconds`), p50 / p99 | {t50} / {t99} ms |\n\
          | push latency at the streams (`issued_at` to decoded, after warm-up), p50 / p99 / max | {lat_p50:.1} / {lat_p99:.1} / {lat_max:.1} ms |\n\n\
          | seconds | RSS MiB |\n| ---: | ---: |\n{rss_rows}\n\
          - Machine: {cpus} CPUs, {model}; date: {date}\n\
@@ -316,6 +322,8 @@ async fn run() -> Result<()> {
         own_cpu = own_cpu_share,
         h50 = bound(0.5),
         h99 = bound(0.99),
+        t50 = tick_bound(0.5),
+        t99 = tick_bound(0.99),
         cpus = machine.cpus,
         model = machine.cpu_model,
         date = machine.date,
