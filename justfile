@@ -84,10 +84,24 @@ bench:
 build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
-# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice; updates BENCHMARKS.md (`--quick`: short run, `--output -`: print only).
+# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
 bench-envoy *ARGS: build-wasm build-empty-filter
+    cargo build -q --release -p sluice-benches --bins
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
-      cargo run -q --release -p sluice-benches --bin bench_envoy -- {{ARGS}}
+      target/release/bench_envoy {{ARGS}}
+
+# Directive propagation latency to 1,000 simulated proxy streams and to one real Envoy; updates BENCHMARKS.md (`--output -`: print only, `--streams N`, `--events N`).
+bench-propagation *ARGS: build-wasm
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
+      target/release/bench_propagation {{ARGS}}
+
+# Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. Updates BENCHMARKS.md. Not part of `just test`.
+soak seconds="600" *ARGS:
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    SLUICE_BIN=target/release/sluice target/release/soak --duration {{seconds}} {{ARGS}}
 
 # Fuzz every target for SECONDS each with cargo fuzz (nightly and cargo-fuzz are
 # installed on first use). Crashes land in fuzz/artifacts/<target>/; move one

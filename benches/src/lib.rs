@@ -5,6 +5,8 @@
 
 pub mod control;
 pub mod e2e;
+pub mod fleet;
+pub mod rls;
 
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;

@@ -351,6 +351,11 @@ impl Envoy {
         }
     }
 
+    /// The OS process id (for reading its CPU time or memory from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
     /// The admin address.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin

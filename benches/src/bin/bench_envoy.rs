@@ -1,24 +1,29 @@
 //! End-to-end benchmark: what Sluice costs inside Envoy, against Envoy alone,
-//! Envoy's `local_ratelimit` and an empty proxy-wasm filter.
+//! Envoy's `local_ratelimit`, an empty proxy-wasm filter and Envoy's global
+//! `ratelimit` filter with a per-request gRPC rate limit service.
 //!
 //! ```text
 //! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--output FILE|-]
 //! ```
 //!
 //! Finds Envoy and the filter like the integration tests (`ENVOY_BIN`,
-//! `SLUICE_WASM`), and the empty filter through `EMPTY_FILTER_WASM`. Writes
-//! the results into their own section of `BENCHMARKS.md` at the workspace
-//! root (the rest of the file is kept) unless `--output -`.
+//! `SLUICE_WASM`), the empty filter through `EMPTY_FILTER_WASM`, and the
+//! rate limit service binary (`rls_server`) next to its own executable.
+//! Writes the results into their own section of `BENCHMARKS.md` at the
+//! workspace root (the rest of the file is kept) and the CPU chart
+//! ([`chart::FILE_NAME`]) next to it, unless `--output -`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use sluice_benches::e2e::chart;
 use sluice_benches::e2e::client::{self, BUCKET};
 use sluice_benches::e2e::config::{self, Variant};
 use sluice_benches::e2e::directives::DirectiveServer;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report::{self, Run, Setup, Summary};
+use sluice_benches::e2e::rls::RlsProcess;
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::paths;
 
@@ -103,6 +108,7 @@ async fn run() -> Result<()> {
     let ticks = measure::ticks_per_second()?;
     let server = DirectiveServer::start().await?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
+    let rls = RlsProcess::start(work.path()).await?;
 
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); Variant::ALL.len()];
     for round in 0..options.rounds {
@@ -115,17 +121,19 @@ async fn run() -> Result<()> {
             let bench = Bench {
                 options: &options,
                 server: &server,
+                rls: &rls,
                 work: work.path(),
                 empty_wasm: &empty_wasm,
                 ticks,
             };
             let result = bench.run(variant, round).await?;
             eprintln!(
-                "round {} {:<16} {:>8.0} req/s {:>6.1} µs CPU/req p50 {:>5.0} µs p99 {:>5.0} µs 429 {:.3}",
+                "round {} {:<16} {:>8.0} req/s {:>6.1} µs CPU/req (RLS {:>4.1}) p50 {:>5.0} µs p99 {:>5.0} µs 429 {:.3}",
                 round + 1,
                 variant.slug(),
                 result.throughput,
                 result.cpu_us,
+                result.rls_cpu_us.unwrap_or(0.0),
                 result.p50_us,
                 result.p99_us,
                 result.limited_share
@@ -160,6 +168,9 @@ async fn run() -> Result<()> {
             report::replace_section(existing.as_deref(), &report::markdown(&setup, &summaries));
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
+        let svg = path.with_file_name(chart::FILE_NAME);
+        chart::write(&svg, &summaries)?;
+        eprintln!("wrote {}", svg.display());
     }
     Ok(())
 }
@@ -167,6 +178,7 @@ async fn run() -> Result<()> {
 struct Bench<'a> {
     options: &'a Options,
     server: &'a DirectiveServer,
+    rls: &'a RlsProcess,
     work: &'a std::path::Path,
     empty_wasm: &'a std::path::Path,
     ticks: u64,
@@ -180,7 +192,12 @@ impl Bench<'_> {
         self.server
             .set_directive(epoch, BUCKET, variant.drop_ratio());
         let pushed_before = self.server.pushed();
-        let config = config::envoy_config(variant, self.server.addr(), self.empty_wasm)?;
+        let config = config::envoy_config(
+            variant,
+            self.server.addr(),
+            self.rls.addr(),
+            self.empty_wasm,
+        )?;
         let mut options = EnvoyOptions::new(&name, self.work);
         options.concurrency = 1;
         options.log_level = "warn".to_owned();
@@ -207,13 +224,22 @@ impl Bench<'_> {
             }
         }
 
-        let config_path = self.work.join(format!("{name}.yaml"));
-        let pid = measure::find_pid(&config_path.display().to_string())?;
+        let pid = envoy.pid();
+        let uses_rls = variant == Variant::GlobalRateLimit;
+        let rls_before = self.rls.cpu_time(self.ticks)?;
         let before = measure::cpu_time(pid, self.ticks)?;
         let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
+        let rls_after = self.rls.cpu_time(self.ticks)?;
         envoy.stop()?;
+        if outcome.other > 0 {
+            bail!("{name}: {} answers were neither 200 nor 429", outcome.other);
+        }
         let cpu_us = after.saturating_sub(before).as_secs_f64() * 1e6;
-        Ok(Run::new(outcome, cpu_us))
+        let rls_cpu_us = rls_after.saturating_sub(rls_before).as_secs_f64() * 1e6;
+        if uses_rls && rls_cpu_us == 0.0 {
+            bail!("{name}: the rate limit service used no CPU: was it called?");
+        }
+        Ok(Run::new(outcome, cpu_us, uses_rls.then_some(rls_cpu_us)))
     }
 }

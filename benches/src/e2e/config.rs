@@ -1,4 +1,4 @@
-//! The five Envoy configs. All start from `envoy/demo-a.yaml` (the config
+//! The six Envoy configs. All start from `envoy/demo-a.yaml` (the config
 //! users run), rewritten by the test harness for ephemeral ports, and differ
 //! only in the HTTP filter chain in front of the router, so the difference
 //! between variants is the cost of those filters.
@@ -30,16 +30,25 @@ pub enum Variant {
     SluiceNoDrop,
     /// Sluice dropping half the requests.
     SluiceHalf,
+    /// Envoy's global `ratelimit` filter calling a rate limit service (its
+    /// own process, on loopback) for every request; the service always
+    /// answers OK.
+    GlobalRateLimit,
+    /// Variant 6 without its rate limit filter: the fault filter answering
+    /// every request locally, as variant 6 does once the service said OK.
+    FaultReply,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
         Variant::SluiceNoDrop,
         Variant::SluiceHalf,
+        Variant::GlobalRateLimit,
+        Variant::FaultReply,
     ];
 
     /// Short name for logs and file names.
@@ -50,6 +59,8 @@ impl Variant {
             Variant::EmptyWasm => "empty-wasm",
             Variant::SluiceNoDrop => "sluice-no-drop",
             Variant::SluiceHalf => "sluice-50pct",
+            Variant::GlobalRateLimit => "global-ratelimit",
+            Variant::FaultReply => "fault-reply",
         }
     }
 
@@ -61,6 +72,8 @@ impl Variant {
             Variant::EmptyWasm => "3. + empty proxy-wasm filter",
             Variant::SluiceNoDrop => "4. + Sluice, directive present, no drops",
             Variant::SluiceHalf => "5. + Sluice at 50% drop",
+            Variant::GlobalRateLimit => "6. + global ratelimit, gRPC service per request",
+            Variant::FaultReply => "7. fault-filter local reply (6 without ratelimit)",
         }
     }
 
@@ -94,10 +107,11 @@ pub fn empty_wasm() -> Result<PathBuf> {
 }
 
 /// The Envoy config for `variant`, its control-plane cluster pointing at
-/// `control_plane`.
+/// `control_plane` and (variant 6) its rate limit service cluster at `rls`.
 pub fn envoy_config(
     variant: Variant,
     control_plane: SocketAddr,
+    rls: SocketAddr,
     empty_wasm: &Path,
 ) -> Result<Value> {
     let mut config = load_repo_config("demo-a.yaml")?;
@@ -122,7 +136,13 @@ pub fn envoy_config(
         Variant::LocalRateLimit => vec![local_ratelimit()?, router],
         Variant::EmptyWasm => vec![empty_filter(sluice, empty_wasm)?, router],
         Variant::SluiceNoDrop | Variant::SluiceHalf => vec![sluice, router],
+        Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
+        Variant::FaultReply => vec![fault_reply()?, router],
     };
+    if matches!(variant, Variant::GlobalRateLimit | Variant::FaultReply) {
+        add_rate_limit_service(&mut config, rls)?;
+        route_to_cluster(&mut config)?;
+    }
     Ok(config)
 }
 
@@ -160,6 +180,115 @@ typed_config:
 "#,
     )
     .context("local_ratelimit filter config")
+}
+
+/// Name of the cluster of the rate limit service (variant 6).
+const RLS_CLUSTER: &str = "bench_rate_limit_service";
+
+/// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
+/// with a descriptor `("tenant", <x-tenant>)`, from the `rate_limits` of the
+/// filter itself (so the `direct_response` route needs no route action).
+/// It fails closed and waits up to a second, so a request the service did
+/// not answer shows up as a 500 (counted as "other") instead of silently
+/// passing unchecked.
+fn global_ratelimit() -> Result<Value> {
+    serde_yaml_ng::from_str(&format!(
+        r#"
+name: envoy.filters.http.ratelimit
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+  domain: bench
+  failure_mode_deny: true
+  timeout: 1s
+  rate_limits:
+    - actions:
+        - request_headers: {{ header_name: {TENANT_HEADER}, descriptor_key: tenant }}
+  rate_limit_service:
+    transport_api_version: V3
+    grpc_service:
+      envoy_grpc: {{ cluster_name: {RLS_CLUSTER} }}
+"#
+    ))
+    .context("ratelimit filter config")
+}
+
+/// Envoy's `ratelimit` filter only runs on routes with a route entry (a
+/// target cluster), never on a `direct_response` route. Variants 6 and 7
+/// route to a cluster, and the fault filter answers every request with a
+/// local 200 before the router would forward it, so no request leaves Envoy,
+/// as in variants 1 to 5; variant 7 measures what that swap costs.
+fn route_to_cluster(config: &mut Value) -> Result<()> {
+    let route = config
+        .get_mut("static_resources")
+        .and_then(|v| v.get_mut("listeners"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("filter_chains"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("filters"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("typed_config"))
+        .and_then(|v| v.get_mut("route_config"))
+        .and_then(|v| v.get_mut("virtual_hosts"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(|v| v.get_mut("routes"))
+        .and_then(|v| v.get_mut(0))
+        .and_then(Value::as_mapping_mut)
+        .context("demo-a.yaml: no route in the first virtual host")?;
+    route.remove("direct_response");
+    route.insert(
+        "route".into(),
+        serde_yaml_ng::from_str(&format!("{{ cluster: {RLS_CLUSTER} }}"))
+            .context("route action")?,
+    );
+    Ok(())
+}
+
+/// The fault filter aborting every request with a local `200`.
+fn fault_reply() -> Result<Value> {
+    serde_yaml_ng::from_str(
+        r#"
+name: envoy.filters.http.fault
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+  abort:
+    http_status: 200
+    percentage: { numerator: 100, denominator: HUNDRED }
+"#,
+    )
+    .context("fault filter config")
+}
+
+/// The HTTP/2 cluster of the rate limit service, pointing at `rls`.
+fn add_rate_limit_service(config: &mut Value, rls: SocketAddr) -> Result<()> {
+    let cluster: Value = serde_yaml_ng::from_str(&format!(
+        r#"
+name: {RLS_CLUSTER}
+type: STATIC
+connect_timeout: 1s
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config:
+      http2_protocol_options: {{}}
+load_assignment:
+  cluster_name: {RLS_CLUSTER}
+  endpoints:
+    - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{ address: "{ip}", port_value: {port} }}
+"#,
+        ip = rls.ip(),
+        port = rls.port(),
+    ))
+    .context("rate limit service cluster")?;
+    config
+        .get_mut("static_resources")
+        .and_then(|v| v.get_mut("clusters"))
+        .and_then(Value::as_sequence_mut)
+        .context("demo-a.yaml: no static_resources.clusters")?
+        .push(cluster);
+    Ok(())
 }
 
 /// The Sluice filter entry with the empty filter's code, its own `vm_id`

@@ -39,32 +39,18 @@ pub fn ticks_per_second() -> Result<u64> {
         .with_context(|| format!("getconf CLK_TCK printed {text:?}"))
 }
 
-/// The pid of the process whose command line contains `needle` (the
-/// harness's Envoy handle does not expose its pid, but its command line
-/// holds the per-run config path, which is unique).
-pub fn find_pid(needle: &str) -> Result<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            found.push(pid);
-        }
-    }
-    match found.as_slice() {
-        [pid] => Ok(*pid),
-        [] => bail!("no process has {needle:?} on its command line"),
-        _ => bail!("several processes have {needle:?} on their command line: {found:?}"),
-    }
+/// Resident set size of process `pid` (`VmRSS` in `/proc/<pid>/status`), bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("{path}: no VmRSS line"))?
+        .parse::<u64>()
+        .with_context(|| format!("{path}: VmRSS is not a number"))?;
+    Ok(kib.saturating_mul(1024))
 }
 
 /// Facts printed at the top of the report.

@@ -1,15 +1,19 @@
 //! The end-to-end benchmark behind the `bench_envoy` binary: Envoy with
-//! `--concurrency 1` in five filter-chain variants, a closed-loop HTTP/1.1
+//! `--concurrency 1` in six filter-chain variants, a closed-loop HTTP/1.1
 //! client in-process, and Envoy's own CPU time read from `/proc`.
 //!
-//! - [`config`]: the five Envoy configs, derived from `envoy/demo-a.yaml`.
+//! - [`config`]: the six Envoy configs, derived from `envoy/demo-a.yaml`.
 //! - [`directives`]: a stand-in control plane pushing one fixed directive.
 //! - [`client`]: a fixed number of requests at a fixed concurrency.
 //! - [`measure`]: process CPU time and machine facts.
 //! - [`report`]: medians, ranges, ratios and the Markdown table.
+//! - [`chart`]: CPU per request per variant as an SVG chart.
+//! - [`rls`]: the stand-in global rate limit service as a child process.
 
+pub mod chart;
 pub mod client;
 pub mod config;
 pub mod directives;
 pub mod measure;
 pub mod report;
+pub mod rls;

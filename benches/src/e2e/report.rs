@@ -14,6 +14,8 @@ pub struct Run {
     pub throughput: f64,
     /// Envoy's CPU time (user + system) per request, in microseconds.
     pub cpu_us: f64,
+    /// The rate limit service's CPU time per request (variant 6 only).
+    pub rls_cpu_us: Option<f64>,
     /// Median latency, microseconds.
     pub p50_us: f64,
     /// 99th-percentile latency, microseconds.
@@ -25,18 +27,25 @@ pub struct Run {
 }
 
 impl Run {
-    /// The numbers of one load run that used `cpu_us_total` of Envoy CPU.
-    pub fn new(mut outcome: LoadOutcome, cpu_us_total: f64) -> Self {
+    /// The numbers of one load run that used `cpu_us_total` of Envoy CPU
+    /// and `rls_cpu_us_total` of rate limit service CPU, if one was used.
+    pub fn new(mut outcome: LoadOutcome, cpu_us_total: f64, rls_cpu_us_total: Option<f64>) -> Self {
         let answered = outcome.latencies_us.len().max(1) as f64;
         outcome.latencies_us.sort_unstable();
         Self {
             throughput: answered / outcome.elapsed.as_secs_f64().max(1e-9),
             cpu_us: cpu_us_total / answered,
+            rls_cpu_us: rls_cpu_us_total.map(|total| total / answered),
             p50_us: quantile(&outcome.latencies_us, 0.50),
             p99_us: quantile(&outcome.latencies_us, 0.99),
             limited_share: outcome.limited as f64 / answered,
             other: outcome.other,
         }
+    }
+
+    /// Envoy's plus the rate limit service's CPU per request.
+    pub fn total_cpu_us(&self) -> f64 {
+        self.cpu_us + self.rls_cpu_us.unwrap_or(0.0)
     }
 }
 
@@ -88,6 +97,10 @@ pub struct Summary {
     pub throughput: Spread,
     /// Envoy CPU µs per request.
     pub cpu_us: Spread,
+    /// Rate limit service CPU µs per request, for the variant that has one.
+    pub rls_cpu_us: Option<Spread>,
+    /// Envoy plus rate limit service CPU µs per request (each round's sum).
+    pub total_cpu_us: Spread,
     /// p50 latency, µs.
     pub p50_us: Spread,
     /// p99 latency, µs.
@@ -106,6 +119,13 @@ impl Summary {
             variant,
             throughput: metric(|r| r.throughput),
             cpu_us: metric(|r| r.cpu_us),
+            rls_cpu_us: runs
+                .iter()
+                .map(|r| r.rls_cpu_us)
+                .collect::<Option<Vec<f64>>>()
+                .filter(|values| !values.is_empty())
+                .map(Spread::of),
+            total_cpu_us: metric(Run::total_cpu_us),
             p50_us: metric(|r| r.p50_us),
             p99_us: metric(|r| r.p99_us),
             limited_share: metric(|r| r.limited_share),
@@ -142,19 +162,22 @@ pub fn table(summaries: &[Summary]) -> String {
         format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits)
     };
     let mut out = String::from(
-        "| variant | req/s median (min–max) | ×1 | Envoy CPU µs/req | ×1 \
-         | p50 µs | ×1 | p99 µs | ×1 | 429 share |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| variant | req/s median (min–max) | ×1 | Envoy CPU µs/req | RLS CPU µs/req \
+         | total CPU µs/req | ×1 | p50 µs | ×1 | p99 µs | ×1 | 429 share |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for s in summaries {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
             s.variant.label(),
             cell(s.throughput, 0),
             ratio(s.throughput.median, base.map(|b| b.throughput.median)),
             cell(s.cpu_us, 1),
-            ratio(s.cpu_us.median, base.map(|b| b.cpu_us.median)),
+            s.rls_cpu_us
+                .map_or_else(|| "–".to_owned(), |rls| cell(rls, 1)),
+            cell(s.total_cpu_us, 1),
+            ratio(s.total_cpu_us.median, base.map(|b| b.total_cpu_us.median)),
             cell(s.p50_us, 0),
             ratio(s.p50_us.median, base.map(|b| b.p50_us.median)),
             cell(s.p99_us, 0),
@@ -174,16 +197,34 @@ pub const SECTION_END: &str = "<!-- bench_envoy:end -->";
 /// section replaced by `section`; the rest of the file, such as the
 /// controller numbers, is kept.
 pub fn replace_section(existing: Option<&str>, section: &str) -> String {
-    let section = format!("{SECTION_START}\n{section}{SECTION_END}\n");
+    replace_marked(existing, "bench_envoy", section)
+}
+
+/// `existing` with the section between `<!-- {name}:start -->` and
+/// `<!-- {name}:end -->` replaced by `section`; a missing section is
+/// appended (or starts a new file).
+pub fn replace_marked(existing: Option<&str>, name: &str, section: &str) -> String {
+    let start = format!("<!-- {name}:start -->");
+    let end = format!("<!-- {name}:end -->");
+    let section = format!("{start}\n{section}{end}\n");
     let split = existing.and_then(|text| {
-        let (before, rest) = text.split_once(SECTION_START)?;
-        let (_, after) = rest.split_once(SECTION_END)?;
+        let (before, rest) = text.split_once(&start)?;
+        let (_, after) = rest.split_once(&end)?;
         Some((before, after.strip_prefix('\n').unwrap_or(after)))
     });
-    match split {
-        Some((before, after)) => format!("{before}{section}{after}"),
-        None => format!("# Benchmarks\n\n{section}"),
+    match (split, existing) {
+        (Some((before, after)), _) => format!("{before}{section}{after}"),
+        (None, Some(text)) => format!("{}\n\n{section}", text.trim_end()),
+        (None, None) => format!("# Benchmarks\n\n{section}"),
     }
+}
+
+/// Writes `section` into its marked place in the Markdown file at `path`.
+pub fn write_marked(path: &std::path::Path, name: &str, section: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let existing = std::fs::read_to_string(path).ok();
+    let text = replace_marked(existing.as_deref(), name, section);
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The end-to-end section of `BENCHMARKS.md`.
@@ -203,6 +244,8 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          Envoy CPU is the `utime + stime` of the Envoy process from \
          `/proc/<pid>/stat` across the measured requests, divided by their number: \
          it excludes the load client, which runs in the benchmark process. \
+         RLS CPU is the same for the rate limit service process of variant 6; \
+         total CPU is Envoy's plus the service's (per round, then the median). \
          Throughput and latency include the client, which shares the machine; \
          compare CPU per request first. The machine is noisy: treat differences \
          under about 10% as noise.\n\n\
@@ -210,12 +253,20 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          header, every request in one bucket) against a stand-in control plane \
          that pushes one directive for that bucket: drop ratio 1e-9 (held and \
          consulted, but no drops; 0 would remove it) or 0.5.\n\n\
+         Variant 6 is Envoy's global `envoy.filters.http.ratelimit` filter with \
+         one descriptor (`tenant` from `x-tenant`) per request, calling a minimal \
+         Rust implementation of Envoy's rate limit service API \
+         (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, tonic, \
+         one thread, its own process on loopback) that answers OK without any \
+         counting or storage: a lower bound for a real service with Redis. The \
+         filter fails closed, so an unanswered call would show as a failed run.\n\n\
+         ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\
          - Envoy: {envoy}\n\
          - Date: {date}\n\
          - Command: `{command}`\n\
-         - Reproduce: `just bench-envoy` (builds both filters, about a minute on \
-         2 cores) or `just bench-envoy --quick` (under 20 s)\n\n",
+         - Reproduce: `just bench-envoy` (builds both filters, about two minutes \
+         on 2 cores) or `just bench-envoy --quick` (about 30 s)\n\n",
         warmup = setup.warmup,
         requests = setup.requests,
         concurrency = setup.concurrency,
@@ -225,6 +276,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
         envoy = m.envoy_version,
         date = m.date,
         command = setup.command,
+        chart = super::chart::FILE_NAME,
     );
     out.push_str(&table(summaries));
     out
