@@ -103,6 +103,10 @@ soak seconds="600" *ARGS:
     cargo build -q --release -p sluice-benches --bins
     SLUICE_BIN=target/release/sluice target/release/soak --duration {{seconds}} {{ARGS}}
 
+# A throw-away CA and certificates for envoy/demo-mtls.yaml, in .demo/certs/.
+certs:
+    cargo run -q -p sluice-integration-tests --bin certs -- .demo/certs
+
 # Fuzz every target for SECONDS each with cargo fuzz (nightly and cargo-fuzz are
 # installed on first use). Crashes land in fuzz/artifacts/<target>/; move one
 # into fuzz/regressions/<target>/ to keep it as a regression test.

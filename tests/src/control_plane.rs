@@ -365,6 +365,26 @@ impl AdminClient {
         check(response, &url).await.map(drop)
     }
 
+    /// Any admin request with an optional JSON body; fails on a non-2xx
+    /// answer.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method.clone(), &url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}"))?;
+        check(response, &url).await.map(drop)
+    }
+
     /// `DELETE /v1/limits/{bucket}`.
     pub async fn delete_limit(&self, bucket: &str) -> Result<()> {
         let url = format!("{}/v1/limits/{bucket}", self.base);

@@ -20,6 +20,10 @@ pub struct FleetOptions {
     pub report_interval_ms: u64,
     /// How many Envoys (they use demo-a.yaml, demo-b.yaml, demo-a.yaml, …).
     pub envoys: usize,
+    /// More filter configuration keys for every Envoy (a JSON object).
+    pub filter: serde_json::Value,
+    /// Proxy ids, by Envoy index; `test-<letter>` where absent.
+    pub proxy_ids: Vec<String>,
 }
 
 impl FleetOptions {
@@ -30,6 +34,8 @@ impl FleetOptions {
             control_interval_ms: 200,
             report_interval_ms: 100,
             envoys,
+            filter: json!({}),
+            proxy_ids: Vec::new(),
         }
     }
 
@@ -87,13 +93,21 @@ impl Fleet {
             "demo-b.yaml"
         };
         let mut config = envoy::load_repo_config(file)?;
-        let rewrite = Rewrite::for_test(
-            self.control_plane.grpc_addr(),
-            json!({
-                "proxy_id": format!("test-{letter}"),
-                "report_interval_ms": self.options.report_interval_ms,
-            }),
-        )?;
+        let proxy_id = self
+            .options
+            .proxy_ids
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("test-{letter}"));
+        let mut patch = json!({
+            "proxy_id": proxy_id,
+            "report_interval_ms": self.options.report_interval_ms,
+        });
+        if let (Some(patch), Some(extra)) = (patch.as_object_mut(), self.options.filter.as_object())
+        {
+            patch.extend(extra.clone());
+        }
+        let rewrite = Rewrite::for_test(self.control_plane.grpc_addr(), patch)?;
         envoy::rewrite(&mut config, &rewrite)?;
         let envoy = Envoy::start(
             &config,

@@ -186,8 +186,13 @@ async fn new_buckets_are_limited_locally_without_a_control_plane() {
 async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
     let dir = tempfile::tempdir().unwrap();
     let mut control_plane = ControlPlane::start(
-        ControlPlaneOptions::new("limits:\n  - bucket: acme\n    limit_rps: 30\n", dir.path())
-            .control_interval_ms(200),
+        // The control plane's TTL rides on every batch and wins over the
+        // filter's `directive_ttl_ms`, which applies to batches without one.
+        ControlPlaneOptions::new(
+            "directive_ttl_ms: 1000\nlimits:\n  - bucket: acme\n    limit_rps: 30\n",
+            dir.path(),
+        )
+        .control_interval_ms(200),
     )
     .await
     .unwrap();

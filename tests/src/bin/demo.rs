@@ -85,9 +85,14 @@ async fn run(args: Args) -> Result<()> {
         addr(GRPC),
         addr(ADMIN)
     );
+    // The control plane writes admin changes back to its limits file: give
+    // it a copy, so the example in the repository stays as it is.
+    let limits = log_dir.join("limits.yaml");
+    std::fs::copy(root.join(LIMITS_FILE), &limits)
+        .with_context(|| format!("cannot copy {LIMITS_FILE} to {}", limits.display()))?;
     let control_plane = ControlPlane::start(
         ControlPlaneOptions::new("", &log_dir)
-            .limits_file(&root.join(LIMITS_FILE))
+            .limits_file(&limits)
             .listen(addr(GRPC), addr(ADMIN)),
     )
     .await

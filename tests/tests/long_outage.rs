@@ -1,0 +1,115 @@
+//! A minute-long control-plane outage under load: no request fails because
+//! of it, the admitted rate stays at the limit on the last-known directives
+//! for the whole minute, and once the directives' TTL has passed the
+//! configured fallback (`local_limit`) takes over, as documented, with the
+//! gauge showing it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+
+/// Longer than the minute the last-known directives must hold.
+const TTL_S: u64 = 70;
+
+async fn fallback_active(envoy: &Envoy) -> Option<bool> {
+    let stats = envoy.stats("sluice.fallback_active").await.ok()?;
+    let line = stats
+        .lines()
+        .find(|line| line.contains("fallback_active"))?;
+    Some(line.trim_end().ends_with(": 1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_without_the_control_plane_then_the_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = format!(
+        "directive_ttl_ms: {}\nlimits:\n  - bucket: acme\n    limit_rps: 200\n",
+        TTL_S * 1000
+    );
+    let mut control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(&limits, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
+    let rewrite = Rewrite::for_test(
+        control_plane.grpc_addr(),
+        json!({
+            "proxy_id": "outage",
+            "report_interval_ms": 100,
+            "fallback": "local_limit",
+        }),
+    )
+    .unwrap();
+    envoy::rewrite(&mut config, &rewrite).unwrap();
+    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy", dir.path()))
+        .await
+        .unwrap();
+
+    let duration = Duration::from_secs(TTL_S + 14);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 400.0)],
+        duration,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    control_plane.kill().unwrap();
+    let killed_at = load.elapsed();
+
+    // A minute in: still on the last directives, not in fallback.
+    tokio::time::sleep((killed_at + Duration::from_secs(60)).saturating_sub(load.elapsed())).await;
+    let at_one_minute = fallback_active(&envoy).await;
+    // Past the TTL: the fallback applies.
+    tokio::time::sleep((killed_at + Duration::from_secs(TTL_S + 2)).saturating_sub(load.elapsed()))
+        .await;
+    let after_ttl = fallback_active(&envoy).await;
+    let result = load.finish().await.unwrap();
+
+    let held = Window {
+        from: killed_at + Duration::from_secs(1),
+        to: killed_at + Duration::from_secs(61),
+    };
+    let fallback = Window {
+        from: killed_at + Duration::from_secs(TTL_S + 2),
+        to: duration,
+    };
+    let summary = format!(
+        "killed at {killed_at:?}; fallback active at +60 s: {at_one_minute:?}, after the TTL: {after_ttl:?}\n\
+         held: {}fallback: {}",
+        result.summary(held),
+        result.summary(fallback)
+    );
+    println!("{summary}");
+    if at_one_minute != Some(false) || after_ttl != Some(true) {
+        envoy.print_log();
+    }
+
+    let whole = result.tenant_counts(Window::secs(0.0, 3600.0), "acme");
+    assert_eq!(
+        whole.server_errors + whole.errors,
+        0,
+        "no request fails because the control plane is gone\n{summary}"
+    );
+    let admitted_held = rate(result.tenant_counts(held, "acme").ok, held);
+    assert!(
+        within(admitted_held, 200.0, 0.10),
+        "a minute on the last directives admitted {admitted_held:.1} rps, limit 200\n{summary}"
+    );
+    assert_eq!(at_one_minute, Some(false), "{summary}");
+    assert_eq!(after_ttl, Some(true), "{summary}");
+    // local_limit: the cell's limit over the one reporting proxy, split
+    // between this Envoy's serving VMs: 200 rps in all.
+    let admitted_fallback = rate(result.tenant_counts(fallback, "acme").ok, fallback);
+    assert!(
+        within(admitted_fallback, 200.0, 0.15),
+        "the local fallback limit admitted {admitted_fallback:.1} rps, limit 200\n{summary}"
+    );
+}
