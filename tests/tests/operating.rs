@@ -217,8 +217,12 @@ modes:
         within(shadow_share, 2.0 / 3.0, 0.1),
         "shadow would drop {shadow_share:.3}\n{summary}"
     );
+    // The decision is the same in both modes (the filter's unit tests
+    // compare them draw for draw); what differs here is the control loop,
+    // whose admitted rate wanders by up to ±15 % of the limit between 5 s
+    // windows, i.e. ±0.05 of the drop share at a third admitted.
     assert!(
-        (shadow_share - enforce_share).abs() < 0.05,
+        (shadow_share - enforce_share).abs() < 0.08,
         "shadow predicted {shadow_share:.3}, enforce dropped {enforce_share:.3}\n{summary}"
     );
     let killed = result.tenant_counts(killed_window, "acme");
