@@ -401,6 +401,30 @@ impl Envoy {
     }
 }
 
+/// Starts Envoy on `envoy/demo-a.yaml` with `patch` merged into the
+/// filter's configuration and no control plane listening; returns the
+/// outcome and Envoy's log, for tests of configurations Envoy must refuse
+/// or accept.
+pub async fn start_patched_without_control_plane(
+    patch: Json,
+    name: &str,
+) -> (Result<Envoy>, String) {
+    // The discard port: nothing listens, and the filter must load anyway.
+    let control_plane = SocketAddr::from(([127, 0, 0, 1], 9));
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(err) => return (Err(err.into()), String::new()),
+    };
+    let started = async {
+        let mut config = load_repo_config("demo-a.yaml")?;
+        rewrite(&mut config, &Rewrite::for_test(control_plane, patch)?)?;
+        Envoy::start(&config, &EnvoyOptions::new(name, dir.path())).await
+    }
+    .await;
+    let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
+    (started, log)
+}
+
 async fn wait_ready(guard: &mut ChildGuard, admin_file: &Path) -> Result<(SocketAddr, SocketAddr)> {
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
     let admin = loop {

@@ -8,28 +8,8 @@
     clippy::indexing_slicing
 )]
 
-use std::net::SocketAddr;
-
 use serde_json::json;
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-
-/// Nothing listens here; the filter must load without a control plane.
-const NO_CONTROL_PLANE: &str = "127.0.0.1:9";
-
-async fn start_with(patch: serde_json::Value, name: &str) -> (anyhow::Result<Envoy>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    let control_plane: SocketAddr = NO_CONTROL_PLANE.parse().unwrap();
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_test(control_plane, patch).unwrap(),
-    )
-    .unwrap();
-    let options = EnvoyOptions::new(name, dir.path());
-    let started = Envoy::start(&config, &options).await;
-    let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
-    (started, log)
-}
+use sluice_integration_tests::envoy;
 
 #[tokio::test]
 async fn invalid_cell_keys_are_refused_naming_the_field() {
@@ -51,7 +31,9 @@ async fn invalid_cell_keys_are_refused_naming_the_field() {
         ),
     ];
     for (index, (patch, field)) in cases.into_iter().enumerate() {
-        let (started, log) = start_with(patch.clone(), &format!("bad-cell-{index}")).await;
+        let (started, log) =
+            envoy::start_patched_without_control_plane(patch.clone(), &format!("bad-cell-{index}"))
+                .await;
         assert!(
             started.is_err(),
             "Envoy served with an invalid plugin config {patch}\n{log}"
@@ -69,7 +51,7 @@ async fn invalid_cell_keys_are_refused_naming_the_field() {
 
 #[tokio::test]
 async fn valid_cell_keys_serve() {
-    let (started, log) = start_with(
+    let (started, log) = envoy::start_patched_without_control_plane(
         json!({
             "tenant": {"source": "header", "name": "x-tenant"},
             "priority": {"header": "x-priority", "routes": {"local_route": "critical"}},

@@ -8,28 +8,8 @@
     clippy::indexing_slicing
 )]
 
-use std::net::SocketAddr;
-
 use serde_json::json;
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-
-/// Nothing listens here; the filter must load without a control plane.
-const NO_CONTROL_PLANE: &str = "127.0.0.1:9";
-
-async fn start_with(patch: serde_json::Value, name: &str) -> (anyhow::Result<Envoy>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    let control_plane: SocketAddr = NO_CONTROL_PLANE.parse().unwrap();
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_test(control_plane, patch).unwrap(),
-    )
-    .unwrap();
-    let options = EnvoyOptions::new(name, dir.path());
-    let started = Envoy::start(&config, &options).await;
-    let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
-    (started, log)
-}
+use sluice_integration_tests::envoy;
 
 #[tokio::test]
 async fn invalid_plugin_config_is_refused_naming_the_field() {
@@ -46,7 +26,9 @@ async fn invalid_plugin_config_is_refused_naming_the_field() {
         (json!({"rate_limit": 5}), "rate_limit"),
     ];
     for (index, (patch, field)) in cases.into_iter().enumerate() {
-        let (started, log) = start_with(patch.clone(), &format!("bad-{index}")).await;
+        let (started, log) =
+            envoy::start_patched_without_control_plane(patch.clone(), &format!("bad-{index}"))
+                .await;
         assert!(
             started.is_err(),
             "Envoy served with an invalid plugin config {patch}\n{log}"
@@ -64,7 +46,9 @@ async fn invalid_plugin_config_is_refused_naming_the_field() {
 
 #[tokio::test]
 async fn the_same_config_with_valid_fields_serves() {
-    let (started, log) = start_with(json!({"report_interval_ms": 100}), "good").await;
+    let (started, log) =
+        envoy::start_patched_without_control_plane(json!({"report_interval_ms": 100}), "good")
+            .await;
     let envoy = started.unwrap_or_else(|err| panic!("valid config refused: {err:#}\n{log}"));
     let response = reqwest::get(format!("{}/", envoy.base_url()))
         .await
