@@ -369,6 +369,7 @@ impl Agent {
     /// the tick period, so its per-window counts are rates. Counts are
     /// taken before the slow tick hands them on.
     fn close_pacer_window(&mut self, now_ms: u64) {
+        self.pacer.advance_clock(now_ms);
         let due = *self.pacer_due_ms.get_or_insert(now_ms);
         if now_ms < due {
             return;

@@ -58,6 +58,10 @@ pub struct Pacer {
     buckets: HashMap<String, Pace>,
     /// Time of the last tick: the request path's clock.
     now_ms: u64,
+    /// How far the clock moved at its last reading.
+    last_step_ms: u64,
+    /// When the rate slots were last closed.
+    closed_at_ms: Option<u64>,
 }
 
 impl Pacer {
@@ -75,6 +79,8 @@ impl Pacer {
             max_buckets,
             buckets: HashMap::new(),
             now_ms: 0,
+            last_step_ms: 0,
+            closed_at_ms: None,
         }
     }
 
@@ -91,7 +97,7 @@ impl Pacer {
         };
         pace.pending = pace.pending.saturating_add(1);
         if let Some(cap) = &mut pace.cap {
-            return if cap.admit(self.now_ms) {
+            return if cap.admit(self.now_ms, self.last_step_ms) {
                 Verdict::Admit
             } else {
                 Verdict::Drop
@@ -103,18 +109,37 @@ impl Pacer {
         }
     }
 
+    /// Moves the request path's clock to `now_ms` (never back). VMs call it
+    /// on every timer tick, more often than slots close, so that the caps
+    /// see time advance in small steps even when a slot closes late.
+    pub fn advance_clock(&mut self, now_ms: u64) {
+        if now_ms > self.now_ms {
+            // The first reading has no previous one to measure a stall from.
+            if self.now_ms > 0 {
+                self.last_step_ms = now_ms - self.now_ms;
+            }
+            self.now_ms = now_ms;
+        }
+    }
+
     /// The tick: closes every bucket's rate slot, and starts tracking the
     /// buckets in `seen` (those counted since the last tick) so that their
-    /// rate is known when their first directive arrives.
+    /// rate is known when their first directive arrives. Each slot holds the
+    /// time it really covered, however late the tick.
     pub fn on_tick<'a>(
         &mut self,
         now_ms: u64,
         seen: impl IntoIterator<Item = &'a str>,
         rng: &mut impl Rng,
     ) {
-        self.now_ms = now_ms;
+        self.advance_clock(now_ms);
+        let span_ms = match self.closed_at_ms {
+            Some(closed) if now_ms > closed => now_ms - closed,
+            _ => self.tick_ms,
+        };
+        self.closed_at_ms = Some(now_ms);
         for pace in self.buckets.values_mut() {
-            pace.window.push(std::mem::take(&mut pace.pending));
+            pace.window.push(std::mem::take(&mut pace.pending), span_ms);
             pace.idle_ticks = if pace.window.is_idle() {
                 pace.idle_ticks.saturating_add(1)
             } else {
@@ -127,7 +152,7 @@ impl Pacer {
             if !self.buckets.contains_key(bucket) && self.buckets.len() < self.max_buckets {
                 let mut pace = new_pace(rng);
                 // Counted by the caller, not here: credit it to this tick.
-                pace.window.push(1);
+                pace.window.push(1, span_ms);
                 self.buckets.insert(bucket.to_owned(), pace);
             }
         }
@@ -165,7 +190,7 @@ impl Pacer {
         }
         pace.applied = Some(rates);
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-        let local = pace.window.local(self.tick_ms);
+        let local = pace.window.local();
         pace.cap = match (allowance_rps(local, rates, settings), &mut pace.cap) {
             (None, _) => None,
             (Some(rate), Some(cap)) => {
@@ -252,6 +277,56 @@ mod tests {
         // plus the counting margin below the limit, (200 + √200 + 1) × 1.25.
         let admitted = run(&mut pacer, 0.0, 80, 10, 20);
         assert!((268..=280).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn late_ticks_keep_the_allowance_at_the_share() {
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 20,
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let threshold = DropRatio::new(0.5).unwrap().threshold();
+        // 200 rps offered, but the timer fires every 150 ms: 30 a tick.
+        let mut admitted = 0;
+        for tick in 0..=200_u64 {
+            if tick == 20 {
+                // Half of this VM's 200 rps: 100 rps.
+                pacer.apply(&[directive(0.5, 1_000.0, 2_000.0)]);
+            }
+            pacer.on_tick(tick * 150, ["a"], &mut rng);
+            for _ in 0..30 {
+                let verdict = pacer.decide("a", threshold, &mut rng);
+                admitted += u32::from(tick > 20 && verdict == Verdict::Admit);
+            }
+        }
+        // 180 ticks of 150 ms: 27 s at 100 rps.
+        assert!((2_650..=2_750).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn the_clock_advances_between_slots() {
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let threshold = DropRatio::new(0.0).unwrap().threshold();
+        for tick in 0..10_u64 {
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+            pacer.decide("a", threshold, &mut rng);
+        }
+        // 10 rps here, 20 fleet-wide against a limit of 10: 5 rps.
+        pacer.apply(&[directive(0.5, 10.0, 20.0)]);
+        while pacer.decide("a", threshold, &mut rng) == Verdict::Admit {}
+        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
+        // 200 ms later, without a slot closing, one more request fits.
+        pacer.advance_clock(1_100);
+        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Admit);
+        pacer.advance_clock(500);
+        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
     }
 
     #[test]
