@@ -76,6 +76,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub reload_poll_ms: u64,
+    /// Longest start-up hold, in milliseconds: after a start, no directives
+    /// are pushed until as many proxies have reported as the proxies' last
+    /// directives counted, or this long (0: push from the first interval).
+    #[arg(long, value_name = "MS", default_value_t = crate::warmup::DEFAULT_GRACE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub startup_grace_ms: u64,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs
     /// `--grpc-tls-key`.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
@@ -284,7 +290,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         source,
     })?;
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
-    let settings = Settings::from_config(&config, args.control_interval_ms);
+    let settings = Settings {
+        startup_grace: std::time::Duration::from_millis(args.startup_grace_ms),
+        ..Settings::from_config(&config, args.control_interval_ms)
+    };
     let auth = auth_policy(&args)?;
     let grpc_tls = grpc_tls(&args)?;
     if auth.token.is_none() && !args.admin_listen.ip().is_loopback() {

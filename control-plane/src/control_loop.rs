@@ -35,6 +35,15 @@ pub async fn run(state: AppState, mut controller: Controller, shutdown: Cancella
 pub fn step(state: &AppState, controller: &mut Controller) {
     let started = Instant::now();
     let metrics = state.metrics();
+    let (may_push, ended) = state.warmup().check(started);
+    if let Some(ended) = ended {
+        tracing::info!(?ended, "start-up hold over: pushing directives");
+    }
+    if !may_push {
+        hold(state);
+        metrics.control_tick(started.elapsed());
+        return;
+    }
     let load = state.fleet().tick();
     let (decision, modes) = {
         let policy = state.policy();
@@ -51,6 +60,19 @@ pub fn step(state: &AppState, controller: &mut Controller) {
     });
     record(state, published, changed);
     metrics.control_tick(started.elapsed());
+}
+
+/// One control interval of the start-up hold: the report windows close
+/// and the admin API shows the fleet as reported so far, but nothing is
+/// pushed and `controller` has not run yet, so the first directives come
+/// from a fresh controller and the whole fleet. A throwaway controller
+/// computes the status.
+fn hold(state: &AppState) {
+    let load = state.fleet().tick();
+    let decision = Controller::default().decide(&load, &state.policy());
+    state.metrics().observe_fleet(&load.stats);
+    state.metrics().observe_buckets(&decision.buckets);
+    state.set_buckets(decision.buckets);
 }
 
 /// Between control intervals: publishes a mode change or a heartbeat if

@@ -12,10 +12,10 @@
 //! - corrects the admit share by a factor learned from the admitted rate
 //!   the proxies report: while the bucket is shedding, each interval moves
 //!   the factor by [`GAIN`] of the log ratio between the limit and the
-//!   admitted rate, within [`CORRECTION`]; gaps beyond [`MAX_ERROR`] are
-//!   transients (or proxies in shadow mode) and are ignored. The factor
-//!   keeps its value when
-//!   the bucket stops shedding, and is reset by a load step.
+//!   admitted rate, by at most [`MAX_STEP`] and within [`CORRECTION`];
+//!   gaps beyond [`MAX_ERROR`] are transients (or proxies in shadow mode)
+//!   and are ignored. The factor keeps its value when the bucket stops
+//!   shedding, and is reset by a load step.
 //!
 //! [`Proportional`](crate::controller::Proportional) stays available as the
 //! baseline.
@@ -34,6 +34,10 @@ pub const STEP: f64 = 0.25;
 pub const GAIN: f64 = 0.4;
 /// Bounds of the correction factor.
 pub const CORRECTION: (f64, f64) = (0.8, 1.25);
+/// Largest move of the correction in one interval (as a log ratio): one
+/// late or bunched report makes an interval's admitted rate look several
+/// percent off, which must not swing the whole fleet's ratio.
+pub const MAX_STEP: f64 = 0.02;
 /// Larger gaps between the limit and the admitted rate (as a log ratio) do
 /// not move the correction.
 pub const MAX_ERROR: f64 = 0.2;
@@ -129,7 +133,8 @@ impl DropPolicy for Tracking {
                 && error.abs() <= MAX_ERROR
             {
                 let (low, high) = CORRECTION;
-                state.correction = (state.correction * (GAIN * error).exp()).clamp(low, high);
+                let step = (GAIN * error).clamp(-MAX_STEP, MAX_STEP);
+                state.correction = (state.correction * step.exp()).clamp(low, high);
             }
         }
         state.after_step = step;
@@ -195,6 +200,20 @@ mod tests {
             let ratio = policy.drop_ratio("a", &load(600.0, 600.0), l).get();
             assert!((ratio - 2.0 / 3.0).abs() < 1e-12, "{ratio}");
         }
+    }
+
+    #[test]
+    fn one_noisy_interval_moves_the_ratio_only_a_little() {
+        let mut policy = Tracking::new();
+        let l = limit(1_000.0);
+        policy.drop_ratio("a", &load(2_000.0, 2_000.0), l);
+        policy.drop_ratio("a", &load(2_000.0, 1_000.0), l);
+        let steady = policy.drop_ratio("a", &load(2_000.0, 1_000.0), l).get();
+        // A late report: the interval's admitted rate reads 15 % high.
+        let after = policy.drop_ratio("a", &load(2_000.0, 1_150.0), l).get();
+        let admit_share = |ratio: f64| 1.0 - ratio;
+        let moved = (admit_share(after) / admit_share(steady)).ln();
+        assert!((-MAX_STEP - 1e-12..0.0).contains(&moved), "{moved}");
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Session {
         };
         let proxy_id = hello.proxy_id;
         tracing::Span::current().record("proxy_id", proxy_id.as_str());
+        self.state.warmup().hello(hello.known_proxies);
 
         let connected = self.state.fleet().connect_in_zone(
             &proxy_id,
@@ -265,7 +266,7 @@ impl Session {
                 }
                 *last_sequence = Some(report.sequence);
                 match self.state.fleet().report(proxy_id, self.stream, &report) {
-                    Ok(()) => {}
+                    Ok(()) => self.state.warmup().reported(proxy_id),
                     Err(err @ ReportRejected::Superseded) => {
                         metrics.report_rejected(err);
                         tracing::debug!(proxy_id, "ignoring report from a replaced stream");

@@ -36,6 +36,7 @@ pub mod simulate;
 pub mod state;
 pub mod tls;
 pub mod types;
+pub mod warmup;
 
 use std::future::Future;
 use std::sync::Arc;

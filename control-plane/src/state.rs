@@ -3,7 +3,7 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::controller::BucketStatus;
@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::push::Publisher;
 use crate::types::{ControlInterval, DirectiveTtl};
+use crate::warmup::Warmup;
 
 /// Everything needed to start a control plane.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,11 +26,14 @@ pub struct Settings {
     pub directive_ttl: DirectiveTtl,
     /// Bounds on the cells reports can create.
     pub fleet_caps: FleetCaps,
+    /// Longest start-up hold ([`crate::warmup`]); zero: none.
+    pub startup_grace: Duration,
 }
 
 impl Settings {
     /// Settings from a limits file; `control_interval` (the command line)
-    /// overrides the file's interval.
+    /// overrides the file's interval. No start-up hold: `sluice serve`
+    /// sets one ([`crate::warmup::DEFAULT_GRACE`] unless configured).
     pub fn from_config(config: &Config, control_interval: Option<ControlInterval>) -> Self {
         Self {
             control_interval: control_interval
@@ -38,6 +42,7 @@ impl Settings {
             policy: config.policy(),
             directive_ttl: config.directive_ttl_ms.unwrap_or_default(),
             fleet_caps: FleetCaps::default(),
+            startup_grace: Duration::ZERO,
         }
     }
 }
@@ -58,6 +63,7 @@ struct Shared {
     publisher: Publisher,
     next_stream: AtomicU64,
     metrics: Metrics,
+    warmup: Warmup,
 }
 
 impl AppState {
@@ -82,6 +88,7 @@ impl AppState {
                 publisher: Publisher::new(epoch, settings.directive_ttl, modes),
                 next_stream: AtomicU64::new(1),
                 metrics: Metrics::new(epoch),
+                warmup: Warmup::new(Instant::now(), settings.startup_grace),
             }),
         }
     }
@@ -94,6 +101,11 @@ impl AppState {
     /// The control interval.
     pub fn control_interval(&self) -> ControlInterval {
         self.inner.control_interval
+    }
+
+    /// The start-up hold.
+    pub fn warmup(&self) -> &Warmup {
+        &self.inner.warmup
     }
 
     /// The TTL stamped on directive batches.

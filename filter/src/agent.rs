@@ -83,6 +83,8 @@ pub struct AgentSettings {
     pub control_plane_cluster: String,
     /// Identity sent in `Hello`; also decides canary membership.
     pub proxy_id: String,
+    /// Failure domain sent in `Hello`; empty when unknown.
+    pub zone: String,
     /// Milliseconds between reports.
     pub report_interval_ms: u64,
     /// Cap on cells counted and directives held.
@@ -109,6 +111,7 @@ impl AgentSettings {
         Self {
             control_plane_cluster: control_plane_cluster.into(),
             proxy_id: proxy_id.into(),
+            zone: String::new(),
             report_interval_ms: 250,
             max_buckets: 10_000,
             directive_ttl_ms: DEFAULT_DIRECTIVE_TTL_MS,
@@ -833,7 +836,8 @@ impl Agent {
         let hello = Hello {
             proxy_id: self.settings.proxy_id.clone(),
             instance_id: self.instance_id(host),
-            ..Default::default()
+            zone: self.settings.zone.clone(),
+            known_proxies: self.directives.known_proxies(),
         };
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Hello(hello)),

@@ -1168,3 +1168,50 @@ fn a_silent_stream_is_given_up_and_reopened() {
         Some(proxy_message::Kind::Hello(_))
     ));
 }
+
+#[test]
+fn a_reconnecting_proxy_tells_the_fleet_it_last_saw() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            zone: "zone-a".into(),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let (first, vm) = fleet.the_stream();
+    let Some(proxy_message::Kind::Hello(hello)) = &fleet.sent(first)[0].kind else {
+        panic!("first message is not a Hello");
+    };
+    assert_eq!((hello.zone.as_str(), hello.known_proxies), ("zone-a", 0));
+    let batch = DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        issued_at_unix_ms: fleet.now_ms,
+        directives: [("acme", 3), ("other", 2)]
+            .iter()
+            .map(|(bucket, proxies)| Directive {
+                bucket: (*bucket).into(),
+                drop_ratio: 0.5,
+                limit_rps: 10.0,
+                reporting_proxies: *proxies,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let message = ControlMessage {
+        kind: Some(control_message::Kind::Directives(batch)),
+    };
+    let now_ms = fleet.now_ms;
+    let (host, agent) = &mut fleet.vms[vm];
+    agent.on_stream_message(host, first, &message.encode_to_vec(), now_ms);
+    fleet.server_closes(14);
+    fleet.ticks(60);
+    let (second, _) = fleet.the_stream();
+    assert_ne!(first, second);
+    let Some(proxy_message::Kind::Hello(hello)) = &fleet.sent(second)[0].kind else {
+        panic!("first message is not a Hello");
+    };
+    assert_eq!((hello.zone.as_str(), hello.known_proxies), ("zone-a", 3));
+}

@@ -34,6 +34,7 @@ const BURST_MS: RangeInclusive<u64> = 0..=10_000;
 const EXPECTED_PROXIES: RangeInclusive<u32> = 1..=100_000;
 const MAX_PRIORITY_MAPPINGS: usize = 64;
 const MAX_NAME_BYTES: usize = 64;
+const MAX_ZONE_BYTES: usize = 128;
 
 /// The validated plugin configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +43,9 @@ pub struct FilterConfig {
     pub control_plane_cluster: String,
     /// Identity sent in `Hello`; `None` means "use the Envoy node id".
     pub proxy_id: Option<String>,
+    /// Failure domain sent in `Hello`; `None` means "use the Envoy node's
+    /// locality zone".
+    pub zone: Option<String>,
     /// How requests map to buckets.
     pub bucket_key: BucketKeySpec,
     /// How often the leader sends a `Report`.
@@ -98,6 +102,8 @@ struct RawConfig {
     control_plane_cluster: String,
     #[serde(default)]
     proxy_id: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
     #[serde(default = "default_bucket_key")]
     bucket_key: Vec<RawKeyPart>,
     #[serde(default = "default_separator")]
@@ -331,6 +337,14 @@ impl RawConfig {
         {
             return Err(ConfigError::new("proxy_id", "must not be empty when set"));
         }
+        if let Some(zone) = &self.zone
+            && (zone.trim().is_empty() || zone.len() > MAX_ZONE_BYTES)
+        {
+            return Err(ConfigError::new(
+                "zone",
+                format!("must be between 1 and {MAX_ZONE_BYTES} bytes when set"),
+            ));
+        }
         if !BUCKET_KEY_PARTS.contains(&self.bucket_key.len()) {
             return Err(ConfigError::new(
                 "bucket_key",
@@ -428,6 +442,7 @@ impl RawConfig {
         Ok(FilterConfig {
             control_plane_cluster: self.control_plane_cluster,
             proxy_id: self.proxy_id,
+            zone: self.zone,
             classifier: Classifier {
                 bucket_key: bucket_key.clone(),
                 tenant,
@@ -690,6 +705,7 @@ mod tests {
             br#"{
               "control_plane_cluster": "sluice_control_plane",
               "proxy_id": "envoy-a",
+              "zone": "eu-west-1a",
               "bucket_key": [
                 {"source": "header", "name": "X-Tenant", "default": "anonymous"},
                 {"source": "authority"},
@@ -706,6 +722,7 @@ mod tests {
         .unwrap();
         assert_eq!(config.control_plane_cluster, "sluice_control_plane");
         assert_eq!(config.proxy_id.as_deref(), Some("envoy-a"));
+        assert_eq!(config.zone.as_deref(), Some("eu-west-1a"));
         assert!(config.bucket_key.uses_route_name());
         let expected = BucketKeySpec::new(
             vec![
@@ -739,6 +756,7 @@ mod tests {
     fn defaults_apply() {
         let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
         assert_eq!(config.proxy_id, None);
+        assert_eq!(config.zone, None);
         assert_eq!(config.report_interval_ms, 250);
         assert_eq!(config.retry_after_seconds, 1);
         assert_eq!(config.max_buckets, 10_000);
@@ -771,6 +789,10 @@ mod tests {
                 r#"{"control_plane_cluster": "cp", "bucket_key": [{"source": "path_prefix", "segments": 0}]}"#
             ),
             "bucket_key[0].segments: must be between 1 and 32, got 0"
+        );
+        assert_eq!(
+            error_of(r#"{"control_plane_cluster": "cp", "zone": " "}"#),
+            "zone: must be between 1 and 128 bytes when set"
         );
     }
 

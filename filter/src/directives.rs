@@ -235,6 +235,17 @@ impl DirectiveTable {
         self.entries.is_empty()
     }
 
+    /// The most proxies any directive counted as reporting its bucket: a
+    /// lower bound on the fleet the control plane last saw, told to a new
+    /// control plane in `Hello`.
+    pub fn known_proxies(&self) -> u32 {
+        self.entries
+            .iter()
+            .map(|e| e.directive.reporting_proxies)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Cells whose drop ratio is above zero.
     pub fn shedding(&self) -> usize {
         self.entries

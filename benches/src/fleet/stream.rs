@@ -170,6 +170,8 @@ async fn run_stream(
             proxy_id: format!("{}-{index}", spec.proxy_prefix),
             instance_id: index as u64 + 1,
             zone: String::new(),
+            // A new simulated proxy holds no directives yet.
+            known_proxies: 0,
         })),
     };
     outbound.send(hello).await.context("cannot queue Hello")?;

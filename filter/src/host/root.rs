@@ -123,6 +123,7 @@ impl RootContext for SluiceRoot {
         let settings = AgentSettings {
             control_plane_cluster: config.control_plane_cluster,
             proxy_id: config.proxy_id.unwrap_or_else(node_id),
+            zone: config.zone.unwrap_or_else(node_zone),
             report_interval_ms: config.report_interval_ms,
             max_buckets: config.max_buckets,
             directive_ttl_ms: config.directive_ttl_ms,
@@ -167,6 +168,16 @@ impl RootContext for SluiceRoot {
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
+}
+
+/// The Envoy node's locality zone (`--service-zone` or `node.locality`), the
+/// proxy's failure domain unless the config names one; empty when unset.
+fn node_zone() -> String {
+    hostcalls::get_property(vec!["node", "locality", "zone"])
+        .ok()
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .unwrap_or_default()
 }
 
 /// The Envoy node id, which identifies the proxy unless the config does.
