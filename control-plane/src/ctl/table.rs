@@ -112,6 +112,7 @@ pub fn proxies(reply: &Value) -> String {
         "zone",
         "connected",
         "since_last_report_ms",
+        "directive_age_ms",
         "cells",
         "instance_id",
     ];
@@ -256,6 +257,36 @@ mod tests {
         );
         assert!(lines[1].starts_with("acme            200.0"), "{text}");
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
+    }
+
+    #[test]
+    fn proxies_show_the_directive_age_or_a_dash() {
+        let text = proxies(&json!({"connected": 2, "proxies": [
+            {"proxy_id": "envoy-a", "zone": "eu-1", "connected": true,
+             "since_last_report_ms": 120, "directive_age_ms": 340, "cells": 3,
+             "instance_id": 7},
+            {"proxy_id": "envoy-b", "zone": "", "connected": true,
+             "since_last_report_ms": 80, "directive_age_ms": null, "cells": 0,
+             "instance_id": 9},
+        ]}));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows[0],
+            [
+                "proxy_id",
+                "zone",
+                "connected",
+                "since_last_report_ms",
+                "directive_age_ms",
+                "cells",
+                "instance_id"
+            ]
+        );
+        assert_eq!(rows[1], ["envoy-a", "eu-1", "true", "120", "340", "3", "7"]);
+        assert_eq!(rows[2], ["envoy-b", "true", "80", "-", "0", "9"], "{text}");
     }
 
     #[test]
