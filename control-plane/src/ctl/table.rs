@@ -73,6 +73,7 @@ pub fn buckets(reply: &Value) -> String {
         "shadow_dropped_rps",
         "drop_ratio",
         "proxies_reporting",
+        "floors_exceed_limit",
     ];
     let mut out = render(&columns, &rows_of(reply.get("buckets"), &columns));
     let cell_columns = [
@@ -240,7 +241,8 @@ mod tests {
             {"bucket": "acme", "limit_rps": 200.0, "offered_rps": 600.0,
              "admitted_rps": 200.0, "drop_ratio": 0.5, "proxies_reporting": 2},
             {"bucket": "free-long-name", "limit_rps": null, "offered_rps": 1.0,
-             "admitted_rps": 1.0, "drop_ratio": 0.0, "proxies_reporting": 1},
+             "admitted_rps": 1.0, "drop_ratio": 0.0, "proxies_reporting": 1,
+             "floors_exceed_limit": true},
         ]}));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
@@ -257,6 +259,8 @@ mod tests {
         );
         assert!(lines[1].starts_with("acme            200.0"), "{text}");
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
+        assert!(lines[0].ends_with("floors_exceed_limit"), "{text}");
+        assert!(lines[2].ends_with("true"), "{text}");
     }
 
     #[test]
