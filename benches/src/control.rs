@@ -16,6 +16,7 @@ pub fn report(buckets: &[String], offered: u64) -> Report {
     Report {
         sequence: 1,
         window_ms: 250,
+        directive_age_ms: None,
         buckets: buckets
             .iter()
             .map(|bucket| BucketCount {

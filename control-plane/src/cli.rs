@@ -122,7 +122,9 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "NAME", default_value = "compare", value_parser = parse_variant)]
     pub variant: String,
     /// Write per-scenario time series (`NAME-VARIANT.csv`) and plots
-    /// (`NAME.svg`: offered, admitted and limit over time) into this folder.
+    /// (`NAME.svg`: offered, admitted and limit over time) into this folder,
+    /// and `tenants.csv` (each tenant's offered, fair-share and admitted
+    /// rates) when a scenario has tenants.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 }
@@ -259,6 +261,17 @@ pub fn simulate(args: &SimulateArgs) -> ExitCode {
         }
     }
     print!("{}", report::table(&rows));
+    let tenants = report::tenant_table(&rows);
+    if !tenants.is_empty() {
+        print!("\n{tenants}");
+        if let Some(dir) = &args.out {
+            let path = dir.join("tenants.csv");
+            if let Err(err) = std::fs::write(&path, report::tenant_csv(&rows)) {
+                eprintln!("sluice: cannot write {}: {err}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Some(path) = &args.csv
         && let Err(err) = std::fs::write(path, report::csv(&rows))
     {

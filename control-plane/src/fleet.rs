@@ -237,10 +237,26 @@ pub struct ProxyStatus {
     pub since_last_report: Duration,
     /// Cells (bucket, tenant, priority) in the proxy's current rates.
     pub cells: usize,
+    /// Age of the directives the proxy enforces, on its own clock, as of
+    /// its last report; `None` (JSON null) until a report names one, or
+    /// while the proxy holds no directives; serialized as
+    /// `directive_age_ms`.
+    #[serde(rename = "directive_age_ms", serialize_with = "optional_millis")]
+    pub directive_age: Option<Duration>,
 }
 
 fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn optional_millis<S: serde::Serializer>(
+    duration: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => millis(duration, serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// Index of a cell in the interner.
@@ -297,6 +313,9 @@ struct Proxy {
     /// When the proxy last reported (its Hello before the first report).
     /// Only the operator view reads it.
     last_report: Instant,
+    /// Directive age (ms) named by the last report of the current stream.
+    /// Only the operator view reads it.
+    directive_age_ms: Option<u64>,
     /// Σ window_ms of the reports since the previous tick.
     window_ms: u64,
     /// Σ counts of the reports since the previous tick.
@@ -518,6 +537,7 @@ impl Fleet {
                 proxy.instance_id = instance_id;
                 zone.clone_into(&mut proxy.zone);
                 proxy.last_report = now;
+                proxy.directive_age_ms = None;
                 Connected::Replaced { previous }
             }
             None => {
@@ -528,6 +548,7 @@ impl Fleet {
                         instance_id,
                         zone: zone.to_owned(),
                         last_report: now,
+                        directive_age_ms: None,
                         window_ms: 0,
                         counts: IdMap::default(),
                         hints: Vec::new(),
@@ -565,6 +586,7 @@ impl Fleet {
         }
         proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
         proxy.last_report = Instant::now();
+        proxy.directive_age_ms = report.directive_age_ms;
         proxy.hints.resize(report.buckets.len(), NO_CELL);
         for (count, hint) in report.buckets.iter().zip(proxy.hints.iter_mut()) {
             // Reports list only cells with traffic; a zero entry would only
@@ -642,6 +664,7 @@ impl Fleet {
                 connected: proxy.stream.is_some(),
                 since_last_report: now.saturating_duration_since(proxy.last_report),
                 cells: proxy.rates.len(),
+                directive_age: proxy.directive_age_ms.map(Duration::from_millis),
             })
             .collect();
         proxies.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
@@ -810,6 +833,7 @@ mod tests {
         Report {
             sequence: 0,
             window_ms,
+            directive_age_ms: None,
             buckets: buckets
                 .iter()
                 .map(|&(bucket, offered, admitted)| BucketCount {
@@ -841,6 +865,7 @@ mod tests {
         Report {
             sequence: 0,
             window_ms,
+            directive_age_ms: None,
             buckets: cells,
         }
     }
@@ -1213,6 +1238,38 @@ mod tests {
         assert!(proxies[1].since_last_report < Duration::from_secs(5));
         let json = serde_json::to_value(&proxies[1]).unwrap();
         assert!(json["since_last_report_ms"].is_u64(), "{json}");
+    }
+
+    #[test]
+    fn proxies_view_shows_the_directive_age_of_the_last_report() {
+        let mut fleet = Fleet::new(3);
+        fleet.connect("a", 1, StreamId(1));
+        let age = |fleet: &Fleet| fleet.proxies()[0].directive_age;
+        let json = |fleet: &Fleet| serde_json::to_value(&fleet.proxies()[0]).unwrap();
+        assert_eq!(age(&fleet), None, "unknown before a report");
+        assert!(json(&fleet)["directive_age_ms"].is_null());
+
+        let aged = |ms| Report {
+            directive_age_ms: Some(ms),
+            ..report(100, &[])
+        };
+        fleet.report("a", StreamId(1), &aged(1_250)).unwrap();
+        assert_eq!(age(&fleet), Some(Duration::from_millis(1_250)));
+        assert_eq!(json(&fleet)["directive_age_ms"], 1_250);
+        fleet.report("a", StreamId(1), &aged(40)).unwrap();
+        assert_eq!(age(&fleet), Some(Duration::from_millis(40)), "latest wins");
+        // A proxy without directives (or of an older build) names none.
+        fleet.report("a", StreamId(1), &report(100, &[])).unwrap();
+        assert_eq!(age(&fleet), None);
+
+        fleet.report("a", StreamId(1), &aged(40)).unwrap();
+        fleet.connect("a", 2, StreamId(2));
+        assert_eq!(age(&fleet), None, "a new stream has not reported yet");
+        assert_eq!(
+            fleet.report("a", StreamId(1), &aged(7)),
+            Err(ReportRejected::Superseded)
+        );
+        assert_eq!(age(&fleet), None, "a replaced stream cannot set it");
     }
 
     #[test]

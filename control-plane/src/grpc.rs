@@ -252,7 +252,7 @@ impl Session {
         match message.kind {
             Some(proxy_message::Kind::Report(report)) => {
                 metrics.report_received();
-                proxy_metrics.report_received();
+                proxy_metrics.report_received(report.directive_age_ms);
                 if let Some(last) = *last_sequence
                     && report.sequence != last.wrapping_add(1)
                 {

@@ -457,12 +457,14 @@ impl Metrics {
     /// newer stream of the same proxy replaces it.
     pub fn proxy_connected(&self, proxy_id: &str, stream: StreamId) -> ProxyGuard {
         let last_report = Arc::new(AtomicU64::new(self.proxies.now_ms()));
+        let directive_age_ms = Arc::new(AtomicU64::new(NO_DIRECTIVE_AGE));
         let mut connections = self.proxies.lock();
         connections.insert(
             proxy_id.to_owned(),
             Connection {
                 stream,
                 last_report: Arc::clone(&last_report),
+                directive_age_ms: Arc::clone(&directive_age_ms),
             },
         );
         self.proxies.update_connected(&connections);
@@ -472,6 +474,7 @@ impl Metrics {
             proxy_id: proxy_id.to_owned(),
             stream,
             last_report,
+            directive_age_ms,
         }
     }
 
@@ -536,13 +539,19 @@ pub struct ProxyGuard {
     proxy_id: String,
     stream: StreamId,
     last_report: Arc<AtomicU64>,
+    directive_age_ms: Arc<AtomicU64>,
 }
 
 impl ProxyGuard {
-    /// The proxy reported just now.
-    pub fn report_received(&self) {
+    /// The proxy reported just now, with the age of the directives it
+    /// enforces (`None`: it holds none, or predates the field).
+    pub fn report_received(&self, directive_age_ms: Option<u64>) {
         self.last_report
             .store(self.proxies.now_ms(), Ordering::Relaxed);
+        self.directive_age_ms.store(
+            directive_age_ms.map_or(NO_DIRECTIVE_AGE, |age| age.min(NO_DIRECTIVE_AGE - 1)),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -575,7 +584,13 @@ struct Proxies {
 struct Connection {
     stream: StreamId,
     last_report: Arc<AtomicU64>,
+    /// Directive age in the proxy's last report; [`NO_DIRECTIVE_AGE`] when
+    /// it named none.
+    directive_age_ms: Arc<AtomicU64>,
 }
+
+/// A [`Connection`]'s directive age before a report names one.
+const NO_DIRECTIVE_AGE: u64 = u64::MAX;
 
 impl Default for Proxies {
     fn default() -> Self {
@@ -609,35 +624,53 @@ impl Proxies {
 impl Collector for Proxies {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let now = self.now_ms();
-        let ages: Vec<(ProxyLabels, f64)> = self
-            .lock()
-            .iter()
-            .map(|(proxy, connection)| {
-                let last = connection.last_report.load(Ordering::Relaxed);
-                let age_ms = now.saturating_sub(last);
-                let labels = ProxyLabels {
-                    proxy: proxy.clone(),
-                };
-                (labels, age_ms as f64 / 1000.0)
-            })
-            .collect();
-        // Like an empty Family: no proxies, no descriptor.
-        if ages.is_empty() {
-            return Ok(());
+        let mut report_ages: Vec<(ProxyLabels, f64)> = Vec::new();
+        let mut directive_ages: Vec<(ProxyLabels, f64)> = Vec::new();
+        for (proxy, connection) in self.lock().iter() {
+            let labels = ProxyLabels {
+                proxy: proxy.clone(),
+            };
+            let directive_age_ms = connection.directive_age_ms.load(Ordering::Relaxed);
+            if directive_age_ms != NO_DIRECTIVE_AGE {
+                directive_ages.push((labels.clone(), directive_age_ms as f64 / 1000.0));
+            }
+            let last = connection.last_report.load(Ordering::Relaxed);
+            report_ages.push((labels, now.saturating_sub(last) as f64 / 1000.0));
         }
         // Registered metrics get the final period from the registry; a
         // collector writes its help verbatim.
-        let mut family = encoder.encode_descriptor(
+        encode_proxy_gauges(
+            &mut encoder,
             "proxy_report_age",
             "Time since a connected proxy's last report, or its Hello before the first one.",
-            Some(&Unit::Seconds),
-            MetricType::Gauge,
+            &report_ages,
         )?;
-        for (labels, age) in &ages {
-            ConstGauge::new(*age).encode(family.encode_family(labels)?)?;
-        }
-        Ok(())
+        encode_proxy_gauges(
+            &mut encoder,
+            "proxy_directive_age",
+            "Age of the directives a connected proxy enforces, on its own clock, as of its last report; no series while it holds none.",
+            &directive_ages,
+        )
     }
+}
+
+/// One per-proxy gauge family in seconds. Like an empty Family: no
+/// proxies, no descriptor.
+fn encode_proxy_gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(ProxyLabels, f64)],
+) -> Result<(), fmt::Error> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    let mut family =
+        encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Gauge)?;
+    for (labels, value) in values {
+        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
 }
 
 /// Time since the last directive batch was broadcast, computed at scrape
@@ -827,13 +860,36 @@ mod tests {
             samples(&metrics, "sluice_proxy_report_age_seconds{").len(),
             1
         );
-        new.report_received();
+        new.report_received(None);
         drop(new);
         assert!(samples(&metrics, "sluice_proxy_report_age_seconds{").is_empty());
         assert_eq!(
             samples(&metrics, "sluice_connected_proxies "),
             ["sluice_connected_proxies 0"]
         );
+    }
+
+    #[test]
+    fn a_proxy_directive_age_follows_its_reports() {
+        let metrics = Metrics::new(1);
+        let guard = metrics.proxy_connected("envoy-a", StreamId(1));
+        let series = "sluice_proxy_directive_age_seconds{";
+        assert!(
+            samples(&metrics, series).is_empty(),
+            "unknown before a report"
+        );
+        guard.report_received(Some(1_250));
+        assert_eq!(
+            samples(&metrics, series),
+            [r#"sluice_proxy_directive_age_seconds{proxy="envoy-a"} 1.25"#]
+        );
+        // A proxy that lost its table (a restart) has no age to show.
+        guard.report_received(None);
+        assert!(samples(&metrics, series).is_empty());
+        guard.report_received(Some(0));
+        assert_eq!(samples(&metrics, series).len(), 1);
+        drop(guard);
+        assert!(samples(&metrics, series).is_empty(), "gone with the stream");
     }
 
     #[test]

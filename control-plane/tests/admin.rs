@@ -300,6 +300,7 @@ async fn metrics_show_what_the_control_loop_decided() {
     let report = Report {
         sequence: 0,
         window_ms: 1000,
+        directive_age_ms: None,
         buckets: vec![BucketCount {
             bucket: "acme".to_owned(),
             offered: 600,

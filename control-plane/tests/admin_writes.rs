@@ -550,6 +550,21 @@ async fn proxies_view() {
     assert_eq!(proxies[1]["instance_id"], 7);
     assert_eq!(proxies[1]["connected"], true);
     assert!(proxies[1]["since_last_report_ms"].is_u64());
+    assert!(proxies[0]["directive_age_ms"].is_null(), "{body}");
+    assert!(proxies[1]["directive_age_ms"].is_null(), "not reported yet");
+
+    let report = sluice_proto::v1::Report {
+        sequence: 0,
+        window_ms: 250,
+        directive_age_ms: Some(180),
+        buckets: vec![],
+    };
+    f.state
+        .fleet()
+        .report("envoy-b", StreamId(1), &report)
+        .unwrap();
+    let (_, body) = send(&f.router, Method::GET, "/v1/proxies", None).await;
+    assert_eq!(body["proxies"][1]["directive_age_ms"], 180, "{body}");
 }
 
 #[tokio::test]

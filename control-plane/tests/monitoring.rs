@@ -78,6 +78,7 @@ async fn control_plane_metrics() -> BTreeSet<String> {
     let report = Report {
         sequence: 0,
         window_ms: 1000,
+        directive_age_ms: None,
         buckets: vec![BucketCount {
             bucket: "acme".to_owned(),
             offered: 100,

@@ -200,6 +200,7 @@ impl Proxy {
                     kind: Some(proxy_message::Kind::Report(Report {
                         sequence,
                         window_ms: REPORT_MS,
+                        directive_age_ms: None,
                         buckets: counts.clone(),
                     })),
                 };
@@ -408,6 +409,7 @@ async fn a_stream_must_start_with_hello() {
         kind: Some(proxy_message::Kind::Report(Report {
             sequence: 1,
             window_ms: 100,
+            directive_age_ms: None,
             buckets: vec![],
         })),
     };
@@ -722,6 +724,7 @@ async fn metrics_follow_buckets_proxies_and_pushes() {
             kind: Some(proxy_message::Kind::Report(Report {
                 sequence: 0,
                 window_ms: 0,
+                directive_age_ms: None,
                 buckets: vec![],
             })),
         })
@@ -952,6 +955,7 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
                 kind: Some(proxy_message::Kind::Report(Report {
                     sequence: round,
                     window_ms: 100,
+                    directive_age_ms: None,
                     buckets,
                 })),
             })

@@ -869,6 +869,7 @@ impl Agent {
             sequence,
             window_ms,
             buckets,
+            directive_age_ms: self.freshness.table_age_ms(now_ms),
         };
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Report(report)),

@@ -262,6 +262,46 @@ fn reports_add_up_the_counts_of_every_vm() {
 }
 
 #[test]
+fn reports_carry_the_age_of_the_enforced_directives() {
+    let mut fleet = Fleet::new(2);
+    // Ticks one at a time and returns the reports each tick sent, with the
+    // time it sent them.
+    let sent_over = |fleet: &mut Fleet, token: u32, ticks: usize| {
+        let mut seen = fleet.reports(token).len();
+        let mut sent = Vec::new();
+        for _ in 0..ticks {
+            fleet.admit_n(0, "acme", 1);
+            fleet.tick();
+            let reports = fleet.reports(token);
+            sent.extend(reports[seen..].iter().map(|r| (fleet.now_ms, r.clone())));
+            seen = reports.len();
+        }
+        assert!(!sent.is_empty(), "no report in {ticks} ticks");
+        sent
+    };
+    fleet.ticks(2);
+    let (token, _) = fleet.the_stream();
+    for (_, report) in sent_over(&mut fleet, token, 6) {
+        assert_eq!(report.directive_age_ms, None, "no table yet");
+    }
+
+    fleet.push(1, 1, &[("acme", 0.0)]);
+    let pushed_at = fleet.now_ms;
+    let sent = sent_over(&mut fleet, token, 12);
+    for (at, report) in &sent {
+        assert_eq!(report.directive_age_ms, Some(at - pushed_at), "{report:?}");
+    }
+    assert!(sent.len() >= 2, "the age grows report by report: {sent:?}");
+
+    // A heartbeat (an empty batch) makes the whole table current again.
+    fleet.push(1, 2, &[]);
+    let heartbeat_at = fleet.now_ms;
+    for (at, report) in sent_over(&mut fleet, token, 6) {
+        assert_eq!(report.directive_age_ms, Some(at - heartbeat_at));
+    }
+}
+
+#[test]
 fn a_dead_leader_is_replaced_and_no_count_is_lost() {
     let mut fleet = Fleet::new(3);
     fleet.ticks(2);

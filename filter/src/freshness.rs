@@ -64,6 +64,13 @@ impl Freshness {
             .map_or(0, |at| now_ms.saturating_sub(at))
     }
 
+    /// Milliseconds since the last batch, or `None` before the first: what
+    /// a report tells the control plane, which must tell "no table yet"
+    /// from "just refreshed".
+    pub fn table_age_ms(&self, now_ms: u64) -> Option<u64> {
+        self.received_at_ms.map(|at| now_ms.saturating_sub(at))
+    }
+
     /// Whether the table is past its TTL. A table that never received a
     /// batch is not stale: it is empty, and new-bucket rules apply.
     pub fn is_stale(&self, now_ms: u64) -> bool {
@@ -105,6 +112,7 @@ mod tests {
         };
         assert!(!never.is_stale(1_000_000));
         assert_eq!(never.age_ms(5), 0);
+        assert_eq!(never.table_age_ms(5), None, "no table is not a fresh one");
         let fresh = Freshness {
             received_at_ms: Some(1000),
             ttl_ms: 100,
@@ -115,5 +123,7 @@ mod tests {
             Regime::Stale(Fallback::Allow)
         );
         assert_eq!(fresh.age_ms(900), 0, "a clock going back saturates");
+        assert_eq!(fresh.table_age_ms(1250), Some(250));
+        assert_eq!(fresh.table_age_ms(900), Some(0));
     }
 }

@@ -26,6 +26,7 @@ mod tests {
             kind: Some(proxy_message::Kind::Report(Report {
                 sequence: 7,
                 window_ms: 250,
+                directive_age_ms: None,
                 buckets: vec![BucketCount {
                     bucket: "acme".into(),
                     offered: u64::MAX,
@@ -37,5 +38,25 @@ mod tests {
         let bytes = message.encode_to_vec();
         let decoded = ProxyMessage::decode(bytes.as_slice());
         assert_eq!(decoded, Ok(message));
+    }
+
+    #[test]
+    fn directive_age_tells_none_from_zero_and_old_reports_decode() {
+        let report = |directive_age_ms| Report {
+            sequence: 1,
+            window_ms: 250,
+            directive_age_ms,
+            buckets: vec![],
+        };
+        for age in [None, Some(0), Some(1_250)] {
+            let bytes = report(age).encode_to_vec();
+            assert_eq!(
+                Report::decode(bytes.as_slice()).unwrap().directive_age_ms,
+                age
+            );
+        }
+        // A report of a filter built before the field: fields 1 and 2 only.
+        let old = [0x08, 0x01, 0x10, 0xfa, 0x01];
+        assert_eq!(Report::decode(old.as_slice()), Ok(report(None)));
     }
 }

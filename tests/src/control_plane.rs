@@ -306,6 +306,29 @@ pub struct BucketStatus {
     pub proxies_reporting: u32,
 }
 
+/// `GET /v1/proxies`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProxiesReply {
+    /// Proxies with an open stream.
+    pub connected: usize,
+    /// Every tracked proxy, sorted by id.
+    pub proxies: Vec<ProxyStatus>,
+}
+
+/// One proxy in `GET /v1/proxies`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProxyStatus {
+    /// Proxy id from its Hello.
+    pub proxy_id: String,
+    /// Whether its stream is open.
+    pub connected: bool,
+    /// Time since its last report.
+    pub since_last_report_ms: u64,
+    /// Age of the directives it enforces as of its last report; `None`
+    /// until a report names one.
+    pub directive_age_ms: Option<u64>,
+}
+
 /// A client for the admin API.
 #[derive(Debug, Clone)]
 pub struct AdminClient {
@@ -339,6 +362,22 @@ impl AdminClient {
     /// `GET /v1/buckets`.
     pub async fn buckets(&self) -> Result<BucketsReply> {
         let url = format!("{}/v1/buckets", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        let response = check(response, &url).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("GET {url}: bad JSON"))
+    }
+
+    /// `GET /v1/proxies`.
+    pub async fn proxies(&self) -> Result<ProxiesReply> {
+        let url = format!("{}/v1/proxies", self.base);
         let response = self
             .http
             .get(&url)

@@ -1,7 +1,8 @@
 //! Proxies joining and leaving a running fleet: a new Envoy holds the
 //! current directives as soon as its stream is open (the first message on a
-//! stream is a snapshot), and an Envoy that goes away stops counting toward
-//! the fleet rate within a bounded time.
+//! stream is a snapshot), every Envoy's directive age shows in the proxies
+//! view, and an Envoy that goes away stops counting toward the fleet rate
+//! within a bounded time.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -83,11 +84,44 @@ async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
         },
     )
     .await;
+    // While the control plane runs normally, a delta or a heartbeat (at
+    // least every second) keeps every proxy's directives young, and each
+    // proxy says how young in its reports.
+    let expected = fleet.envoys.len();
+    let ages = wait::until(
+        "every Envoy to report the age of its directives",
+        Duration::from_secs(3),
+        Duration::from_millis(100),
+        || {
+            let admin = admin.clone();
+            async move {
+                let reply = admin.proxies().await?;
+                let ages: Vec<(String, u64)> = reply
+                    .proxies
+                    .iter()
+                    .filter(|p| p.connected)
+                    .filter_map(|p| Some((p.proxy_id.clone(), p.directive_age_ms?)))
+                    .collect();
+                Ok((ages.len() == expected).then_some(ages))
+            }
+        },
+    )
+    .await;
     let result = load.finish().await.unwrap();
-    if holds.is_err() {
+    if holds.is_err() || ages.is_err() {
         fleet.print_logs();
     }
     holds.unwrap();
+    let ages = ages.unwrap();
+    // One heartbeat period, a control interval and a report interval of
+    // slack; a stalled control plane would let it grow to the TTL.
+    let young = Duration::from_secs(1) + interval + Duration::from_millis(250);
+    for (proxy_id, age_ms) in &ages {
+        assert!(
+            Duration::from_millis(*age_ms) <= young,
+            "{proxy_id}: directives {age_ms} ms old: {ages:?}"
+        );
+    }
     let counts = result.tenant_counts(Window::secs(0.0, 3600.0), "acme");
     assert_eq!(counts.server_errors, 0, "{counts}");
 }

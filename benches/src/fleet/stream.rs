@@ -215,6 +215,7 @@ async fn run_stream(
                     kind: Some(proxy_message::Kind::Report(Report {
                         sequence,
                         window_ms,
+                        directive_age_ms: None,
                         buckets,
                     })),
                 };

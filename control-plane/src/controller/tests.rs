@@ -218,6 +218,60 @@ fn floors_are_never_dropped() {
 }
 
 #[test]
+fn floors_above_the_limit_win_visibly_and_admit_nothing_beyond_them() {
+    // Limit 100; `a` and `b` are promised 80 each, `c` nothing. The floors
+    // of what they offer (80 + 60) exceed the limit by 40.
+    let mut policy = policy(
+        100.0,
+        &[
+            ("a", 1.0, 1.0, 80.0),
+            ("b", 1.0, 1.0, 80.0),
+            ("c", 4.0, 1.0, 0.0),
+        ],
+    );
+    let offered = [("a", 100.0), ("b", 60.0), ("c", 50.0)];
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+        "api",
+        offered
+            .iter()
+            .map(|&(t, rps)| tenant_cell(t, Priority::Unspecified, rps))
+            .collect(),
+    )]);
+    let mut controller = Controller::default();
+    let decision = controller.decide(&load, &policy);
+    assert!(decision.buckets[0].floors_exceed_limit, "flagged");
+    let admitted_rps: Vec<f64> = offered
+        .iter()
+        .map(|&(t, rps)| admitted(find(&decision.changed, t, Priority::Unspecified), rps))
+        .collect();
+    // Each tenant gets min(offered, floor) and nothing beyond it, whatever
+    // its weight; the bucket admits the limit plus the floors' excess.
+    assert!((admitted_rps[0] - 80.0).abs() < 1e-6, "{admitted_rps:?}");
+    assert!((admitted_rps[1] - 60.0).abs() < 1e-6, "{admitted_rps:?}");
+    assert!(admitted_rps[2].abs() < 1e-6, "{admitted_rps:?}");
+    let total: f64 = admitted_rps.iter().sum();
+    assert!((total - (100.0 + 40.0)).abs() < 1e-6, "{total}");
+
+    // Floors that fit: no flag, and the limit holds exactly again.
+    for tenant in ["a", "b"] {
+        policy.tenants.insert(
+            tenant.into(),
+            TenantPolicy {
+                min_floor_rps: limit(30.0),
+                ..TenantPolicy::default()
+            },
+        );
+    }
+    let decision = controller.decide(&load, &policy);
+    assert!(!decision.buckets[0].floors_exceed_limit);
+    let total: f64 = offered
+        .iter()
+        .map(|&(t, rps)| admitted(find(&controller.snapshot(), t, Priority::Unspecified), rps))
+        .sum();
+    assert!((total - 100.0).abs() < 1e-6, "{total}");
+}
+
+#[test]
 fn a_bucket_mode_reaches_its_directives_and_a_mode_change_is_pushed() {
     let mut policy = policy(100.0, &[]);
     let load = load(&[("api", 50.0)]);

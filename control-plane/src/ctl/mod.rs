@@ -46,7 +46,7 @@ pub struct CtlArgs {
 pub enum CtlCommand {
     /// Buckets with traffic: rates, limits, drop ratios.
     Buckets,
-    /// Proxies: identity, zone, last report, connected.
+    /// Proxies: identity, zone, last report, directive age, connected.
     Proxies,
     /// Limits in force and limit overrides.
     Limits,

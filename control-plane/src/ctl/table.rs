@@ -73,6 +73,7 @@ pub fn buckets(reply: &Value) -> String {
         "shadow_dropped_rps",
         "drop_ratio",
         "proxies_reporting",
+        "floors_exceed_limit",
     ];
     let mut out = render(&columns, &rows_of(reply.get("buckets"), &columns));
     let cell_columns = [
@@ -112,6 +113,7 @@ pub fn proxies(reply: &Value) -> String {
         "zone",
         "connected",
         "since_last_report_ms",
+        "directive_age_ms",
         "cells",
         "instance_id",
     ];
@@ -239,7 +241,8 @@ mod tests {
             {"bucket": "acme", "limit_rps": 200.0, "offered_rps": 600.0,
              "admitted_rps": 200.0, "drop_ratio": 0.5, "proxies_reporting": 2},
             {"bucket": "free-long-name", "limit_rps": null, "offered_rps": 1.0,
-             "admitted_rps": 1.0, "drop_ratio": 0.0, "proxies_reporting": 1},
+             "admitted_rps": 1.0, "drop_ratio": 0.0, "proxies_reporting": 1,
+             "floors_exceed_limit": true},
         ]}));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
@@ -256,6 +259,38 @@ mod tests {
         );
         assert!(lines[1].starts_with("acme            200.0"), "{text}");
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
+        assert!(lines[0].ends_with("floors_exceed_limit"), "{text}");
+        assert!(lines[2].ends_with("true"), "{text}");
+    }
+
+    #[test]
+    fn proxies_show_the_directive_age_or_a_dash() {
+        let text = proxies(&json!({"connected": 2, "proxies": [
+            {"proxy_id": "envoy-a", "zone": "eu-1", "connected": true,
+             "since_last_report_ms": 120, "directive_age_ms": 340, "cells": 3,
+             "instance_id": 7},
+            {"proxy_id": "envoy-b", "zone": "", "connected": true,
+             "since_last_report_ms": 80, "directive_age_ms": null, "cells": 0,
+             "instance_id": 9},
+        ]}));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows[0],
+            [
+                "proxy_id",
+                "zone",
+                "connected",
+                "since_last_report_ms",
+                "directive_age_ms",
+                "cells",
+                "instance_id"
+            ]
+        );
+        assert_eq!(rows[1], ["envoy-a", "eu-1", "true", "120", "340", "3", "7"]);
+        assert_eq!(rows[2], ["envoy-b", "true", "80", "-", "0", "9"], "{text}");
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //! windows where the offered rate exceeds the limit: below it, Sluice has
 //! nothing to do.
 
-use super::scenario::Scenario;
-use super::sim::{SLOT_MS, Trace};
+use crate::cell::{CLASSES, Priority};
+use crate::fairness::{TenantDemand, allocate};
+
+use super::scenario::{BucketSpec, Scenario};
+use super::sim::{BucketTrace, SLOT_MS, Trace};
 
 /// Slots in a 1 s window.
 const SHORT_SLOTS: usize = (1_000 / SLOT_MS) as usize;
@@ -46,9 +49,48 @@ pub struct Metrics {
     pub admitted_within_offered: bool,
     /// Directive batches pushed during the run.
     pub batches_pushed: u64,
+    /// Per tenant of every bucket with tenants, in scenario order.
+    pub tenants: Vec<TenantShare>,
+}
+
+/// How one tenant of a bucket fared against its weighted max-min fair
+/// share, over the steady-state slots of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantShare {
+    /// Bucket key.
+    pub bucket: String,
+    /// Tenant name.
+    pub tenant: String,
+    /// Its weight.
+    pub weight: f64,
+    /// Mean offered rate.
+    pub offered_rps: f64,
+    /// Mean of its fair share of the bucket's limit, as the control plane's
+    /// fairness code divides it at the rates the scenario offers.
+    pub fair_share_rps: f64,
+    /// Mean admitted rate.
+    pub admitted_rps: f64,
+}
+
+impl TenantShare {
+    /// (admitted − fair share) / fair share; `None` for a zero share.
+    pub fn error(&self) -> Option<f64> {
+        (self.fair_share_rps > 0.0)
+            .then(|| (self.admitted_rps - self.fair_share_rps) / self.fair_share_rps)
+    }
 }
 
 impl Metrics {
+    /// The largest |admitted − fair share| / fair share over the tenants;
+    /// `None` without tenants.
+    pub fn worst_tenant_error(&self) -> Option<f64> {
+        self.tenants
+            .iter()
+            .filter_map(TenantShare::error)
+            .map(f64::abs)
+            .reduce(f64::max)
+    }
+
     /// The slowest convergence, or `None` if some disturbance never
     /// converged or there were none.
     pub fn worst_convergence_ms(&self) -> Option<u64> {
@@ -139,8 +181,10 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
     let mut peak_overshoot: Option<f64> = None;
     let mut convergence_ms: Vec<Option<u64>> = Vec::new();
     let mut admitted_within_offered = true;
+    let mut tenants = Vec::new();
 
     for (spec, bucket) in scenario.buckets.iter().zip(&trace.buckets) {
+        tenants.extend(tenant_shares(scenario, &settle_from, spec, bucket));
         if spec.limit_rps <= 0.0 {
             continue;
         }
@@ -240,7 +284,86 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
         oscillations_per_min,
         admitted_within_offered,
         batches_pushed: trace.batches_pushed,
+        tenants,
     }
+}
+
+/// Each tenant's mean offered, fair-share and admitted rates over the
+/// steady-state slots. The fair share of a slot is what
+/// [`crate::fairness::allocate`] gives the tenant at the offered rates the
+/// scenario sets for that slot (unclassified traffic, as the simulated
+/// filter derives no priority).
+fn tenant_shares(
+    scenario: &Scenario,
+    settle_from: &[u64],
+    spec: &BucketSpec,
+    bucket: &BucketTrace,
+) -> Vec<TenantShare> {
+    let class = Priority::Unspecified.class();
+    let slots = bucket.offered.len();
+    let steady: Vec<usize> = (0..slots)
+        .filter(|&slot| {
+            let start_ms = slot as u64 * SLOT_MS;
+            let window = Window {
+                start_ms,
+                end_ms: start_ms + SLOT_MS,
+                offered_rps: 0.0,
+                admitted_rps: 0.0,
+                limit_rps: spec.limit_rps,
+            };
+            is_steady(&window, settle_from, scenario.settle_ms)
+        })
+        .collect();
+    let mut fair_sums = vec![0.0; spec.tenants.len()];
+    for &slot in &steady {
+        let demands: Vec<TenantDemand> = spec
+            .tenants
+            .iter()
+            .zip(spec.tenant_rps_at(slot as u64 * SLOT_MS))
+            .map(|(tenant, rps)| {
+                let mut offered = [0.0; CLASSES];
+                if let Some(o) = offered.get_mut(class) {
+                    *o = rps;
+                }
+                TenantDemand {
+                    weight: tenant.weight,
+                    floor: tenant.min_floor_rps,
+                    offered,
+                }
+            })
+            .collect();
+        let allocation = allocate(spec.limit_rps, &demands);
+        for (sum, tenant) in fair_sums.iter_mut().zip(&allocation.tenants) {
+            *sum += tenant.admitted.iter().sum::<f64>();
+        }
+    }
+    let seconds = (steady.len() as u64 * SLOT_MS) as f64 / 1000.0;
+    let per_second = |sum: f64| if seconds > 0.0 { sum / seconds } else { 0.0 };
+    let count = |counts: &[u64]| {
+        per_second(
+            steady
+                .iter()
+                .filter_map(|&slot| counts.get(slot))
+                .sum::<u64>() as f64,
+        )
+    };
+    spec.tenants
+        .iter()
+        .zip(&bucket.tenants)
+        .zip(fair_sums)
+        .map(|((tenant, recorded), fair_sum)| TenantShare {
+            bucket: spec.name.clone(),
+            tenant: tenant.name.clone(),
+            weight: tenant.weight,
+            offered_rps: count(&recorded.offered),
+            fair_share_rps: if steady.is_empty() {
+                0.0
+            } else {
+                fair_sum / steady.len() as f64
+            },
+            admitted_rps: count(&recorded.admitted),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, TenantShare};
 
 /// One scenario's result, as shown in a table row.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,7 +18,7 @@ pub struct Row {
     pub metrics: Metrics,
 }
 
-const HEADERS: [&str; 10] = [
+const HEADERS: [&str; 11] = [
     "scenario",
     "variant",
     "err p95 1s",
@@ -29,13 +29,14 @@ const HEADERS: [&str; 10] = [
     "osc/min",
     "batches",
     "adm<=off",
+    "fair err",
 ];
 
 fn percent(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{:.1}%", v * 100.0))
 }
 
-fn cells(row: &Row) -> [String; 10] {
+fn cells(row: &Row) -> [String; 11] {
     let metrics = &row.metrics;
     let convergence = if metrics.convergence_ms.is_empty() {
         "-".to_owned()
@@ -66,27 +67,34 @@ fn cells(row: &Row) -> [String; 10] {
             "NO"
         }
         .to_owned(),
+        percent(metrics.worst_tenant_error()),
     ]
 }
 
 /// A fixed-width table, one line per row, with a header.
 pub fn table(rows: &[Row]) -> String {
-    let body: Vec<[String; 10]> = rows.iter().map(cells).collect();
-    let mut widths = HEADERS.map(str::len);
-    for line in &body {
+    let body: Vec<[String; 11]> = rows.iter().map(cells).collect();
+    aligned(&HEADERS, &body)
+}
+
+/// Lines of cells under a header: the first two columns (names) left-aligned,
+/// the others (numbers) right-aligned.
+fn aligned<const N: usize>(headers: &[&str; N], body: &[[String; N]]) -> String {
+    let mut widths = headers.map(str::len);
+    for line in body {
         for (width, cell) in widths.iter_mut().zip(line) {
             *width = (*width).max(cell.len());
         }
     }
     let mut out = String::new();
-    let header = HEADERS.map(str::to_owned);
-    for line in std::iter::once(&header).chain(&body) {
+    let header = headers.map(str::to_owned);
+    for line in std::iter::once(&header).chain(body) {
         let mut text = String::new();
         for (index, (cell, width)) in line.iter().zip(widths).enumerate() {
             // Names are text, left-aligned; every other column is a number.
             if index == 0 {
                 let _ = write!(text, "{cell:<width$}");
-            } else if index == 1 {
+            } else if index < NAME_COLUMNS {
                 let _ = write!(text, "  {cell:<width$}");
             } else {
                 let _ = write!(text, "  {cell:>width$}");
@@ -94,6 +102,73 @@ pub fn table(rows: &[Row]) -> String {
         }
         out.push_str(text.trim_end());
         out.push('\n');
+    }
+    out
+}
+
+/// Leading columns of every table that hold names, not numbers.
+const NAME_COLUMNS: usize = 2;
+
+const TENANT_HEADERS: [&str; 8] = [
+    "scenario",
+    "variant",
+    "tenant",
+    "weight",
+    "offered",
+    "fair share",
+    "admitted",
+    "vs share",
+];
+
+fn tenant_cells(row: &Row, share: &TenantShare) -> [String; 8] {
+    [
+        row.scenario.clone(),
+        row.variant.clone(),
+        format!("{}/{}", share.bucket, share.tenant),
+        format!("{}", share.weight),
+        format!("{:.1}", share.offered_rps),
+        format!("{:.1}", share.fair_share_rps),
+        format!("{:.1}", share.admitted_rps),
+        share
+            .error()
+            .map_or_else(|| "-".to_owned(), |e| format!("{:+.1}%", e * 100.0)),
+    ]
+}
+
+/// Per tenant of the scenarios that have tenants: offered, weighted max-min
+/// fair share and admitted rates (steady state); empty when none has.
+pub fn tenant_table(rows: &[Row]) -> String {
+    let body: Vec<[String; 8]> = rows
+        .iter()
+        .flat_map(|row| row.metrics.tenants.iter().map(|s| tenant_cells(row, s)))
+        .collect();
+    if body.is_empty() {
+        return String::new();
+    }
+    aligned(&TENANT_HEADERS, &body)
+}
+
+/// The tenant rows as CSV with a header line.
+pub fn tenant_csv(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "scenario,variant,seed,bucket,tenant,weight,offered_rps,fair_share_rps,admitted_rps\n",
+    );
+    for row in rows {
+        for share in &row.metrics.tenants {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{}",
+                row.scenario,
+                row.variant,
+                row.seed,
+                share.bucket,
+                share.tenant,
+                share.weight,
+                share.offered_rps,
+                share.fair_share_rps,
+                share.admitted_rps,
+            );
+        }
     }
     out
 }
@@ -107,13 +182,14 @@ fn csv_number(value: Option<f64>) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
         "scenario,variant,seed,error_p95_1s,error_p95_10s,peak_overshoot_pct,convergence_ms,\
-         disturbances,utilisation,oscillations_per_min,batches_pushed,admitted_within_offered\n",
+         disturbances,utilisation,oscillations_per_min,batches_pushed,admitted_within_offered,\
+         tenant_share_error_max\n",
     );
     for row in rows {
         let metrics = &row.metrics;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
             row.scenario,
             row.variant,
             row.seed,
@@ -128,6 +204,7 @@ pub fn csv(rows: &[Row]) -> String {
             csv_number(metrics.oscillations_per_min),
             metrics.batches_pushed,
             metrics.admitted_within_offered,
+            csv_number(metrics.worst_tenant_error()),
         );
     }
     out
@@ -151,6 +228,7 @@ mod tests {
                 oscillations_per_min: Some(12.0),
                 admitted_within_offered: true,
                 batches_pushed: 3,
+                tenants: Vec::new(),
             },
         }
     }
@@ -170,7 +248,48 @@ mod tests {
         let text = csv(&[row()]);
         assert_eq!(
             text.lines().nth(1).unwrap(),
-            "steady,baseline,7,0.05,,,,2,0.99,12,3,true"
+            "steady,baseline,7,0.05,,,,2,0.99,12,3,true,"
+        );
+        assert!(tenant_csv(&[row()]).lines().nth(1).is_none());
+        assert_eq!(tenant_table(&[row()]), "");
+    }
+
+    #[test]
+    fn tenants_are_listed_against_their_fair_share() {
+        let mut row = row();
+        row.metrics.tenants = vec![TenantShare {
+            bucket: "acme".to_owned(),
+            tenant: "gold".to_owned(),
+            weight: 4.0,
+            offered_rps: 900.0,
+            fair_share_rps: 800.0,
+            admitted_rps: 820.0,
+        }];
+        assert!(
+            table(&[row.clone()])
+                .lines()
+                .nth(1)
+                .unwrap()
+                .ends_with("2.5%")
+        );
+        let text = tenant_table(&[row.clone()]);
+        let line: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            line,
+            [
+                "steady",
+                "baseline",
+                "acme/gold",
+                "4",
+                "900.0",
+                "800.0",
+                "820.0",
+                "+2.5%"
+            ]
+        );
+        assert_eq!(
+            tenant_csv(&[row]).lines().nth(1).unwrap(),
+            "steady,baseline,7,acme,gold,4,900,800,820"
         );
     }
 }

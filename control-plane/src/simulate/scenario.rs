@@ -76,6 +76,21 @@ impl Load {
     }
 }
 
+/// One tenant of a bucket: its policy and its part of the bucket's traffic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantSpec {
+    /// Tenant name, as the filter would derive it.
+    pub name: String,
+    /// Weight in the weighted max-min fair share (the tenants config's
+    /// `weight`).
+    pub weight: f64,
+    /// Rate below which it is never dropped (`min_floor_rps`).
+    pub min_floor_rps: f64,
+    /// Its part of the bucket's offered rate, relative to the other
+    /// tenants' (requests are split in these proportions, exactly).
+    pub offered: f64,
+}
+
 /// One limited bucket.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketSpec {
@@ -89,6 +104,27 @@ pub struct BucketSpec {
     /// is up (one weight per proxy); the load balancer spreads the traffic
     /// of proxies that are down over the others in the same proportions.
     pub weights: Vec<f64>,
+    /// Tenants sharing the bucket; empty: the filter derives no tenant.
+    pub tenants: Vec<TenantSpec>,
+}
+
+impl BucketSpec {
+    /// Each tenant's offered rate at `t_ms`: the bucket's rate split in the
+    /// tenants' proportions.
+    pub fn tenant_rps_at(&self, t_ms: u64) -> Vec<f64> {
+        let total: f64 = self.tenants.iter().map(|t| t.offered).sum();
+        let rps = self.load.rps_at(t_ms);
+        self.tenants
+            .iter()
+            .map(|t| {
+                if total > 0.0 {
+                    rps * t.offered / total
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
 }
 
 /// When a proxy is part of the fleet: from `join_ms` until `leave_ms`.
@@ -187,7 +223,7 @@ const SETTLE_MS: u64 = 3_000;
 const PROXIES: usize = 10;
 
 /// Names accepted by [`by_name`], in the order `all` runs them.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "steady",
     "low-rate",
     "step-2x",
@@ -197,6 +233,7 @@ pub const NAMES: [&str; 9] = [
     "churn",
     "ramp",
     "steady-deterministic",
+    "tenants",
 ];
 
 /// The scenario called `name`.
@@ -214,6 +251,7 @@ pub fn by_name(name: &str) -> Option<Scenario> {
         "hot-proxy" => hot_proxy(),
         "churn" => churn(),
         "ramp" => ramp(),
+        "tenants" => tenants(),
         _ => return None,
     };
     Some(scenario)
@@ -250,6 +288,16 @@ fn bucket(name: &str, limit_rps: f64, load: Load, weights: Vec<f64>) -> BucketSp
         limit_rps,
         load,
         weights,
+        tenants: Vec::new(),
+    }
+}
+
+fn tenant(name: &str, weight: f64, offered: f64) -> TenantSpec {
+    TenantSpec {
+        name: name.to_owned(),
+        weight,
+        min_floor_rps: 0.0,
+        offered,
     }
 }
 
@@ -355,6 +403,22 @@ fn ramp() -> Scenario {
     base("ramp", 50_000, buckets)
 }
 
+/// Three tenants of one 1000 rps bucket, weights 4 / 1 / 0.25, offering
+/// 900 / 600 / 300 rps: every tenant wants more than its weighted max-min
+/// fair share (762 / 190 / 48 rps), so each is cut to a different rate.
+fn tenants() -> Scenario {
+    let tenants = vec![
+        tenant("gold", 4.0, 900.0),
+        tenant("silver", 1.0, 600.0),
+        tenant("bronze", 0.25, 300.0),
+    ];
+    let buckets = vec![BucketSpec {
+        tenants,
+        ..bucket("acme", 1_000.0, Load::Constant(1_800.0), skewed(PROXIES))
+    }];
+    base("tenants", 30_000, buckets)
+}
+
 #[cfg(test)]
 #[allow(clippy::float_cmp)]
 mod tests {
@@ -383,6 +447,12 @@ mod tests {
         assert_eq!(ramp.rps_at(0), 0.0);
         assert_eq!(ramp.rps_at(15), 50.0);
         assert_eq!(ramp.rps_at(30), 100.0);
+    }
+
+    #[test]
+    fn tenants_split_the_bucket_load_in_proportion() {
+        let scenario = by_name("tenants").unwrap();
+        assert_eq!(scenario.buckets[0].tenant_rps_at(0), [900.0, 600.0, 300.0]);
     }
 
     #[test]

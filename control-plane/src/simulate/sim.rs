@@ -5,24 +5,28 @@
 //! [`BucketCounters`] and flips the filter's real coin ([`decide`]); the
 //! control plane side is the real [`Fleet`] and [`Controller`]. Only the
 //! network is simulated: reports arrive instantly, directive batches after
-//! the push delay.
+//! the push delay. Requests of a bucket with tenants are counted, directed
+//! and paced per (bucket, tenant) cell, as the filter does.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_filter::agent::TICK_MS;
-use sluice_filter::allowance::AllowanceSettings;
-use sluice_filter::counters::BucketCounters;
+use sluice_filter::allowance::{AllowanceSettings, DirectiveRates};
+use sluice_filter::cell::{key_of, priority_from_i32};
+use sluice_filter::counters::{BucketCounters, Outcome};
 use sluice_filter::decision::Verdict;
 use sluice_filter::directives::DirectiveTable;
+use sluice_filter::drop_ratio::DropThreshold;
 use sluice_filter::pacing::{DecisionMode, Pacer};
-use sluice_proto::v1::{Directive, DirectiveBatch, Report};
+use sluice_proto::v1::{Directive, DirectiveBatch, Priority, Report};
 
 use crate::controller::{Controller, DropPolicy, Proportional};
 use crate::estimator::Tracking;
 use crate::fleet::{Fleet, StreamId};
 use crate::limits::{LimitRule, LimitTable, Selector};
+use crate::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
 use crate::types::{InvalidLimit, LimitRps};
 
 use super::scenario::{Arrivals, Scenario};
@@ -51,6 +55,19 @@ pub struct BucketTrace {
     pub offered: Vec<u64>,
     /// Requests admitted in each slot, over all proxies.
     pub admitted: Vec<u64>,
+    /// Per tenant of the scenario's bucket, in scenario order.
+    pub tenants: Vec<TenantTrace>,
+}
+
+/// Fleet-wide counts of one tenant of a bucket, per [`SLOT_MS`] slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantTrace {
+    /// Tenant name.
+    pub name: String,
+    /// Requests offered in each slot.
+    pub offered: Vec<u64>,
+    /// Requests admitted in each slot.
+    pub admitted: Vec<u64>,
 }
 
 /// What a run recorded, one entry per bucket in scenario order.
@@ -76,6 +93,14 @@ pub enum SimError {
     /// Intervals of 0 would never fire.
     #[error("report and control intervals must be positive")]
     ZeroInterval,
+    /// A tenant's weight or floor is not valid in a tenants config.
+    #[error("tenant {tenant}: {reason}")]
+    Tenant {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Which controller and which per-request decision a run uses.
@@ -211,7 +236,39 @@ fn run_with(
     if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
         return Err(SimError::ZeroInterval);
     }
-    let limits = limit_table(scenario)?;
+    let policy = Policy {
+        limits: limit_table(scenario)?,
+        tenants: tenants(scenario)?,
+        ..Policy::default()
+    };
+    // Per bucket: each tenant's cell key and its share of the bucket's
+    // requests, and the running credit that splits them exactly in those
+    // shares (smooth weighted round robin: no noise beyond the arrivals').
+    let cell_keys: Vec<Vec<String>> = scenario
+        .buckets
+        .iter()
+        .map(|bucket| {
+            bucket
+                .tenants
+                .iter()
+                .map(|t| key_of(&bucket.name, &t.name, Priority::Unspecified))
+                .collect()
+        })
+        .collect();
+    let tenant_shares: Vec<Vec<f64>> = scenario
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let total: f64 = bucket.tenants.iter().map(|t| t.offered).sum();
+            bucket
+                .tenants
+                .iter()
+                .map(|t| if total > 0.0 { t.offered / total } else { 0.0 })
+                .collect()
+        })
+        .collect();
+    let mut tenant_credit: Vec<Vec<f64>> =
+        tenant_shares.iter().map(|s| vec![0.0; s.len()]).collect();
     let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
     // Arrivals draw from their own generator so that changing a proxy's
     // decisions never changes the traffic it is offered.
@@ -229,6 +286,15 @@ fn run_with(
                 name: bucket.name.clone(),
                 offered: vec![0; slots],
                 admitted: vec![0; slots],
+                tenants: bucket
+                    .tenants
+                    .iter()
+                    .map(|tenant| TenantTrace {
+                        name: tenant.name.clone(),
+                        offered: vec![0; slots],
+                        admitted: vec![0; slots],
+                    })
+                    .collect(),
             })
             .collect(),
         batches_pushed: 0,
@@ -293,16 +359,26 @@ fn run_with(
         for proxy in proxies.iter_mut().filter(|p| p.connected) {
             if t_ms >= proxy.next_tick_ms {
                 proxy.next_tick_ms = t_ms + TICK_MS;
-                let names = scenario.buckets.iter().map(|b| b.name.as_str());
+                let names = scenario
+                    .buckets
+                    .iter()
+                    .zip(&cell_keys)
+                    .flat_map(|(bucket, keys)| {
+                        let plain = keys.is_empty().then_some(bucket.name.as_str());
+                        plain.into_iter().chain(keys.iter().map(String::as_str))
+                    });
                 proxy.pacer.on_tick(t_ms, names, &mut proxy.rng);
             }
         }
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
-            let (Some(weights), Some(recorded)) = (
+            let (Some(weights), Some(recorded), Some(keys), Some(shares), Some(credit)) = (
                 cumulative.get(bucket_index),
                 trace.buckets.get_mut(bucket_index),
+                cell_keys.get(bucket_index),
+                tenant_shares.get(bucket_index),
+                tenant_credit.get_mut(bucket_index),
             ) else {
                 continue;
             };
@@ -314,15 +390,44 @@ fn run_with(
             }
             let per_ms = bucket.load.rps_at(t_ms) / 1000.0;
             let mut offer = |proxy_index: usize| {
-                if let Some(proxy) = proxies.get_mut(proxy_index) {
-                    let threshold = proxy.table.threshold(&bucket.name);
-                    let admitted = proxy.pacer.decide(&bucket.name, threshold, &mut proxy.rng)
-                        == Verdict::Admit;
-                    proxy.counters.record(&bucket.name, admitted);
-                    if let (Some(offered), Some(admitted_count)) = (
-                        recorded.offered.get_mut(slot),
-                        recorded.admitted.get_mut(slot),
-                    ) {
+                let Some(proxy) = proxies.get_mut(proxy_index) else {
+                    return;
+                };
+                let tenant = pick_tenant(shares, credit);
+                let admitted = match tenant.and_then(|t| keys.get(t)) {
+                    None => {
+                        let threshold = proxy.table.threshold(&bucket.name);
+                        let admitted = proxy.pacer.decide(&bucket.name, threshold, &mut proxy.rng)
+                            == Verdict::Admit;
+                        proxy.counters.record(&bucket.name, admitted);
+                        admitted
+                    }
+                    Some(key) => {
+                        // The exact cell's directive, else the bucket's.
+                        let threshold = proxy
+                            .table
+                            .find(Some(key), &bucket.name)
+                            .and_then(|index| proxy.table.entry_mut(index))
+                            .map_or(DropThreshold::NEVER, |entry| entry.directive.threshold);
+                        let admitted =
+                            proxy.pacer.decide(key, threshold, &mut proxy.rng) == Verdict::Admit;
+                        let outcome = if admitted {
+                            Outcome::Admitted
+                        } else {
+                            Outcome::Dropped
+                        };
+                        proxy.counters.record_cell(key, outcome);
+                        admitted
+                    }
+                };
+                let tenant_trace = tenant.and_then(|t| recorded.tenants.get_mut(t));
+                for (offered, admitted_slots) in [(&mut recorded.offered, &mut recorded.admitted)]
+                    .into_iter()
+                    .chain(tenant_trace.map(|t| (&mut t.offered, &mut t.admitted)))
+                {
+                    if let (Some(offered), Some(admitted_count)) =
+                        (offered.get_mut(slot), admitted_slots.get_mut(slot))
+                    {
                         *offered += 1;
                         *admitted_count += u64::from(admitted);
                     }
@@ -368,6 +473,7 @@ fn run_with(
                 let report = Report {
                     sequence: proxy.sequence,
                     window_ms: t_ms - proxy.last_report_ms,
+                    directive_age_ms: None,
                     buckets: proxy.counters.drain(),
                 };
                 proxy.sequence += 1;
@@ -381,7 +487,7 @@ fn run_with(
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
             let load = fleet.tick();
-            let decision = controller.tick(&load, &limits);
+            let decision = controller.decide(&load, &policy);
             snapshot = controller.snapshot();
             if !decision.changed.is_empty() {
                 version += 1;
@@ -413,6 +519,44 @@ fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
         })
         .collect::<Result<Vec<_>, SimError>>()?;
     Ok(LimitTable::from_rules(None, rules))
+}
+
+/// Tenant policies of every bucket's tenants, as a tenants config would
+/// hold them (tenant policies are not per bucket; the first wins).
+fn tenants(scenario: &Scenario) -> Result<Tenants, SimError> {
+    let mut policies = BTreeMap::new();
+    for tenant in scenario.buckets.iter().flat_map(|b| &b.tenants) {
+        let invalid = |reason: String| SimError::Tenant {
+            tenant: tenant.name.clone(),
+            reason,
+        };
+        let weight =
+            Weight::new(tenant.weight).map_err(|err: InvalidPolicy| invalid(err.to_string()))?;
+        let min_floor_rps =
+            LimitRps::new(tenant.min_floor_rps).map_err(|err| invalid(err.to_string()))?;
+        policies.entry(tenant.name.clone()).or_insert(TenantPolicy {
+            weight,
+            min_floor_rps,
+            ..TenantPolicy::default()
+        });
+    }
+    Ok(Tenants::new(policies))
+}
+
+/// The tenant of the next request: the one furthest behind its share.
+/// `None` for a bucket without tenants.
+fn pick_tenant(shares: &[f64], credit: &mut [f64]) -> Option<usize> {
+    for (credit, share) in credit.iter_mut().zip(shares) {
+        *credit += share;
+    }
+    let (pick, _) = credit
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))?;
+    if let Some(picked) = credit.get_mut(pick) {
+        *picked -= 1.0;
+    }
+    Some(pick)
 }
 
 fn new_proxy(scenario: &Scenario, seed: u64, index: usize, variant: Variant) -> SimProxy {
@@ -463,15 +607,41 @@ fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u
                 for proxy in proxies.iter_mut().filter(|p| p.connected) {
                     proxy.pacer.apply(&batch.directives);
                     proxy.table.merge(batch.clone());
+                    pace_tenant_cells(proxy, &batch.directives);
                 }
             }
             Recipient::Proxy(index) => {
                 if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
                     proxy.pacer.apply(&batch.directives);
+                    let directives = batch.directives.clone();
                     proxy.table.merge(batch);
+                    pace_tenant_cells(proxy, &directives);
                 }
             }
         }
+    }
+}
+
+/// Derives the allowance of every tenant cell a batch names from the
+/// merged table, under the cell's key, as the filter's VMs do.
+fn pace_tenant_cells(proxy: &mut SimProxy, directives: &[Directive]) {
+    for directive in directives.iter().filter(|d| !d.tenant.is_empty()) {
+        let priority = priority_from_i32(directive.priority);
+        let Some(entry) = proxy
+            .table
+            .cell(&directive.bucket, &directive.tenant, priority)
+        else {
+            continue;
+        };
+        let rates = DirectiveRates {
+            drop_ratio: entry.directive.drop_ratio,
+            limit_rps: entry.directive.stated_limit_rps(),
+            fleet_offered_rps: entry.directive.offered_rps,
+        };
+        proxy.pacer.apply_cell(
+            &key_of(&directive.bucket, &directive.tenant, priority),
+            rates,
+        );
     }
 }
 
