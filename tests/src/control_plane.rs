@@ -320,6 +320,8 @@ pub struct ProxiesReply {
 pub struct ProxyStatus {
     /// Proxy id from its Hello.
     pub proxy_id: String,
+    /// Zone from its Hello.
+    pub zone: String,
     /// Whether its stream is open.
     pub connected: bool,
     /// Time since its last report.

@@ -34,7 +34,9 @@ async fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
-    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 1)).await.unwrap();
+    let mut options = FleetOptions::new(LIMITS, 1);
+    options.filter = serde_json::json!({"zone": "zone-1"});
+    let mut fleet = Fleet::start(options).await.unwrap();
     let interval = fleet.options.control_interval();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new(
@@ -96,11 +98,11 @@ async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
             let admin = admin.clone();
             async move {
                 let reply = admin.proxies().await?;
-                let ages: Vec<(String, u64)> = reply
+                let ages: Vec<(String, String, u64)> = reply
                     .proxies
                     .iter()
                     .filter(|p| p.connected)
-                    .filter_map(|p| Some((p.proxy_id.clone(), p.directive_age_ms?)))
+                    .filter_map(|p| Some((p.proxy_id.clone(), p.zone.clone(), p.directive_age_ms?)))
                     .collect();
                 Ok((ages.len() == expected).then_some(ages))
             }
@@ -116,7 +118,11 @@ async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
     // One heartbeat period, a control interval and a report interval of
     // slack; a stalled control plane would let it grow to the TTL.
     let young = Duration::from_secs(1) + interval + Duration::from_millis(250);
-    for (proxy_id, age_ms) in &ages {
+    for (proxy_id, zone, age_ms) in &ages {
+        assert_eq!(
+            zone, "zone-1",
+            "{proxy_id}: the zone from the filter config"
+        );
         assert!(
             Duration::from_millis(*age_ms) <= young,
             "{proxy_id}: directives {age_ms} ms old: {ages:?}"
