@@ -78,7 +78,7 @@ async fn control_plane_metrics() -> BTreeSet<String> {
     let report = Report {
         sequence: 0,
         window_ms: 1000,
-        directive_age_ms: None,
+        directive_age_ms: Some(250),
         buckets: vec![BucketCount {
             bucket: "acme".to_owned(),
             offered: 100,
@@ -91,7 +91,8 @@ async fn control_plane_metrics() -> BTreeSet<String> {
         .report("envoy-a", StreamId(1), &report)
         .unwrap();
     // What a gRPC stream registers while it is open.
-    let _open = state.metrics().proxy_connected("envoy-a", StreamId(1));
+    let open = state.metrics().proxy_connected("envoy-a", StreamId(1));
+    open.report_received(report.directive_age_ms);
     step(&state, &mut Controller::default());
     let response = router(state)
         .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
