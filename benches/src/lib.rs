@@ -7,6 +7,7 @@ pub mod control;
 pub mod e2e;
 pub mod fleet;
 pub mod rls;
+pub mod upstream;
 
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;

@@ -41,16 +41,19 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 const PREFIX: &str = "sluice";
 
 /// Push latency buckets in seconds: a push normally takes well under a
-/// millisecond; a stream whose proxy stalls can take up to its whole buffer.
-const PUSH_LATENCY_BUCKETS: [f64; 13] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+/// millisecond; a stream whose proxy stalls can take up to its whole buffer,
+/// and an overloaded control plane seconds.
+const PUSH_LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
 ];
 
 /// Control loop tick buckets in seconds: microseconds for a handful of
-/// buckets, milliseconds for tens of thousands.
-const TICK_BUCKETS: [f64; 13] = [
+/// buckets, milliseconds for tens of thousands; above the control interval
+/// (500 ms by default) the loop falls behind, which these must show.
+const TICK_BUCKETS: [f64; 18] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
 type F64Gauge = Gauge<f64, AtomicU64>;

@@ -1,6 +1,7 @@
 //! End-to-end benchmark: what Sluice costs inside Envoy, against Envoy alone,
 //! Envoy's `local_ratelimit`, an empty proxy-wasm filter and Envoy's global
-//! `ratelimit` filter with a per-request gRPC rate limit service.
+//! `ratelimit` filter with a per-request gRPC rate limit service; and, in
+//! front of a real upstream, what a 429 saves against a passing request.
 //!
 //! ```text
 //! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--output FILE|-]
@@ -8,7 +9,7 @@
 //!
 //! Finds Envoy and the filter like the integration tests (`ENVOY_BIN`,
 //! `SLUICE_WASM`), the empty filter through `EMPTY_FILTER_WASM`, and the
-//! rate limit service binary (`rls_server`) next to its own executable.
+//! stand-in services' binary (`bench_service`) next to its own executable.
 //! Writes the results into their own section of `BENCHMARKS.md` at the
 //! workspace root (the rest of the file is kept) and the CPU chart
 //! ([`chart::FILE_NAME`]) next to it, unless `--output -`.
@@ -19,11 +20,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use sluice_benches::e2e::chart;
 use sluice_benches::e2e::client::{self, BUCKET};
-use sluice_benches::e2e::config::{self, Variant};
+use sluice_benches::e2e::config::{self, Services, Variant};
 use sluice_benches::e2e::directives::DirectiveServer;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report::{self, Run, Setup, Summary};
-use sluice_benches::e2e::rls::RlsProcess;
+use sluice_benches::e2e::service::{Service, ServiceProcess};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::paths;
 
@@ -108,7 +109,8 @@ async fn run() -> Result<()> {
     let ticks = measure::ticks_per_second()?;
     let server = DirectiveServer::start().await?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
-    let rls = RlsProcess::start(work.path()).await?;
+    let rls = ServiceProcess::start(Service::RateLimit, work.path()).await?;
+    let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
 
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); Variant::ALL.len()];
     for round in 0..options.rounds {
@@ -122,18 +124,19 @@ async fn run() -> Result<()> {
                 options: &options,
                 server: &server,
                 rls: &rls,
+                upstream: &upstream,
                 work: work.path(),
                 empty_wasm: &empty_wasm,
                 ticks,
             };
             let result = bench.run(variant, round).await?;
             eprintln!(
-                "round {} {:<16} {:>8.0} req/s {:>6.1} µs CPU/req (RLS {:>4.1}) p50 {:>5.0} µs p99 {:>5.0} µs 429 {:.3}",
+                "round {} {:<21} {:>8.0} req/s {:>6.1} µs CPU/req (service {:>4.1}) p50 {:>5.0} µs p99 {:>5.0} µs 429 {:.3}",
                 round + 1,
                 variant.slug(),
                 result.throughput,
                 result.cpu_us,
-                result.rls_cpu_us.unwrap_or(0.0),
+                result.service_cpu_us.unwrap_or(0.0),
                 result.p50_us,
                 result.p99_us,
                 result.limited_share
@@ -178,7 +181,8 @@ async fn run() -> Result<()> {
 struct Bench<'a> {
     options: &'a Options,
     server: &'a DirectiveServer,
-    rls: &'a RlsProcess,
+    rls: &'a ServiceProcess,
+    upstream: &'a ServiceProcess,
     work: &'a std::path::Path,
     empty_wasm: &'a std::path::Path,
     ticks: u64,
@@ -192,12 +196,11 @@ impl Bench<'_> {
         self.server
             .set_directive(epoch, BUCKET, variant.drop_ratio());
         let pushed_before = self.server.pushed();
-        let config = config::envoy_config(
-            variant,
-            self.server.addr(),
-            self.rls.addr(),
-            self.empty_wasm,
-        )?;
+        let services = Services {
+            rls: self.rls.addr(),
+            upstream: self.upstream.addr(),
+        };
+        let config = config::envoy_config(variant, self.server.addr(), services, self.empty_wasm)?;
         let mut options = EnvoyOptions::new(&name, self.work);
         options.concurrency = 1;
         options.log_level = "warn".to_owned();
@@ -217,7 +220,7 @@ impl Bench<'_> {
         }
 
         let warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
-        if variant == Variant::SluiceHalf {
+        if variant.drop_ratio() == Some(0.5) {
             let share = warm.limited as f64 / warm.latencies_us.len().max(1) as f64;
             if !(0.3..=0.7).contains(&share) {
                 bail!("{name}: {share:.2} of warm-up requests dropped, expected about 0.5");
@@ -225,21 +228,32 @@ impl Bench<'_> {
         }
 
         let pid = envoy.pid();
-        let uses_rls = variant == Variant::GlobalRateLimit;
-        let rls_before = self.rls.cpu_time(self.ticks)?;
+        // The service whose CPU belongs to this variant's requests.
+        let service = match variant {
+            Variant::GlobalRateLimit => Some(self.rls),
+            Variant::UpstreamRouter | Variant::UpstreamSluiceHalf => Some(self.upstream),
+            _ => None,
+        };
+        let service_before = service.map(|s| s.cpu_time(self.ticks)).transpose()?;
         let before = measure::cpu_time(pid, self.ticks)?;
         let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
-        let rls_after = self.rls.cpu_time(self.ticks)?;
+        let service_after = service.map(|s| s.cpu_time(self.ticks)).transpose()?;
         envoy.stop()?;
         if outcome.other > 0 {
             bail!("{name}: {} answers were neither 200 nor 429", outcome.other);
         }
         let cpu_us = after.saturating_sub(before).as_secs_f64() * 1e6;
-        let rls_cpu_us = rls_after.saturating_sub(rls_before).as_secs_f64() * 1e6;
-        if uses_rls && rls_cpu_us == 0.0 {
-            bail!("{name}: the rate limit service used no CPU: was it called?");
-        }
-        Ok(Run::new(outcome, cpu_us, uses_rls.then_some(rls_cpu_us)))
+        let service_cpu_us = match (service_before, service_after) {
+            (Some(before), Some(after)) => {
+                let used = after.saturating_sub(before).as_secs_f64() * 1e6;
+                if used == 0.0 {
+                    bail!("{name}: the stand-in service used no CPU: was it called?");
+                }
+                Some(used)
+            }
+            _ => None,
+        };
+        Ok(Run::new(outcome, cpu_us, service_cpu_us))
     }
 }

@@ -1,10 +1,13 @@
-//! The stand-in global rate limit service as its own process, so the
-//! end-to-end benchmark can read its CPU time from `/proc` apart from
-//! Envoy's and the load client's.
+//! The end-to-end benchmark's stand-in services, each as its own process so
+//! `bench_envoy` can read their CPU time from `/proc` apart from Envoy's and
+//! the load client's.
 //!
 //! ```text
-//! rls_server --ready-file PATH
+//! bench_service rls|upstream --ready-file PATH
 //! ```
+//!
+//! - `rls`: Envoy's rate limit service API answering OK ([`sluice_benches::rls`]);
+//! - `upstream`: an HTTP/1.1 server answering `200 ok` ([`sluice_benches::upstream`]).
 //!
 //! Listens on an ephemeral loopback port, writes `host:port` to the ready
 //! file (atomically, by rename) and serves until SIGTERM or SIGINT.
@@ -12,16 +15,16 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use sluice_benches::rls;
+use sluice_benches::{rls, upstream};
 use tokio::signal::unix::{SignalKind, signal};
 
-// One thread: one core's worth of work at most, like one RLS replica.
+// One thread: one core's worth of work at most, like one replica.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("rls_server: {err:#}");
+            eprintln!("bench_service: {err:#}");
             ExitCode::FAILURE
         }
     }
@@ -29,23 +32,30 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let ready = match (args.next().as_deref(), args.next()) {
-        (Some("--ready-file"), Some(path)) => std::path::PathBuf::from(path),
-        _ => bail!("usage: rls_server --ready-file PATH"),
+    let (kind, ready) = match (args.next(), args.next().as_deref(), args.next()) {
+        (Some(kind), Some("--ready-file"), Some(path)) => (kind, std::path::PathBuf::from(path)),
+        _ => bail!("usage: bench_service rls|upstream --ready-file PATH"),
     };
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    let (listener, addr) = rls::bind().await?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot bind")?;
+    let addr = listener.local_addr().context("no local address")?;
     let partial = ready.with_extension("partial");
     std::fs::write(&partial, addr.to_string())
         .with_context(|| format!("cannot write {}", partial.display()))?;
     std::fs::rename(&partial, &ready)
         .with_context(|| format!("cannot write {}", ready.display()))?;
-    rls::serve(listener, async move {
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    })
-    .await
+    match kind.as_str() {
+        "rls" => rls::serve(listener, shutdown).await,
+        "upstream" => upstream::serve(listener, shutdown).await,
+        other => bail!("unknown service {other:?}: rls or upstream"),
+    }
 }

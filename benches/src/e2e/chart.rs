@@ -1,6 +1,6 @@
 //! CPU per request per variant as an SVG bar chart: the median of each
-//! variant's total CPU (Envoy, plus the rate limit service for variant 6,
-//! stacked), with a whisker from the smallest to the largest round.
+//! variant's total CPU (Envoy, plus the stand-in service of variants 6, 8
+//! and 9, stacked), with a whisker from the smallest to the largest round.
 
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use super::report::Summary;
 pub const FILE_NAME: &str = "benchmarks-cpu-per-request.svg";
 
 const ENVOY: RGBColor = RGBColor(70, 110, 170);
-const RLS: RGBColor = RGBColor(220, 130, 50);
+const SERVICE: RGBColor = RGBColor(220, 130, 50);
 
 /// Writes the chart of `summaries` (in table order) to `path`.
 pub fn write(path: &Path, summaries: &[Summary]) -> Result<()> {
@@ -61,16 +61,16 @@ pub fn write(path: &Path, summaries: &[Summary]) -> Result<()> {
         let left = i as f64 + 0.2;
         let right = i as f64 + 0.8;
         let centre = i as f64 + 0.5;
-        let rls = s.rls_cpu_us.map_or(0.0, |r| r.median);
-        let envoy = s.total_cpu_us.median - rls;
+        let service = s.service_cpu_us.map_or(0.0, |r| r.median);
+        let envoy = s.total_cpu_us.median - service;
         let mut bars = vec![Rectangle::new(
             [(left, 0.0), (right, envoy)],
             ENVOY.filled(),
         )];
-        if rls > 0.0 {
+        if service > 0.0 {
             bars.push(Rectangle::new(
                 [(left, envoy), (right, s.total_cpu_us.median)],
-                RLS.filled(),
+                SERVICE.filled(),
             ));
         }
         chart.draw_series(bars).map_err(|e| anyhow!("chart: {e}"))?;
@@ -116,11 +116,11 @@ pub fn write(path: &Path, summaries: &[Summary]) -> Result<()> {
     chart
         .draw_series(std::iter::once(Rectangle::new(
             [(0.0, 0.0), (0.0, 0.0)],
-            RLS.filled(),
+            SERVICE.filled(),
         )))
         .map_err(|e| anyhow!("chart: {e}"))?
-        .label("rate limit service (variant 6)")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], RLS.filled()));
+        .label("stand-in service (rate limit service in 6, upstream in 8 and 9)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], SERVICE.filled()));
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -158,8 +158,8 @@ mod tests {
         let summaries: Vec<Summary> = Variant::ALL
             .iter()
             .map(|&variant| {
-                let rls = (variant == Variant::GlobalRateLimit).then_some(200.0);
-                Summary::of(variant, &[Run::new(outcome.clone(), 150.0, rls)])
+                let service = (variant == Variant::GlobalRateLimit).then_some(200.0);
+                Summary::of(variant, &[Run::new(outcome.clone(), 150.0, service)])
             })
             .collect();
         let dir = tempfile::tempdir().unwrap();
@@ -168,7 +168,7 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains("6. global ratelimit"), "{svg}");
-        assert!(svg.contains("rate limit service"), "{svg}");
+        assert!(svg.contains("stand-in service"), "{svg}");
     }
 
     #[test]

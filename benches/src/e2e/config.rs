@@ -1,7 +1,10 @@
-//! The six Envoy configs. All start from `envoy/demo-a.yaml` (the config
-//! users run), rewritten by the test harness for ephemeral ports, and differ
-//! only in the HTTP filter chain in front of the router, so the difference
-//! between variants is the cost of those filters.
+//! The Envoy configs of the variants. All start from `envoy/demo-a.yaml`
+//! (the config users run), rewritten by the test harness for ephemeral
+//! ports. Variants 1 to 7 differ only in the HTTP filter chain in front of
+//! the router, so the difference between them is the cost of those filters;
+//! variants 8 and 9 route to a real upstream process instead of answering
+//! locally, so they show what a request that passes costs against one that
+//! is rejected.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,11 +40,16 @@ pub enum Variant {
     /// Variant 6 without its rate limit filter: the fault filter answering
     /// every request locally, as variant 6 does once the service said OK.
     FaultReply,
+    /// The router forwarding every request to an HTTP/1.1 upstream process.
+    UpstreamRouter,
+    /// Sluice dropping half the requests in front of variant 8: the half it
+    /// rejects never reaches the upstream.
+    UpstreamSluiceHalf,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 9] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -49,6 +57,8 @@ impl Variant {
         Variant::SluiceHalf,
         Variant::GlobalRateLimit,
         Variant::FaultReply,
+        Variant::UpstreamRouter,
+        Variant::UpstreamSluiceHalf,
     ];
 
     /// Short name for logs and file names.
@@ -61,6 +71,8 @@ impl Variant {
             Variant::SluiceHalf => "sluice-50pct",
             Variant::GlobalRateLimit => "global-ratelimit",
             Variant::FaultReply => "fault-reply",
+            Variant::UpstreamRouter => "upstream",
+            Variant::UpstreamSluiceHalf => "upstream-sluice-50pct",
         }
     }
 
@@ -74,6 +86,8 @@ impl Variant {
             Variant::SluiceHalf => "5. + Sluice at 50% drop",
             Variant::GlobalRateLimit => "6. + global ratelimit, gRPC service per request",
             Variant::FaultReply => "7. fault-filter local reply (6 without ratelimit)",
+            Variant::UpstreamRouter => "8. router to an HTTP/1.1 upstream",
+            Variant::UpstreamSluiceHalf => "9. + Sluice at 50% drop, upstream as 8",
         }
     }
 
@@ -85,7 +99,7 @@ impl Variant {
     pub fn drop_ratio(self) -> Option<f64> {
         match self {
             Variant::SluiceNoDrop => Some(1e-9),
-            Variant::SluiceHalf => Some(0.5),
+            Variant::SluiceHalf | Variant::UpstreamSluiceHalf => Some(0.5),
             _ => None,
         }
     }
@@ -106,12 +120,21 @@ pub fn empty_wasm() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Where the stand-in services listen.
+#[derive(Debug, Clone, Copy)]
+pub struct Services {
+    /// The rate limit service (variant 6).
+    pub rls: SocketAddr,
+    /// The HTTP/1.1 upstream (variants 8 and 9).
+    pub upstream: SocketAddr,
+}
+
 /// The Envoy config for `variant`, its control-plane cluster pointing at
-/// `control_plane` and (variant 6) its rate limit service cluster at `rls`.
+/// `control_plane` and its service clusters at `services`.
 pub fn envoy_config(
     variant: Variant,
     control_plane: SocketAddr,
-    rls: SocketAddr,
+    services: Services,
     empty_wasm: &Path,
 ) -> Result<Value> {
     let mut config = load_repo_config("demo-a.yaml")?;
@@ -135,13 +158,23 @@ pub fn envoy_config(
         Variant::Router => vec![router],
         Variant::LocalRateLimit => vec![local_ratelimit()?, router],
         Variant::EmptyWasm => vec![empty_filter(sluice, empty_wasm)?, router],
-        Variant::SluiceNoDrop | Variant::SluiceHalf => vec![sluice, router],
+        Variant::SluiceNoDrop | Variant::SluiceHalf | Variant::UpstreamSluiceHalf => {
+            vec![sluice, router]
+        }
         Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
         Variant::FaultReply => vec![fault_reply()?, router],
+        Variant::UpstreamRouter => vec![router],
     };
     if matches!(variant, Variant::GlobalRateLimit | Variant::FaultReply) {
-        add_rate_limit_service(&mut config, rls)?;
-        route_to_cluster(&mut config)?;
+        add_cluster(&mut config, RLS_CLUSTER, services.rls, true)?;
+        route_to_cluster(&mut config, RLS_CLUSTER)?;
+    }
+    if matches!(
+        variant,
+        Variant::UpstreamRouter | Variant::UpstreamSluiceHalf
+    ) {
+        add_cluster(&mut config, UPSTREAM_CLUSTER, services.upstream, false)?;
+        route_to_cluster(&mut config, UPSTREAM_CLUSTER)?;
     }
     Ok(config)
 }
@@ -184,6 +217,8 @@ typed_config:
 
 /// Name of the cluster of the rate limit service (variant 6).
 const RLS_CLUSTER: &str = "bench_rate_limit_service";
+/// Name of the cluster of the upstream (variants 8 and 9).
+const UPSTREAM_CLUSTER: &str = "bench_upstream";
 
 /// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
 /// with a descriptor `("tenant", <x-tenant>)`, from the `rate_limits` of the
@@ -212,12 +247,16 @@ typed_config:
     .context("ratelimit filter config")
 }
 
+/// Replaces the `direct_response` of the first route with a route to
+/// `cluster`.
+///
 /// Envoy's `ratelimit` filter only runs on routes with a route entry (a
 /// target cluster), never on a `direct_response` route. Variants 6 and 7
-/// route to a cluster, and the fault filter answers every request with a
-/// local 200 before the router would forward it, so no request leaves Envoy,
-/// as in variants 1 to 5; variant 7 measures what that swap costs.
-fn route_to_cluster(config: &mut Value) -> Result<()> {
+/// route to the rate limit service's cluster, and the fault filter answers
+/// every request with a local 200 before the router would forward it, so no
+/// request leaves Envoy, as in variants 1 to 5; variant 7 measures what that
+/// swap costs. Variants 8 and 9 really forward to the upstream.
+fn route_to_cluster(config: &mut Value, cluster: &str) -> Result<()> {
     let route = config
         .get_mut("static_resources")
         .and_then(|v| v.get_mut("listeners"))
@@ -237,8 +276,7 @@ fn route_to_cluster(config: &mut Value) -> Result<()> {
     route.remove("direct_response");
     route.insert(
         "route".into(),
-        serde_yaml_ng::from_str(&format!("{{ cluster: {RLS_CLUSTER} }}"))
-            .context("route action")?,
+        serde_yaml_ng::from_str(&format!("{{ cluster: {cluster} }}")).context("route action")?,
     );
     Ok(())
 }
@@ -258,30 +296,36 @@ typed_config:
     .context("fault filter config")
 }
 
-/// The HTTP/2 cluster of the rate limit service, pointing at `rls`.
-fn add_rate_limit_service(config: &mut Value, rls: SocketAddr) -> Result<()> {
+/// A static cluster `name` with one endpoint at `addr`, speaking HTTP/2
+/// (the rate limit service's gRPC) or HTTP/1.1 (the upstream).
+fn add_cluster(config: &mut Value, name: &str, addr: SocketAddr, http2: bool) -> Result<()> {
+    let protocol = if http2 {
+        "http2_protocol_options: {}"
+    } else {
+        "http_protocol_options: {}"
+    };
     let cluster: Value = serde_yaml_ng::from_str(&format!(
         r#"
-name: {RLS_CLUSTER}
+name: {name}
 type: STATIC
 connect_timeout: 1s
 typed_extension_protocol_options:
   envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
     "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
     explicit_http_config:
-      http2_protocol_options: {{}}
+      {protocol}
 load_assignment:
-  cluster_name: {RLS_CLUSTER}
+  cluster_name: {name}
   endpoints:
     - lb_endpoints:
         - endpoint:
             address:
               socket_address: {{ address: "{ip}", port_value: {port} }}
 "#,
-        ip = rls.ip(),
-        port = rls.port(),
+        ip = addr.ip(),
+        port = addr.port(),
     ))
-    .context("rate limit service cluster")?;
+    .with_context(|| format!("cluster {name}"))?;
     config
         .get_mut("static_resources")
         .and_then(|v| v.get_mut("clusters"))

@@ -1,14 +1,16 @@
 //! The end-to-end benchmark behind the `bench_envoy` binary: Envoy with
-//! `--concurrency 1` in six filter-chain variants, a closed-loop HTTP/1.1
-//! client in-process, and Envoy's own CPU time read from `/proc`.
+//! `--concurrency 1` in nine variants (filter chains, and two with a real
+//! upstream), a closed-loop HTTP/1.1 client in-process, and Envoy's own CPU
+//! time read from `/proc`.
 //!
-//! - [`config`]: the six Envoy configs, derived from `envoy/demo-a.yaml`.
+//! - [`config`]: the Envoy configs, derived from `envoy/demo-a.yaml`.
 //! - [`directives`]: a stand-in control plane pushing one fixed directive.
 //! - [`client`]: a fixed number of requests at a fixed concurrency.
 //! - [`measure`]: process CPU time and machine facts.
 //! - [`report`]: medians, ranges, ratios and the Markdown table.
 //! - [`chart`]: CPU per request per variant as an SVG chart.
-//! - [`rls`]: the stand-in global rate limit service as a child process.
+//! - [`service`]: the stand-in rate limit service and upstream as child
+//!   processes.
 
 pub mod chart;
 pub mod client;
@@ -16,4 +18,4 @@ pub mod config;
 pub mod directives;
 pub mod measure;
 pub mod report;
-pub mod rls;
+pub mod service;

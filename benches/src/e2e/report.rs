@@ -14,8 +14,9 @@ pub struct Run {
     pub throughput: f64,
     /// Envoy's CPU time (user + system) per request, in microseconds.
     pub cpu_us: f64,
-    /// The rate limit service's CPU time per request (variant 6 only).
-    pub rls_cpu_us: Option<f64>,
+    /// The stand-in service's CPU time per request: the rate limit service
+    /// (variant 6) or the upstream (variants 8 and 9).
+    pub service_cpu_us: Option<f64>,
     /// Median latency, microseconds.
     pub p50_us: f64,
     /// 99th-percentile latency, microseconds.
@@ -28,14 +29,19 @@ pub struct Run {
 
 impl Run {
     /// The numbers of one load run that used `cpu_us_total` of Envoy CPU
-    /// and `rls_cpu_us_total` of rate limit service CPU, if one was used.
-    pub fn new(mut outcome: LoadOutcome, cpu_us_total: f64, rls_cpu_us_total: Option<f64>) -> Self {
+    /// and `service_cpu_us_total` of the stand-in service's CPU, if one was
+    /// used.
+    pub fn new(
+        mut outcome: LoadOutcome,
+        cpu_us_total: f64,
+        service_cpu_us_total: Option<f64>,
+    ) -> Self {
         let answered = outcome.latencies_us.len().max(1) as f64;
         outcome.latencies_us.sort_unstable();
         Self {
             throughput: answered / outcome.elapsed.as_secs_f64().max(1e-9),
             cpu_us: cpu_us_total / answered,
-            rls_cpu_us: rls_cpu_us_total.map(|total| total / answered),
+            service_cpu_us: service_cpu_us_total.map(|total| total / answered),
             p50_us: quantile(&outcome.latencies_us, 0.50),
             p99_us: quantile(&outcome.latencies_us, 0.99),
             limited_share: outcome.limited as f64 / answered,
@@ -43,9 +49,9 @@ impl Run {
         }
     }
 
-    /// Envoy's plus the rate limit service's CPU per request.
+    /// Envoy's plus the stand-in service's CPU per request.
     pub fn total_cpu_us(&self) -> f64 {
-        self.cpu_us + self.rls_cpu_us.unwrap_or(0.0)
+        self.cpu_us + self.service_cpu_us.unwrap_or(0.0)
     }
 }
 
@@ -97,9 +103,9 @@ pub struct Summary {
     pub throughput: Spread,
     /// Envoy CPU µs per request.
     pub cpu_us: Spread,
-    /// Rate limit service CPU µs per request, for the variant that has one.
-    pub rls_cpu_us: Option<Spread>,
-    /// Envoy plus rate limit service CPU µs per request (each round's sum).
+    /// Stand-in service CPU µs per request, for the variants that have one.
+    pub service_cpu_us: Option<Spread>,
+    /// Envoy plus service CPU µs per request (each round's sum).
     pub total_cpu_us: Spread,
     /// p50 latency, µs.
     pub p50_us: Spread,
@@ -119,9 +125,9 @@ impl Summary {
             variant,
             throughput: metric(|r| r.throughput),
             cpu_us: metric(|r| r.cpu_us),
-            rls_cpu_us: runs
+            service_cpu_us: runs
                 .iter()
-                .map(|r| r.rls_cpu_us)
+                .map(|r| r.service_cpu_us)
                 .collect::<Option<Vec<f64>>>()
                 .filter(|values| !values.is_empty())
                 .map(Spread::of),
@@ -162,7 +168,7 @@ pub fn table(summaries: &[Summary]) -> String {
         format!("{:.d$} ({:.d$}–{:.d$})", s.median, s.min, s.max, d = digits)
     };
     let mut out = String::from(
-        "| variant | req/s median (min–max) | ×1 | Envoy CPU µs/req | RLS CPU µs/req \
+        "| variant | req/s median (min–max) | ×1 | Envoy CPU µs/req | service CPU µs/req \
          | total CPU µs/req | ×1 | p50 µs | ×1 | p99 µs | ×1 | 429 share |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
@@ -174,8 +180,8 @@ pub fn table(summaries: &[Summary]) -> String {
             cell(s.throughput, 0),
             ratio(s.throughput.median, base.map(|b| b.throughput.median)),
             cell(s.cpu_us, 1),
-            s.rls_cpu_us
-                .map_or_else(|| "–".to_owned(), |rls| cell(rls, 1)),
+            s.service_cpu_us
+                .map_or_else(|| "–".to_owned(), |service| cell(service, 1)),
             cell(s.total_cpu_us, 1),
             ratio(s.total_cpu_us.median, base.map(|b| b.total_cpu_us.median)),
             cell(s.p50_us, 0),
@@ -234,7 +240,8 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
     let _ = write!(
         out,
         "## End to end: Envoy with and without Sluice\n\n\
-         Envoy `--concurrency 1`, a `direct_response` route, HTTP/1.1 on loopback. \
+         Envoy `--concurrency 1`, a `direct_response` route (variants 1 to 7), \
+         HTTP/1.1 on loopback. \
          Each run starts a fresh Envoy, sends {warmup} unmeasured requests, then \
          {requests} requests over {concurrency} keep-alive connections (closed loop: \
          each connection sends its next request when the previous answer is in). \
@@ -244,7 +251,8 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          Envoy CPU is the `utime + stime` of the Envoy process from \
          `/proc/<pid>/stat` across the measured requests, divided by their number: \
          it excludes the load client, which runs in the benchmark process. \
-         RLS CPU is the same for the rate limit service process of variant 6; \
+         Service CPU is the same for the stand-in service process: the rate \
+         limit service of variant 6, the upstream of variants 8 and 9; \
          total CPU is Envoy's plus the service's (per round, then the median). \
          Throughput and latency include the client, which shares the machine; \
          compare CPU per request first. The machine is noisy: treat differences \
@@ -260,6 +268,12 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          one thread, its own process on loopback) that answers OK without any \
          counting or storage: a lower bound for a real service with Redis. The \
          filter fails closed, so an unanswered call would show as a failed run.\n\n\
+         Variants 8 and 9 route to a real upstream instead: a minimal HTTP/1.1 \
+         server (hyper, one thread, its own process on loopback) answering \
+         `200 ok`, reached through Envoy's connection pool as in production. \
+         Variant 9 puts Sluice at 50% drop in front of it: a rejected request \
+         never reaches the upstream, so 9 against 8 is what a 429 saves over a \
+         request that passes.\n\n\
          ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\
          - Envoy: {envoy}\n\

@@ -1,5 +1,5 @@
-//! The stand-in rate limit service (`rls_server`) as a child process, so its
-//! CPU time is read from `/proc` apart from Envoy's.
+//! The stand-in services (`bench_service`) as child processes, so their CPU
+//! time is read from `/proc` apart from Envoy's.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,25 +11,45 @@ use sluice_integration_tests::process::ChildGuard;
 
 use super::measure;
 
-/// How long the service gets to write its ready file.
+/// How long a service gets to write its ready file.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A running `rls_server`; stopped on drop.
+/// Which stand-in service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Envoy's rate limit service API, answering OK (variant 6).
+    RateLimit,
+    /// An HTTP/1.1 upstream answering `200 ok` (the upstream variants).
+    Upstream,
+}
+
+impl Service {
+    fn arg(self) -> &'static str {
+        match self {
+            Service::RateLimit => "rls",
+            Service::Upstream => "upstream",
+        }
+    }
+}
+
+/// A running `bench_service`; stopped on drop.
 #[derive(Debug)]
-pub struct RlsProcess {
+pub struct ServiceProcess {
     guard: ChildGuard,
     addr: SocketAddr,
 }
 
-impl RlsProcess {
-    /// Starts `rls_server` (found next to the current executable) with its
-    /// log and ready file under `work_dir`.
-    pub async fn start(work_dir: &Path) -> Result<Self> {
+impl ServiceProcess {
+    /// Starts `bench_service` (found next to the current executable) with
+    /// its log and ready file under `work_dir`.
+    pub async fn start(service: Service, work_dir: &Path) -> Result<Self> {
         let binary = binary()?;
-        let ready = work_dir.join("rls.ready");
+        let name = service.arg();
+        let ready = work_dir.join(format!("{name}.ready"));
         let mut command = Command::new(&binary);
-        command.arg("--ready-file").arg(&ready);
-        let mut guard = ChildGuard::spawn("rls_server", command, &work_dir.join("rls.log"))?;
+        command.arg(name).arg("--ready-file").arg(&ready);
+        let log = work_dir.join(format!("{name}.log"));
+        let mut guard = ChildGuard::spawn(name, command, &log)?;
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         let addr = loop {
             if let Ok(text) = std::fs::read_to_string(&ready)
@@ -39,18 +59,18 @@ impl RlsProcess {
             }
             if let Some(status) = guard.try_exit_status()? {
                 guard.print_log();
-                bail!("rls_server exited with {status} during start-up");
+                bail!("bench_service {name} exited with {status} during start-up");
             }
             if tokio::time::Instant::now() >= deadline {
                 guard.print_log();
-                bail!("rls_server was not ready within {READY_TIMEOUT:?}");
+                bail!("bench_service {name} was not ready within {READY_TIMEOUT:?}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         Ok(Self { guard, addr })
     }
 
-    /// Where it listens (gRPC, HTTP/2 cleartext).
+    /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -61,14 +81,14 @@ impl RlsProcess {
     }
 }
 
-/// `rls_server` in the directory of the running executable (cargo puts every
-/// binary of the package there).
+/// `bench_service` in the directory of the running executable (cargo puts
+/// every binary of the package there).
 fn binary() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find the current executable")?;
     let path = exe
         .parent()
         .context("the current executable has no directory")?
-        .join("rls_server");
+        .join("bench_service");
     if !path.is_file() {
         bail!(
             "{} does not exist: build it with `cargo build --release -p sluice-benches --bins`",
