@@ -1,8 +1,8 @@
 //! Bounded per-cell request counts for one window.
 
 use crate::cell::{key_of, parse_key, priority_from_i32, write_key};
+use crate::fast_map::{self, FastMap};
 use sluice_proto::v1::{BucketCount, Priority};
-use std::collections::HashMap;
 
 /// Requests seen, let through and shadow-dropped for one cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,7 +92,7 @@ impl Counts {
 #[derive(Debug, Clone)]
 pub struct BucketCounters {
     /// By cell key ([`crate::cell`]).
-    counts: HashMap<String, Counts>,
+    counts: FastMap<String, Counts>,
     max_cells: usize,
     untracked: u64,
     scratch: String,
@@ -102,7 +102,7 @@ impl BucketCounters {
     /// Empty counters for at most `max_cells` cells.
     pub fn new(max_cells: usize) -> Self {
         Self {
-            counts: HashMap::new(),
+            counts: fast_map::new(),
             max_cells,
             untracked: 0,
             scratch: String::new(),
@@ -344,7 +344,8 @@ mod proptests {
         #[test]
         fn counts_never_wrap(adds in proptest::collection::vec((0u8..4, any::<u64>(), any::<u64>()), 0..64)) {
             let mut counters = BucketCounters::new(8);
-            let mut expected: HashMap<String, (u128, u128)> = HashMap::new();
+            let mut expected: std::collections::HashMap<String, (u128, u128)> =
+                std::collections::HashMap::new();
             for (bucket, offered, admitted) in adds {
                 let bucket = format!("b{bucket}");
                 counters.merge([BucketCount { bucket: bucket.clone(), offered, admitted, ..Default::default() }]);

@@ -15,12 +15,12 @@
 use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
 use crate::cell::{MAX_TENANT_BYTES, key_of, priority_from_i32};
 use crate::drop_ratio::{DropRatio, DropThreshold};
+use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
 use crate::reject::{DropReason, RejectFacts, RejectResponse, ResponseSettings};
 use crate::token_bucket::TokenBucket;
 use prost::Message;
 use sluice_proto::v1::{Directive, DirectiveBatch, Priority};
-use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -132,9 +132,9 @@ impl CellEntry {
 pub struct DirectiveTable {
     entries: Vec<CellEntry>,
     /// Bucket-wide directives by bucket name.
-    bucket_wide: HashMap<String, usize>,
+    bucket_wide: FastMap<String, usize>,
     /// Tenant or priority directives by cell key.
-    cells: HashMap<String, usize>,
+    cells: FastMap<String, usize>,
     provenance: Provenance,
     modes: ModeSettings,
     ttl_ms: u64,
@@ -165,8 +165,8 @@ impl DirectiveTable {
     ) -> Self {
         Self {
             entries: Vec::new(),
-            bucket_wide: HashMap::new(),
-            cells: HashMap::new(),
+            bucket_wide: fast_map::new(),
+            cells: fast_map::new(),
             provenance: Provenance::default(),
             modes: ModeSettings::default(),
             ttl_ms: 0,

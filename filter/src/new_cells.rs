@@ -9,9 +9,9 @@
 //! directed do not pin memory.
 
 use crate::cell::parse_key;
+use crate::fast_map::{self, FastMap};
 use crate::reject::{DropReason, RejectFacts, RejectResponse, ResponseSettings};
 use crate::token_bucket::TokenBucket;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The configured behaviour for cells without a directive.
@@ -41,7 +41,7 @@ pub struct NewCell {
 #[derive(Debug)]
 pub struct NewCells {
     policy: NewBucketPolicy,
-    cells: HashMap<String, NewCell>,
+    cells: FastMap<String, NewCell>,
     max_cells: usize,
     responses: Arc<ResponseSettings>,
 }
@@ -55,7 +55,7 @@ impl NewCells {
     ) -> Self {
         Self {
             policy,
-            cells: HashMap::new(),
+            cells: fast_map::new(),
             max_cells,
             responses,
         }

@@ -12,8 +12,6 @@
 //! State is created on the tick and when directives arrive, never on the
 //! request path, and is bounded by `max_buckets`.
 
-use std::collections::HashMap;
-
 use rand::Rng;
 use sluice_proto::v1::Directive;
 
@@ -21,6 +19,7 @@ use crate::allowance::{AllowanceSettings, DirectiveRates, Gcra, RateWindow, allo
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
 use crate::drop_ratio::{DropRatio, DropThreshold};
+use crate::fast_map::{self, FastMap};
 
 /// How a drop ratio is applied to single requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,7 +54,7 @@ pub struct Pacer {
     allowance: Option<AllowanceSettings>,
     tick_ms: u64,
     max_buckets: usize,
-    buckets: HashMap<String, Pace>,
+    buckets: FastMap<String, Pace>,
     /// Time of the last tick: the request path's clock.
     now_ms: u64,
     /// How far the clock moved at its last reading.
@@ -77,7 +76,7 @@ impl Pacer {
             allowance,
             tick_ms,
             max_buckets,
-            buckets: HashMap::new(),
+            buckets: fast_map::new(),
             now_ms: 0,
             last_step_ms: 0,
             closed_at_ms: None,
