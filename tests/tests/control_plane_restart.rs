@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use serde_json::json;
+use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::wait;
@@ -55,40 +56,10 @@ async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
 
     // The new process's first report: the first time its bucket view has a
     // reporting proxy.
-    let admin = fleet.control_plane.admin().clone();
-    let first_report = wait::until(
-        "the first report to the new control plane",
-        Duration::from_secs(7),
-        Duration::from_millis(10),
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.proxies_reporting >= 1)
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await;
+    let admin = fleet.control_plane.admin();
+    let first_report = reporting(admin, 1, Duration::from_millis(10)).await;
     let first_report_at = load.elapsed();
-    let reconnected = wait::until(
-        "both proxies to report to the new control plane",
-        Duration::from_secs(7),
-        Duration::from_millis(50),
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.proxies_reporting == 2)
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await;
+    let reconnected = reporting(admin, 2, Duration::from_millis(50)).await;
     let reconnected_at = load.elapsed();
 
     // Measure 4 s, from two control intervals after the first report.
@@ -150,4 +121,25 @@ async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
         "from two intervals after the first report admitted {admitted_back:.1} rps, \
          limit {LIMIT_RPS}\n{summary}"
     );
+}
+
+/// Waits until at least `proxies` proxies report acme to the control plane;
+/// the filter's reconnect backoff is capped at 5 s, so 7 s is plenty.
+async fn reporting(admin: &AdminClient, proxies: u32, every: Duration) -> anyhow::Result<()> {
+    wait::until(
+        &format!("{proxies} proxies to report to the new control plane"),
+        Duration::from_secs(7),
+        every,
+        || {
+            let admin = admin.clone();
+            async move {
+                let buckets = admin.buckets().await?;
+                Ok(buckets
+                    .bucket("acme")
+                    .filter(|b| b.proxies_reporting >= proxies)
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
 }
