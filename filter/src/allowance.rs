@@ -243,6 +243,12 @@ impl RateWindow {
         }
     }
 
+    /// Whether every slot has been closed at least once: only then does the
+    /// window say what this VM's rate is.
+    pub fn is_full(&self) -> bool {
+        self.filled == Self::SLOTS
+    }
+
     /// Whether the last second saw no request.
     pub fn is_idle(&self) -> bool {
         self.slots.iter().all(|slot| slot.requests == 0)

@@ -147,6 +147,16 @@ impl Pacer {
         }
         self.buckets
             .retain(|_, pace| pace.cap.is_some() || pace.idle_ticks < IDLE_TICKS);
+        // A directive that arrived before the cell's window was full is
+        // applied once it is.
+        if let Some(settings) = self.allowance {
+            let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
+            for pace in self.buckets.values_mut() {
+                if let (None, Some(rates)) = (pace.cap, pace.applied) {
+                    derive_cap(pace, rates, settings, slack_ms, now_ms);
+                }
+            }
+        }
         for bucket in seen {
             if !self.buckets.contains_key(bucket) && self.buckets.len() < self.max_buckets {
                 let mut pace = new_pace(rng);
@@ -189,15 +199,7 @@ impl Pacer {
         }
         pace.applied = Some(rates);
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-        let local = pace.window.local();
-        pace.cap = match (allowance_rps(local, rates, settings), &mut pace.cap) {
-            (None, _) => None,
-            (Some(rate), Some(cap)) => {
-                cap.set_rate(rate, slack_ms, self.now_ms);
-                Some(*cap)
-            }
-            (Some(rate), None) => Some(Gcra::new(rate, slack_ms, self.now_ms)),
-        };
+        derive_cap(pace, rates, settings, slack_ms, self.now_ms);
     }
 
     /// Buckets with state.
@@ -209,6 +211,34 @@ impl Pacer {
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }
+}
+
+/// Derives `pace`'s cap from `rates` and its offered rate over the last
+/// second. Not before that second is full: a cap derived from the first few
+/// slots of a cell's traffic would rest on a handful of requests, and, with
+/// the directive unchanged for as long as the load is steady, stay frozen
+/// there, cutting a cell that is within its limit.
+fn derive_cap(
+    pace: &mut Pace,
+    rates: DirectiveRates,
+    settings: AllowanceSettings,
+    slack_ms: u64,
+    now_ms: u64,
+) {
+    if !pace.window.is_full() {
+        return;
+    }
+    pace.cap = match (
+        allowance_rps(pace.window.local(), rates, settings),
+        &mut pace.cap,
+    ) {
+        (None, _) => None,
+        (Some(rate), Some(cap)) => {
+            cap.set_rate(rate, slack_ms, now_ms);
+            Some(*cap)
+        }
+        (Some(rate), None) => Some(Gcra::new(rate, slack_ms, now_ms)),
+    };
 }
 
 fn new_pace(rng: &mut impl Rng) -> Pace {
@@ -276,6 +306,24 @@ mod tests {
         // plus the counting margin below the limit, (200 + √200 + 1) × 1.25.
         let admitted = run(&mut pacer, 0.0, 80, 10, 20);
         assert!((268..=280).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn a_directive_before_a_full_second_waits_for_one() {
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        // Two slots of a 100 rps cell, then a directive: ratio 0, the fleet
+        // at half its limit. A cap from two slots would rest on 20 requests.
+        run(&mut pacer, 0.0, 10, 2, 0);
+        pacer.apply(&[directive(0.0, 1_000.0, 500.0)]);
+        assert_eq!(run(&mut pacer, 0.0, 10, 8, 2), 80, "no cap yet");
+        // Once the second is full the cap applies: the load quadruples and
+        // is held at twice the local rate plus its counting margin.
+        let admitted = run(&mut pacer, 0.0, 40, 10, 10);
+        assert!((190..=230).contains(&admitted), "{admitted}");
     }
 
     #[test]
