@@ -1,11 +1,12 @@
 //! The filter's per-request work without the host: directive lookup, the
-//! coin flip and counting, for one bucket and across 10k buckets; and
-//! bucket-key derivation.
+//! coin flip and counting, for one bucket and across 10k buckets, both as
+//! the bare table operations and through a warm agent (what a VM runs per
+//! request); and bucket-key derivation.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_benches::{Request, bucket_names, table_with};
+use sluice_benches::{Request, bucket_names, table_with, warm_agent};
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
@@ -26,6 +27,21 @@ fn decision(c: &mut Criterion) {
                 let verdict = decide(table.threshold(black_box(bucket)), &mut rng);
                 counters.record(bucket, verdict == Verdict::Admit);
                 verdict
+            })
+        });
+    }
+    // The whole request path of a VM after classification: the cell key,
+    // the directive lookup, the per-cell decision state, the counter and
+    // the metric.
+    for (name, buckets) in [("agent_one_bucket", 1), ("agent_keyed_10k_buckets", 10_000)] {
+        let names = bucket_names(buckets);
+        let mut agent = warm_agent(&names, 0.5);
+        let mut next = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                next = (next + 1) % names.len();
+                let bucket = names.get(next).map_or("", String::as_str);
+                agent.admit(black_box(bucket))
             })
         });
     }

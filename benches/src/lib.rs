@@ -9,8 +9,10 @@ pub mod fleet;
 pub mod rls;
 pub mod upstream;
 
+use sluice_filter::agent::{Agent, AgentSettings};
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
+use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 use sluice_proto::v1::{Directive, DirectiveBatch};
 
 /// Bucket names `tenant-0` … `tenant-{n-1}`.
@@ -57,4 +59,85 @@ impl RequestAttributes for Request {
     fn route_name(&self) -> Option<String> {
         Some("default".to_owned())
     }
+}
+
+/// A host that accepts every call and keeps nothing: lets a benchmark run
+/// an agent's ticks (so its per-cell decision state exists, as in Envoy)
+/// without a proxy.
+#[derive(Debug, Default)]
+pub struct QuietHost;
+
+impl Host for QuietHost {
+    fn get_shared_data(&self, _key: &str) -> Result<Option<SharedValue>, HostError> {
+        Ok(None)
+    }
+
+    fn set_shared_data(
+        &mut self,
+        _key: &str,
+        _value: &[u8],
+        _cas: Option<u32>,
+    ) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn register_shared_queue(&mut self, _name: &str) -> Result<u32, HostError> {
+        Ok(1)
+    }
+
+    fn enqueue_shared_queue(&mut self, _queue_id: u32, _message: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn dequeue_shared_queue(&mut self, _queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(None)
+    }
+
+    fn open_control_stream(&mut self, _cluster: &str) -> Result<u32, HostError> {
+        Ok(1)
+    }
+
+    fn send_stream_message(&mut self, _token: u32, _message: &[u8]) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn close_stream(&mut self, _token: u32) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn define_metric(&mut self, _kind: MetricKind, _name: &str) -> Result<MetricId, HostError> {
+        Ok(MetricId(1))
+    }
+
+    fn increment_metric(&mut self, _id: MetricId, _delta: u64) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn record_metric(&mut self, _id: MetricId, _value: u64) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    fn log(&self, _level: LogLevel, _message: &str) {}
+}
+
+/// An agent enforcing a `drop_ratio` directive on every bucket in
+/// `buckets`, warmed the way a VM in Envoy is: each bucket requested once
+/// and one tick run, so counters and per-cell decision state exist.
+pub fn warm_agent(buckets: &[String], drop_ratio: f64) -> Agent {
+    let mut agent = Agent::new(
+        AgentSettings {
+            max_buckets: buckets.len().max(1),
+            ..AgentSettings::new("sluice_control_plane", "bench")
+        },
+        7,
+    );
+    agent.load_directives(table_with(buckets, drop_ratio));
+    for bucket in buckets {
+        agent.admit(bucket);
+    }
+    agent.on_tick(&mut QuietHost, 1_000);
+    for bucket in buckets {
+        agent.admit(bucket);
+    }
+    agent
 }

@@ -234,3 +234,25 @@ fn first_seen_bucket_allocates() {
         names.len()
     );
 }
+
+/// The agent as a VM in Envoy runs it: directives on every bucket, counters
+/// and per-cell decision state warmed by a tick.
+#[test]
+fn warm_ticked_agent_does_not_allocate() {
+    let names = bucket_names(1_000);
+    let mut agent = sluice_benches::warm_agent(&names, 0.5);
+
+    let mut dropped = 0usize;
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let verdict = agent.admit(black_box(&names[i % names.len()]));
+            dropped += usize::from(verdict == Verdict::Drop);
+        }
+    });
+
+    assert_eq!(allocations, 0, "{REQUESTS} warm admits allocated");
+    assert!(
+        dropped > REQUESTS / 3 && dropped < REQUESTS * 2 / 3,
+        "dropped {dropped}"
+    );
+}

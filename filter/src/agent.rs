@@ -279,7 +279,20 @@ impl Agent {
             now_ms: self.clock_ms,
             workers: self.workers,
         };
-        let found = self.directives.find((!wide).then_some(exact), bucket);
+        // A cell counted earlier in this window remembers its directive:
+        // one probe (the counter's) instead of one or two more.
+        let generation = self.directives.generation();
+        let mut slot = self.local.slot_mut(exact);
+        let found = match slot.as_deref().and_then(|slot| slot.directive(generation)) {
+            Some(found) => found,
+            None => {
+                let found = self.directives.find((!wide).then_some(exact), bucket);
+                if let Some(slot) = slot.as_deref_mut() {
+                    slot.remember(generation, found);
+                }
+                found
+            }
+        };
         let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
             Some(entry) => match decide_cell(
                 entry,
@@ -313,7 +326,10 @@ impl Agent {
             (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
             (None, _) => (Outcome::Admitted, Decision::Admit),
         };
-        self.local.record_cell(exact, outcome);
+        match slot {
+            Some(slot) => slot.count(outcome),
+            None => self.local.record_cell(exact, outcome),
+        }
         self.metrics.count_decision(outcome, reason);
         decision
     }

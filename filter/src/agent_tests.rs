@@ -9,7 +9,7 @@
 use super::*;
 use crate::fake_host::{FakeHost, FakeProcess};
 use crate::host_api::{HostError, LogLevel};
-use sluice_proto::v1::{BucketCount, Directive};
+use sluice_proto::v1::{BucketCount, Directive, Priority};
 use std::cell::RefCell;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -1254,4 +1254,79 @@ fn a_reconnecting_proxy_tells_the_fleet_it_last_saw() {
         panic!("first message is not a Hello");
     };
     assert_eq!((hello.zone.as_str(), hello.known_proxies), ("zone-a", 3));
+}
+
+/// A table of `(bucket, tenant, priority, drop ratio)` directives.
+fn table_of(directives: &[(&str, &str, Priority, f64)]) -> DirectiveTable {
+    let mut table = DirectiveTable::new(100);
+    table.merge(DirectiveBatch {
+        directives: directives
+            .iter()
+            .map(|(bucket, tenant, priority, drop_ratio)| Directive {
+                bucket: (*bucket).into(),
+                tenant: (*tenant).into(),
+                priority: *priority as i32,
+                drop_ratio: *drop_ratio,
+                limit_rps: 10.0,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    table
+}
+
+#[test]
+fn a_directive_arriving_mid_window_applies_to_the_next_request() {
+    // The request path remembers a cell's directive lookup for the window;
+    // a new table must void it at once, not at the next window.
+    let mut agent = Agent::new(settings(), 7);
+    for _ in 0..3 {
+        assert_eq!(agent.admit("acme"), Verdict::Admit);
+    }
+    agent.load_directives(table_of(&[("acme", "", Priority::Unspecified, 1.0)]));
+    assert_eq!(agent.admit("acme"), Verdict::Drop);
+    assert_eq!(agent.admit("acme"), Verdict::Drop);
+    // Another layout: the remembered index now holds another bucket's.
+    agent.load_directives(table_of(&[
+        ("other", "", Priority::Unspecified, 1.0),
+        ("acme", "", Priority::Unspecified, 0.0),
+    ]));
+    assert_eq!(agent.admit("acme"), Verdict::Admit);
+}
+
+#[test]
+fn a_cell_given_its_own_directive_mid_window_leaves_the_bucket_wide_one() {
+    let mut agent = Agent::new(settings(), 7);
+    agent.load_directives(table_of(&[("acme", "", Priority::Unspecified, 0.0)]));
+    for _ in 0..3 {
+        let decision = agent.admit_cell("acme", "t1", Priority::Bulk);
+        assert_eq!(decision, Decision::Admit);
+    }
+    let mut batch_table = agent.directives().clone();
+    batch_table.merge(DirectiveBatch {
+        directives: vec![Directive {
+            bucket: "acme".into(),
+            tenant: "t1".into(),
+            priority: Priority::Bulk as i32,
+            drop_ratio: 1.0,
+            limit_rps: 10.0,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(batch_table);
+    assert!(matches!(
+        agent.admit_cell("acme", "t1", Priority::Bulk),
+        Decision::Reject(_)
+    ));
+    // Other cells of the bucket keep the bucket-wide directive.
+    assert_eq!(
+        agent.admit_cell("acme", "t2", Priority::Bulk),
+        Decision::Admit
+    );
+    // The counts are those of every request, remembered lookup or not.
+    let counts = agent.local.drain();
+    let t1 = counts.iter().find(|c| c.tenant == "t1").unwrap();
+    assert_eq!((t1.offered, t1.admitted), (4, 3));
 }

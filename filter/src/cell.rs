@@ -16,6 +16,15 @@ pub const MAX_TENANT_BYTES: usize = MAX_BUCKET_KEY_BYTES;
 
 const PREFIX_BYTES: usize = 4;
 
+/// The prefix of a bucket-wide cell's key (no tenant, unspecified
+/// priority): its key is this followed by the bucket.
+pub const BUCKET_WIDE_PREFIX: &str = "0000";
+/// [`BUCKET_WIDE_PREFIX`] as bytes.
+pub const BUCKET_WIDE_PREFIX_BYTES: [u8; PREFIX_BYTES] = *b"0000";
+
+// The tenant's length is written as three decimal digits.
+const _: () = assert!(MAX_TENANT_BYTES < 1000);
+
 /// A cell as owned parts, for reports and directives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cell {
@@ -32,13 +41,13 @@ pub fn priority_from_i32(value: i32) -> Priority {
     Priority::try_from(value).unwrap_or(Priority::Unspecified)
 }
 
-fn priority_digit(priority: Priority) -> char {
+fn priority_digit(priority: Priority) -> u8 {
     match priority {
-        Priority::Unspecified => '0',
-        Priority::Critical => '1',
-        Priority::Degraded => '2',
-        Priority::BestEffort => '3',
-        Priority::Bulk => '4',
+        Priority::Unspecified => b'0',
+        Priority::Critical => b'1',
+        Priority::Degraded => b'2',
+        Priority::BestEffort => b'3',
+        Priority::Bulk => b'4',
     }
 }
 
@@ -59,13 +68,16 @@ fn priority_of_digit(digit: u8) -> Option<Priority> {
 /// cut here so the length prefix always fits three digits.
 pub fn write_key(out: &mut String, bucket: &str, tenant: &str, priority: Priority) {
     let tenant = cut(tenant, MAX_TENANT_BYTES);
-    out.clear();
-    out.push(priority_digit(priority));
+    // Every request builds a key: the prefix is pushed as four ASCII
+    // characters, with no UTF-8 validation and one capacity check.
     let len = tenant.len();
-    for divisor in [100, 10, 1] {
-        let digit = u8::try_from((len / divisor) % 10).unwrap_or(0);
-        out.push(char::from(b'0' + digit));
-    }
+    let digit = |n: usize| char::from(b'0' + u8::try_from(n % 10).unwrap_or(0));
+    out.clear();
+    out.reserve(PREFIX_BYTES + tenant.len() + bucket.len());
+    out.push(char::from(priority_digit(priority)));
+    out.push(digit(len / 100));
+    out.push(digit(len / 10));
+    out.push(digit(len));
     out.push_str(tenant);
     out.push_str(bucket);
 }
@@ -167,6 +179,13 @@ mod tests {
             key_of("a", "", Priority::Bulk),
             key_of("a", "", Priority::Critical)
         );
+    }
+
+    #[test]
+    fn bucket_wide_keys_are_the_prefix_and_the_bucket() {
+        assert_eq!(BUCKET_WIDE_PREFIX.as_bytes(), BUCKET_WIDE_PREFIX_BYTES);
+        let key = key_of("acme", "", Priority::Unspecified);
+        assert_eq!(key.strip_prefix(BUCKET_WIDE_PREFIX), Some("acme"));
     }
 
     #[test]

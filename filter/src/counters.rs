@@ -1,7 +1,7 @@
 //! Bounded per-cell request counts for one window.
 
-use crate::cell::{key_of, parse_key, priority_from_i32, write_key};
-use crate::fast_map::{self, FastMap};
+use crate::cell::{key_of, parse_key, priority_from_i32};
+use crate::cell_map::CellMap;
 use sluice_proto::v1::{BucketCount, Priority};
 
 /// Requests seen, let through and shadow-dropped for one cell.
@@ -86,26 +86,62 @@ impl Counts {
     }
 }
 
+/// A cell's counts in this window, with the directive the request path
+/// found for it, so later requests of the window skip the directive lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CellSlot {
+    counts: Counts,
+    /// (generation of the directive table, what its lookup returned).
+    directive: Option<(u64, Option<usize>)>,
+}
+
+impl CellSlot {
+    fn of(counts: Counts) -> Self {
+        Self {
+            counts,
+            directive: None,
+        }
+    }
+
+    /// The directive index remembered for the table of `generation`:
+    /// `None` if the lookup has to run (nothing remembered, or for another
+    /// table), `Some(None)` if the cell has no directive.
+    pub fn directive(&self, generation: u64) -> Option<Option<usize>> {
+        match self.directive {
+            Some((remembered, index)) if remembered == generation => Some(index),
+            _ => None,
+        }
+    }
+
+    /// Remembers the lookup's result for the table of `generation`.
+    pub fn remember(&mut self, generation: u64, index: Option<usize>) {
+        self.directive = Some((generation, index));
+    }
+
+    /// Counts one request.
+    pub fn count(&mut self, outcome: Outcome) {
+        self.counts.add(Counts::one(outcome));
+    }
+}
+
 /// Counts per cell, holding at most `max_cells` cells. Requests of a new
 /// cell beyond the cap are not attributed; they are tallied in
 /// [`BucketCounters::take_untracked`] so the caller can report the overflow.
 #[derive(Debug, Clone)]
 pub struct BucketCounters {
     /// By cell key ([`crate::cell`]).
-    counts: FastMap<String, Counts>,
+    counts: CellMap<CellSlot>,
     max_cells: usize,
     untracked: u64,
-    scratch: String,
 }
 
 impl BucketCounters {
     /// Empty counters for at most `max_cells` cells.
     pub fn new(max_cells: usize) -> Self {
         Self {
-            counts: fast_map::new(),
+            counts: CellMap::default(),
             max_cells,
             untracked: 0,
-            scratch: String::new(),
         }
     }
 
@@ -116,13 +152,11 @@ impl BucketCounters {
         } else {
             Outcome::Dropped
         };
-        write_key(&mut self.scratch, bucket, "", Priority::Unspecified);
         let one = Counts::one(outcome);
-        if let Some(counts) = self.counts.get_mut(self.scratch.as_str()) {
-            counts.add(one);
+        if let Some(slot) = self.counts.get_bucket_wide_mut(bucket) {
+            slot.counts.add(one);
         } else {
-            let key = self.scratch.clone();
-            self.insert(key, one);
+            self.insert(key_of(bucket, "", Priority::Unspecified), one);
         }
     }
 
@@ -130,17 +164,24 @@ impl BucketCounters {
     /// for a cell not seen this window.
     pub fn record_cell(&mut self, cell_key: &str, outcome: Outcome) {
         let one = Counts::one(outcome);
-        if let Some(counts) = self.counts.get_mut(cell_key) {
-            counts.add(one);
+        if let Some(slot) = self.counts.get_mut(cell_key) {
+            slot.counts.add(one);
         } else {
             self.insert(cell_key.to_owned(), one);
         }
     }
 
+    /// The slot of a cell already counted this window: one probe, the one
+    /// the request path makes; a cell seen first is counted with
+    /// [`Self::record_cell`] instead.
+    pub fn slot_mut(&mut self, cell_key: &str) -> Option<&mut CellSlot> {
+        self.counts.get_mut(cell_key)
+    }
+
     /// Adds counts for a cell key (saturating).
     pub fn add(&mut self, cell_key: String, counts: Counts) {
         if let Some(existing) = self.counts.get_mut(&cell_key) {
-            existing.add(counts);
+            existing.counts.add(counts);
         } else {
             self.insert(cell_key, counts);
         }
@@ -160,14 +201,14 @@ impl BucketCounters {
 
     /// Moves every cell into `other`.
     pub fn move_into(&mut self, other: &mut BucketCounters) {
-        for (key, counts) in self.counts.drain() {
-            other.add(key, counts);
+        for (key, slot) in self.counts.drain() {
+            other.add(key, slot.counts);
         }
     }
 
     /// Takes the counts by cell key, leaving the counters empty.
     pub fn drain_keyed(&mut self) -> impl Iterator<Item = (String, Counts)> + '_ {
-        self.counts.drain()
+        self.counts.drain().map(|(key, slot)| (key, slot.counts))
     }
 
     /// Takes every cell with traffic, leaving the counters empty (with
@@ -175,8 +216,8 @@ impl BucketCounters {
     pub fn drain(&mut self) -> Vec<BucketCount> {
         self.counts
             .drain()
-            .filter(|(_, counts)| counts.offered > 0)
-            .filter_map(|(key, counts)| {
+            .filter(|(_, slot)| slot.counts.offered > 0)
+            .filter_map(|(key, CellSlot { counts, .. })| {
                 let (bucket, tenant, priority) = parse_key(&key)?;
                 Some(BucketCount {
                     bucket: bucket.to_owned(),
@@ -192,7 +233,7 @@ impl BucketCounters {
 
     /// The buckets counted so far in this window.
     pub fn buckets(&self) -> impl Iterator<Item = &str> {
-        self.counts.keys().map(String::as_str)
+        self.counts.keys()
     }
 
     /// Whether nothing is counted.
@@ -212,7 +253,7 @@ impl BucketCounters {
 
     fn insert(&mut self, key: String, counts: Counts) {
         if self.counts.len() < self.max_cells {
-            self.counts.insert(key, counts);
+            self.counts.insert(key, CellSlot::of(counts));
         } else {
             self.untracked = self.untracked.saturating_add(counts.offered);
         }

@@ -141,6 +141,10 @@ pub struct DirectiveTable {
     max_entries: usize,
     responses: Arc<ResponseSettings>,
     proxy_id: Arc<str>,
+    /// Changes whenever what [`Self::find`] returns may change (a merge,
+    /// or this table replacing another), so a caller may remember a lookup
+    /// for as long as the generation stays the same.
+    generation: u64,
 }
 
 impl PartialEq for DirectiveTable {
@@ -173,6 +177,7 @@ impl DirectiveTable {
             max_entries,
             responses,
             proxy_id: Arc::from(proxy_id),
+            generation: 0,
         }
     }
 
@@ -203,6 +208,12 @@ impl DirectiveTable {
             return Some(*index);
         }
         self.bucket_wide.get(bucket).copied()
+    }
+
+    /// Identifies the table's current content for remembered lookups: a
+    /// [`Self::find`] result holds while the generation is unchanged.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Every entry, in no particular order.
@@ -274,6 +285,7 @@ impl DirectiveTable {
     /// the previous ones (an absent policy means "enforce, no kill
     /// switch"). Invalid directives are skipped and counted, never fatal.
     pub fn merge(&mut self, batch: DirectiveBatch) -> MergeOutcome {
+        self.generation = self.generation.wrapping_add(1);
         self.provenance = Provenance {
             epoch: batch.epoch,
             version: batch.version,
@@ -370,6 +382,8 @@ impl DirectiveTable {
     /// Takes over the per-cell state of `previous` for cells both hold (a
     /// VM rebuilding its table from the shared blob keeps its limiters).
     pub fn adopt_state(&mut self, previous: &mut DirectiveTable) {
+        // Lookups remembered against the previous table are void.
+        self.generation = previous.generation.wrapping_add(1);
         for (bucket, index) in &self.bucket_wide {
             if let (Some(entry), Some(old)) = (
                 self.entries.get_mut(*index),

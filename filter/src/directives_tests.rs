@@ -327,3 +327,20 @@ mod proptests {
         }
     }
 }
+
+#[test]
+fn every_change_of_what_find_returns_changes_the_generation() {
+    let mut table = DirectiveTable::new(10);
+    let mut seen = vec![table.generation()];
+    table.merge(batch(1, 1, vec![directive("a", 0.5)]));
+    seen.push(table.generation());
+    // Even a batch naming no directive: its mode policy may change.
+    table.merge(batch(1, 2, vec![]));
+    seen.push(table.generation());
+    let mut replacement = table.empty_like();
+    replacement.merge(batch(1, 3, vec![directive("b", 0.5)]));
+    replacement.adopt_state(&mut table);
+    seen.push(replacement.generation());
+    let distinct: std::collections::HashSet<u64> = seen.iter().copied().collect();
+    assert_eq!(distinct.len(), seen.len(), "{seen:?}");
+}

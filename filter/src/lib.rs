@@ -14,6 +14,7 @@ pub mod allowance;
 pub mod backoff;
 pub mod bucket_key;
 pub mod cell;
+pub mod cell_map;
 pub mod classify;
 pub mod config;
 pub mod counters;

@@ -86,13 +86,16 @@ impl Pacer {
     }
 
     /// The request path: decides one request of `bucket` whose directive
-    /// is `threshold`. One hash probe, no allocation.
+    /// is `threshold`. At most one hash probe, no allocation.
     pub fn decide(
         &mut self,
         bucket: &str,
         threshold: DropThreshold,
         rng: &mut impl Rng,
     ) -> Verdict {
+        if !self.keeps_state() {
+            return decide(threshold, rng);
+        }
         let Some(pace) = self.buckets.get_mut(bucket) else {
             return decide(threshold, rng);
         };
@@ -108,6 +111,12 @@ impl Pacer {
             DecisionMode::Coin => decide(threshold, rng),
             DecisionMode::Credit => pace.credit.decide(threshold),
         }
+    }
+
+    /// Whether any bucket state is used: a coin without allowances reads
+    /// none, so it keeps none and the request path skips the probe.
+    fn keeps_state(&self) -> bool {
+        self.mode == DecisionMode::Credit || self.allowance.is_some()
     }
 
     /// Moves the request path's clock to `now_ms` (never back). VMs call it
@@ -164,6 +173,9 @@ impl Pacer {
                     derive_cap(pace, rates, settings, slack_ms, now_ms);
                 }
             }
+        }
+        if !self.keeps_state() {
+            return;
         }
         for bucket in seen {
             if !self.buckets.contains_key(bucket) && self.buckets.len() < self.max_buckets {
@@ -389,6 +401,14 @@ mod tests {
         let mut pacer = Pacer::new(DecisionMode::Coin, None, 100, 10);
         assert_eq!(run(&mut pacer, 0.0, 10, 10, 0), 100);
         assert_eq!(run(&mut pacer, 1.0, 10, 10, 10), 0);
+    }
+
+    #[test]
+    fn a_coin_without_allowance_keeps_no_state() {
+        let mut pacer = Pacer::new(DecisionMode::Coin, None, 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        pacer.on_tick(0, ["a", "b"], &mut rng);
+        assert!(pacer.is_empty());
     }
 
     #[test]
