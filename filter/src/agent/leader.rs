@@ -1,0 +1,386 @@
+//! What only the leader VM does: own the control-plane stream (open it,
+//! say hello, reconnect with backoff, give up on a silent one), report the
+//! process's counts once per report window, and merge and publish the
+//! directive batches that arrive.
+
+use super::sync::effective_ttl;
+use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
+use crate::freshness::DirectivesMeta;
+use crate::host_api::{Host, LogLevel};
+use crate::metrics::Counter;
+use crate::report_window::Handoff;
+use crate::shared_keys::{DIRECTIVES_KEY, DIRECTIVES_META_KEY, INSTANCE_ID_KEY, WORKERS_KEY};
+use crate::stream::Reconnect;
+use prost::Message;
+use rand::Rng;
+use sluice_proto::v1::{
+    ControlMessage, DirectiveBatch, Hello, ProxyMessage, Report, control_message, proxy_message,
+};
+
+impl Agent {
+    /// A message arrived on stream `token` at `now_ms`.
+    pub fn on_stream_message(
+        &mut self,
+        host: &mut impl Host,
+        token: u32,
+        message: &[u8],
+        now_ms: u64,
+    ) {
+        let Role::Leader(leadership) = &mut self.role else {
+            host.log(
+                LogLevel::Debug,
+                &format!("ignoring message on stream {token}: not the leader"),
+            );
+            return;
+        };
+        if !leadership.stream.received(token, now_ms) {
+            host.log(
+                LogLevel::Debug,
+                &format!("ignoring message on abandoned stream {token}"),
+            );
+            return;
+        }
+        match ControlMessage::decode(message) {
+            Ok(ControlMessage {
+                kind: Some(control_message::Kind::Directives(batch)),
+            }) => {
+                self.apply_batch(host, batch, now_ms);
+            }
+            Ok(ControlMessage { kind: None }) => {
+                host.log(
+                    LogLevel::Debug,
+                    "ignoring control message of an unknown kind",
+                );
+            }
+            Err(err) => {
+                host.log(
+                    LogLevel::Warn,
+                    &format!("undecodable control message: {err}"),
+                );
+            }
+        }
+    }
+
+    /// The host closed stream `token` with gRPC `status`.
+    pub fn on_stream_close(&mut self, host: &mut impl Host, token: u32, status: u32, now_ms: u64) {
+        let Role::Leader(leadership) = &mut self.role else {
+            return;
+        };
+        if let Some(reconnect) = leadership.stream.closed(token, now_ms, &mut self.rng) {
+            // Reports in flight on a closed stream may be lost.
+            self.metrics.add(Counter::ReportsFailed, 1);
+            let what = format!("control-plane stream closed with gRPC status {status}");
+            log_reconnect(host, &self.settings.control_plane_cluster, &what, reconnect);
+        }
+    }
+
+    pub(super) fn lead(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
+        leadership.windows.add_own(&mut self.local, now_ms);
+        self.drain_queue(host, leadership, now_ms);
+        self.publish_workers(host, leadership, now_ms);
+        self.abandon_silent_stream(host, leadership, now_ms);
+        if leadership.stream.should_open(now_ms) {
+            self.open_stream(host, leadership, now_ms);
+        }
+        if now_ms.saturating_sub(leadership.windows.current_start_ms())
+            >= self.settings.report_interval_ms
+        {
+            leadership.windows.close(now_ms);
+        }
+        if let Some(ready) = leadership.windows.take_ready(now_ms) {
+            self.send_report(host, leadership, ready.window_ms, ready.counts, now_ms);
+        }
+    }
+
+    /// Closes a stream that delivered nothing (not even a heartbeat) for
+    /// `stream_idle_timeout_ms` and schedules a reconnect with backoff.
+    pub(super) fn abandon_silent_stream(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        let timeout_ms = self.settings.stream_idle_timeout_ms;
+        let Some(token) = leadership.stream.silent_for(now_ms, timeout_ms) else {
+            return;
+        };
+        if let Err(err) = host.close_stream(token) {
+            host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
+        }
+        self.metrics.add(Counter::StreamsAbandoned, 1);
+        let reconnect = leadership.stream.failed(now_ms, &mut self.rng);
+        log_reconnect(
+            host,
+            &self.settings.control_plane_cluster,
+            &format!("the control plane sent nothing for {timeout_ms} ms"),
+            reconnect,
+        );
+    }
+
+    pub(super) fn publish_workers(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        let workers = leadership.windows.workers(now_ms);
+        self.workers = workers;
+        if leadership.published_workers == Some(workers) {
+            return;
+        }
+        match host.set_shared_data(WORKERS_KEY, &workers.to_le_bytes(), None) {
+            Ok(()) => leadership.published_workers = Some(workers),
+            Err(err) => host.log(
+                LogLevel::Debug,
+                &format!("cannot publish the worker count: {err}"),
+            ),
+        }
+    }
+
+    pub(super) fn drain_queue(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        let Some(queue_id) = self.queue_id else {
+            return;
+        };
+        for _ in 0..MAX_DEQUEUES_PER_TICK {
+            match host.dequeue_shared_queue(queue_id) {
+                Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
+                    Ok(handoff) => leadership.windows.add_handoff(handoff, now_ms),
+                    Err(err) => host.log(
+                        LogLevel::Warn,
+                        &format!("dropping undecodable counts: {err}"),
+                    ),
+                },
+                Ok(None) => break,
+                Err(err) => {
+                    host.log(LogLevel::Warn, &format!("cannot dequeue counts: {err}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(super) fn open_stream(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        let cluster = &self.settings.control_plane_cluster;
+        let token = match host.open_control_stream(cluster) {
+            Ok(token) => token,
+            Err(err) => {
+                let reconnect = leadership.stream.failed(now_ms, &mut self.rng);
+                log_reconnect(
+                    host,
+                    cluster,
+                    &format!("cannot open the control-plane stream: {err}"),
+                    reconnect,
+                );
+                return;
+            }
+        };
+        leadership.stream.opened(token, now_ms);
+        let hello = Hello {
+            proxy_id: self.settings.proxy_id.clone(),
+            instance_id: self.instance_id(host),
+            zone: self.settings.zone.clone(),
+            known_proxies: self.directives.known_proxies(),
+        };
+        let message = ProxyMessage {
+            kind: Some(proxy_message::Kind::Hello(hello)),
+        };
+        // A failed Hello is not a report; the reconnect is logged by send().
+        let _ = self.send(host, leadership, token, &message.encode_to_vec(), now_ms);
+    }
+
+    pub(super) fn send_report(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        window_ms: u64,
+        buckets: Vec<sluice_proto::v1::BucketCount>,
+        now_ms: u64,
+    ) {
+        let Some((token, sequence)) = leadership.stream.take_sequence() else {
+            // Counts of a window nobody hears about would skew the next
+            // report's rate; the control plane holds rates across short gaps.
+            if !buckets.is_empty() {
+                host.log(
+                    LogLevel::Debug,
+                    &format!("no stream: discarding counts of {} buckets", buckets.len()),
+                );
+            }
+            return;
+        };
+        let report = Report {
+            sequence,
+            window_ms,
+            buckets,
+            directive_age_ms: self.freshness.table_age_ms(now_ms),
+        };
+        let message = ProxyMessage {
+            kind: Some(proxy_message::Kind::Report(report)),
+        };
+        let counter = if self.send(host, leadership, token, &message.encode_to_vec(), now_ms) {
+            Counter::ReportsSent
+        } else {
+            Counter::ReportsFailed
+        };
+        self.metrics.add(counter, 1);
+    }
+
+    /// Sends on the stream; on failure closes it and schedules a reconnect.
+    /// Returns whether the host took the message.
+    pub(super) fn send(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        token: u32,
+        bytes: &[u8],
+        now_ms: u64,
+    ) -> bool {
+        if let Err(err) = host.send_stream_message(token, bytes) {
+            if let Err(close_err) = host.close_stream(token) {
+                host.log(
+                    LogLevel::Debug,
+                    &format!("closing stream {token}: {close_err}"),
+                );
+            }
+            let reconnect = leadership.stream.failed(now_ms, &mut self.rng);
+            let cluster = &self.settings.control_plane_cluster;
+            log_reconnect(
+                host,
+                cluster,
+                &format!("cannot send on the control-plane stream: {err}"),
+                reconnect,
+            );
+            return false;
+        }
+        true
+    }
+
+    /// The process-wide instance id: created once by the first leader and
+    /// kept in shared data, so `Hello` names the same instance whichever VM
+    /// leads.
+    pub(super) fn instance_id(&mut self, host: &mut impl Host) -> u64 {
+        match host.get_shared_data(INSTANCE_ID_KEY) {
+            Ok(Some(value)) => {
+                if let Ok(bytes) = <[u8; 8]>::try_from(value.bytes.as_slice()) {
+                    return u64::from_le_bytes(bytes);
+                }
+            }
+            Ok(None) => {}
+            Err(err) => {
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot read the instance id: {err}"),
+                );
+                return self.rng.next_u64();
+            }
+        }
+        let id = self.rng.next_u64();
+        if let Err(err) = host.set_shared_data(INSTANCE_ID_KEY, &id.to_le_bytes(), None) {
+            host.log(
+                LogLevel::Warn,
+                &format!("cannot store the instance id: {err}"),
+            );
+        }
+        id
+    }
+
+    pub(super) fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch, now_ms: u64) {
+        let previous_epoch = self.directives.provenance().epoch;
+        let changes = self.directives.changes_with(&batch);
+        let ttl_ms = batch.ttl_ms;
+        let outcome = self.directives.merge(batch);
+        if changes {
+            self.pace_directives();
+        }
+        self.metrics.add(Counter::DirectiveBatches, 1);
+        self.metrics.add(
+            Counter::DirectivesRejected,
+            u64::try_from(outcome.rejected).unwrap_or(u64::MAX),
+        );
+        let provenance = self.directives.provenance();
+        let level = if outcome.rejected > 0 {
+            LogLevel::Warn
+        } else if provenance.epoch != previous_epoch {
+            LogLevel::Info
+        } else {
+            LogLevel::Debug
+        };
+        host.log(
+            level,
+            &format!(
+                "directives epoch {} version {}: {} applied, {} rejected, {} cells, {} shedding",
+                provenance.epoch,
+                provenance.version,
+                outcome.applied,
+                outcome.rejected,
+                self.directives.len(),
+                self.directives.shedding()
+            ),
+        );
+        let stored = host
+            .get_shared_data(DIRECTIVES_META_KEY)
+            .ok()
+            .flatten()
+            .and_then(|value| DirectivesMeta::decode(&value.bytes));
+        let mut sequence = stored
+            .map(|meta| meta.sequence)
+            .max(self.directives_sequence)
+            .unwrap_or(0);
+        // A VM that just became leader may hold a table other than the
+        // shared one: write it whenever the sequence is not its own.
+        if changes || self.directives_sequence != stored.map(|meta| meta.sequence) {
+            sequence = sequence.wrapping_add(1);
+            if let Err(err) = host.set_shared_data(DIRECTIVES_KEY, &self.directives.encode(), None)
+            {
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot publish directives to other VMs: {err}"),
+                );
+                return;
+            }
+        }
+        let meta = DirectivesMeta {
+            sequence,
+            received_at_ms: now_ms,
+            ttl_ms,
+        };
+        if let Err(err) = host.set_shared_data(DIRECTIVES_META_KEY, &meta.encode(), None) {
+            host.log(
+                LogLevel::Warn,
+                &format!("cannot publish directive freshness to other VMs: {err}"),
+            );
+            return;
+        }
+        self.directives_sequence = Some(sequence);
+        self.freshness.received_at_ms = Some(now_ms);
+        self.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
+        self.update_regime(host, now_ms);
+    }
+}
+
+/// Logs a failed attempt without flooding: the first failure and every
+/// [`RECONNECT_WARN_EVERY`]th are warnings, the rest debug.
+fn log_reconnect(host: &impl Host, cluster: &str, what: &str, reconnect: Reconnect) {
+    let level =
+        if reconnect.failures == 1 || reconnect.failures.is_multiple_of(RECONNECT_WARN_EVERY) {
+            LogLevel::Warn
+        } else {
+            LogLevel::Debug
+        };
+    host.log(
+        level,
+        &format!(
+            "{what} (cluster {cluster}, {} consecutive failures); retrying in {} ms",
+            reconnect.failures, reconnect.delay_ms
+        ),
+    );
+}

@@ -1,0 +1,498 @@
+//! The per-VM logic: the request-path decision and the ticks that
+//! reconcile this VM with the rest of the Envoy process.
+//!
+//! Every VM (each worker's and the main thread's) ticks every
+//! `directive_poll_ms` (20 ms by default). Each tick reads one small shared
+//! key, the table's sequence and freshness, and reads and decodes the table
+//! only when the sequence changed: a directive reaches every VM within one
+//! short tick of the leader receiving it. The rest runs at the old cadence,
+//! every [`TICK_MS`]:
+//! 1. lease: read the leader lease and renew, follow or try to acquire it
+//!    ([`crate::lease`]);
+//! 2. counts: a follower hands its counts, with the span they cover, to the
+//!    leader through the shared queue, but only while a leader holds a live
+//!    lease (otherwise nobody drains the queue, so the counts stay local,
+//!    bounded by `max_buckets`); the leader aligns them to its report
+//!    windows ([`crate::report_window`]);
+//! 3. leader only: keep the control-plane stream open (reconnecting with
+//!    backoff), send one `Report` per report window, publish how many VMs
+//!    serve requests.
+//!
+//! The leader merges every `DirectiveBatch` it receives into its table,
+//! writes the table to shared data when it changed, and stamps the batch's
+//! arrival (heartbeats included) in the freshness key.
+//!
+//! Metrics ([`crate::metrics`]) are counted in plain fields and flushed on
+//! the slow tick; the leader alone records the process-wide gauges.
+
+mod leader;
+mod sync;
+
+use crate::allowance::{AllowanceSettings, DirectiveRates};
+use crate::bucket_key::RequestAttributes;
+use crate::cell::CellKeyBuf;
+use crate::cell::key_of;
+use crate::classify::Classifier;
+use crate::counters::{BucketCounters, Outcome};
+use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
+use crate::directives::DirectiveTable;
+use crate::freshness::Freshness;
+use crate::host_api::{Host, LogLevel};
+use crate::lease::LEASE_TTL_TICKS;
+use crate::metrics::{Gauge, Metrics};
+use crate::new_cells::{NewBucketPolicy, NewCells};
+use crate::pacing::{DecisionMode, Pacer};
+use crate::reject::{DropReason, RejectResponse, ResponseSettings};
+use crate::report_window::ReportWindows;
+use crate::stream::ControlStream;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+/// The slow cadence: lease, hand-offs, reports, metrics.
+pub const TICK_MS: u64 = 100;
+/// Default short tick: how often every VM checks for a new directive table.
+pub const DEFAULT_DIRECTIVE_POLL_MS: u64 = 20;
+/// How long a lease outlives its last renewal.
+pub const LEASE_TTL_MS: u64 = LEASE_TTL_TICKS * TICK_MS;
+/// Most queue messages the leader takes per tick: one per VM per tick
+/// arrives, so this only bounds a backlog, never falls behind in steady state.
+pub const MAX_DEQUEUES_PER_TICK: usize = 256;
+/// Default for giving up on a control-plane stream that stays silent: ten
+/// missed heartbeats of a healthy control plane.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT_MS: u64 = 10_000;
+/// Default TTL of the directives when batches name none.
+pub const DEFAULT_DIRECTIVE_TTL_MS: u64 = 90_000;
+/// Least time between two warnings about buckets beyond `max_buckets`.
+const OVERFLOW_LOG_INTERVAL_MS: u64 = 10_000;
+/// While the control plane stays unreachable, warn again every this many
+/// failed attempts (the others are logged at debug level).
+const RECONNECT_WARN_EVERY: u32 = 20;
+/// A slow tick is due this long after the previous one (a little less than
+/// [`TICK_MS`], so short ticks that jitter do not skip a beat).
+const SLOW_TICK_DUE_MS: u64 = TICK_MS - TICK_MS / 4;
+
+/// What the agent needs from the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSettings {
+    /// Envoy cluster of the control plane.
+    pub control_plane_cluster: String,
+    /// Identity sent in `Hello`; also decides canary membership.
+    pub proxy_id: String,
+    /// Failure domain sent in `Hello`; empty when unknown.
+    pub zone: String,
+    /// Milliseconds between reports.
+    pub report_interval_ms: u64,
+    /// Cap on cells counted and directives held.
+    pub max_buckets: usize,
+    /// TTL of the directives when batches name none.
+    pub directive_ttl_ms: u64,
+    /// What applies once the directives are stale.
+    pub fallback: Fallback,
+    /// What applies to cells without a directive.
+    pub new_bucket: NewBucketPolicy,
+    /// How 429 responses are rendered.
+    pub responses: Arc<ResponseSettings>,
+    /// Give up on a stream that delivered nothing for this long.
+    pub stream_idle_timeout_ms: u64,
+    /// How a drop ratio is applied to single requests.
+    pub decision: DecisionMode,
+    /// The local allowance; `None`: off.
+    pub allowance: Option<AllowanceSettings>,
+}
+
+impl AgentSettings {
+    /// Settings with every optional behaviour at its default.
+    pub fn new(control_plane_cluster: &str, proxy_id: &str) -> Self {
+        Self {
+            control_plane_cluster: control_plane_cluster.into(),
+            proxy_id: proxy_id.into(),
+            zone: String::new(),
+            report_interval_ms: 250,
+            max_buckets: 10_000,
+            directive_ttl_ms: DEFAULT_DIRECTIVE_TTL_MS,
+            fallback: Fallback::KeepLast,
+            new_bucket: NewBucketPolicy::Allow,
+            responses: Arc::new(ResponseSettings::default()),
+            stream_idle_timeout_ms: DEFAULT_STREAM_IDLE_TIMEOUT_MS,
+            decision: DecisionMode::Coin,
+            allowance: None,
+        }
+    }
+}
+
+/// What the request path does with a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Let it through (also a shadow drop).
+    Admit,
+    /// Answer with this prepared 429.
+    Reject(Arc<RejectResponse>),
+}
+
+/// State of one VM.
+#[derive(Debug)]
+pub struct Agent {
+    settings: AgentSettings,
+    /// Identifies this VM in the lease and its hand-offs.
+    vm_id: u64,
+    rng: SmallRng,
+    /// Requests counted on this VM and not yet handed on.
+    local: BucketCounters,
+    directives: DirectiveTable,
+    /// Per-cell decision state: credit balances and local allowances.
+    pacer: Pacer,
+    /// When the pacer's next 100 ms window closes.
+    pacer_due_ms: Option<u64>,
+    new_cells: NewCells,
+    /// Sequence of the shared table last decoded (or written).
+    directives_sequence: Option<u64>,
+    freshness: Freshness,
+    regime: Regime,
+    /// The request's cell, built in reused buffers.
+    cell: CellKeyBuf,
+    /// The VM's clock as of its last tick (the request path reads no clock).
+    clock_ms: u64,
+    last_slow_ms: Option<u64>,
+    /// End of the span the next hand-off starts at.
+    handoff_from_ms: Option<u64>,
+    handed_off_last: bool,
+    workers: u32,
+    queue_id: Option<u32>,
+    role: Role,
+    untracked: u64,
+    last_overflow_log_ms: Option<u64>,
+    metrics: Metrics,
+}
+
+#[derive(Debug)]
+enum Role {
+    Follower,
+    Leader(Box<Leadership>),
+}
+
+/// What only the leader has.
+#[derive(Debug)]
+struct Leadership {
+    stream: ControlStream,
+    /// The whole process's counts, aligned to report windows.
+    windows: ReportWindows,
+    /// Workers last published.
+    published_workers: Option<u32>,
+}
+
+impl Agent {
+    /// A follower with no directives. `seed` seeds the VM's PRNG (the host
+    /// passes entropy; tests pass a constant).
+    pub fn new(settings: AgentSettings, seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let vm_id = rng.next_u64();
+        Self {
+            local: BucketCounters::new(settings.max_buckets),
+            directives: DirectiveTable::with_settings(
+                settings.max_buckets,
+                Arc::clone(&settings.responses),
+                &settings.proxy_id,
+            ),
+            pacer: Pacer::new(
+                settings.decision,
+                settings.allowance,
+                TICK_MS,
+                settings.max_buckets,
+            ),
+            pacer_due_ms: None,
+            new_cells: NewCells::new(
+                settings.new_bucket,
+                settings.max_buckets,
+                Arc::clone(&settings.responses),
+            ),
+            freshness: Freshness {
+                received_at_ms: None,
+                ttl_ms: settings.directive_ttl_ms,
+            },
+            settings,
+            vm_id,
+            rng,
+            directives_sequence: None,
+            regime: Regime::Fresh,
+            cell: CellKeyBuf::default(),
+            clock_ms: 0,
+            last_slow_ms: None,
+            handoff_from_ms: None,
+            handed_off_last: false,
+            workers: 1,
+            queue_id: None,
+            role: Role::Follower,
+            untracked: 0,
+            last_overflow_log_ms: None,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// The request path: classifies the request into its cell, decides and
+    /// counts. No host calls beyond the attribute reads the classifier
+    /// needs; no allocation once the cell has been seen.
+    pub fn admit_request(
+        &mut self,
+        classifier: &Classifier,
+        request: &impl RequestAttributes,
+    ) -> Decision {
+        classifier.classify_into(request, &mut self.cell);
+        self.decide_current()
+    }
+
+    /// Decides a request of a bucket without tenant or priority.
+    pub fn admit(&mut self, bucket: &str) -> Verdict {
+        self.cell.bucket.clear();
+        self.cell.bucket.push_str(bucket);
+        self.cell.tenant.clear();
+        self.cell.priority = Default::default();
+        match self.decide_current() {
+            Decision::Admit => Verdict::Admit,
+            Decision::Reject(_) => Verdict::Drop,
+        }
+    }
+
+    /// Decides a request of the cell (`bucket`, `tenant`, `priority`).
+    pub fn admit_cell(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: sluice_proto::v1::Priority,
+    ) -> Decision {
+        self.cell.bucket.clear();
+        self.cell.bucket.push_str(bucket);
+        self.cell.tenant.clear();
+        self.cell.tenant.push_str(tenant);
+        self.cell.priority = priority;
+        self.decide_current()
+    }
+
+    fn decide_current(&mut self) -> Decision {
+        let wide = self.cell.is_bucket_wide();
+        let (exact, bucket) = self.cell.keys();
+        let local = Local {
+            now_ms: self.clock_ms,
+            workers: self.workers,
+        };
+        // A cell counted earlier in this window remembers its directive:
+        // one probe (the counter's) instead of one or two more.
+        let generation = self.directives.generation();
+        let mut slot = self.local.slot_mut(exact);
+        let found = match slot.as_deref().and_then(|slot| slot.directive(generation)) {
+            Some(found) => found,
+            None => {
+                let found = self.directives.find((!wide).then_some(exact), bucket);
+                if let Some(slot) = slot.as_deref_mut() {
+                    slot.remember(generation, found);
+                }
+                found
+            }
+        };
+        let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
+            Some(entry) => match decide_cell(
+                entry,
+                self.regime,
+                local,
+                &mut self.pacer,
+                exact,
+                &mut self.rng,
+            ) {
+                None => (None, false, None),
+                Some(reason) => {
+                    let response = if reason == DropReason::FallbackLimit {
+                        &entry.fallback_response
+                    } else {
+                        &entry.response
+                    };
+                    (Some(reason), entry.enforce, Some(Arc::clone(response)))
+                }
+            },
+            None => match self.new_cells.decide(exact, local.now_ms, local.workers) {
+                None => (None, false, None),
+                Some((reason, response)) => (
+                    Some(reason),
+                    self.directives.modes().enforces_local(),
+                    Some(response),
+                ),
+            },
+        };
+        let (outcome, decision) = match (reason, response) {
+            (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
+            (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
+            (None, _) => (Outcome::Admitted, Decision::Admit),
+        };
+        match slot {
+            Some(slot) => slot.count(outcome),
+            None => self.local.record_cell(exact, outcome),
+        }
+        self.metrics.count_decision(outcome, reason);
+        decision
+    }
+
+    /// Replaces the directive table, as if it had arrived fresh at the last
+    /// tick: for simulations and benchmarks, which have no host. Envoy's
+    /// VMs take the table from shared data.
+    pub fn load_directives(&mut self, mut table: DirectiveTable) {
+        table.adopt_state(&mut self.directives);
+        self.directives = table;
+        self.pace_directives();
+        self.freshness.received_at_ms = Some(self.clock_ms);
+        self.regime = Regime::Fresh;
+    }
+
+    /// Whether this VM currently owns the control-plane stream.
+    pub fn is_leader(&self) -> bool {
+        matches!(self.role, Role::Leader(_))
+    }
+
+    /// Metric counts not flushed yet.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The directives this VM enforces.
+    pub fn directives(&self) -> &DirectiveTable {
+        &self.directives
+    }
+
+    /// Whether the configured fallback applies (directives past their TTL).
+    pub fn in_fallback(&self) -> bool {
+        matches!(self.regime, Regime::Stale(_))
+    }
+
+    /// VMs of this proxy sharing local limits, as last published.
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
+    /// Runs one tick at `now_ms` (Unix milliseconds): the directive check
+    /// always, the rest when a slow tick is due.
+    pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        self.clock_ms = now_ms;
+        self.close_pacer_window(now_ms);
+        self.poll_directives(host, now_ms);
+        let slow_due = self
+            .last_slow_ms
+            .is_none_or(|last| now_ms.saturating_sub(last) >= SLOW_TICK_DUE_MS);
+        if slow_due {
+            self.slow_tick(host, now_ms);
+        }
+    }
+
+    /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever
+    /// the tick period, so its per-window counts are rates. Counts are
+    /// taken before the slow tick hands them on.
+    fn close_pacer_window(&mut self, now_ms: u64) {
+        self.pacer.advance_clock(now_ms);
+        let due = *self.pacer_due_ms.get_or_insert(now_ms);
+        if now_ms < due {
+            return;
+        }
+        self.pacer
+            .on_tick(now_ms, self.local.buckets(), &mut self.rng);
+        // After a stall, restart the cadence rather than closing a burst of
+        // empty windows.
+        let next = due.saturating_add(TICK_MS);
+        self.pacer_due_ms = Some(if next <= now_ms {
+            now_ms.saturating_add(TICK_MS)
+        } else {
+            next
+        });
+    }
+
+    /// Lets the pacer derive allowances of cells whose directive changed.
+    fn pace_directives(&mut self) {
+        for entry in self.directives.entries() {
+            let wire = entry.wire();
+            let priority = sluice_proto::v1::Priority::try_from(wire.priority)
+                .unwrap_or(sluice_proto::v1::Priority::Unspecified);
+            let rates = DirectiveRates {
+                drop_ratio: entry.directive.drop_ratio,
+                limit_rps: entry.directive.stated_limit_rps(),
+                fleet_offered_rps: entry.directive.offered_rps,
+            };
+            self.pacer
+                .apply_cell(&key_of(&wire.bucket, &wire.tenant, priority), rates);
+        }
+    }
+
+    fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        // Counts of a VM that has not handed off yet cover at most the
+        // time since its previous slow tick.
+        if self.handoff_from_ms.is_none() {
+            self.handoff_from_ms = self.last_slow_ms;
+        }
+        self.last_slow_ms = Some(now_ms);
+        self.ensure_queue(host);
+        let leader_alive = self.run_lease(host, now_ms);
+        match std::mem::replace(&mut self.role, Role::Follower) {
+            Role::Leader(mut leadership) => {
+                self.lead(host, &mut leadership, now_ms);
+                self.role = Role::Leader(leadership);
+            }
+            Role::Follower if leader_alive => {
+                self.hand_counts_to_leader(host, now_ms);
+                self.read_workers(host);
+            }
+            // No leader to drain the queue: keep counting locally.
+            Role::Follower => {}
+        }
+        self.log_overflow(host, now_ms);
+        self.flush_metrics(host, now_ms);
+    }
+
+    /// Flushes counter deltas; the leader also records the gauges, so VMs
+    /// ticking at different moments do not overwrite each other.
+    fn flush_metrics(&mut self, host: &mut impl Host, now_ms: u64) {
+        if !self.is_leader() {
+            self.metrics.flush(host, &[]);
+            return;
+        }
+        let cells = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
+        let shedding = u64::try_from(self.directives.shedding()).unwrap_or(u64::MAX);
+        self.metrics.flush(
+            host,
+            &[
+                (Gauge::DirectiveAgeMs, self.freshness.age_ms(now_ms)),
+                (Gauge::DirectiveBuckets, shedding),
+                (Gauge::DirectiveCells, cells),
+                (Gauge::FallbackActive, u64::from(self.in_fallback())),
+                (Gauge::Workers, u64::from(self.workers)),
+            ],
+        );
+    }
+
+    /// Releases what this VM holds before it goes away or is replaced.
+    pub fn shut_down(&mut self, host: &mut impl Host) {
+        self.step_down(host);
+        // Counts since the last tick would otherwise vanish with the VM.
+        self.metrics.flush(host, &[]);
+    }
+
+    fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
+        self.untracked = self.untracked.saturating_add(self.local.take_untracked());
+        if let Role::Leader(leadership) = &mut self.role {
+            self.untracked = self
+                .untracked
+                .saturating_add(leadership.windows.take_untracked());
+        }
+        let due = self
+            .last_overflow_log_ms
+            .is_none_or(|last| now_ms.saturating_sub(last) >= OVERFLOW_LOG_INTERVAL_MS);
+        if self.untracked > 0 && due {
+            host.log(
+                LogLevel::Warn,
+                &format!(
+                    "{} requests were not counted: more than max_buckets ({}) buckets",
+                    self.untracked, self.settings.max_buckets
+                ),
+            );
+            self.untracked = 0;
+            self.last_overflow_log_ms = Some(now_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,259 @@
+//! How the VMs of one Envoy process stay in step through shared data: the
+//! leader lease, the counts queue from followers to the leader, the shared
+//! directive table every VM polls, and the freshness regime it implies.
+
+use super::{Agent, LEASE_TTL_MS, Leadership, Role};
+use crate::decision::{Fallback, Regime};
+use crate::directives::DirectiveTable;
+use crate::freshness::DirectivesMeta;
+use crate::host_api::{Host, LogLevel};
+use crate::lease::{Lease, LeaseStep, next_step};
+use crate::metrics::Counter;
+use crate::report_window::{Handoff, ReportWindows};
+use crate::shared_keys::{
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, WORKERS_KEY,
+};
+use crate::stream::ControlStream;
+use prost::Message;
+
+impl Agent {
+    pub(super) fn ensure_queue(&mut self, host: &mut impl Host) {
+        if self.queue_id.is_some() {
+            return;
+        }
+        match host.register_shared_queue(COUNTS_QUEUE) {
+            Ok(id) => self.queue_id = Some(id),
+            Err(err) => host.log(
+                LogLevel::Warn,
+                &format!("cannot register the counts queue: {err}"),
+            ),
+        }
+    }
+
+    /// Runs the lease step; returns whether some VM holds a live lease.
+    pub(super) fn run_lease(&mut self, host: &mut impl Host, now_ms: u64) -> bool {
+        let (current, cas) = match host.get_shared_data(LEASE_KEY) {
+            Ok(Some(value)) => (Lease::decode(&value.bytes), Some(value.cas)),
+            Ok(None) => (None, None),
+            Err(err) => {
+                host.log(
+                    LogLevel::Warn,
+                    &format!("cannot read the leader lease: {err}"),
+                );
+                self.step_down(host);
+                return false;
+            }
+        };
+        let mine = Lease {
+            holder: self.vm_id,
+            expires_at_ms: now_ms.saturating_add(LEASE_TTL_MS),
+        };
+        match next_step(current, self.vm_id, now_ms) {
+            LeaseStep::Renew => match host.set_shared_data(LEASE_KEY, &mine.encode(), cas) {
+                Ok(()) => {
+                    self.become_leader(host, now_ms);
+                    true
+                }
+                Err(err) => {
+                    // Another VM took the expired lease between read and write.
+                    host.log(LogLevel::Debug, &format!("lease renewal failed: {err}"));
+                    self.step_down(host);
+                    false
+                }
+            },
+            LeaseStep::Follow => {
+                self.step_down(host);
+                true
+            }
+            LeaseStep::Acquire => {
+                self.step_down(host);
+                if let Err(err) = host.set_shared_data(LEASE_KEY, &mine.encode(), cas) {
+                    host.log(LogLevel::Debug, &format!("lease acquisition failed: {err}"));
+                }
+                false
+            }
+        }
+    }
+
+    pub(super) fn become_leader(&mut self, host: &impl Host, now_ms: u64) {
+        if self.is_leader() {
+            return;
+        }
+        host.log(LogLevel::Info, "this VM now owns the control-plane stream");
+        self.role = Role::Leader(Box::new(Leadership {
+            stream: ControlStream::new(),
+            windows: ReportWindows::new(self.settings.max_buckets, now_ms),
+            published_workers: None,
+        }));
+    }
+
+    pub(super) fn step_down(&mut self, host: &mut impl Host) {
+        let Role::Leader(mut leadership) = std::mem::replace(&mut self.role, Role::Follower) else {
+            return;
+        };
+        host.log(
+            LogLevel::Info,
+            "this VM no longer owns the control-plane stream",
+        );
+        if let Some(token) = leadership.stream.shut_down()
+            && let Err(err) = host.close_stream(token)
+        {
+            host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
+        }
+        // Keep the windows' counts: they go to the next leader.
+        leadership.windows.drain_all().move_into(&mut self.local);
+    }
+
+    /// The short-tick check: one small read; the table only if it changed.
+    pub(super) fn poll_directives(&mut self, host: &mut impl Host, now_ms: u64) {
+        let meta = match host.get_shared_data(DIRECTIVES_META_KEY) {
+            Ok(Some(value)) => DirectivesMeta::decode(&value.bytes),
+            Ok(None) => None,
+            Err(err) => {
+                host.log(
+                    LogLevel::Debug,
+                    &format!("cannot read directive freshness: {err}"),
+                );
+                None
+            }
+        };
+        if let Some(meta) = meta {
+            if self.directives_sequence != Some(meta.sequence) {
+                self.read_table(host, meta.sequence);
+            }
+            self.freshness.received_at_ms = Some(meta.received_at_ms);
+            self.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+        }
+        self.update_regime(host, now_ms);
+    }
+
+    pub(super) fn read_table(&mut self, host: &mut impl Host, sequence: u64) {
+        let value = match host.get_shared_data(DIRECTIVES_KEY) {
+            Ok(Some(value)) => value,
+            Ok(None) => return,
+            Err(err) => {
+                host.log(LogLevel::Debug, &format!("cannot read directives: {err}"));
+                return;
+            }
+        };
+        // Remember the sequence even if decoding fails, so a bad blob costs
+        // one warning rather than one per tick; the last good table stays.
+        self.directives_sequence = Some(sequence);
+        match DirectiveTable::decode_with(&value.bytes, self.directives.empty_like()) {
+            Ok((mut table, outcome)) => {
+                if outcome.rejected > 0 {
+                    host.log(
+                        LogLevel::Warn,
+                        &format!(
+                            "shared directive table had {} invalid entries",
+                            outcome.rejected
+                        ),
+                    );
+                }
+                table.adopt_state(&mut self.directives);
+                self.directives = table;
+                self.pace_directives();
+            }
+            Err(err) => host.log(
+                LogLevel::Warn,
+                &format!("keeping last-known directives: {err}"),
+            ),
+        }
+    }
+
+    /// Moves between fresh and fallback; the leader logs and counts each
+    /// transition once for the process.
+    pub(super) fn update_regime(&mut self, host: &mut impl Host, now_ms: u64) {
+        let regime = self.freshness.regime(now_ms, self.settings.fallback);
+        if regime == self.regime {
+            return;
+        }
+        let was_stale = matches!(self.regime, Regime::Stale(_));
+        self.regime = regime;
+        let stale = matches!(regime, Regime::Stale(_));
+        if stale == was_stale {
+            return;
+        }
+        let level = if self.is_leader() {
+            LogLevel::Warn
+        } else {
+            LogLevel::Debug
+        };
+        let age = self.freshness.age_ms(now_ms);
+        if stale {
+            if self.is_leader() {
+                self.metrics.add(Counter::FallbackEntered, 1);
+            }
+            host.log(
+                level,
+                &format!(
+                    "directives are stale ({age} ms since the last batch, TTL {} ms): fallback {} applies",
+                    self.freshness.ttl_ms,
+                    fallback_name(self.settings.fallback)
+                ),
+            );
+        } else {
+            host.log(
+                if self.is_leader() {
+                    LogLevel::Info
+                } else {
+                    LogLevel::Debug
+                },
+                "directives are fresh again: leaving the fallback",
+            );
+        }
+    }
+
+    pub(super) fn hand_counts_to_leader(&mut self, host: &mut impl Host, now_ms: u64) {
+        let Some(queue_id) = self.queue_id else {
+            return;
+        };
+        let from_ms = self.handoff_from_ms.unwrap_or(now_ms);
+        if self.local.is_empty() && !self.handed_off_last {
+            // Nothing counted since `now_ms`: the next span starts here.
+            self.handoff_from_ms = Some(now_ms);
+            return;
+        }
+        let handoff = Handoff {
+            source: self.vm_id,
+            start_ms: from_ms,
+            end_ms: now_ms,
+            counts: self.local.drain(),
+        };
+        let had_counts = !handoff.counts.is_empty();
+        if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {
+            host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
+            self.local.merge(handoff.counts);
+            return;
+        }
+        self.handoff_from_ms = Some(now_ms);
+        // One empty hand-off after traffic tells the leader this VM is
+        // idle, so it need not wait for it at the next window's end.
+        self.handed_off_last = had_counts;
+    }
+
+    pub(super) fn read_workers(&mut self, host: &mut impl Host) {
+        if let Ok(Some(value)) = host.get_shared_data(WORKERS_KEY)
+            && let Ok(bytes) = <[u8; 4]>::try_from(value.bytes.as_slice())
+        {
+            self.workers = u32::from_le_bytes(bytes).max(1);
+        }
+    }
+}
+
+/// The batch's TTL, else the configured one.
+pub(super) fn effective_ttl(batch_ttl_ms: u64, configured_ms: u64) -> u64 {
+    if batch_ttl_ms == 0 {
+        configured_ms
+    } else {
+        batch_ttl_ms
+    }
+}
+
+fn fallback_name(fallback: Fallback) -> &'static str {
+    match fallback {
+        Fallback::KeepLast => "keep_last",
+        Fallback::LocalLimit => "local_limit",
+        Fallback::Allow => "allow",
+    }
+}

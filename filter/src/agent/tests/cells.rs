@@ -1,0 +1,524 @@
+//! Cells, modes and fallbacks: what each VM decides once directives arrive.
+
+use super::*;
+use crate::decision::Fallback;
+use crate::freshness::DirectivesMeta;
+use crate::metrics::{Counter, Gauge};
+use crate::new_cells::NewBucketPolicy;
+use crate::reject::DropReason;
+use crate::shared_keys::DIRECTIVES_META_KEY;
+use sluice_proto::v1::{Mode, ModePolicy, Priority, Reason};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+impl Fleet {
+    /// The control plane sends this batch on the current stream.
+    fn push_batch(&mut self, batch: DirectiveBatch) {
+        let (token, vm) = self.the_stream();
+        let message = ControlMessage {
+            kind: Some(control_message::Kind::Directives(batch)),
+        };
+        let now_ms = self.now_ms;
+        let (host, agent) = &mut self.vms[vm];
+        agent.on_stream_message(host, token, &message.encode_to_vec(), now_ms);
+    }
+
+    /// Ticks one VM at an arbitrary time (the clock does not move).
+    fn tick_vm_at(&mut self, vm: usize, now_ms: u64) {
+        let (host, agent) = &mut self.vms[vm];
+        agent.on_tick(host, now_ms);
+    }
+
+    fn cell_decisions(
+        &mut self,
+        vm: usize,
+        cell: (&str, &str, Priority),
+        n: usize,
+    ) -> (usize, Option<Arc<crate::reject::RejectResponse>>) {
+        let mut rejected = 0;
+        let mut last = None;
+        for _ in 0..n {
+            if let Decision::Reject(response) = self.vms[vm].1.admit_cell(cell.0, cell.1, cell.2) {
+                rejected += 1;
+                last = Some(response);
+            }
+        }
+        (rejected, last)
+    }
+
+    fn logs_containing(&self, text: &str) -> Vec<(usize, LogLevel)> {
+        self.process
+            .borrow()
+            .logs
+            .iter()
+            .filter(|(_, _, line)| line.contains(text))
+            .map(|(vm, level, _)| (*vm, *level))
+            .collect()
+    }
+}
+
+fn batch(directives: Vec<Directive>) -> DirectiveBatch {
+    DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        directives,
+        ..Default::default()
+    }
+}
+
+fn cell(bucket: &str, tenant: &str, priority: Priority, drop_ratio: f64) -> Directive {
+    Directive {
+        bucket: bucket.into(),
+        tenant: tenant.into(),
+        priority: priority as i32,
+        drop_ratio,
+        limit_rps: 100.0,
+        ..Default::default()
+    }
+}
+
+fn header<'a>(response: &'a crate::reject::RejectResponse, name: &str) -> Option<&'a str> {
+    response
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn short_ticks_bring_a_directive_to_every_vm_within_one_poll() {
+    let mut fleet = Fleet::new(3);
+    fleet.ticks(2);
+    let leader = fleet.leaders()[0];
+    let start = fleet.now_ms;
+    let follower = (leader + 1) % 3;
+    // Followers are mid-way between slow ticks: the short tick alone
+    // must pick the table up.
+    fleet.tick_vm_at(follower, start + 20);
+    fleet.push(1, 1, &[("acme", 1.0)]);
+    assert_eq!(
+        fleet.admit_n(follower, "acme", 10),
+        0,
+        "not before its tick"
+    );
+    fleet.tick_vm_at(follower, start + 40);
+    assert_eq!(fleet.admit_n(follower, "acme", 10), 10);
+    // The slow work keeps its cadence: one hand-off per ~100 ms with
+    // continuous traffic, not one per short tick.
+    let enqueued = |fleet: &Fleet| fleet.process.borrow().enqueued.values().sum::<usize>();
+    let before = enqueued(&fleet);
+    for step in 3..=52u64 {
+        fleet.admit_n(follower, "free", 1);
+        fleet.tick_vm_at(follower, start + step * 20);
+        if step % 5 == 0 {
+            fleet.tick_vm_at(leader, start + step * 20);
+        }
+    }
+    let handoffs = enqueued(&fleet) - before;
+    assert!((10..=13).contains(&handoffs), "{handoffs} hand-offs in 1 s");
+}
+
+struct Request(&'static [(&'static str, &'static str)]);
+
+impl crate::bucket_key::RequestAttributes for Request {
+    fn header(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| (*v).to_owned())
+    }
+    fn route_name(&self) -> Option<String> {
+        None
+    }
+}
+
+#[test]
+fn requests_are_classified_into_their_cells() {
+    let config = crate::config::FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp",
+             "bucket_key": [{"source": "authority"}],
+             "tenant": {"source": "header", "name": "x-tenant"},
+             "priority": {"header": "x-priority", "values": {"batch": "bulk"}}}"#,
+    )
+    .unwrap();
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![cell("api", "acme", Priority::Bulk, 1.0)]));
+    fleet.tick();
+    let agent = &mut fleet.vms[0].1;
+    let bulk = Request(&[
+        (":authority", "API"),
+        ("x-tenant", "acme"),
+        ("x-priority", "Batch"),
+    ]);
+    let plain = Request(&[(":authority", "api"), ("x-tenant", "acme")]);
+    let anonymous = Request(&[(":authority", "api")]);
+    assert!(matches!(
+        agent.admit_request(&config.classifier, &bulk),
+        Decision::Reject(_)
+    ));
+    assert_eq!(
+        agent.admit_request(&config.classifier, &plain),
+        Decision::Admit
+    );
+    assert_eq!(
+        agent.admit_request(&config.classifier, &anonymous),
+        Decision::Admit
+    );
+    let mut cells = agent.local.clone().drain();
+    cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+    let seen: Vec<(&str, i32, u64, u64)> = cells
+        .iter()
+        .map(|c| (c.tenant.as_str(), c.priority, c.offered, c.admitted))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("acme", Priority::BestEffort as i32, 1, 1),
+            ("acme", Priority::Bulk as i32, 1, 0),
+            ("default", Priority::BestEffort as i32, 1, 1),
+        ]
+    );
+}
+
+#[test]
+fn the_exact_cell_wins_then_the_bucket_wide_directive() {
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![
+        cell("api", "", Priority::Unspecified, 0.0),
+        cell("api", "acme", Priority::Bulk, 1.0),
+    ]));
+    fleet.tick();
+    assert_eq!(
+        fleet
+            .cell_decisions(0, ("api", "acme", Priority::Bulk), 50)
+            .0,
+        50
+    );
+    assert_eq!(
+        fleet
+            .cell_decisions(0, ("api", "acme", Priority::Critical), 50)
+            .0,
+        0
+    );
+    assert_eq!(
+        fleet
+            .cell_decisions(0, ("api", "globex", Priority::Bulk), 50)
+            .0,
+        0
+    );
+}
+
+#[test]
+fn reports_carry_counts_per_cell() {
+    let mut fleet = Fleet::new(2);
+    fleet.ticks(2);
+    let (token, _) = fleet.the_stream();
+    fleet.push_batch(batch(vec![Directive {
+        mode: Mode::Shadow as i32,
+        ..cell("api", "acme", Priority::Bulk, 1.0)
+    }]));
+    fleet.tick();
+    for vm in 0..2 {
+        fleet.cell_decisions(vm, ("api", "acme", Priority::Bulk), 7);
+        fleet.cell_decisions(vm, ("api", "globex", Priority::Critical), 3);
+        fleet.admit_n(vm, "api", 2);
+    }
+    fleet.ticks(6);
+    let mut counts: Vec<BucketCount> = fleet
+        .reports(token)
+        .into_iter()
+        .flat_map(|r| r.buckets)
+        .collect();
+    let mut merged = crate::counters::BucketCounters::new(100);
+    merged.merge(counts.drain(..));
+    let mut cells = merged.drain();
+    cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+    let summary: Vec<(&str, i32, u64, u64, u64)> = cells
+        .iter()
+        .map(|c| {
+            (
+                c.tenant.as_str(),
+                c.priority,
+                c.offered,
+                c.admitted,
+                c.shadow_dropped,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("", Priority::Unspecified as i32, 4, 4, 0),
+            ("acme", Priority::Bulk as i32, 14, 14, 14),
+            ("globex", Priority::Critical as i32, 6, 6, 0),
+        ]
+    );
+}
+
+#[test]
+fn shadow_drops_predict_enforced_drops() {
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![
+        Directive {
+            mode: Mode::Shadow as i32,
+            ..cell("shadowed", "", Priority::Unspecified, 0.3)
+        },
+        Directive {
+            mode: Mode::Enforce as i32,
+            ..cell("enforced", "", Priority::Unspecified, 0.3)
+        },
+    ]));
+    fleet.tick();
+    let n = 20_000;
+    let (shadow_rejected, _) = fleet.cell_decisions(0, ("shadowed", "", Priority::Unspecified), n);
+    let (enforce_rejected, _) = fleet.cell_decisions(0, ("enforced", "", Priority::Unspecified), n);
+    assert_eq!(shadow_rejected, 0, "shadow never rejects");
+    fleet.tick();
+    let shadow = fleet
+        .metric(Counter::DecisionsShadowDrop(DropReason::ClusterOverload).name())
+        .unwrap();
+    assert_eq!(
+        fleet.metric(Counter::DecisionsDropClusterOverload.name()),
+        Some(enforce_rejected as u64)
+    );
+    // Both are Binomial(20000, 0.3): their difference has a standard
+    // deviation of about 92; allow five.
+    let difference = (shadow as f64 - enforce_rejected as f64).abs();
+    assert!(
+        difference < 460.0,
+        "shadow {shadow} vs enforce {enforce_rejected}"
+    );
+    assert!(
+        (5_500..6_500).contains(&enforce_rejected),
+        "{enforce_rejected}"
+    );
+}
+
+#[test]
+fn the_kill_switch_and_the_canary_decide_who_enforces() {
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    let always = vec![cell("api", "", Priority::Unspecified, 1.0)];
+    let with_modes = |modes: Option<ModePolicy>| DirectiveBatch {
+        modes,
+        ..batch(always.clone())
+    };
+    let api = ("api", "", Priority::Unspecified);
+    fleet.push_batch(with_modes(Some(ModePolicy {
+        kill_switch: true,
+        default_mode: Mode::Enforce as i32,
+        canary_fraction: Some(1.0),
+    })));
+    fleet.tick();
+    assert_eq!(fleet.cell_decisions(0, api, 10).0, 0);
+    // "envoy-a" hashes to 0.276 (see modes.rs).
+    fleet.push_batch(with_modes(Some(ModePolicy {
+        canary_fraction: Some(0.25),
+        ..Default::default()
+    })));
+    assert_eq!(fleet.cell_decisions(0, api, 10).0, 0, "outside the canary");
+    fleet.push_batch(with_modes(Some(ModePolicy {
+        canary_fraction: Some(0.3),
+        ..Default::default()
+    })));
+    assert_eq!(fleet.cell_decisions(0, api, 10).0, 10, "inside the canary");
+    fleet.push_batch(with_modes(Some(ModePolicy {
+        default_mode: Mode::Shadow as i32,
+        ..Default::default()
+    })));
+    assert_eq!(fleet.cell_decisions(0, api, 10).0, 0, "shadow by default");
+    fleet.push_batch(with_modes(None));
+    assert_eq!(fleet.cell_decisions(0, api, 10).0, 10, "no policy: enforce");
+}
+
+fn fallback_fleet(fallback: Fallback) -> Fleet {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            directive_ttl_ms: 1_000,
+            fallback,
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![Directive {
+        reporting_proxies: 4,
+        reason: Reason::TenantQuotaExceeded as i32,
+        share_rps: 40.0,
+        ..cell("api", "acme", Priority::Unspecified, 1.0)
+    }]));
+    fleet.tick();
+    fleet
+}
+
+#[test]
+fn after_the_ttl_the_local_limit_applies_loudly_until_a_heartbeat() {
+    let mut fleet = fallback_fleet(Fallback::LocalLimit);
+    let acme = ("api", "acme", Priority::Unspecified);
+    let (rejected, response) = fleet.cell_decisions(0, acme, 20);
+    assert_eq!(rejected, 20);
+    assert_eq!(
+        header(&response.unwrap(), "x-ratelimit-reason"),
+        Some("tenant_quota_exceeded")
+    );
+    fleet.ticks(10);
+    assert!(fleet.vms.iter().all(|(_, a)| a.in_fallback()));
+    let leader = fleet.leaders()[0];
+    let entered = fleet.logs_containing("fallback local_limit applies");
+    assert_eq!(
+        entered.iter().filter(|(_, l)| *l == LogLevel::Warn).count(),
+        1,
+        "{entered:?}"
+    );
+    assert_eq!(
+        entered
+            .iter()
+            .find(|(_, l)| *l == LogLevel::Warn)
+            .unwrap()
+            .0,
+        leader
+    );
+    assert_eq!(fleet.metric(Gauge::FallbackActive.name()), Some(1));
+    assert_eq!(fleet.metric(Counter::FallbackEntered.name()), Some(1));
+    assert!(fleet.metric(Gauge::DirectiveAgeMs.name()).unwrap() > 1_000);
+    // 40 rps share over 4 proxies: 10 rps for this proxy, held by one
+    // worker so far; a second's burst, then nothing within the tick.
+    let (rejected, response) = fleet.cell_decisions(leader, acme, 30);
+    assert_eq!(rejected, 20);
+    let response = response.unwrap();
+    assert_eq!(
+        header(&response, "x-ratelimit-reason"),
+        Some("local_fallback_limit")
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), Some("40"));
+    // An empty heartbeat makes the table fresh again.
+    fleet.push_batch(batch(vec![]));
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, a)| !a.in_fallback()));
+    assert_eq!(fleet.metric(Gauge::FallbackActive.name()), Some(0));
+    assert_eq!(fleet.metric(Gauge::DirectiveAgeMs.name()), Some(TICK_MS));
+    assert_eq!(fleet.logs_containing("leaving the fallback").len(), 2);
+    assert_eq!(fleet.cell_decisions(0, acme, 10).0, 10);
+}
+
+#[test]
+fn other_fallbacks_keep_the_last_directive_or_allow() {
+    let acme = ("api", "acme", Priority::Unspecified);
+    let mut keep = fallback_fleet(Fallback::KeepLast);
+    keep.ticks(12);
+    assert!(keep.vms[0].1.in_fallback());
+    assert_eq!(keep.cell_decisions(0, acme, 10).0, 10);
+    let mut allow = fallback_fleet(Fallback::Allow);
+    allow.ticks(12);
+    assert_eq!(allow.cell_decisions(0, acme, 10).0, 0);
+}
+
+#[test]
+fn the_batch_ttl_overrides_the_configured_one() {
+    let mut fleet = fallback_fleet(Fallback::Allow);
+    fleet.push_batch(DirectiveBatch {
+        ttl_ms: 5_000,
+        ..batch(vec![])
+    });
+    fleet.ticks(20);
+    assert!(!fleet.vms[0].1.in_fallback());
+    let meta = DirectivesMeta::decode(
+        &fleet
+            .process
+            .borrow()
+            .get(DIRECTIVES_META_KEY)
+            .unwrap()
+            .bytes,
+    )
+    .unwrap();
+    assert_eq!(meta.ttl_ms, 5_000);
+    fleet.ticks(40);
+    assert!(fleet.vms[0].1.in_fallback());
+}
+
+#[test]
+fn new_buckets_get_the_configured_local_limit_until_directed() {
+    let mut fleet = Fleet::with_settings(
+        1,
+        AgentSettings {
+            new_bucket: NewBucketPolicy::LocalLimit {
+                fleet_limit_rps: 20.0,
+                expected_proxies: 2,
+            },
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let fresh = ("fresh", "t", Priority::Bulk);
+    // 10 rps for this proxy: a second's burst, then nothing in the tick.
+    let (rejected, response) = fleet.cell_decisions(0, fresh, 25);
+    assert_eq!(rejected, 15);
+    let response = response.unwrap();
+    assert_eq!(
+        header(&response, "x-ratelimit-reason"),
+        Some("new_bucket_limit")
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), Some("20"));
+    fleet.tick();
+    assert_eq!(
+        fleet.metric(Counter::DecisionsDrop(DropReason::NewBucketLimit).name()),
+        Some(15)
+    );
+    // Once the control plane directs the bucket, its directive rules.
+    fleet.push_batch(batch(vec![cell("fresh", "", Priority::Unspecified, 0.0)]));
+    assert_eq!(fleet.cell_decisions(0, fresh, 50).0, 0);
+}
+
+#[test]
+fn new_buckets_are_allowed_by_default() {
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    assert_eq!(
+        fleet.cell_decisions(0, ("x", "", Priority::Bulk), 1000).0,
+        0
+    );
+}
+
+/// Followers tick out of phase with the leader's report window; steady
+/// traffic must still give steady reports (the control plane divides
+/// each report's counts by its window).
+#[test]
+fn reports_of_steady_load_are_steady_whatever_the_tick_phases() {
+    let mut fleet = Fleet::new(3);
+    fleet.ticks(2);
+    let (token, leader) = fleet.the_stream();
+    let followers: Vec<usize> = (0..3).filter(|vm| *vm != leader).collect();
+    // Timers drift: followers tick every 97 and 104 ms, the leader
+    // every 100 ms, so a window holds two to four hand-offs.
+    let periods = [97u64, 104];
+    let start = fleet.now_ms;
+    for ms in 1..6_000u64 {
+        let now = start + ms;
+        if ms % 100 == 0 {
+            fleet.tick_vm_at(leader, now);
+        }
+        for (follower, period) in followers.iter().zip(periods) {
+            if ms % period == 0 {
+                // 6 requests per 10 ms: 600 rps per follower.
+                fleet.admit_n(*follower, "steady", (6 * period / 10) as usize);
+                fleet.tick_vm_at(*follower, now);
+            }
+        }
+    }
+    let reports = fleet.reports(token);
+    assert!(reports.len() >= 15, "{} reports", reports.len());
+    for report in reports.iter().skip(2) {
+        let offered: u64 = report.buckets.iter().map(|c| c.offered).sum();
+        let rate = offered as f64 * 1000.0 / report.window_ms as f64;
+        assert!(
+            (rate - 1200.0).abs() < 1200.0 * 0.03,
+            "rate {rate} in {report:?}"
+        );
+    }
+    assert_eq!(fleet.vms[leader].1.workers(), 2);
+    // Followers learn the worker count on their slow tick.
+    assert!(followers.iter().all(|f| fleet.vms[*f].1.workers() == 2));
+}
