@@ -1,0 +1,129 @@
+//! What a tick hands the controller: fleet-wide rates per bucket and per
+//! cell, and what the fleet refused or evicted.
+
+use std::sync::Arc;
+
+use super::FleetStats;
+use crate::cell::Priority;
+
+/// A rate pair in requests per second.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Rates {
+    /// Everything the proxy saw, dropped requests included.
+    pub offered_rps: f64,
+    /// What it let through.
+    pub admitted_rps: f64,
+    /// What it would have dropped but shadow mode let through.
+    pub shadow_dropped_rps: f64,
+}
+
+/// Fleet-wide load of one bucket or one cell: what a
+/// [`crate::controller::DropPolicy`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BucketLoad {
+    /// Σ over proxies of their offered rate.
+    pub offered_rps: f64,
+    /// Σ over proxies of their admitted rate.
+    pub admitted_rps: f64,
+    /// Proxies whose offered rate is non-zero.
+    pub proxies_reporting: u32,
+}
+
+/// Fleet-wide load of one cell of a bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellLoad {
+    /// Tenant; empty when the filter derives none.
+    pub tenant: Arc<str>,
+    /// Priority as reported.
+    pub priority: Priority,
+    /// Offered and admitted rates and the proxies reporting the cell.
+    pub load: BucketLoad,
+    /// Σ over proxies of their shadow-dropped rate.
+    pub shadow_dropped_rps: f64,
+}
+
+/// Fleet-wide load of one bucket: totals and cells.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketTraffic {
+    /// Bucket key.
+    pub bucket: Arc<str>,
+    /// Totals over the cells; `proxies_reporting` counts each proxy once.
+    pub load: BucketLoad,
+    /// Σ over the cells of their shadow-dropped rate.
+    pub shadow_dropped_rps: f64,
+    /// Cells with a non-zero offered rate, sorted by tenant then priority.
+    pub cells: Vec<CellLoad>,
+}
+
+impl BucketTraffic {
+    /// A bucket with one cell (no tenant, unclassified), as a filter that
+    /// derives neither reports it.
+    pub fn single(bucket: &str, load: BucketLoad) -> Self {
+        Self {
+            bucket: Arc::from(bucket),
+            load,
+            shadow_dropped_rps: 0.0,
+            cells: vec![CellLoad {
+                tenant: Arc::from(""),
+                priority: Priority::Unspecified,
+                load,
+                shadow_dropped_rps: 0.0,
+            }],
+        }
+    }
+
+    /// A bucket from its cells; totals are computed, `proxies_reporting` is
+    /// the largest of the cells' (the proxies view of a real tick counts
+    /// distinct proxies instead).
+    pub fn from_cells(bucket: &str, mut cells: Vec<CellLoad>) -> Self {
+        cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+        let mut load = BucketLoad::default();
+        let mut shadow_dropped_rps = 0.0;
+        for cell in &cells {
+            load.offered_rps += cell.load.offered_rps;
+            load.admitted_rps += cell.load.admitted_rps;
+            load.proxies_reporting = load.proxies_reporting.max(cell.load.proxies_reporting);
+            shadow_dropped_rps += cell.shadow_dropped_rps;
+        }
+        Self {
+            bucket: Arc::from(bucket),
+            load,
+            shadow_dropped_rps,
+            cells,
+        }
+    }
+}
+
+/// What one tick saw: the load per bucket and what the fleet refused or
+/// evicted since the previous tick.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FleetLoad {
+    /// Buckets with traffic, sorted by bucket.
+    pub buckets: Vec<BucketTraffic>,
+    /// Counts since the previous tick.
+    pub stats: FleetStats,
+}
+
+impl FleetLoad {
+    /// A load from buckets in any order.
+    pub fn new(mut buckets: Vec<BucketTraffic>) -> Self {
+        buckets.sort_unstable_by(|a, b| a.bucket.cmp(&b.bucket));
+        Self {
+            buckets,
+            stats: FleetStats::default(),
+        }
+    }
+
+    /// The bucket's traffic, if it has any.
+    pub fn get(&self, bucket: &str) -> Option<&BucketTraffic> {
+        self.buckets
+            .binary_search_by(|b| b.bucket.as_ref().cmp(bucket))
+            .ok()
+            .and_then(|at| self.buckets.get(at))
+    }
+
+    /// Whether no bucket has traffic.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+}

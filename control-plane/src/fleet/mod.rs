@@ -1,0 +1,508 @@
+//! Per-proxy, per-cell rate estimation and the fleet-wide sum.
+//!
+//! A cell is a (bucket, tenant, priority) triple as the filter reports it.
+//! Reports are added as they arrive and [`Fleet::tick`] turns what arrived
+//! since the previous tick into rates. Decisions never read a clock; time
+//! enters only through the windows the proxies report and the number of
+//! ticks a proxy has been silent (the proxies view alone notes when a proxy
+//! last reported).
+//!
+//! The state is bounded whatever the proxies send: keys longer than
+//! [`FleetCaps`] allows are refused, each proxy may hold a bounded number of
+//! cells per window and the fleet a bounded number in total, and a cell that
+//! no proxy's rates mention any more is evicted at the next tick. Every
+//! refusal and eviction is counted in [`FleetStats`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_proto::v1::Report;
+
+use crate::cell::Priority;
+
+mod interner;
+mod load;
+mod status;
+
+pub use load::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, Rates};
+pub use status::ProxyStatus;
+
+use interner::{CellId, IdMap, Interner, NO_CELL};
+
+/// Identifies one gRPC stream, so that a stale stream of a proxy that has
+/// reconnected cannot touch the state of its replacement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+/// Cells refused and evicted since the previous tick, and cells tracked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FleetStats {
+    /// Cells tracked after the tick.
+    pub cells: usize,
+    /// Buckets tracked after the tick.
+    pub buckets: usize,
+    /// Report entries refused: bucket or tenant longer than allowed.
+    pub rejected_key_too_long: u64,
+    /// Report entries refused: the proxy already had its maximum of cells
+    /// in the window.
+    pub rejected_proxy_cap: u64,
+    /// Report entries refused: the fleet already tracked its maximum of
+    /// cells.
+    pub rejected_fleet_cap: u64,
+    /// Cells forgotten because no proxy's rates mentioned them any more.
+    pub evicted_idle: u64,
+}
+
+/// Bounds on the state reports can create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetCaps {
+    /// Longest accepted bucket key, in bytes.
+    pub max_bucket_len: usize,
+    /// Longest accepted tenant, in bytes.
+    pub max_tenant_len: usize,
+    /// Distinct cells one proxy may report in one window.
+    pub max_cells_per_proxy: usize,
+    /// Distinct cells tracked fleet-wide.
+    pub max_cells: usize,
+}
+
+impl Default for FleetCaps {
+    /// Bucket keys as long as the admin API accepts; tenants as long as the
+    /// filter cuts them; per proxy 5× the filter's default `max_buckets`;
+    /// 250k cells in total (a few hundred bytes each).
+    fn default() -> Self {
+        Self {
+            max_bucket_len: crate::types::MAX_BUCKET_LEN,
+            max_tenant_len: 256,
+            max_cells_per_proxy: 50_000,
+            max_cells: 250_000,
+        }
+    }
+}
+
+/// What [`Fleet::connect`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connected {
+    /// A proxy id not seen before (or forgotten after expiry).
+    New,
+    /// The proxy was known; `previous` is the stream now superseded, if it
+    /// was still open. Its rates are kept until the new stream reports.
+    Replaced {
+        /// The superseded stream.
+        previous: Option<StreamId>,
+    },
+}
+
+/// Why a report was not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRejected {
+    /// The stream no longer speaks for the proxy: a newer stream with the
+    /// same proxy id replaced it.
+    #[error("stream was replaced by a newer stream of the same proxy")]
+    Superseded,
+    /// `window_ms` is 0, so the counts cannot be turned into a rate.
+    #[error("report has window_ms = 0")]
+    EmptyWindow,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    offered: u64,
+    admitted: u64,
+    shadow_dropped: u64,
+}
+
+impl Counts {
+    fn add(&mut self, count: &sluice_proto::v1::BucketCount) {
+        self.offered = self.offered.saturating_add(count.offered);
+        self.admitted = self.admitted.saturating_add(count.admitted);
+        self.shadow_dropped = self.shadow_dropped.saturating_add(count.shadow_dropped);
+    }
+}
+
+#[derive(Debug)]
+struct Proxy {
+    /// The stream that owns this proxy id; `None` once it ended.
+    stream: Option<StreamId>,
+    instance_id: u64,
+    /// Failure domain from the Hello.
+    zone: String,
+    /// When the proxy last reported (its Hello before the first report).
+    /// Only the operator view reads it.
+    last_report: Instant,
+    /// Directive age (ms) named by the last report of the current stream.
+    /// Only the operator view reads it.
+    directive_age_ms: Option<u64>,
+    /// Σ window_ms of the reports since the previous tick.
+    window_ms: u64,
+    /// Σ counts of the reports since the previous tick.
+    counts: IdMap<Counts>,
+    /// The cell of each entry of the previous report: a proxy lists the
+    /// same cells in the same order report after report, so checking the
+    /// hint's key is enough and the strings need no hashing.
+    hints: Vec<CellId>,
+    /// Rates as of the last tick that had reports.
+    rates: Vec<(CellId, Rates)>,
+    /// Ticks since the last one that had reports.
+    silent_ticks: u32,
+}
+
+/// Per-tick sums, kept between ticks so the arrays are allocated once.
+#[derive(Debug, Default)]
+struct Sums {
+    cells: Vec<(BucketLoad, f64)>,
+    /// Per bucket id: the last proxy (index + 1) counted as reporting it.
+    last_proxy: Vec<usize>,
+    proxies_reporting: Vec<u32>,
+}
+
+/// All proxies, keyed by proxy id.
+#[derive(Debug)]
+pub struct Fleet {
+    proxies: HashMap<String, Proxy>,
+    carry_ticks: u32,
+    caps: FleetCaps,
+    cells: Interner,
+    stats: FleetStats,
+    tick: u64,
+    sums: Sums,
+}
+
+impl Fleet {
+    /// How many control intervals a silent proxy's rates are carried.
+    pub const DEFAULT_CARRY_TICKS: u32 = 3;
+
+    /// An empty fleet with the default caps; silent proxies keep their rates
+    /// for `carry_ticks` ticks.
+    pub fn new(carry_ticks: u32) -> Self {
+        Self::with_caps(carry_ticks, FleetCaps::default())
+    }
+
+    /// An empty fleet with the given caps.
+    pub fn with_caps(carry_ticks: u32, caps: FleetCaps) -> Self {
+        Self {
+            proxies: HashMap::new(),
+            carry_ticks,
+            caps,
+            cells: Interner::default(),
+            stats: FleetStats::default(),
+            tick: 0,
+            sums: Sums::default(),
+        }
+    }
+
+    /// The caps in force.
+    pub fn caps(&self) -> FleetCaps {
+        self.caps
+    }
+
+    /// A stream said Hello for `proxy_id`. The newest stream always wins: an
+    /// Envoy whose leader VM changed opens a new stream before the old one
+    /// is torn down.
+    pub fn connect(&mut self, proxy_id: &str, instance_id: u64, stream: StreamId) -> Connected {
+        self.connect_in_zone(proxy_id, instance_id, "", stream)
+    }
+
+    /// [`Fleet::connect`] with the zone the Hello named.
+    pub fn connect_in_zone(
+        &mut self,
+        proxy_id: &str,
+        instance_id: u64,
+        zone: &str,
+        stream: StreamId,
+    ) -> Connected {
+        let now = Instant::now();
+        match self.proxies.get_mut(proxy_id) {
+            Some(proxy) => {
+                let previous = proxy.stream.replace(stream);
+                proxy.instance_id = instance_id;
+                zone.clone_into(&mut proxy.zone);
+                proxy.last_report = now;
+                proxy.directive_age_ms = None;
+                Connected::Replaced { previous }
+            }
+            None => {
+                self.proxies.insert(
+                    proxy_id.to_owned(),
+                    Proxy {
+                        stream: Some(stream),
+                        instance_id,
+                        zone: zone.to_owned(),
+                        last_report: now,
+                        directive_age_ms: None,
+                        window_ms: 0,
+                        counts: IdMap::default(),
+                        hints: Vec::new(),
+                        rates: Vec::new(),
+                        silent_ticks: 0,
+                    },
+                );
+                Connected::New
+            }
+        }
+    }
+
+    /// Adds a report's counts to the proxy's current window. Entries the
+    /// caps refuse are skipped and counted; the rest of the report counts.
+    pub fn report(
+        &mut self,
+        proxy_id: &str,
+        stream: StreamId,
+        report: &Report,
+    ) -> Result<(), ReportRejected> {
+        let Self {
+            proxies,
+            caps,
+            cells,
+            stats,
+            tick,
+            ..
+        } = self;
+        let proxy = proxies
+            .get_mut(proxy_id)
+            .filter(|proxy| proxy.stream == Some(stream))
+            .ok_or(ReportRejected::Superseded)?;
+        if report.window_ms == 0 {
+            return Err(ReportRejected::EmptyWindow);
+        }
+        proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
+        proxy.last_report = Instant::now();
+        proxy.directive_age_ms = report.directive_age_ms;
+        proxy.hints.resize(report.buckets.len(), NO_CELL);
+        for (count, hint) in report.buckets.iter().zip(proxy.hints.iter_mut()) {
+            // Reports list only cells with traffic; a zero entry would only
+            // create state.
+            if count.offered == 0 {
+                continue;
+            }
+            if count.bucket.len() > caps.max_bucket_len || count.tenant.len() > caps.max_tenant_len
+            {
+                stats.rejected_key_too_long += 1;
+                continue;
+            }
+            let priority = Priority::from_wire(count.priority);
+            let known = if cells.matches(*hint, &count.bucket, &count.tenant, priority) {
+                Some(*hint)
+            } else {
+                cells.find(&count.bucket, &count.tenant, priority)
+            };
+            if let Some(id) = known
+                && let Some(counts) = proxy.counts.get_mut(&id)
+            {
+                *hint = id;
+                counts.add(count);
+                continue;
+            }
+            if proxy.counts.len() >= caps.max_cells_per_proxy {
+                stats.rejected_proxy_cap += 1;
+                continue;
+            }
+            let id = match known {
+                Some(id) => id,
+                None if cells.live >= caps.max_cells => {
+                    stats.rejected_fleet_cap += 1;
+                    continue;
+                }
+                // Marked seen now so a tick cannot evict it before the
+                // window that holds it closes.
+                None => cells.insert(&count.bucket, &count.tenant, priority, *tick),
+            };
+            *hint = id;
+            proxy.counts.entry(id).or_default().add(count);
+        }
+        Ok(())
+    }
+
+    /// The stream ended. Only the owning stream can disconnect a proxy; its
+    /// rates are carried like those of any silent proxy, so a quick
+    /// reconnect does not make the fleet rate dip.
+    pub fn disconnect(&mut self, proxy_id: &str, stream: StreamId) -> bool {
+        match self.proxies.get_mut(proxy_id) {
+            Some(proxy) if proxy.stream == Some(stream) => {
+                proxy.stream = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Instance id the proxy announced in its latest Hello.
+    pub fn instance_id(&self, proxy_id: &str) -> Option<u64> {
+        self.proxies.get(proxy_id).map(|proxy| proxy.instance_id)
+    }
+
+    /// Every tracked proxy, sorted by proxy id: connected ones and
+    /// disconnected ones whose rates are still carried.
+    pub fn proxies(&self) -> Vec<ProxyStatus> {
+        let now = Instant::now();
+        let mut proxies: Vec<ProxyStatus> = self
+            .proxies
+            .iter()
+            .map(|(proxy_id, proxy)| ProxyStatus {
+                proxy_id: proxy_id.clone(),
+                zone: proxy.zone.clone(),
+                instance_id: proxy.instance_id,
+                connected: proxy.stream.is_some(),
+                since_last_report: now.saturating_duration_since(proxy.last_report),
+                cells: proxy.rates.len(),
+                directive_age: proxy.directive_age_ms.map(Duration::from_millis),
+            })
+            .collect();
+        proxies.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
+        proxies
+    }
+
+    /// Number of proxies still tracked (connected, or disconnected but
+    /// still carried).
+    pub fn len(&self) -> usize {
+        self.proxies.len()
+    }
+
+    /// Whether no proxy is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.proxies.is_empty()
+    }
+
+    /// Cells tracked right now.
+    pub fn cells(&self) -> usize {
+        self.cells.live
+    }
+
+    /// Closes the current window of every proxy and returns the fleet load.
+    ///
+    /// For each proxy, `rate_c = Σcounts_c / Σwindow` over the reports since
+    /// the previous tick. A proxy without reports keeps its previous rates
+    /// for `carry_ticks` ticks, then contributes nothing; a disconnected one
+    /// is forgotten at that point. Cells no proxy's rates mention are
+    /// evicted.
+    pub fn tick(&mut self) -> FleetLoad {
+        let carry_ticks = self.carry_ticks;
+        self.proxies.retain(|_, proxy| {
+            proxy.close_window(carry_ticks);
+            proxy.stream.is_some() || !proxy.rates.is_empty()
+        });
+        self.tick += 1;
+        let tick = self.tick;
+
+        let sums = &mut self.sums;
+        sums.cells.clear();
+        sums.cells
+            .resize(self.cells.slots.len(), (BucketLoad::default(), 0.0));
+        let buckets = self.cells.next_bucket as usize;
+        sums.last_proxy.clear();
+        sums.last_proxy.resize(buckets, 0);
+        sums.proxies_reporting.clear();
+        sums.proxies_reporting.resize(buckets, 0);
+        for (index, proxy) in self.proxies.values().enumerate() {
+            for &(id, rates) in &proxy.rates {
+                let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) else {
+                    continue;
+                };
+                slot.seen = tick;
+                let bucket = slot.bucket as usize;
+                if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
+                    sum.offered_rps += rates.offered_rps;
+                    sum.admitted_rps += rates.admitted_rps;
+                    sum.proxies_reporting += 1;
+                    *shadow += rates.shadow_dropped_rps;
+                }
+                if let (Some(last), Some(reporting)) = (
+                    sums.last_proxy.get_mut(bucket),
+                    sums.proxies_reporting.get_mut(bucket),
+                ) && *last != index + 1
+                {
+                    *last = index + 1;
+                    *reporting += 1;
+                }
+            }
+            // Cells in a window still open (reports since this tick began
+            // cannot exist, but a proxy that has counts keeps them alive).
+            for &id in proxy.counts.keys() {
+                if let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) {
+                    slot.seen = tick;
+                }
+            }
+        }
+        let mut stats = std::mem::take(&mut self.stats);
+        stats.evicted_idle = self.cells.evict_unseen(tick);
+
+        let mut load = Vec::with_capacity(self.cells.buckets.len());
+        for (bucket, cells) in &self.cells.buckets {
+            let mut traffic = BucketTraffic {
+                bucket: Arc::clone(bucket),
+                load: BucketLoad {
+                    proxies_reporting: sums
+                        .proxies_reporting
+                        .get(cells.id as usize)
+                        .copied()
+                        .unwrap_or(0),
+                    ..BucketLoad::default()
+                },
+                shadow_dropped_rps: 0.0,
+                cells: Vec::new(),
+            };
+            for (tenant, priorities) in &cells.tenants {
+                for (&id, priority) in priorities.iter().zip(Priority::ALL) {
+                    let Some(&(sum, shadow)) = sums.cells.get(id as usize) else {
+                        continue;
+                    };
+                    if sum.offered_rps <= 0.0 {
+                        continue;
+                    }
+                    traffic.load.offered_rps += sum.offered_rps;
+                    traffic.load.admitted_rps += sum.admitted_rps;
+                    traffic.shadow_dropped_rps += shadow;
+                    traffic.cells.push(CellLoad {
+                        tenant: Arc::clone(tenant),
+                        priority,
+                        load: sum,
+                        shadow_dropped_rps: shadow,
+                    });
+                }
+            }
+            if traffic.cells.is_empty() {
+                continue;
+            }
+            if traffic.cells.len() > 1 {
+                traffic
+                    .cells
+                    .sort_unstable_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
+            }
+            load.push(traffic);
+        }
+        stats.cells = self.cells.live;
+        stats.buckets = self.cells.buckets.len();
+        let mut load = FleetLoad::new(load);
+        load.stats = stats;
+        load
+    }
+}
+
+impl Proxy {
+    fn close_window(&mut self, carry_ticks: u32) {
+        if self.window_ms > 0 {
+            let seconds = self.window_ms as f64 / 1000.0;
+            // Cells absent from every report of the window had no traffic.
+            self.rates.clear();
+            self.rates.extend(self.counts.drain().map(|(id, counts)| {
+                let rates = Rates {
+                    offered_rps: counts.offered as f64 / seconds,
+                    admitted_rps: counts.admitted as f64 / seconds,
+                    shadow_dropped_rps: counts.shadow_dropped as f64 / seconds,
+                };
+                (id, rates)
+            }));
+            self.window_ms = 0;
+            self.silent_ticks = 0;
+        } else {
+            self.silent_ticks = self.silent_ticks.saturating_add(1);
+            if self.silent_ticks > carry_ticks {
+                self.rates.clear();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,44 @@
+//! One proxy as the admin API shows it.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// One proxy as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxyStatus {
+    /// Proxy id from the Hello.
+    pub proxy_id: String,
+    /// Zone from the Hello; empty when the proxy named none.
+    pub zone: String,
+    /// Instance id from the latest Hello; changes when the proxy restarts.
+    pub instance_id: u64,
+    /// Whether a stream of the proxy is open.
+    pub connected: bool,
+    /// Time since the proxy's last report (since its Hello before the
+    /// first one); serialized as `since_last_report_ms`.
+    #[serde(rename = "since_last_report_ms", serialize_with = "millis")]
+    pub since_last_report: Duration,
+    /// Cells (bucket, tenant, priority) in the proxy's current rates.
+    pub cells: usize,
+    /// Age of the directives the proxy enforces, on its own clock, as of
+    /// its last report; `None` (JSON null) until a report names one, or
+    /// while the proxy holds no directives; serialized as
+    /// `directive_age_ms`.
+    #[serde(rename = "directive_age_ms", serialize_with = "optional_millis")]
+    pub directive_age: Option<Duration>,
+}
+
+fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn optional_millis<S: serde::Serializer>(
+    duration: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => millis(duration, serializer),
+        None => serializer.serialize_none(),
+    }
+}

@@ -1,0 +1,464 @@
+//! Rate estimation, summing, carrying and the caps of the fleet state.
+#![allow(clippy::float_cmp)]
+
+use sluice_proto::v1::BucketCount;
+
+use super::*;
+
+fn report(window_ms: u64, buckets: &[(&str, u64, u64)]) -> Report {
+    Report {
+        sequence: 0,
+        window_ms,
+        directive_age_ms: None,
+        buckets: buckets
+            .iter()
+            .map(|&(bucket, offered, admitted)| BucketCount {
+                bucket: bucket.to_owned(),
+                offered,
+                admitted,
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+fn offered(load: &FleetLoad, bucket: &str) -> f64 {
+    load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
+}
+
+fn cell(bucket: &str, tenant: &str, priority: Priority, offered: u64) -> BucketCount {
+    BucketCount {
+        bucket: bucket.to_owned(),
+        tenant: tenant.to_owned(),
+        priority: priority.to_wire() as i32,
+        offered,
+        admitted: offered / 2,
+        shadow_dropped: offered / 4,
+    }
+}
+
+fn cells_report(window_ms: u64, cells: Vec<BucketCount>) -> Report {
+    Report {
+        sequence: 0,
+        window_ms,
+        directive_age_ms: None,
+        buckets: cells,
+    }
+}
+
+#[test]
+fn cells_are_summed_per_tenant_and_priority_with_bucket_totals() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &cells_report(
+                100,
+                vec![
+                    cell("api", "gold", Priority::Critical, 10),
+                    cell("api", "free", Priority::Bulk, 20),
+                ],
+            ),
+        )
+        .unwrap();
+    fleet
+        .report(
+            "b",
+            StreamId(2),
+            &cells_report(
+                100,
+                vec![
+                    cell("api", "gold", Priority::Critical, 30),
+                    cell("api", "gold", Priority::Bulk, 4),
+                ],
+            ),
+        )
+        .unwrap();
+    let load = fleet.tick();
+    let api = load.get("api").unwrap();
+    assert_eq!(api.load.offered_rps, 640.0);
+    assert_eq!(api.load.admitted_rps, 320.0);
+    assert_eq!(api.shadow_dropped_rps, 150.0);
+    assert_eq!(api.load.proxies_reporting, 2, "each proxy counted once");
+    let cells: Vec<(&str, Priority, f64, u32)> = api
+        .cells
+        .iter()
+        .map(|c| {
+            (
+                c.tenant.as_ref(),
+                c.priority,
+                c.load.offered_rps,
+                c.load.proxies_reporting,
+            )
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            ("free", Priority::Bulk, 200.0, 1),
+            ("gold", Priority::Critical, 400.0, 2),
+            ("gold", Priority::Bulk, 40.0, 1),
+        ]
+    );
+    assert_eq!(api.cells[1].shadow_dropped_rps, 90.0);
+    assert_eq!(fleet.cells(), 3);
+}
+
+#[test]
+fn idle_cells_are_evicted_and_counted() {
+    let mut fleet = Fleet::new(1);
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &cells_report(
+                100,
+                vec![
+                    cell("x", "t1", Priority::Unspecified, 1),
+                    cell("y", "", Priority::Unspecified, 1),
+                ],
+            ),
+        )
+        .unwrap();
+    fleet.tick();
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &cells_report(100, vec![cell("y", "", Priority::Unspecified, 1)]),
+        )
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(load.stats.evicted_idle, 1);
+    assert_eq!(load.stats.cells, 1);
+    assert_eq!(load.stats.buckets, 1);
+    // A silent proxy's carried cells stay until the carry ends.
+    assert_eq!(fleet.tick().stats.evicted_idle, 0);
+    let load = fleet.tick();
+    assert_eq!(load.stats.evicted_idle, 1);
+    assert_eq!(fleet.cells(), 0);
+}
+
+#[test]
+fn long_keys_are_refused() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let long = "x".repeat(FleetCaps::default().max_bucket_len + 1);
+    let long_tenant = "t".repeat(FleetCaps::default().max_tenant_len + 1);
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &cells_report(
+                100,
+                vec![
+                    cell(&long, "", Priority::Unspecified, 1),
+                    cell("ok", &long_tenant, Priority::Unspecified, 1),
+                    cell("ok", "", Priority::Unspecified, 1),
+                ],
+            ),
+        )
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(load.stats.rejected_key_too_long, 2);
+    assert_eq!(load.buckets.len(), 1);
+    assert_eq!(
+        fleet.tick().stats.rejected_key_too_long,
+        0,
+        "counts are per tick"
+    );
+}
+
+#[test]
+fn a_cardinality_flood_stays_within_the_caps() {
+    let caps = FleetCaps {
+        max_cells_per_proxy: 100,
+        max_cells: 150,
+        ..FleetCaps::default()
+    };
+    let mut fleet = Fleet::with_caps(3, caps);
+    fleet.connect("flood", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    fleet.connect("c", 3, StreamId(3));
+    let mut rejected_proxy = 0;
+    let mut rejected_fleet = 0;
+    for round in 0..20 {
+        // Every round the flooding proxy reports 1000 buckets never seen.
+        let flood = (0..1000)
+            .map(|i| cell(&format!("f{round}-{i}"), "", Priority::Unspecified, 1))
+            .collect();
+        fleet
+            .report("flood", StreamId(1), &cells_report(100, flood))
+            .unwrap();
+        let steady = (0..40)
+            .map(|i| cell(&format!("s{i}"), "", Priority::Unspecified, 1))
+            .collect();
+        fleet
+            .report("b", StreamId(2), &cells_report(100, steady))
+            .unwrap();
+        let more = (0..40)
+            .map(|i| cell(&format!("c{round}-{i}"), "", Priority::Unspecified, 1))
+            .collect();
+        let _ = fleet.report("c", StreamId(3), &cells_report(100, more));
+        let load = fleet.tick();
+        assert!(
+            fleet.cells() <= 150,
+            "round {round}: {} cells",
+            fleet.cells()
+        );
+        assert!(load.buckets.len() <= 150);
+        rejected_proxy += load.stats.rejected_proxy_cap;
+        rejected_fleet += load.stats.rejected_fleet_cap;
+        assert!(
+            fleet.proxies().iter().all(|p| p.cells <= 100),
+            "{:?}",
+            fleet.proxies()
+        );
+    }
+    // The flood alone sent 1000 new cells a round, and at most 100 fit.
+    assert!(
+        rejected_proxy + rejected_fleet >= 20 * 900,
+        "{rejected_proxy} + {rejected_fleet}"
+    );
+    assert!(rejected_proxy > 0);
+    assert!(rejected_fleet > 0, "the fleet cap was reached too");
+    assert!(
+        fleet.cells.slots.len() <= 150,
+        "slots are reused, not grown"
+    );
+}
+
+#[test]
+fn rate_is_counts_over_summed_windows() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    // 150 + 50 requests over 250 + 250 ms = 400 rps; uneven windows are
+    // weighted by their length, not averaged per report.
+    fleet
+        .report("a", StreamId(1), &report(250, &[("acme", 150, 100)]))
+        .unwrap();
+    fleet
+        .report("a", StreamId(1), &report(250, &[("acme", 50, 50)]))
+        .unwrap();
+    let load = fleet.tick();
+    let acme = load.get("acme").unwrap().load;
+    assert_eq!(acme.offered_rps, 400.0);
+    assert_eq!(acme.admitted_rps, 300.0);
+    assert_eq!(acme.proxies_reporting, 1);
+}
+
+#[test]
+fn proxies_are_summed() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    fleet
+        .report("a", StreamId(1), &report(500, &[("acme", 225, 225)]))
+        .unwrap();
+    fleet
+        .report(
+            "b",
+            StreamId(2),
+            &report(250, &[("acme", 37, 37), ("x", 1, 1)]),
+        )
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(offered(&load, "acme"), 450.0 + 148.0);
+    assert_eq!(load.get("acme").unwrap().load.proxies_reporting, 2);
+    assert_eq!(load.get("x").unwrap().load.proxies_reporting, 1);
+}
+
+#[test]
+fn silent_proxy_is_carried_then_expires() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    assert_eq!(offered(&fleet.tick(), "acme"), 100.0);
+    for _ in 0..3 {
+        assert_eq!(offered(&fleet.tick(), "acme"), 100.0, "carried");
+    }
+    let load = fleet.tick();
+    assert!(
+        load.is_empty(),
+        "expired after three silent ticks: {load:?}"
+    );
+    assert_eq!(fleet.len(), 1, "still connected, so still known");
+
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 5, 5)]))
+        .unwrap();
+    assert_eq!(offered(&fleet.tick(), "acme"), 50.0, "fresh again");
+}
+
+#[test]
+fn an_empty_report_means_zero_traffic() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    fleet.tick();
+    fleet.report("a", StreamId(1), &report(100, &[])).unwrap();
+    assert!(fleet.tick().is_empty());
+}
+
+#[test]
+fn bucket_missing_from_a_fresh_window_drops_to_zero() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &report(100, &[("acme", 10, 10), ("x", 1, 1)]),
+        )
+        .unwrap();
+    fleet.tick();
+    fleet
+        .report("a", StreamId(1), &report(100, &[("x", 2, 2)]))
+        .unwrap();
+    let load = fleet.tick();
+    assert!(load.get("acme").is_none());
+    assert_eq!(offered(&load, "x"), 20.0);
+}
+
+#[test]
+fn newer_stream_replaces_older_one() {
+    let mut fleet = Fleet::new(3);
+    assert_eq!(fleet.connect("a", 1, StreamId(1)), Connected::New);
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    fleet.tick();
+    assert_eq!(
+        fleet.connect("a", 2, StreamId(2)),
+        Connected::Replaced {
+            previous: Some(StreamId(1))
+        }
+    );
+    assert_eq!(fleet.instance_id("a"), Some(2));
+    assert_eq!(
+        fleet.report("a", StreamId(1), &report(100, &[("acme", 99, 99)])),
+        Err(ReportRejected::Superseded)
+    );
+    assert!(
+        !fleet.disconnect("a", StreamId(1)),
+        "old stream cannot unregister the new one"
+    );
+    // Rates carry over the replacement until the new stream reports.
+    assert_eq!(offered(&fleet.tick(), "acme"), 100.0);
+    fleet
+        .report("a", StreamId(2), &report(100, &[("acme", 20, 20)]))
+        .unwrap();
+    assert_eq!(offered(&fleet.tick(), "acme"), 200.0, "not double counted");
+}
+
+#[test]
+fn disconnected_proxy_is_carried_then_forgotten() {
+    let mut fleet = Fleet::new(2);
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    assert!(fleet.disconnect("a", StreamId(1)));
+    assert_eq!(
+        offered(&fleet.tick(), "acme"),
+        100.0,
+        "window before disconnect counts"
+    );
+    assert_eq!(offered(&fleet.tick(), "acme"), 100.0);
+    assert_eq!(offered(&fleet.tick(), "acme"), 100.0);
+    assert!(fleet.tick().is_empty());
+    assert!(fleet.is_empty());
+}
+
+#[test]
+fn zero_window_and_unknown_proxy_are_rejected() {
+    let mut fleet = Fleet::new(3);
+    assert_eq!(
+        fleet.report("a", StreamId(1), &report(100, &[])),
+        Err(ReportRejected::Superseded)
+    );
+    fleet.connect("a", 1, StreamId(1));
+    assert_eq!(
+        fleet.report("a", StreamId(1), &report(0, &[("acme", 1, 1)])),
+        Err(ReportRejected::EmptyWindow)
+    );
+    assert!(fleet.tick().is_empty());
+}
+
+#[test]
+fn proxies_view_shows_zone_instance_and_connection() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect_in_zone("b", 2, "eu-1", StreamId(2));
+    fleet.connect("a", 1, StreamId(1));
+    fleet
+        .report("b", StreamId(2), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    fleet.tick();
+    fleet.disconnect("a", StreamId(1));
+    let proxies = fleet.proxies();
+    let ids: Vec<&str> = proxies.iter().map(|p| p.proxy_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"], "sorted by proxy id");
+    assert!(!proxies[0].connected);
+    assert_eq!(proxies[1].zone, "eu-1");
+    assert_eq!(proxies[1].instance_id, 2);
+    assert!(proxies[1].connected);
+    assert_eq!(proxies[1].cells, 1);
+    assert!(proxies[1].since_last_report < Duration::from_secs(5));
+    let json = serde_json::to_value(&proxies[1]).unwrap();
+    assert!(json["since_last_report_ms"].is_u64(), "{json}");
+}
+
+#[test]
+fn proxies_view_shows_the_directive_age_of_the_last_report() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let age = |fleet: &Fleet| fleet.proxies()[0].directive_age;
+    let json = |fleet: &Fleet| serde_json::to_value(&fleet.proxies()[0]).unwrap();
+    assert_eq!(age(&fleet), None, "unknown before a report");
+    assert!(json(&fleet)["directive_age_ms"].is_null());
+
+    let aged = |ms| Report {
+        directive_age_ms: Some(ms),
+        ..report(100, &[])
+    };
+    fleet.report("a", StreamId(1), &aged(1_250)).unwrap();
+    assert_eq!(age(&fleet), Some(Duration::from_millis(1_250)));
+    assert_eq!(json(&fleet)["directive_age_ms"], 1_250);
+    fleet.report("a", StreamId(1), &aged(40)).unwrap();
+    assert_eq!(age(&fleet), Some(Duration::from_millis(40)), "latest wins");
+    // A proxy without directives (or of an older build) names none.
+    fleet.report("a", StreamId(1), &report(100, &[])).unwrap();
+    assert_eq!(age(&fleet), None);
+
+    fleet.report("a", StreamId(1), &aged(40)).unwrap();
+    fleet.connect("a", 2, StreamId(2));
+    assert_eq!(age(&fleet), None, "a new stream has not reported yet");
+    assert_eq!(
+        fleet.report("a", StreamId(1), &aged(7)),
+        Err(ReportRejected::Superseded)
+    );
+    assert_eq!(age(&fleet), None, "a replaced stream cannot set it");
+}
+
+#[test]
+fn proxies_reporting_counts_only_non_zero_rates() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    fleet
+        .report("a", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    // A filter should not list zero buckets, but tolerate it.
+    fleet
+        .report("b", StreamId(2), &report(100, &[("acme", 0, 0)]))
+        .unwrap();
+    assert_eq!(fleet.tick().get("acme").unwrap().load.proxies_reporting, 1);
+}
