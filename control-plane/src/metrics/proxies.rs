@@ -1,0 +1,182 @@
+//! Per-proxy series: connected proxies, the age of their last report and of
+//! the directives they enforce, computed at scrape time.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Unit;
+
+use super::ProxyLabels;
+use crate::fleet::StreamId;
+
+/// Keeps a connected proxy's series alive; see [`Metrics::proxy_connected`].
+#[derive(Debug)]
+pub struct ProxyGuard {
+    proxies: Arc<Proxies>,
+    proxy_id: String,
+    stream: StreamId,
+    last_report: Arc<AtomicU64>,
+    directive_age_ms: Arc<AtomicU64>,
+}
+
+impl ProxyGuard {
+    /// The proxy reported just now, with the age of the directives it
+    /// enforces (`None`: it holds none, or predates the field).
+    pub fn report_received(&self, directive_age_ms: Option<u64>) {
+        self.last_report
+            .store(self.proxies.now_ms(), Ordering::Relaxed);
+        self.directive_age_ms.store(
+            directive_age_ms.map_or(NO_DIRECTIVE_AGE, |age| age.min(NO_DIRECTIVE_AGE - 1)),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl Drop for ProxyGuard {
+    fn drop(&mut self) {
+        let mut connections = self.proxies.lock();
+        // A newer stream of the same proxy owns the entry now; leave it.
+        if connections
+            .get(&self.proxy_id)
+            .is_some_and(|c| c.stream == self.stream)
+        {
+            connections.remove(&self.proxy_id);
+            self.proxies.update_connected(&connections);
+        }
+    }
+}
+
+/// Connected proxies; a collector so that report ages are computed at
+/// scrape time instead of being refreshed on a timer.
+#[derive(Debug)]
+pub(super) struct Proxies {
+    /// Report times are milliseconds since this instant, so they fit an
+    /// atomic.
+    origin: Instant,
+    connections: Mutex<HashMap<String, Connection>>,
+    pub(super) connected: Gauge,
+}
+
+#[derive(Debug)]
+struct Connection {
+    stream: StreamId,
+    last_report: Arc<AtomicU64>,
+    /// Directive age in the proxy's last report; [`NO_DIRECTIVE_AGE`] when
+    /// it named none.
+    directive_age_ms: Arc<AtomicU64>,
+}
+
+/// A [`Connection`]'s directive age before a report names one.
+const NO_DIRECTIVE_AGE: u64 = u64::MAX;
+
+impl Default for Proxies {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            connections: Mutex::default(),
+            connected: Gauge::default(),
+        }
+    }
+}
+
+impl Proxies {
+    /// Adds the proxy's series; the guard removes them when dropped.
+    pub(super) fn connect(proxies: &Arc<Self>, proxy_id: &str, stream: StreamId) -> ProxyGuard {
+        let last_report = Arc::new(AtomicU64::new(proxies.now_ms()));
+        let directive_age_ms = Arc::new(AtomicU64::new(NO_DIRECTIVE_AGE));
+        let mut connections = proxies.lock();
+        connections.insert(
+            proxy_id.to_owned(),
+            Connection {
+                stream,
+                last_report: Arc::clone(&last_report),
+                directive_age_ms: Arc::clone(&directive_age_ms),
+            },
+        );
+        proxies.update_connected(&connections);
+        drop(connections);
+        ProxyGuard {
+            proxies: Arc::clone(proxies),
+            proxy_id: proxy_id.to_owned(),
+            stream,
+            last_report,
+            directive_age_ms,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Connection>> {
+        // Nothing panics while holding the lock, and the map is consistent
+        // after every operation.
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update_connected(&self, connections: &HashMap<String, Connection>) {
+        self.connected
+            .set(i64::try_from(connections.len()).unwrap_or(i64::MAX));
+    }
+}
+
+impl Collector for Proxies {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let now = self.now_ms();
+        let mut report_ages: Vec<(ProxyLabels, f64)> = Vec::new();
+        let mut directive_ages: Vec<(ProxyLabels, f64)> = Vec::new();
+        for (proxy, connection) in self.lock().iter() {
+            let labels = ProxyLabels {
+                proxy: proxy.clone(),
+            };
+            let directive_age_ms = connection.directive_age_ms.load(Ordering::Relaxed);
+            if directive_age_ms != NO_DIRECTIVE_AGE {
+                directive_ages.push((labels.clone(), directive_age_ms as f64 / 1000.0));
+            }
+            let last = connection.last_report.load(Ordering::Relaxed);
+            report_ages.push((labels, now.saturating_sub(last) as f64 / 1000.0));
+        }
+        // Registered metrics get the final period from the registry; a
+        // collector writes its help verbatim.
+        encode_proxy_gauges(
+            &mut encoder,
+            "proxy_report_age",
+            "Time since a connected proxy's last report, or its Hello before the first one.",
+            &report_ages,
+        )?;
+        encode_proxy_gauges(
+            &mut encoder,
+            "proxy_directive_age",
+            "Age of the directives a connected proxy enforces, on its own clock, as of its last report; no series while it holds none.",
+            &directive_ages,
+        )
+    }
+}
+
+/// One per-proxy gauge family in seconds. Like an empty Family: no
+/// proxies, no descriptor.
+pub(super) fn encode_proxy_gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(ProxyLabels, f64)],
+) -> Result<(), fmt::Error> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    let mut family =
+        encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Gauge)?;
+    for (labels, value) in values {
+        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
