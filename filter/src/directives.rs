@@ -222,6 +222,11 @@ impl DirectiveTable {
     }
 
     /// The entry at an index from [`Self::find`].
+    pub fn entry(&self, index: usize) -> Option<&CellEntry> {
+        self.entries.get(index)
+    }
+
+    /// The entry at an index from [`Self::find`].
     pub fn entry_mut(&mut self, index: usize) -> Option<&mut CellEntry> {
         self.entries.get_mut(index)
     }

@@ -63,6 +63,9 @@ pub struct Pacer {
     last_step_ms: u64,
     /// When the rate slots were last closed.
     closed_at_ms: Option<u64>,
+    /// Cells the last tick started tracking whose directive has not been
+    /// looked up yet ([`Self::resolve_new`]).
+    unresolved: Vec<String>,
 }
 
 impl Pacer {
@@ -82,6 +85,7 @@ impl Pacer {
             now_ms: 0,
             last_step_ms: 0,
             closed_at_ms: None,
+            unresolved: Vec::new(),
         }
     }
 
@@ -183,6 +187,9 @@ impl Pacer {
                 // Counted by the caller, not here: credit it to this tick.
                 pace.window.push(1, span_ms);
                 self.buckets.insert(bucket.to_owned(), pace);
+                if self.allowance.is_some() {
+                    self.unresolved.push(bucket.to_owned());
+                }
             }
         }
     }
@@ -222,6 +229,40 @@ impl Pacer {
         derive_cap(pace, rates, settings, slack_ms, self.now_ms);
     }
 
+    /// Reconciles every cell's allowance with the directive `rates_of`
+    /// finds for it now (the cell's own, else its bucket's): a cell whose
+    /// directive changed is derived again, one that lost its directive
+    /// loses its cap, and the others stay frozen. VMs call it whenever their
+    /// directive table changes. Resolving from the cells, not from the
+    /// directives, also caps a tenant's cell that a bucket-wide directive
+    /// governs.
+    pub fn resolve_all(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        let Some(settings) = self.allowance else {
+            return;
+        };
+        self.unresolved.clear();
+        let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
+        for (key, pace) in &mut self.buckets {
+            reconcile(pace, rates_of(key), settings, slack_ms, self.now_ms);
+        }
+    }
+
+    /// Reconciles the cells the last tick started tracking, as
+    /// [`Self::resolve_all`] does for all. Without it, a VM that meets a
+    /// cell for the first time (a new connection on another worker) would
+    /// hold no cap for it until its directive next changes.
+    pub fn resolve_new(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        let Some(settings) = self.allowance else {
+            return;
+        };
+        let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
+        for key in self.unresolved.drain(..) {
+            if let Some(pace) = self.buckets.get_mut(&key) {
+                reconcile(pace, rates_of(&key), settings, slack_ms, self.now_ms);
+            }
+        }
+    }
+
     /// Buckets with state.
     pub fn len(&self) -> usize {
         self.buckets.len()
@@ -230,6 +271,25 @@ impl Pacer {
     /// Whether no bucket has state.
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
+    }
+}
+
+/// Applies the directive `rates` (none: the cell has no directive) to
+/// `pace`, unless it is what the cap was last derived from.
+fn reconcile(
+    pace: &mut Pace,
+    rates: Option<DirectiveRates>,
+    settings: AllowanceSettings,
+    slack_ms: u64,
+    now_ms: u64,
+) {
+    if pace.applied == rates {
+        return;
+    }
+    pace.applied = rates;
+    match rates {
+        Some(rates) => derive_cap(pace, rates, settings, slack_ms, now_ms),
+        None => pace.cap = None,
     }
 }
 
@@ -344,6 +404,61 @@ mod tests {
         // held at the local rate plus its counting margin.
         let admitted = run(&mut pacer, 0.0, 40, 10, 10);
         assert!((95..=130).contains(&admitted), "{admitted}");
+    }
+
+    fn rates(ratio: f64, limit_rps: f64, fleet_offered_rps: f64) -> DirectiveRates {
+        DirectiveRates {
+            drop_ratio: DropRatio::new(ratio).unwrap(),
+            limit_rps,
+            fleet_offered_rps,
+        }
+    }
+
+    #[test]
+    fn a_cell_met_after_its_directive_is_capped_from_its_first_tick() {
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+        };
+        let mut pacer = Pacer::new(DecisionMode::Coin, Some(settings), 100, 10);
+        // The directive arrived before this VM saw the cell: nothing to cap.
+        pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        assert!(pacer.is_empty());
+        let mut rng = SmallRng::seed_from_u64(1);
+        let threshold = DropRatio::new(0.5).unwrap().threshold();
+        let mut admitted = [0_u32; 2];
+        for tick in 0..20_u64 {
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+            pacer.resolve_new(|key| (key == "a").then(|| rates(0.5, 1_000.0, 2_000.0)));
+            // 200 rps for a second, then 800 rps before the next directive.
+            let per_tick = if tick < 10 { 20 } else { 80 };
+            for _ in 0..per_tick {
+                let admit = pacer.decide("a", threshold, &mut rng) == Verdict::Admit;
+                admitted[usize::from(tick >= 10)] += u32::from(admit);
+            }
+        }
+        // Half of this VM's 200 rps; the coin alone would admit 400 of the
+        // second second. The first second admits less: its first slot
+        // credits only the request that made the tick track the cell.
+        assert!((60..=110).contains(&admitted[0]), "{admitted:?}");
+        assert!((85..=110).contains(&admitted[1]), "{admitted:?}");
+    }
+
+    #[test]
+    fn a_cell_that_loses_its_directive_loses_its_cap() {
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+        };
+        let mut pacer = Pacer::new(DecisionMode::Coin, Some(settings), 100, 10);
+        run(&mut pacer, 0.0, 20, 10, 0);
+        pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
+        assert_eq!(run(&mut pacer, 0.0, 20, 10, 10), 0);
+        // Unchanged rates leave the frozen cap alone.
+        pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
+        assert_eq!(run(&mut pacer, 0.0, 20, 1, 20), 0);
+        pacer.resolve_all(|_| None);
+        assert_eq!(run(&mut pacer, 0.0, 20, 10, 21), 200);
     }
 
     #[test]

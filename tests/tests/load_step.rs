@@ -75,9 +75,11 @@ async fn run_step(filter_patch: Json) -> Outcome {
         envoy::rewrite(&mut config, &rewrite).unwrap();
         let mut options = EnvoyOptions::new(&format!("envoy-{letter}"), dir.path());
         // One worker: the step's new connections meet the cap the base
-        // load's VM derived. With several workers a connection may land on
-        // a VM that has not seen the cell yet, which has no cap until the
-        // next directive (docs/accuracy.md, "In Envoy").
+        // load's VM derived. With several workers a step connection may land
+        // on a VM that meets the cell only with the step: it caps the cell
+        // from its first tick, but derives that cap from the step's own
+        // traffic and the directive from before the step, so it holds the
+        // step only from the next directive (docs/accuracy.md, "In Envoy").
         options.concurrency = 1;
         envoys.push(Envoy::start(&config, &options).await.unwrap());
     }

@@ -31,7 +31,7 @@ mod sync;
 use crate::allowance::{AllowanceSettings, DirectiveRates};
 use crate::bucket_key::RequestAttributes;
 use crate::cell::CellKeyBuf;
-use crate::cell::key_of;
+use crate::cell::parse_key;
 use crate::classify::Classifier;
 use crate::counters::{BucketCounters, Outcome};
 use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
@@ -391,6 +391,9 @@ impl Agent {
         }
         self.pacer
             .on_tick(now_ms, self.local.buckets(), &mut self.rng);
+        let directives = &self.directives;
+        self.pacer
+            .resolve_new(|key| directive_rates(directives, key));
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -403,18 +406,9 @@ impl Agent {
 
     /// Lets the pacer derive allowances of cells whose directive changed.
     fn pace_directives(&mut self) {
-        for entry in self.directives.entries() {
-            let wire = entry.wire();
-            let priority = sluice_proto::v1::Priority::try_from(wire.priority)
-                .unwrap_or(sluice_proto::v1::Priority::Unspecified);
-            let rates = DirectiveRates {
-                drop_ratio: entry.directive.drop_ratio,
-                limit_rps: entry.directive.stated_limit_rps(),
-                fleet_offered_rps: entry.directive.offered_rps,
-            };
-            self.pacer
-                .apply_cell(&key_of(&wire.bucket, &wire.tenant, priority), rates);
-        }
+        let directives = &self.directives;
+        self.pacer
+            .resolve_all(|key| directive_rates(directives, key));
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
@@ -492,6 +486,20 @@ impl Agent {
             self.last_overflow_log_ms = Some(now_ms);
         }
     }
+}
+
+/// What the directive governing the cell `key` (its own, else its
+/// bucket's) says about rates, as the pacer's allowance needs it.
+fn directive_rates(directives: &DirectiveTable, key: &str) -> Option<DirectiveRates> {
+    let (bucket, tenant, priority) = parse_key(key)?;
+    let wide = tenant.is_empty() && priority == sluice_proto::v1::Priority::Unspecified;
+    let index = directives.find((!wide).then_some(key), bucket)?;
+    let directive = &directives.entry(index)?.directive;
+    Some(DirectiveRates {
+        drop_ratio: directive.drop_ratio,
+        limit_rps: directive.stated_limit_rps(),
+        fleet_offered_rps: directive.offered_rps,
+    })
 }
 
 #[cfg(test)]

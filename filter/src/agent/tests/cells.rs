@@ -522,3 +522,51 @@ fn reports_of_steady_load_are_steady_whatever_the_tick_phases() {
     // Followers learn the worker count on their slow tick.
     assert!(followers.iter().all(|f| fleet.vms[*f].1.workers() == 2));
 }
+
+/// Offers `per_tick` requests of a cell to `vm` for `ticks` ticks of every
+/// VM; returns how many were admitted.
+fn offer(fleet: &mut Fleet, vm: usize, tenant: &str, per_tick: usize, ticks: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..ticks {
+        fleet.tick();
+        let (rejected, _) =
+            fleet.cell_decisions(vm, ("acme", tenant, Priority::Unspecified), per_tick);
+        admitted += per_tick - rejected;
+    }
+    admitted
+}
+
+#[test]
+fn every_vm_caps_a_cell_it_meets_after_the_directive() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                headroom: 0.0,
+                burst_ms: 0,
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    // Half of the fleet's 2000 rps is shed; the directive is bucket-wide.
+    fleet.push_batch(batch(vec![Directive {
+        limit_rps: 1_000.0,
+        offered_rps: 2_000.0,
+        ..cell("acme", "", Priority::Unspecified, 0.5)
+    }]));
+    fleet.tick();
+    // Neither VM had seen the cells: one meets the bucket-wide cell, the
+    // other a tenant's cell the bucket-wide directive governs. Each is
+    // offered 200 rps for a second (its window fills and its cap freezes
+    // at half of that), then 800 rps before any new directive arrives.
+    for (vm, tenant) in [(0, ""), (1, "tenant-1")] {
+        offer(&mut fleet, vm, tenant, 20, 10);
+        let admitted = offer(&mut fleet, vm, tenant, 80, 10);
+        // The drop ratio alone would admit about 400.
+        assert!(
+            (85..=115).contains(&admitted),
+            "vm {vm} tenant {tenant:?}: {admitted}"
+        );
+    }
+}
