@@ -8,7 +8,8 @@
 //! [`Tracking`] therefore
 //! - smooths the offered rate (exponentially, weight [`SMOOTHING`] on the
 //!   newest interval) unless it moved by more than [`STEP`], which is taken
-//!   as a real load step and followed at once;
+//!   as a real load step and followed at once, as is the interval after a
+//!   step (the first to show the new load alone);
 //! - corrects the admit share by a factor learned from the admitted rate
 //!   the proxies report: while the bucket is shedding, each interval moves
 //!   the factor by [`GAIN`] of the log ratio between the limit and the
@@ -118,7 +119,11 @@ impl DropPolicy for Tracking {
         state.idle = 0;
 
         let step = (offered - state.offered_rps).abs() > STEP * state.offered_rps;
-        if step {
+        if step || state.after_step {
+            // The interval after a step is the first whose reports show the
+            // new load alone; smoothing it with the step's mixed interval
+            // would hold the estimate below the new load for several
+            // intervals, admitting too much meanwhile.
             state.offered_rps = offered;
         } else {
             state.offered_rps += SMOOTHING * (offered - state.offered_rps);
@@ -190,6 +195,22 @@ mod tests {
         // ×2: a step, taken at once.
         let ratio = policy.drop_ratio("a", &load(6_300.0, 1_900.0), l).get();
         assert!((ratio - (1.0 - 1_000.0 / 6_300.0)).abs() < 1e-9, "{ratio}");
+    }
+
+    #[test]
+    fn the_interval_after_a_step_is_taken_whole() {
+        let mut policy = Tracking::new();
+        let l = limit(1_000.0);
+        policy.drop_ratio("a", &load(500.0, 500.0), l);
+        // The step's interval mixes old and new load: 4200 of a 5000 step.
+        policy.drop_ratio("a", &load(4_200.0, 1_000.0), l);
+        // The next one shows the new load alone (+19 %, within noise of the
+        // mixed estimate): taken whole, not halfway.
+        let ratio = policy.drop_ratio("a", &load(5_000.0, 1_000.0), l).get();
+        assert!((ratio - 0.8).abs() < 1e-9, "{ratio}");
+        // From then on, noise is smoothed again.
+        let ratio = policy.drop_ratio("a", &load(5_500.0, 1_000.0), l).get();
+        assert!((ratio - (1.0 - 1_000.0 / 5_250.0)).abs() < 1e-9, "{ratio}");
     }
 
     #[test]
