@@ -23,6 +23,9 @@
 
 use std::collections::HashMap;
 
+use std::fmt::Write as _;
+
+use crate::cell::Priority;
 use crate::controller::DropPolicy;
 use crate::fleet::BucketLoad;
 use crate::types::{DropRatio, LimitRps};
@@ -58,10 +61,16 @@ struct BucketState {
 }
 
 /// Smoothed, feedback-corrected drop ratios; see the module docs.
+///
+/// State is kept per cell: a bucket-wide cell under the bucket's name, a
+/// tenant's or priority's cell under a key naming all three, so each cell's
+/// estimate and correction follow that cell's own traffic.
 #[derive(Debug, Default)]
 pub struct Tracking {
     buckets: HashMap<String, BucketState>,
     decisions: u64,
+    /// Reused buffer for cell keys.
+    cell_key: String,
 }
 
 impl Tracking {
@@ -70,9 +79,17 @@ impl Tracking {
         Self::default()
     }
 
-    /// The correction factor learned for `bucket` (1 if unknown).
+    /// The correction factor learned for `bucket`'s bucket-wide cell (1 if
+    /// unknown).
     pub fn correction(&self, bucket: &str) -> f64 {
-        self.buckets.get(bucket).map_or(1.0, |s| s.correction)
+        self.cell_correction(bucket, "", Priority::Unspecified)
+    }
+
+    /// The correction factor learned for a cell (1 if unknown).
+    pub fn cell_correction(&self, bucket: &str, tenant: &str, priority: Priority) -> f64 {
+        let mut key = String::new();
+        write_cell_key(&mut key, bucket, tenant, priority);
+        self.buckets.get(&key).map_or(1.0, |s| s.correction)
     }
 
     fn forget_idle(&mut self) {
@@ -94,27 +111,46 @@ impl DropPolicy for Tracking {
         load: &BucketLoad,
         limit: Option<LimitRps>,
     ) -> DropRatio {
+        self.cell_drop_ratio(bucket, "", Priority::Unspecified, load, limit)
+    }
+
+    fn cell_drop_ratio(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: Priority,
+        load: &BucketLoad,
+        share: Option<LimitRps>,
+    ) -> DropRatio {
+        let mut key = std::mem::take(&mut self.cell_key);
+        write_cell_key(&mut key, bucket, tenant, priority);
+        let ratio = self.decide(&key, load, share);
+        self.cell_key = key;
+        ratio
+    }
+}
+
+impl Tracking {
+    /// The drop ratio of the cell whose state is kept under `key`.
+    fn decide(&mut self, key: &str, load: &BucketLoad, limit: Option<LimitRps>) -> DropRatio {
         self.forget_idle();
         let offered = load.offered_rps;
         let Some(limit) = limit.map(LimitRps::get) else {
-            self.buckets.remove(bucket);
+            self.buckets.remove(key);
             return DropRatio::ZERO;
         };
         if !(offered > 0.0 && offered.is_finite()) {
             return DropRatio::ZERO;
         }
-        let state = match self.buckets.get_mut(bucket) {
+        let state = match self.buckets.get_mut(key) {
             Some(state) => state,
-            None => self
-                .buckets
-                .entry(bucket.to_owned())
-                .or_insert(BucketState {
-                    offered_rps: offered,
-                    correction: 1.0,
-                    last_ratio: 0.0,
-                    after_step: true,
-                    idle: 0,
-                }),
+            None => self.buckets.entry(key.to_owned()).or_insert(BucketState {
+                offered_rps: offered,
+                correction: 1.0,
+                last_ratio: 0.0,
+                after_step: true,
+                idle: 0,
+            }),
         };
         state.idle = 0;
 
@@ -149,6 +185,15 @@ impl DropPolicy for Tracking {
         state.last_ratio = ratio.get();
         ratio
     }
+}
+
+/// Writes the state key of a cell into `out`: the bucket's length, the
+/// bucket, the tenant and the priority, so no two cells share a key
+/// whatever bytes their names hold.
+fn write_cell_key(out: &mut String, bucket: &str, tenant: &str, priority: Priority) {
+    out.clear();
+    // Writing to a String cannot fail.
+    let _ = write!(out, "{}:{bucket}{tenant}/{priority:?}", bucket.len());
 }
 
 #[cfg(test)]
@@ -250,6 +295,47 @@ mod tests {
         let admitted = 3_000.0 * (1.0 - ratio) * 0.9;
         assert!((admitted - 1_000.0).abs() < 5.0, "{admitted}");
         assert!(policy.correction("a") > 1.1);
+    }
+
+    #[test]
+    fn each_cell_of_a_bucket_keeps_its_own_state() {
+        // Two tenants of one bucket: gold's proxies admit 5 % less than
+        // their share, bronze's 10 % more. Interleaved calls must not mix
+        // their estimates or corrections.
+        let mut policy = Tracking::new();
+        let gold_share = limit(800.0);
+        let bronze_share = limit(50.0);
+        let (mut gold, mut bronze) = (0.0, 0.0);
+        for _ in 0..40 {
+            let gold_admitted = 900.0 * (1.0 - gold) * 0.95;
+            let bronze_admitted = 300.0 * (1.0 - bronze) * 1.1;
+            gold = policy
+                .cell_drop_ratio(
+                    "acme",
+                    "gold",
+                    Priority::Unspecified,
+                    &load(900.0, gold_admitted),
+                    gold_share,
+                )
+                .get();
+            bronze = policy
+                .cell_drop_ratio(
+                    "acme",
+                    "bronze",
+                    Priority::Unspecified,
+                    &load(300.0, bronze_admitted),
+                    bronze_share,
+                )
+                .get();
+        }
+        let gold_admitted = 900.0 * (1.0 - gold) * 0.95;
+        let bronze_admitted = 300.0 * (1.0 - bronze) * 1.1;
+        assert!((gold_admitted - 800.0).abs() < 4.0, "{gold_admitted}");
+        assert!((bronze_admitted - 50.0).abs() < 0.5, "{bronze_admitted}");
+        assert!(policy.cell_correction("acme", "gold", Priority::Unspecified) > 1.04);
+        assert!(policy.cell_correction("acme", "bronze", Priority::Unspecified) < 0.92);
+        // The bucket-wide cell is a third, untouched cell.
+        assert_eq!(policy.correction("acme"), 1.0);
     }
 
     proptest! {
