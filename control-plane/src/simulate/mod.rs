@@ -100,7 +100,7 @@ mod tests {
     fn every_tenant_gets_its_weighted_fair_share() {
         let tenants = scenario("tenants").truncated(15_000);
         // Seeds 1-3 (30 s runs) measured every tenant within ±2.2 % with
-        // coin flips, ±0.4 % with the credit decision and ±1.3 % with the
+        // coin flips, ±0.4 % with the credit decision and ±0.8 % with the
         // local allowance under the per-cell tracking policy.
         let credit = Variant::by_name("credit").unwrap();
         for variant in [Variant::BASELINE, credit, Variant::IMPROVED] {
