@@ -10,6 +10,7 @@ use sluice_benches::bucket_names;
 use sluice_benches::control::{connected_fleet, fleet_load, limits, proxy_ids, report};
 use sluice_control_plane::Controller;
 use sluice_control_plane::cell::{CLASSES, Priority};
+use sluice_control_plane::estimator::Tracking;
 use sluice_control_plane::fairness::{Allocation, Scratch, TenantDemand, allocate_into};
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, StreamId};
 use sluice_control_plane::limits::{LimitRule, LimitTable, Selector};
@@ -85,6 +86,13 @@ fn controller_tick(c: &mut Criterion) {
     // timed section, so the two benchmarks compare the tick itself.
     group.bench_function("100k_buckets_steady", |b| {
         b.iter_with_large_drop(|| controller.tick(black_box(&load), &limits))
+    });
+    // The tracking policy, `sluice serve`'s default, keeps an estimate per
+    // cell: one more hash probe per cell and tick.
+    let mut tracking = Controller::new(Tracking::new());
+    tracking.tick(&load, &limits);
+    group.bench_function("100k_buckets_steady_tracking", |b| {
+        b.iter_with_large_drop(|| tracking.tick(black_box(&load), &limits))
     });
     group.finish();
 }
@@ -181,6 +189,11 @@ fn fair_shares(c: &mut Criterion) {
     controller.decide(&load, &policy);
     group.bench_function("10k_tenants_controller_steady", |b| {
         b.iter_with_large_drop(|| controller.decide(black_box(&load), &policy))
+    });
+    let mut tracking = Controller::new(Tracking::new());
+    tracking.decide(&load, &policy);
+    group.bench_function("10k_tenants_controller_steady_tracking", |b| {
+        b.iter_with_large_drop(|| tracking.decide(black_box(&load), &policy))
     });
     group.finish();
 }

@@ -1,15 +1,17 @@
 //! The filter's per-request work without the host: directive lookup, the
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
-//! request); and bucket-key derivation.
+//! request), also for a tenant's cell among 10k; and bucket-key
+//! derivation.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_benches::{Request, bucket_names, table_with, warm_agent};
+use sluice_benches::{Request, bucket_names, table_with, warm_agent, warm_tenant_agent};
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
+use sluice_proto::v1::Priority;
 use std::hint::black_box;
 
 fn decision(c: &mut Criterion) {
@@ -45,6 +47,18 @@ fn decision(c: &mut Criterion) {
             })
         });
     }
+    // A fairness deployment: one bucket, 10k tenants, each with its own
+    // directive; the cell key carries tenant and priority.
+    let tenants = bucket_names(10_000);
+    let mut agent = warm_tenant_agent("api", &tenants, 0.5);
+    let mut next = 0usize;
+    group.bench_function("agent_tenant_of_10k", |b| {
+        b.iter(|| {
+            next = (next + 1) % tenants.len();
+            let tenant = tenants.get(next).map_or("", String::as_str);
+            agent.admit_cell("api", black_box(tenant), Priority::BestEffort)
+        })
+    });
     group.finish();
 }
 

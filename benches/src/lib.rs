@@ -13,7 +13,7 @@ use sluice_filter::agent::{Agent, AgentSettings};
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
-use sluice_proto::v1::{Directive, DirectiveBatch};
+use sluice_proto::v1::{Directive, DirectiveBatch, Priority};
 
 /// Bucket names `tenant-0` … `tenant-{n-1}`.
 pub fn bucket_names(n: usize) -> Vec<String> {
@@ -118,6 +118,45 @@ impl Host for QuietHost {
     }
 
     fn log(&self, _level: LogLevel, _message: &str) {}
+}
+
+/// An agent enforcing a `drop_ratio` directive on each tenant's cell
+/// (`bucket`, tenant, best effort) of `tenants`, warmed like
+/// [`warm_agent`]: the per-tenant lookup of a fairness deployment.
+pub fn warm_tenant_agent(bucket: &str, tenants: &[String], drop_ratio: f64) -> Agent {
+    let mut agent = Agent::new(
+        AgentSettings {
+            max_buckets: tenants.len().max(1),
+            ..AgentSettings::new("sluice_control_plane", "bench")
+        },
+        7,
+    );
+    let mut table = DirectiveTable::new(tenants.len().max(1));
+    table.merge(DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        directives: tenants
+            .iter()
+            .map(|tenant| Directive {
+                bucket: bucket.to_owned(),
+                tenant: tenant.clone(),
+                priority: Priority::BestEffort as i32,
+                drop_ratio,
+                limit_rps: 100.0,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    for tenant in tenants {
+        agent.admit_cell(bucket, tenant, Priority::BestEffort);
+    }
+    agent.on_tick(&mut QuietHost, 1_000);
+    for tenant in tenants {
+        agent.admit_cell(bucket, tenant, Priority::BestEffort);
+    }
+    agent
 }
 
 /// An agent enforcing a `drop_ratio` directive on every bucket in

@@ -45,7 +45,8 @@ pub const MAX_STEP: f64 = 0.02;
 /// Larger gaps between the limit and the admitted rate (as a log ratio) do
 /// not move the correction.
 pub const MAX_ERROR: f64 = 0.2;
-/// Buckets not seen for this many decisions are forgotten.
+/// Cells not decided in this many sweeps (one per round of calls over every
+/// tracked cell, or per 1024 calls if fewer are tracked) are forgotten.
 const FORGET_AFTER: u32 = 20;
 
 #[derive(Debug, Clone, Copy)]
@@ -62,12 +63,14 @@ struct BucketState {
 
 /// Smoothed, feedback-corrected drop ratios; see the module docs.
 ///
-/// State is kept per cell: a bucket-wide cell under the bucket's name, a
-/// tenant's or priority's cell under a key naming all three, so each cell's
-/// estimate and correction follow that cell's own traffic.
+/// State is kept per cell, so each cell's estimate and correction follow
+/// that cell's own traffic: bucket-wide cells (the common case) by the
+/// bucket's name, the cells of tenants or priorities in a second map by a
+/// key naming all three.
 #[derive(Debug, Default)]
 pub struct Tracking {
     buckets: HashMap<String, BucketState>,
+    cells: HashMap<String, BucketState>,
     decisions: u64,
     /// Reused buffer for cell keys.
     cell_key: String,
@@ -82,24 +85,34 @@ impl Tracking {
     /// The correction factor learned for `bucket`'s bucket-wide cell (1 if
     /// unknown).
     pub fn correction(&self, bucket: &str) -> f64 {
-        self.cell_correction(bucket, "", Priority::Unspecified)
+        self.buckets.get(bucket).map_or(1.0, |s| s.correction)
     }
 
     /// The correction factor learned for a cell (1 if unknown).
     pub fn cell_correction(&self, bucket: &str, tenant: &str, priority: Priority) -> f64 {
+        if is_bucket_wide(tenant, priority) {
+            return self.correction(bucket);
+        }
         let mut key = String::new();
         write_cell_key(&mut key, bucket, tenant, priority);
-        self.buckets.get(&key).map_or(1.0, |s| s.correction)
+        self.cells.get(&key).map_or(1.0, |s| s.correction)
     }
 
     fn forget_idle(&mut self) {
         self.decisions += 1;
-        // Amortised: the control loop calls once per bucket per interval.
-        if self.decisions.is_multiple_of(1024) {
-            for state in self.buckets.values_mut() {
-                state.idle = state.idle.saturating_add(1);
+        // One sweep per round of calls: the control loop calls once per cell
+        // per interval, so states age by about an interval per sweep and a
+        // sweep costs O(1) per call. (A sweep every fixed number of calls
+        // made a tick quadratic in the number of cells.)
+        let tracked = self.buckets.len().saturating_add(self.cells.len());
+        if self.decisions >= u64::try_from(tracked.max(1024)).unwrap_or(u64::MAX) {
+            self.decisions = 0;
+            for states in [&mut self.buckets, &mut self.cells] {
+                for state in states.values_mut() {
+                    state.idle = state.idle.saturating_add(1);
+                }
+                states.retain(|_, s| s.idle < FORGET_AFTER);
             }
-            self.buckets.retain(|_, s| s.idle < FORGET_AFTER);
         }
     }
 }
@@ -122,78 +135,89 @@ impl DropPolicy for Tracking {
         load: &BucketLoad,
         share: Option<LimitRps>,
     ) -> DropRatio {
-        let mut key = std::mem::take(&mut self.cell_key);
-        write_cell_key(&mut key, bucket, tenant, priority);
-        let ratio = self.decide(&key, load, share);
-        self.cell_key = key;
-        ratio
-    }
-}
-
-impl Tracking {
-    /// The drop ratio of the cell whose state is kept under `key`.
-    fn decide(&mut self, key: &str, load: &BucketLoad, limit: Option<LimitRps>) -> DropRatio {
         self.forget_idle();
-        let offered = load.offered_rps;
-        let Some(limit) = limit.map(LimitRps::get) else {
-            self.buckets.remove(key);
-            return DropRatio::ZERO;
-        };
-        if !(offered > 0.0 && offered.is_finite()) {
-            return DropRatio::ZERO;
+        if is_bucket_wide(tenant, priority) {
+            return decide(&mut self.buckets, bucket, load, share);
         }
-        let state = match self.buckets.get_mut(key) {
-            Some(state) => state,
-            None => self.buckets.entry(key.to_owned()).or_insert(BucketState {
-                offered_rps: offered,
-                correction: 1.0,
-                last_ratio: 0.0,
-                after_step: true,
-                idle: 0,
-            }),
-        };
-        state.idle = 0;
-
-        let step = (offered - state.offered_rps).abs() > STEP * state.offered_rps;
-        if step || state.after_step {
-            // The interval after a step is the first whose reports show the
-            // new load alone; smoothing it with the step's mixed interval
-            // would hold the estimate below the new load for several
-            // intervals, admitting too much meanwhile.
-            state.offered_rps = offered;
-        } else {
-            state.offered_rps += SMOOTHING * (offered - state.offered_rps);
-            let error = (limit / load.admitted_rps).ln();
-            // Only a small, persistent gap is the proxies' systematic loss;
-            // a large one is a transient, or proxies that do not enforce
-            // (shadow mode counts would-be drops as admitted).
-            if state.last_ratio > 0.0
-                && !state.after_step
-                && load.admitted_rps > 0.0
-                && limit > 0.0
-                && error.abs() <= MAX_ERROR
-            {
-                let (low, high) = CORRECTION;
-                let step = (GAIN * error).clamp(-MAX_STEP, MAX_STEP);
-                state.correction = (state.correction * step.exp()).clamp(low, high);
-            }
-        }
-        state.after_step = step;
-
-        let admit_share = state.correction * limit / state.offered_rps;
-        let ratio = DropRatio::saturating(1.0 - admit_share);
-        state.last_ratio = ratio.get();
-        ratio
+        write_cell_key(&mut self.cell_key, bucket, tenant, priority);
+        decide(&mut self.cells, &self.cell_key, load, share)
     }
 }
 
-/// Writes the state key of a cell into `out`: the bucket's length, the
-/// bucket, the tenant and the priority, so no two cells share a key
-/// whatever bytes their names hold.
+/// The drop ratio of the cell whose state `states` keeps under `key`.
+fn decide(
+    states: &mut HashMap<String, BucketState>,
+    key: &str,
+    load: &BucketLoad,
+    limit: Option<LimitRps>,
+) -> DropRatio {
+    let offered = load.offered_rps;
+    let Some(limit) = limit.map(LimitRps::get) else {
+        states.remove(key);
+        return DropRatio::ZERO;
+    };
+    if !(offered > 0.0 && offered.is_finite()) {
+        return DropRatio::ZERO;
+    }
+    let state = match states.get_mut(key) {
+        Some(state) => state,
+        None => states.entry(key.to_owned()).or_insert(BucketState {
+            offered_rps: offered,
+            correction: 1.0,
+            last_ratio: 0.0,
+            after_step: true,
+            idle: 0,
+        }),
+    };
+    state.idle = 0;
+
+    let step = (offered - state.offered_rps).abs() > STEP * state.offered_rps;
+    if step || state.after_step {
+        // The interval after a step is the first whose reports show the
+        // new load alone; smoothing it with the step's mixed interval
+        // would hold the estimate below the new load for several
+        // intervals, admitting too much meanwhile.
+        state.offered_rps = offered;
+    } else {
+        state.offered_rps += SMOOTHING * (offered - state.offered_rps);
+        let error = (limit / load.admitted_rps).ln();
+        // Only a small, persistent gap is the proxies' systematic loss;
+        // a large one is a transient, or proxies that do not enforce
+        // (shadow mode counts would-be drops as admitted).
+        if state.last_ratio > 0.0
+            && load.admitted_rps > 0.0
+            && limit > 0.0
+            && error.abs() <= MAX_ERROR
+        {
+            let (low, high) = CORRECTION;
+            let step = (GAIN * error).clamp(-MAX_STEP, MAX_STEP);
+            state.correction = (state.correction * step.exp()).clamp(low, high);
+        }
+    }
+    state.after_step = step;
+
+    let admit_share = state.correction * limit / state.offered_rps;
+    let ratio = DropRatio::saturating(1.0 - admit_share);
+    state.last_ratio = ratio.get();
+    ratio
+}
+
+fn is_bucket_wide(tenant: &str, priority: Priority) -> bool {
+    tenant.is_empty() && priority == Priority::Unspecified
+}
+
+/// Writes the state key of a cell into `out`: the priority's wire number,
+/// the bucket's length, the bucket and the tenant, so no two cells share a
+/// key whatever bytes their names hold.
 fn write_cell_key(out: &mut String, bucket: &str, tenant: &str, priority: Priority) {
     out.clear();
+    out.push(char::from(
+        b'0' + u8::try_from(priority.to_wire() as i32).unwrap_or(0),
+    ));
     // Writing to a String cannot fail.
-    let _ = write!(out, "{}:{bucket}{tenant}/{priority:?}", bucket.len());
+    let _ = write!(out, "{}:", bucket.len());
+    out.push_str(bucket);
+    out.push_str(tenant);
 }
 
 #[cfg(test)]
@@ -336,6 +360,24 @@ mod tests {
         assert!(policy.cell_correction("acme", "bronze", Priority::Unspecified) < 0.92);
         // The bucket-wide cell is a third, untouched cell.
         assert_eq!(policy.correction("acme"), 1.0);
+    }
+
+    #[test]
+    fn cells_no_longer_decided_are_forgotten() {
+        let mut policy = Tracking::new();
+        let l = limit(1_000.0);
+        // A persistent gap moves gold's correction.
+        for _ in 0..10 {
+            policy.cell_drop_ratio("acme", "gold", Priority::Bulk, &load(3_000.0, 900.0), l);
+        }
+        assert!(policy.cell_correction("acme", "gold", Priority::Bulk) > 1.0);
+        // Then only another bucket is decided, for more than the sweeps it
+        // takes to forget.
+        for _ in 0..(FORGET_AFTER as usize + 1) * 1_024 {
+            policy.drop_ratio("other", &load(3_000.0, 1_000.0), l);
+        }
+        assert_eq!(policy.cell_correction("acme", "gold", Priority::Bulk), 1.0);
+        assert!(policy.buckets.contains_key("other"));
     }
 
     proptest! {
