@@ -144,24 +144,10 @@ pub(crate) fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    #[derive(Default)]
-    struct Request {
-        headers: HashMap<&'static str, &'static str>,
-        route: Option<&'static str>,
-    }
-
-    impl RequestAttributes for Request {
-        fn header(&self, name: &str) -> Option<String> {
-            self.headers.get(name).map(|v| (*v).to_owned())
-        }
-        fn route_name(&self) -> Option<String> {
-            self.route.map(str::to_owned)
-        }
-    }
+    use crate::fake_request::FakeRequest as Request;
 
     fn part(source: KeySource) -> KeyPart {
         KeyPart {

@@ -42,3 +42,5 @@ mod host;
 
 #[cfg(test)]
 mod fake_host;
+#[cfg(test)]
+mod fake_request;
