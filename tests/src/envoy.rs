@@ -425,6 +425,26 @@ pub async fn start_patched_without_control_plane(
     (started, log)
 }
 
+/// Checks that Envoy refuses to serve with `patch` merged into the filter's
+/// configuration and that the filter's error names `field`; on failure,
+/// says what Envoy did instead, with its log.
+pub async fn refuses_config_naming(patch: Json, field: &str, name: &str) -> Result<()> {
+    let (started, log) = start_patched_without_control_plane(patch.clone(), name).await;
+    if started.is_ok() {
+        bail!("Envoy served with an invalid plugin config {patch}\n{log}");
+    }
+    let Some(line) = log
+        .lines()
+        .find(|line| line.contains("invalid sluice plugin configuration"))
+    else {
+        bail!("no configuration error logged for {patch}\n{log}");
+    };
+    if !line.contains(field) {
+        bail!("the error for {patch} does not name `{field}`: {line}");
+    }
+    Ok(())
+}
+
 async fn wait_ready(guard: &mut ChildGuard, admin_file: &Path) -> Result<(SocketAddr, SocketAddr)> {
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
     let admin = loop {
