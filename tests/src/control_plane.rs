@@ -363,23 +363,17 @@ impl AdminClient {
 
     /// `GET /v1/buckets`.
     pub async fn buckets(&self) -> Result<BucketsReply> {
-        let url = format!("{}/v1/buckets", self.base);
-        let response = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .with_context(|| format!("GET {url}"))?;
-        let response = check(response, &url).await?;
-        response
-            .json()
-            .await
-            .with_context(|| format!("GET {url}: bad JSON"))
+        self.get_json("/v1/buckets").await
     }
 
     /// `GET /v1/proxies`.
     pub async fn proxies(&self) -> Result<ProxiesReply> {
-        let url = format!("{}/v1/proxies", self.base);
+        self.get_json("/v1/proxies").await
+    }
+
+    /// `GET path`, checked and decoded.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let url = format!("{}{path}", self.base);
         let response = self
             .http
             .get(&url)
