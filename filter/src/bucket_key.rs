@@ -157,10 +157,7 @@ mod tests {
     }
 
     fn request(headers: &[(&'static str, &'static str)]) -> Request {
-        Request {
-            headers: headers.iter().copied().collect(),
-            route: None,
-        }
+        Request::with_headers(headers)
     }
 
     #[test]

@@ -12,8 +12,9 @@
 //! Every directive is kept, a zero drop ratio included: a cell the control
 //! plane knows is not a new bucket, and the 429 contract needs its limit.
 
+use crate::allowance::DirectiveRates;
 use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
-use crate::cell::{MAX_TENANT_BYTES, key_of, priority_from_i32};
+use crate::cell::{MAX_TENANT_BYTES, key_of, parse_key, priority_from_i32};
 use crate::drop_ratio::{DropRatio, DropThreshold};
 use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
@@ -221,9 +222,18 @@ impl DirectiveTable {
         self.entries.iter()
     }
 
-    /// The entry at an index from [`Self::find`].
-    pub fn entry(&self, index: usize) -> Option<&CellEntry> {
-        self.entries.get(index)
+    /// What the directive governing the cell `key` (its own, else its
+    /// bucket's) says about rates, as the pacer's allowance needs it.
+    pub fn rates_for_cell(&self, key: &str) -> Option<DirectiveRates> {
+        let (bucket, tenant, priority) = parse_key(key)?;
+        let wide = tenant.is_empty() && priority == Priority::Unspecified;
+        let index = self.find((!wide).then_some(key), bucket)?;
+        let directive = &self.entries.get(index)?.directive;
+        Some(DirectiveRates {
+            drop_ratio: directive.drop_ratio,
+            limit_rps: directive.stated_limit_rps(),
+            fleet_offered_rps: directive.offered_rps,
+        })
     }
 
     /// The entry at an index from [`Self::find`].

@@ -30,14 +30,6 @@ fn batch(epoch: u64, version: u64, directives: Vec<Directive>) -> DirectiveBatch
     }
 }
 
-fn header<'a>(response: &'a RejectResponse, name: &str) -> Option<&'a str> {
-    response
-        .headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
 #[test]
 fn merge_keeps_unnamed_buckets() {
     let mut table = DirectiveTable::new(100);
@@ -179,14 +171,14 @@ fn responses_are_rendered_per_cell_when_applied() {
         }],
     ));
     let entry = table.cell("api", "acme", Priority::Unspecified).unwrap();
-    assert_eq!(header(&entry.response, "x-ratelimit-limit"), Some("40"));
-    assert_eq!(header(&entry.response, "retry-after"), Some("3"));
+    assert_eq!(entry.response.header("x-ratelimit-limit"), Some("40"));
+    assert_eq!(entry.response.header("retry-after"), Some("3"));
     assert_eq!(
-        header(&entry.response, "x-ratelimit-reason"),
+        entry.response.header("x-ratelimit-reason"),
         Some("tenant_quota_exceeded")
     );
     assert_eq!(
-        header(&entry.fallback_response, "x-ratelimit-reason"),
+        entry.fallback_response.header("x-ratelimit-reason"),
         Some("local_fallback_limit")
     );
 }

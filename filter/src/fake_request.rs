@@ -10,6 +10,16 @@ pub struct FakeRequest {
     pub route: Option<&'static str>,
 }
 
+impl FakeRequest {
+    /// A request with these headers and no route name.
+    pub fn with_headers(headers: &[(&'static str, &'static str)]) -> Self {
+        Self {
+            headers: headers.iter().copied().collect(),
+            route: None,
+        }
+    }
+}
+
 impl RequestAttributes for FakeRequest {
     fn header(&self, name: &str) -> Option<String> {
         self.headers.get(name).map(|v| (*v).to_owned())

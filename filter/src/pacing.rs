@@ -13,12 +13,11 @@
 //! request path, and is bounded by `max_buckets`.
 
 use rand::Rng;
-use sluice_proto::v1::Directive;
 
 use crate::allowance::{AllowanceSettings, DirectiveRates, Gcra, RateWindow, allowance_rps};
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
-use crate::drop_ratio::{DropRatio, DropThreshold};
+use crate::drop_ratio::DropThreshold;
 use crate::fast_map::{self, FastMap};
 
 /// How a drop ratio is applied to single requests.
@@ -194,41 +193,6 @@ impl Pacer {
         }
     }
 
-    /// Directives arrived: each named bucket's cap is derived again from
-    /// this VM's offered rate over the last second, and frozen until the
-    /// next directive for it.
-    pub fn apply(&mut self, directives: &[Directive]) {
-        for directive in directives {
-            let Ok(drop_ratio) = DropRatio::new(directive.drop_ratio) else {
-                continue;
-            };
-            let rates = DirectiveRates {
-                drop_ratio,
-                limit_rps: directive.limit_rps,
-                fleet_offered_rps: directive.offered_rps,
-            };
-            self.apply_cell(&directive.bucket, rates);
-        }
-    }
-
-    /// Derives the allowance of the cell `key` from `rates`, unless they
-    /// are what it was last derived from: VMs that re-read the whole table
-    /// on every change re-derive only the cells that changed.
-    pub fn apply_cell(&mut self, key: &str, rates: DirectiveRates) {
-        let Some(settings) = self.allowance else {
-            return;
-        };
-        let Some(pace) = self.buckets.get_mut(key) else {
-            return;
-        };
-        if pace.applied == Some(rates) {
-            return;
-        }
-        pace.applied = Some(rates);
-        let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-        derive_cap(pace, rates, settings, slack_ms, self.now_ms);
-    }
-
     /// Reconciles every cell's allowance with the directive `rates_of`
     /// finds for it now (the cell's own, else its bucket's): a cell whose
     /// directive changed is derived again, one that lost its directive
@@ -330,20 +294,17 @@ fn new_pace(rng: &mut impl Rng) -> Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drop_ratio::DropRatio;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn directive(ratio: f64, limit_rps: f64, offered_rps: f64) -> Directive {
-        Directive {
-            bucket: "a".into(),
-            drop_ratio: ratio,
-            limit_rps,
-            offered_rps,
-            ..Default::default()
-        }
-    }
+    /// No headroom and no burst beyond one tick.
+    const EXACT: AllowanceSettings = AllowanceSettings {
+        headroom: 0.0,
+        burst_ms: 0,
+    };
 
     /// Offers `per_tick` requests a tick for `ticks` ticks; returns admitted.
     fn run(pacer: &mut Pacer, ratio: f64, per_tick: u32, ticks: u64, start: u64) -> u32 {
@@ -368,15 +329,11 @@ mod tests {
 
     #[test]
     fn allowance_holds_a_load_step_at_the_share() {
-        let settings = AllowanceSettings {
-            headroom: 0.0,
-            burst_ms: 0,
-        };
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(settings), 100, 10);
+        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         // 200 rps here, 800 fleet-wide against a limit of 1000: ratio 0,
         // this VM's share of the limit is 250 rps.
         run(&mut pacer, 0.0, 20, 20, 0);
-        pacer.apply(&[directive(0.0, 1_000.0, 800.0)]);
+        pacer.resolve_all(|_| Some(rates(0.0, 1_000.0, 800.0)));
         // The load quadruples before the next directive: held at the share
         // plus the counting margin below the limit, (200 + √200 + 1) × 1.25.
         let admitted = run(&mut pacer, 0.0, 80, 10, 20);
@@ -385,17 +342,13 @@ mod tests {
 
     #[test]
     fn a_cap_follows_the_window_until_it_is_full() {
-        let settings = AllowanceSettings {
-            headroom: 0.0,
-            burst_ms: 0,
-        };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
         // Two slots of a 100 rps cell, then a directive: ratio 0, the fleet
         // exactly at its limit, so this VM may admit what it is offered plus
         // a counting margin. From two slots (11 requests) that margin is
         // below 100 rps; frozen there, the cap would cut the cell.
         run(&mut pacer, 0.0, 10, 2, 0);
-        pacer.apply(&[directive(0.0, 1_000.0, 1_000.0)]);
+        pacer.resolve_all(|_| Some(rates(0.0, 1_000.0, 1_000.0)));
         // Following the window, at most a request or two is lost while it
         // fills; frozen at two slots, a quarter would be.
         let admitted = run(&mut pacer, 0.0, 10, 8, 2);
@@ -416,11 +369,7 @@ mod tests {
 
     #[test]
     fn a_cell_met_after_its_directive_is_capped_from_its_first_tick() {
-        let settings = AllowanceSettings {
-            headroom: 0.0,
-            burst_ms: 0,
-        };
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(settings), 100, 10);
+        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         // The directive arrived before this VM saw the cell: nothing to cap.
         pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
         assert!(pacer.is_empty());
@@ -446,11 +395,7 @@ mod tests {
 
     #[test]
     fn a_cell_that_loses_its_directive_loses_its_cap() {
-        let settings = AllowanceSettings {
-            headroom: 0.0,
-            burst_ms: 0,
-        };
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(settings), 100, 10);
+        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         run(&mut pacer, 0.0, 20, 10, 0);
         pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
         assert_eq!(run(&mut pacer, 0.0, 20, 10, 10), 0);
@@ -475,7 +420,7 @@ mod tests {
         for tick in 0..=200_u64 {
             if tick == 20 {
                 // Half of this VM's 200 rps: 100 rps.
-                pacer.apply(&[directive(0.5, 1_000.0, 2_000.0)]);
+                pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
             }
             pacer.on_tick(tick * 150, ["a"], &mut rng);
             for _ in 0..30 {
@@ -489,11 +434,7 @@ mod tests {
 
     #[test]
     fn the_clock_advances_between_slots() {
-        let settings = AllowanceSettings {
-            headroom: 0.0,
-            burst_ms: 0,
-        };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         let threshold = DropRatio::new(0.0).unwrap().threshold();
         for tick in 0..10_u64 {
@@ -501,7 +442,7 @@ mod tests {
             pacer.decide("a", threshold, &mut rng);
         }
         // 10 rps here, 20 fleet-wide against a limit of 10: 5 rps.
-        pacer.apply(&[directive(0.5, 10.0, 20.0)]);
+        pacer.resolve_all(|_| Some(rates(0.5, 10.0, 20.0)));
         while pacer.decide("a", threshold, &mut rng) == Verdict::Admit {}
         assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
         // 200 ms later, without a slot closing, one more request fits.

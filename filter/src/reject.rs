@@ -229,18 +229,21 @@ fn sf_string(value: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn header<'a>(response: &'a RejectResponse, name: &str) -> Option<&'a str> {
-        response
-            .headers
+impl RejectResponse {
+    /// The value of header `name`, for assertions.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn facts(reason: DropReason, limit_rps: f64, retry_after_ms: u64) -> RejectFacts<'static> {
         RejectFacts {
@@ -256,21 +259,21 @@ mod tests {
     fn full_contract() {
         let settings = ResponseSettings::default();
         let response = settings.render(&facts(DropReason::TenantQuotaExceeded, 200.0, 1500));
-        assert_eq!(header(&response, "retry-after"), Some("2"));
-        assert_eq!(header(&response, "x-ratelimit-reset"), Some("2"));
-        assert_eq!(header(&response, "x-ratelimit-limit"), Some("200"));
-        assert_eq!(header(&response, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(response.header("retry-after"), Some("2"));
+        assert_eq!(response.header("x-ratelimit-reset"), Some("2"));
+        assert_eq!(response.header("x-ratelimit-limit"), Some("200"));
+        assert_eq!(response.header("x-ratelimit-remaining"), Some("0"));
         assert_eq!(
-            header(&response, "x-ratelimit-reason"),
+            response.header("x-ratelimit-reason"),
             Some("tenant_quota_exceeded")
         );
         assert_eq!(
-            header(&response, "ratelimit-policy"),
+            response.header("ratelimit-policy"),
             Some("\"sluice\";q=200;w=1")
         );
-        assert_eq!(header(&response, "ratelimit"), Some("\"sluice\";r=0;t=2"));
+        assert_eq!(response.header("ratelimit"), Some("\"sluice\";r=0;t=2"));
         assert_eq!(
-            header(&response, "content-type"),
+            response.header("content-type"),
             Some("application/problem+json")
         );
         let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
@@ -293,10 +296,10 @@ mod tests {
             default_retry_after_seconds: 7,
         };
         let response = settings.render(&facts(DropReason::NewBucketLimit, 0.0, 0));
-        assert_eq!(header(&response, "retry-after"), Some("7"));
-        assert_eq!(header(&response, "x-shed-why"), Some("new_bucket_limit"));
-        assert_eq!(header(&response, "x-ratelimit-limit"), None);
-        assert_eq!(header(&response, "ratelimit"), None);
+        assert_eq!(response.header("retry-after"), Some("7"));
+        assert_eq!(response.header("x-shed-why"), Some("new_bucket_limit"));
+        assert_eq!(response.header("x-ratelimit-limit"), None);
+        assert_eq!(response.header("ratelimit"), None);
     }
 
     #[test]

@@ -371,6 +371,23 @@ impl AdminClient {
         self.get_json("/v1/proxies").await
     }
 
+    /// Polls `GET /v1/buckets` every `every` until `bucket` is listed and
+    /// `check` returns a value for it; fails after `timeout`, naming `what`.
+    pub async fn wait_for_bucket<T>(
+        &self,
+        bucket: &str,
+        what: &str,
+        timeout: Duration,
+        every: Duration,
+        check: impl Fn(&BucketStatus) -> Option<T>,
+    ) -> Result<T> {
+        crate::wait::until(what, timeout, every, || async {
+            let buckets = self.buckets().await?;
+            Ok(buckets.bucket(bucket).and_then(&check))
+        })
+        .await
+    }
+
     /// `GET path`, checked and decoded.
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let url = format!("{}{path}", self.base);

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
-use sluice_integration_tests::wait;
 
 const LIMITS: &str = r#"
 limits:
@@ -50,22 +49,15 @@ async fn enforcement_survives_a_control_plane_restart() {
     // Both streams back: the new process hears from both proxies. The filter
     // retries with jittered exponential backoff capped at 5 s, so allow 7 s.
     let admin = fleet.control_plane.admin().clone();
-    let reconnected = wait::until(
-        "both proxies to report to the new control plane",
-        Duration::from_secs(7),
-        Duration::from_millis(100),
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.proxies_reporting == 2)
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await;
+    let reconnected = admin
+        .wait_for_bucket(
+            "acme",
+            "both proxies to report to the new control plane",
+            Duration::from_secs(7),
+            Duration::from_millis(100),
+            |b| (b.proxies_reporting == 2).then_some(()),
+        )
+        .await;
     let reconnected_at = load.elapsed();
     admin.put_limit("acme", 100.0).await.unwrap();
     let put_at = load.elapsed();

@@ -20,7 +20,6 @@ use serde_json::json;
 use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
-use sluice_integration_tests::wait;
 
 const LIMITS: &str = r#"
 limits:
@@ -126,20 +125,13 @@ async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
 /// Waits until at least `proxies` proxies report acme to the control plane;
 /// the filter's reconnect backoff is capped at 5 s, so 7 s is plenty.
 async fn reporting(admin: &AdminClient, proxies: u32, every: Duration) -> anyhow::Result<()> {
-    wait::until(
-        &format!("{proxies} proxies to report to the new control plane"),
-        Duration::from_secs(7),
-        every,
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.proxies_reporting >= proxies)
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await
+    admin
+        .wait_for_bucket(
+            "acme",
+            &format!("{proxies} proxies to report to the new control plane"),
+            Duration::from_secs(7),
+            every,
+            |b| (b.proxies_reporting >= proxies).then_some(()),
+        )
+        .await
 }

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use sluice_integration_tests::control_plane::BucketStatus;
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
@@ -50,23 +51,16 @@ async fn an_envoy_added_mid_run_holds_the_directives_at_once() {
     .unwrap();
     // Let the control plane settle on a drop ratio for acme.
     let admin = fleet.control_plane.admin().clone();
-    wait::until(
-        "acme to be shed",
-        Duration::from_secs(5),
-        Duration::from_millis(100),
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.drop_ratio > 0.5)
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    admin
+        .wait_for_bucket(
+            "acme",
+            "acme to be shed",
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            |b| (b.drop_ratio > 0.5).then_some(()),
+        )
+        .await
+        .unwrap();
 
     // The newcomer sends no acme traffic yet, so nothing it reports could
     // have caused a directive: whatever it holds came with the snapshot.
@@ -145,38 +139,32 @@ async fn an_envoy_that_goes_away_stops_counting() {
     ))
     .unwrap();
     let admin = fleet.control_plane.admin().clone();
-    let both = |count: u32| {
-        let admin = admin.clone();
-        move || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.proxies_reporting == count)
-                    .map(|b| b.offered_rps))
-            }
-        }
+    let reporting = |count: u32| {
+        move |b: &BucketStatus| (b.proxies_reporting == count).then_some(b.offered_rps)
     };
-    let offered_by_two = wait::until(
-        "both proxies to report acme",
-        Duration::from_secs(5),
-        Duration::from_millis(100),
-        both(2),
-    )
-    .await
-    .unwrap();
+    let offered_by_two = admin
+        .wait_for_bucket(
+            "acme",
+            "both proxies to report acme",
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            reporting(2),
+        )
+        .await
+        .unwrap();
 
     fleet.envoys[1].stop().unwrap();
     // A silent proxy's rates are carried for 3 control intervals (so a quick
     // reconnect does not make the fleet rate dip), then dropped.
-    let offered_by_one = wait::until(
-        "the stopped proxy to stop counting",
-        interval * 6 + Duration::from_secs(1),
-        Duration::from_millis(50),
-        both(1),
-    )
-    .await;
+    let offered_by_one = admin
+        .wait_for_bucket(
+            "acme",
+            "the stopped proxy to stop counting",
+            interval * 6 + Duration::from_secs(1),
+            Duration::from_millis(50),
+            reporting(1),
+        )
+        .await;
     load.stop();
     let _ = load.finish().await.unwrap();
     if offered_by_one.is_err() {

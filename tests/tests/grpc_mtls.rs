@@ -16,7 +16,6 @@ use sluice_integration_tests::certs::{self, DevCerts};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
-use sluice_integration_tests::wait;
 
 const LIMITS: &str = r#"
 limits:
@@ -82,22 +81,15 @@ async fn directives_flow_over_mutual_tls() {
     ))
     .unwrap();
     let admin = control_plane.admin().clone();
-    let shed = wait::until(
-        "the control plane to shed acme for the trusted proxy",
-        Duration::from_secs(5),
-        Duration::from_millis(100),
-        || {
-            let admin = admin.clone();
-            async move {
-                let buckets = admin.buckets().await?;
-                Ok(buckets
-                    .bucket("acme")
-                    .filter(|b| b.drop_ratio > 0.3)
-                    .map(|b| b.proxies_reporting))
-            }
-        },
-    )
-    .await;
+    let shed = admin
+        .wait_for_bucket(
+            "acme",
+            "the control plane to shed acme for the trusted proxy",
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            |b| (b.drop_ratio > 0.3).then_some(b.proxies_reporting),
+        )
+        .await;
     let result = load.finish().await.unwrap();
     if shed.is_err() {
         control_plane.print_log();

@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_filter::agent::TICK_MS;
-use sluice_filter::allowance::{AllowanceSettings, DirectiveRates};
-use sluice_filter::cell::{key_of, priority_from_i32};
+use sluice_filter::allowance::AllowanceSettings;
+use sluice_filter::cell::key_of;
 use sluice_filter::counters::{BucketCounters, Outcome};
 use sluice_filter::decision::Verdict;
 use sluice_filter::directives::DirectiveTable;
@@ -255,6 +255,12 @@ fn run_with(
                 .collect()
         })
         .collect();
+    // A bucket-wide cell's key, as the filter's pacer knows it.
+    let plain_keys: Vec<String> = scenario
+        .buckets
+        .iter()
+        .map(|bucket| key_of(&bucket.name, "", Priority::Unspecified))
+        .collect();
     let tenant_shares: Vec<Vec<f64>> = scenario
         .buckets
         .iter()
@@ -363,8 +369,9 @@ fn run_with(
                     .buckets
                     .iter()
                     .zip(&cell_keys)
-                    .flat_map(|(bucket, keys)| {
-                        let plain = keys.is_empty().then_some(bucket.name.as_str());
+                    .zip(&plain_keys)
+                    .flat_map(|((_, keys), plain)| {
+                        let plain = keys.is_empty().then_some(plain.as_str());
                         plain.into_iter().chain(keys.iter().map(String::as_str))
                     });
                 proxy.pacer.on_tick(t_ms, names, &mut proxy.rng);
@@ -373,13 +380,22 @@ fn run_with(
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
-            let (Some(weights), Some(recorded), Some(keys), Some(shares), Some(credit)) = (
+            let (
+                Some(weights),
+                Some(recorded),
+                Some(keys),
+                Some(plain_key),
+                Some(shares),
+                Some(credit),
+            ) = (
                 cumulative.get(bucket_index),
                 trace.buckets.get_mut(bucket_index),
                 cell_keys.get(bucket_index),
+                plain_keys.get(bucket_index),
                 tenant_shares.get(bucket_index),
                 tenant_credit.get_mut(bucket_index),
-            ) else {
+            )
+            else {
                 continue;
             };
             let Some(&total_weight) = weights.last() else {
@@ -397,7 +413,7 @@ fn run_with(
                 let admitted = match tenant.and_then(|t| keys.get(t)) {
                     None => {
                         let threshold = proxy.table.threshold(&bucket.name);
-                        let admitted = proxy.pacer.decide(&bucket.name, threshold, &mut proxy.rng)
+                        let admitted = proxy.pacer.decide(plain_key, threshold, &mut proxy.rng)
                             == Verdict::Admit;
                         proxy.counters.record(&bucket.name, admitted);
                         admitted
@@ -605,44 +621,25 @@ fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u
         match recipient {
             Recipient::All => {
                 for proxy in proxies.iter_mut().filter(|p| p.connected) {
-                    proxy.pacer.apply(&batch.directives);
                     proxy.table.merge(batch.clone());
-                    pace_tenant_cells(proxy, &batch.directives);
+                    pace_directives(proxy);
                 }
             }
             Recipient::Proxy(index) => {
                 if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
-                    proxy.pacer.apply(&batch.directives);
-                    let directives = batch.directives.clone();
                     proxy.table.merge(batch);
-                    pace_tenant_cells(proxy, &directives);
+                    pace_directives(proxy);
                 }
             }
         }
     }
 }
 
-/// Derives the allowance of every tenant cell a batch names from the
-/// merged table, under the cell's key, as the filter's VMs do.
-fn pace_tenant_cells(proxy: &mut SimProxy, directives: &[Directive]) {
-    for directive in directives.iter().filter(|d| !d.tenant.is_empty()) {
-        let priority = priority_from_i32(directive.priority);
-        let Some(entry) = proxy
-            .table
-            .cell(&directive.bucket, &directive.tenant, priority)
-        else {
-            continue;
-        };
-        let rates = DirectiveRates {
-            drop_ratio: entry.directive.drop_ratio,
-            limit_rps: entry.directive.stated_limit_rps(),
-            fleet_offered_rps: entry.directive.offered_rps,
-        };
-        proxy.pacer.apply_cell(
-            &key_of(&directive.bucket, &directive.tenant, priority),
-            rates,
-        );
-    }
+/// Reconciles every cell's allowance with the merged table, as the
+/// filter's VMs do when their table changes.
+fn pace_directives(proxy: &mut SimProxy) {
+    let table = &proxy.table;
+    proxy.pacer.resolve_all(|key| table.rates_for_cell(key));
 }
 
 /// Uniform in `[0, 1)` from the top 53 bits.

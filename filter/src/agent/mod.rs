@@ -28,10 +28,9 @@
 mod leader;
 mod sync;
 
-use crate::allowance::{AllowanceSettings, DirectiveRates};
+use crate::allowance::AllowanceSettings;
 use crate::bucket_key::RequestAttributes;
 use crate::cell::CellKeyBuf;
-use crate::cell::parse_key;
 use crate::classify::Classifier;
 use crate::counters::{BucketCounters, Outcome};
 use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
@@ -392,8 +391,7 @@ impl Agent {
         self.pacer
             .on_tick(now_ms, self.local.buckets(), &mut self.rng);
         let directives = &self.directives;
-        self.pacer
-            .resolve_new(|key| directive_rates(directives, key));
+        self.pacer.resolve_new(|key| directives.rates_for_cell(key));
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -407,8 +405,7 @@ impl Agent {
     /// Lets the pacer derive allowances of cells whose directive changed.
     fn pace_directives(&mut self) {
         let directives = &self.directives;
-        self.pacer
-            .resolve_all(|key| directive_rates(directives, key));
+        self.pacer.resolve_all(|key| directives.rates_for_cell(key));
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
@@ -486,20 +483,6 @@ impl Agent {
             self.last_overflow_log_ms = Some(now_ms);
         }
     }
-}
-
-/// What the directive governing the cell `key` (its own, else its
-/// bucket's) says about rates, as the pacer's allowance needs it.
-fn directive_rates(directives: &DirectiveTable, key: &str) -> Option<DirectiveRates> {
-    let (bucket, tenant, priority) = parse_key(key)?;
-    let wide = tenant.is_empty() && priority == sluice_proto::v1::Priority::Unspecified;
-    let index = directives.find((!wide).then_some(key), bucket)?;
-    let directive = &directives.entry(index)?.directive;
-    Some(DirectiveRates {
-        drop_ratio: directive.drop_ratio,
-        limit_rps: directive.stated_limit_rps(),
-        fleet_offered_rps: directive.offered_rps,
-    })
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::decision::Fallback;
+use crate::fake_request::FakeRequest;
 use crate::freshness::DirectivesMeta;
 use crate::metrics::{Counter, Gauge};
 use crate::new_cells::NewBucketPolicy;
@@ -77,14 +78,6 @@ fn cell(bucket: &str, tenant: &str, priority: Priority, drop_ratio: f64) -> Dire
     }
 }
 
-fn header<'a>(response: &'a crate::reject::RejectResponse, name: &str) -> Option<&'a str> {
-    response
-        .headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
 #[test]
 fn short_ticks_bring_a_directive_to_every_vm_within_one_poll() {
     let mut fleet = Fleet::new(3);
@@ -118,20 +111,6 @@ fn short_ticks_bring_a_directive_to_every_vm_within_one_poll() {
     assert!((10..=13).contains(&handoffs), "{handoffs} hand-offs in 1 s");
 }
 
-struct Request(&'static [(&'static str, &'static str)]);
-
-impl crate::bucket_key::RequestAttributes for Request {
-    fn header(&self, name: &str) -> Option<String> {
-        self.0
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| (*v).to_owned())
-    }
-    fn route_name(&self) -> Option<String> {
-        None
-    }
-}
-
 #[test]
 fn requests_are_classified_into_their_cells() {
     let config = crate::config::FilterConfig::from_json(
@@ -146,13 +125,13 @@ fn requests_are_classified_into_their_cells() {
     fleet.push_batch(batch(vec![cell("api", "acme", Priority::Bulk, 1.0)]));
     fleet.tick();
     let agent = &mut fleet.vms[0].1;
-    let bulk = Request(&[
+    let bulk = FakeRequest::with_headers(&[
         (":authority", "API"),
         ("x-tenant", "acme"),
         ("x-priority", "Batch"),
     ]);
-    let plain = Request(&[(":authority", "api"), ("x-tenant", "acme")]);
-    let anonymous = Request(&[(":authority", "api")]);
+    let plain = FakeRequest::with_headers(&[(":authority", "api"), ("x-tenant", "acme")]);
+    let anonymous = FakeRequest::with_headers(&[(":authority", "api")]);
     assert!(matches!(
         agent.admit_request(&config.classifier, &bulk),
         Decision::Reject(_)
@@ -361,7 +340,7 @@ fn after_the_ttl_the_local_limit_applies_loudly_until_a_heartbeat() {
     let (rejected, response) = fleet.cell_decisions(0, acme, 20);
     assert_eq!(rejected, 20);
     assert_eq!(
-        header(&response.unwrap(), "x-ratelimit-reason"),
+        response.unwrap().header("x-ratelimit-reason"),
         Some("tenant_quota_exceeded")
     );
     fleet.ticks(10);
@@ -390,10 +369,10 @@ fn after_the_ttl_the_local_limit_applies_loudly_until_a_heartbeat() {
     assert_eq!(rejected, 20);
     let response = response.unwrap();
     assert_eq!(
-        header(&response, "x-ratelimit-reason"),
+        response.header("x-ratelimit-reason"),
         Some("local_fallback_limit")
     );
-    assert_eq!(header(&response, "x-ratelimit-limit"), Some("40"));
+    assert_eq!(response.header("x-ratelimit-limit"), Some("40"));
     // An empty heartbeat makes the table fresh again.
     fleet.push_batch(batch(vec![]));
     fleet.tick();
@@ -458,10 +437,10 @@ fn new_buckets_get_the_configured_local_limit_until_directed() {
     assert_eq!(rejected, 15);
     let response = response.unwrap();
     assert_eq!(
-        header(&response, "x-ratelimit-reason"),
+        response.header("x-ratelimit-reason"),
         Some("new_bucket_limit")
     );
-    assert_eq!(header(&response, "x-ratelimit-limit"), Some("20"));
+    assert_eq!(response.header("x-ratelimit-limit"), Some("20"));
     fleet.tick();
     assert_eq!(
         fleet.metric(Counter::DecisionsDrop(DropReason::NewBucketLimit).name()),
