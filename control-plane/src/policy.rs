@@ -174,8 +174,33 @@ impl Default for TenantPolicy {
 /// Tenant policies by name; the `default` entry (weight 1, no floor, unless
 /// configured) applies to every tenant not listed.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(
+    try_from = "BTreeMap<String, TenantPolicy>",
+    into = "BTreeMap<String, TenantPolicy>"
+)]
 pub struct Tenants(BTreeMap<String, TenantPolicy>);
+
+impl TryFrom<BTreeMap<String, TenantPolicy>> for Tenants {
+    type Error = String;
+
+    /// Tenant names follow the admin API's rules: a name the filter would
+    /// cut could never match a request.
+    fn try_from(policies: BTreeMap<String, TenantPolicy>) -> Result<Self, Self::Error> {
+        for name in policies.keys() {
+            crate::types::validate_tenant(name).map_err(|err| {
+                let shown: String = name.chars().take(40).collect();
+                format!("tenant {shown:?}: {err}")
+            })?;
+        }
+        Ok(Self(policies))
+    }
+}
+
+impl From<Tenants> for BTreeMap<String, TenantPolicy> {
+    fn from(tenants: Tenants) -> Self {
+        tenants.0
+    }
+}
 
 impl Tenants {
     /// Tenants from named policies.

@@ -13,9 +13,13 @@ use serde::{Deserialize, Serialize};
 /// arithmetic on rates never gets near overflow or precision trouble.
 pub const MAX_LIMIT_RPS: f64 = 1e9;
 
-/// A bucket key is an arbitrary string built by the filter; this bounds what
-/// an operator can store through the admin API.
-pub const MAX_BUCKET_LEN: usize = 1024;
+/// The longest bucket key or tenant an operator can configure: the filter
+/// cuts the keys and tenants it builds at this length, so a longer name
+/// could never match a request.
+pub const MAX_BUCKET_LEN: usize = sluice_filter::bucket_key::MAX_BUCKET_KEY_BYTES;
+
+/// The longest tenant name, for the same reason.
+pub const MAX_TENANT_LEN: usize = sluice_filter::cell::MAX_TENANT_BYTES;
 
 /// A fleet-wide limit in requests per second: finite, `0 ..= 1e9`.
 ///
@@ -232,10 +236,19 @@ pub struct InvalidControlInterval;
 
 /// Checks a bucket key or pattern given by an operator.
 pub fn validate_bucket(bucket: &str) -> Result<(), InvalidBucket> {
-    if bucket.is_empty() {
+    validate_name(bucket, MAX_BUCKET_LEN)
+}
+
+/// Checks a tenant name given by an operator.
+pub fn validate_tenant(tenant: &str) -> Result<(), InvalidBucket> {
+    validate_name(tenant, MAX_TENANT_LEN)
+}
+
+fn validate_name(name: &str, max_len: usize) -> Result<(), InvalidBucket> {
+    if name.is_empty() {
         Err(InvalidBucket::Empty)
-    } else if bucket.len() > MAX_BUCKET_LEN {
-        Err(InvalidBucket::TooLong)
+    } else if name.len() > max_len {
+        Err(InvalidBucket::TooLong { max_len })
     } else {
         Ok(())
     }
@@ -266,15 +279,18 @@ impl<'de> Deserialize<'de> for BucketName {
     }
 }
 
-/// Why a string is not an acceptable bucket key or pattern.
+/// Why a string is not an acceptable bucket key, pattern or tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidBucket {
     /// The empty string.
     #[error("must not be empty")]
     Empty,
-    /// Longer than [`MAX_BUCKET_LEN`] bytes.
-    #[error("must be at most 1024 bytes")]
-    TooLong,
+    /// Longer than the filter keeps.
+    #[error("must be at most {max_len} bytes (the filter cuts longer keys, so they never match)")]
+    TooLong {
+        /// The limit in bytes.
+        max_len: usize,
+    },
 }
 
 #[cfg(test)]
@@ -329,8 +345,8 @@ mod tests {
     fn bucket_validation() {
         assert_eq!(validate_bucket(""), Err(InvalidBucket::Empty));
         assert_eq!(
-            validate_bucket(&"x".repeat(1025)),
-            Err(InvalidBucket::TooLong)
+            validate_bucket(&"x".repeat(MAX_BUCKET_LEN + 1)),
+            Err(InvalidBucket::TooLong { max_len: 256 })
         );
         assert!(validate_bucket("acme/api").is_ok());
     }

@@ -631,3 +631,79 @@ async fn writes_keep_hand_edits_not_yet_picked_up() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(file_config(&f).limits.as_slice().len(), 1);
 }
+
+/// The filter cuts the bucket keys and tenants it builds at 256 bytes, so a
+/// limit or tenant with a longer name could never match a request: the admin
+/// API and the limits file refuse it, and accept exactly 256 bytes.
+#[tokio::test]
+async fn names_longer_than_the_filter_keeps_are_refused() {
+    let f = fixture("name-length", AuthPolicy::default());
+    let longest = "k".repeat(sluice_filter::bucket_key::MAX_BUCKET_KEY_BYTES);
+    let too_long = format!("{longest}k");
+    let before_file = std::fs::read(&f.file).unwrap();
+    for uri in [
+        format!("/v1/limits/{too_long}"),
+        format!("/v1/overrides/limits/{too_long}"),
+    ] {
+        let body = r#"{"limit_rps": 5, "ttl_s": 60}"#;
+        let body = if uri.contains("overrides") {
+            body
+        } else {
+            r#"{"limit_rps": 5}"#
+        };
+        let (status, content_type, problem) =
+            send_as(&f.router, None, Method::PUT, &uri, Some(body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{uri}");
+        assert_problem(status, content_type.as_deref(), &problem);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("at most 256 bytes"),
+            "{problem}"
+        );
+    }
+    let (status, _, problem) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        &format!("/v1/tenants/{too_long}"),
+        Some(r#"{"weight": 2}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(std::fs::read(&f.file).unwrap(), before_file);
+
+    for uri in [
+        format!("/v1/limits/{longest}"),
+        format!("/v1/tenants/{longest}"),
+    ] {
+        let body = if uri.contains("tenants") {
+            r#"{"weight": 2}"#
+        } else {
+            r#"{"limit_rps": 5}"#
+        };
+        let (status, _, body) = send_as(&f.router, None, Method::PUT, &uri, Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+    }
+
+    let yaml = format!(
+        "limits:\n  - bucket: acme\n    limit_rps: 1\ntenants:\n  {too_long}: {{weight: 2}}\n"
+    );
+    let err = Config::from_yaml(&yaml, "limits.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("limits.yaml:"), "{err}");
+    assert!(
+        err.contains("tenants") && err.contains("at most 256 bytes"),
+        "{err}"
+    );
+    let yaml = format!("limits:\n  - bucket: {too_long}\n    limit_rps: 1\n");
+    let err = Config::from_yaml(&yaml, "limits.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("limits[0].bucket") && err.contains("at most 256 bytes"),
+        "{err}"
+    );
+}

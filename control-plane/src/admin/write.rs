@@ -7,7 +7,7 @@ use super::problem::Problem;
 use crate::config::Config;
 use crate::live_config::PersistError;
 use crate::overrides::unix_now;
-use crate::types::validate_bucket;
+use crate::types::{validate_bucket, validate_tenant};
 
 impl From<PersistError> for Problem {
     fn from(err: PersistError) -> Self {
@@ -45,7 +45,7 @@ pub fn bucket(bucket: &str) -> Result<(), Problem> {
     validate_bucket(bucket).map_err(|err| Problem::unprocessable(format!("bucket {err}")))
 }
 
-/// Checks a tenant name from a path (same rules as bucket keys).
+/// Checks a tenant name from a path.
 pub fn tenant(tenant: &str) -> Result<(), Problem> {
-    validate_bucket(tenant).map_err(|err| Problem::unprocessable(format!("tenant {err}")))
+    validate_tenant(tenant).map_err(|err| Problem::unprocessable(format!("tenant {err}")))
 }

@@ -68,13 +68,13 @@ pub struct FleetCaps {
 }
 
 impl Default for FleetCaps {
-    /// Bucket keys as long as the admin API accepts; tenants as long as the
-    /// filter cuts them; per proxy 5× the filter's default `max_buckets`;
+    /// Bucket keys and tenants as long as the filter builds them (and the
+    /// admin API accepts); per proxy 5× the filter's default `max_buckets`;
     /// 250k cells in total (a few hundred bytes each).
     fn default() -> Self {
         Self {
             max_bucket_len: crate::types::MAX_BUCKET_LEN,
-            max_tenant_len: 256,
+            max_tenant_len: crate::types::MAX_TENANT_LEN,
             max_cells_per_proxy: 50_000,
             max_cells: 250_000,
         }
