@@ -13,10 +13,14 @@ use crate::admin::Admin;
 use crate::admin::auth::{AuthPolicy, Token, TokenError};
 use crate::config::{Config, ConfigError};
 use crate::ctl::{self, CtlArgs};
+use crate::fleet::{FleetCaps, ShareCap};
 use crate::live_config::LiveConfig;
 use crate::simulate::{self, report, scenario};
 use crate::state::{AppState, Settings};
 use crate::tls::{GrpcTlsFiles, TlsError};
+use crate::trust::{
+    Ceilings, Exposure, IdentityPolicy, IdentityRule, ListenerRefused, Transport, check_listener,
+};
 use crate::types::ControlInterval;
 use crate::{GrpcEndpoint, RunError, run_with};
 
@@ -93,6 +97,50 @@ pub struct ServeArgs {
     /// (PEM): mutual TLS.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
     pub grpc_tls_client_ca: Option<PathBuf>,
+    /// With client certificates: a certificate whose URI or DNS SAN
+    /// matches IDENTITY may claim a proxy_id matching PROXY_IDS (globs,
+    /// `*` matches anything). Repeatable. Without any, a certificate may
+    /// claim only a proxy_id equal to one of its SANs.
+    #[arg(
+        long = "grpc-identity",
+        value_name = "IDENTITY=PROXY_IDS",
+        requires = "grpc_tls_client_ca"
+    )]
+    pub grpc_identity: Vec<IdentityRule>,
+    /// Serve the filters' gRPC API off loopback without client
+    /// certificates: anyone who reaches the port can report counts and
+    /// so drop any tenant's traffic. Only behind a network that already
+    /// authenticates every peer.
+    #[arg(long)]
+    pub grpc_insecure_accept_any_proxy: bool,
+    /// Most requests per second one proxy's report may claim in total;
+    /// larger claims are scaled down.
+    #[arg(long, value_name = "RPS", default_value_t = Ceilings::DEFAULT_MAX_RPS, value_parser = parse_positive)]
+    pub max_proxy_rps: f64,
+    /// Most requests per second one proxy's report may claim for one cell.
+    #[arg(long, value_name = "RPS", default_value_t = Ceilings::DEFAULT_MAX_RPS, value_parser = parse_positive)]
+    pub max_cell_rps: f64,
+    /// In a bucket reported by 3 or more proxies, one proxy's offered rate
+    /// counts at most this multiple of the median proxy's (0: no cap).
+    #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_CAP_MULTIPLE, value_parser = parse_multiple)]
+    pub proxy_share_cap: f64,
+    /// ... and above this multiple it counts for nothing (0: never).
+    #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
+    pub proxy_share_ignore: f64,
+}
+
+fn parse_positive(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err("expected a positive number".to_owned()),
+    }
+}
+
+fn parse_multiple(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(v) if v == 0.0 || (v >= 1.0 && v.is_finite()) => Ok(v),
+        _ => Err("expected 0 (off) or a number of at least 1".to_owned()),
+    }
 }
 
 /// `sluice check-config`.
@@ -184,6 +232,17 @@ pub enum ServeError {
     /// The gRPC TLS files are unusable.
     #[error("gRPC TLS: {0}")]
     Tls(#[from] TlsError),
+    /// The gRPC listener would trust anyone who reaches it.
+    #[error(transparent)]
+    Exposed(#[from] ListenerRefused),
+    /// The share cap's two multiples contradict each other.
+    #[error("--proxy-share-ignore ({ignore}) must be 0 or above --proxy-share-cap ({cap})")]
+    ShareCap {
+        /// `--proxy-share-cap`.
+        cap: f64,
+        /// `--proxy-share-ignore`.
+        ignore: f64,
+    },
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
@@ -303,15 +362,31 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         source,
     })?;
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
+    let share_cap = share_cap(&args)?;
+    let defaults = Settings::from_config(&config, args.control_interval_ms);
     let settings = Settings {
         startup_grace: std::time::Duration::from_millis(args.startup_grace_ms),
-        ..Settings::from_config(&config, args.control_interval_ms)
+        fleet_caps: FleetCaps {
+            share_cap,
+            ..defaults.fleet_caps
+        },
+        ..defaults
     };
     let auth = auth_policy(&args)?;
     let grpc_tls = grpc_tls(&args)?;
     if auth.token.is_none() && !args.admin_listen.ip().is_loopback() {
         return Err(ServeError::Unauthenticated(args.admin_listen));
     }
+    let transport = match (&grpc_tls, &args.grpc_tls_client_ca) {
+        (None, _) => Transport::Plaintext,
+        (Some(_), None) => Transport::ServerTls,
+        (Some(_), Some(_)) => Transport::MutualTls,
+    };
+    let exposure = check_listener(
+        args.grpc_listen,
+        transport,
+        args.grpc_insecure_accept_any_proxy,
+    )?;
     // Installed before the ready file exists: whoever reads it may signal
     // right away, and an unhandled SIGTERM would kill the process uncleanly.
     let shutdown = shutdown_signal().map_err(ServeError::Signals)?;
@@ -324,6 +399,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let state = AppState::new(settings);
     if auth.token.is_none() {
         tracing::warn!("admin API without a token: anyone on this host can change limits");
+    }
+    if exposure == Exposure::Unauthenticated {
+        tracing::warn!(
+            grpc = %grpc_addr,
+            %transport,
+            "--grpc-insecure-accept-any-proxy: the filters' gRPC API accepts any client on the network; one of them can report counts that drop every tenant's traffic"
+        );
     }
     let live = LiveConfig::with_file(
         state.clone(),
@@ -352,6 +434,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let grpc = GrpcEndpoint {
         listener: grpc,
         tls: grpc_tls,
+        identity: (transport == Transport::MutualTls)
+            .then(|| IdentityPolicy::new(args.grpc_identity.clone())),
+        ceilings: Ceilings {
+            max_proxy_rps: args.max_proxy_rps,
+            max_cell_rps: args.max_cell_rps,
+        },
     };
     run_with(grpc, admin_listener, admin, poll, shutdown).await?;
     Ok(())
@@ -367,6 +455,18 @@ fn grpc_tls(args: &ServeArgs) -> Result<Option<ServerTlsConfig>, TlsError> {
         client_ca: args.grpc_tls_client_ca.clone(),
     };
     files.load().map(Some)
+}
+
+fn share_cap(args: &ServeArgs) -> Result<ShareCap, ServeError> {
+    let (cap, ignore) = (args.proxy_share_cap, args.proxy_share_ignore);
+    if cap > 0.0 && ignore > 0.0 && ignore <= cap {
+        return Err(ServeError::ShareCap { cap, ignore });
+    }
+    Ok(ShareCap {
+        cap_multiple: cap,
+        ignore_multiple: ignore,
+        ..ShareCap::default()
+    })
 }
 
 fn auth_policy(args: &ServeArgs) -> Result<AuthPolicy, TokenError> {

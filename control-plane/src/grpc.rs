@@ -15,9 +15,13 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Response, Status, Streaming};
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
 use crate::state::AppState;
+use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, RefusalLog, WindowLedger};
 
 /// A stream that has not said Hello by then is closed.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,13 +32,18 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the gRPC API is served: a bound listener, with TLS when
-/// configured.
+/// configured, and the checks every stream passes.
 #[derive(Debug)]
 pub struct GrpcEndpoint {
     /// The bound listener.
     pub listener: TcpListener,
     /// Server TLS (and client-certificate checks); `None` serves plaintext.
     pub tls: Option<ServerTlsConfig>,
+    /// With client certificates: which proxy ids each may claim. `None`:
+    /// streams have no identity and may claim any proxy id.
+    pub identity: Option<IdentityPolicy>,
+    /// Most a report may claim.
+    pub ceilings: Ceilings,
 }
 
 impl From<TcpListener> for GrpcEndpoint {
@@ -42,8 +51,18 @@ impl From<TcpListener> for GrpcEndpoint {
         Self {
             listener,
             tls: None,
+            identity: None,
+            ceilings: Ceilings::default(),
         }
     }
+}
+
+/// What every stream checks, shared by the streams.
+#[derive(Debug)]
+struct Trust {
+    identity: Option<IdentityPolicy>,
+    ceilings: Ceilings,
+    refusals: RefusalLog,
 }
 
 /// Serves the gRPC API on `endpoint` until `shutdown` is cancelled.
@@ -61,6 +80,11 @@ pub async fn serve(
         state,
         streams,
         shutdown: shutdown.clone(),
+        trust: Arc::new(Trust {
+            identity: endpoint.identity,
+            ceilings: endpoint.ceilings,
+            refusals: RefusalLog::default(),
+        }),
     };
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = endpoint.tls {
@@ -84,6 +108,7 @@ pub struct DirectiveGrpc {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,
+    trust: Arc<Trust>,
 }
 
 #[tonic::async_trait]
@@ -95,6 +120,11 @@ impl DirectiveService for DirectiveGrpc {
         request: Request<Streaming<ProxyMessage>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let peer = request.remote_addr();
+        // The verified chain's leaf; TLS has already checked it against the
+        // client CA.
+        let identity = request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|leaf| PeerIdentity::from_der(leaf)));
         let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
         let session = Session {
             state: self.state.clone(),
@@ -102,6 +132,8 @@ impl DirectiveService for DirectiveGrpc {
             inbound: request.into_inner(),
             outbound,
             shutdown: self.shutdown.clone(),
+            trust: Arc::clone(&self.trust),
+            identity,
         };
         let span = tracing::info_span!(
             "stream",
@@ -122,6 +154,17 @@ struct Session {
     inbound: Streaming<ProxyMessage>,
     outbound: mpsc::Sender<Result<ControlMessage, Status>>,
     shutdown: CancellationToken,
+    trust: Arc<Trust>,
+    /// The client certificate's names; `None` without one.
+    identity: Option<PeerIdentity>,
+}
+
+/// What a stream tracks about its own reports.
+struct ReportState {
+    /// When the Hello arrived.
+    opened: Instant,
+    last_sequence: Option<u64>,
+    windows: WindowLedger,
 }
 
 /// Why a session ended, for the log.
@@ -152,14 +195,16 @@ impl Session {
         };
         let proxy_id = hello.proxy_id;
         tracing::Span::current().record("proxy_id", proxy_id.as_str());
+        let connected = match self.connect(&proxy_id, hello.instance_id, &hello.zone) {
+            Ok(connected) => connected,
+            Err(status) => {
+                // The proxy sees why; if it is already gone there is no one
+                // left to tell.
+                let _ = self.outbound.send(Err(status)).await;
+                return;
+            }
+        };
         self.state.warmup().hello(hello.known_proxies);
-
-        let connected = self.state.fleet().connect_in_zone(
-            &proxy_id,
-            hello.instance_id,
-            &hello.zone,
-            self.stream,
-        );
         match connected {
             Connected::New => {
                 tracing::info!(proxy_id, instance_id = hello.instance_id, "proxy connected");
@@ -181,6 +226,50 @@ impl Session {
             End::Error(status) => tracing::info!(proxy_id, %status, "stream ended with an error"),
             end => tracing::info!(proxy_id, ?end, superseded = !owned, "stream closed"),
         }
+    }
+
+    /// Takes the proxy id for this stream, if its certificate allows it.
+    fn connect(&self, proxy_id: &str, instance_id: u64, zone: &str) -> Result<Connected, Status> {
+        let Some(policy) = &self.trust.identity else {
+            return Ok(self.state.fleet().connect_in_zone(
+                proxy_id,
+                instance_id,
+                zone,
+                self.stream,
+            ));
+        };
+        let peer = self.identity.clone().unwrap_or_default();
+        let refuse = |reason: &'static str, message: String| {
+            self.state.metrics().identity_refused(reason);
+            let key = format!("{}\u{1f}{proxy_id}", peer.label());
+            if self.trust.refusals.first(&key) {
+                tracing::warn!(identity = %peer, proxy_id, reason, "refusing stream: {message}");
+            } else {
+                tracing::debug!(identity = %peer, proxy_id, reason, "refusing stream: {message}");
+            }
+            Status::permission_denied(message)
+        };
+        if self.identity.is_none() {
+            return Err(refuse(
+                "no_client_certificate",
+                "a client certificate is required".to_owned(),
+            ));
+        }
+        let principal = policy.authorize(&peer, proxy_id).map_err(|refusal| {
+            refuse(
+                refusal.as_str(),
+                format!("client certificate ({peer}) may not claim proxy_id {proxy_id:?}"),
+            )
+        })?;
+        self.state
+            .fleet()
+            .connect_as(proxy_id, principal, instance_id, zone, self.stream)
+            .map_err(|held| {
+                refuse(
+                    crate::trust::Refusal::HeldByAnother.as_str(),
+                    format!("proxy_id {proxy_id:?}: {held}"),
+                )
+            })
     }
 
     async fn wait_for_hello(&mut self) -> Result<Hello, End> {
@@ -213,14 +302,18 @@ impl Session {
         if let Err(end) = self.send(snapshot, Sent::Snapshot).await {
             return end;
         }
-        let mut last_sequence: Option<u64> = None;
+        let mut reports = ReportState {
+            opened: Instant::now(),
+            last_sequence: None,
+            windows: WindowLedger::default(),
+        };
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return End::Shutdown,
                 () = self.outbound.closed() => return End::ProxyGone,
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
-                        self.receive(proxy_id, proxy_metrics, message, &mut last_sequence);
+                        self.receive(proxy_id, proxy_metrics, message, &mut reports);
                     }
                     Ok(None) => return End::ProxyClosed,
                     Err(status) => return End::Error(status),
@@ -246,13 +339,24 @@ impl Session {
         proxy_id: &str,
         proxy_metrics: &ProxyGuard,
         message: ProxyMessage,
-        last_sequence: &mut Option<u64>,
+        reports: &mut ReportState,
     ) {
         let metrics = self.state.metrics();
         match message.kind {
-            Some(proxy_message::Kind::Report(report)) => {
+            Some(proxy_message::Kind::Report(mut report)) => {
                 metrics.report_received();
                 proxy_metrics.report_received(report.directive_age_ms);
+                let checked = self.trust.ceilings.check(
+                    &mut report,
+                    reports.opened.elapsed(),
+                    &mut reports.windows,
+                );
+                if checked.changed() {
+                    metrics.report_clamped(&checked);
+                    proxy_metrics.report_clamped();
+                    tracing::debug!(proxy_id, ?checked, "report clamped to what is plausible");
+                }
+                let last_sequence = &mut reports.last_sequence;
                 if let Some(last) = *last_sequence
                     && report.sequence != last.wrapping_add(1)
                 {

@@ -35,6 +35,7 @@ pub mod reload;
 pub mod simulate;
 pub mod state;
 pub mod tls;
+pub mod trust;
 pub mod types;
 pub mod warmup;
 

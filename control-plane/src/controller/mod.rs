@@ -304,6 +304,7 @@ impl Controller {
             shadow_dropped_rps: traffic.shadow_dropped_rps,
             floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
             cells: Vec::with_capacity(traffic.cells.len()),
+            proxy_cap: traffic.proxy_cap.clone(),
         };
         for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
             let (target, share, reason) = match limit {

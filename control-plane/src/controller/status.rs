@@ -5,6 +5,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::cell::{Priority, Reason};
+use crate::fleet::ProxyCap;
 use crate::types::{DropRatio, LimitRps};
 
 /// One bucket as shown by `GET /v1/buckets`.
@@ -31,6 +32,10 @@ pub struct BucketStatus {
     /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
     /// by tenant then priority.
     pub cells: Vec<CellStatus>,
+    /// The cap on one proxy's share of the bucket's fleet sum and the
+    /// proxies it cut; `None` (JSON null) while fewer proxies report the
+    /// bucket than a cap needs.
+    pub proxy_cap: Option<ProxyCap>,
 }
 
 /// One (tenant, priority) cell of a bucket as shown by `GET /v1/buckets`.

@@ -53,6 +53,29 @@ pub struct BucketTraffic {
     pub shadow_dropped_rps: f64,
     /// Cells with a non-zero offered rate, sorted by tenant then priority.
     pub cells: Vec<CellLoad>,
+    /// The cap on one proxy's share of the bucket, when enough proxies
+    /// report it for one to apply ([`super::ShareCap`]).
+    pub proxy_cap: Option<ProxyCap>,
+}
+
+/// The per-proxy cap in force for a bucket and the proxies it cut.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ProxyCap {
+    /// Most a proxy's offered rate counts for, in requests per second.
+    pub cap_rps: f64,
+    /// Proxies whose claim was capped or ignored, sorted by proxy id.
+    pub capped: Vec<CappedProxy>,
+}
+
+/// One proxy's claim for a bucket that the cap cut.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CappedProxy {
+    /// The proxy.
+    pub proxy_id: Arc<str>,
+    /// The offered rate it reported.
+    pub claimed_rps: f64,
+    /// What of it counts in the fleet sum (0: ignored).
+    pub counted_rps: f64,
 }
 
 impl BucketTraffic {
@@ -69,6 +92,7 @@ impl BucketTraffic {
                 load,
                 shadow_dropped_rps: 0.0,
             }],
+            proxy_cap: None,
         }
     }
 
@@ -90,6 +114,7 @@ impl BucketTraffic {
             load,
             shadow_dropped_rps,
             cells,
+            proxy_cap: None,
         }
     }
 }

@@ -23,10 +23,14 @@ use crate::cell::Priority;
 
 mod interner;
 mod load;
+mod share_cap;
 mod status;
 
-pub use load::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, Rates};
+pub use load::{BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, ProxyCap, Rates};
+pub use share_cap::{ShareCap, Weight};
 pub use status::ProxyStatus;
+
+use share_cap::ClaimWeights;
 
 use interner::{CellId, IdMap, Interner, NO_CELL};
 
@@ -52,10 +56,14 @@ pub struct FleetStats {
     pub rejected_fleet_cap: u64,
     /// Cells forgotten because no proxy's rates mentioned them any more.
     pub evicted_idle: u64,
+    /// (proxy, bucket) claims counted only up to the bucket's cap.
+    pub claims_capped: u64,
+    /// (proxy, bucket) claims ignored as implausible.
+    pub claims_ignored: u64,
 }
 
 /// Bounds on the state reports can create.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FleetCaps {
     /// Longest accepted bucket key, in bytes.
     pub max_bucket_len: usize,
@@ -65,6 +73,8 @@ pub struct FleetCaps {
     pub max_cells_per_proxy: usize,
     /// Distinct cells tracked fleet-wide.
     pub max_cells: usize,
+    /// How much one proxy's claim for a bucket may weigh.
+    pub share_cap: ShareCap,
 }
 
 impl Default for FleetCaps {
@@ -77,6 +87,7 @@ impl Default for FleetCaps {
             max_tenant_len: crate::types::MAX_TENANT_LEN,
             max_cells_per_proxy: 50_000,
             max_cells: 250_000,
+            share_cap: ShareCap::default(),
         }
     }
 }
@@ -92,6 +103,14 @@ pub enum Connected {
         /// The superseded stream.
         previous: Option<StreamId>,
     },
+}
+
+/// A live stream of another identity holds the proxy id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("proxy id is held by a live stream of {}", holder.as_deref().unwrap_or("a client without identity"))]
+pub struct HeldByAnother {
+    /// The principal of the stream that holds it.
+    pub holder: Option<Arc<str>>,
 }
 
 /// Why a report was not counted.
@@ -125,6 +144,9 @@ impl Counts {
 struct Proxy {
     /// The stream that owns this proxy id; `None` once it ended.
     stream: Option<StreamId>,
+    /// The certificate name the owning stream proved; `None` without
+    /// client certificates.
+    principal: Option<Arc<str>>,
     instance_id: u64,
     /// Failure domain from the Hello.
     zone: String,
@@ -167,6 +189,7 @@ pub struct Fleet {
     stats: FleetStats,
     tick: u64,
     sums: Sums,
+    weights: ClaimWeights,
 }
 
 impl Fleet {
@@ -189,6 +212,7 @@ impl Fleet {
             stats: FleetStats::default(),
             tick: 0,
             sums: Sums::default(),
+            weights: ClaimWeights::default(),
         }
     }
 
@@ -204,10 +228,44 @@ impl Fleet {
         self.connect_in_zone(proxy_id, instance_id, "", stream)
     }
 
-    /// [`Fleet::connect`] with the zone the Hello named.
+    /// [`Fleet::connect`] with the zone the Hello named, for a stream
+    /// without an identity (a listener without client certificates).
     pub fn connect_in_zone(
         &mut self,
         proxy_id: &str,
+        instance_id: u64,
+        zone: &str,
+        stream: StreamId,
+    ) -> Connected {
+        self.attach(proxy_id, None, instance_id, zone, stream)
+    }
+
+    /// [`Fleet::connect_in_zone`] for a stream whose client certificate
+    /// proved `principal`: it supersedes a live stream of the proxy only if
+    /// that stream has the same principal.
+    pub fn connect_as(
+        &mut self,
+        proxy_id: &str,
+        principal: Arc<str>,
+        instance_id: u64,
+        zone: &str,
+        stream: StreamId,
+    ) -> Result<Connected, HeldByAnother> {
+        if let Some(proxy) = self.proxies.get(proxy_id)
+            && proxy.stream.is_some()
+            && proxy.principal.as_deref() != Some(principal.as_ref())
+        {
+            return Err(HeldByAnother {
+                holder: proxy.principal.clone(),
+            });
+        }
+        Ok(self.attach(proxy_id, Some(principal), instance_id, zone, stream))
+    }
+
+    fn attach(
+        &mut self,
+        proxy_id: &str,
+        principal: Option<Arc<str>>,
         instance_id: u64,
         zone: &str,
         stream: StreamId,
@@ -216,6 +274,7 @@ impl Fleet {
         match self.proxies.get_mut(proxy_id) {
             Some(proxy) => {
                 let previous = proxy.stream.replace(stream);
+                proxy.principal = principal;
                 proxy.instance_id = instance_id;
                 zone.clone_into(&mut proxy.zone);
                 proxy.last_report = now;
@@ -227,6 +286,7 @@ impl Fleet {
                     proxy_id.to_owned(),
                     Proxy {
                         stream: Some(stream),
+                        principal,
                         instance_id,
                         zone: zone.to_owned(),
                         last_report: now,
@@ -394,18 +454,35 @@ impl Fleet {
         sums.last_proxy.resize(buckets, 0);
         sums.proxies_reporting.clear();
         sums.proxies_reporting.resize(buckets, 0);
+        let weights = &mut self.weights;
+        weights.begin(&self.caps.share_cap, buckets, self.proxies.len());
+        for proxy in self.proxies.values() {
+            let slots = &self.cells.slots;
+            weights.add_proxy(proxy.rates.iter().filter_map(|&(id, rates)| {
+                let slot = slots.get(id as usize)?.as_ref()?;
+                Some((slot.bucket, rates.offered_rps))
+            }));
+        }
+        let (capped, ignored) = weights.weigh(&self.caps.share_cap);
         for (index, proxy) in self.proxies.values().enumerate() {
+            weights.load_proxy(index);
             for &(id, rates) in &proxy.rates {
                 let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) else {
                     continue;
                 };
                 slot.seen = tick;
                 let bucket = slot.bucket as usize;
+                let factor = weights.factor(slot.bucket);
+                // An ignored claim counts for nothing, not even as a
+                // reporting proxy (the filters split allowances by that).
+                if factor <= 0.0 {
+                    continue;
+                }
                 if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
-                    sum.offered_rps += rates.offered_rps;
-                    sum.admitted_rps += rates.admitted_rps;
+                    sum.offered_rps += rates.offered_rps * factor;
+                    sum.admitted_rps += rates.admitted_rps * factor;
                     sum.proxies_reporting += 1;
-                    *shadow += rates.shadow_dropped_rps;
+                    *shadow += rates.shadow_dropped_rps * factor;
                 }
                 if let (Some(last), Some(reporting)) = (
                     sums.last_proxy.get_mut(bucket),
@@ -424,8 +501,34 @@ impl Fleet {
                 }
             }
         }
+        let mut caps: HashMap<u32, ProxyCap> = HashMap::with_capacity(weights.caps().len());
+        if !weights.caps().is_empty() {
+            let names: Vec<&String> = self.proxies.keys().collect();
+            for (bucket, cap_rps, cut) in weights.caps() {
+                let mut capped: Vec<CappedProxy> = cut
+                    .iter()
+                    .filter_map(|&(proxy, claimed_rps, counted_rps)| {
+                        Some(CappedProxy {
+                            proxy_id: Arc::from(names.get(proxy)?.as_str()),
+                            claimed_rps,
+                            counted_rps,
+                        })
+                    })
+                    .collect();
+                capped.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
+                caps.insert(
+                    *bucket,
+                    ProxyCap {
+                        cap_rps: *cap_rps,
+                        capped,
+                    },
+                );
+            }
+        }
         let mut stats = std::mem::take(&mut self.stats);
         stats.evicted_idle = self.cells.evict_unseen(tick);
+        stats.claims_capped = capped;
+        stats.claims_ignored = ignored;
 
         let mut load = Vec::with_capacity(self.cells.buckets.len());
         for (bucket, cells) in &self.cells.buckets {
@@ -441,6 +544,7 @@ impl Fleet {
                 },
                 shadow_dropped_rps: 0.0,
                 cells: Vec::new(),
+                proxy_cap: caps.remove(&cells.id),
             };
             for (tenant, priorities) in &cells.tenants {
                 for (&id, priority) in priorities.iter().zip(Priority::ALL) {

@@ -462,3 +462,97 @@ fn proxies_reporting_counts_only_non_zero_rates() {
         .unwrap();
     assert_eq!(fleet.tick().get("acme").unwrap().load.proxies_reporting, 1);
 }
+
+#[test]
+fn one_proxys_absurd_claim_is_ignored_and_a_heavy_one_capped() {
+    let mut fleet = Fleet::new(3);
+    for (i, proxy) in ["a", "b", "c", "liar", "heavy"].iter().enumerate() {
+        fleet.connect(proxy, i as u64, StreamId(i as u64));
+    }
+    for (i, (proxy, offered)) in [
+        ("a", 100),
+        ("b", 100),
+        ("c", 100),
+        ("liar", 100_000),
+        ("heavy", 600),
+    ]
+    .iter()
+    .enumerate()
+    {
+        fleet
+            .report(
+                proxy,
+                StreamId(i as u64),
+                &report(1_000, &[("x", *offered, *offered)]),
+            )
+            .unwrap();
+    }
+    let load = fleet.tick();
+    let bucket = load.get("x").unwrap();
+    // The median is 100: the heavy proxy counts 400, the liar nothing.
+    assert!((bucket.load.offered_rps - 700.0).abs() < 1e-6, "{bucket:?}");
+    assert_eq!(
+        bucket.load.proxies_reporting, 4,
+        "the liar is not reporting"
+    );
+    let cap = bucket.proxy_cap.as_ref().unwrap();
+    assert_eq!(cap.cap_rps, 400.0);
+    let cut: Vec<(&str, f64)> = cap
+        .capped
+        .iter()
+        .map(|c| (c.proxy_id.as_ref(), c.counted_rps))
+        .collect();
+    assert_eq!(cut, [("heavy", 400.0), ("liar", 0.0)]);
+    assert_eq!(
+        (load.stats.claims_capped, load.stats.claims_ignored),
+        (1, 1)
+    );
+}
+
+#[test]
+fn two_proxies_are_not_capped() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    fleet
+        .report("a", StreamId(1), &report(1_000, &[("x", 10, 10)]))
+        .unwrap();
+    fleet
+        .report("b", StreamId(2), &report(1_000, &[("x", 10_000, 10)]))
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(offered(&load, "x"), 10_010.0);
+    assert!(load.get("x").unwrap().proxy_cap.is_none());
+}
+
+#[test]
+fn a_live_proxy_id_is_only_superseded_by_the_same_principal() {
+    let mut fleet = Fleet::new(3);
+    let edge: Arc<str> = Arc::from("spiffe://test/edge");
+    let rogue: Arc<str> = Arc::from("spiffe://test/rogue");
+    assert_eq!(
+        fleet.connect_as("edge-1", Arc::clone(&edge), 1, "", StreamId(1)),
+        Ok(Connected::New)
+    );
+    let refused = fleet
+        .connect_as("edge-1", Arc::clone(&rogue), 9, "", StreamId(2))
+        .unwrap_err();
+    assert_eq!(refused.holder.as_deref(), Some("spiffe://test/edge"));
+    // The holder keeps reporting on its stream.
+    fleet
+        .report("edge-1", StreamId(1), &report(1_000, &[("x", 5, 5)]))
+        .unwrap();
+    assert_eq!(
+        fleet.connect_as("edge-1", Arc::clone(&edge), 1, "", StreamId(3)),
+        Ok(Connected::Replaced {
+            previous: Some(StreamId(1))
+        })
+    );
+    // Once no stream holds it, another principal may take it.
+    assert!(fleet.disconnect("edge-1", StreamId(3)));
+    assert!(
+        fleet
+            .connect_as("edge-1", rogue, 9, "", StreamId(4))
+            .is_ok()
+    );
+}

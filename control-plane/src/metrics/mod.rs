@@ -11,12 +11,14 @@
 mod histogram;
 mod proxies;
 mod staleness;
+mod trust;
 
 pub use histogram::AtomicHistogram;
 pub use proxies::ProxyGuard;
 
 use proxies::Proxies;
 use staleness::Staleness;
+use trust::TrustMetrics;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -33,6 +35,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::controller::BucketStatus;
 use crate::fleet::{FleetStats, ReportRejected, StreamId};
+use crate::trust::Checked;
 
 /// Most (bucket, tenant) series of the per-tenant gauges; tenants beyond
 /// this many (in bucket order) have none, and
@@ -127,6 +130,7 @@ pub struct Metrics {
     sent_deltas: Counter,
     push_latency: AtomicHistogram,
     tick_duration: AtomicHistogram,
+    trust: TrustMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -137,6 +141,8 @@ struct BucketMetrics {
     limit: Family<BucketLabels, F64Gauge>,
     drop_ratio: Family<BucketLabels, F64Gauge>,
     proxies_reporting: Family<BucketLabels, Gauge>,
+    proxy_cap: Family<BucketLabels, F64Gauge>,
+    proxies_capped: Family<BucketLabels, Gauge>,
     tracked: Gauge,
     tenant_admitted: Family<TenantLabels, F64Gauge>,
     tenant_share: Family<TenantLabels, F64Gauge>,
@@ -201,6 +207,16 @@ impl Metrics {
             "bucket_proxies_reporting",
             "Proxies with traffic for a bucket",
             buckets.proxies_reporting.clone(),
+        );
+        registry.register(
+            "bucket_proxy_cap_rps",
+            "Most one proxy's offered rate counts for in a bucket's fleet sum; no series while no cap applies",
+            buckets.proxy_cap.clone(),
+        );
+        registry.register(
+            "bucket_proxies_capped",
+            "Proxies whose claim for a bucket was capped or ignored in the last control interval",
+            buckets.proxies_capped.clone(),
         );
         registry.register(
             "buckets_tracked",
@@ -309,6 +325,8 @@ impl Metrics {
             tick_duration.clone(),
         );
 
+        let trust = TrustMetrics::register(&mut registry);
+
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
         let reason = |reason| reports_rejected.get_or_create_owned(&ReasonLabels { reason });
@@ -335,6 +353,7 @@ impl Metrics {
             batches_published,
             push_latency,
             tick_duration,
+            trust,
         }
     }
 
@@ -375,6 +394,22 @@ impl Metrics {
                 .proxies_reporting
                 .get_or_create(&labels)
                 .set(i64::from(status.proxies_reporting));
+            match &status.proxy_cap {
+                Some(cap) => {
+                    for cut in &cap.capped {
+                        self.proxies.claim_cut(&cut.proxy_id);
+                    }
+                    metrics.proxy_cap.get_or_create(&labels).set(cap.cap_rps);
+                    metrics
+                        .proxies_capped
+                        .get_or_create(&labels)
+                        .set(i64::try_from(cap.capped.len()).unwrap_or(i64::MAX));
+                }
+                None => {
+                    metrics.proxy_cap.remove(&labels);
+                    metrics.proxies_capped.remove(&labels);
+                }
+            }
             match status.limit_rps {
                 Some(limit) => {
                     metrics.limit.get_or_create(&labels).set(limit.get());
@@ -394,6 +429,8 @@ impl Metrics {
             metrics.limit.remove(&labels);
             metrics.drop_ratio.remove(&labels);
             metrics.proxies_reporting.remove(&labels);
+            metrics.proxy_cap.remove(&labels);
+            metrics.proxies_capped.remove(&labels);
         }
         metrics
             .tracked
@@ -459,6 +496,19 @@ impl Metrics {
         self.cells_rejected_fleet_cap
             .inc_by(stats.rejected_fleet_cap);
         self.cells_evicted_idle.inc_by(stats.evicted_idle);
+        self.trust
+            .claims_cut(stats.claims_capped, stats.claims_ignored);
+    }
+
+    /// A Hello was refused for its identity (`reason`: see
+    /// [`crate::trust::Refusal::as_str`], or `no_client_certificate`).
+    pub fn identity_refused(&self, reason: &'static str) {
+        self.trust.identity_refused(reason);
+    }
+
+    /// A report was clamped ([`crate::trust::Ceilings::check`]).
+    pub fn report_clamped(&self, checked: &Checked) {
+        self.trust.report_clamped(checked);
     }
 
     /// A proxy said Hello on `stream`. Its staleness series and its share of

@@ -10,6 +10,7 @@ use std::time::Instant;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Unit;
 
@@ -24,9 +25,15 @@ pub struct ProxyGuard {
     stream: StreamId,
     last_report: Arc<AtomicU64>,
     directive_age_ms: Arc<AtomicU64>,
+    reports_clamped: Arc<AtomicU64>,
 }
 
 impl ProxyGuard {
+    /// One of the proxy's reports was clamped to what is plausible.
+    pub fn report_clamped(&self) {
+        self.reports_clamped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The proxy reported just now, with the age of the directives it
     /// enforces (`None`: it holds none, or predates the field).
     pub fn report_received(&self, directive_age_ms: Option<u64>) {
@@ -71,6 +78,10 @@ struct Connection {
     /// Directive age in the proxy's last report; [`NO_DIRECTIVE_AGE`] when
     /// it named none.
     directive_age_ms: Arc<AtomicU64>,
+    /// Reports of this stream clamped to what is plausible.
+    reports_clamped: Arc<AtomicU64>,
+    /// (proxy, bucket) claims of this stream the fleet's share cap cut.
+    claims_cut: AtomicU64,
 }
 
 /// A [`Connection`]'s directive age before a report names one.
@@ -91,6 +102,7 @@ impl Proxies {
     pub(super) fn connect(proxies: &Arc<Self>, proxy_id: &str, stream: StreamId) -> ProxyGuard {
         let last_report = Arc::new(AtomicU64::new(proxies.now_ms()));
         let directive_age_ms = Arc::new(AtomicU64::new(NO_DIRECTIVE_AGE));
+        let reports_clamped = Arc::new(AtomicU64::new(0));
         let mut connections = proxies.lock();
         connections.insert(
             proxy_id.to_owned(),
@@ -98,6 +110,8 @@ impl Proxies {
                 stream,
                 last_report: Arc::clone(&last_report),
                 directive_age_ms: Arc::clone(&directive_age_ms),
+                reports_clamped: Arc::clone(&reports_clamped),
+                claims_cut: AtomicU64::new(0),
             },
         );
         proxies.update_connected(&connections);
@@ -108,6 +122,14 @@ impl Proxies {
             stream,
             last_report,
             directive_age_ms,
+            reports_clamped,
+        }
+    }
+
+    /// A claim of `proxy_id` was cut by a bucket's share cap.
+    pub(super) fn claim_cut(&self, proxy_id: &str) {
+        if let Some(connection) = self.lock().get(proxy_id) {
+            connection.claims_cut.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -134,10 +156,20 @@ impl Collector for Proxies {
         let now = self.now_ms();
         let mut report_ages: Vec<(ProxyLabels, f64)> = Vec::new();
         let mut directive_ages: Vec<(ProxyLabels, f64)> = Vec::new();
+        let mut clamped: Vec<(ProxyLabels, u64)> = Vec::new();
+        let mut cut: Vec<(ProxyLabels, u64)> = Vec::new();
         for (proxy, connection) in self.lock().iter() {
             let labels = ProxyLabels {
                 proxy: proxy.clone(),
             };
+            clamped.push((
+                labels.clone(),
+                connection.reports_clamped.load(Ordering::Relaxed),
+            ));
+            cut.push((
+                labels.clone(),
+                connection.claims_cut.load(Ordering::Relaxed),
+            ));
             let directive_age_ms = connection.directive_age_ms.load(Ordering::Relaxed);
             if directive_age_ms != NO_DIRECTIVE_AGE {
                 directive_ages.push((labels.clone(), directive_age_ms as f64 / 1000.0));
@@ -158,6 +190,18 @@ impl Collector for Proxies {
             "proxy_directive_age",
             "Age of the directives a connected proxy enforces, on its own clock, as of its last report; no series while it holds none.",
             &directive_ages,
+        )?;
+        encode_proxy_counters(
+            &mut encoder,
+            "proxy_reports_clamped",
+            "Reports of a connected proxy's current stream cut to what is plausible (window or rate ceilings).",
+            &clamped,
+        )?;
+        encode_proxy_counters(
+            &mut encoder,
+            "proxy_claims_cut",
+            "Bucket claims of a connected proxy's current stream that counted less than reported in the fleet sum (share cap).",
+            &cut,
         )
     }
 }
@@ -177,6 +221,23 @@ pub(super) fn encode_proxy_gauges(
         encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Gauge)?;
     for (labels, value) in values {
         ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// One per-proxy counter family; no proxies, no descriptor.
+fn encode_proxy_counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: &[(ProxyLabels, u64)],
+) -> Result<(), fmt::Error> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in values {
+        ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ fn status(bucket: &str, limit: Option<f64>) -> BucketStatus {
         proxies_reporting: 1,
         shadow_dropped_rps: 0.0,
         cells: Vec::new(),
+        proxy_cap: None,
     }
 }
 

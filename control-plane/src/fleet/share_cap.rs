@@ -1,0 +1,369 @@
+//! Bounds one proxy's weight in a bucket's fleet sum: a claim far above
+//! what the other proxies report for the bucket counts only up to a
+//! multiple of their median, and an implausible one not at all.
+//!
+//! Envoys behind one load balancer see similar rates for a bucket; a proxy
+//! that reports 1,000× the median is lying or broken, and without a bound
+//! its claim alone would make the controller drop the bucket's real traffic
+//! on every Envoy. The median is the statistic one proxy cannot move: with
+//! at least [`ShareCap::min_proxies`] proxies reporting, a single claim
+//! shifts it by at most one rank.
+
+/// How a bucket's per-proxy rates are capped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShareCap {
+    /// A proxy's rate above `cap_multiple × median` counts as that much
+    /// (0 disables capping).
+    pub cap_multiple: f64,
+    /// A proxy's rate above `ignore_multiple × median` counts as nothing,
+    /// and the proxy is not counted as reporting the bucket (0 disables).
+    pub ignore_multiple: f64,
+    /// Fewer proxies reporting a bucket than this: no cap (a median of one
+    /// or two says nothing about what is plausible).
+    pub min_proxies: usize,
+}
+
+impl ShareCap {
+    /// Default `cap_multiple`: load balancers rarely skew one Envoy's share
+    /// of a bucket beyond 4× the median Envoy's.
+    pub const DEFAULT_CAP_MULTIPLE: f64 = 4.0;
+    /// Default `ignore_multiple`: 25× the median is no load balancer's skew.
+    pub const DEFAULT_IGNORE_MULTIPLE: f64 = 25.0;
+    /// Default `min_proxies`.
+    pub const DEFAULT_MIN_PROXIES: usize = 3;
+
+    /// No capping at all.
+    pub const OFF: Self = Self {
+        cap_multiple: 0.0,
+        ignore_multiple: 0.0,
+        min_proxies: usize::MAX,
+    };
+
+    fn enabled(&self) -> bool {
+        self.cap_multiple > 0.0 || self.ignore_multiple > 0.0
+    }
+}
+
+impl Default for ShareCap {
+    fn default() -> Self {
+        Self {
+            cap_multiple: Self::DEFAULT_CAP_MULTIPLE,
+            ignore_multiple: Self::DEFAULT_IGNORE_MULTIPLE,
+            min_proxies: Self::DEFAULT_MIN_PROXIES,
+        }
+    }
+}
+
+/// How much of one proxy's claim counts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Weight {
+    /// All of it.
+    Full,
+    /// Scaled down by this factor (0 < factor < 1) to the cap.
+    Capped(f64),
+    /// Nothing: the claim is beyond any plausible skew.
+    Ignored,
+}
+
+impl Weight {
+    /// The factor the proxy's rates are multiplied by.
+    pub fn factor(self) -> f64 {
+        match self {
+            Self::Full => 1.0,
+            Self::Capped(factor) => factor,
+            Self::Ignored => 0.0,
+        }
+    }
+}
+
+/// Weighs each of a bucket's per-proxy offered rates (all > 0) into
+/// `weights` (same order) and returns the cap in requests per second, or
+/// `None` when no cap applies to this bucket.
+pub fn weigh(
+    rates: &[f64],
+    cap: &ShareCap,
+    scratch: &mut Vec<f64>,
+    weights: &mut Vec<Weight>,
+) -> Option<f64> {
+    weights.clear();
+    weights.resize(rates.len(), Weight::Full);
+    if !cap.enabled() || rates.len() < cap.min_proxies {
+        return None;
+    }
+    let median = median(rates, scratch)?;
+    let capped_at = (cap.cap_multiple > 0.0).then_some(cap.cap_multiple * median);
+    let ignored_above = (cap.ignore_multiple > 0.0).then_some(cap.ignore_multiple * median);
+    for (rate, weight) in rates.iter().zip(weights.iter_mut()) {
+        *weight = match (capped_at, ignored_above) {
+            (_, Some(ignored)) if *rate > ignored => Weight::Ignored,
+            (Some(capped), _) if *rate > capped => Weight::Capped(capped / rate),
+            _ => Weight::Full,
+        };
+    }
+    capped_at.or(ignored_above)
+}
+
+/// The median of positive finite rates (mean of the middle two for an even
+/// count); `None` when it is not a positive finite number.
+fn median(rates: &[f64], scratch: &mut Vec<f64>) -> Option<f64> {
+    scratch.clear();
+    scratch.extend_from_slice(rates);
+    scratch.sort_unstable_by(f64::total_cmp);
+    let n = scratch.len();
+    let upper = *scratch.get(n / 2)?;
+    let median = if n.is_multiple_of(2) {
+        (scratch.get(n / 2 - 1).copied().unwrap_or(upper) + upper) / 2.0
+    } else {
+        upper
+    };
+    (median > 0.0 && median.is_finite()).then_some(median)
+}
+
+/// One proxy's offered rate for one bucket in the current tick.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    bucket: u32,
+    offered: f64,
+    factor: f64,
+}
+
+/// A bucket id, its cap, and the claims the cap cut as (proxy index,
+/// claimed, counted).
+pub(super) type BucketCap = (u32, f64, Vec<(usize, f64, f64)>);
+
+/// The per-tick weighing of every (proxy, bucket) claim, with the arrays
+/// kept between ticks so they are allocated once.
+#[derive(Debug, Default)]
+pub(super) struct ClaimWeights {
+    active: bool,
+    /// The proxy whose factors the scratch holds.
+    loaded: Option<usize>,
+    /// Scratch indexed by bucket id: a proxy's sum, then its factor.
+    per_bucket: Vec<f64>,
+    touched: Vec<u32>,
+    /// Proxy-major: proxy `i`'s claims are `claims[starts[i]..starts[i + 1]]`.
+    claims: Vec<Claim>,
+    starts: Vec<usize>,
+    /// (bucket, index into `claims`), sorted.
+    order: Vec<(u32, usize)>,
+    rates: Vec<f64>,
+    weights: Vec<Weight>,
+    scratch: Vec<f64>,
+    /// Per bucket id with a cap in force: the cap and the claims it cut as
+    /// (proxy index, claimed, counted).
+    caps: Vec<BucketCap>,
+}
+
+impl ClaimWeights {
+    /// Starts a tick with `buckets` bucket ids and `proxies` proxies; a
+    /// fleet too small for any cap skips the weighing.
+    pub(super) fn begin(&mut self, cap: &ShareCap, buckets: usize, proxies: usize) {
+        self.active = cap.enabled() && proxies >= cap.min_proxies;
+        self.claims.clear();
+        self.starts.clear();
+        self.caps.clear();
+        if self.active {
+            self.per_bucket.clear();
+            self.per_bucket.resize(buckets, 0.0);
+            self.starts.push(0);
+        }
+    }
+
+    /// Adds the next proxy's rates as (bucket id, offered rps) pairs.
+    pub(super) fn add_proxy(&mut self, rates: impl Iterator<Item = (u32, f64)>) {
+        if !self.active {
+            return;
+        }
+        for (bucket, offered) in rates {
+            if let Some(sum) = self.per_bucket.get_mut(bucket as usize) {
+                if *sum == 0.0 {
+                    self.touched.push(bucket);
+                }
+                *sum += offered;
+            }
+        }
+        for bucket in self.touched.drain(..) {
+            if let Some(sum) = self.per_bucket.get_mut(bucket as usize) {
+                if *sum > 0.0 {
+                    self.claims.push(Claim {
+                        bucket,
+                        offered: *sum,
+                        factor: 1.0,
+                    });
+                }
+                *sum = 0.0;
+            }
+        }
+        self.starts.push(self.claims.len());
+    }
+
+    /// Weighs every bucket's claims against its median. Returns how many
+    /// claims were capped and how many ignored.
+    pub(super) fn weigh(&mut self, cap: &ShareCap) -> (u64, u64) {
+        if !self.active {
+            return (0, 0);
+        }
+        let Self {
+            per_bucket,
+            claims,
+            starts,
+            order,
+            rates,
+            weights,
+            scratch,
+            caps,
+            loaded,
+            ..
+        } = self;
+        order.clear();
+        order.extend(claims.iter().enumerate().map(|(at, c)| (c.bucket, at)));
+        order.sort_unstable();
+        let (mut capped, mut ignored) = (0, 0);
+        for group in order.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(bucket, _)) = group.first() else {
+                continue;
+            };
+            rates.clear();
+            rates.extend(
+                group
+                    .iter()
+                    .filter_map(|&(_, at)| claims.get(at).map(|c| c.offered)),
+            );
+            let Some(cap_rps) = weigh(rates, cap, scratch, weights) else {
+                continue;
+            };
+            let mut cut = Vec::new();
+            for (&(_, at), weight) in group.iter().zip(weights.iter()) {
+                let Some(claim) = claims.get_mut(at) else {
+                    continue;
+                };
+                claim.factor = weight.factor();
+                match weight {
+                    Weight::Full => continue,
+                    Weight::Capped(_) => capped += 1,
+                    Weight::Ignored => ignored += 1,
+                }
+                // The proxy whose range of claims holds `at`.
+                let proxy = starts
+                    .partition_point(|&start| start <= at)
+                    .saturating_sub(1);
+                cut.push((proxy, claim.offered, claim.offered * claim.factor));
+            }
+            caps.push((bucket, cap_rps, cut));
+        }
+        // From here the scratch holds factors, 1 where no claim says else.
+        per_bucket.fill(1.0);
+        *loaded = None;
+        (capped, ignored)
+    }
+
+    /// Makes [`ClaimWeights::factor`] answer for proxy `index`.
+    pub(super) fn load_proxy(&mut self, index: usize) {
+        if !self.active {
+            return;
+        }
+        let Self {
+            per_bucket,
+            claims,
+            starts,
+            loaded,
+            ..
+        } = self;
+        let claims_of = |index: usize| match (starts.get(index), starts.get(index + 1)) {
+            (Some(&start), Some(&end)) => claims.get(start..end).unwrap_or_default(),
+            _ => &[],
+        };
+        if let Some(previous) = loaded.replace(index) {
+            for claim in claims_of(previous) {
+                if let Some(factor) = per_bucket.get_mut(claim.bucket as usize) {
+                    *factor = 1.0;
+                }
+            }
+        }
+        for claim in claims_of(index) {
+            if let Some(factor) = per_bucket.get_mut(claim.bucket as usize) {
+                *factor = claim.factor;
+            }
+        }
+    }
+
+    /// What the loaded proxy's rates for `bucket` are multiplied by.
+    pub(super) fn factor(&self, bucket: u32) -> f64 {
+        if !self.active {
+            return 1.0;
+        }
+        self.per_bucket.get(bucket as usize).copied().unwrap_or(1.0)
+    }
+
+    /// The caps in force, by bucket id.
+    pub(super) fn caps(&self) -> &[BucketCap] {
+        &self.caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn run(rates: &[f64], cap: &ShareCap) -> (Option<f64>, Vec<Weight>) {
+        let mut weights = Vec::new();
+        let cap_rps = weigh(rates, cap, &mut Vec::new(), &mut weights);
+        (cap_rps, weights)
+    }
+
+    #[test]
+    fn balanced_fleets_are_untouched() {
+        let (cap, weights) = run(&[100.0, 120.0, 90.0, 110.0], &ShareCap::default());
+        assert_eq!(cap, Some(4.0 * 105.0));
+        assert!(weights.iter().all(|w| *w == Weight::Full));
+    }
+
+    #[test]
+    fn a_heavy_proxy_is_capped_at_the_multiple_of_the_median() {
+        let (cap, weights) = run(&[100.0, 100.0, 1_000.0], &ShareCap::default());
+        assert_eq!(cap, Some(400.0));
+        assert_eq!(weights[2], Weight::Capped(0.4));
+        assert_eq!(weights[0], Weight::Full);
+    }
+
+    #[test]
+    fn an_implausible_claim_counts_for_nothing() {
+        let (_, weights) = run(&[100.0, 100.0, 100.0, 100_000.0], &ShareCap::default());
+        assert_eq!(weights[3], Weight::Ignored);
+        assert_eq!(weights[3].factor(), 0.0);
+    }
+
+    #[test]
+    fn too_few_proxies_or_disabled_means_no_cap() {
+        assert_eq!(run(&[1.0, 1_000_000.0], &ShareCap::default()).0, None);
+        let (cap, weights) = run(&[1.0, 1.0, 1_000_000.0], &ShareCap::OFF);
+        assert_eq!(cap, None);
+        assert!(weights.iter().all(|w| *w == Weight::Full));
+    }
+
+    proptest! {
+        /// However one proxy lies, the bucket's weighted sum is at most the
+        /// honest proxies' sum plus the cap, and no weight exceeds 1.
+        #[test]
+        fn one_liar_moves_the_sum_by_at_most_the_cap(
+            honest in proptest::collection::vec(1.0_f64..1_000.0, 2..20),
+            claim in 0.001_f64..1e12,
+        ) {
+            let mut rates = honest.clone();
+            rates.push(claim);
+            let (cap, weights) = run(&rates, &ShareCap::default());
+            let cap = cap.unwrap();
+            let weighted: f64 = rates.iter().zip(&weights).map(|(r, w)| r * w.factor()).sum();
+            let honest_sum: f64 = honest.iter().sum();
+            prop_assert!(weighted <= honest_sum + cap + 1e-6);
+            prop_assert!(weights.iter().all(|w| (0.0..=1.0).contains(&w.factor())));
+            // The cap itself cannot be pushed past the honest maximum's
+            // multiple: the liar moves the median by at most one rank.
+            let honest_max = honest.iter().copied().fold(0.0, f64::max);
+            prop_assert!(cap <= ShareCap::DEFAULT_CAP_MULTIPLE * honest_max + 1e-6);
+        }
+    }
+}
