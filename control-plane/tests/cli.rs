@@ -304,3 +304,78 @@ fn serve_with_a_token_file_guards_writes_and_persists_them() {
     assert!(persisted.contains("limit_rps: 75.0"), "{persisted}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `sluice serve` with the gRPC listener on `grpc_listen` and `extra`
+/// arguments; waits until it exits or writes its ready file, and returns
+/// the exit status (`None`: it was serving and was stopped) and stderr.
+fn serve_grpc(grpc_listen: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let dir = temp_dir(&format!("grpc-{}", extra.len()));
+    let ready = dir.join("ready.json");
+    let _ = std::fs::remove_file(&ready);
+    let mut child = Command::new(SLUICE)
+        .args([
+            "serve",
+            "--grpc-listen",
+            grpc_listen,
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(example())
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if ready.exists() || Instant::now() > deadline {
+            child.kill().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (code, String::from_utf8(output.stderr).unwrap())
+}
+
+#[test]
+fn serve_refuses_a_grpc_listener_off_loopback_without_mutual_tls() {
+    let (code, stderr) = serve_grpc("0.0.0.0:0", &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refusing to serve the filters' gRPC API on 0.0.0.0:0 over plaintext"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--grpc-tls-client-ca"), "{stderr}");
+    assert!(
+        stderr.contains("--grpc-insecure-accept-any-proxy"),
+        "{stderr}"
+    );
+
+    let (code, stderr) = serve_grpc("0.0.0.0:0", &["--grpc-insecure-accept-any-proxy"]);
+    assert_eq!(code, None, "serves with the flag: {stderr}");
+    assert!(
+        stderr.contains("WARN") && stderr.contains("accepts any client on the network"),
+        "and says so: {stderr}"
+    );
+}
+
+#[test]
+fn serve_refuses_contradictory_trust_settings() {
+    let (code, stderr) = serve_grpc(
+        "127.0.0.1:0",
+        &["--proxy-share-cap", "4", "--proxy-share-ignore", "2"],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--proxy-share-ignore (2)"), "{stderr}");
+    let (code, stderr) = serve_grpc("127.0.0.1:0", &["--grpc-identity", "x=y"]);
+    assert_eq!(code, Some(2), "needs client certificates: {stderr}");
+    assert!(stderr.contains("--grpc-tls-client-ca"), "{stderr}");
+}

@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    KeyUsagePurpose, SanType,
 };
 
 /// File names inside the directory, as `envoy/demo-mtls.yaml` expects them
@@ -22,6 +23,15 @@ pub const SERVER_KEY: &str = "control-plane-key.pem";
 pub const CLIENT_CERT: &str = "envoy.pem";
 /// The proxies' private key.
 pub const CLIENT_KEY: &str = "envoy-key.pem";
+/// The proxies' identity: the URI SAN of [`CLIENT_CERT`], SPIFFE-style.
+pub const CLIENT_IDENTITY: &str = "spiffe://sluice.test/ns/demo/sa/envoy";
+/// A second client certificate with another identity, for tests of
+/// identity misuse.
+pub const OTHER_CERT: &str = "other.pem";
+/// The private key of [`OTHER_CERT`].
+pub const OTHER_KEY: &str = "other-key.pem";
+/// The URI SAN of [`OTHER_CERT`].
+pub const OTHER_IDENTITY: &str = "spiffe://sluice.test/ns/other/sa/client";
 
 /// Where a generated set of files is.
 #[derive(Debug, Clone)]
@@ -44,18 +54,29 @@ impl DevCerts {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, &ca_key);
 
-        let leaf = |name: &str, usage: ExtendedKeyUsagePurpose| -> Result<(String, String)> {
+        let leaf = |name: &str, sans: Vec<SanType>| -> Result<(String, String)> {
             let key = KeyPair::generate()?;
-            let mut params =
-                CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+            let mut params = CertificateParams::default();
+            params.subject_alt_names = sans;
             params.distinguished_name.push(DnType::CommonName, name);
-            params.extended_key_usages = vec![usage];
+            params.extended_key_usages = vec![if name.contains("control plane") {
+                ExtendedKeyUsagePurpose::ServerAuth
+            } else {
+                ExtendedKeyUsagePurpose::ClientAuth
+            }];
             let cert = params.signed_by(&key, &issuer)?;
             Ok((cert.pem(), key.serialize_pem()))
         };
-        let (server_cert, server_key) =
-            leaf("sluice control plane", ExtendedKeyUsagePurpose::ServerAuth)?;
-        let (client_cert, client_key) = leaf("sluice proxy", ExtendedKeyUsagePurpose::ClientAuth)?;
+        let uri = |uri: &str| -> Result<SanType> { Ok(SanType::URI(Ia5String::try_from(uri)?)) };
+        let (server_cert, server_key) = leaf(
+            "sluice control plane",
+            vec![
+                SanType::DnsName(Ia5String::try_from("localhost")?),
+                SanType::IpAddress([127, 0, 0, 1].into()),
+            ],
+        )?;
+        let (client_cert, client_key) = leaf("sluice proxy", vec![uri(CLIENT_IDENTITY)?])?;
+        let (other_cert, other_key) = leaf("another client", vec![uri(OTHER_IDENTITY)?])?;
 
         for (name, contents) in [
             (CA, ca_cert.pem()),
@@ -63,6 +84,8 @@ impl DevCerts {
             (SERVER_KEY, server_key),
             (CLIENT_CERT, client_cert),
             (CLIENT_KEY, client_key),
+            (OTHER_CERT, other_cert),
+            (OTHER_KEY, other_key),
         ] {
             let path = dir.join(name);
             std::fs::write(&path, contents)
@@ -84,16 +107,19 @@ impl DevCerts {
     }
 
     /// `sluice serve` arguments for a gRPC listener that requires client
-    /// certificates from this CA.
+    /// certificates from this CA, and lets [`CLIENT_IDENTITY`] claim any
+    /// proxy id.
     pub fn serve_args(&self) -> Vec<String> {
-        [
+        let mut args: Vec<String> = [
             ("--grpc-tls-cert", SERVER_CERT),
             ("--grpc-tls-key", SERVER_KEY),
             ("--grpc-tls-client-ca", CA),
         ]
         .into_iter()
         .flat_map(|(flag, name)| [flag.to_owned(), self.path(name).display().to_string()])
-        .collect()
+        .collect();
+        args.extend(["--grpc-identity".to_owned(), format!("{CLIENT_IDENTITY}=*")]);
+        args
     }
 }
 
@@ -117,4 +143,34 @@ pub fn point_config_at(config: &mut serde_yaml_ng::Value, certs: &DevCerts) -> u
         Value::Tagged(tagged) => point_config_at(&mut tagged.value, certs),
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,
     }
+}
+
+/// `envoy/demo-mtls.yaml` pointed at the control plane's gRPC address and
+/// `certs`, with the filter's `proxy_id`; `client_cert` false drops Envoy's
+/// client certificate.
+pub fn demo_mtls_config(
+    certs: &DevCerts,
+    grpc: std::net::SocketAddr,
+    proxy_id: &str,
+    client_cert: bool,
+) -> Result<serde_yaml_ng::Value> {
+    use crate::envoy::{self, Rewrite};
+    let mut config = envoy::load_repo_config("demo-mtls.yaml")?;
+    anyhow::ensure!(
+        point_config_at(&mut config, certs) == 3,
+        "demo-mtls.yaml names three certificate files"
+    );
+    let rewrite = Rewrite::for_test(
+        grpc,
+        serde_json::json!({ "proxy_id": proxy_id, "report_interval_ms": 100 }),
+    )?;
+    envoy::rewrite(&mut config, &rewrite)?;
+    if !client_cert {
+        config["static_resources"]["clusters"][0]["transport_socket"]["typed_config"]
+            ["common_tls_context"]
+            .as_mapping_mut()
+            .and_then(|context| context.remove("tls_certificates"))
+            .context("demo-mtls.yaml's first cluster has no client certificate")?;
+    }
+    Ok(config)
 }

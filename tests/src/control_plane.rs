@@ -304,6 +304,29 @@ pub struct BucketStatus {
     pub drop_ratio: f64,
     /// How many proxies contributed to the estimate.
     pub proxies_reporting: u32,
+    /// The cap on one proxy's share, when one applies.
+    #[serde(default)]
+    pub proxy_cap: Option<ProxyCap>,
+}
+
+/// `proxy_cap` of a bucket in `GET /v1/buckets`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProxyCap {
+    /// Most one proxy's offered rate counts for.
+    pub cap_rps: f64,
+    /// Proxies whose claim was cut.
+    pub capped: Vec<CappedProxy>,
+}
+
+/// One proxy a bucket's cap cut.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CappedProxy {
+    /// The proxy.
+    pub proxy_id: String,
+    /// What it reported.
+    pub claimed_rps: f64,
+    /// What of it counted (0: ignored).
+    pub counted_rps: f64,
 }
 
 /// `GET /v1/proxies`.

@@ -11,10 +11,9 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use sluice_integration_tests::certs::{self, DevCerts};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 
 const LIMITS: &str = r#"
@@ -23,32 +22,13 @@ limits:
     limit_rps: 50
 "#;
 
-/// demo-mtls.yaml pointed at `control_plane` and `certs`; `client_cert`
-/// false drops Envoy's client certificate.
 fn mtls_config(
     control_plane: &ControlPlane,
     certs: &DevCerts,
     proxy_id: &str,
     client_cert: bool,
 ) -> serde_yaml_ng::Value {
-    let mut config = envoy::load_repo_config("demo-mtls.yaml").unwrap();
-    assert_eq!(certs::point_config_at(&mut config, certs), 3);
-    let rewrite = Rewrite::for_test(
-        control_plane.grpc_addr(),
-        json!({ "proxy_id": proxy_id, "report_interval_ms": 100 }),
-    )
-    .unwrap();
-    envoy::rewrite(&mut config, &rewrite).unwrap();
-    if !client_cert {
-        let cluster = &mut config["static_resources"]["clusters"][0];
-        let context = &mut cluster["transport_socket"]["typed_config"]["common_tls_context"];
-        context
-            .as_mapping_mut()
-            .unwrap()
-            .remove("tls_certificates")
-            .unwrap();
-    }
-    config
+    certs::demo_mtls_config(certs, control_plane.grpc_addr(), proxy_id, client_cert).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

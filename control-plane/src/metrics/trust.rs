@@ -38,7 +38,7 @@ impl TrustMetrics {
             metrics.reports_clamped.clone(),
         );
         registry.register(
-            "proxy_claims_cut",
+            "claims_cut",
             "(proxy, bucket) claims that counted less than reported in the fleet sum, by reason (capped: above the multiple of the bucket's median proxy; ignored: implausible)",
             metrics.claims_cut.clone(),
         );

@@ -12,5 +12,6 @@ fn main() -> anyhow::Result<()> {
         .map_or_else(|| PathBuf::from(".demo/certs"), PathBuf::from);
     let certs = DevCerts::generate(&dir)?;
     println!("wrote test certificates to {}", certs.dir().display());
+    println!("serve with: sluice serve {}", certs.serve_args().join(" "));
     Ok(())
 }

@@ -1,0 +1,251 @@
+//! The filters' gRPC listener as a trust boundary, against the real control
+//! plane and real Envoys:
+//! - one stream with a proxy id reporting 1,000× a bucket's real rate
+//!   cannot make the fleet drop the bucket's real traffic: its claim is
+//!   ignored as implausible, and shows as cut in `/v1/buckets` and metrics;
+//! - with mutual TLS, a client certificate cannot claim a proxy id its
+//!   identity does not allow, nor take over the stream of a live proxy of
+//!   another identity; the real proxy's stream is not disturbed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use sluice_integration_tests::certs::{self, DevCerts};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::fake_proxy::ClientTls;
+use sluice_integration_tests::fake_proxy::FakeProxy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_proto::v1::BucketCount;
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 150
+"#;
+
+async fn metrics(control_plane: &ControlPlane) -> String {
+    reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `name{labels}` in an exposition, 0 if absent.
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 3)).await.unwrap();
+    let duration = Duration::from_secs(12);
+    // 4× the limit, evenly over three Envoys.
+    let streams = (0..3)
+        .map(|i| StreamSpec::new(&format!("{i}/acme"), &fleet.url(i).unwrap(), "acme", 200.0))
+        .collect();
+    let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
+    // A client that says it is a proxy and claims 1,000× the fleet's rate
+    // (600,000 rps, within the per-report ceilings) with nothing dropped.
+    let mut rogue = FakeProxy::connect(fleet.control_plane.grpc_addr(), "rogue", None)
+        .await
+        .unwrap();
+    let claimed = 60_000;
+    rogue.report_every(
+        Duration::from_millis(100),
+        vec![BucketCount {
+            bucket: "acme".to_owned(),
+            offered: claimed,
+            admitted: claimed,
+            ..BucketCount::default()
+        }],
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let buckets = fleet.control_plane.admin().buckets().await.unwrap();
+    let exposition = metrics(&fleet.control_plane).await;
+    let result = load.finish().await.unwrap();
+    drop(rogue);
+
+    let window = Window::secs(4.0, duration.as_secs_f64());
+    let summary = format!(
+        "{}control plane at 8s: {buckets:?}\n{}",
+        result.summary(window),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let counts = result.tenant_counts(window, "acme");
+    let admitted = rate(counts.ok, window);
+    if !within(admitted, 150.0, 0.10) {
+        fleet.print_logs();
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert_eq!(
+        counts.skipped, 0,
+        "the load generator fell behind\n{summary}"
+    );
+    assert!(
+        within(admitted, 150.0, 0.10),
+        "the real fleet admitted {admitted:.1} rps, limit 150\n{summary}"
+    );
+
+    let bucket = buckets.bucket("acme").expect("acme is tracked");
+    assert_eq!(
+        bucket.proxies_reporting, 3,
+        "the rogue does not count\n{summary}"
+    );
+    let cap = bucket.proxy_cap.as_ref().expect("a cap applies to acme");
+    let cut: Vec<(&str, f64)> = cap
+        .capped
+        .iter()
+        .map(|c| (c.proxy_id.as_str(), c.counted_rps))
+        .collect();
+    assert_eq!(cut, [("rogue", 0.0)], "{summary}");
+    assert!(
+        sample(
+            &exposition,
+            r#"sluice_proxy_claims_cut_total{proxy="rogue"}"#
+        ) > 0.0,
+        "{exposition}"
+    );
+    assert!(
+        sample(
+            &exposition,
+            r#"sluice_claims_cut_total{reason="ignored"}"#
+        ) > 0.0,
+        "{exposition}"
+    );
+    assert!(
+        sample(
+            &exposition,
+            r#"sluice_bucket_proxies_capped{bucket="acme"}"#
+        ) == 1.0,
+        "{exposition}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_cannot_claim_or_take_over_another_identitys_proxy_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let mut args = certs.serve_args();
+    // The other identity may use `shared-*` ids, as two teams sharing a
+    // naming scheme might; the Envoy below holds `shared-edge`.
+    args.extend([
+        "--grpc-identity".to_owned(),
+        format!("{}=shared-*", certs::OTHER_IDENTITY),
+    ]);
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "limits:\n  - bucket: \"acme\"\n    limit_rps: 50\n",
+            dir.path(),
+        )
+        .control_interval_ms(200)
+        .args(args),
+    )
+    .await
+    .unwrap();
+    let config =
+        certs::demo_mtls_config(&certs, control_plane.grpc_addr(), "shared-edge", true).unwrap();
+    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-edge", dir.path()))
+        .await
+        .unwrap();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 150.0)],
+        Duration::from_secs(8),
+    ))
+    .unwrap();
+    let admin = control_plane.admin().clone();
+    let shed = |what: &'static str| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .wait_for_bucket(
+                    "acme",
+                    what,
+                    Duration::from_secs(5),
+                    Duration::from_millis(100),
+                    |b| (b.drop_ratio > 0.3).then_some(b.proxies_reporting),
+                )
+                .await
+        }
+    };
+    let before = shed("the real proxy's reports to shed acme").await;
+
+    let other = ClientTls {
+        ca: &certs.path(certs::CA),
+        cert: &certs.path(certs::OTHER_CERT),
+        key: &certs.path(certs::OTHER_KEY),
+    };
+    let grpc = control_plane.grpc_addr();
+    let mut not_allowed = FakeProxy::connect(grpc, "edge-1", Some(other))
+        .await
+        .unwrap();
+    let refused = not_allowed
+        .first_reply(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut takeover = FakeProxy::connect(grpc, "shared-edge", Some(other))
+        .await
+        .unwrap();
+    let taken = takeover.first_reply(Duration::from_secs(5)).await.unwrap();
+    // Its own id (a SAN) is fine.
+    let mut own = FakeProxy::connect(grpc, certs::OTHER_IDENTITY, Some(other))
+        .await
+        .unwrap();
+    let accepted = own.first_reply(Duration::from_secs(5)).await.unwrap();
+
+    // Reports of the real proxy keep arriving on its stream.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = shed("the real proxy's reports to keep shedding acme").await;
+    let proxies = admin.proxies().await.unwrap();
+    let exposition = metrics(&control_plane).await;
+    let result = load.finish().await.unwrap();
+    let report = format!(
+        "refused: {refused:?}\ntaken: {taken:?}\naccepted: {accepted:?}\nproxies: {proxies:?}"
+    );
+    if before.is_err() || after.is_err() || accepted.is_err() {
+        control_plane.print_log();
+        envoy.print_log();
+    }
+    assert_eq!(before.unwrap(), 1, "{report}");
+    assert_eq!(after.unwrap(), 1, "{report}");
+
+    let refused = refused.expect_err("a proxy id the identity may not claim");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{report}");
+    assert!(
+        refused
+            .message()
+            .contains("may not claim proxy_id \"edge-1\""),
+        "{report}"
+    );
+    let taken = taken.expect_err("a live proxy id held by another identity");
+    assert_eq!(taken.code(), tonic::Code::PermissionDenied, "{report}");
+    assert!(taken.message().contains(certs::CLIENT_IDENTITY), "{report}");
+    accepted.expect("a certificate may claim its own SAN");
+
+    let edge = proxies
+        .proxies
+        .iter()
+        .find(|p| p.proxy_id == "shared-edge")
+        .expect("the real proxy is tracked");
+    assert!(edge.connected, "{report}");
+    assert!(edge.since_last_report_ms < 1_000, "{report}");
+    for reason in ["proxy_id_not_allowed", "proxy_id_held_by_another_identity"] {
+        let series = format!("sluice_identity_refused_total{{reason=\"{reason}\"}}");
+        assert_eq!(sample(&exposition, &series), 1.0, "{series}\n{exposition}");
+    }
+    let counts = result.tenant_counts(Window::secs(3.0, 3600.0), "acme");
+    assert!(counts.limited > 0, "directives enforced: {counts}");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{counts}");
+}
