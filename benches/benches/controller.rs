@@ -12,7 +12,9 @@ use sluice_control_plane::Controller;
 use sluice_control_plane::cell::{CLASSES, Priority};
 use sluice_control_plane::estimator::Tracking;
 use sluice_control_plane::fairness::{Allocation, Scratch, TenantDemand, allocate_into};
-use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, StreamId};
+use sluice_control_plane::fleet::{
+    BucketLoad, BucketTraffic, CellLoad, FleetLoad, ShareCap, StreamId,
+};
 use sluice_control_plane::limits::{LimitRule, LimitTable, Selector};
 use sluice_control_plane::policy::{Policy, TenantPolicy, Tenants, Weight};
 use sluice_control_plane::types::LimitRps;
@@ -34,7 +36,9 @@ fn fleet_report(c: &mut Criterion) {
     group.finish();
 }
 
-/// Closing the window: per-proxy rates, then the sum over proxies.
+/// Closing the window: per-proxy rates, then the sum over proxies; with
+/// the default share cap (every bucket's per-proxy rates weighed against
+/// their median) and, as the baseline of the same run, without it.
 fn fleet_tick(c: &mut Criterion) {
     let mut group = c.benchmark_group("fleet_tick");
     group.sample_size(20);
@@ -43,22 +47,25 @@ fn fleet_tick(c: &mut Criterion) {
         let proxies = proxy_ids(proxies);
         let report = report(&names, 25);
         group.throughput(Throughput::Elements((proxies.len() * buckets) as u64));
-        group.bench_function(
-            format!("{}_proxies_x_{buckets}_buckets", proxies.len()),
-            |b| {
-                b.iter_batched(
-                    || {
-                        let mut fleet = connected_fleet(&proxies);
-                        for (i, proxy) in proxies.iter().enumerate() {
-                            let _ = fleet.report(proxy, StreamId(i as u64), &report);
-                        }
-                        fleet
-                    },
-                    |mut fleet| fleet.tick(),
-                    BatchSize::LargeInput,
-                )
-            },
-        );
+        for (suffix, share_cap) in [("", ShareCap::default()), ("_no_share_cap", ShareCap::OFF)] {
+            group.bench_function(
+                format!("{}_proxies_x_{buckets}_buckets{suffix}", proxies.len()),
+                |b| {
+                    b.iter_batched(
+                        || {
+                            let mut fleet = connected_fleet(&proxies);
+                            fleet.set_share_cap(share_cap);
+                            for (i, proxy) in proxies.iter().enumerate() {
+                                let _ = fleet.report(proxy, StreamId(i as u64), &report);
+                            }
+                            fleet
+                        },
+                        |mut fleet| fleet.tick(),
+                        BatchSize::LargeInput,
+                    )
+                },
+            );
+        }
     }
     group.finish();
 }

@@ -166,9 +166,14 @@ pub fn demo_mtls_config(
     )?;
     envoy::rewrite(&mut config, &rewrite)?;
     if !client_cert {
-        config["static_resources"]["clusters"][0]["transport_socket"]["typed_config"]
-            ["common_tls_context"]
-            .as_mapping_mut()
+        config
+            .get_mut("static_resources")
+            .and_then(|v| v.get_mut("clusters"))
+            .and_then(|v| v.get_mut(0))
+            .and_then(|v| v.get_mut("transport_socket"))
+            .and_then(|v| v.get_mut("typed_config"))
+            .and_then(|v| v.get_mut("common_tls_context"))
+            .and_then(serde_yaml_ng::Value::as_mapping_mut)
             .and_then(|context| context.remove("tls_certificates"))
             .context("demo-mtls.yaml's first cluster has no client certificate")?;
     }

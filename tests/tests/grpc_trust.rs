@@ -119,10 +119,7 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
         "{exposition}"
     );
     assert!(
-        sample(
-            &exposition,
-            r#"sluice_claims_cut_total{reason="ignored"}"#
-        ) > 0.0,
+        sample(&exposition, r#"sluice_claims_cut_total{reason="ignored"}"#) > 0.0,
         "{exposition}"
     );
     assert!(

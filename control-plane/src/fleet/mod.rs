@@ -177,6 +177,8 @@ struct Sums {
     /// Per bucket id: the last proxy (index + 1) counted as reporting it.
     last_proxy: Vec<usize>,
     proxies_reporting: Vec<u32>,
+    /// Per bucket id: the share cap in force, when one applies.
+    caps: Vec<Option<ProxyCap>>,
 }
 
 /// All proxies, keyed by proxy id.
@@ -219,6 +221,12 @@ impl Fleet {
     /// The caps in force.
     pub fn caps(&self) -> FleetCaps {
         self.caps
+    }
+
+    /// Changes how much one proxy's claim for a bucket may weigh, from the
+    /// next tick.
+    pub fn set_share_cap(&mut self, share_cap: ShareCap) {
+        self.caps.share_cap = share_cap;
     }
 
     /// A stream said Hello for `proxy_id`. The newest stream always wins: an
@@ -501,8 +509,10 @@ impl Fleet {
                 }
             }
         }
-        let mut caps: HashMap<u32, ProxyCap> = HashMap::with_capacity(weights.caps().len());
+        let caps = &mut sums.caps;
+        caps.clear();
         if !weights.caps().is_empty() {
+            caps.resize(buckets, None);
             let names: Vec<&String> = self.proxies.keys().collect();
             for (bucket, cap_rps, cut) in weights.caps() {
                 let mut capped: Vec<CappedProxy> = cut
@@ -516,13 +526,12 @@ impl Fleet {
                     })
                     .collect();
                 capped.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
-                caps.insert(
-                    *bucket,
-                    ProxyCap {
+                if let Some(slot) = caps.get_mut(*bucket as usize) {
+                    *slot = Some(ProxyCap {
                         cap_rps: *cap_rps,
                         capped,
-                    },
-                );
+                    });
+                }
             }
         }
         let mut stats = std::mem::take(&mut self.stats);
@@ -544,7 +553,7 @@ impl Fleet {
                 },
                 shadow_dropped_rps: 0.0,
                 cells: Vec::new(),
-                proxy_cap: caps.remove(&cells.id),
+                proxy_cap: sums.caps.get_mut(cells.id as usize).and_then(Option::take),
             };
             for (tenant, priorities) in &cells.tenants {
                 for (&id, priority) in priorities.iter().zip(Priority::ALL) {

@@ -144,8 +144,12 @@ pub(super) struct ClaimWeights {
     /// Proxy-major: proxy `i`'s claims are `claims[starts[i]..starts[i + 1]]`.
     claims: Vec<Claim>,
     starts: Vec<usize>,
-    /// (bucket, index into `claims`), sorted.
+    /// (bucket, index into `claims`), grouped by bucket.
     order: Vec<(u32, usize)>,
+    /// Where each bucket's group starts in `order` (one more entry than
+    /// buckets), and a scratch copy of it.
+    bucket_starts: Vec<usize>,
+    cursor: Vec<usize>,
     rates: Vec<f64>,
     weights: Vec<Weight>,
     scratch: Vec<f64>,
@@ -213,13 +217,45 @@ impl ClaimWeights {
             scratch,
             caps,
             loaded,
+            bucket_starts,
+            cursor,
             ..
         } = self;
+        // Claims grouped by bucket with a counting sort: bucket ids are
+        // small and dense, and a comparison sort of every claim would cost
+        // more than the rest of the tick.
+        bucket_starts.clear();
+        bucket_starts.resize(per_bucket.len() + 1, 0);
+        for claim in claims.iter() {
+            if let Some(count) = bucket_starts.get_mut(claim.bucket as usize + 1) {
+                *count += 1;
+            }
+        }
+        for at in 1..bucket_starts.len() {
+            let previous = bucket_starts.get(at - 1).copied().unwrap_or(0);
+            if let Some(start) = bucket_starts.get_mut(at) {
+                *start += previous;
+            }
+        }
         order.clear();
-        order.extend(claims.iter().enumerate().map(|(at, c)| (c.bucket, at)));
-        order.sort_unstable();
+        order.resize(claims.len(), (0, 0));
+        cursor.clear();
+        cursor.extend_from_slice(bucket_starts);
+        for (at, claim) in claims.iter().enumerate() {
+            if let Some(next) = cursor.get_mut(claim.bucket as usize)
+                && let Some(slot) = order.get_mut(*next)
+            {
+                *slot = (claim.bucket, at);
+                *next += 1;
+            }
+        }
         let (mut capped, mut ignored) = (0, 0);
-        for group in order.chunk_by(|a, b| a.0 == b.0) {
+        for window in bucket_starts.windows(2) {
+            let (start, end) = (
+                window.first().copied().unwrap_or(0),
+                window.get(1).copied().unwrap_or(0),
+            );
+            let group = order.get(start..end).unwrap_or_default();
             let Some(&(bucket, _)) = group.first() else {
                 continue;
             };
