@@ -162,6 +162,7 @@ fn fair_shares(c: &mut Criterion) {
                     offered_rps,
                     admitted_rps: offered_rps,
                     proxies_reporting: 3,
+                    stale_share: 0.0,
                 },
                 shadow_dropped_rps: 0.0,
             }

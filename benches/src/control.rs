@@ -51,6 +51,7 @@ pub fn fleet_load(buckets: &[String]) -> FleetLoad {
                     offered_rps,
                     admitted_rps: offered_rps,
                     proxies_reporting: 3,
+                    stale_share: 0.0,
                 };
                 BucketTraffic::single(bucket, load)
             })

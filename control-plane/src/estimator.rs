@@ -15,7 +15,9 @@
 //!   the factor by [`GAIN`] of the log ratio between the limit and the
 //!   admitted rate, by at most [`MAX_STEP`] and within [`CORRECTION`];
 //!   gaps beyond [`MAX_ERROR`] are transients (or proxies in shadow mode)
-//!   and are ignored. The factor keeps its value when the bucket stops
+//!   and are ignored. Only the freshly reported part of the load moves it
+//!   (`BucketLoad::stale_share`): a proxy that reports every 5 s must not
+//!   have the same error corrected 25 times. The factor keeps its value when the bucket stops
 //!   shedding, and is reset by a load step.
 //!
 //! [`Proportional`](crate::controller::Proportional) stays available as the
@@ -190,7 +192,9 @@ fn decide(
             && error.abs() <= MAX_ERROR
         {
             let (low, high) = CORRECTION;
-            let step = (GAIN * error).clamp(-MAX_STEP, MAX_STEP);
+            // Rates carried from earlier ticks were learned from already.
+            let fresh = 1.0 - load.stale_share.clamp(0.0, 1.0);
+            let step = (GAIN * fresh * error).clamp(-MAX_STEP, MAX_STEP);
             state.correction = (state.correction * step.exp()).clamp(low, high);
         }
     }
@@ -231,7 +235,25 @@ mod tests {
             offered_rps,
             admitted_rps,
             proxies_reporting: 3,
+            stale_share: 0.0,
         }
+    }
+
+    #[test]
+    fn carried_rates_do_not_move_the_correction() {
+        // A proxy reporting every 5 s: its admitted rate is short of the
+        // limit, but the same report is seen again at every tick.
+        let mut policy = Tracking::new();
+        let stale = BucketLoad {
+            stale_share: 1.0,
+            ..load(600.0, 140.0)
+        };
+        let first = policy.drop_ratio("a", &load(600.0, 600.0), limit(150.0));
+        for _ in 0..50 {
+            assert_eq!(policy.drop_ratio("a", &stale, limit(150.0)), first);
+        }
+        // A fresh report with the same gap moves it.
+        assert!(policy.drop_ratio("a", &load(600.0, 140.0), limit(150.0)) < first);
     }
 
     fn limit(rps: f64) -> Option<LimitRps> {

@@ -1,5 +1,6 @@
-//! The `sluice.v1.DirectiveService` gRPC service: one bidirectional stream
-//! per Envoy, reports in, directive batches out.
+//! The filters' gRPC listener: the `sluice.v1.DirectiveService` stream
+//! (one bidirectional stream per Envoy, reports in, directive batches out)
+//! and, beside it, the RLQS service ([`crate::rlqs`]).
 
 use std::time::Duration;
 
@@ -20,8 +21,10 @@ use std::time::Instant;
 
 use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
+use crate::rlqs::RlqsService;
 use crate::state::AppState;
-use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, RefusalLog, WindowLedger};
+use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, StreamGate, WindowLedger};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// A stream that has not said Hello by then is closed.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,14 +60,6 @@ impl From<TcpListener> for GrpcEndpoint {
     }
 }
 
-/// What every stream checks, shared by the streams.
-#[derive(Debug)]
-struct Trust {
-    identity: Option<IdentityPolicy>,
-    ceilings: Ceilings,
-    refusals: RefusalLog,
-}
-
 /// Serves the gRPC API on `endpoint` until `shutdown` is cancelled.
 ///
 /// Every stream runs in a task on `streams`, and each of those tasks ends
@@ -76,15 +71,18 @@ pub async fn serve(
     streams: TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
+    let gate = Arc::new(StreamGate::new(endpoint.identity, endpoint.ceilings));
+    let rlqs = RlqsService::new(
+        state.clone(),
+        streams.clone(),
+        shutdown.clone(),
+        Arc::clone(&gate),
+    );
     let service = DirectiveGrpc {
         state,
         streams,
         shutdown: shutdown.clone(),
-        trust: Arc::new(Trust {
-            identity: endpoint.identity,
-            ceilings: endpoint.ceilings,
-            refusals: RefusalLog::default(),
-        }),
+        gate,
     };
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = endpoint.tls {
@@ -95,6 +93,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(DirectiveServiceServer::new(service))
+        .add_service(RateLimitQuotaServiceServer::new(rlqs))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(endpoint.listener),
             shutdown.cancelled_owned(),
@@ -108,7 +107,7 @@ pub struct DirectiveGrpc {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,
-    trust: Arc<Trust>,
+    gate: Arc<StreamGate>,
 }
 
 #[tonic::async_trait]
@@ -132,7 +131,7 @@ impl DirectiveService for DirectiveGrpc {
             inbound: request.into_inner(),
             outbound,
             shutdown: self.shutdown.clone(),
-            trust: Arc::clone(&self.trust),
+            gate: Arc::clone(&self.gate),
             identity,
         };
         let span = tracing::info_span!(
@@ -154,7 +153,7 @@ struct Session {
     inbound: Streaming<ProxyMessage>,
     outbound: mpsc::Sender<Result<ControlMessage, Status>>,
     shutdown: CancellationToken,
-    trust: Arc<Trust>,
+    gate: Arc<StreamGate>,
     /// The client certificate's names; `None` without one.
     identity: Option<PeerIdentity>,
 }
@@ -195,7 +194,14 @@ impl Session {
         };
         let proxy_id = hello.proxy_id;
         tracing::Span::current().record("proxy_id", proxy_id.as_str());
-        let connected = match self.connect(&proxy_id, hello.instance_id, &hello.zone) {
+        let connected = match self.gate.admit(
+            &self.state,
+            self.identity.as_ref(),
+            &proxy_id,
+            hello.instance_id,
+            &hello.zone,
+            self.stream,
+        ) {
             Ok(connected) => connected,
             Err(status) => {
                 // The proxy sees why; if it is already gone there is no one
@@ -226,50 +232,6 @@ impl Session {
             End::Error(status) => tracing::info!(proxy_id, %status, "stream ended with an error"),
             end => tracing::info!(proxy_id, ?end, superseded = !owned, "stream closed"),
         }
-    }
-
-    /// Takes the proxy id for this stream, if its certificate allows it.
-    fn connect(&self, proxy_id: &str, instance_id: u64, zone: &str) -> Result<Connected, Status> {
-        let Some(policy) = &self.trust.identity else {
-            return Ok(self.state.fleet().connect_in_zone(
-                proxy_id,
-                instance_id,
-                zone,
-                self.stream,
-            ));
-        };
-        let peer = self.identity.clone().unwrap_or_default();
-        let refuse = |reason: &'static str, message: String| {
-            self.state.metrics().identity_refused(reason);
-            let key = format!("{}\u{1f}{proxy_id}", peer.label());
-            if self.trust.refusals.first(&key) {
-                tracing::warn!(identity = %peer, proxy_id, reason, "refusing stream: {message}");
-            } else {
-                tracing::debug!(identity = %peer, proxy_id, reason, "refusing stream: {message}");
-            }
-            Status::permission_denied(message)
-        };
-        if self.identity.is_none() {
-            return Err(refuse(
-                "no_client_certificate",
-                "a client certificate is required".to_owned(),
-            ));
-        }
-        let principal = policy.authorize(&peer, proxy_id).map_err(|refusal| {
-            refuse(
-                refusal.as_str(),
-                format!("client certificate ({peer}) may not claim proxy_id {proxy_id:?}"),
-            )
-        })?;
-        self.state
-            .fleet()
-            .connect_as(proxy_id, principal, instance_id, zone, self.stream)
-            .map_err(|held| {
-                refuse(
-                    crate::trust::Refusal::HeldByAnother.as_str(),
-                    format!("proxy_id {proxy_id:?}: {held}"),
-                )
-            })
     }
 
     async fn wait_for_hello(&mut self) -> Result<Hello, End> {
@@ -346,14 +308,14 @@ impl Session {
             Some(proxy_message::Kind::Report(mut report)) => {
                 metrics.report_received();
                 proxy_metrics.report_received(report.directive_age_ms);
-                let checked = self.trust.ceilings.check(
+                let checked = self.gate.check_report(
+                    &self.state,
+                    proxy_metrics,
                     &mut report,
                     reports.opened.elapsed(),
                     &mut reports.windows,
                 );
                 if checked.changed() {
-                    metrics.report_clamped(&checked);
-                    proxy_metrics.report_clamped();
                     tracing::debug!(proxy_id, ?checked, "report clamped to what is plausible");
                 }
                 let last_sequence = &mut reports.last_sequence;

@@ -32,6 +32,7 @@ pub mod persist;
 pub mod policy;
 pub mod push;
 pub mod reload;
+pub mod rlqs;
 pub mod simulate;
 pub mod state;
 pub mod tls;

@@ -217,7 +217,8 @@ fn seq_mut<'a>(value: &'a mut Value, path: &[&str]) -> impl Iterator<Item = &'a 
         .flat_map(|seq| seq.iter_mut())
 }
 
-fn visit_mappings(value: &mut Value, f: &mut dyn FnMut(&mut Mapping)) {
+/// Calls `f` on every mapping in `value`, depth first.
+pub fn visit_mappings(value: &mut Value, f: &mut dyn FnMut(&mut Mapping)) {
     match value {
         Value::Mapping(mapping) => {
             f(mapping);

@@ -27,6 +27,11 @@ pub struct BucketLoad {
     pub admitted_rps: f64,
     /// Proxies whose offered rate is non-zero.
     pub proxies_reporting: u32,
+    /// Share of `offered_rps` carried from earlier ticks (proxies that did
+    /// not report this tick, such as Envoy's `rate_limit_quota` filter
+    /// between its 5 s reports): 0 when every proxy reported afresh.
+    /// Feedback must not learn from a carried number twice.
+    pub stale_share: f64,
 }
 
 /// Fleet-wide load of one cell of a bucket.

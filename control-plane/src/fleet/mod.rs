@@ -168,6 +168,8 @@ struct Proxy {
     rates: Vec<(CellId, Rates)>,
     /// Ticks since the last one that had reports.
     silent_ticks: u32,
+    /// How many silent ticks its rates are carried; `None`: the fleet's.
+    carry_ticks: Option<u32>,
 }
 
 /// Per-tick sums, kept between ticks so the arrays are allocated once.
@@ -304,6 +306,7 @@ impl Fleet {
                         hints: Vec::new(),
                         rates: Vec::new(),
                         silent_ticks: 0,
+                        carry_ticks: None,
                     },
                 );
                 Connected::New
@@ -382,6 +385,16 @@ impl Fleet {
         Ok(())
     }
 
+    /// Carries the proxy's rates for `ticks` silent ticks instead of the
+    /// fleet's default: a proxy that reports less often than every control
+    /// interval (Envoy's `rate_limit_quota` filter reports every 5 s) must
+    /// not drop out of the sum between its reports.
+    pub fn set_carry_ticks(&mut self, proxy_id: &str, ticks: u32) {
+        if let Some(proxy) = self.proxies.get_mut(proxy_id) {
+            proxy.carry_ticks = Some(ticks);
+        }
+    }
+
     /// The stream ended. Only the owning stream can disconnect a proxy; its
     /// rates are carried like those of any silent proxy, so a quick
     /// reconnect does not make the fleet rate dip.
@@ -447,7 +460,7 @@ impl Fleet {
     pub fn tick(&mut self) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
         self.proxies.retain(|_, proxy| {
-            proxy.close_window(carry_ticks);
+            proxy.close_window(proxy.carry_ticks.unwrap_or(carry_ticks));
             proxy.stream.is_some() || !proxy.rates.is_empty()
         });
         self.tick += 1;
@@ -491,6 +504,10 @@ impl Fleet {
                     sum.admitted_rps += rates.admitted_rps * factor;
                     sum.proxies_reporting += 1;
                     *shadow += rates.shadow_dropped_rps * factor;
+                    if proxy.silent_ticks > 0 {
+                        // Absolute here; a share once the cell is summed.
+                        sum.stale_share += rates.offered_rps * factor;
+                    }
                 }
                 if let (Some(last), Some(reporting)) = (
                     sums.last_proxy.get_mut(bucket),
@@ -565,11 +582,15 @@ impl Fleet {
                     }
                     traffic.load.offered_rps += sum.offered_rps;
                     traffic.load.admitted_rps += sum.admitted_rps;
+                    traffic.load.stale_share += sum.stale_share;
                     traffic.shadow_dropped_rps += shadow;
                     traffic.cells.push(CellLoad {
                         tenant: Arc::clone(tenant),
                         priority,
-                        load: sum,
+                        load: BucketLoad {
+                            stale_share: (sum.stale_share / sum.offered_rps).clamp(0.0, 1.0),
+                            ..sum
+                        },
                         shadow_dropped_rps: shadow,
                     });
                 }
@@ -577,6 +598,8 @@ impl Fleet {
             if traffic.cells.is_empty() {
                 continue;
             }
+            traffic.load.stale_share =
+                (traffic.load.stale_share / traffic.load.offered_rps).clamp(0.0, 1.0);
             if traffic.cells.len() > 1 {
                 traffic
                     .cells

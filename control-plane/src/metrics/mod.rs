@@ -10,6 +10,7 @@
 
 mod histogram;
 mod proxies;
+mod rlqs;
 mod staleness;
 mod trust;
 
@@ -17,6 +18,7 @@ pub use histogram::AtomicHistogram;
 pub use proxies::ProxyGuard;
 
 use proxies::Proxies;
+use rlqs::RlqsMetrics;
 use staleness::Staleness;
 use trust::TrustMetrics;
 
@@ -131,6 +133,7 @@ pub struct Metrics {
     push_latency: AtomicHistogram,
     tick_duration: AtomicHistogram,
     trust: TrustMetrics,
+    rlqs: RlqsMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -326,6 +329,7 @@ impl Metrics {
         );
 
         let trust = TrustMetrics::register(&mut registry);
+        let rlqs = RlqsMetrics::register(&mut registry);
 
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
@@ -354,6 +358,7 @@ impl Metrics {
             push_latency,
             tick_duration,
             trust,
+            rlqs,
         }
     }
 
@@ -504,6 +509,17 @@ impl Metrics {
     /// [`crate::trust::Refusal::as_str`], or `no_client_certificate`).
     pub fn identity_refused(&self, reason: &'static str) {
         self.trust.identity_refused(reason);
+    }
+
+    /// RLQS usages refused: without a bucket, or with a negative elapsed
+    /// time.
+    pub fn rlqs_usages_refused(&self, no_bucket: u32, negative_elapsed: u32) {
+        self.rlqs.usages_refused(no_bucket, negative_elapsed);
+    }
+
+    /// RLQS bucket actions sent.
+    pub fn rlqs_actions_sent(&self, count: usize) {
+        self.rlqs.actions_sent(count);
     }
 
     /// A report was clamped ([`crate::trust::Ceilings::check`]).

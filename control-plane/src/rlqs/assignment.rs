@@ -69,6 +69,19 @@ impl Assignment {
         }
     }
 
+    /// Whether `other` is not worth sending after `self`: the same kind,
+    /// and a token bucket whose rate moved by at most 1 %. Envoy replaces
+    /// its token bucket on every new assignment, and the control loop's
+    /// ratio moves a little every interval.
+    pub fn close_to(&self, other: &Self) -> bool {
+        match (self.rate_rps(), other.rate_rps()) {
+            (None, None) => true,
+            (Some(a), Some(b)) if a == 0.0 || b == 0.0 => a == b,
+            (Some(a), Some(b)) => (a - b).abs() <= 0.01 * a.max(b),
+            _ => false,
+        }
+    }
+
     /// The rate the assignment admits, in requests per second (`None`:
     /// unlimited).
     pub fn rate_rps(&self) -> Option<f64> {
@@ -120,8 +133,21 @@ mod tests {
     fn unlimited_zero_and_nan() {
         assert_eq!(Assignment::for_rate(None, 20), Assignment::AllowAll);
         assert_eq!(Assignment::for_rate(Some(0.0), 20), Assignment::DenyAll);
-        assert_eq!(Assignment::for_rate(Some(f64::NAN), 20), Assignment::DenyAll);
+        assert_eq!(
+            Assignment::for_rate(Some(f64::NAN), 20),
+            Assignment::DenyAll
+        );
         assert_eq!(Assignment::for_rate(Some(0.001), 20), Assignment::DenyAll);
+    }
+
+    #[test]
+    fn small_moves_are_not_worth_sending() {
+        let a = Assignment::for_rate(Some(100.0), 20);
+        assert!(a.close_to(&Assignment::for_rate(Some(100.5), 20)));
+        assert!(!a.close_to(&Assignment::for_rate(Some(102.0), 20)));
+        assert!(!a.close_to(&Assignment::AllowAll));
+        assert!(!a.close_to(&Assignment::DenyAll));
+        assert!(Assignment::DenyAll.close_to(&Assignment::DenyAll));
     }
 
     #[test]
@@ -141,7 +167,10 @@ mod tests {
         let a = Assignment::for_rate(Some(0.5), 20);
         assert_eq!(a.rate_rps(), Some(0.5));
         let a = Assignment::for_rate(Some(15.3), 20);
-        assert!((a.rate_rps().unwrap() - 15.3).abs() / 15.3 <= GOOD_ENOUGH, "{a:?}");
+        assert!(
+            (a.rate_rps().unwrap() - 15.3).abs() / 15.3 <= GOOD_ENOUGH,
+            "{a:?}"
+        );
     }
 
     proptest! {

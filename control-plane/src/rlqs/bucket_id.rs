@@ -94,7 +94,12 @@ mod tests {
 
     #[test]
     fn other_keys_join_the_bucket_in_key_order() {
-        let cell = cell_of(&id(&[("path", "/a"), ("bucket", "acme"), ("method", "GET")])).unwrap();
+        let cell = cell_of(&id(&[
+            ("path", "/a"),
+            ("bucket", "acme"),
+            ("method", "GET"),
+        ]))
+        .unwrap();
         assert_eq!(cell.bucket, "acme;method=GET;path=/a");
         let cell = cell_of(&id(&[("path", "/a"), ("method", "GET")])).unwrap();
         assert_eq!(cell.bucket, "method=GET;path=/a");

@@ -5,11 +5,13 @@
 //! The per-bucket bound on one proxy's weight in the fleet sum is applied
 //! where the sum is made, in [`crate::fleet::ShareCap`].
 
+mod gate;
 mod identity;
 mod listener;
 mod plausibility;
 mod refusal_log;
 
+pub use gate::StreamGate;
 pub use identity::{IdentityPolicy, IdentityRule, InvalidIdentityRule, PeerIdentity, Refusal};
 pub use listener::{Exposure, ListenerRefused, Transport, check_listener};
 pub use plausibility::{Ceilings, Checked, WindowLedger};

@@ -1,0 +1,191 @@
+//! Envoy's own `rate_limit_quota` filter with the control plane as its
+//! RLQS server (`envoy/rlqs.yaml`), no wasm:
+//! - three Envoys (two workers each) with 60/30/10 skew at 4× a fleet limit
+//!   admit the limit ± 10 %, and follow a limit change;
+//! - a mixed fleet (one Envoy with the Sluice filter, two with
+//!   `rate_limit_quota`) shares one limit.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::{Duration, Instant};
+
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::rlqs;
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 150
+"#;
+
+async fn metrics(control_plane: &ControlPlane) -> String {
+    reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn print_logs(control_plane: &ControlPlane, envoys: &[&Envoy]) {
+    control_plane.print_log();
+    for envoy in envoys {
+        envoy.print_log();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let mut envoys = Vec::new();
+    for (name, proxy_id) in [
+        ("rlqs-a", "rlqs-a"),
+        ("rlqs-b", "rlqs-b"),
+        ("rlqs-c", "rlqs-c"),
+    ] {
+        envoys.push(rlqs::start(grpc, proxy_id, name, dir.path()).await.unwrap());
+    }
+    let duration = Duration::from_secs(32);
+    // 600 rps, 4× the limit: 60 / 30 / 10 %.
+    let streams = envoys
+        .iter()
+        .zip([360.0, 180.0, 60.0])
+        .enumerate()
+        .map(|(i, (envoy, rps))| {
+            StreamSpec::new(&format!("{i}/acme"), &envoy.base_url(), "acme", rps)
+        })
+        .collect();
+    let started = Instant::now();
+    let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
+
+    // Envoy reports every 5 s: by 12 s two reports of full load are in.
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(started.elapsed())).await;
+    let buckets_before = control_plane.admin().buckets().await.unwrap();
+    let actions_before = sample(
+        &metrics(&control_plane).await,
+        "sluice_rlqs_bucket_actions_sent_total",
+    );
+    control_plane
+        .admin()
+        .put_limit("acme", 300.0)
+        .await
+        .unwrap();
+    let changed_at = started.elapsed();
+    // The new assignments leave within two control intervals (plus the
+    // admin write's own interval).
+    let deadline = Instant::now() + Duration::from_millis(3 * 200 + 300);
+    let mut actions_after = actions_before;
+    while Instant::now() < deadline && actions_after <= actions_before {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        actions_after = sample(
+            &metrics(&control_plane).await,
+            "sluice_rlqs_bucket_actions_sent_total",
+        );
+    }
+    let pushed_after = started.elapsed() - changed_at;
+    let result = load.finish().await.unwrap();
+    let buckets_after = control_plane.admin().buckets().await.unwrap();
+
+    let before = Window::secs(12.0, 20.0);
+    let after = Window::secs(23.0, duration.as_secs_f64());
+    let summary = format!(
+        "{}{}control plane at 20 s: {buckets_before:?}\nat the end: {buckets_after:?}\nassignments pushed {pushed_after:?} after the change\n{}",
+        result.summary(before),
+        result.summary(after),
+        result.timeline(Duration::from_secs(1))
+    );
+    println!("{summary}");
+    let admitted_before = rate(result.tenant_counts(before, "acme").ok, before);
+    let admitted_after = rate(result.tenant_counts(after, "acme").ok, after);
+    let counts = result.tenant_counts(Window::secs(0.0, 3600.0), "acme");
+    let ok = within(admitted_before, 150.0, 0.10)
+        && within(admitted_after, 300.0, 0.10)
+        && actions_after > actions_before;
+    if !ok {
+        print_logs(&control_plane, &envoys.iter().collect::<Vec<_>>());
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert_eq!(
+        counts.skipped, 0,
+        "the load generator fell behind\n{summary}"
+    );
+    assert!(
+        within(admitted_before, 150.0, 0.10),
+        "admitted {admitted_before:.1} rps, limit 150\n{summary}"
+    );
+    assert!(
+        actions_after > actions_before,
+        "no assignment pushed after the change\n{summary}"
+    );
+    assert!(
+        within(admitted_after, 300.0, 0.10),
+        "admitted {admitted_after:.1} rps after the change to 300\n{summary}"
+    );
+    let bucket = buckets_before.bucket("acme").unwrap();
+    assert_eq!(bucket.proxies_reporting, 3, "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
+    let mut options = FleetOptions::new(LIMITS, 1);
+    options.proxy_ids = vec!["wasm-a".to_owned()];
+    let fleet = Fleet::start(options).await.unwrap();
+    let grpc = fleet.control_plane.grpc_addr();
+    let b = rlqs::start(grpc, "rlqs-b", "rlqs-b", fleet.dir())
+        .await
+        .unwrap();
+    let c = rlqs::start(grpc, "rlqs-c", "rlqs-c", fleet.dir())
+        .await
+        .unwrap();
+    let duration = Duration::from_secs(22);
+    let streams = vec![
+        StreamSpec::new("wasm/acme", &fleet.url(0).unwrap(), "acme", 200.0),
+        StreamSpec::new("rlqs-b/acme", &b.base_url(), "acme", 200.0),
+        StreamSpec::new("rlqs-c/acme", &c.base_url(), "acme", 200.0),
+    ];
+    let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let buckets = fleet.control_plane.admin().buckets().await.unwrap();
+    let result = load.finish().await.unwrap();
+
+    let window = Window::secs(12.0, duration.as_secs_f64());
+    let summary = format!(
+        "{}control plane at 16 s: {buckets:?}\n{}",
+        result.summary(window),
+        result.timeline(Duration::from_secs(1))
+    );
+    println!("{summary}");
+    let counts = result.tenant_counts(window, "acme");
+    let admitted = rate(counts.ok, window);
+    if !within(admitted, 150.0, 0.10) {
+        fleet.print_logs();
+        b.print_log();
+        c.print_log();
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert!(
+        within(admitted, 150.0, 0.10),
+        "the mixed fleet admitted {admitted:.1} rps, limit 150\n{summary}"
+    );
+    let bucket = buckets.bucket("acme").unwrap();
+    assert_eq!(bucket.proxies_reporting, 3, "{summary}");
+}
