@@ -189,3 +189,98 @@ async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
     let bucket = buckets.bucket("acme").unwrap();
     assert_eq!(bucket.proxies_reporting, 3, "{summary}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() {
+    let dir = tempfile::tempdir().unwrap();
+    // A 3 s TTL: assignments expire during the outage, and Envoy's
+    // `expired_assignment_behavior` (each Envoy's static share, 75 rps)
+    // must hold until the new control plane assigns again.
+    let limits = format!("directive_ttl_ms: 3000\n{LIMITS}");
+    let mut control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(&limits, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let a = rlqs::start_with_fallback(grpc, "rlqs-a", "rlqs-a", dir.path(), 75)
+        .await
+        .unwrap();
+    let b = rlqs::start_with_fallback(grpc, "rlqs-b", "rlqs-b", dir.path(), 75)
+        .await
+        .unwrap();
+    let duration = Duration::from_secs(34);
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("a/acme", &a.base_url(), "acme", 450.0),
+            StreamSpec::new("b/acme", &b.base_url(), "acme", 150.0),
+        ],
+        duration,
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(load.elapsed())).await;
+    control_plane.kill().unwrap();
+    let killed_at = load.elapsed();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let restart_at = load.elapsed();
+    control_plane.restart().await.unwrap();
+    let reconnected = control_plane
+        .admin()
+        .wait_for_bucket(
+            "acme",
+            "both Envoys to report to the new control plane",
+            Duration::from_secs(12),
+            Duration::from_millis(200),
+            |b| (b.proxies_reporting == 2).then_some(()),
+        )
+        .await;
+    let result = load.finish().await.unwrap();
+
+    let before = Window::secs(7.0, killed_at.as_secs_f64());
+    let outage = Window {
+        from: killed_at,
+        to: restart_at,
+    };
+    let after = Window {
+        from: restart_at,
+        to: duration,
+    };
+    let summary = format!(
+        "{}{}{}killed at {killed_at:?}, restarted at {restart_at:?}\n{}",
+        result.summary(before),
+        result.summary(outage),
+        result.summary(after),
+        result.timeline(Duration::from_secs(1))
+    );
+    println!("{summary}");
+    let admitted = |window| rate(result.tenant_counts(window, "acme").ok, window);
+    let (before_rps, outage_rps, after_rps) = (admitted(before), admitted(outage), admitted(after));
+    // Every second after the restart, too: no step.
+    let worst_second = (restart_at.as_secs()..duration.as_secs())
+        .map(|s| admitted(Window::secs(s as f64, s as f64 + 1.0)))
+        .fold(0.0_f64, f64::max);
+    let ok = reconnected.is_ok()
+        && within(before_rps, 150.0, 0.10)
+        && within(outage_rps, 150.0, 0.10)
+        && within(after_rps, 150.0, 0.10)
+        && worst_second <= 150.0 * 1.25;
+    if !ok {
+        print_logs(&control_plane, &[&a, &b]);
+    }
+    reconnected.unwrap();
+    assert!(
+        within(before_rps, 150.0, 0.10),
+        "before: {before_rps:.1}\n{summary}"
+    );
+    assert!(
+        within(outage_rps, 150.0, 0.10),
+        "outage: {outage_rps:.1}\n{summary}"
+    );
+    assert!(
+        within(after_rps, 150.0, 0.10),
+        "after: {after_rps:.1}\n{summary}"
+    );
+    assert!(
+        worst_second <= 150.0 * 1.25,
+        "a second at {worst_second:.0} rps after the restart\n{summary}"
+    );
+}

@@ -286,7 +286,17 @@ impl Session {
                 abandoned.push(cell.clone());
                 continue;
             }
-            let assignment = assignment_for(table, cell, known.local);
+            let assignment = match assignment_for(table, cell, known.local) {
+                Some(assignment) => assignment,
+                // No directive for the cell: nothing to say unless a limit
+                // was assigned before (lift it). A new stream after a
+                // restart therefore leaves Envoy's last assignment in force
+                // until the new control plane has decided.
+                None if known.sent.is_some_and(|sent| sent != Assignment::AllowAll) => {
+                    Assignment::AllowAll
+                }
+                None => continue,
+            };
             if !renew && known.sent.is_some_and(|sent| sent.close_to(&assignment)) {
                 continue;
             }
@@ -320,25 +330,23 @@ impl Session {
 }
 
 /// The assignment for a cell on this Envoy: what the wasm filter's
-/// allowance would be, from the directive that governs the cell.
+/// allowance would be, from the directive that governs the cell; `None`
+/// when no directive does.
 fn assignment_for(
     table: &DirectiveTable,
     cell: &CellOfBucket,
     local: Option<sluice_filter::allowance::LocalRate>,
-) -> Assignment {
+) -> Option<Assignment> {
     let priority = cell.priority.to_wire();
     let entry = table
         .cell(&cell.bucket, &cell.tenant, priority)
-        .or_else(|| table.cell(&cell.bucket, "", WirePriority::Unspecified));
-    let Some(entry) = entry else {
-        return Assignment::AllowAll;
-    };
+        .or_else(|| table.cell(&cell.bucket, "", WirePriority::Unspecified))?;
     if !entry.enforce {
-        return Assignment::AllowAll;
+        return Some(Assignment::AllowAll);
     }
     let directive = &entry.directive;
     if directive.drop_ratio.get() >= 1.0 {
-        return Assignment::DenyAll;
+        return Some(Assignment::DenyAll);
     }
     let rates = DirectiveRates {
         drop_ratio: directive.drop_ratio,
@@ -352,7 +360,7 @@ fn assignment_for(
     let rate = local
         .and_then(|local| allowance_rps(local, rates, settings))
         .or_else(|| directive.per_proxy_rps());
-    Assignment::for_rate(rate, BURST_MS)
+    Some(Assignment::for_rate(rate, BURST_MS))
 }
 
 fn strategy(assignment: Assignment) -> RateLimitStrategy {
