@@ -284,3 +284,132 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
         "a second at {worst_second:.0} rps after the restart\n{summary}"
     );
 }
+
+mod rogue {
+    use std::collections::HashMap;
+
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+
+    /// A usage for `{bucket: name}`.
+    pub fn usage(name: &str, seconds: i64, allowed: u64) -> BucketQuotaUsage {
+        BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: HashMap::from([("bucket".to_owned(), name.to_owned())]),
+            }),
+            time_elapsed: Some(ProtoDuration { seconds, nanos: 0 }),
+            num_requests_allowed: allowed,
+            num_requests_denied: 0,
+        }
+    }
+
+    /// Opens an RLQS stream as `proxy_id` and sends `messages`; returns the
+    /// stream's first answer (or error) and keeps the stream open until
+    /// the returned sender is dropped.
+    pub async fn send(
+        grpc: std::net::SocketAddr,
+        proxy_id: &str,
+        messages: Vec<Vec<BucketQuotaUsage>>,
+    ) -> (
+        tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports>,
+        Result<Option<usize>, tonic::Status>,
+    ) {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 << 20);
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        for usages in messages {
+            sender
+                .send(RateLimitQuotaUsageReports {
+                    domain: "rogue".to_owned(),
+                    bucket_quota_usages: usages,
+                })
+                .await
+                .unwrap();
+        }
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
+        request
+            .metadata_mut()
+            .insert("x-sluice-proxy-id", proxy_id.parse().unwrap());
+        let first = match client.stream_rate_limit_quotas(request).await {
+            Ok(response) => {
+                let mut inbound = response.into_inner();
+                tokio::time::timeout(std::time::Duration::from_secs(5), inbound.message())
+                    .await
+                    .map_err(|_| tonic::Status::deadline_exceeded("no answer"))
+                    .and_then(|m| m.map(|m| m.map(|r| r.bucket_action.len())))
+            }
+            Err(status) => Err(status),
+        };
+        (sender, first)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let grpc = control_plane.grpc_addr();
+
+    let mut no_id = rogue::usage("x", 5, 1);
+    no_id.bucket_id = None;
+    let absurd = rogue::usage("acme", 5, u64::MAX / 2);
+    let negative = rogue::usage("acme", -5, 10);
+    let (_bad, first) = rogue::send(grpc, "rogue-a", vec![vec![no_id, negative, absurd]]).await;
+    // 100,000 distinct bucket ids in one message: twice the per-proxy cap.
+    let flood: Vec<_> = (0..100_000)
+        .map(|i| rogue::usage(&format!("flood-{i}"), 5, 1))
+        .collect();
+    let (_flood, flood_first) = rogue::send(grpc, "rogue-b", vec![flood]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let exposition = metrics(&control_plane).await;
+    let buckets = control_plane.admin().buckets().await.unwrap();
+    let healthy = control_plane.admin().healthy().await.unwrap();
+    let summary = format!("first answers: {first:?} / {flood_first:?}\n");
+    let refused = |reason: &str| {
+        sample(
+            &exposition,
+            &format!("sluice_rlqs_usages_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    if !(refused("no_bucket") >= 1.0 && refused("over_cap") >= 50_000.0) {
+        control_plane.print_log();
+    }
+    assert!(healthy, "{summary}");
+    assert!(
+        first.is_ok(),
+        "the rogue's valid usage still gets an answer\n{summary}"
+    );
+    assert_eq!(refused("no_bucket"), 1.0, "{summary}{exposition}");
+    assert_eq!(refused("negative_elapsed"), 1.0, "{summary}{exposition}");
+    assert_eq!(refused("over_cap"), 50_000.0, "{summary}{exposition}");
+    assert!(
+        sample(
+            &exposition,
+            r#"sluice_reports_clamped_total{reason="cell_ceiling"}"#
+        ) >= 1.0,
+        "{exposition}"
+    );
+    assert!(
+        sample(
+            &exposition,
+            r#"sluice_cells_rejected_total{reason="proxy_cap"}"#
+        ) >= 50_000.0,
+        "{exposition}"
+    );
+    let tracked = sample(&exposition, "sluice_cells_tracked");
+    assert!(tracked <= 50_001.0, "cells tracked: {tracked}");
+    // The absurd claim is clamped to the per-cell ceiling (1,000,000 rps),
+    // not 10^18.
+    let acme = buckets.bucket("acme").expect("acme is tracked");
+    assert!(acme.offered_rps <= 1_000_001.0, "{acme:?}");
+}

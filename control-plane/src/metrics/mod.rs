@@ -517,6 +517,11 @@ impl Metrics {
         self.rlqs.usages_refused(no_bucket, negative_elapsed);
     }
 
+    /// A new RLQS bucket id beyond the per-proxy cell cap was not tracked.
+    pub fn rlqs_bucket_over_cap(&self) {
+        self.rlqs.over_cap();
+    }
+
     /// RLQS bucket actions sent.
     pub fn rlqs_actions_sent(&self, count: usize) {
         self.rlqs.actions_sent(count);

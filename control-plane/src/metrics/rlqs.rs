@@ -18,7 +18,7 @@ impl RlqsMetrics {
         let metrics = Self::default();
         registry.register(
             "rlqs_usages_refused",
-            "RLQS bucket usages not counted, by reason (no_bucket: no or empty bucket id, or over the per-proxy cap; negative_elapsed)",
+            "RLQS bucket usages not counted, by reason (no_bucket: no or empty bucket id; negative_elapsed; over_cap: a new bucket id beyond the per-proxy cell cap)",
             metrics.usages_refused.clone(),
         );
         registry.register(
@@ -26,7 +26,7 @@ impl RlqsMetrics {
             "RLQS bucket actions (assignments and abandons) sent to Envoys",
             metrics.actions_sent.clone(),
         );
-        for reason in ["no_bucket", "negative_elapsed"] {
+        for reason in ["no_bucket", "negative_elapsed", "over_cap"] {
             let _ = metrics
                 .usages_refused
                 .get_or_create_owned(&ReasonLabels { reason });
@@ -45,6 +45,12 @@ impl RlqsMetrics {
                     .inc_by(u64::from(count));
             }
         }
+    }
+
+    pub(super) fn over_cap(&self) {
+        self.usages_refused
+            .get_or_create(&ReasonLabels { reason: "over_cap" })
+            .inc();
     }
 
     pub(super) fn actions_sent(&self, count: usize) {

@@ -9,6 +9,7 @@
 //! filter's own directive table, and each bucket id gets the allowance the
 //! wasm filter would derive, as a token bucket ([`assignment`]).
 
+mod action;
 mod assignment;
 mod bucket_id;
 mod session;

@@ -4,8 +4,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
@@ -14,9 +12,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
-use sluice_filter::allowance::{AllowanceSettings, DirectiveRates, allowance_rps};
-use sluice_proto::v1::Priority as WirePriority;
 use sluice_filter::directives::DirectiveTable;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::action::{assignment_for, proto_duration, refresh_every, strategy};
 use super::assignment::Assignment;
 use super::bucket_id::CellOfBucket;
 use super::usage::{SeenBucket, convert, is_periodic};
@@ -38,9 +34,6 @@ const OUTBOUND_BUFFER: usize = 8;
 /// A bucket id that reported no requests this many times in a row is
 /// abandoned: Envoy forgets it and stops reporting it.
 const IDLE_REPORTS_BEFORE_ABANDON: u32 = 3;
-/// The burst of a token bucket, as milliseconds of its rate (the wasm
-/// filter's default `burst_ms`).
-const BURST_MS: u64 = 20;
 
 /// The RLQS gRPC service.
 #[derive(Debug, Clone)]
@@ -231,7 +224,7 @@ impl Session {
                     known.local = local.or(known.local);
                     known.idle_reports = if idle { known.idle_reports + 1 } else { 0 };
                 }
-                None if full => metrics.rlqs_usages_refused(1, 0),
+                None if full => metrics.rlqs_bucket_over_cap(),
                 None => {
                     self.buckets.insert(
                         cell,
@@ -326,82 +319,5 @@ impl Session {
             () = self.shutdown.cancelled() => Err(()),
             sent = self.outbound.send(Ok(response)) => sent.map_err(|_| ()),
         }
-    }
-}
-
-/// The assignment for a cell on this Envoy: what the wasm filter's
-/// allowance would be, from the directive that governs the cell; `None`
-/// when no directive does.
-fn assignment_for(
-    table: &DirectiveTable,
-    cell: &CellOfBucket,
-    local: Option<sluice_filter::allowance::LocalRate>,
-) -> Option<Assignment> {
-    let priority = cell.priority.to_wire();
-    let entry = table
-        .cell(&cell.bucket, &cell.tenant, priority)
-        .or_else(|| table.cell(&cell.bucket, "", WirePriority::Unspecified))?;
-    if !entry.enforce {
-        return Some(Assignment::AllowAll);
-    }
-    let directive = &entry.directive;
-    if directive.drop_ratio.get() >= 1.0 {
-        return Some(Assignment::DenyAll);
-    }
-    let rates = DirectiveRates {
-        drop_ratio: directive.drop_ratio,
-        limit_rps: directive.stated_limit_rps(),
-        fleet_offered_rps: directive.offered_rps,
-    };
-    let settings = AllowanceSettings {
-        headroom: 0.0,
-        burst_ms: BURST_MS,
-    };
-    let rate = local
-        .and_then(|local| allowance_rps(local, rates, settings))
-        .or_else(|| directive.per_proxy_rps());
-    Some(Assignment::for_rate(rate, BURST_MS))
-}
-
-fn strategy(assignment: Assignment) -> RateLimitStrategy {
-    let strategy = match assignment {
-        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
-        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
-        Assignment::TokenBucket {
-            max_tokens,
-            tokens_per_fill,
-            fill_interval_s,
-        } => Strategy::TokenBucket(TokenBucket {
-            max_tokens,
-            tokens_per_fill: Some(UInt32Value {
-                value: tokens_per_fill,
-            }),
-            // N s + N ns: see `assignment` for why the nanoseconds.
-            fill_interval: Some(ProtoDuration {
-                seconds: i64::from(fill_interval_s),
-                nanos: i32::try_from(fill_interval_s).unwrap_or(0),
-            }),
-        }),
-    };
-    RateLimitStrategy {
-        strategy: Some(strategy),
-    }
-}
-
-fn proto_duration(duration: Duration) -> ProtoDuration {
-    ProtoDuration {
-        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
-    }
-}
-
-/// Assignments are renewed at a third of their TTL (every 30 s with the
-/// default 90 s), and at least every minute.
-fn refresh_every(ttl_ms: u64) -> Duration {
-    let third = Duration::from_millis(ttl_ms / 3);
-    if third.is_zero() {
-        Duration::from_secs(60)
-    } else {
-        third.min(Duration::from_secs(60))
     }
 }
