@@ -85,7 +85,7 @@ build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
 # End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service, and router vs Sluice at 50% in front of a real upstream; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
-bench-envoy *ARGS: build-wasm build-empty-filter
+bench-envoy *ARGS: build-wasm build-empty-filter build-control-plane
     cargo build -q --release -p sluice-benches --bins
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
       target/release/bench_envoy {{ARGS}}

@@ -1,7 +1,9 @@
 //! End-to-end benchmark: what Sluice costs inside Envoy, against Envoy alone,
 //! Envoy's `local_ratelimit`, an empty proxy-wasm filter and Envoy's global
-//! `ratelimit` filter with a per-request gRPC rate limit service; and, in
-//! front of a real upstream, what a 429 saves against a passing request.
+//! `ratelimit` filter with a per-request gRPC rate limit service; in front
+//! of a real upstream, what a 429 saves against a passing request; and
+//! Envoy's own `rate_limit_quota` filter with Sluice as RLQS server, the
+//! data plane without wasm.
 //!
 //! ```text
 //! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--output FILE|-]
@@ -9,7 +11,8 @@
 //!
 //! Finds Envoy and the filter like the integration tests (`ENVOY_BIN`,
 //! `SLUICE_WASM`), the empty filter through `EMPTY_FILTER_WASM`, and the
-//! stand-in services' binary (`bench_service`) next to its own executable.
+//! stand-in services' binary (`bench_service`) next to its own executable,
+//! the control plane (`SLUICE_BIN`, default `target/debug/sluice`).
 //! Writes the results into their own section of `BENCHMARKS.md` at the
 //! workspace root (the rest of the file is kept) and the CPU chart
 //! ([`chart::FILE_NAME`]) next to it, unless `--output -`.
@@ -25,6 +28,7 @@ use sluice_benches::e2e::directives::DirectiveServer;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report::{self, Run, Setup, Summary};
 use sluice_benches::e2e::service::{Service, ServiceProcess};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::paths;
 
@@ -110,6 +114,16 @@ async fn run() -> Result<()> {
     let server = DirectiveServer::start().await?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
     let rls = ServiceProcess::start(Service::RateLimit, work.path()).await?;
+    // The real control plane, as RLQS server of variant 10: a limit so high
+    // its token bucket never runs dry.
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            &format!("limits:\n  - bucket: \"{BUCKET}\"\n    limit_rps: 1000000000\n"),
+            work.path(),
+        )
+        .control_interval_ms(200),
+    )
+    .await?;
     let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
 
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); Variant::ALL.len()];
@@ -125,6 +139,7 @@ async fn run() -> Result<()> {
                 server: &server,
                 rls: &rls,
                 upstream: &upstream,
+                control_plane: &control_plane,
                 work: work.path(),
                 empty_wasm: &empty_wasm,
                 ticks,
@@ -183,12 +198,31 @@ struct Bench<'a> {
     server: &'a DirectiveServer,
     rls: &'a ServiceProcess,
     upstream: &'a ServiceProcess,
+    control_plane: &'a ControlPlane,
     work: &'a std::path::Path,
     empty_wasm: &'a std::path::Path,
     ticks: u64,
 }
 
+/// Longest wait for the first RLQS assignment of a variant-10 Envoy.
+const RLQS_ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(20);
+
 impl Bench<'_> {
+    /// RLQS assignments the control plane has sent so far.
+    async fn assignments_sent(&self) -> Result<f64> {
+        let url = format!("http://{}/metrics", self.control_plane.admin_addr());
+        let text = reqwest::get(&url).await?.text().await?;
+        Ok(text
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("sluice_rlqs_bucket_actions_sent_total ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0))
+    }
+
     /// Starts Envoy for `variant`, warms it up, measures, stops it.
     async fn run(&self, variant: Variant, round: usize) -> Result<Run> {
         let name = format!("{}-r{round}", variant.slug());
@@ -199,7 +233,9 @@ impl Bench<'_> {
         let services = Services {
             rls: self.rls.addr(),
             upstream: self.upstream.addr(),
+            rlqs: self.control_plane.grpc_addr(),
         };
+        let assignments_before = self.assignments_sent().await?;
         let config = config::envoy_config(variant, self.server.addr(), services, self.empty_wasm)?;
         let mut options = EnvoyOptions::new(&name, self.work);
         options.concurrency = 1;
@@ -219,7 +255,20 @@ impl Bench<'_> {
             tokio::time::sleep(DIRECTIVE_SETTLE).await;
         }
 
-        let warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+        let mut warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+        if variant == Variant::RateLimitQuota {
+            // Envoy reports every 5 s; the assignment follows the first
+            // report with traffic. Keep traffic flowing until it is there.
+            let deadline = tokio::time::Instant::now() + RLQS_ASSIGNMENT_TIMEOUT;
+            while self.assignments_sent().await? <= assignments_before {
+                if tokio::time::Instant::now() >= deadline {
+                    envoy.print_log();
+                    self.control_plane.print_log();
+                    bail!("{name}: no RLQS assignment within {RLQS_ASSIGNMENT_TIMEOUT:?}");
+                }
+                warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+            }
+        }
         if variant.drop_ratio() == Some(0.5) {
             let share = warm.limited as f64 / warm.latencies_us.len().max(1) as f64;
             if !(0.3..=0.7).contains(&share) {

@@ -45,11 +45,15 @@ pub enum Variant {
     /// Sluice dropping half the requests in front of variant 8: the half it
     /// rejects never reaches the upstream.
     UpstreamSluiceHalf,
+    /// Envoy's `rate_limit_quota` filter with the real control plane as its
+    /// RLQS server, holding a token bucket assignment that never runs dry:
+    /// no wasm.
+    RateLimitQuota,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -59,6 +63,7 @@ impl Variant {
         Variant::FaultReply,
         Variant::UpstreamRouter,
         Variant::UpstreamSluiceHalf,
+        Variant::RateLimitQuota,
     ];
 
     /// Short name for logs and file names.
@@ -73,6 +78,7 @@ impl Variant {
             Variant::FaultReply => "fault-reply",
             Variant::UpstreamRouter => "upstream",
             Variant::UpstreamSluiceHalf => "upstream-sluice-50pct",
+            Variant::RateLimitQuota => "rate-limit-quota",
         }
     }
 
@@ -88,6 +94,7 @@ impl Variant {
             Variant::FaultReply => "7. fault-filter local reply (6 without ratelimit)",
             Variant::UpstreamRouter => "8. router to an HTTP/1.1 upstream",
             Variant::UpstreamSluiceHalf => "9. + Sluice at 50% drop, upstream as 8",
+            Variant::RateLimitQuota => "10. + rate_limit_quota, Sluice RLQS token bucket, no drops",
         }
     }
 
@@ -127,6 +134,8 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
+    /// The real control plane's gRPC listener, as RLQS server (variant 10).
+    pub rlqs: SocketAddr,
 }
 
 /// The Envoy config for `variant`, its control-plane cluster pointing at
@@ -164,7 +173,11 @@ pub fn envoy_config(
         Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
         Variant::FaultReply => vec![fault_reply()?, router],
         Variant::UpstreamRouter => vec![router],
+        Variant::RateLimitQuota => vec![rate_limit_quota()?, router],
     };
+    if variant == Variant::RateLimitQuota {
+        add_cluster(&mut config, RLQS_CLUSTER, services.rlqs, true)?;
+    }
     if matches!(variant, Variant::GlobalRateLimit | Variant::FaultReply) {
         add_cluster(&mut config, RLS_CLUSTER, services.rls, true)?;
         route_to_cluster(&mut config, RLS_CLUSTER)?;
@@ -213,6 +226,27 @@ typed_config:
 "#,
     )
     .context("local_ratelimit filter config")
+}
+
+/// Name of the cluster of the RLQS server (variant 10).
+const RLQS_CLUSTER: &str = "bench_rlqs";
+
+/// The `rate_limit_quota` filter of `envoy/rlqs.yaml` (bucket id from the
+/// `x-tenant` header), talking to [`RLQS_CLUSTER`].
+fn rate_limit_quota() -> Result<Value> {
+    let mut rlqs = load_repo_config("rlqs.yaml")?;
+    let mut filter = http_filters(&mut rlqs)?
+        .first()
+        .cloned()
+        .context("envoy/rlqs.yaml: no HTTP filter")?;
+    let cluster = filter
+        .get_mut("typed_config")
+        .and_then(|v| v.get_mut("rlqs_server"))
+        .and_then(|v| v.get_mut("envoy_grpc"))
+        .and_then(Value::as_mapping_mut)
+        .context("envoy/rlqs.yaml: the first filter has no rlqs_server.envoy_grpc")?;
+    cluster.insert("cluster_name".into(), RLQS_CLUSTER.into());
+    Ok(filter)
 }
 
 /// Name of the cluster of the rate limit service (variant 6).

@@ -1,6 +1,7 @@
 //! The end-to-end benchmark behind the `bench_envoy` binary: Envoy with
-//! `--concurrency 1` in nine variants (filter chains, and two with a real
-//! upstream), a closed-loop HTTP/1.1 client in-process, and Envoy's own CPU
+//! `--concurrency 1` in ten variants (filter chains, two with a real
+//! upstream, and Envoy's `rate_limit_quota` with the real control plane as
+//! RLQS server), a closed-loop HTTP/1.1 client in-process, and Envoy's own CPU
 //! time read from `/proc`.
 //!
 //! - [`config`]: the Envoy configs, derived from `envoy/demo-a.yaml`.
