@@ -413,3 +413,102 @@ async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
     let acme = buckets.bucket("acme").expect("acme is tracked");
     assert!(acme.offered_rps <= 1_000_001.0, "{acme:?}");
 }
+
+/// Sends bytes as they are: a client whose messages are not protobuf.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut bytes = vec![0; src.remaining()];
+        src.copy_to_slice(&mut bytes);
+        Ok(Some(bytes))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_usage_report_closes_only_its_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let grpc = control_plane.grpc_addr();
+    // A well-behaved stream first, which must survive the bad one.
+    let (_good, good_first) =
+        rogue::send(grpc, "good", vec![vec![rogue::usage("acme", 5, 10)]]).await;
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.unwrap();
+    // Field 2 (bucket_quota_usages) as a length-delimited field that claims
+    // more bytes than follow: not protobuf.
+    let garbage = vec![0x12, 0xff, 0xff, 0x01, 0x02];
+    let request = tonic::Request::new(tokio_stream::iter(vec![garbage]));
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+    );
+    let outcome = match client.streaming(request, path, RawCodec).await {
+        Ok(response) => {
+            let mut inbound = response.into_inner();
+            tokio::time::timeout(Duration::from_secs(5), inbound.message())
+                .await
+                .map(|m| m.map(|m| m.map(|b| b.len())))
+        }
+        Err(status) => Ok(Err(status)),
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let healthy = control_plane.admin().healthy().await.unwrap();
+    let proxies = control_plane.admin().proxies().await.unwrap();
+    let summary = format!("bad stream: {outcome:?}\ngood stream: {good_first:?}\n{proxies:?}");
+    assert!(healthy, "{summary}");
+    // The bad stream ends with a status (or is closed), not with data.
+    assert!(
+        !matches!(outcome, Ok(Ok(Some(_)))),
+        "the malformed stream was answered\n{summary}"
+    );
+    assert!(good_first.is_ok(), "{summary}");
+    let good = proxies.proxies.iter().find(|p| p.proxy_id == "good");
+    assert!(good.is_some_and(|p| p.connected), "{summary}");
+}
