@@ -37,7 +37,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gRPC server for filters, the control loop and the admin API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a limits file and exit.
     CheckConfig(CheckConfigArgs),
     /// Run a traffic scenario through the real controller on a simulated
@@ -124,9 +124,32 @@ pub struct ServeArgs {
     /// counts at most this multiple of the median proxy's (0: no cap).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_CAP_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_cap: f64,
+    /// Exact quotas: serve Envoy's rate limit service API
+    /// (ShouldRateLimit) on the gRPC listener, configured by this file or
+    /// directory in envoyproxy/ratelimit's format (hot-reloaded).
+    #[arg(long, value_name = "PATH")]
+    pub quotas: Option<PathBuf>,
+    /// The algorithm of every quota: gcra (no boundary bursts),
+    /// sliding_window or fixed_window (envoyproxy/ratelimit's).
+    #[arg(long, value_name = "NAME", default_value = "gcra", value_parser = parse_algorithm)]
+    pub quota_algorithm: crate::quotas::Algorithm,
+    /// Answer over limit when a hit cannot be counted (the store is full);
+    /// the default answers OK, like envoyproxy/ratelimit.
+    #[arg(long)]
+    pub quota_fail_closed: bool,
     /// ... and above this multiple it counts for nothing (0: never).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_ignore: f64,
+}
+
+fn parse_algorithm(value: &str) -> Result<crate::quotas::Algorithm, String> {
+    use crate::quotas::Algorithm;
+    match value {
+        "gcra" => Ok(Algorithm::Gcra),
+        "sliding_window" => Ok(Algorithm::SlidingWindow),
+        "fixed_window" => Ok(Algorithm::FixedWindow),
+        _ => Err("one of gcra, sliding_window, fixed_window".to_owned()),
+    }
 }
 
 fn parse_positive(value: &str) -> Result<f64, String> {
@@ -262,7 +285,7 @@ pub enum ServeError {
 /// Runs a parsed command line; the exit code is 0 on success, 1 on failure.
 pub async fn execute(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve(args) => match serve(args).await {
+        Command::Serve(args) => match serve(*args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 tracing::error!(%err, "sluice serve failed");
@@ -363,6 +386,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     })?;
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
     let share_cap = share_cap(&args)?;
+    let quota_config = args
+        .quotas
+        .as_deref()
+        .map(crate::quotas::QuotaConfig::from_path)
+        .transpose()?;
     let defaults = Settings::from_config(&config, args.control_interval_ms);
     let settings = Settings {
         startup_grace: std::time::Duration::from_millis(args.startup_grace_ms),
@@ -440,6 +468,19 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             max_proxy_rps: args.max_proxy_rps,
             max_cell_rps: args.max_cell_rps,
         },
+        quotas: quota_config.map(|config| {
+            std::sync::Arc::new(crate::quotas::Quotas::new(
+                config,
+                args.quotas.clone(),
+                crate::quotas::QuotaSettings {
+                    algorithm: args.quota_algorithm,
+                    fail_closed: args.quota_fail_closed,
+                    ..crate::quotas::QuotaSettings::default()
+                },
+                crate::quotas::system_clock(),
+                state.metrics().quotas(),
+            ))
+        }),
     };
     run_with(grpc, admin_listener, admin, poll, shutdown).await?;
     Ok(())

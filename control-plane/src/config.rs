@@ -316,7 +316,10 @@ impl fmt::Display for InvalidConfig {
 }
 
 impl ConfigError {
-    fn invalid(file: &str, err: serde_path_to_error::Error<serde_yaml_ng::Error>) -> Self {
+    pub(crate) fn invalid(
+        file: &str,
+        err: serde_path_to_error::Error<serde_yaml_ng::Error>,
+    ) -> Self {
         let path = err.path().to_string();
         let field = if path == "." { String::new() } else { path };
         let inner = err.into_inner();

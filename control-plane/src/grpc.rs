@@ -1,6 +1,7 @@
 //! The filters' gRPC listener: the `sluice.v1.DirectiveService` stream
 //! (one bidirectional stream per Envoy, reports in, directive batches out)
-//! and, beside it, the RLQS service ([`crate::rlqs`]).
+//! and, beside it, the RLQS service ([`crate::rlqs`]) and, with quotas
+//! configured, Envoy's rate limit service API ([`crate::quotas`]).
 
 use std::time::Duration;
 
@@ -21,10 +22,12 @@ use std::time::Instant;
 
 use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
+use crate::quotas::{Quotas, RateLimitGrpc};
 use crate::rlqs::RlqsService;
 use crate::state::AppState;
 use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, StreamGate, WindowLedger};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
 /// A stream that has not said Hello by then is closed.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,6 +50,8 @@ pub struct GrpcEndpoint {
     pub identity: Option<IdentityPolicy>,
     /// Most a report may claim.
     pub ceilings: Ceilings,
+    /// Exact quotas: serves Envoy's rate limit service API when set.
+    pub quotas: Option<Arc<Quotas>>,
 }
 
 impl From<TcpListener> for GrpcEndpoint {
@@ -56,6 +61,7 @@ impl From<TcpListener> for GrpcEndpoint {
             tls: None,
             identity: None,
             ceilings: Ceilings::default(),
+            quotas: None,
         }
     }
 }
@@ -94,6 +100,11 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(DirectiveServiceServer::new(service))
         .add_service(RateLimitQuotaServiceServer::new(rlqs))
+        .add_optional_service(
+            endpoint
+                .quotas
+                .map(|q| RateLimitServiceServer::new(RateLimitGrpc::new(q))),
+        )
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(endpoint.listener),
             shutdown.cancelled_owned(),

@@ -31,6 +31,7 @@ pub mod overrides;
 pub mod persist;
 pub mod policy;
 pub mod push;
+pub mod quotas;
 pub mod reload;
 pub mod rlqs;
 pub mod simulate;
@@ -119,13 +120,18 @@ pub async fn run_with(
             ("control loop", Ok(()))
         }
     });
+    let grpc_endpoint: GrpcEndpoint = grpc_listener.into();
+    if let Some(quotas) = grpc_endpoint.quotas.as_ref().filter(|q| q.path.is_some()) {
+        tasks.spawn({
+            let watch = quotas::watch(Arc::clone(quotas), reload_poll, token.clone());
+            async move {
+                watch.await;
+                ("quota configuration watcher", Ok(()))
+            }
+        });
+    }
     tasks.spawn({
-        let serve = grpc::serve(
-            grpc_listener.into(),
-            state.clone(),
-            streams.clone(),
-            token.clone(),
-        );
+        let serve = grpc::serve(grpc_endpoint, state.clone(), streams.clone(), token.clone());
         async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
     });
     if admin.live().file().is_some() {

@@ -10,12 +10,14 @@
 
 mod histogram;
 mod proxies;
+mod quotas;
 mod rlqs;
 mod staleness;
 mod trust;
 
 pub use histogram::AtomicHistogram;
 pub use proxies::ProxyGuard;
+pub use quotas::QuotaMetrics;
 
 use proxies::Proxies;
 use rlqs::RlqsMetrics;
@@ -134,6 +136,7 @@ pub struct Metrics {
     tick_duration: AtomicHistogram,
     trust: TrustMetrics,
     rlqs: RlqsMetrics,
+    quotas: QuotaMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -330,6 +333,7 @@ impl Metrics {
 
         let trust = TrustMetrics::register(&mut registry);
         let rlqs = RlqsMetrics::register(&mut registry);
+        let quotas = QuotaMetrics::register(&mut registry);
 
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
@@ -359,7 +363,13 @@ impl Metrics {
             tick_duration,
             trust,
             rlqs,
+            quotas,
         }
+    }
+
+    /// The exact quotas' counters.
+    pub fn quotas(&self) -> QuotaMetrics {
+        self.quotas.clone()
     }
 
     /// The exposition, in the OpenMetrics text format ([`CONTENT_TYPE`]).

@@ -1,0 +1,437 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: each
+//! descriptor of a request is matched to its limit, counted in the store
+//! and answered, and the request is over limit when any enforced
+//! descriptor is.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use tonic::{Request, Response, Status};
+
+use super::Quotas;
+use super::algorithm::{Decision, Quota};
+use super::config::{Limit, Unit};
+use super::lookup;
+
+/// Most descriptors one request may carry.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 16;
+/// A limit is "near" once this share of it is used (envoyproxy/ratelimit's
+/// threshold).
+const NEAR_LIMIT: f64 = 0.8;
+
+/// The service, over a shared [`Quotas`].
+#[derive(Debug, Clone)]
+pub struct RateLimitGrpc {
+    quotas: Arc<Quotas>,
+}
+
+impl RateLimitGrpc {
+    /// A service answering from `quotas`.
+    pub fn new(quotas: Arc<Quotas>) -> Self {
+        Self { quotas }
+    }
+}
+
+/// One descriptor's outcome, before it becomes a status.
+#[derive(Debug)]
+struct Counted {
+    limit: RateLimit,
+    decision: Decision,
+    over: bool,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitGrpc {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        self.quotas.answer(&request).map(Response::new)
+    }
+}
+
+impl Quotas {
+    /// Answers one request.
+    pub fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            self.metrics.refused("too_many_descriptors");
+            return Err(Status::invalid_argument(format!(
+                "{} descriptors; at most {MAX_DESCRIPTORS}",
+                request.descriptors.len()
+            )));
+        }
+        if request
+            .descriptors
+            .iter()
+            .any(|d| d.entries.len() > MAX_ENTRIES)
+        {
+            self.metrics.refused("too_many_entries");
+            return Err(Status::invalid_argument(format!(
+                "a descriptor has more than {MAX_ENTRIES} entries"
+            )));
+        }
+        let config = self.config();
+        let root = config.domains.get(&request.domain);
+        let default_hits = request.hits_addend.max(1);
+        // Limits of this request, by descriptor.
+        let limits: Vec<Option<Limit>> = request
+            .descriptors
+            .iter()
+            .map(|descriptor| match &descriptor.limit {
+                Some(over) => Unit::from_wire(over.unit).map(|unit| Limit {
+                    quota: Some((over.requests_per_unit, unit)),
+                    shadow_mode: false,
+                    name: String::new(),
+                    replaces: Vec::new(),
+                    detailed_metric: false,
+                    full_key: format!("{}.override", request.domain),
+                }),
+                None => root.and_then(|root| {
+                    let entries: Vec<(&str, &str)> = descriptor
+                        .entries
+                        .iter()
+                        .map(|e| (e.key.as_str(), e.value.as_str()))
+                        .collect();
+                    lookup::find(root, &entries).cloned()
+                }),
+            })
+            .collect();
+        let replaced: HashSet<&str> = limits
+            .iter()
+            .flatten()
+            .flat_map(|limit| limit.replaces.iter().map(String::as_str))
+            .collect();
+        let now_ms = (self.clock)();
+        let mut statuses = Vec::with_capacity(request.descriptors.len());
+        let mut tightest: Option<Counted> = None;
+        let mut over_limit = false;
+        for (descriptor, limit) in request.descriptors.iter().zip(&limits) {
+            let limit = limit
+                .as_ref()
+                .filter(|l| l.name.is_empty() || !replaced.contains(l.name.as_str()));
+            let Some((limit, (requests, unit))) = limit.and_then(|l| l.quota.map(|q| (l, q)))
+            else {
+                // No limit, unlimited or replaced: OK without a limit.
+                statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            };
+            let hits = descriptor
+                .hits_addend
+                .map_or(default_hits, |h| u32::try_from(h.value).unwrap_or(u32::MAX));
+            let key = counter_key(&request.domain, descriptor);
+            let quota = Quota {
+                limit: requests,
+                window_ms: unit.window_ms(),
+                burst: requests.max(1),
+            };
+            let decision = match self.store.decide(&key, self.algorithm, quota, now_ms, hits) {
+                Ok(decision) => decision,
+                Err(err) => {
+                    self.metrics.error(&limit.full_key);
+                    tracing::debug!(%err, key, "quota store");
+                    // The configured failure answer: OK (fail open) unless
+                    // told to fail closed.
+                    let code = if self.fail_closed {
+                        Code::OverLimit
+                    } else {
+                        Code::Ok
+                    };
+                    over_limit |= self.fail_closed;
+                    statuses.push(DescriptorStatus {
+                        code: code as i32,
+                        ..DescriptorStatus::default()
+                    });
+                    continue;
+                }
+            };
+            let over = !decision.admitted;
+            self.metrics.hit(&limit.full_key, hits);
+            if over {
+                self.metrics.over_limit(&limit.full_key, limit.shadow_mode);
+            } else if decision.used as f64 >= NEAR_LIMIT * f64::from(requests) {
+                self.metrics.near_limit(&limit.full_key);
+            }
+            let enforced_over = over && !limit.shadow_mode;
+            over_limit |= enforced_over;
+            let current = RateLimit {
+                name: limit.name.clone(),
+                requests_per_unit: requests,
+                unit: unit.to_wire(),
+            };
+            statuses.push(DescriptorStatus {
+                code: if enforced_over {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                } as i32,
+                current_limit: Some(current.clone()),
+                limit_remaining: decision.remaining,
+                duration_until_reset: Some(duration(decision.reset_ms)),
+                ..DescriptorStatus::default()
+            });
+            let counted = Counted {
+                limit: current,
+                decision,
+                over: enforced_over,
+            };
+            // The headers describe the tightest limit: over limit first,
+            // then the fewest hits left.
+            let rank = |c: &Counted| (c.over, std::cmp::Reverse(c.decision.remaining));
+            if tightest.as_ref().is_none_or(|t| rank(&counted) > rank(t)) {
+                tightest = Some(counted);
+            }
+        }
+        Ok(RateLimitResponse {
+            overall_code: if over_limit {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32,
+            statuses,
+            response_headers_to_add: tightest.map(|t| headers(&t)).unwrap_or_default(),
+            ..RateLimitResponse::default()
+        })
+    }
+}
+
+/// The counter of a descriptor: domain and every entry, length-prefixed so
+/// no two descriptors share a key whatever their bytes.
+fn counter_key(domain: &str, descriptor: &RateLimitDescriptor) -> String {
+    let mut key = String::with_capacity(
+        domain.len()
+            + descriptor
+                .entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 8)
+                .sum::<usize>(),
+    );
+    key.push_str(&domain.len().to_string());
+    key.push(':');
+    key.push_str(domain);
+    for entry in &descriptor.entries {
+        for part in [&entry.key, &entry.value] {
+            key.push_str(&part.len().to_string());
+            key.push(':');
+            key.push_str(part);
+        }
+    }
+    key
+}
+
+fn duration(ms: u64) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from((ms % 1_000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// `x-ratelimit-limit`, `-remaining` and `-reset` of the tightest limit,
+/// as envoyproxy/ratelimit sends them.
+fn headers(counted: &Counted) -> Vec<HeaderValue> {
+    let window_s = Unit::from_wire(counted.limit.unit).map_or(1, |u| u.window_ms() / 1_000);
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    };
+    vec![
+        header(
+            "x-ratelimit-limit",
+            format!(
+                "{}, {};w={window_s}",
+                counted.limit.requests_per_unit, counted.limit.requests_per_unit
+            ),
+        ),
+        header(
+            "x-ratelimit-remaining",
+            counted.decision.remaining.to_string(),
+        ),
+        header(
+            "x-ratelimit-reset",
+            counted.decision.reset_ms.div_ceil(1_000).to_string(),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+
+    use super::*;
+    use crate::quotas::{Algorithm, QuotaConfig, QuotaSettings};
+
+    const CONFIG: &str = r#"
+domain: api
+descriptors:
+  - key: plan
+    value: free
+    rate_limit: {unit: second, requests_per_unit: 2, name: free}
+  - key: plan
+    value: vip
+    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: free}]}
+  - key: beta
+    rate_limit: {unit: second, requests_per_unit: 1}
+    shadow_mode: true
+  - key: open
+    rate_limit: {unlimited: true}
+"#;
+
+    fn quotas(now: &Arc<AtomicU64>) -> Quotas {
+        let config = QuotaConfig::from_files(&[("q.yaml".to_owned(), CONFIG.to_owned())]).unwrap();
+        let clock = Arc::clone(now);
+        Quotas::new(
+            config,
+            None,
+            QuotaSettings {
+                algorithm: Algorithm::FixedWindow,
+                ..QuotaSettings::default()
+            },
+            Arc::new(move || clock.load(Ordering::Relaxed)),
+            crate::metrics::Metrics::new(1).quotas(),
+        )
+    }
+
+    fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).to_owned(),
+                    value: (*v).to_owned(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    fn ask(
+        quotas: &Quotas,
+        domain: &str,
+        descriptors: Vec<RateLimitDescriptor>,
+    ) -> RateLimitResponse {
+        quotas
+            .answer(&RateLimitRequest {
+                domain: domain.to_owned(),
+                descriptors,
+                hits_addend: 0,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn counts_exactly_and_answers_the_contract() {
+        let now = Arc::new(AtomicU64::new(10_250));
+        let quotas = quotas(&now);
+        let free = || vec![descriptor(&[("plan", "free")])];
+        assert_eq!(ask(&quotas, "api", free()).overall_code, Code::Ok as i32);
+        let second = ask(&quotas, "api", free());
+        assert_eq!(second.overall_code, Code::Ok as i32);
+        assert_eq!(second.statuses[0].limit_remaining, 0);
+        let third = ask(&quotas, "api", free());
+        assert_eq!(third.overall_code, Code::OverLimit as i32);
+        let status = &third.statuses[0];
+        assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 2);
+        assert_eq!(status.duration_until_reset.unwrap().nanos, 750_000_000);
+        let headers: Vec<(String, String)> = third
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        assert!(headers.contains(&("x-ratelimit-limit".to_owned(), "2, 2;w=1".to_owned())));
+        assert!(headers.contains(&("x-ratelimit-reset".to_owned(), "1".to_owned())));
+        now.store(11_000, Ordering::Relaxed);
+        assert_eq!(ask(&quotas, "api", free()).overall_code, Code::Ok as i32);
+    }
+
+    #[test]
+    fn replaces_shadow_unlimited_unknown_and_overrides() {
+        let now = Arc::new(AtomicU64::new(0));
+        let quotas = quotas(&now);
+        // vip replaces free in the same request: only vip counts.
+        let both = || {
+            vec![
+                descriptor(&[("plan", "free")]),
+                descriptor(&[("plan", "vip")]),
+            ]
+        };
+        let first = ask(&quotas, "api", both());
+        assert_eq!(first.statuses[0].current_limit, None);
+        assert_eq!(
+            ask(&quotas, "api", both()).overall_code,
+            Code::OverLimit as i32
+        );
+        // Shadow: over the limit but OK.
+        for _ in 0..3 {
+            assert_eq!(
+                ask(&quotas, "api", vec![descriptor(&[("beta", "x")])]).overall_code,
+                Code::Ok as i32
+            );
+        }
+        assert_eq!(
+            ask(&quotas, "api", vec![descriptor(&[("open", "x")])]).overall_code,
+            Code::Ok as i32
+        );
+        // An unknown domain has no limits (envoyproxy/ratelimit answers OK).
+        assert_eq!(
+            ask(&quotas, "nope", vec![descriptor(&[("plan", "free")])]).overall_code,
+            Code::Ok as i32
+        );
+        // A limit in the request overrides the configuration.
+        let mut overridden = descriptor(&[("any", "thing")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Minute.to_wire(),
+        });
+        assert_eq!(
+            ask(&quotas, "api", vec![overridden.clone()]).overall_code,
+            Code::Ok as i32
+        );
+        assert_eq!(
+            ask(&quotas, "api", vec![overridden]).overall_code,
+            Code::OverLimit as i32
+        );
+    }
+
+    #[test]
+    fn hits_addend_and_oversized_requests() {
+        let now = Arc::new(AtomicU64::new(0));
+        let quotas = quotas(&now);
+        let heavy = quotas
+            .answer(&RateLimitRequest {
+                domain: "api".to_owned(),
+                descriptors: vec![descriptor(&[("plan", "free")])],
+                hits_addend: 3,
+            })
+            .unwrap();
+        assert_eq!(heavy.overall_code, Code::OverLimit as i32);
+        let many = RateLimitRequest {
+            domain: "api".to_owned(),
+            descriptors: vec![descriptor(&[("plan", "free")]); MAX_DESCRIPTORS + 1],
+            hits_addend: 0,
+        };
+        assert_eq!(
+            quotas.answer(&many).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}
