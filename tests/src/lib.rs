@@ -12,6 +12,7 @@
 //! - [`fake_proxy`]: a gRPC client that says Hello as any proxy and reports any counts.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
+//! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
@@ -24,6 +25,7 @@ pub mod fleet;
 pub mod load;
 pub mod paths;
 pub mod process;
+pub mod quotas;
 pub mod rlqs;
 pub mod stalled;
 pub mod wait;

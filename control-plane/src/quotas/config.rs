@@ -367,6 +367,13 @@ descriptors:
     }
 
     #[test]
+    fn the_shipped_example_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quotas");
+        let config = QuotaConfig::from_path(&dir).unwrap();
+        assert!(config.domains["api"].children.contains_key("tenant_gold"));
+    }
+
+    #[test]
     fn errors_name_the_file_the_line_and_the_field() {
         let err = load_one("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n").unwrap_err();
         assert!(err.starts_with("quotas.yaml:5:"), "{err}");
