@@ -131,3 +131,175 @@ async fn three_envoys_admit_each_fixed_window_exactly_its_quota() {
     let touched = (start_ms + duration.as_millis() as u64 + 100) / 1_000 - start_ms / 1_000 + 1;
     assert!(second.ok <= 100 * touched, "{summary}");
 }
+
+mod client {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+    pub fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            }],
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    pub async fn ask(
+        grpc: std::net::SocketAddr,
+        domain: &str,
+        descriptors: Vec<RateLimitDescriptor>,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.to_owned(),
+                descriptors,
+                hits_addend: 0,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_answers_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let quota_dir = dir.path().join("quotas");
+    std::fs::create_dir_all(&quota_dir).unwrap();
+    std::fs::write(quota_dir.join("api.yaml"), QUOTAS).unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new("limits: []\n", dir.path())
+            .args(["--quotas".to_owned(), quota_dir.display().to_string()]),
+    )
+    .await
+    .unwrap();
+    let grpc = control_plane.grpc_addr();
+
+    // 1,000 descriptors: refused whole.
+    let many = vec![client::descriptor("tenant", "per-second"); 1_000];
+    let refused = client::ask(grpc, "api", many).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    // A 10 kB value: answered (no configured limit matches it).
+    let big = client::ask(
+        grpc,
+        "api",
+        vec![client::descriptor("tenant", &"x".repeat(10_000))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(big.overall_code, 1, "{big:?}");
+    // An unknown domain has no limits: OK, as envoyproxy/ratelimit answers.
+    let unknown = client::ask(
+        grpc,
+        "nope",
+        vec![client::descriptor("tenant", "per-second")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(unknown.overall_code, 1, "{unknown:?}");
+    // The refused request counted nothing: the quota is still whole.
+    let first = client::ask(
+        grpc,
+        "api",
+        vec![client::descriptor("tenant", "per-second")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.statuses[0].limit_remaining, 99, "{first:?}");
+    assert!(control_plane.admin().healthy().await.unwrap());
+    let metrics = reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"sluice_quota_requests_refused_total{reason="too_many_descriptors"} 1"#),
+        "{metrics}"
+    );
+}
+
+/// The value of `series` in a /metrics exposition, 0 if absent.
+async fn sample(control_plane: &ControlPlane, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
+    let dir = tempfile::tempdir().unwrap();
+    let quota_dir = dir.path().join("quotas");
+    std::fs::create_dir_all(&quota_dir).unwrap();
+    std::fs::write(
+        quota_dir.join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: tenant\n    value: layered\n    rate_limit: {unit: second, requests_per_unit: 100}\n",
+    )
+    .unwrap();
+    // The fleet limit a little above the quota: the exact layer binds,
+    // the statistical one takes the overload.
+    let limits = "limits:\n  - bucket: \"layered\"\n    limit_rps: 110\n";
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(limits, dir.path())
+            .control_interval_ms(200)
+            .args([
+                "--quotas".to_owned(),
+                quota_dir.display().to_string(),
+                "--quota-algorithm".to_owned(),
+                "fixed_window".to_owned(),
+            ]),
+    )
+    .await
+    .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let mut envoys = Vec::new();
+    for id in ["layer-a", "layer-b", "layer-c"] {
+        envoys.push(quotas::start(grpc, id, dir.path()).await.unwrap());
+    }
+    let duration = Duration::from_secs(10);
+    // 10× the quota.
+    let streams = envoys
+        .iter()
+        .enumerate()
+        .map(|(i, e)| StreamSpec::new(&format!("{i}"), &e.base_url(), "layered", 1_000.0 / 3.0))
+        .collect();
+    let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(load.elapsed())).await;
+    let series = r#"sluice_quota_hits_total{key="api.tenant_layered"}"#;
+    let calls_before = sample(&control_plane, series).await;
+    let from = load.elapsed();
+    tokio::time::sleep(Duration::from_secs(9).saturating_sub(load.elapsed())).await;
+    let calls_after = sample(&control_plane, series).await;
+    let to = load.elapsed();
+    let result = load.finish().await.unwrap();
+
+    let window = Window { from, to };
+    let seconds = (to - from).as_secs_f64();
+    let calls_rps = (calls_after - calls_before) / seconds;
+    let counts = result.tenant_counts(window, "layered");
+    let admitted = counts.ok as f64 / seconds;
+    let summary = format!(
+        "ShouldRateLimit calls {calls_rps:.1}/s, admitted {admitted:.1}/s, offered 1000/s\n{counts}\n{}",
+        result.timeline(Duration::from_secs(1))
+    );
+    println!("{summary}");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert!(
+        calls_rps <= 130.0,
+        "the exact layer saw more than 1.3× the quota\n{summary}"
+    );
+    // Admitted: the quota (fixed windows cut by the client's clock).
+    assert!((admitted - 100.0).abs() <= 5.0, "{summary}");
+}
