@@ -97,6 +97,12 @@ bench-propagation *ARGS: build-wasm
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
       target/release/bench_propagation {{ARGS}}
 
+# The rate limit service (exact quotas) under load: ShouldRateLimit calls/s, CPU per call, p50/p99 per algorithm; updates BENCHMARKS.md (`--output -`: print only, `--rate N`, `--seconds S`).
+bench-rls *ARGS:
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    SLUICE_BIN=target/release/sluice target/release/bench_rls {{ARGS}}
+
 # Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. Updates BENCHMARKS.md. Not part of `just test`.
 soak seconds="600" *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice

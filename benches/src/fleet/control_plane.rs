@@ -25,6 +25,16 @@ impl ControlPlaneProcess {
     /// Writes `limits_yaml` and starts `$SLUICE_BIN serve` on loopback
     /// ephemeral ports, files under `work_dir`, logging at `warn`.
     pub async fn start(work_dir: &Path, name: &str, limits_yaml: &str) -> Result<Self> {
+        Self::start_with(work_dir, name, limits_yaml, &[]).await
+    }
+
+    /// [`Self::start`] with more `serve` arguments.
+    pub async fn start_with(
+        work_dir: &Path,
+        name: &str,
+        limits_yaml: &str,
+        extra: &[String],
+    ) -> Result<Self> {
         let limits = work_dir.join(format!("{name}-limits.yaml"));
         std::fs::write(&limits, limits_yaml)
             .with_context(|| format!("cannot write {}", limits.display()))?;
@@ -40,6 +50,7 @@ impl ControlPlaneProcess {
             .arg("127.0.0.1:0")
             .arg("--ready-file")
             .arg(&ready)
+            .args(extra)
             .env("RUST_LOG", "warn");
         let mut guard = ChildGuard::spawn(name, command, &work_dir.join(format!("{name}.log")))?;
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;

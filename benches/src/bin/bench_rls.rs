@@ -1,0 +1,224 @@
+//! The rate limit service (`sluice serve --quotas`) under load:
+//! ShouldRateLimit calls per second, the control plane's CPU per call, and
+//! p50/p99 latency seen by the client, for each quota algorithm.
+//!
+//! ```text
+//! bench_rls [--rate N] [--seconds S] [--output FILE|-]
+//! ```
+//!
+//! An open-loop client in this process sends `--rate` calls per second
+//! (default 20,000) over one HTTP/2 connection for `--seconds` (default 5)
+//! after a one-second warm-up, each call one descriptor `("tenant", t)` of
+//! 1,000 tenants in turn, whose quota it never exhausts. The control plane
+//! is `SLUICE_BIN` (the release build under `just bench-rls`); its CPU time
+//! is read from `/proc` around the measured calls. Writes its section of
+//! BENCHMARKS.md unless `--output -`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice_benches::e2e::measure::{self, Machine};
+use sluice_benches::e2e::report;
+use sluice_benches::fleet::control_plane::ControlPlaneProcess;
+use sluice_benches::fleet::stats;
+use sluice_integration_tests::paths;
+use tokio::sync::Semaphore;
+
+const QUOTAS: &str = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
+const TENANTS: usize = 1_000;
+const MAX_IN_FLIGHT: usize = 1_024;
+
+struct Options {
+    rate: u64,
+    seconds: u64,
+    output: String,
+}
+
+fn options() -> Result<Options> {
+    let mut options = Options {
+        rate: 20_000,
+        seconds: 5,
+        output: "BENCHMARKS.md".to_owned(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--rate" => options.rate = value("--rate")?.parse()?,
+            "--seconds" => options.seconds = value("--seconds")?.parse()?,
+            "--output" => options.output = value("--output")?,
+            other => bail!(
+                "unknown argument {other:?}: bench_rls [--rate N] [--seconds S] [--output FILE|-]"
+            ),
+        }
+    }
+    if !(100..=200_000).contains(&options.rate) || !(1..=60).contains(&options.seconds) {
+        bail!("--rate 100..=200000, --seconds 1..=60");
+    }
+    Ok(options)
+}
+
+/// What one algorithm's run measured.
+struct Measured {
+    algorithm: &'static str,
+    calls_per_s: f64,
+    cpu_us_per_call: f64,
+    p50_us: f64,
+    p99_us: f64,
+    skipped: u64,
+    errors: u64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench_rls: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let options = options()?;
+    let ticks = measure::ticks_per_second()?;
+    let work = tempfile::tempdir()?;
+    let quota_dir = work.path().join("quotas");
+    std::fs::create_dir_all(&quota_dir)?;
+    std::fs::write(quota_dir.join("bench.yaml"), QUOTAS)?;
+    let mut rows = Vec::new();
+    for algorithm in ["gcra", "sliding_window", "fixed_window"] {
+        let extra = [
+            "--quotas".to_owned(),
+            quota_dir.display().to_string(),
+            "--quota-algorithm".to_owned(),
+            algorithm.to_owned(),
+        ];
+        let mut control_plane =
+            ControlPlaneProcess::start_with(work.path(), algorithm, "limits: []\n", &extra).await?;
+        let grpc = control_plane.addrs().grpc;
+        let client = RateLimitServiceClient::connect(format!("http://{grpc}")).await?;
+        drive(&client, options.rate, Duration::from_secs(1)).await;
+        let before = measure::cpu_time(control_plane.pid(), ticks)?;
+        let (mut latencies, skipped, errors, elapsed) =
+            drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
+        let after = measure::cpu_time(control_plane.pid(), ticks)?;
+        control_plane.shutdown()?;
+        let calls = latencies.len() as f64;
+        let (p50, _, _) = stats::summary(&mut latencies);
+        let p99 = stats::quantile(&latencies, 0.99);
+        let row = Measured {
+            algorithm,
+            calls_per_s: calls / elapsed.as_secs_f64(),
+            cpu_us_per_call: after.saturating_sub(before).as_secs_f64() * 1e6 / calls.max(1.0),
+            p50_us: p50,
+            p99_us: p99,
+            skipped,
+            errors,
+        };
+        eprintln!(
+            "{algorithm}: {:.0} calls/s, {:.1} µs CPU/call, p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
+            row.calls_per_s, row.cpu_us_per_call, row.p50_us, row.p99_us
+        );
+        rows.push(row);
+    }
+    let section = markdown(&options, &rows, &Machine::probe(&paths::sluice_bin()?));
+    print!("{section}");
+    if options.output != "-" {
+        let path = paths::from_root(&options.output)?;
+        let existing = std::fs::read_to_string(&path).ok();
+        let text = report::replace_marked(existing.as_deref(), "bench_rls", &section);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Sends `rate` calls per second for `duration`; returns the latencies in
+/// µs, the calls skipped because `MAX_IN_FLIGHT` were in flight, the
+/// errors, and the time it took.
+async fn drive(
+    client: &RateLimitServiceClient<tonic::transport::Channel>,
+    rate: u64,
+    duration: Duration,
+) -> (Vec<f64>, u64, u64, Duration) {
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Option<f64>>();
+    let start = Instant::now();
+    let total = rate * duration.as_millis() as u64 / 1_000;
+    let mut skipped = 0;
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    let mut sent = 0_u64;
+    while sent < total {
+        ticker.tick().await;
+        let due = (rate * start.elapsed().as_micros() as u64 / 1_000_000).min(total);
+        while sent < due {
+            let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                skipped += 1;
+                sent += 1;
+                continue;
+            };
+            let mut client = client.clone();
+            let sender = sender.clone();
+            let tenant = format!("t{}", sent as usize % TENANTS);
+            tokio::spawn(async move {
+                let request = RateLimitRequest {
+                    domain: "bench".to_owned(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: "tenant".to_owned(),
+                            value: tenant,
+                        }],
+                        ..RateLimitDescriptor::default()
+                    }],
+                    hits_addend: 0,
+                };
+                let at = Instant::now();
+                let answer = client.should_rate_limit(request).await;
+                let _ = sender.send(answer.ok().map(|_| at.elapsed().as_secs_f64() * 1e6));
+                drop(permit);
+            });
+            sent += 1;
+        }
+    }
+    drop(sender);
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    while let Some(result) = receiver.recv().await {
+        match result {
+            Some(us) => latencies.push(us),
+            None => errors += 1,
+        }
+    }
+    (latencies, skipped, errors, start.elapsed())
+}
+
+fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
+    let mut text = String::from("## Rate limit service (exact quotas)\n\n");
+    text.push_str(&format!(
+        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory; the control plane's CPU from `/proc`, latency at the client, which shares the machine.\n\n",
+        options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model
+    ));
+    text.push_str("| algorithm | calls/s | CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for row in rows {
+        text.push_str(&format!(
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} |\n",
+            row.algorithm,
+            row.calls_per_s,
+            row.cpu_us_per_call,
+            row.p50_us,
+            row.p99_us,
+            row.skipped,
+            row.errors
+        ));
+    }
+    text.push('\n');
+    text
+}
