@@ -15,6 +15,7 @@
 use rand::Rng;
 
 use crate::allowance::{AllowanceSettings, DirectiveRates, Gcra, RateWindow, allowance_rps};
+use crate::counters::unlimited_cap;
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
 use crate::drop_ratio::DropThreshold;
@@ -145,6 +146,20 @@ impl Pacer {
         seen: impl IntoIterator<Item = &'a str>,
         rng: &mut impl Rng,
     ) {
+        self.on_tick_with(now_ms, seen, |_| true, rng);
+    }
+
+    /// [`Self::on_tick`], where `limited` says which cells have a
+    /// directive: cells without one may take at most
+    /// [`unlimited_cap`] of `max_buckets`, so a flood of one-off keys never
+    /// keeps a limited cell from getting its allowance.
+    pub fn on_tick_with<'a>(
+        &mut self,
+        now_ms: u64,
+        seen: impl IntoIterator<Item = &'a str>,
+        mut limited: impl FnMut(&str) -> bool,
+        rng: &mut impl Rng,
+    ) {
         self.advance_clock(now_ms);
         let span_ms = match self.closed_at_ms {
             Some(closed) if now_ms > closed => now_ms - closed,
@@ -180,8 +195,15 @@ impl Pacer {
         if !self.keeps_state() {
             return;
         }
+        let unlimited = unlimited_cap(self.max_buckets);
         for bucket in seen {
-            if !self.buckets.contains_key(bucket) && self.buckets.len() < self.max_buckets {
+            if self.buckets.contains_key(bucket) || self.buckets.len() >= self.max_buckets {
+                continue;
+            }
+            if self.buckets.len() >= unlimited && !limited(bucket) {
+                continue;
+            }
+            {
                 let mut pace = new_pace(rng);
                 // Counted by the caller, not here: credit it to this tick.
                 pace.window.push(1, span_ms);
@@ -473,5 +495,23 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(1);
         pacer.on_tick(0, ["a", "b", "c"], &mut rng);
         assert_eq!(pacer.len(), 2);
+    }
+
+    #[test]
+    fn unlimited_cells_leave_room_for_limited_ones() {
+        let mut pacer = Pacer::new(DecisionMode::Credit, None, 100, 200);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..20u64 {
+            let flood: Vec<String> = (0..500).map(|i| format!("flood-{tick}-{i}")).collect();
+            pacer.on_tick_with(
+                tick * 100,
+                flood.iter().map(String::as_str).chain(["limited"]),
+                |key| key == "limited",
+                &mut rng,
+            );
+            assert!(pacer.len() <= 200);
+        }
+        assert_eq!(pacer.len(), unlimited_cap(200) + 1);
+        assert!(pacer.buckets.contains_key("limited"));
     }
 }

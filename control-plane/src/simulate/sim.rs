@@ -432,7 +432,7 @@ fn run_with(
                         } else {
                             Outcome::Dropped
                         };
-                        proxy.counters.record_cell(key, outcome);
+                        proxy.counters.record_cell(key, outcome, true);
                         admitted
                     }
                 };

@@ -149,7 +149,12 @@ impl Agent {
         for _ in 0..MAX_DEQUEUES_PER_TICK {
             match host.dequeue_shared_queue(queue_id) {
                 Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
-                    Ok(handoff) => leadership.windows.add_handoff(handoff, now_ms),
+                    Ok(handoff) => {
+                        let directives = &self.directives;
+                        leadership
+                            .windows
+                            .add_handoff(handoff, now_ms, |key| directives.covers(key));
+                    }
                     Err(err) => host.log(
                         LogLevel::Warn,
                         &format!("dropping undecodable counts: {err}"),

@@ -38,7 +38,7 @@ use crate::directives::DirectiveTable;
 use crate::freshness::Freshness;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::LEASE_TTL_TICKS;
-use crate::metrics::{Gauge, Metrics};
+use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::{NewBucketPolicy, NewCells};
 use crate::pacing::{DecisionMode, Pacer};
 use crate::reject::{DropReason, RejectResponse, ResponseSettings};
@@ -307,7 +307,12 @@ impl Agent {
                     (Some(reason), entry.enforce, Some(Arc::clone(response)))
                 }
             },
-            None => match self.new_cells.decide(exact, local.now_ms, local.workers) {
+            None => match self.new_cells.decide(
+                exact,
+                local.now_ms,
+                local.workers,
+                self.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
+            ) {
                 None => (None, false, None),
                 Some((reason, response)) => (
                     Some(reason),
@@ -323,7 +328,7 @@ impl Agent {
         };
         match slot {
             Some(slot) => slot.count(outcome),
-            None => self.local.record_cell(exact, outcome),
+            None => self.local.record_cell(exact, outcome, found.is_some()),
         }
         self.metrics.count_decision(outcome, reason);
         decision
@@ -388,9 +393,13 @@ impl Agent {
         if now_ms < due {
             return;
         }
-        self.pacer
-            .on_tick(now_ms, self.local.buckets(), &mut self.rng);
         let directives = &self.directives;
+        self.pacer.on_tick_with(
+            now_ms,
+            self.local.buckets(),
+            |key| directives.covers(key),
+            &mut self.rng,
+        );
         self.pacer.resolve_new(|key| directives.rates_for_cell(key));
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
@@ -462,12 +471,12 @@ impl Agent {
     }
 
     fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
-        self.untracked = self.untracked.saturating_add(self.local.take_untracked());
+        let mut untracked = self.local.take_untracked();
         if let Role::Leader(leadership) = &mut self.role {
-            self.untracked = self
-                .untracked
-                .saturating_add(leadership.windows.take_untracked());
+            untracked = untracked.saturating_add(leadership.windows.take_untracked());
         }
+        self.metrics.add(Counter::RequestsUncounted, untracked);
+        self.untracked = self.untracked.saturating_add(untracked);
         let due = self
             .last_overflow_log_ms
             .is_none_or(|last| now_ms.saturating_sub(last) >= OVERFLOW_LOG_INTERVAL_MS);

@@ -223,7 +223,9 @@ impl Agent {
         let had_counts = !handoff.counts.is_empty();
         if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
-            self.local.merge(handoff.counts);
+            let directives = &self.directives;
+            self.local
+                .merge(handoff.counts, |key| directives.covers(key));
             return;
         }
         self.handoff_from_ms = Some(now_ms);

@@ -211,7 +211,7 @@ fn reports_carry_counts_per_cell() {
         .flat_map(|r| r.buckets)
         .collect();
     let mut merged = crate::counters::BucketCounters::new(100);
-    merged.merge(counts.drain(..));
+    merged.merge(counts.drain(..), |_| true);
     let mut cells = merged.drain();
     cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
     let summary: Vec<(&str, i32, u64, u64, u64)> = cells
