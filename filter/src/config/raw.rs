@@ -45,16 +45,30 @@ pub(super) struct RawConfig {
     pub(super) stream_idle_timeout_ms: u64,
     #[serde(default)]
     pub(super) decision: RawDecision,
-    #[serde(default)]
+    // Absent: the default allowance; `null` turns it off.
+    #[serde(default = "default_allowance")]
     pub(super) allowance: Option<RawAllowance>,
 }
 
+/// The default decision is the credit one and the allowance is on: the
+/// configuration that holds a limit when the load surges while the control
+/// plane is unreachable (docs/accuracy.md, "Why these defaults"). Coin
+/// flips without an allowance stay available as `"decision": "coin",
+/// "allowance": null`.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum RawDecision {
-    #[default]
     Coin,
+    #[default]
     Credit,
+}
+
+pub(super) fn default_allowance() -> Option<RawAllowance> {
+    let defaults = AllowanceSettings::default();
+    Some(RawAllowance {
+        headroom: defaults.headroom,
+        burst_ms: defaults.burst_ms,
+    })
 }
 
 #[derive(Deserialize)]

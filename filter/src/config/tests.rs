@@ -21,9 +21,35 @@ fn decision_and_allowance() {
             burst_ms: 20
         })
     );
+    // The defaults hold a limit through a surge without a control plane.
     let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+    assert_eq!(config.decision, DecisionMode::Credit);
+    assert_eq!(
+        config.allowance,
+        Some(AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 20
+        })
+    );
+    // The seed's coin flips, without an allowance.
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision": "coin", "allowance": null}"#,
+    )
+    .unwrap();
     assert_eq!(config.decision, DecisionMode::Coin);
     assert_eq!(config.allowance, None);
+    // Given partly, the rest of the allowance takes its defaults.
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "allowance": {"headroom": 0.1}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.allowance,
+        Some(AllowanceSettings {
+            headroom: 0.1,
+            burst_ms: 20
+        })
+    );
     assert!(
         error_of(r#"{"control_plane_cluster": "cp", "decision": "dice"}"#)
             .starts_with("decision: unknown variant")
