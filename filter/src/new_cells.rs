@@ -62,6 +62,8 @@ pub struct NewCells {
     max_cells: usize,
     responses: Arc<ResponseSettings>,
     evicted: u64,
+    /// Whether the last decision treated its cell as new.
+    last_new: bool,
 }
 
 impl NewCells {
@@ -77,6 +79,7 @@ impl NewCells {
             max_cells,
             responses,
             evicted: 0,
+            last_new: false,
         }
     }
 
@@ -91,6 +94,7 @@ impl NewCells {
         workers: u32,
         directed: bool,
     ) -> Option<(DropReason, Arc<RejectResponse>)> {
+        self.last_new = false;
         let NewBucketPolicy::LocalLimit {
             fleet_limit_rps,
             expected_proxies,
@@ -127,6 +131,7 @@ impl NewCells {
         if directed && now_ms.saturating_sub(cell.first_seen_ms) >= NEW_CELL_GRACE_MS {
             return None;
         }
+        self.last_new = true;
         if cell.limiter.rate_per_s() != rate {
             cell.limiter.set_rate(rate);
         }
@@ -148,6 +153,12 @@ impl NewCells {
         if self.cells.len() >= self.max_cells {
             self.cells.clear();
         }
+    }
+
+    /// Whether the last [`Self::decide`] limited its cell as a new one
+    /// (not with `allow`, which tracks nothing).
+    pub fn last_was_new(&self) -> bool {
+        self.last_new
     }
 
     /// Eviction passes so far (a full table met a new cell).

@@ -48,6 +48,24 @@ pub(super) struct RawConfig {
     // Absent: the default allowance; `null` turns it off.
     #[serde(default = "default_allowance")]
     pub(super) allowance: Option<RawAllowance>,
+    #[serde(default)]
+    pub(super) decision_record: RawRecordMode,
+    // Absent: the default header; `null` adds none.
+    #[serde(default = "default_undirected_header")]
+    pub(super) undirected_header: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawRecordMode {
+    Off,
+    #[default]
+    Drops,
+    All,
+}
+
+pub(super) fn default_undirected_header() -> Option<String> {
+    Some("x-sluice-undirected".into())
 }
 
 /// The default decision is the credit one and the allowance is on: the

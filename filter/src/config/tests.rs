@@ -64,6 +64,40 @@ fn decision_and_allowance() {
     );
 }
 
+#[test]
+fn decision_record_and_undirected_header() {
+    let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+    assert_eq!(config.decision_record, RecordMode::Drops);
+    assert_eq!(
+        config.undirected_header.as_deref(),
+        Some("x-sluice-undirected")
+    );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision_record": "all",
+             "undirected_header": "X-RateLimit-Error"}"#,
+    )
+    .unwrap();
+    assert_eq!(config.decision_record, RecordMode::All);
+    assert_eq!(
+        config.undirected_header.as_deref(),
+        Some("x-ratelimit-error")
+    );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision_record": "off", "undirected_header": null}"#,
+    )
+    .unwrap();
+    assert_eq!(config.decision_record, RecordMode::Off);
+    assert_eq!(config.undirected_header, None);
+    assert!(
+        error_of(r#"{"control_plane_cluster": "cp", "undirected_header": "bad header"}"#)
+            .starts_with("undirected_header: ")
+    );
+    assert!(
+        error_of(r#"{"control_plane_cluster": "cp", "decision_record": "some"}"#)
+            .starts_with("decision_record: unknown variant")
+    );
+}
+
 fn error_of(json: &str) -> String {
     FilterConfig::from_json(json.as_bytes())
         .unwrap_err()
