@@ -1,7 +1,10 @@
 //! "Why was this request throttled", read from a real Envoy access log:
 //! `envoy/access-log.yaml` prints each request's status, the filter's
-//! decision record (`%FILTER_STATE(wasm.sluice:PLAIN)%`) and the header the
-//! filter adds upstream when no fresh directive decided.
+//! decision record (`%FILTER_STATE(wasm.sluice:PLAIN)%`), the header the
+//! filter adds upstream when no fresh directive decided, and three of the
+//! record's fields from dynamic metadata namespace `sluice`
+//! (`%DYNAMIC_METADATA(sluice:result)%`, copied there by the example's Lua
+//! filter).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -102,6 +105,12 @@ async fn pass_and_drop_are_explained_in_the_access_log() {
     assert_eq!(field(drop, "priority"), Some("unspecified"), "{drop}");
     assert_eq!(field(drop, "source"), Some("directive"), "{drop}");
     assert_eq!(field(drop, "undirected"), Some("-"), "{drop}");
+    // The same fields, copied into dynamic metadata by the example's Lua.
+    assert_eq!(
+        field(drop, "metadata"),
+        Some("drop/cluster_overload/acme"),
+        "{drop}"
+    );
     let ratio: f64 = field(drop, "drop_ratio").unwrap().parse().unwrap();
     assert!(ratio > 0.5, "{drop}");
     let version: u64 = field(drop, "version").unwrap().parse().unwrap();
@@ -117,6 +126,7 @@ async fn pass_and_drop_are_explained_in_the_access_log() {
         .unwrap_or_else(|| panic!("no pass of acme:\n{text}"));
     assert_eq!(field(pass, "result"), Some("pass"), "{pass}");
     assert_eq!(field(pass, "reason"), Some("none"), "{pass}");
+    assert_eq!(field(pass, "metadata"), Some("pass/none/acme"), "{pass}");
     assert!(field(pass, "drop_ratio").unwrap().parse::<f64>().unwrap() > 0.5);
 
     // The unlimited tenant has no directive and needs none: the control
