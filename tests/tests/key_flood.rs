@@ -50,11 +50,6 @@ async fn a_key_flood_does_not_lift_a_limited_bucket() {
     let mut options = FleetOptions::new(LIMITS, 1);
     // Otherwise the filter's defaults (credit decision, allowance on).
     options.filter = serde_json::json!({"max_buckets": MAX_BUCKETS});
-    // One worker: with two, the default allowance's per-VM caps do not
-    // follow the limited stream's connections moving between workers under
-    // this load (69 rps admitted against 100, coin flips 103.5;
-    // docs/accuracy.md, "Why these defaults").
-    options.concurrency = 1;
     let fleet = Fleet::start(options).await.unwrap();
     let url = fleet.url(0).unwrap();
 

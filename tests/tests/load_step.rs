@@ -1,9 +1,9 @@
 //! A load step in real Envoys: 2 Envoys share a 200 rps limit; the load
 //! jumps from 100 rps (under the limit) to 600 rps. With the filter's
 //! coin flips alone (`"decision": "coin", "allowance": null`), every Envoy
-//! admits the whole step until the next directive lands; with the default
-//! local allowance and credit decision, each VM holds its share of the
-//! limit meanwhile. Two
+//! admits the whole step until the next directive lands; with the local
+//! allowance engaged (`"engage": "always"`) and the credit decision, each VM
+//! holds its share of the limit meanwhile. Two
 //! runs with the same control plane build and the same load measure both,
 //! as the simulator does (`sluice simulate --scenario step-10x`): the
 //! allowance overshoots less in the first second after the step, and both
@@ -142,8 +142,12 @@ async fn run_step(filter_patch: Json) -> Outcome {
 async fn the_allowance_holds_a_load_step_that_coin_flips_overshoot() {
     // The seed's coin flips, spelled out now that they are not the default.
     let coin = run_step(json!({"decision": "coin", "allowance": null})).await;
-    // The defaults: the credit decision and the allowance.
-    let allowance = run_step(json!({})).await;
+    // The credit decision and the allowance, engaged while the control
+    // plane is up too (by default it engages only once it is lost).
+    let allowance = run_step(json!({
+        "allowance": {"headroom": 0, "burst_ms": 20, "engage": "always"}
+    }))
+    .await;
     let summary = format!(
         "coin: first second {:.0} rps, settled {:.0} rps\n\
          allowance: first second {:.0} rps, settled {:.0} rps\n{}\n{}",

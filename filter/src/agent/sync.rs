@@ -3,6 +3,7 @@
 //! directive table every VM polls, and the freshness regime it implies.
 
 use super::{Agent, LEASE_TTL_MS, Leadership, Role};
+use crate::allowance::LOST_AFTER_MS;
 use crate::decision::{Fallback, Regime};
 use crate::directives::DirectiveTable;
 use crate::freshness::DirectivesMeta;
@@ -123,6 +124,9 @@ impl Agent {
             }
             self.freshness.received_at_ms = Some(meta.received_at_ms);
             self.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+            self.pacer.set_control_plane_lost(
+                meta.stream_lost || self.freshness.age_ms(now_ms) > LOST_AFTER_MS,
+            );
         }
         self.update_regime(host, now_ms);
     }

@@ -86,6 +86,7 @@ pub(super) fn default_allowance() -> Option<RawAllowance> {
     Some(RawAllowance {
         headroom: defaults.headroom,
         burst_ms: defaults.burst_ms,
+        engage: RawEngage::WhenLost,
     })
 }
 
@@ -96,6 +97,18 @@ pub(super) struct RawAllowance {
     pub(super) headroom: f64,
     #[serde(default = "default_burst_ms")]
     pub(super) burst_ms: u64,
+    #[serde(default)]
+    pub(super) engage: RawEngage,
+}
+
+/// When the allowance's caps decide: by default only while the control
+/// plane is lost (docs/accuracy.md, "Why these defaults").
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawEngage {
+    Always,
+    #[default]
+    WhenLost,
 }
 
 pub(super) fn default_burst_ms() -> u64 {

@@ -1,6 +1,7 @@
 //! Parsing and validation of the plugin configuration.
 
 use super::*;
+use crate::allowance::Engage;
 use crate::bucket_key::{KeyPart, KeySource};
 use sluice_proto::v1::Priority;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -18,7 +19,8 @@ fn decision_and_allowance() {
         config.allowance,
         Some(AllowanceSettings {
             headroom: 0.05,
-            burst_ms: 20
+            burst_ms: 20,
+            engage: Engage::WhenLost,
         })
     );
     // The defaults hold a limit through a surge without a control plane.
@@ -28,7 +30,8 @@ fn decision_and_allowance() {
         config.allowance,
         Some(AllowanceSettings {
             headroom: 0.0,
-            burst_ms: 20
+            burst_ms: 20,
+            engage: Engage::WhenLost,
         })
     );
     // The seed's coin flips, without an allowance.
@@ -47,9 +50,15 @@ fn decision_and_allowance() {
         config.allowance,
         Some(AllowanceSettings {
             headroom: 0.1,
-            burst_ms: 20
+            burst_ms: 20,
+            engage: Engage::WhenLost,
         })
     );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "allowance": {"engage": "always"}}"#,
+    )
+    .unwrap();
+    assert_eq!(config.allowance.map(|a| a.engage), Some(Engage::Always));
     assert!(
         error_of(r#"{"control_plane_cluster": "cp", "decision": "dice"}"#)
             .starts_with("decision: unknown variant")

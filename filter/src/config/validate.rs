@@ -2,11 +2,11 @@
 //! combination checked, each error naming its field path.
 
 use super::raw::{
-    RawConfig, RawDecision, RawFallback, RawKeyPart, RawNewBucket, RawPriority, RawRecordMode,
-    RawResponse,
+    RawConfig, RawDecision, RawEngage, RawFallback, RawKeyPart, RawNewBucket, RawPriority,
+    RawRecordMode, RawResponse,
 };
 use super::{ConfigError, FilterConfig};
-use crate::allowance::AllowanceSettings;
+use crate::allowance::{AllowanceSettings, Engage};
 use crate::audit::RecordMode;
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
 use crate::classify::{Classifier, PrioritySpec};
@@ -106,6 +106,10 @@ impl RawConfig {
                 Some(AllowanceSettings {
                     headroom: raw.headroom,
                     burst_ms: raw.burst_ms,
+                    engage: match raw.engage {
+                        RawEngage::Always => Engage::Always,
+                        RawEngage::WhenLost => Engage::WhenLost,
+                    },
                 })
             }
         };

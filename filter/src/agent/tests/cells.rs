@@ -523,6 +523,7 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
             allowance: Some(crate::allowance::AllowanceSettings {
                 headroom: 0.0,
                 burst_ms: 0,
+                engage: crate::allowance::Engage::Always,
             }),
             ..settings()
         },
@@ -612,4 +613,50 @@ fn a_stale_table_flags_its_decisions_as_fallback() {
     let last = *fleet.vms[0].1.last_decision();
     assert_eq!(last.undirected, Some(Undirected::Fallback));
     assert_eq!(last.outcome, crate::counters::Outcome::Dropped);
+}
+
+#[test]
+fn a_closed_stream_engages_allowances_that_wait_for_it_on_every_vm() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                engage: crate::allowance::Engage::WhenLost,
+                ..Default::default()
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![cell("api", "", Priority::Unspecified, 0.5)]));
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+    fleet.server_closes(14);
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| vm.pacer.caps_engaged()));
+    // The next batch (after the reconnect) disengages them again.
+    fleet.ticks(40);
+    fleet.push_batch(batch(vec![]));
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+}
+
+#[test]
+fn a_silent_control_plane_engages_them_after_a_while() {
+    let mut fleet = Fleet::with_settings(
+        1,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                engage: crate::allowance::Engage::WhenLost,
+                ..Default::default()
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![]));
+    fleet.ticks(24);
+    assert!(!fleet.vms[0].1.pacer.caps_engaged());
+    fleet.ticks(2);
+    assert!(fleet.vms[0].1.pacer.caps_engaged());
 }
