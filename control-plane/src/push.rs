@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sluice_proto::v1::{Directive, DirectiveBatch, ModePolicy};
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use crate::controller::RetiredCell;
+use crate::controller::{RetiredCell, is_lift};
 use crate::types::DirectiveTtl;
 
 /// Longest time between two batches while the control plane runs.
@@ -154,9 +154,14 @@ impl Publisher {
         } = update;
         let mut inner = self.lock();
         for directive in &changed {
-            inner
-                .snapshot
-                .insert(DirectiveKey::of(directive), directive.clone());
+            // A lift enforces nothing: a new stream needs no entry for it.
+            if is_lift(directive) {
+                inner.snapshot.remove(&DirectiveKey::of(directive));
+            } else {
+                inner
+                    .snapshot
+                    .insert(DirectiveKey::of(directive), directive.clone());
+            }
         }
         for cell in retired {
             inner.snapshot.remove(&DirectiveKey {
@@ -327,6 +332,21 @@ mod tests {
         assert_eq!(delta.version, 3);
         assert_eq!(delta.ttl_ms, 4_000);
         assert_eq!(delta.directives, [directive("a", 0.7)]);
+    }
+
+    #[tokio::test]
+    async fn a_lift_is_pushed_but_leaves_no_entry_in_the_snapshot() {
+        let publisher = publisher();
+        let now = Instant::now();
+        publisher.publish_at(changed(vec![directive("a", 0.5)]), now);
+        let lift = crate::controller::lift("a", "", Priority::Unspecified);
+        let (_, mut subscription) = publisher.subscribe();
+        assert_eq!(
+            publisher.publish_at(changed(vec![lift.clone()]), now),
+            Published::Delta { version: 3 }
+        );
+        assert_eq!(subscription.next().await.unwrap().batch.directives, [lift]);
+        assert!(publisher.subscribe().0.directives.is_empty());
     }
 
     #[tokio::test]

@@ -14,6 +14,25 @@
 
 use crate::drop_ratio::DropRatio;
 
+/// When the caps decide rather than the drop ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engage {
+    /// Always: a load step is held before the next directive arrives too.
+    #[default]
+    Always,
+    /// Only while the control plane is lost (its stream closed, or no batch
+    /// for [`LOST_AFTER_MS`]); while it is connected the ratio decides. The
+    /// caps are per VM and frozen between directives, so with several
+    /// workers they do not follow load moving between workers; the ratio
+    /// does. Losing the control plane during a surge is what the caps are
+    /// indispensable for.
+    WhenLost,
+}
+
+/// With no batch (heartbeats included, sent at least every second) for this
+/// long, the control plane counts as lost even if its stream is open.
+pub const LOST_AFTER_MS: u64 = 2_500;
+
 /// The allowance knobs of the filter configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AllowanceSettings {
@@ -22,6 +41,8 @@ pub struct AllowanceSettings {
     /// Requests that may arrive at once beyond the rate, as milliseconds of
     /// the allowance.
     pub burst_ms: u64,
+    /// When the caps decide.
+    pub engage: Engage,
 }
 
 impl Default for AllowanceSettings {
@@ -29,6 +50,7 @@ impl Default for AllowanceSettings {
         Self {
             headroom: 0.0,
             burst_ms: 20,
+            engage: Engage::Always,
         }
     }
 }
@@ -284,6 +306,7 @@ mod tests {
     const EXACT: AllowanceSettings = AllowanceSettings {
         headroom: 0.0,
         burst_ms: 0,
+        engage: Engage::Always,
     };
 
     fn per_second(requests: u64) -> LocalRate {
@@ -304,7 +327,7 @@ mod tests {
         assert!((got.unwrap() - 138.75).abs() < 1e-9, "{got:?}");
         let headroom = AllowanceSettings {
             headroom: 0.1,
-            burst_ms: 0,
+            ..EXACT
         };
         let got = allowance_rps(per_second(300), rates(0.5, 1_000.0, 800.0), headroom);
         assert!((got.unwrap() - 165.0).abs() < 1e-9, "{got:?}");

@@ -1,4 +1,11 @@
 //! Bounded per-cell request counts for one window.
+//!
+//! Cells with a directive (limited cells) are never crowded out by cells
+//! without one: those may fill only `max_cells` minus a reserved quarter, so
+//! a flood of one-off unlimited keys leaves room for every limited cell the
+//! control plane needs counts of. The limited cells are what the counts are
+//! for; an unlimited cell that is not counted costs nothing but its rate in
+//! the admin view.
 
 use crate::cell::{key_of, parse_key, priority_from_i32};
 use crate::cell_map::CellMap;
@@ -93,13 +100,17 @@ pub struct CellSlot {
     counts: Counts,
     /// (generation of the directive table, what its lookup returned).
     directive: Option<(u64, Option<usize>)>,
+    /// Whether the cell had a directive when it was first counted: it may
+    /// use the reserved share.
+    limited: bool,
 }
 
 impl CellSlot {
-    fn of(counts: Counts) -> Self {
+    fn of(counts: Counts, limited: bool) -> Self {
         Self {
             counts,
             directive: None,
+            limited,
         }
     }
 
@@ -124,8 +135,9 @@ impl CellSlot {
     }
 }
 
-/// Counts per cell, holding at most `max_cells` cells. Requests of a new
-/// cell beyond the cap are not attributed; they are tallied in
+/// Counts per cell, holding at most `max_cells` cells, of which cells
+/// without a directive may take at most [`unlimited_cap`]. Requests of a new
+/// cell beyond its cap are not attributed; they are tallied in
 /// [`BucketCounters::take_untracked`] so the caller can report the overflow.
 #[derive(Debug, Clone)]
 pub struct BucketCounters {
@@ -133,6 +145,15 @@ pub struct BucketCounters {
     counts: CellMap<CellSlot>,
     max_cells: usize,
     untracked: u64,
+}
+
+/// How many of `max_cells` cells without a directive may take: all but a
+/// quarter, which stays reserved for cells with one (at least one cell
+/// each way once `max_cells` is 2 or more).
+pub fn unlimited_cap(max_cells: usize) -> usize {
+    max_cells
+        .saturating_sub(max_cells.div_ceil(4))
+        .max(usize::from(max_cells >= 2))
 }
 
 impl BucketCounters {
@@ -155,19 +176,25 @@ impl BucketCounters {
         let one = Counts::one(outcome);
         if let Some(slot) = self.counts.get_bucket_wide_mut(bucket) {
             slot.counts.add(one);
+        } else if self.has_room(false) {
+            self.insert(key_of(bucket, "", Priority::Unspecified), one, false);
         } else {
-            self.insert(key_of(bucket, "", Priority::Unspecified), one);
+            // Not even the key is built for a cell that does not fit.
+            self.untracked = self.untracked.saturating_add(one.offered);
         }
     }
 
-    /// Counts one request of the cell with key `cell_key`. Allocates only
-    /// for a cell not seen this window.
-    pub fn record_cell(&mut self, cell_key: &str, outcome: Outcome) {
+    /// Counts one request of the cell with key `cell_key`, `limited` if it
+    /// has a directive. Allocates only for a cell not seen this window.
+    pub fn record_cell(&mut self, cell_key: &str, outcome: Outcome, limited: bool) {
         let one = Counts::one(outcome);
         if let Some(slot) = self.counts.get_mut(cell_key) {
             slot.counts.add(one);
+        } else if self.has_room(limited) {
+            self.insert(cell_key.to_owned(), one, limited);
         } else {
-            self.insert(cell_key.to_owned(), one);
+            // Not even the key is copied for a cell that does not fit.
+            self.untracked = self.untracked.saturating_add(one.offered);
         }
     }
 
@@ -178,31 +205,39 @@ impl BucketCounters {
         self.counts.get_mut(cell_key)
     }
 
-    /// Adds counts for a cell key (saturating).
-    pub fn add(&mut self, cell_key: String, counts: Counts) {
+    /// Adds counts for a cell key (saturating), `limited` if the cell has
+    /// a directive.
+    pub fn add(&mut self, cell_key: String, counts: Counts, limited: bool) {
         if let Some(existing) = self.counts.get_mut(&cell_key) {
             existing.counts.add(counts);
+            existing.limited |= limited;
         } else {
-            self.insert(cell_key, counts);
+            self.insert(cell_key, counts, limited);
         }
     }
 
-    /// Adds counts drained elsewhere, for example from the shared queue.
-    pub fn merge(&mut self, counts: impl IntoIterator<Item = BucketCount>) {
+    /// Adds counts drained elsewhere, for example from the shared queue;
+    /// `limited` says which cell keys have a directive.
+    pub fn merge(
+        &mut self,
+        counts: impl IntoIterator<Item = BucketCount>,
+        mut limited: impl FnMut(&str) -> bool,
+    ) {
         for count in counts {
             let key = key_of(
                 &count.bucket,
                 &count.tenant,
                 priority_from_i32(count.priority),
             );
-            self.add(key, Counts::of(&count));
+            let is_limited = limited(&key);
+            self.add(key, Counts::of(&count), is_limited);
         }
     }
 
     /// Moves every cell into `other`.
     pub fn move_into(&mut self, other: &mut BucketCounters) {
         for (key, slot) in self.counts.drain() {
-            other.add(key, slot.counts);
+            other.add(key, slot.counts, slot.limited);
         }
     }
 
@@ -251,9 +286,19 @@ impl BucketCounters {
         std::mem::take(&mut self.untracked)
     }
 
-    fn insert(&mut self, key: String, counts: Counts) {
-        if self.counts.len() < self.max_cells {
-            self.counts.insert(key, CellSlot::of(counts));
+    /// Whether a new cell (`limited` if it has a directive) fits.
+    fn has_room(&self, limited: bool) -> bool {
+        let cap = if limited {
+            self.max_cells
+        } else {
+            unlimited_cap(self.max_cells)
+        };
+        self.counts.len() < cap
+    }
+
+    fn insert(&mut self, key: String, counts: Counts, limited: bool) {
+        if self.has_room(limited) {
+            self.counts.insert(key, CellSlot::of(counts, limited));
         } else {
             self.untracked = self.untracked.saturating_add(counts.offered);
         }
@@ -301,10 +346,10 @@ mod tests {
         let mut counters = BucketCounters::new(10);
         let acme = key_of("api", "acme", Priority::Bulk);
         let globex = key_of("api", "globex", Priority::Critical);
-        counters.record_cell(&acme, Outcome::Admitted);
-        counters.record_cell(&acme, Outcome::ShadowDropped);
-        counters.record_cell(&acme, Outcome::Dropped);
-        counters.record_cell(&globex, Outcome::Admitted);
+        counters.record_cell(&acme, Outcome::Admitted, false);
+        counters.record_cell(&acme, Outcome::ShadowDropped, false);
+        counters.record_cell(&acme, Outcome::Dropped, true);
+        counters.record_cell(&globex, Outcome::Admitted, false);
         counters.record("api", true);
         assert_eq!(
             sorted(counters.drain()),
@@ -328,8 +373,8 @@ mod tests {
     #[test]
     fn merge_adds_and_saturates() {
         let mut counters = BucketCounters::new(10);
-        counters.merge([count("a", u64::MAX - 1, 5)]);
-        counters.merge([count("a", 10, 10), count("b", 3, 0)]);
+        counters.merge([count("a", u64::MAX - 1, 5)], |_| false);
+        counters.merge([count("a", 10, 10), count("b", 3, 0)], |_| true);
         assert_eq!(
             sorted(counters.drain()),
             vec![count("a", u64::MAX, 15), count("b", 3, 0)]
@@ -338,11 +383,12 @@ mod tests {
 
     #[test]
     fn new_cells_beyond_the_cap_are_untracked() {
-        let mut counters = BucketCounters::new(2);
+        // Three cells, one of them reserved for cells with a directive.
+        let mut counters = BucketCounters::new(3);
         counters.record("a", true);
         counters.record("b", true);
         counters.record("c", true);
-        counters.merge([count("d", 5, 5)]);
+        counters.merge([count("d", 5, 5)], |_| false);
         counters.record("a", true);
         assert_eq!(counters.len(), 2);
         assert_eq!(counters.take_untracked(), 6);
@@ -354,9 +400,54 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_unlimited_cells_leaves_room_for_limited_ones() {
+        let mut counters = BucketCounters::new(200);
+        for i in 0..2_000 {
+            counters.record_cell(
+                &key_of(&format!("flood-{i}"), "", Priority::Unspecified),
+                Outcome::Admitted,
+                false,
+            );
+        }
+        assert_eq!(counters.len(), unlimited_cap(200));
+        assert_eq!(counters.take_untracked(), 2_000 - 150);
+        for i in 0..50 {
+            let key = key_of(&format!("limited-{i}"), "", Priority::Unspecified);
+            counters.record_cell(&key, Outcome::Dropped, true);
+        }
+        assert_eq!(counters.len(), 200);
+        assert_eq!(counters.take_untracked(), 0);
+        // Moving them on (the leader's window) keeps the reservation.
+        let mut window = BucketCounters::new(200);
+        for i in 0..500 {
+            window.add(
+                key_of(&format!("other-{i}"), "", Priority::Unspecified),
+                Counts::one(Outcome::Admitted),
+                false,
+            );
+        }
+        counters.move_into(&mut window);
+        let limited = window
+            .drain()
+            .into_iter()
+            .filter(|c| c.bucket.starts_with("limited-"))
+            .count();
+        assert_eq!(limited, 50);
+    }
+
+    #[test]
+    fn the_reserve_leaves_small_tables_usable() {
+        assert_eq!(unlimited_cap(0), 0);
+        assert_eq!(unlimited_cap(1), 0);
+        assert_eq!(unlimited_cap(2), 1);
+        assert_eq!(unlimited_cap(4), 3);
+        assert_eq!(unlimited_cap(10_000), 7_500);
+    }
+
+    #[test]
     fn drain_skips_cells_without_traffic() {
         let mut counters = BucketCounters::new(10);
-        counters.merge([count("idle", 0, 0), count("busy", 1, 0)]);
+        counters.merge([count("idle", 0, 0), count("busy", 1, 0)], |_| false);
         assert_eq!(counters.drain(), vec![count("busy", 1, 0)]);
     }
 
@@ -389,7 +480,7 @@ mod proptests {
                 std::collections::HashMap::new();
             for (bucket, offered, admitted) in adds {
                 let bucket = format!("b{bucket}");
-                counters.merge([BucketCount { bucket: bucket.clone(), offered, admitted, ..Default::default() }]);
+                counters.merge([BucketCount { bucket: bucket.clone(), offered, admitted, ..Default::default() }], |_| false);
                 let entry = expected.entry(bucket).or_default();
                 entry.0 += u128::from(offered);
                 entry.1 += u128::from(admitted);

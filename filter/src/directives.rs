@@ -9,8 +9,10 @@
 //! indexes point into, so the request path can take the entry mutably (for
 //! its per-cell state) after immutable probes.
 //!
-//! Every directive is kept, a zero drop ratio included: a cell the control
-//! plane knows is not a new bucket, and the 429 contract needs its limit.
+//! Every directive that enforces something is kept, a zero drop ratio
+//! included: the 429 contract needs its limit. A directive that enforces
+//! nothing (no ratio, no limit, no share, no mode) is a lift: it removes
+//! the cell's entry, so unlimited and retired cells never hold a slot.
 
 use crate::allowance::DirectiveRates;
 use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
@@ -236,6 +238,12 @@ impl DirectiveTable {
         })
     }
 
+    /// Whether a directive governs the cell `key` (its own or its
+    /// bucket's).
+    pub fn covers(&self, key: &str) -> bool {
+        self.rates_for_cell(key).is_some()
+    }
+
     /// The entry at an index from [`Self::find`].
     pub fn entry_mut(&mut self, index: usize) -> Option<&mut CellEntry> {
         self.entries.get_mut(index)
@@ -344,6 +352,10 @@ impl DirectiveTable {
         } else {
             key_of(&wire.bucket, &wire.tenant, priority)
         };
+        if is_lift(&wire) {
+            self.remove(wide, &key);
+            return true;
+        }
         let index_map = if wide { &self.bucket_wide } else { &self.cells };
         let existing = index_map.get(&key).copied();
         if existing.is_none() && self.entries.len() >= self.max_entries {
@@ -392,6 +404,38 @@ impl DirectiveTable {
             }
         }
         true
+    }
+
+    /// Removes the entry of `key` (a bucket name when `wide`, else a cell
+    /// key), moving the last entry into its place.
+    fn remove(&mut self, wide: bool, key: &str) {
+        let index_map = if wide {
+            &mut self.bucket_wide
+        } else {
+            &mut self.cells
+        };
+        let Some(index) = index_map.remove(key) else {
+            return;
+        };
+        if index >= self.entries.len() {
+            return;
+        }
+        self.entries.swap_remove(index);
+        // The entry that was last now sits at `index`: repoint its index.
+        if let Some(moved) = self.entries.get(index) {
+            let wire = &moved.wire;
+            let priority = priority_from_i32(wire.priority);
+            if wire.tenant.is_empty() && priority == Priority::Unspecified {
+                if let Some(slot) = self.bucket_wide.get_mut(wire.bucket.as_str()) {
+                    *slot = index;
+                }
+            } else if let Some(slot) = self
+                .cells
+                .get_mut(key_of(&wire.bucket, &wire.tenant, priority).as_str())
+            {
+                *slot = index;
+            }
+        }
     }
 
     /// Takes over the per-cell state of `previous` for cells both hold (a
@@ -464,6 +508,12 @@ impl DirectiveTable {
             &self.proxy_id,
         )
     }
+}
+
+/// Whether a directive enforces nothing (no ratio, no limit, no share, no
+/// mode): the control plane's way of lifting a cell.
+pub fn is_lift(wire: &Directive) -> bool {
+    wire.drop_ratio == 0.0 && wire.limit_rps == 0.0 && wire.share_rps == 0.0 && wire.mode == 0
 }
 
 fn finite_non_negative(value: f64) -> Option<f64> {

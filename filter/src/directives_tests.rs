@@ -336,3 +336,92 @@ fn every_change_of_what_find_returns_changes_the_generation() {
     let distinct: std::collections::HashSet<u64> = seen.iter().copied().collect();
     assert_eq!(distinct.len(), seen.len(), "{seen:?}");
 }
+
+fn lift(bucket: &str, tenant: &str, priority: Priority) -> Directive {
+    Directive {
+        bucket: bucket.into(),
+        tenant: tenant.into(),
+        priority: priority as i32,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_lift_frees_the_slot_and_needs_none() {
+    let mut table = DirectiveTable::new(2);
+    table.merge(batch(
+        1,
+        1,
+        vec![
+            directive("a", 0.5),
+            cell_directive("a", "t", Priority::Bulk, 0.25),
+        ],
+    ));
+    // Full: a lift of a cell it does not hold still applies.
+    let outcome = table.merge(batch(1, 2, vec![lift("x", "", Priority::Unspecified)]));
+    assert_eq!(outcome.applied, 1);
+    assert_eq!(table.len(), 2);
+    table.merge(batch(1, 3, vec![lift("a", "", Priority::Unspecified)]));
+    assert_eq!(table.len(), 1);
+    assert_eq!(table.drop_ratio("a"), None);
+    // The moved entry is still found through its index.
+    let key = key_of("a", "t", Priority::Bulk);
+    let index = table.find(Some(&key), "a").unwrap();
+    assert_eq!(
+        table.entry_mut(index).unwrap().directive.drop_ratio.get(),
+        0.25
+    );
+    // The freed slot takes a new limited cell.
+    let outcome = table.merge(batch(1, 4, vec![directive("b", 0.1)]));
+    assert_eq!(outcome.applied, 1);
+    assert_eq!(table.len(), 2);
+}
+
+#[test]
+fn a_mode_without_a_limit_is_kept() {
+    let mut table = DirectiveTable::new(4);
+    let shadow = Directive {
+        mode: Mode::Shadow as i32,
+        ..lift("a", "", Priority::Unspecified)
+    };
+    table.merge(batch(1, 1, vec![shadow]));
+    assert_eq!(table.len(), 1);
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod lift_proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any sequence of upserts and lifts leaves the table equal to a
+        /// plain map of the cells last set and not lifted since, every
+        /// index pointing at its own cell.
+        #[test]
+        fn lifts_and_upserts_match_a_model(
+            ops in proptest::collection::vec((0u8..6, 0u8..3, any::<bool>()), 0..60),
+        ) {
+            let mut table = DirectiveTable::new(64);
+            let mut model = std::collections::BTreeMap::new();
+            for (version, (bucket, tenant, set)) in ops.into_iter().enumerate() {
+                let bucket = format!("b{bucket}");
+                let tenant = if tenant == 0 { String::new() } else { format!("t{tenant}") };
+                let priority = Priority::Unspecified;
+                let wire = if set {
+                    let ratio = f64::from(u8::try_from(version % 10).unwrap_or(0)) / 10.0;
+                    model.insert((bucket.clone(), tenant.clone()), ratio);
+                    cell_directive(&bucket, &tenant, priority, ratio)
+                } else {
+                    model.remove(&(bucket.clone(), tenant.clone()));
+                    lift(&bucket, &tenant, priority)
+                };
+                table.merge(batch(1, version as u64 + 1, vec![wire]));
+                prop_assert_eq!(table.len(), model.len());
+                for ((bucket, tenant), ratio) in &model {
+                    let entry = table.cell(bucket, tenant, priority).map(|e| e.directive.drop_ratio.get());
+                    prop_assert_eq!(entry, Some(*ratio));
+                }
+            }
+        }
+    }
+}

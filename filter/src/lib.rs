@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod allowance;
+pub mod audit;
 pub mod backoff;
 pub mod bucket_key;
 pub mod cell;

@@ -40,6 +40,9 @@ pub enum Counter {
     /// Control-plane streams given up because nothing arrived on them for
     /// `stream_idle_timeout_ms`.
     StreamsAbandoned,
+    /// Requests of cells that did not fit the bounded counters (more cells
+    /// than `max_buckets`, or unlimited cells beyond their share of it).
+    RequestsUncounted,
 }
 
 /// The old name of the overload drop counter.
@@ -53,7 +56,7 @@ const REASONS: usize = DropReason::ALL.len();
 
 impl Counter {
     /// Every counter, in definition order.
-    pub const ALL: [Self; 7 + 2 * REASONS] = [
+    pub const ALL: [Self; 8 + 2 * REASONS] = [
         Self::DecisionsPass,
         Self::DecisionsDrop(DropReason::ClusterOverload),
         Self::DecisionsDrop(DropReason::TenantQuotaExceeded),
@@ -71,6 +74,7 @@ impl Counter {
         Self::DirectivesRejected,
         Self::FallbackEntered,
         Self::StreamsAbandoned,
+        Self::RequestsUncounted,
     ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
@@ -114,6 +118,7 @@ impl Counter {
             Self::DirectivesRejected => "sluice.directives_rejected",
             Self::FallbackEntered => "sluice.fallback_entered",
             Self::StreamsAbandoned => "sluice.streams_abandoned",
+            Self::RequestsUncounted => "sluice.requests_uncounted",
         }
     }
 
@@ -128,6 +133,7 @@ impl Counter {
             Self::DirectivesRejected => 4 + 2 * REASONS,
             Self::FallbackEntered => 5 + 2 * REASONS,
             Self::StreamsAbandoned => 6 + 2 * REASONS,
+            Self::RequestsUncounted => 7 + 2 * REASONS,
         }
     }
 }

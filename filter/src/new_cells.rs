@@ -4,9 +4,17 @@
 //! token bucket of the configured fleet limit over the expected proxies,
 //! split evenly between the VMs serving requests.
 //!
-//! At most `max_cells` cells are tracked; when full, the map is cleared (the
-//! cells restart with a full bucket), so cells the control plane has since
-//! directed do not pin memory.
+//! The control plane directs only cells with something to enforce, so a
+//! cell of an unlimited bucket never gets a directive. A cell is therefore
+//! new only until the control plane has had time to direct it: once it was
+//! first seen [`NEW_CELL_GRACE_MS`] ago while the directives are fresh, the
+//! control plane knows it and chose to send nothing, and it passes.
+//!
+//! At most `max_cells` cells are tracked. When full, cells met only once
+//! since the last pass are forgotten first and the others' hit counts
+//! halved (a cheap frequency filter), so a flood of one-off keys cannot push
+//! out a busy cell; only if nothing can go is the map cleared (the cells
+//! restart with a full bucket).
 
 use crate::cell::parse_key;
 use crate::fast_map::{self, FastMap};
@@ -28,6 +36,11 @@ pub enum NewBucketPolicy {
     },
 }
 
+/// How long after a cell is first seen, while the directives are fresh,
+/// the control plane has had to direct it: a report interval, a control
+/// interval and a push with room to spare (defaults 250 + 500 + a few ms).
+pub const NEW_CELL_GRACE_MS: u64 = 5_000;
+
 /// A new cell's limiter and prepared 429.
 #[derive(Debug, Clone)]
 pub struct NewCell {
@@ -35,6 +48,10 @@ pub struct NewCell {
     pub limiter: TokenBucket,
     /// The response of a drop.
     pub response: Arc<RejectResponse>,
+    /// When the cell was first seen.
+    first_seen_ms: u64,
+    /// Requests since the last eviction pass (saturating).
+    hits: u32,
 }
 
 /// The new cells of one VM.
@@ -44,6 +61,9 @@ pub struct NewCells {
     cells: FastMap<String, NewCell>,
     max_cells: usize,
     responses: Arc<ResponseSettings>,
+    evicted: u64,
+    /// Whether the last decision treated its cell as new.
+    last_new: bool,
 }
 
 impl NewCells {
@@ -58,17 +78,23 @@ impl NewCells {
             cells: fast_map::new(),
             max_cells,
             responses,
+            evicted: 0,
+            last_new: false,
         }
     }
 
-    /// The decision for a request of the new cell `cell_key`: `Some` with
-    /// the response to drop it. Allocates only for a cell seen first.
+    /// The decision for a request of the cell `cell_key`, which has no
+    /// directive: `Some` with the response to drop it. `directed`: the VM
+    /// holds directives and they are fresh, so a cell seen long enough ago
+    /// is known to the control plane. Allocates only for a cell seen first.
     pub fn decide(
         &mut self,
         cell_key: &str,
         now_ms: u64,
         workers: u32,
+        directed: bool,
     ) -> Option<(DropReason, Arc<RejectResponse>)> {
+        self.last_new = false;
         let NewBucketPolicy::LocalLimit {
             fleet_limit_rps,
             expected_proxies,
@@ -79,7 +105,7 @@ impl NewCells {
         let rate = fleet_limit_rps / f64::from(expected_proxies.max(1)) / f64::from(workers.max(1));
         if !self.cells.contains_key(cell_key) {
             if self.cells.len() >= self.max_cells {
-                self.cells.clear();
+                self.evict();
             }
             let (bucket, tenant, _) =
                 parse_key(cell_key).unwrap_or((cell_key, "", Default::default()));
@@ -95,10 +121,17 @@ impl NewCells {
                 NewCell {
                     limiter: TokenBucket::new(rate, now_ms),
                     response,
+                    first_seen_ms: now_ms,
+                    hits: 0,
                 },
             );
         }
         let cell = self.cells.get_mut(cell_key)?;
+        cell.hits = cell.hits.saturating_add(1);
+        if directed && now_ms.saturating_sub(cell.first_seen_ms) >= NEW_CELL_GRACE_MS {
+            return None;
+        }
+        self.last_new = true;
         if cell.limiter.rate_per_s() != rate {
             cell.limiter.set_rate(rate);
         }
@@ -107,6 +140,30 @@ impl NewCells {
         } else {
             Some((DropReason::NewBucketLimit, Arc::clone(&cell.response)))
         }
+    }
+
+    /// Makes room: forgets the cells met once since the last pass and
+    /// halves the others' counts; clears the map if that freed nothing.
+    fn evict(&mut self) {
+        self.evicted = self.evicted.saturating_add(1);
+        self.cells.retain(|_, cell| {
+            cell.hits /= 2;
+            cell.hits > 0
+        });
+        if self.cells.len() >= self.max_cells {
+            self.cells.clear();
+        }
+    }
+
+    /// Whether the last [`Self::decide`] limited its cell as a new one
+    /// (not with `allow`, which tracks nothing).
+    pub fn last_was_new(&self) -> bool {
+        self.last_new
+    }
+
+    /// Eviction passes so far (a full table met a new cell).
+    pub fn evictions(&self) -> u64 {
+        self.evicted
     }
 
     /// Cells tracked.
@@ -132,7 +189,7 @@ mod tests {
     fn allow_lets_everything_through_and_tracks_nothing() {
         let mut cells = NewCells::new(NewBucketPolicy::Allow, 10, Arc::default());
         for _ in 0..1000 {
-            assert!(cells.decide("0000a", 0, 1).is_none());
+            assert!(cells.decide("0000a", 0, 1, true).is_none());
         }
         assert!(cells.is_empty());
     }
@@ -148,7 +205,7 @@ mod tests {
         let mut admitted = 0;
         let mut response = None;
         for ms in (0..5_000u64).step_by(10) {
-            match cells.decide(&key, ms, 2) {
+            match cells.decide(&key, ms, 2, false) {
                 None => admitted += 1,
                 Some((reason, r)) => {
                     assert_eq!(reason, DropReason::NewBucketLimit);
@@ -172,8 +229,56 @@ mod tests {
         };
         let mut cells = NewCells::new(policy, 3, Arc::default());
         for i in 0..10 {
-            cells.decide(&key_of(&format!("b{i}"), "", Priority::Unspecified), 0, 1);
+            cells.decide(
+                &key_of(&format!("b{i}"), "", Priority::Unspecified),
+                0,
+                1,
+                false,
+            );
             assert!(cells.len() <= 3);
         }
+    }
+
+    fn local_limit(fleet_limit_rps: f64) -> NewBucketPolicy {
+        NewBucketPolicy::LocalLimit {
+            fleet_limit_rps,
+            expected_proxies: 1,
+        }
+    }
+
+    #[test]
+    fn a_cell_the_control_plane_left_undirected_passes_after_the_grace() {
+        let mut cells = NewCells::new(local_limit(1.0), 10, Arc::default());
+        let key = key_of("unlimited", "", Priority::Unspecified);
+        let dropped = |from: u64, directed: bool, cells: &mut NewCells| {
+            (from..from + 1_000)
+                .step_by(10)
+                .filter(|ms| cells.decide(&key, *ms, 1, directed).is_some())
+                .count()
+        };
+        assert!(dropped(0, true, &mut cells) > 90, "limited while new");
+        // Without fresh directives, nobody has looked at it: still new.
+        assert!(dropped(NEW_CELL_GRACE_MS, false, &mut cells) > 90);
+        assert_eq!(dropped(NEW_CELL_GRACE_MS, true, &mut cells), 0);
+    }
+
+    #[test]
+    fn a_flood_of_one_off_cells_does_not_evict_a_busy_one() {
+        let mut cells = NewCells::new(local_limit(1.0), 200, Arc::default());
+        let busy = key_of("busy", "", Priority::Unspecified);
+        let mut busy_dropped = 0;
+        for i in 0..20_000u64 {
+            let flood = key_of(&format!("flood-{i}"), "", Priority::Unspecified);
+            cells.decide(&flood, i, 1, false);
+            if i % 10 == 0 && cells.decide(&busy, i, 1, false).is_some() {
+                busy_dropped += 1;
+            }
+            assert!(cells.len() <= 200);
+        }
+        // The busy cell keeps its limiter (1 rps plus its one-second
+        // burst over 20 s), instead of restarting with a full bucket at
+        // every clear.
+        assert!(busy_dropped > 1_900, "{busy_dropped}");
+        assert!(cells.evictions() > 0);
     }
 }

@@ -14,7 +14,10 @@
 
 use rand::Rng;
 
-use crate::allowance::{AllowanceSettings, DirectiveRates, Gcra, RateWindow, allowance_rps};
+use crate::allowance::{
+    AllowanceSettings, DirectiveRates, Engage, Gcra, RateWindow, allowance_rps,
+};
+use crate::counters::unlimited_cap;
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
 use crate::drop_ratio::DropThreshold;
@@ -65,6 +68,8 @@ pub struct Pacer {
     /// Cells the last tick started tracking whose directive has not been
     /// looked up yet ([`Self::resolve_new`]).
     unresolved: Vec<String>,
+    /// Whether the caps decide now ([`Engage`]).
+    caps_engaged: bool,
 }
 
 impl Pacer {
@@ -85,7 +90,22 @@ impl Pacer {
             last_step_ms: 0,
             closed_at_ms: None,
             unresolved: Vec::new(),
+            caps_engaged: allowance.is_some_and(|a| a.engage == Engage::Always),
         }
+    }
+
+    /// Tells the pacer whether the control plane is lost: with
+    /// [`Engage::WhenLost`], the caps decide only then.
+    pub fn set_control_plane_lost(&mut self, lost: bool) {
+        self.caps_engaged = match self.allowance {
+            Some(settings) => settings.engage == Engage::Always || lost,
+            None => false,
+        };
+    }
+
+    /// Whether the caps decide now.
+    pub fn caps_engaged(&self) -> bool {
+        self.caps_engaged
     }
 
     /// The request path: decides one request of `bucket` whose directive
@@ -103,7 +123,9 @@ impl Pacer {
             return decide(threshold, rng);
         };
         pace.pending = pace.pending.saturating_add(1);
-        if let Some(cap) = &mut pace.cap {
+        if let Some(cap) = &mut pace.cap
+            && self.caps_engaged
+        {
             return if cap.admit(self.now_ms, self.last_step_ms) {
                 Verdict::Admit
             } else {
@@ -145,6 +167,20 @@ impl Pacer {
         seen: impl IntoIterator<Item = &'a str>,
         rng: &mut impl Rng,
     ) {
+        self.on_tick_with(now_ms, seen, |_| true, rng);
+    }
+
+    /// [`Self::on_tick`], where `limited` says which cells have a
+    /// directive: cells without one may take at most
+    /// [`unlimited_cap`] of `max_buckets`, so a flood of one-off keys never
+    /// keeps a limited cell from getting its allowance.
+    pub fn on_tick_with<'a>(
+        &mut self,
+        now_ms: u64,
+        seen: impl IntoIterator<Item = &'a str>,
+        mut limited: impl FnMut(&str) -> bool,
+        rng: &mut impl Rng,
+    ) {
         self.advance_clock(now_ms);
         let span_ms = match self.closed_at_ms {
             Some(closed) if now_ms > closed => now_ms - closed,
@@ -180,8 +216,15 @@ impl Pacer {
         if !self.keeps_state() {
             return;
         }
+        let unlimited = unlimited_cap(self.max_buckets);
         for bucket in seen {
-            if !self.buckets.contains_key(bucket) && self.buckets.len() < self.max_buckets {
+            if self.buckets.contains_key(bucket) || self.buckets.len() >= self.max_buckets {
+                continue;
+            }
+            if self.buckets.len() >= unlimited && !limited(bucket) {
+                continue;
+            }
+            {
                 let mut pace = new_pace(rng);
                 // Counted by the caller, not here: credit it to this tick.
                 pace.window.push(1, span_ms);
@@ -304,6 +347,7 @@ mod tests {
     const EXACT: AllowanceSettings = AllowanceSettings {
         headroom: 0.0,
         burst_ms: 0,
+        engage: Engage::Always,
     };
 
     /// Offers `per_tick` requests a tick for `ticks` ticks; returns admitted.
@@ -411,6 +455,7 @@ mod tests {
         let settings = AllowanceSettings {
             headroom: 0.0,
             burst_ms: 20,
+            engage: Engage::Always,
         };
         let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
@@ -473,5 +518,61 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(1);
         pacer.on_tick(0, ["a", "b", "c"], &mut rng);
         assert_eq!(pacer.len(), 2);
+    }
+
+    #[test]
+    fn caps_engaged_only_when_lost_decide_only_then() {
+        let settings = AllowanceSettings {
+            engage: Engage::WhenLost,
+            ..EXACT
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        assert!(!pacer.caps_engaged());
+        // A second at 10 a tick, a directive at ratio 0.5: a cap of 50/s.
+        for tick in 0..10u64 {
+            for _ in 0..10 {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+        }
+        pacer.resolve_all(|_| Some(rates(0.5, 50.0, 100.0)));
+        let threshold = DropRatio::new(0.5).unwrap().threshold();
+        // Connected: the load doubles and the ratio admits half of it.
+        let admitted = |pacer: &mut Pacer, rng: &mut SmallRng, start: u64| {
+            let mut admitted = 0;
+            for tick in 0..10u64 {
+                for _ in 0..20 {
+                    admitted += u32::from(pacer.decide("a", threshold, rng) == Verdict::Admit);
+                }
+                pacer.on_tick(start + tick * 100, ["a"], rng);
+            }
+            admitted
+        };
+        let connected = admitted(&mut pacer, &mut rng, 1_000);
+        assert!((95..=105).contains(&connected), "{connected}");
+        // Lost: the cap holds the share the last directive gave.
+        pacer.set_control_plane_lost(true);
+        assert!(pacer.caps_engaged());
+        let lost = admitted(&mut pacer, &mut rng, 2_000);
+        assert!((45..=62).contains(&lost), "{lost}");
+    }
+
+    #[test]
+    fn unlimited_cells_leave_room_for_limited_ones() {
+        let mut pacer = Pacer::new(DecisionMode::Credit, None, 100, 200);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..20u64 {
+            let flood: Vec<String> = (0..500).map(|i| format!("flood-{tick}-{i}")).collect();
+            pacer.on_tick_with(
+                tick * 100,
+                flood.iter().map(String::as_str).chain(["limited"]),
+                |key| key == "limited",
+                &mut rng,
+            );
+            assert!(pacer.len() <= 200);
+        }
+        assert_eq!(pacer.len(), unlimited_cap(200) + 1);
+        assert!(pacer.buckets.contains_key("limited"));
     }
 }

@@ -112,7 +112,14 @@ impl ReportWindows {
     }
 
     /// A follower's hand-off, received at `now_ms`.
-    pub fn add_handoff(&mut self, handoff: Handoff, now_ms: u64) {
+    /// `limited` says which cell keys have a directive (they may use the
+    /// counters' reserved share).
+    pub fn add_handoff(
+        &mut self,
+        handoff: Handoff,
+        now_ms: u64,
+        mut limited: impl FnMut(&str) -> bool,
+    ) {
         let source = self.sources.entry(handoff.source).or_insert(Source {
             last_end_ms: 0,
             last_seen_ms: now_ms,
@@ -124,16 +131,16 @@ impl ReportWindows {
             source.last_traffic_ms = Some(now_ms);
         }
         let Some(closing) = &mut self.closing else {
-            self.current.merge(handoff.counts);
+            self.current.merge(handoff.counts, limited);
             return;
         };
         let boundary = closing.end_ms;
         if handoff.end_ms <= boundary {
-            closing.counts.merge(handoff.counts);
+            closing.counts.merge(handoff.counts, limited);
             return;
         }
         if handoff.start_ms >= boundary {
-            self.current.merge(handoff.counts);
+            self.current.merge(handoff.counts, limited);
             return;
         }
         let span = handoff.end_ms.saturating_sub(handoff.start_ms).max(1);
@@ -145,8 +152,9 @@ impl ReportWindows {
                 priority_from_i32(count.priority),
             );
             let (before, after) = Counts::of(&count).split(fraction);
-            closing.counts.add(key.clone(), before);
-            self.current.add(key, after);
+            let is_limited = limited(&key);
+            closing.counts.add(key.clone(), before, is_limited);
+            self.current.add(key, after, is_limited);
         }
     }
 
@@ -247,19 +255,19 @@ mod tests {
     #[test]
     fn a_straddling_handoff_is_split_at_the_boundary() {
         let mut windows = ReportWindows::new(10, 0);
-        windows.add_handoff(handoff(1, 0, 100, 60), 100);
+        windows.add_handoff(handoff(1, 0, 100, 60), 100, |_| false);
         windows.close(250);
         assert!(windows.take_ready(250).is_none(), "waits for source 1");
-        windows.add_handoff(handoff(1, 100, 200, 60), 200);
+        windows.add_handoff(handoff(1, 100, 200, 60), 200, |_| false);
         assert!(windows.take_ready(260).is_none());
-        windows.add_handoff(handoff(1, 200, 300, 60), 300);
+        windows.add_handoff(handoff(1, 200, 300, 60), 300, |_| false);
         let ready = windows.take_ready(300).unwrap();
         assert_eq!(ready.window_ms, 250);
         // 0..250 of 600 rps: 150 requests.
         assert_eq!(offered(&ready), 150);
         windows.close(500);
-        windows.add_handoff(handoff(1, 300, 400, 60), 400);
-        windows.add_handoff(handoff(1, 400, 500, 60), 500);
+        windows.add_handoff(handoff(1, 300, 400, 60), 400, |_| false);
+        windows.add_handoff(handoff(1, 400, 500, 60), 500, |_| false);
         let ready = windows.take_ready(500).unwrap();
         assert_eq!(offered(&ready), 150);
     }
@@ -267,7 +275,7 @@ mod tests {
     #[test]
     fn a_silent_source_is_waited_for_only_until_the_deadline() {
         let mut windows = ReportWindows::new(10, 0);
-        windows.add_handoff(handoff(1, 0, 100, 10), 100);
+        windows.add_handoff(handoff(1, 0, 100, 10), 100, |_| false);
         windows.close(200);
         assert!(windows.take_ready(200 + MAX_WAIT_MS - 1).is_none());
         let ready = windows.take_ready(200 + MAX_WAIT_MS).unwrap();
@@ -293,8 +301,8 @@ mod tests {
     fn workers_counts_sources_with_recent_traffic() {
         let mut windows = ReportWindows::new(10, 0);
         assert_eq!(windows.workers(0), 1);
-        windows.add_handoff(handoff(1, 0, 100, 5), 100);
-        windows.add_handoff(handoff(2, 0, 100, 5), 100);
+        windows.add_handoff(handoff(1, 0, 100, 5), 100, |_| false);
+        windows.add_handoff(handoff(2, 0, 100, 5), 100, |_| false);
         windows.add_handoff(
             Handoff {
                 source: 3,
@@ -303,6 +311,7 @@ mod tests {
                 counts: vec![],
             },
             100,
+            |_| false,
         );
         let mut own = BucketCounters::new(10);
         own.record("a", true);
@@ -334,7 +343,7 @@ mod proptests {
                 for (i, phase) in phases.iter().enumerate() {
                     if now > *phase && (now - phase) % 100 == 0 {
                         let start = last_end[i];
-                        windows.add_handoff(handoff(i as u64, start, now, 60), now);
+                        windows.add_handoff(handoff(i as u64, start, now, 60), now, |_| false);
                         last_end[i] = now;
                         sent += 60;
                     }

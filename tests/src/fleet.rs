@@ -24,10 +24,13 @@ pub struct FleetOptions {
     pub filter: serde_json::Value,
     /// Proxy ids, by Envoy index; `test-<letter>` where absent.
     pub proxy_ids: Vec<String>,
+    /// Worker threads of every Envoy (`--concurrency`).
+    pub concurrency: u32,
 }
 
 impl FleetOptions {
-    /// `envoys` Envoys, 200 ms control interval, 100 ms report interval.
+    /// `envoys` Envoys of two workers, 200 ms control interval, 100 ms
+    /// report interval.
     pub fn new(limits_yaml: &str, envoys: usize) -> Self {
         Self {
             limits_yaml: limits_yaml.to_owned(),
@@ -36,6 +39,7 @@ impl FleetOptions {
             envoys,
             filter: json!({}),
             proxy_ids: Vec::new(),
+            concurrency: 2,
         }
     }
 
@@ -109,11 +113,9 @@ impl Fleet {
         }
         let rewrite = Rewrite::for_test(self.control_plane.grpc_addr(), patch)?;
         envoy::rewrite(&mut config, &rewrite)?;
-        let envoy = Envoy::start(
-            &config,
-            &EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path()),
-        )
-        .await?;
+        let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());
+        envoy_options.concurrency = self.options.concurrency;
+        let envoy = Envoy::start(&config, &envoy_options).await?;
         self.envoys.push(envoy);
         Ok(index)
     }

@@ -1,8 +1,9 @@
 //! A load step in real Envoys: 2 Envoys share a 200 rps limit; the load
 //! jumps from 100 rps (under the limit) to 600 rps. With the filter's
-//! coin flips alone, every Envoy admits the whole step until the next
-//! directive lands; with the local allowance (`"allowance": {…}`) and the
-//! credit decision, each VM holds its share of the limit meanwhile. Two
+//! coin flips alone (`"decision": "coin", "allowance": null`), every Envoy
+//! admits the whole step until the next directive lands; with the local
+//! allowance engaged (`"engage": "always"`) and the credit decision, each VM
+//! holds its share of the limit meanwhile. Two
 //! runs with the same control plane build and the same load measure both,
 //! as the simulator does (`sluice simulate --scenario step-10x`): the
 //! allowance overshoots less in the first second after the step, and both
@@ -139,10 +140,12 @@ async fn run_step(filter_patch: Json) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allowance_holds_a_load_step_that_coin_flips_overshoot() {
-    let coin = run_step(json!({})).await;
+    // The seed's coin flips, spelled out now that they are not the default.
+    let coin = run_step(json!({"decision": "coin", "allowance": null})).await;
+    // The credit decision and the allowance, engaged while the control
+    // plane is up too (by default it engages only once it is lost).
     let allowance = run_step(json!({
-        "decision": "credit",
-        "allowance": {"headroom": 0.0, "burst_ms": 20}
+        "allowance": {"headroom": 0, "burst_ms": 20, "engage": "always"}
     }))
     .await;
     let summary = format!(

@@ -22,6 +22,13 @@
 //! - `reason`: set only when the ratio is above 0; see
 //!   [`crate::fairness`] for how it is chosen;
 //! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
+//!
+//! Only cells with something to enforce get a directive: a limit (floors
+//! and priorities only exist under one) or a bucket mode. A cell of an
+//! unlimited bucket gets none, so a flood of one-off keys costs the proxies
+//! no slot in their directive tables. Lifting a directive (the limit was
+//! removed, or the cell's traffic stopped) pushes a [`lift`]: a directive
+//! that enforces nothing, which the filter takes as "remove this cell".
 
 use std::sync::Arc;
 
@@ -102,19 +109,6 @@ impl Pushed {
             || self.burst != next.burst
             || self.reporting_proxies != next.reporting_proxies
     }
-
-    /// The directive lifting a cell whose traffic stopped.
-    fn lifted(&self, limit: Option<LimitRps>) -> Self {
-        Self {
-            drop_ratio: DropRatio::ZERO,
-            limit,
-            reason: None,
-            retry_after_ms: 0,
-            reporting_proxies: 0,
-            offered_rps: 0.0,
-            ..*self
-        }
-    }
 }
 
 /// What was pushed for one cell.
@@ -161,6 +155,8 @@ pub struct Controller {
     tenants: Vec<TenantDemand>,
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
+    /// Control intervals decided so far.
+    decided: u64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -190,6 +186,7 @@ impl Controller {
             allocation: Allocation::default(),
             tenants: Vec::new(),
             cell_tenant: Vec::new(),
+            decided: 0,
         }
     }
 
@@ -235,7 +232,7 @@ impl Controller {
             while let Some(gone) =
                 previous.next_if(|state| compare(&state.bucket, &traffic.bucket).is_lt())
             {
-                retire_bucket(gone, limits, &mut decision);
+                retire_bucket(gone, &mut decision);
             }
             let state = previous
                 .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
@@ -251,9 +248,10 @@ impl Controller {
             decision.buckets.push(status);
         }
         for gone in previous {
-            retire_bucket(gone, limits, &mut decision);
+            retire_bucket(gone, &mut decision);
         }
         self.buckets = next;
+        self.decided = self.decided.saturating_add(1);
         decision
     }
 
@@ -289,7 +287,6 @@ impl Controller {
                 bucket,
                 std::mem::take(&mut state.cells),
                 &traffic.cells,
-                limit,
                 decision,
             );
         }
@@ -306,7 +303,28 @@ impl Controller {
             cells: Vec::with_capacity(traffic.cells.len()),
             proxy_cap: traffic.proxy_cap.clone(),
         };
+        // A first interval lifts what a previous process may have left on
+        // the proxies for cells that no longer enforce anything.
+        let first_interval = self.decided == 0;
         for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
+            if limit.is_none() && mode.is_none() {
+                if cell_state.pushed.take().is_some() || first_interval {
+                    decision
+                        .changed
+                        .push(lift(bucket, &cell.tenant, cell.priority));
+                }
+                status.cells.push(CellStatus {
+                    tenant: Arc::clone(&cell.tenant),
+                    priority: cell.priority,
+                    offered_rps: cell.load.offered_rps,
+                    admitted_rps: cell.load.admitted_rps,
+                    shadow_dropped_rps: cell.shadow_dropped_rps,
+                    share_rps: None,
+                    drop_ratio: DropRatio::ZERO,
+                    reason: None,
+                });
+                continue;
+            }
             let (target, share, reason) = match limit {
                 Some(_) => cell_share(
                     &self.tenants,
@@ -428,7 +446,6 @@ fn merge_cells(
     bucket: &Arc<str>,
     previous: Vec<CellState>,
     cells: &[CellLoad],
-    limit: Option<LimitRps>,
     decision: &mut Decision,
 ) -> Vec<CellState> {
     let order = |state: &CellState, cell: &CellLoad| {
@@ -438,7 +455,7 @@ fn merge_cells(
     let mut previous = previous.into_iter().peekable();
     for cell in cells {
         while let Some(gone) = previous.next_if(|state| order(state, cell).is_lt()) {
-            retire(bucket, gone, limit, decision);
+            retire(bucket, gone, decision);
         }
         let state = previous
             .next_if(|state| order(state, cell).is_eq())
@@ -450,16 +467,15 @@ fn merge_cells(
         merged.push(state);
     }
     for gone in previous {
-        retire(bucket, gone, limit, decision);
+        retire(bucket, gone, decision);
     }
     merged
 }
 
 /// Retires every cell of a bucket whose traffic stopped.
-fn retire_bucket(state: BucketState, limits: &LimitTable, decision: &mut Decision) {
-    let limit = limits.limit_for(&state.bucket);
+fn retire_bucket(state: BucketState, decision: &mut Decision) {
     for cell in state.cells {
-        retire(&state.bucket, cell, limit, decision);
+        retire(&state.bucket, cell, decision);
     }
 }
 
@@ -501,20 +517,39 @@ fn cell_share(
     (LimitRps::new(target).ok(), share, reason)
 }
 
-/// Stops tracking a cell: lifts it if it was dropping, and names it for
-/// removal from the snapshot.
-fn retire(bucket: &Arc<str>, cell: CellState, limit: Option<LimitRps>, decision: &mut Decision) {
-    if let Some(pushed) = cell.pushed.filter(|p| p.drop_ratio != DropRatio::ZERO) {
-        let lifted = pushed.lifted(limit);
+/// Stops tracking a cell: lifts it if it had a directive (so the proxies
+/// free its slot), and names it for removal from the snapshot.
+fn retire(bucket: &Arc<str>, cell: CellState, decision: &mut Decision) {
+    if cell.pushed.is_some() {
         decision
             .changed
-            .push(directive(bucket, &cell.tenant, cell.priority, &lifted));
+            .push(lift(bucket, &cell.tenant, cell.priority));
     }
     decision.retired.push(RetiredCell {
         bucket: Arc::clone(bucket),
         tenant: cell.tenant,
         priority: cell.priority,
     });
+}
+
+/// The directive that lifts a cell: no ratio, no limit, no share, no mode.
+/// It enforces nothing, so the filter removes the cell's entry instead of
+/// holding it (and a filter that predates this still holds a harmless 0).
+pub fn lift(bucket: &str, tenant: &str, priority: Priority) -> Directive {
+    Directive {
+        bucket: bucket.to_owned(),
+        tenant: tenant.to_owned(),
+        priority: priority.to_wire() as i32,
+        ..Directive::default()
+    }
+}
+
+/// Whether a directive is a [`lift`]: it enforces nothing.
+pub fn is_lift(directive: &Directive) -> bool {
+    directive.drop_ratio == 0.0
+        && directive.limit_rps == 0.0
+        && directive.share_rps == 0.0
+        && directive.mode == 0
 }
 
 /// The wire form; on the wire `limit_rps` 0 stands for "unlimited".

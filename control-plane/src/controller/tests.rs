@@ -345,8 +345,7 @@ fn a_stopped_cell_is_lifted_and_retired_while_its_bucket_stays() {
         &policy,
     );
     let lifted = find(&decision.changed, "a", Priority::Unspecified);
-    assert_eq!(lifted.drop_ratio, 0.0);
-    assert_eq!(lifted.reason, 0);
+    assert!(is_lift(lifted));
     assert_eq!(decision.retired.len(), 1);
     assert_eq!(decision.retired[0].tenant.as_ref(), "a");
     assert_eq!(controller.snapshot().len(), 1);
@@ -496,22 +495,63 @@ proptest! {
 }
 
 #[test]
-fn new_buckets_are_pushed_even_at_zero() {
+fn the_first_interval_lifts_unlimited_cells_then_they_get_no_directive() {
+    let limits = table(&[("acme", 200.0)]);
     let mut controller = Controller::default();
-    let decision = controller.tick(
-        &load(&[("acme", 600.0), ("free", 10.0)]),
-        &table(&[("acme", 200.0)]),
-    );
+    let decision = controller.tick(&load(&[("acme", 600.0), ("free", 10.0)]), &limits);
+    // A previous process may have left a directive for `free` on the
+    // proxies: the first interval lifts it.
     assert_eq!(
         buckets(&decision.changed),
         [("acme", 2.0 / 3.0), ("free", 0.0)]
     );
     assert_eq!(decision.changed[0].limit_rps, 200.0);
-    assert_eq!(decision.changed[1].limit_rps, 0.0, "unlimited on the wire");
-    assert_eq!(controller.snapshot(), decision.changed);
+    assert!(is_lift(&decision.changed[1]));
+    assert!(!is_lift(&decision.changed[0]));
+    assert_eq!(controller.snapshot(), decision.changed[..1]);
     assert_eq!(decision.buckets.len(), 2);
     assert_eq!(decision.buckets[0].limit_rps, Some(limit(200.0)));
     assert_eq!(decision.buckets[1].limit_rps, None);
+    // Later, unlimited cells, new or not, cost nothing.
+    let decision = controller.tick(
+        &load(&[("acme", 600.0), ("free", 10.0), ("other", 5.0)]),
+        &limits,
+    );
+    assert!(decision.changed.is_empty());
+    assert_eq!(decision.buckets.len(), 3, "still shown in the status");
+}
+
+#[test]
+fn a_flood_of_unlimited_keys_pushes_only_the_limited_bucket() {
+    let limits = table(&[("acme", 200.0)]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 800.0)]), &limits);
+    for round in 0..20 {
+        let names: Vec<String> = (0..500).map(|i| format!("flood-{round}-{i}")).collect();
+        let mut entries: Vec<(&str, f64)> = names.iter().map(|n| (n.as_str(), 1.0)).collect();
+        entries.push(("acme", 800.0 + f64::from(round) * 10.0));
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        let decision = controller.tick(&load(&entries), &limits);
+        assert!(
+            decision.changed.iter().all(|d| d.bucket == "acme"),
+            "round {round}: {:?}",
+            buckets(&decision.changed)
+        );
+        assert_eq!(controller.snapshot().len(), 1);
+    }
+}
+
+#[test]
+fn a_mode_alone_is_something_to_enforce() {
+    let mut policy = policy(100.0, &[]);
+    policy.limits = table(&[]);
+    policy.modes.buckets.insert("api".into(), Mode::Shadow);
+    let mut controller = Controller::default();
+    controller.decide(&load(&[("api", 10.0)]), &policy);
+    let decision = controller.decide(&load(&[("api", 10.0), ("bare", 10.0)]), &policy);
+    assert!(decision.changed.is_empty());
+    assert_eq!(controller.snapshot().len(), 1);
+    assert_eq!(controller.snapshot()[0].bucket, "api");
 }
 
 #[test]
@@ -538,7 +578,10 @@ fn limit_change_is_pushed_even_without_ratio_change() {
     assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
     assert_eq!(decision.changed[0].limit_rps, 300.0);
     let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[]));
-    assert_eq!(decision.changed[0].limit_rps, 0.0, "limit removed");
+    assert!(is_lift(&decision.changed[0]), "limit removed: lifted");
+    assert!(controller.snapshot().is_empty());
+    let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[]));
+    assert!(decision.changed.is_empty(), "lifted once");
 }
 
 #[test]
@@ -555,11 +598,9 @@ fn stopped_bucket_is_lifted_once_then_forgotten() {
     let mut controller = Controller::default();
     controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
     let decision = controller.tick(&load(&[]), &limits);
-    assert_eq!(
-        buckets(&decision.changed),
-        [("acme", 0.0)],
-        "calm was already at 0"
-    );
+    // Both lifted, calm at 0 included, so the proxies free both slots.
+    assert_eq!(buckets(&decision.changed), [("acme", 0.0), ("calm", 0.0)]);
+    assert!(decision.changed.iter().all(is_lift));
     assert!(controller.snapshot().is_empty());
     assert_eq!(decision.retired.len(), 2);
     assert!(decision.buckets.is_empty());
@@ -585,6 +626,6 @@ fn policy_can_be_swapped() {
         }
     }
     let mut controller = Controller::new(Halve);
-    let decision = controller.tick(&load(&[("x", 1.0)]), &table(&[]));
+    let decision = controller.tick(&load(&[("x", 1.0)]), &table(&[("x", 100.0)]));
     assert_eq!(buckets(&decision.changed), [("x", 0.5)]);
 }

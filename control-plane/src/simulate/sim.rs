@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, VecDeque};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_filter::agent::TICK_MS;
-use sluice_filter::allowance::AllowanceSettings;
+use sluice_filter::allowance::{AllowanceSettings, Engage};
 use sluice_filter::cell::key_of;
 use sluice_filter::counters::{BucketCounters, Outcome};
 use sluice_filter::decision::Verdict;
@@ -140,9 +140,12 @@ impl Variant {
         name: "improved",
         policy: PolicyKind::Tracking,
         decision: DecisionMode::Credit,
+        // Always engaged: the simulator measures what the caps do to load
+        // steps while the control plane is up.
         allowance: Some(AllowanceSettings {
             headroom: 0.0,
             burst_ms: 20,
+            engage: Engage::Always,
         }),
     };
 
@@ -432,7 +435,7 @@ fn run_with(
                         } else {
                             Outcome::Dropped
                         };
-                        proxy.counters.record_cell(key, outcome);
+                        proxy.counters.record_cell(key, outcome, true);
                         admitted
                     }
                 };

@@ -71,6 +71,7 @@ impl Agent {
             self.metrics.add(Counter::ReportsFailed, 1);
             let what = format!("control-plane stream closed with gRPC status {status}");
             log_reconnect(host, &self.settings.control_plane_cluster, &what, reconnect);
+            publish_stream_lost(host);
         }
     }
 
@@ -108,6 +109,7 @@ impl Agent {
             host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
         }
         self.metrics.add(Counter::StreamsAbandoned, 1);
+        publish_stream_lost(host);
         let reconnect = leadership.stream.failed(now_ms, &mut self.rng);
         log_reconnect(
             host,
@@ -149,7 +151,12 @@ impl Agent {
         for _ in 0..MAX_DEQUEUES_PER_TICK {
             match host.dequeue_shared_queue(queue_id) {
                 Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
-                    Ok(handoff) => leadership.windows.add_handoff(handoff, now_ms),
+                    Ok(handoff) => {
+                        let directives = &self.directives;
+                        leadership
+                            .windows
+                            .add_handoff(handoff, now_ms, |key| directives.covers(key));
+                    }
                     Err(err) => host.log(
                         LogLevel::Warn,
                         &format!("dropping undecodable counts: {err}"),
@@ -352,6 +359,7 @@ impl Agent {
             sequence,
             received_at_ms: now_ms,
             ttl_ms,
+            stream_lost: false,
         };
         if let Err(err) = host.set_shared_data(DIRECTIVES_META_KEY, &meta.encode(), None) {
             host.log(
@@ -364,6 +372,30 @@ impl Agent {
         self.freshness.received_at_ms = Some(now_ms);
         self.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
         self.update_regime(host, now_ms);
+    }
+}
+
+/// Tells every VM that the stream to the control plane is gone (the next
+/// batch clears it), so allowances that engage only then take over at once
+/// rather than after [`crate::allowance::LOST_AFTER_MS`] without a batch.
+fn publish_stream_lost(host: &mut impl Host) {
+    let stored = host
+        .get_shared_data(DIRECTIVES_META_KEY)
+        .ok()
+        .flatten()
+        .and_then(|value| DirectivesMeta::decode(&value.bytes));
+    let Some(meta) = stored.filter(|meta| !meta.stream_lost) else {
+        return;
+    };
+    let lost = DirectivesMeta {
+        stream_lost: true,
+        ..meta
+    };
+    if let Err(err) = host.set_shared_data(DIRECTIVES_META_KEY, &lost.encode(), None) {
+        host.log(
+            LogLevel::Debug,
+            &format!("cannot publish the lost stream to other VMs: {err}"),
+        );
     }
 }
 

@@ -29,6 +29,7 @@ mod leader;
 mod sync;
 
 use crate::allowance::AllowanceSettings;
+use crate::audit::{LastDecision, Undirected};
 use crate::bucket_key::RequestAttributes;
 use crate::cell::CellKeyBuf;
 use crate::classify::Classifier;
@@ -38,7 +39,7 @@ use crate::directives::DirectiveTable;
 use crate::freshness::Freshness;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::LEASE_TTL_TICKS;
-use crate::metrics::{Gauge, Metrics};
+use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::{NewBucketPolicy, NewCells};
 use crate::pacing::{DecisionMode, Pacer};
 use crate::reject::{DropReason, RejectResponse, ResponseSettings};
@@ -162,6 +163,10 @@ pub struct Agent {
     untracked: u64,
     last_overflow_log_ms: Option<u64>,
     metrics: Metrics,
+    /// The last request's decision, for its record.
+    last: LastDecision,
+    /// The reused buffer of [`Agent::last_record`].
+    record: String,
 }
 
 #[derive(Debug)]
@@ -225,6 +230,8 @@ impl Agent {
             untracked: 0,
             last_overflow_log_ms: None,
             metrics: Metrics::default(),
+            last: LastDecision::default(),
+            record: String::new(),
         }
     }
 
@@ -288,33 +295,48 @@ impl Agent {
                 found
             }
         };
+        let mut drop_ratio = 0.0;
+        let mut new_bucket = false;
         let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
-            Some(entry) => match decide_cell(
-                entry,
-                self.regime,
-                local,
-                &mut self.pacer,
-                exact,
-                &mut self.rng,
-            ) {
-                None => (None, false, None),
-                Some(reason) => {
-                    let response = if reason == DropReason::FallbackLimit {
-                        &entry.fallback_response
-                    } else {
-                        &entry.response
-                    };
-                    (Some(reason), entry.enforce, Some(Arc::clone(response)))
+            Some(entry) => {
+                drop_ratio = entry.directive.drop_ratio.get();
+                let verdict = decide_cell(
+                    entry,
+                    self.regime,
+                    local,
+                    &mut self.pacer,
+                    exact,
+                    &mut self.rng,
+                );
+                match verdict {
+                    None => (None, false, None),
+                    Some(reason) => {
+                        let response = if reason == DropReason::FallbackLimit {
+                            &entry.fallback_response
+                        } else {
+                            &entry.response
+                        };
+                        (Some(reason), entry.enforce, Some(Arc::clone(response)))
+                    }
                 }
-            },
-            None => match self.new_cells.decide(exact, local.now_ms, local.workers) {
-                None => (None, false, None),
-                Some((reason, response)) => (
-                    Some(reason),
-                    self.directives.modes().enforces_local(),
-                    Some(response),
-                ),
-            },
+            }
+            None => {
+                let verdict = self.new_cells.decide(
+                    exact,
+                    local.now_ms,
+                    local.workers,
+                    self.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
+                );
+                new_bucket = self.new_cells.last_was_new();
+                match verdict {
+                    None => (None, false, None),
+                    Some((reason, response)) => (
+                        Some(reason),
+                        self.directives.modes().enforces_local(),
+                        Some(response),
+                    ),
+                }
+            }
         };
         let (outcome, decision) = match (reason, response) {
             (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
@@ -323,10 +345,44 @@ impl Agent {
         };
         match slot {
             Some(slot) => slot.count(outcome),
-            None => self.local.record_cell(exact, outcome),
+            None => self.local.record_cell(exact, outcome, found.is_some()),
         }
         self.metrics.count_decision(outcome, reason);
+        self.last = LastDecision {
+            outcome,
+            reason,
+            drop_ratio,
+            undirected: if self.freshness.received_at_ms.is_none() {
+                Some(Undirected::NoDirectives)
+            } else if matches!(self.regime, Regime::Stale(_)) {
+                Some(Undirected::Fallback)
+            } else if new_bucket {
+                Some(Undirected::NewBucket)
+            } else {
+                None
+            },
+            version: self.directives.provenance().version,
+            age_ms: self.freshness.age_ms(self.clock_ms),
+        };
         decision
+    }
+
+    /// What the last request's decision was, for its record and the
+    /// upstream header.
+    pub fn last_decision(&self) -> &LastDecision {
+        &self.last
+    }
+
+    /// The last request's record ([`crate::audit`]), written into a buffer
+    /// the VM reuses.
+    pub fn last_record(&mut self) -> &str {
+        self.last.write(
+            &mut self.record,
+            &self.cell.bucket,
+            &self.cell.tenant,
+            self.cell.priority,
+        );
+        &self.record
     }
 
     /// Replaces the directive table, as if it had arrived fresh at the last
@@ -388,9 +444,13 @@ impl Agent {
         if now_ms < due {
             return;
         }
-        self.pacer
-            .on_tick(now_ms, self.local.buckets(), &mut self.rng);
         let directives = &self.directives;
+        self.pacer.on_tick_with(
+            now_ms,
+            self.local.buckets(),
+            |key| directives.covers(key),
+            &mut self.rng,
+        );
         self.pacer.resolve_new(|key| directives.rates_for_cell(key));
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
@@ -462,12 +522,12 @@ impl Agent {
     }
 
     fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
-        self.untracked = self.untracked.saturating_add(self.local.take_untracked());
+        let mut untracked = self.local.take_untracked();
         if let Role::Leader(leadership) = &mut self.role {
-            self.untracked = self
-                .untracked
-                .saturating_add(leadership.windows.take_untracked());
+            untracked = untracked.saturating_add(leadership.windows.take_untracked());
         }
+        self.metrics.add(Counter::RequestsUncounted, untracked);
+        self.untracked = self.untracked.saturating_add(untracked);
         let due = self
             .last_overflow_log_ms
             .is_none_or(|last| now_ms.saturating_sub(last) >= OVERFLOW_LOG_INTERVAL_MS);

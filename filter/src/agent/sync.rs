@@ -3,6 +3,7 @@
 //! directive table every VM polls, and the freshness regime it implies.
 
 use super::{Agent, LEASE_TTL_MS, Leadership, Role};
+use crate::allowance::LOST_AFTER_MS;
 use crate::decision::{Fallback, Regime};
 use crate::directives::DirectiveTable;
 use crate::freshness::DirectivesMeta;
@@ -123,6 +124,9 @@ impl Agent {
             }
             self.freshness.received_at_ms = Some(meta.received_at_ms);
             self.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+            self.pacer.set_control_plane_lost(
+                meta.stream_lost || self.freshness.age_ms(now_ms) > LOST_AFTER_MS,
+            );
         }
         self.update_regime(host, now_ms);
     }
@@ -223,7 +227,9 @@ impl Agent {
         let had_counts = !handoff.counts.is_empty();
         if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
-            self.local.merge(handoff.counts);
+            let directives = &self.directives;
+            self.local
+                .merge(handoff.counts, |key| directives.covers(key));
             return;
         }
         self.handoff_from_ms = Some(now_ms);

@@ -7,6 +7,7 @@ mod raw;
 mod validate;
 
 use crate::allowance::AllowanceSettings;
+use crate::audit::RecordMode;
 use crate::bucket_key::BucketKeySpec;
 use crate::classify::Classifier;
 use crate::decision::Fallback;
@@ -55,6 +56,12 @@ pub struct FilterConfig {
     pub decision: DecisionMode,
     /// The local allowance; `None`: off.
     pub allowance: Option<AllowanceSettings>,
+    /// Which decisions are handed to Envoy as `wasm.sluice` filter state
+    /// for access logs.
+    pub decision_record: RecordMode,
+    /// Request header added upstream when no fresh directive decided
+    /// (lowercase); `None`: none.
+    pub undirected_header: Option<String>,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.

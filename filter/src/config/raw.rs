@@ -45,16 +45,49 @@ pub(super) struct RawConfig {
     pub(super) stream_idle_timeout_ms: u64,
     #[serde(default)]
     pub(super) decision: RawDecision,
-    #[serde(default)]
+    // Absent: the default allowance; `null` turns it off.
+    #[serde(default = "default_allowance")]
     pub(super) allowance: Option<RawAllowance>,
+    #[serde(default)]
+    pub(super) decision_record: RawRecordMode,
+    // Absent: the default header; `null` adds none.
+    #[serde(default = "default_undirected_header")]
+    pub(super) undirected_header: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub(super) enum RawDecision {
+pub(super) enum RawRecordMode {
+    Off,
     #[default]
+    Drops,
+    All,
+}
+
+pub(super) fn default_undirected_header() -> Option<String> {
+    Some("x-sluice-undirected".into())
+}
+
+/// The default decision is the credit one and the allowance is on: the
+/// configuration that holds a limit when the load surges while the control
+/// plane is unreachable (docs/accuracy.md, "Why these defaults"). Coin
+/// flips without an allowance stay available as `"decision": "coin",
+/// "allowance": null`.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawDecision {
     Coin,
+    #[default]
     Credit,
+}
+
+pub(super) fn default_allowance() -> Option<RawAllowance> {
+    let defaults = AllowanceSettings::default();
+    Some(RawAllowance {
+        headroom: defaults.headroom,
+        burst_ms: defaults.burst_ms,
+        engage: RawEngage::WhenLost,
+    })
 }
 
 #[derive(Deserialize)]
@@ -64,6 +97,18 @@ pub(super) struct RawAllowance {
     pub(super) headroom: f64,
     #[serde(default = "default_burst_ms")]
     pub(super) burst_ms: u64,
+    #[serde(default)]
+    pub(super) engage: RawEngage,
+}
+
+/// When the allowance's caps decide: by default only while the control
+/// plane is lost (docs/accuracy.md, "Why these defaults").
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawEngage {
+    Always,
+    #[default]
+    WhenLost,
 }
 
 pub(super) fn default_burst_ms() -> u64 {

@@ -1,6 +1,7 @@
 //! Parsing and validation of the plugin configuration.
 
 use super::*;
+use crate::allowance::Engage;
 use crate::bucket_key::{KeyPart, KeySource};
 use sluice_proto::v1::Priority;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -18,12 +19,46 @@ fn decision_and_allowance() {
         config.allowance,
         Some(AllowanceSettings {
             headroom: 0.05,
-            burst_ms: 20
+            burst_ms: 20,
+            engage: Engage::WhenLost,
         })
     );
+    // The defaults hold a limit through a surge without a control plane.
     let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+    assert_eq!(config.decision, DecisionMode::Credit);
+    assert_eq!(
+        config.allowance,
+        Some(AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 20,
+            engage: Engage::WhenLost,
+        })
+    );
+    // The seed's coin flips, without an allowance.
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision": "coin", "allowance": null}"#,
+    )
+    .unwrap();
     assert_eq!(config.decision, DecisionMode::Coin);
     assert_eq!(config.allowance, None);
+    // Given partly, the rest of the allowance takes its defaults.
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "allowance": {"headroom": 0.1}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.allowance,
+        Some(AllowanceSettings {
+            headroom: 0.1,
+            burst_ms: 20,
+            engage: Engage::WhenLost,
+        })
+    );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "allowance": {"engage": "always"}}"#,
+    )
+    .unwrap();
+    assert_eq!(config.allowance.map(|a| a.engage), Some(Engage::Always));
     assert!(
         error_of(r#"{"control_plane_cluster": "cp", "decision": "dice"}"#)
             .starts_with("decision: unknown variant")
@@ -35,6 +70,40 @@ fn decision_and_allowance() {
     assert!(
         error_of(r#"{"control_plane_cluster": "cp", "allowance": {"burst": 2}}"#)
             .starts_with("allowance.burst: unknown field")
+    );
+}
+
+#[test]
+fn decision_record_and_undirected_header() {
+    let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
+    assert_eq!(config.decision_record, RecordMode::Drops);
+    assert_eq!(
+        config.undirected_header.as_deref(),
+        Some("x-sluice-undirected")
+    );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision_record": "all",
+             "undirected_header": "X-RateLimit-Error"}"#,
+    )
+    .unwrap();
+    assert_eq!(config.decision_record, RecordMode::All);
+    assert_eq!(
+        config.undirected_header.as_deref(),
+        Some("x-ratelimit-error")
+    );
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision_record": "off", "undirected_header": null}"#,
+    )
+    .unwrap();
+    assert_eq!(config.decision_record, RecordMode::Off);
+    assert_eq!(config.undirected_header, None);
+    assert!(
+        error_of(r#"{"control_plane_cluster": "cp", "undirected_header": "bad header"}"#)
+            .starts_with("undirected_header: ")
+    );
+    assert!(
+        error_of(r#"{"control_plane_cluster": "cp", "decision_record": "some"}"#)
+            .starts_with("decision_record: unknown variant")
     );
 }
 

@@ -2,10 +2,12 @@
 //! combination checked, each error naming its field path.
 
 use super::raw::{
-    RawConfig, RawDecision, RawFallback, RawKeyPart, RawNewBucket, RawPriority, RawResponse,
+    RawConfig, RawDecision, RawEngage, RawFallback, RawKeyPart, RawNewBucket, RawPriority,
+    RawRecordMode, RawResponse,
 };
 use super::{ConfigError, FilterConfig};
-use crate::allowance::AllowanceSettings;
+use crate::allowance::{AllowanceSettings, Engage};
+use crate::audit::RecordMode;
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
 use crate::classify::{Classifier, PrioritySpec};
 use crate::decision::Fallback;
@@ -104,6 +106,10 @@ impl RawConfig {
                 Some(AllowanceSettings {
                     headroom: raw.headroom,
                     burst_ms: raw.burst_ms,
+                    engage: match raw.engage {
+                        RawEngage::Always => Engage::Always,
+                        RawEngage::WhenLost => Engage::WhenLost,
+                    },
                 })
             }
         };
@@ -147,6 +153,13 @@ impl RawConfig {
             }
         };
         let response = self.response.validate(self.retry_after_seconds)?;
+        let undirected_header = match self.undirected_header {
+            Some(name) => {
+                check_header_name("undirected_header", &name)?;
+                Some(name.to_ascii_lowercase())
+            }
+            None => None,
+        };
         Ok(FilterConfig {
             control_plane_cluster: self.control_plane_cluster,
             proxy_id: self.proxy_id,
@@ -172,6 +185,12 @@ impl RawConfig {
             stream_idle_timeout_ms: self.stream_idle_timeout_ms,
             decision,
             allowance,
+            decision_record: match self.decision_record {
+                RawRecordMode::Off => RecordMode::Off,
+                RawRecordMode::Drops => RecordMode::Drops,
+                RawRecordMode::All => RecordMode::All,
+            },
+            undirected_header,
         })
     }
 }

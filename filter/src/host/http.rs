@@ -2,9 +2,17 @@
 //! answer with the cell's prepared 429 or continue. Reads only the headers
 //! the classification names; never touches shared data, the clock or the
 //! network.
+//!
+//! Two more host calls when configured and only for the requests they
+//! concern: the decision's record as `wasm.sluice` filter state (proxy-wasm
+//! cannot write Envoy's dynamic metadata: `set_property` is Envoy's only
+//! per-request write, and it lands in filter state, which access logs read
+//! with `%FILTER_STATE(wasm.sluice:PLAIN)%`), and the undirected header on
+//! a request passed upstream without a fresh directive.
 
 use super::envoy_host::log;
 use crate::agent::{Agent, Decision};
+use crate::audit::RecordMode;
 use crate::bucket_key::RequestAttributes;
 use crate::classify::Classifier;
 use proxy_wasm::hostcalls;
@@ -17,6 +25,8 @@ use std::rc::Rc;
 #[derive(Debug)]
 pub(super) struct RequestPolicy {
     pub classifier: Classifier,
+    pub decision_record: RecordMode,
+    pub undirected_header: Option<String>,
 }
 
 pub(super) struct SluiceHttp {
@@ -31,7 +41,11 @@ impl HttpContext for SluiceHttp {
         // The agent is never borrowed across host callbacks, so this cannot
         // fail; if it somehow did, the request passes.
         let decision = match self.agent.try_borrow_mut() {
-            Ok(mut agent) => agent.admit_request(&self.policy.classifier, &EnvoyRequest),
+            Ok(mut agent) => {
+                let decision = agent.admit_request(&self.policy.classifier, &EnvoyRequest);
+                self.note(&mut agent, &decision);
+                decision
+            }
             Err(_) => Decision::Admit,
         };
         let Decision::Reject(response) = decision else {
@@ -54,6 +68,40 @@ impl HttpContext for SluiceHttp {
         }
     }
 }
+
+impl SluiceHttp {
+    /// Hands the decision's record to Envoy and flags an undirected request
+    /// for upstream, as configured. A failing host call only costs the
+    /// record or the flag: the decision stands.
+    fn note(&self, agent: &mut Agent, decision: &Decision) {
+        let last = *agent.last_decision();
+        if last.recorded_under(self.policy.decision_record) {
+            let record = agent.last_record();
+            if let Err(status) = hostcalls::set_property(vec![RECORD_KEY], Some(record.as_bytes()))
+            {
+                log(
+                    LogLevel::Debug,
+                    &format!("cannot record the decision: {status:?}"),
+                );
+            }
+        }
+        if let (Decision::Admit, Some(undirected), Some(header)) = (
+            decision,
+            last.undirected,
+            self.policy.undirected_header.as_deref(),
+        ) && let Err(status) =
+            hostcalls::add_map_value(MapType::HttpRequestHeaders, header, undirected.name())
+        {
+            log(
+                LogLevel::Debug,
+                &format!("cannot flag the request upstream: {status:?}"),
+            );
+        }
+    }
+}
+
+/// The filter-state key of a decision's record; Envoy prefixes `wasm.`.
+const RECORD_KEY: &str = "sluice";
 
 /// A root context that could not be configured still has to hand Envoy an
 /// HTTP context; this one lets everything through.

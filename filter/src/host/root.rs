@@ -145,6 +145,8 @@ impl RootContext for SluiceRoot {
             agent: Rc::new(RefCell::new(Agent::new(settings, self.seed))),
             policy: Rc::new(RequestPolicy {
                 classifier: config.classifier,
+                decision_record: config.decision_record,
+                undirected_header: config.undirected_header,
             }),
         });
         true

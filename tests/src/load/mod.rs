@@ -34,6 +34,9 @@ pub struct StreamSpec {
     pub tenant: Option<String>,
     /// Requests per second.
     pub rps: f64,
+    /// Whether every request carries its own tenant value,
+    /// `<tenant>-<request index>` (a flood of one-off bucket keys).
+    pub unique_tenants: bool,
 }
 
 impl StreamSpec {
@@ -44,6 +47,16 @@ impl StreamSpec {
             base_url: base_url.to_owned(),
             tenant: Some(tenant.to_owned()),
             rps,
+            unique_tenants: false,
+        }
+    }
+
+    /// A stream of `rps` requests per second to `base_url`, each with a
+    /// tenant value never sent before (`<prefix>-<n>`): a key flood.
+    pub fn unique(label: &str, base_url: &str, prefix: &str, rps: f64) -> Self {
+        Self {
+            unique_tenants: true,
+            ..Self::new(label, base_url, prefix, rps)
         }
     }
 }
@@ -134,6 +147,7 @@ impl LoadRun {
                 index,
                 url: format!("{}/", spec.base_url.trim_end_matches('/')),
                 tenant: spec.tenant.clone(),
+                unique_tenants: spec.unique_tenants,
                 header: header.clone(),
                 rps: spec.rps,
                 duration: plan.duration,
@@ -210,6 +224,7 @@ struct Stream {
     index: usize,
     url: String,
     tenant: Option<String>,
+    unique_tenants: bool,
     header: reqwest::header::HeaderName,
     rps: f64,
     duration: Duration,
@@ -237,8 +252,12 @@ impl Stream {
                 continue;
             };
             let mut request = self.client.get(&self.url);
-            if let Some(tenant) = &self.tenant {
-                request = request.header(self.header.clone(), tenant.as_str());
+            match &self.tenant {
+                Some(tenant) if self.unique_tenants => {
+                    request = request.header(self.header.clone(), format!("{tenant}-{i}"));
+                }
+                Some(tenant) => request = request.header(self.header.clone(), tenant.as_str()),
+                None => {}
             }
             let samples = self.samples.clone();
             let (start, stream) = (self.start, self.index);

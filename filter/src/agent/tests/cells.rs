@@ -211,7 +211,7 @@ fn reports_carry_counts_per_cell() {
         .flat_map(|r| r.buckets)
         .collect();
     let mut merged = crate::counters::BucketCounters::new(100);
-    merged.merge(counts.drain(..));
+    merged.merge(counts.drain(..), |_| true);
     let mut cells = merged.drain();
     cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
     let summary: Vec<(&str, i32, u64, u64, u64)> = cells
@@ -523,6 +523,7 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
             allowance: Some(crate::allowance::AllowanceSettings {
                 headroom: 0.0,
                 burst_ms: 0,
+                engage: crate::allowance::Engage::Always,
             }),
             ..settings()
         },
@@ -548,4 +549,114 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
             "vm {vm} tenant {tenant:?}: {admitted}"
         );
     }
+}
+
+#[test]
+fn decisions_without_fresh_directives_say_so() {
+    use crate::audit::Undirected;
+    let mut fleet = Fleet::with_settings(
+        1,
+        AgentSettings {
+            new_bucket: NewBucketPolicy::LocalLimit {
+                fleet_limit_rps: 1_000.0,
+                expected_proxies: 1,
+            },
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let last = |fleet: &mut Fleet, bucket: &str| {
+        fleet.vms[0].1.admit_cell(bucket, "", Priority::Unspecified);
+        *fleet.vms[0].1.last_decision()
+    };
+    assert_eq!(
+        last(&mut fleet, "acme").undirected,
+        Some(Undirected::NoDirectives)
+    );
+    fleet.push_batch(DirectiveBatch {
+        version: 7,
+        ..batch(vec![cell("acme", "", Priority::Unspecified, 0.5)])
+    });
+    fleet.tick();
+    let directed = last(&mut fleet, "acme");
+    assert_eq!(directed.undirected, None);
+    assert_eq!(directed.drop_ratio, 0.5);
+    assert_eq!(directed.version, 7);
+    let record = fleet.vms[0].1.last_record().to_owned();
+    assert!(record.contains("bucket=acme "), "{record}");
+    assert!(record.contains(" version=7 "), "{record}");
+    assert!(record.ends_with(" source=directive"), "{record}");
+    // A cell the control plane has not directed yet is new …
+    assert_eq!(
+        last(&mut fleet, "other").undirected,
+        Some(Undirected::NewBucket)
+    );
+    // … until it had time to: then it is known to need no directive.
+    fleet.ticks(60);
+    fleet.push_batch(DirectiveBatch {
+        version: 8,
+        ..batch(vec![])
+    });
+    fleet.tick();
+    assert_eq!(last(&mut fleet, "other").undirected, None);
+}
+
+#[test]
+fn a_stale_table_flags_its_decisions_as_fallback() {
+    use crate::audit::Undirected;
+    let mut fleet = fallback_fleet(Fallback::KeepLast);
+    fleet.ticks(12);
+    assert!(fleet.vms[0].1.in_fallback());
+    fleet.vms[0]
+        .1
+        .admit_cell("api", "acme", Priority::Unspecified);
+    let last = *fleet.vms[0].1.last_decision();
+    assert_eq!(last.undirected, Some(Undirected::Fallback));
+    assert_eq!(last.outcome, crate::counters::Outcome::Dropped);
+}
+
+#[test]
+fn a_closed_stream_engages_allowances_that_wait_for_it_on_every_vm() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                engage: crate::allowance::Engage::WhenLost,
+                ..Default::default()
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![cell("api", "", Priority::Unspecified, 0.5)]));
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+    fleet.server_closes(14);
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| vm.pacer.caps_engaged()));
+    // The next batch (after the reconnect) disengages them again.
+    fleet.ticks(40);
+    fleet.push_batch(batch(vec![]));
+    fleet.tick();
+    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+}
+
+#[test]
+fn a_silent_control_plane_engages_them_after_a_while() {
+    let mut fleet = Fleet::with_settings(
+        1,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                engage: crate::allowance::Engage::WhenLost,
+                ..Default::default()
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![]));
+    fleet.ticks(24);
+    assert!(!fleet.vms[0].1.pacer.caps_engaged());
+    fleet.ticks(2);
+    assert!(fleet.vms[0].1.pacer.caps_engaged());
 }

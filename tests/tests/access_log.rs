@@ -1,0 +1,178 @@
+//! "Why was this request throttled", read from a real Envoy access log:
+//! `envoy/access-log.yaml` prints each request's status, the filter's
+//! decision record (`%FILTER_STATE(wasm.sluice:PLAIN)%`), the header the
+//! filter adds upstream when no fresh directive decided, and three of the
+//! record's fields from dynamic metadata namespace `sluice`
+//! (`%DYNAMIC_METADATA(sluice:result)%`, copied there by the example's Lua
+//! filter).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 20
+"#;
+
+/// Starts Envoy on `envoy/access-log.yaml`, its control plane at
+/// `control_plane`, its access log written to `log`.
+async fn start(control_plane: SocketAddr, dir: &Path, log: &Path) -> Envoy {
+    let mut config = envoy::load_repo_config("access-log.yaml").unwrap();
+    let rewrite = Rewrite::for_test(control_plane, json!({"report_interval_ms": 100})).unwrap();
+    envoy::rewrite(&mut config, &rewrite).unwrap();
+    let hcm = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    hcm["access_log"][0]["typed_config"]["path"] = log.display().to_string().into();
+    Envoy::start(&config, &EnvoyOptions::new("envoy", dir))
+        .await
+        .unwrap()
+}
+
+async fn get(envoy: &Envoy, tenant: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{}/", envoy.base_url()))
+        .header("x-tenant", tenant)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The access log's lines, once Envoy has flushed them (it writes in the
+/// background, about every second).
+async fn lines(log: &Path, at_least: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        lines = text.lines().map(str::to_owned).collect();
+        if lines.len() >= at_least {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lines
+}
+
+/// The `key=value` fields of a record line (after its status).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split(' ')
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_and_drop_are_explained_in_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane =
+        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
+            .await
+            .unwrap();
+    let log = dir.path().join("access.log");
+    let envoy = start(control_plane.grpc_addr(), dir.path(), &log).await;
+    // 5× the limit for 3 s, and an unlimited tenant beside it.
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("acme", &envoy.base_url(), "acme", 100.0),
+            StreamSpec::new("free", &envoy.base_url(), "free", 10.0),
+        ],
+        Duration::from_secs(3),
+    ))
+    .unwrap();
+    let result = load.finish().await.unwrap();
+    let lines = lines(&log, 300).await;
+    let text = lines.join("\n");
+    assert!(lines.len() >= 300, "{} lines:\n{text}", lines.len());
+
+    let drop = lines
+        .iter()
+        .find(|line| line.starts_with("429 bucket=acme "))
+        .unwrap_or_else(|| panic!("no 429 in the access log:\n{text}"));
+    assert_eq!(field(drop, "result"), Some("drop"), "{drop}");
+    assert_eq!(field(drop, "reason"), Some("cluster_overload"), "{drop}");
+    assert_eq!(field(drop, "tenant"), Some("-"), "{drop}");
+    assert_eq!(field(drop, "priority"), Some("unspecified"), "{drop}");
+    assert_eq!(field(drop, "source"), Some("directive"), "{drop}");
+    assert_eq!(field(drop, "undirected"), Some("-"), "{drop}");
+    // The same fields, copied into dynamic metadata by the example's Lua.
+    assert_eq!(
+        field(drop, "metadata"),
+        Some("drop/cluster_overload/acme"),
+        "{drop}"
+    );
+    let ratio: f64 = field(drop, "drop_ratio").unwrap().parse().unwrap();
+    assert!(ratio > 0.5, "{drop}");
+    let version: u64 = field(drop, "version").unwrap().parse().unwrap();
+    assert!(version > 0, "{drop}");
+    let age: u64 = field(drop, "age_ms").unwrap().parse().unwrap();
+    assert!(age < 2_000, "{drop}");
+
+    // The last passes of the limited bucket carry its directive too.
+    let pass = lines
+        .iter()
+        .rev()
+        .find(|line| line.starts_with("200 bucket=acme "))
+        .unwrap_or_else(|| panic!("no pass of acme:\n{text}"));
+    assert_eq!(field(pass, "result"), Some("pass"), "{pass}");
+    assert_eq!(field(pass, "reason"), Some("none"), "{pass}");
+    assert_eq!(field(pass, "metadata"), Some("pass/none/acme"), "{pass}");
+    assert!(field(pass, "drop_ratio").unwrap().parse::<f64>().unwrap() > 0.5);
+
+    // The unlimited tenant has no directive and needs none: the control
+    // plane is there, so it is not flagged upstream.
+    let free = lines
+        .iter()
+        .rev()
+        .find(|line| line.starts_with("200 bucket=free "))
+        .unwrap_or_else(|| panic!("no pass of free:\n{text}"));
+    assert_eq!(field(free, "drop_ratio"), Some("0.000"), "{free}");
+    assert_eq!(field(free, "source"), Some("directive"), "{free}");
+    assert_eq!(field(free, "undirected"), Some("-"), "{free}");
+
+    println!("{drop}\n{pass}\n{free}");
+    // What the client saw matches the log.
+    let limited: u64 = result.tenant_counts(whole(), "acme").limited;
+    let logged = lines.iter().filter(|l| l.starts_with("429 ")).count() as u64;
+    assert_eq!(limited, logged, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_control_plane_requests_are_flagged_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nobody listens on.
+    let unused = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let log = dir.path().join("access.log");
+    let envoy = start(unused, dir.path(), &log).await;
+    for _ in 0..5 {
+        assert_eq!(get(&envoy, "acme").await, 200);
+    }
+    let lines = lines(&log, 5).await;
+    let text = lines.join("\n");
+    assert_eq!(lines.len(), 5, "{text}");
+    println!("{}", lines[0]);
+    for line in &lines {
+        assert!(line.starts_with("200 bucket=acme "), "{line}");
+        assert_eq!(field(line, "result"), Some("pass"), "{line}");
+        assert_eq!(field(line, "source"), Some("no_directives"), "{line}");
+        assert_eq!(field(line, "undirected"), Some("no_directives"), "{line}");
+        assert_eq!(field(line, "version"), Some("0"), "{line}");
+    }
+}
+
+fn whole() -> sluice_integration_tests::load::Window {
+    sluice_integration_tests::load::Window::secs(0.0, 3600.0)
+}

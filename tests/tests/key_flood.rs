@@ -1,0 +1,126 @@
+//! A flood of one-off bucket keys beside a limited bucket, in real Envoy.
+//!
+//! `max_buckets` is small (100) so that a flood this machine can send
+//! (1,000 distinct keys a second, 10× `max_buckets`) overflows every bounded
+//! table of the filter. The flood starts 3 s ahead; then the limited
+//! bucket, offered 4× its limit for 17 s, must stay within ±10 % of its
+//! limit throughout: unlimited buckets get no
+//! directive (the directive table holds only the limited one) and never
+//! take the slots kept for cells with a directive in the counters and the
+//! pacer. The overflow is visible in `sluice.requests_uncounted`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "limited"
+    limit_rps: 100
+"#;
+const LIMIT_RPS: f64 = 100.0;
+const MAX_BUCKETS: u64 = 100;
+const FLOOD_RPS: f64 = 1_000.0;
+/// How long the limited bucket is offered, after the flood's lead.
+const RUN_S: u64 = 17;
+const FLOOD_LEAD_S: u64 = 3;
+/// Time for the first directive and the smoothing to settle.
+const SETTLE_S: f64 = 4.0;
+const WINDOW_S: f64 = 4.0;
+
+/// The value of the first `/stats` line whose name contains `name`.
+async fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
+    let text = envoy.stats(name).await.ok()?;
+    text.lines()
+        .find(|line| line.contains(name))
+        .and_then(|line| line.rsplit(": ").next())
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_flood_does_not_lift_a_limited_bucket() {
+    let mut options = FleetOptions::new(LIMITS, 1);
+    // Otherwise the filter's defaults (credit decision, allowance on).
+    options.filter = serde_json::json!({"max_buckets": MAX_BUCKETS});
+    let fleet = Fleet::start(options).await.unwrap();
+    let url = fleet.url(0).unwrap();
+
+    // The flood first, so that every bounded table is already full of
+    // one-off keys when the limited bucket appears: before the limited
+    // cells had room of their own, its directive found the filter's table
+    // full and was rejected.
+    let mut plan = LoadPlan::new(
+        vec![StreamSpec::unique("flood", &url, "flood", FLOOD_RPS)],
+        Duration::from_secs(FLOOD_LEAD_S + RUN_S),
+    );
+    plan.max_in_flight = 1024;
+    let flood_run = LoadRun::start(plan).unwrap();
+    tokio::time::sleep(Duration::from_secs(FLOOD_LEAD_S)).await;
+    let run = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("limited", &url, "limited", 4.0 * LIMIT_RPS)],
+        Duration::from_secs(RUN_S),
+    ))
+    .unwrap();
+    // The directive table mid-run: the limited bucket only.
+    tokio::time::sleep(Duration::from_secs(RUN_S / 2)).await;
+    let directive_cells = stat(&fleet.envoys[0], "sluice.directive_cells").await;
+    let result = run.finish().await.unwrap();
+    let flood_result = flood_run.finish().await.unwrap();
+
+    let uncounted = stat(&fleet.envoys[0], "sluice.requests_uncounted").await;
+    let whole = Window::secs(SETTLE_S, RUN_S as f64);
+    let flood_whole = Window::secs(
+        FLOOD_LEAD_S as f64 + SETTLE_S,
+        (FLOOD_LEAD_S + RUN_S) as f64,
+    );
+    let flood = flood_result.tenant_counts(flood_whole, "flood");
+    let mut windows = Vec::new();
+    let mut from = SETTLE_S;
+    while from + WINDOW_S <= RUN_S as f64 + 1e-9 {
+        let window = Window::secs(from, from + WINDOW_S);
+        windows.push((
+            from,
+            rate(result.tenant_counts(window, "limited").ok, window),
+        ));
+        from += WINDOW_S;
+    }
+    let overall = rate(result.tenant_counts(whole, "limited").ok, whole);
+    let summary = format!(
+        "limited: {overall:.1} rps admitted over {SETTLE_S}-{RUN_S} s (limit {LIMIT_RPS}); \
+         {WINDOW_S} s windows: {windows:.1?}\n\
+         flood: {} sent, {} ok, {} errors, {} skipped\n\
+         directive cells mid-run: {directive_cells:?}; requests uncounted: {uncounted:?}\n{}",
+        flood.sent,
+        flood.ok,
+        flood.errors,
+        flood.skipped,
+        result.timeline(Duration::from_secs(1)),
+    );
+    println!("{summary}");
+    let ok = within(overall, LIMIT_RPS, 0.10)
+        && windows
+            .iter()
+            .all(|(_, admitted)| within(*admitted, LIMIT_RPS, 0.10));
+    if !ok {
+        fleet.print_logs();
+    }
+    // The flood really was one: most of it reached Envoy and passed.
+    assert!(
+        flood.ok as f64 >= 0.8 * FLOOD_RPS * flood_whole.len_secs(),
+        "{summary}"
+    );
+    assert!(within(overall, LIMIT_RPS, 0.10), "{summary}");
+    for (_, admitted) in &windows {
+        assert!(within(*admitted, LIMIT_RPS, 0.10), "{summary}");
+    }
+    assert_eq!(directive_cells, Some(1.0), "{summary}");
+    assert!(uncounted.is_some_and(|n| n > 0.0), "{summary}");
+}
