@@ -41,9 +41,12 @@ pub(super) fn assignment_for(
         limit_rps: directive.stated_limit_rps(),
         fleet_offered_rps: directive.offered_rps,
     };
+    // Envoy's token bucket is the only decision on this path: the cap
+    // always applies.
     let settings = AllowanceSettings {
         headroom: 0.0,
         burst_ms: BURST_MS,
+        engage: sluice_filter::allowance::Engage::Always,
     };
     let rate = local
         .and_then(|local| allowance_rps(local, rates, settings))
