@@ -374,6 +374,13 @@ impl AdminClient {
         })
     }
 
+    /// `GET /metrics`, the exposition text.
+    pub async fn metrics(&self) -> Result<String> {
+        let url = format!("{}/metrics", self.base);
+        let response = self.http.get(&url).send().await.context("GET /metrics")?;
+        response.text().await.context("GET /metrics body")
+    }
+
     /// `GET /healthz` answered 200.
     pub async fn healthy(&self) -> Result<bool> {
         let response = self
@@ -480,6 +487,15 @@ async fn check(response: reqwest::Response, url: &str) -> Result<reqwest::Respon
     }
     let body = response.text().await.unwrap_or_default();
     bail!("{url}: HTTP {status}: {body}")
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed)
+/// in a `/metrics` exposition; 0 when absent.
+pub fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

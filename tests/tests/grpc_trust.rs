@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::fake_proxy::ClientTls;
 use sluice_integration_tests::fake_proxy::FakeProxy;
@@ -29,23 +29,6 @@ limits:
   - bucket: "acme"
     limit_rps: 150
 "#;
-
-async fn metrics(control_plane: &ControlPlane) -> String {
-    reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// The value of the sample `name{labels}` in an exposition, 0 if absent.
-fn sample(exposition: &str, series: &str) -> f64 {
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
@@ -73,7 +56,7 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
     );
     tokio::time::sleep(Duration::from_secs(8)).await;
     let buckets = fleet.control_plane.admin().buckets().await.unwrap();
-    let exposition = metrics(&fleet.control_plane).await;
+    let exposition = fleet.control_plane.admin().metrics().await.unwrap();
     let result = load.finish().await.unwrap();
     drop(rogue);
 
@@ -206,7 +189,7 @@ async fn a_certificate_cannot_claim_or_take_over_another_identitys_proxy_id() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = shed("the real proxy's reports to keep shedding acme").await;
     let proxies = admin.proxies().await.unwrap();
-    let exposition = metrics(&control_plane).await;
+    let exposition = control_plane.admin().metrics().await.unwrap();
     let result = load.finish().await.unwrap();
     let report = format!(
         "refused: {refused:?}\ntaken: {taken:?}\naccepted: {accepted:?}\nproxies: {proxies:?}"

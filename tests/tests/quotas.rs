@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::quotas;
 
@@ -213,29 +213,11 @@ async fn bad_requests_get_clear_answers_and_change_nothing() {
     .unwrap();
     assert_eq!(first.statuses[0].limit_remaining, 99, "{first:?}");
     assert!(control_plane.admin().healthy().await.unwrap());
-    let metrics = reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = control_plane.admin().metrics().await.unwrap();
     assert!(
         metrics.contains(r#"sluice_quota_requests_refused_total{reason="too_many_descriptors"} 1"#),
         "{metrics}"
     );
-}
-
-/// The value of `series` in a /metrics exposition, 0 if absent.
-async fn sample(control_plane: &ControlPlane, series: &str) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,10 +260,10 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(load.elapsed())).await;
     let series = r#"sluice_quota_hits_total{key="api.tenant_layered"}"#;
-    let calls_before = sample(&control_plane, series).await;
+    let calls_before = sample(&control_plane.admin().metrics().await.unwrap(), series);
     let from = load.elapsed();
     tokio::time::sleep(Duration::from_secs(9).saturating_sub(load.elapsed())).await;
-    let calls_after = sample(&control_plane, series).await;
+    let calls_after = sample(&control_plane.admin().metrics().await.unwrap(), series);
     let to = load.elapsed();
     let result = load.finish().await.unwrap();
 

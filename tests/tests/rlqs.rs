@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
@@ -24,22 +24,6 @@ limits:
   - bucket: "acme"
     limit_rps: 150
 "#;
-
-async fn metrics(control_plane: &ControlPlane) -> String {
-    reqwest::get(format!("http://{}/metrics", control_plane.admin_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-fn sample(exposition: &str, series: &str) -> f64 {
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 fn print_logs(control_plane: &ControlPlane, envoys: &[&Envoy]) {
     control_plane.print_log();
@@ -81,7 +65,7 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
     tokio::time::sleep(Duration::from_secs(20).saturating_sub(started.elapsed())).await;
     let buckets_before = control_plane.admin().buckets().await.unwrap();
     let actions_before = sample(
-        &metrics(&control_plane).await,
+        &control_plane.admin().metrics().await.unwrap(),
         "sluice_rlqs_bucket_actions_sent_total",
     );
     control_plane
@@ -97,7 +81,7 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
     while Instant::now() < deadline && actions_after <= actions_before {
         tokio::time::sleep(Duration::from_millis(50)).await;
         actions_after = sample(
-            &metrics(&control_plane).await,
+            &control_plane.admin().metrics().await.unwrap(),
             "sluice_rlqs_bucket_actions_sent_total",
         );
     }
@@ -371,7 +355,7 @@ async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
         .collect();
     let (_flood, flood_first) = rogue::send(grpc, "rogue-b", vec![flood]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let exposition = metrics(&control_plane).await;
+    let exposition = control_plane.admin().metrics().await.unwrap();
     let buckets = control_plane.admin().buckets().await.unwrap();
     let healthy = control_plane.admin().healthy().await.unwrap();
     let summary = format!("first answers: {first:?} / {flood_first:?}\n");
