@@ -1,8 +1,9 @@
 //! The filters' gRPC listener as a trust boundary, against the real control
 //! plane and real Envoys:
-//! - one stream with a proxy id reporting 1,000× a bucket's real rate
-//!   cannot make the fleet drop the bucket's real traffic: its claim is
-//!   ignored as implausible, and shows as cut in `/v1/buckets` and metrics;
+//! - one stream with a valid client certificate reporting 1,000× a
+//!   bucket's real rate cannot make the fleet drop the bucket's real
+//!   traffic: its claim is ignored as implausible, and shows as cut in
+//!   `/v1/buckets` and metrics;
 //! - with mutual TLS, a client certificate cannot claim a proxy id its
 //!   identity does not allow, nor take over the stream of a live proxy of
 //!   another identity; the real proxy's stream is not disturbed.
@@ -20,7 +21,6 @@ use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions,
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::fake_proxy::ClientTls;
 use sluice_integration_tests::fake_proxy::FakeProxy;
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_proto::v1::BucketCount;
 
@@ -32,16 +32,44 @@ limits:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
-    let fleet = Fleet::start(FleetOptions::new(LIMITS, 3)).await.unwrap();
+    // Over mutual TLS, and the rogue holds a valid certificate: identity
+    // is no defence against a compromised client, the share cap is.
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(LIMITS, dir.path())
+            .control_interval_ms(200)
+            .args(certs.serve_args()),
+    )
+    .await
+    .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let mut envoys = Vec::new();
+    for id in ["edge-a", "edge-b", "edge-c"] {
+        let config = certs::demo_mtls_config(&certs, grpc, id, true).unwrap();
+        envoys.push(
+            Envoy::start(&config, &EnvoyOptions::new(id, dir.path()))
+                .await
+                .unwrap(),
+        );
+    }
     let duration = Duration::from_secs(12);
     // 4× the limit, evenly over three Envoys.
-    let streams = (0..3)
-        .map(|i| StreamSpec::new(&format!("{i}/acme"), &fleet.url(i).unwrap(), "acme", 200.0))
+    let streams = envoys
+        .iter()
+        .enumerate()
+        .map(|(i, envoy)| StreamSpec::new(&format!("{i}/acme"), &envoy.base_url(), "acme", 200.0))
         .collect();
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
     // A client that says it is a proxy and claims 1,000× the fleet's rate
     // (600,000 rps, within the per-report ceilings) with nothing dropped.
-    let mut rogue = FakeProxy::connect(fleet.control_plane.grpc_addr(), "rogue", None)
+    let other = ClientTls {
+        ca: &certs.path(certs::CA),
+        cert: &certs.path(certs::OTHER_CERT),
+        key: &certs.path(certs::OTHER_KEY),
+    };
+    // The other certificate claims its own SAN: an accepted identity.
+    let mut rogue = FakeProxy::connect(grpc, certs::OTHER_IDENTITY, Some(other))
         .await
         .unwrap();
     let claimed = 60_000;
@@ -55,8 +83,8 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
         }],
     );
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let buckets = fleet.control_plane.admin().buckets().await.unwrap();
-    let exposition = fleet.control_plane.admin().metrics().await.unwrap();
+    let buckets = control_plane.admin().buckets().await.unwrap();
+    let exposition = control_plane.admin().metrics().await.unwrap();
     let result = load.finish().await.unwrap();
     drop(rogue);
 
@@ -70,7 +98,10 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
     let counts = result.tenant_counts(window, "acme");
     let admitted = rate(counts.ok, window);
     if !within(admitted, 150.0, 0.10) {
-        fleet.print_logs();
+        control_plane.print_log();
+        for envoy in &envoys {
+            envoy.print_log();
+        }
     }
     assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
     assert_eq!(
@@ -93,11 +124,14 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
         .iter()
         .map(|c| (c.proxy_id.as_str(), c.counted_rps))
         .collect();
-    assert_eq!(cut, [("rogue", 0.0)], "{summary}");
+    assert_eq!(cut, [(certs::OTHER_IDENTITY, 0.0)], "{summary}");
     assert!(
         sample(
             &exposition,
-            r#"sluice_proxy_claims_cut_total{proxy="rogue"}"#
+            &format!(
+                "sluice_proxy_claims_cut_total{{proxy=\"{}\"}}",
+                certs::OTHER_IDENTITY
+            )
         ) > 0.0,
         "{exposition}"
     );
