@@ -85,9 +85,10 @@ build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
 # End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service, and router vs Sluice at 50% in front of a real upstream; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
-bench-envoy *ARGS: build-wasm build-empty-filter build-control-plane
+bench-envoy *ARGS: build-wasm build-empty-filter
+    cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins
-    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} \
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} SLUICE_BIN=target/release/sluice \
       target/release/bench_envoy {{ARGS}}
 
 # Directive propagation latency to 1,000 simulated proxy streams and to one real Envoy; updates BENCHMARKS.md (`--output -`: print only, `--streams N`, `--events N`).

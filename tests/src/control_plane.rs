@@ -144,6 +144,11 @@ impl ControlPlane {
         self.guard.kill().map(drop)
     }
 
+    /// The process id (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
     /// Stops the process with SIGTERM (graceful shutdown) and checks it exited 0.
     pub fn shutdown(&mut self) -> Result<()> {
         let status = self.guard.terminate()?;

@@ -114,14 +114,22 @@ async fn run() -> Result<()> {
     let server = DirectiveServer::start().await?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
     let rls = ServiceProcess::start(Service::RateLimit, work.path()).await?;
-    // The real control plane, as RLQS server of variant 10: a limit so high
-    // its token bucket never runs dry.
+    // The real control plane, as RLQS server of variant 10 (a limit so high
+    // its token bucket never runs dry) and rate limit service of variant 11
+    // (a quota never exhausted).
+    let quota_dir = work.path().join("quotas");
+    std::fs::create_dir_all(&quota_dir)?;
+    std::fs::write(
+        quota_dir.join("bench.yaml"),
+        "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+    )?;
     let control_plane = ControlPlane::start(
         ControlPlaneOptions::new(
             &format!("limits:\n  - bucket: \"{BUCKET}\"\n    limit_rps: 1000000000\n"),
             work.path(),
         )
-        .control_interval_ms(200),
+        .control_interval_ms(200)
+        .args(["--quotas".to_owned(), quota_dir.display().to_string()]),
     )
     .await?;
     let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
@@ -279,15 +287,20 @@ impl Bench<'_> {
         let pid = envoy.pid();
         // The service whose CPU belongs to this variant's requests.
         let service = match variant {
-            Variant::GlobalRateLimit => Some(self.rls),
-            Variant::UpstreamRouter | Variant::UpstreamSluiceHalf => Some(self.upstream),
+            Variant::GlobalRateLimit => Some(self.rls.pid()),
+            Variant::UpstreamRouter | Variant::UpstreamSluiceHalf => Some(self.upstream.pid()),
+            Variant::SluiceRateLimitService => Some(self.control_plane.pid()),
             _ => None,
         };
-        let service_before = service.map(|s| s.cpu_time(self.ticks)).transpose()?;
+        let service_before = service
+            .map(|pid| measure::cpu_time(pid, self.ticks))
+            .transpose()?;
         let before = measure::cpu_time(pid, self.ticks)?;
         let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
-        let service_after = service.map(|s| s.cpu_time(self.ticks)).transpose()?;
+        let service_after = service
+            .map(|pid| measure::cpu_time(pid, self.ticks))
+            .transpose()?;
         envoy.stop()?;
         if outcome.other > 0 {
             bail!("{name}: {} answers were neither 200 nor 429", outcome.other);

@@ -49,11 +49,15 @@ pub enum Variant {
     /// RLQS server, holding a token bucket assignment that never runs dry:
     /// no wasm.
     RateLimitQuota,
+    /// Variant 6 with the real control plane (`sluice serve --quotas`) as
+    /// the rate limit service, counting every call against a quota it never
+    /// exhausts.
+    SluiceRateLimitService,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 11] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -64,6 +68,7 @@ impl Variant {
         Variant::UpstreamRouter,
         Variant::UpstreamSluiceHalf,
         Variant::RateLimitQuota,
+        Variant::SluiceRateLimitService,
     ];
 
     /// Short name for logs and file names.
@@ -79,6 +84,7 @@ impl Variant {
             Variant::UpstreamRouter => "upstream",
             Variant::UpstreamSluiceHalf => "upstream-sluice-50pct",
             Variant::RateLimitQuota => "rate-limit-quota",
+            Variant::SluiceRateLimitService => "sluice-rls",
         }
     }
 
@@ -95,6 +101,9 @@ impl Variant {
             Variant::UpstreamRouter => "8. router to an HTTP/1.1 upstream",
             Variant::UpstreamSluiceHalf => "9. + Sluice at 50% drop, upstream as 8",
             Variant::RateLimitQuota => "10. + rate_limit_quota, Sluice RLQS token bucket, no drops",
+            Variant::SluiceRateLimitService => {
+                "11. as 6, with sluice serve --quotas as the service"
+            }
         }
     }
 
@@ -134,7 +143,8 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
-    /// The real control plane's gRPC listener, as RLQS server (variant 10).
+    /// The real control plane's gRPC listener, as RLQS server (variant 10)
+    /// and rate limit service (variant 11).
     pub rlqs: SocketAddr,
 }
 
@@ -174,7 +184,13 @@ pub fn envoy_config(
         Variant::FaultReply => vec![fault_reply()?, router],
         Variant::UpstreamRouter => vec![router],
         Variant::RateLimitQuota => vec![rate_limit_quota()?, router],
+        Variant::SluiceRateLimitService => vec![global_ratelimit()?, fault_reply()?, router],
     };
+    if variant == Variant::SluiceRateLimitService {
+        // The control plane, as the rate limit service of variant 11.
+        add_cluster(&mut config, RLS_CLUSTER, services.rlqs, true)?;
+        route_to_cluster(&mut config, RLS_CLUSTER)?;
+    }
     if variant == Variant::RateLimitQuota {
         add_cluster(&mut config, RLQS_CLUSTER, services.rlqs, true)?;
     }

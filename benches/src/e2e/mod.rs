@@ -1,5 +1,5 @@
 //! The end-to-end benchmark behind the `bench_envoy` binary: Envoy with
-//! `--concurrency 1` in ten variants (filter chains, two with a real
+//! `--concurrency 1` in eleven variants (filter chains, two with a real
 //! upstream, and Envoy's `rate_limit_quota` with the real control plane as
 //! RLQS server), a closed-loop HTTP/1.1 client in-process, and Envoy's own CPU
 //! time read from `/proc`.

@@ -75,6 +75,11 @@ impl ServiceProcess {
         self.addr
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
     /// Its CPU time so far (user + system).
     pub fn cpu_time(&self, ticks_per_second: u64) -> Result<Duration> {
         measure::cpu_time(self.guard.pid(), ticks_per_second)
