@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
+use sluice_integration_tests::control_plane::{ControlPlaneOptions, sample};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::quotas;
 
@@ -41,18 +41,14 @@ fn unix_ms() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_admit_each_fixed_window_exactly_its_quota() {
     let dir = tempfile::tempdir().unwrap();
-    let quota_dir = dir.path().join("quotas");
-    std::fs::create_dir_all(&quota_dir).unwrap();
-    std::fs::write(quota_dir.join("api.yaml"), QUOTAS).unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new("limits: []\n", dir.path()).args([
-            "--quotas".to_owned(),
-            quota_dir.display().to_string(),
-            "--quota-algorithm".to_owned(),
-            "fixed_window".to_owned(),
-        ]))
-        .await
-        .unwrap();
+    let control_plane = quotas::control_plane(
+        dir.path(),
+        ControlPlaneOptions::new("limits: []\n", dir.path()),
+        QUOTAS,
+        Some("fixed_window"),
+    )
+    .await
+    .unwrap();
     let grpc = control_plane.grpc_addr();
     let mut envoys = Vec::new();
     for id in ["quota-a", "quota-b", "quota-c"] {
@@ -170,12 +166,11 @@ mod client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_answers_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let quota_dir = dir.path().join("quotas");
-    std::fs::create_dir_all(&quota_dir).unwrap();
-    std::fs::write(quota_dir.join("api.yaml"), QUOTAS).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new("limits: []\n", dir.path())
-            .args(["--quotas".to_owned(), quota_dir.display().to_string()]),
+    let control_plane = quotas::control_plane(
+        dir.path(),
+        ControlPlaneOptions::new("limits: []\n", dir.path()),
+        QUOTAS,
+        None,
     )
     .await
     .unwrap();
@@ -223,25 +218,15 @@ async fn bad_requests_get_clear_answers_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
     let dir = tempfile::tempdir().unwrap();
-    let quota_dir = dir.path().join("quotas");
-    std::fs::create_dir_all(&quota_dir).unwrap();
-    std::fs::write(
-        quota_dir.join("api.yaml"),
-        "domain: api\ndescriptors:\n  - key: tenant\n    value: layered\n    rate_limit: {unit: second, requests_per_unit: 100}\n",
-    )
-    .unwrap();
+    let layered = "domain: api\ndescriptors:\n  - key: tenant\n    value: layered\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
     // The fleet limit a little above the quota: the exact layer binds,
     // the statistical one takes the overload.
     let limits = "limits:\n  - bucket: \"layered\"\n    limit_rps: 110\n";
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(limits, dir.path())
-            .control_interval_ms(200)
-            .args([
-                "--quotas".to_owned(),
-                quota_dir.display().to_string(),
-                "--quota-algorithm".to_owned(),
-                "fixed_window".to_owned(),
-            ]),
+    let control_plane = quotas::control_plane(
+        dir.path(),
+        ControlPlaneOptions::new(limits, dir.path()).control_interval_ms(200),
+        layered,
+        Some("fixed_window"),
     )
     .await
     .unwrap();
