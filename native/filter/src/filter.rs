@@ -1,0 +1,178 @@
+//! One configured filter: its agents, its ticker and the request path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_filter::agent::{AgentSettings, Decision};
+use sluice_filter::audit::RecordMode;
+use sluice_filter::bucket_key::RequestAttributes;
+use sluice_filter::classify::Classifier;
+
+use crate::config::NativeConfig;
+use crate::control_stream::ControlStreams;
+use crate::metrics::{MetricRegistry, MetricValue};
+use crate::native_host::Shared;
+use crate::process::ProcessStore;
+use crate::ticker::Ticker;
+use crate::workers::Workers;
+
+/// Status of a dropped request.
+const REJECT_STATUS: u16 = 429;
+/// `proxy_id` when the configuration names none (a module has no access to
+/// Envoy's node id).
+const DEFAULT_PROXY_ID: &str = "envoy";
+
+/// What the filter needs from the proxy for one request.
+pub trait RequestHost {
+    /// The first value of a request header (`name` in lower case).
+    fn request_header(&self, name: &str) -> Option<&[u8]>;
+    /// Adds a request header that goes upstream.
+    fn add_request_header(&mut self, name: &str, value: &[u8]);
+    /// Stores the request's decision record for access logs.
+    fn set_decision_record(&mut self, record: &[u8]);
+    /// Answers the request from the proxy instead of the upstream.
+    fn send_local_reply(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]);
+}
+
+/// Whether Envoy goes on with the request after the headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadersAction {
+    /// On to the next filter.
+    Continue,
+    /// The filter answered the request.
+    Stop,
+}
+
+/// Why the filter could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("sluice_native: cannot start its {what}: {source}")]
+pub struct StartError {
+    what: &'static str,
+    source: std::io::Error,
+}
+
+/// One configured filter, shared by every request of every worker.
+#[derive(Debug)]
+pub struct NativeFilter {
+    classifier: Classifier,
+    decision_record: RecordMode,
+    undirected_header: Option<String>,
+    shared: Arc<Shared>,
+    workers: Arc<Workers>,
+    // Declared last: dropped after the agents are retired in `Drop`.
+    ticker: Option<Ticker>,
+}
+
+impl NativeFilter {
+    /// Starts the filter: its runtime thread (streams) and ticker thread.
+    pub fn start(config: NativeConfig) -> Result<Self, StartError> {
+        let filter = config.filter;
+        let streams =
+            ControlStreams::new(&config.control_plane_uri).map_err(|source| StartError {
+                what: "gRPC runtime",
+                source,
+            })?;
+        let shared = Arc::new(Shared {
+            store: ProcessStore::default(),
+            streams,
+            metrics: MetricRegistry::default(),
+        });
+        let settings = AgentSettings {
+            control_plane_cluster: filter.control_plane_cluster,
+            proxy_id: filter
+                .proxy_id
+                .unwrap_or_else(|| DEFAULT_PROXY_ID.to_owned()),
+            zone: filter.zone.unwrap_or_default(),
+            report_interval_ms: filter.report_interval_ms,
+            max_buckets: filter.max_buckets,
+            directive_ttl_ms: filter.directive_ttl_ms,
+            fallback: filter.fallback,
+            new_bucket: filter.new_bucket,
+            responses: Arc::new(filter.response),
+            stream_idle_timeout_ms: filter.stream_idle_timeout_ms,
+            decision: filter.decision,
+            allowance: filter.allowance,
+        };
+        let workers = Arc::new(Workers::new(settings, Arc::clone(&shared)));
+        let ticker = Ticker::start(
+            Arc::clone(&workers),
+            Duration::from_millis(filter.directive_poll_ms),
+        )
+        .map_err(|source| StartError {
+            what: "ticker thread",
+            source,
+        })?;
+        Ok(Self {
+            classifier: filter.classifier,
+            decision_record: filter.decision_record,
+            undirected_header: filter.undirected_header,
+            shared,
+            workers,
+            ticker: Some(ticker),
+        })
+    }
+
+    /// The request headers are complete: classify, count, decide.
+    pub fn on_request_headers(&self, host: &mut impl RequestHost) -> HeadersAction {
+        let slot = self.workers.local();
+        let decision = {
+            let mut state = slot.lock();
+            let decision = state
+                .agent
+                .admit_request(&self.classifier, &Attributes(&*host));
+            let last = *state.agent.last_decision();
+            if last.recorded_under(self.decision_record) {
+                host.set_decision_record(state.agent.last_record().as_bytes());
+            }
+            if let (Decision::Admit, Some(undirected), Some(header)) = (
+                &decision,
+                last.undirected,
+                self.undirected_header.as_deref(),
+            ) {
+                host.add_request_header(header, undirected.name().as_bytes());
+            }
+            decision
+        };
+        match decision {
+            Decision::Admit => HeadersAction::Continue,
+            Decision::Reject(response) => {
+                let headers: Vec<(&str, &[u8])> = response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_bytes()))
+                    .collect();
+                host.send_local_reply(REJECT_STATUS, &headers, &response.body);
+                HeadersAction::Stop
+            }
+        }
+    }
+
+    /// The agents' metrics (counters summed over workers).
+    pub fn metrics(&self) -> Vec<MetricValue> {
+        self.shared.metrics.snapshot()
+    }
+}
+
+impl Drop for NativeFilter {
+    fn drop(&mut self) {
+        // Stop ticking first, then close the agents' streams.
+        drop(self.ticker.take());
+        self.workers.retire();
+    }
+}
+
+/// The request as the classifier reads it.
+struct Attributes<'a, H: RequestHost>(&'a H);
+
+impl<H: RequestHost> RequestAttributes for Attributes<'_, H> {
+    fn header(&self, name: &str) -> Option<String> {
+        self.0
+            .request_header(name)
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+    }
+
+    fn route_name(&self) -> Option<String> {
+        // Refused at configuration time (see `NativeConfig::parse`).
+        None
+    }
+}

@@ -1,0 +1,31 @@
+//! Sluice's HTTP filter for Envoy's dynamic modules, in safe Rust.
+//!
+//! The wasm filter's logic (`sluice-filter`: the agent, its decisions,
+//! directive table, allowance and 429s) runs here unchanged. What changes is
+//! the host around it: instead of proxy-wasm VMs, Envoy's worker threads call
+//! the module directly, so
+//!
+//! - each worker thread gets its own [`sluice_filter::agent::Agent`] the first
+//!   time it sees a request ([`workers`]), exactly as each wasm VM has one;
+//! - the agents share one process-wide store of shared data and queues
+//!   ([`process`]), so they elect a leader and pass counts and directives
+//!   the way wasm VMs do through Envoy's shared data;
+//! - the leader's stream to the control plane is a tonic client on the
+//!   module's own runtime thread ([`control_stream`]), since a dynamic module
+//!   has no access to Envoy's gRPC client;
+//! - a ticker thread drives every agent's tick ([`ticker`]).
+//!
+//! `sluice-envoy-module` turns Envoy's C calls into [`NativeFilter`] calls
+//! with a [`RequestHost`] for the request at hand.
+
+pub mod config;
+pub mod control_stream;
+pub mod filter;
+pub mod metrics;
+pub mod native_host;
+pub mod process;
+pub mod ticker;
+pub mod workers;
+
+pub use config::{ConfigError, NativeConfig};
+pub use filter::{HeadersAction, NativeFilter, RequestHost};

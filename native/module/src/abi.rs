@@ -1,0 +1,106 @@
+//! Types and callbacks of Envoy 1.40's dynamic-module ABI (`abi.h`), the part
+//! the HTTP filter uses. Layouts follow the C header; x86-64 and aarch64 pass
+//! the two-word buffer structs by value in two registers.
+
+use std::ffi::c_void;
+
+/// The version string the module reports at load. Envoy 1.40 compares it with
+/// its own and logs a warning (not an error) when they differ.
+pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
+
+/// Envoy's side of a filter config or a filter: opaque, only passed back.
+pub type EnvoyPtr = *mut c_void;
+/// The module's side: what a `*_new` hook returned.
+pub type ModulePtr = *const c_void;
+
+/// Bytes owned by Envoy, valid until the hook that received them returns.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EnvoyBuffer {
+    /// First byte, or null.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub length: usize,
+}
+
+/// Bytes owned by the module; Envoy copies what it keeps.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleBuffer {
+    /// First byte, or null when `length` is 0.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub length: usize,
+}
+
+impl ModuleBuffer {
+    /// A view of `bytes` for the duration of one call.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self {
+            ptr: bytes.as_ptr(),
+            length: bytes.len(),
+        }
+    }
+}
+
+/// One header of a local reply.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleHttpHeader {
+    /// Name bytes.
+    pub key_ptr: *const u8,
+    /// Name length.
+    pub key_length: usize,
+    /// Value bytes.
+    pub value_ptr: *const u8,
+    /// Value length.
+    pub value_length: usize,
+}
+
+/// `envoy_dynamic_module_type_http_header_type_RequestHeader`.
+pub const HEADER_TYPE_REQUEST: u32 = 0;
+
+/// Envoy casts a hook's status to its own `FilterHeadersStatus` /
+/// `FilterDataStatus` / `FilterTrailersStatus`: 0 is `Continue` in each.
+pub const STATUS_CONTINUE: u32 = 0;
+/// `FilterHeadersStatus::StopIteration`: the filter answered the request.
+pub const STATUS_STOP_ITERATION: u32 = 1;
+
+unsafe extern "C" {
+    /// Reads the `index`-th value of a header; `optional_size`, when not null,
+    /// receives the number of values. Returns false when there is none.
+    pub fn envoy_dynamic_module_callback_http_get_header(
+        filter_envoy_ptr: EnvoyPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+
+    /// Adds a header value (request headers: before they go upstream).
+    pub fn envoy_dynamic_module_callback_http_add_header(
+        filter_envoy_ptr: EnvoyPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+
+    /// Stores bytes in the request's filter state under `key`.
+    pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        filter_envoy_ptr: EnvoyPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+
+    /// Sends a local reply; Envoy copies the headers, the body and the
+    /// details before it returns.
+    pub fn envoy_dynamic_module_callback_http_send_response(
+        filter_envoy_ptr: EnvoyPtr,
+        status_code: u32,
+        headers: *const ModuleHttpHeader,
+        headers_count: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+}

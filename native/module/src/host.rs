@@ -1,0 +1,113 @@
+//! One request as the safe filter sees it: [`RequestHost`] over Envoy's
+//! header, filter-state and local-reply callbacks.
+
+use sluice_native_filter::RequestHost;
+
+use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModuleBuffer, ModuleHttpHeader};
+
+/// Most headers a local reply carries; more are dropped.
+const MAX_REPLY_HEADERS: usize = 16;
+/// Why Envoy's access log says the module answered.
+const REPLY_DETAILS: &[u8] = b"sluice_native";
+/// Filter state key of the decision record: `%FILTER_STATE(sluice:PLAIN)%`.
+const RECORD_KEY: &[u8] = b"sluice";
+
+/// Envoy's filter object for the request being handled, valid for the
+/// duration of the hook that created this view.
+pub struct EnvoyRequest {
+    filter: EnvoyPtr,
+}
+
+impl EnvoyRequest {
+    /// A view of the request behind `filter`.
+    ///
+    /// # Safety
+    /// `filter` must be the `filter_envoy_ptr` Envoy passed to the running
+    /// hook, and the view must not outlive that hook.
+    pub unsafe fn new(filter: EnvoyPtr) -> Self {
+        Self { filter }
+    }
+}
+
+impl RequestHost for EnvoyRequest {
+    fn request_header(&self, name: &str) -> Option<&[u8]> {
+        let mut value = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: `self.filter` is the live filter of the running hook (see
+        // `new`); the key buffer points into `name`, alive for the call; the
+        // result pointer is a local Envoy writes once; a null `optional_size`
+        // is allowed by the ABI.
+        let found = unsafe {
+            abi::envoy_dynamic_module_callback_http_get_header(
+                self.filter,
+                abi::HEADER_TYPE_REQUEST,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut value,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        if !found || value.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: Envoy returned a pointer into its header map with its
+        // length; the map is not modified while `&self` is borrowed (this view
+        // has no setter), and the slice's lifetime is tied to `&self`, which
+        // does not outlive the hook.
+        Some(unsafe { std::slice::from_raw_parts(value.ptr, value.length) })
+    }
+
+    fn add_request_header(&mut self, name: &str, value: &[u8]) {
+        // SAFETY: `self.filter` is the live filter of the running hook; both
+        // buffers are borrowed for the call and Envoy copies them.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_add_header(
+                self.filter,
+                abi::HEADER_TYPE_REQUEST,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value),
+            );
+        }
+    }
+
+    fn set_decision_record(&mut self, record: &[u8]) {
+        // SAFETY: as for `add_request_header`: live filter, borrowed buffers
+        // that Envoy copies.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                self.filter,
+                ModuleBuffer::of(RECORD_KEY),
+                ModuleBuffer::of(record),
+            );
+        }
+    }
+
+    fn send_local_reply(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) {
+        let headers: Vec<ModuleHttpHeader> = headers
+            .iter()
+            .take(MAX_REPLY_HEADERS)
+            .map(|(name, value)| ModuleHttpHeader {
+                key_ptr: name.as_ptr(),
+                key_length: name.len(),
+                value_ptr: value.as_ptr(),
+                value_length: value.len(),
+            })
+            .collect();
+        // SAFETY: `self.filter` is the live filter of the running hook; every
+        // pointer refers to memory borrowed for this call (the header array,
+        // the names and values it points to, the body and the details), and
+        // Envoy copies all of it before returning.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response(
+                self.filter,
+                u32::from(status),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(REPLY_DETAILS),
+            );
+        }
+    }
+}
