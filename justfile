@@ -26,8 +26,14 @@ build-wasm: setup
 build-control-plane:
     cargo build -p sluice-control-plane --bin sluice
 
+# Build the filter as a native Envoy dynamic module: `target/release/libsluice_native.so`, which Envoy loads as `sluice_native` from ENVOY_DYNAMIC_MODULES_SEARCH_PATH (see envoy/native-module.yaml).
+build-native:
+    cargo build --release -p sluice-envoy-module
+    @ls -l target/release/libsluice_native.so
+
 # Build everything the integration tests and the demo run.
 build: build-wasm build-control-plane
+    cargo build -p sluice-envoy-module
     cargo build -p sluice-integration-tests --bins
 
 # Run the demo: a control plane, two Envoys and uneven load above the limit.
@@ -62,7 +68,7 @@ test-wasm: setup
       PATH="$node_dir:$PATH" CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
       cargo test -p sluice-filter --target wasm32-unknown-unknown
 
-# Integration tests: real Envoy processes with the built .wasm and the real control plane.
+# Integration tests: real Envoy processes with the built .wasm (and the native module) and the real control plane.
 test-integration: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
       cargo test -p sluice-integration-tests -- --test-threads=1
@@ -85,11 +91,11 @@ build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
 # End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service, and router vs Sluice at 50% in front of a real upstream; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
-bench-envoy *ARGS: build-wasm build-empty-filter
+bench-envoy *ARGS: build-wasm build-empty-filter build-native
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} EMPTY_FILTER_WASM={{empty_wasm_out}} SLUICE_BIN=target/release/sluice \
-      target/release/bench_envoy {{ARGS}}
+      SLUICE_NATIVE_MODULE=target/release/libsluice_native.so target/release/bench_envoy {{ARGS}}
 
 # Directive propagation latency to 1,000 simulated proxy streams and to one real Envoy; updates BENCHMARKS.md (`--output -`: print only, `--streams N`, `--events N`).
 bench-propagation *ARGS: build-wasm

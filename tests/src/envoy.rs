@@ -47,7 +47,8 @@ pub struct Rewrite {
     pub control_plane: Option<SocketAddr>,
     /// Replace every wasm `vm_config.code.local.filename` with this path.
     pub wasm: Option<PathBuf>,
-    /// Fields set (top-level, replacing) in every wasm plugin's JSON configuration.
+    /// Fields set (top-level, replacing) in every wasm plugin's JSON configuration,
+    /// and in every Sluice dynamic module's `filter_config`.
     pub plugin_patch: JsonMap<String, Json>,
 }
 
@@ -67,6 +68,24 @@ impl Rewrite {
     }
 }
 
+impl Rewrite {
+    /// As [`Rewrite::for_test`], for a config with the native module instead
+    /// of the wasm filter (the module is found through
+    /// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`, see [`Envoy::start`]).
+    pub fn for_native(control_plane: SocketAddr, plugin_patch: Json) -> Result<Self> {
+        paths::native_module()?;
+        let Json::Object(plugin_patch) = plugin_patch else {
+            bail!("plugin_patch must be a JSON object, got {plugin_patch}");
+        };
+        Ok(Self {
+            ephemeral_ports: true,
+            control_plane: Some(control_plane),
+            wasm: None,
+            plugin_patch,
+        })
+    }
+}
+
 /// What [`rewrite`] found and changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RewriteReport {
@@ -76,6 +95,8 @@ pub struct RewriteReport {
     pub control_plane_endpoints: usize,
     /// Wasm plugin configs seen (code path and/or configuration patched).
     pub wasm_plugins: usize,
+    /// Dynamic-module filters seen (their JSON configuration patched).
+    pub native_modules: usize,
 }
 
 /// Rewrites `config` in place. Fails if a requested change has nothing to apply to
@@ -121,9 +142,6 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
                 }
             }
         }
-        if report.control_plane_endpoints == 0 {
-            bail!("config has no endpoint in cluster {CONTROL_PLANE_CLUSTER}");
-        }
     }
     let mut failure: Option<anyhow::Error> = None;
     visit_mappings(config, &mut |mapping| {
@@ -138,10 +156,50 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
     if let Some(err) = failure {
         return Err(err);
     }
-    if (rw.wasm.is_some() || !rw.plugin_patch.is_empty()) && report.wasm_plugins == 0 {
-        bail!("config has no wasm plugin (no `vm_config`)");
+    visit_mappings(config, &mut |mapping| {
+        if failure.is_some() || !mapping.contains_key("dynamic_module_config") {
+            return;
+        }
+        report.native_modules += 1;
+        if let Err(err) = patch_native_module(mapping, rw) {
+            failure = Some(err);
+        }
+    });
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    if rw.control_plane.is_some()
+        && report.control_plane_endpoints == 0
+        && report.native_modules == 0
+    {
+        bail!("config has no endpoint in cluster {CONTROL_PLANE_CLUSTER} and no dynamic module");
+    }
+    let plugins = report.wasm_plugins + report.native_modules;
+    if (rw.wasm.is_some() || !rw.plugin_patch.is_empty()) && plugins == 0 {
+        bail!("config has no wasm plugin (no `vm_config`) and no dynamic module");
     }
     Ok(report)
+}
+
+/// Patches one `DynamicModuleFilter` (the mapping holding
+/// `dynamic_module_config`): the control plane's address and `plugin_patch`.
+fn patch_native_module(filter: &mut Mapping, rw: &Rewrite) -> Result<()> {
+    let value = filter
+        .get_mut("filter_config")
+        .and_then(|c| c.get_mut("value"))
+        .context("dynamic module filter has no filter_config.value to patch")?;
+    let text = value
+        .as_str()
+        .context("filter_config.value is not a string")?;
+    let mut patch = rw.plugin_patch.clone();
+    // A `control_plane_uri` in the patch itself wins (tests of bad values).
+    if let Some(addr) = rw.control_plane {
+        patch
+            .entry("control_plane_uri")
+            .or_insert_with(|| format!("http://{addr}").into());
+    }
+    *value = Value::String(patch_json_object(text, &patch)?);
+    Ok(())
 }
 
 /// Patches one wasm `PluginConfig` mapping (the one holding `vm_config`).
@@ -242,6 +300,17 @@ pub fn write_config(config: &Value, path: &Path) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Where Envoy looks for a dynamic module named in a config.
+const MODULE_SEARCH_PATH: &str = "ENVOY_DYNAMIC_MODULES_SEARCH_PATH";
+
+/// The directory of the built native module, when there is one: configs
+/// that name the module `sluice_native` find it there.
+fn native_module_dir() -> Option<PathBuf> {
+    paths::native_module()
+        .ok()
+        .and_then(|module| module.parent().map(Path::to_path_buf))
+}
+
 /// Runs `envoy --mode validate` on `config` (written to a temp file).
 pub async fn validate(config: &Value) -> Result<()> {
     let dir = tempfile::tempdir().context("cannot create a temp dir")?;
@@ -258,6 +327,9 @@ pub async fn validate(config: &Value) -> Result<()> {
         .arg("warn")
         .current_dir(paths::workspace_root()?)
         .kill_on_drop(true);
+    if let Some(dir) = native_module_dir() {
+        command.env(MODULE_SEARCH_PATH, dir);
+    }
     let output = tokio::time::timeout(VALIDATE_TIMEOUT, command.output())
         .await
         .context("envoy --mode validate timed out")?
@@ -337,6 +409,9 @@ impl Envoy {
             .arg("-l")
             .arg(&options.log_level)
             .current_dir(paths::workspace_root()?);
+        if let Some(dir) = native_module_dir() {
+            command.env(MODULE_SEARCH_PATH, dir);
+        }
         let log = options.work_dir.join(format!("{}.log", options.name));
         let mut guard = ChildGuard::spawn(&options.name, command, &log)?;
         match wait_ready(&mut guard, &admin_file).await {
@@ -534,6 +609,32 @@ mod tests {
     }
 
     #[test]
+    fn rewrite_points_the_native_module_at_the_control_plane() {
+        let mut config = load_repo_config("native-module.yaml").unwrap();
+        let rewrite_native = Rewrite {
+            ephemeral_ports: true,
+            control_plane: Some("127.0.0.1:4567".parse().unwrap()),
+            wasm: None,
+            plugin_patch: serde_json::json!({"proxy_id": "native-x"})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        };
+        let report = rewrite(&mut config, &rewrite_native).unwrap();
+        assert_eq!(report.native_modules, 1);
+        let mut found = Vec::new();
+        visit_mappings(&mut config, &mut |mapping| {
+            if mapping.contains_key("dynamic_module_config") {
+                let text = mapping["filter_config"]["value"].as_str().unwrap();
+                found.push(serde_json::from_str::<Json>(text).unwrap());
+            }
+        });
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0]["control_plane_uri"], "http://127.0.0.1:4567");
+        assert_eq!(found[0]["proxy_id"], "native-x");
+    }
+
+    #[test]
     fn rewrite_sets_ports_control_plane_wasm_and_plugin_fields() {
         let mut config = demo();
         let report = rewrite(
@@ -546,7 +647,8 @@ mod tests {
             RewriteReport {
                 listeners: 1,
                 control_plane_endpoints: 1,
-                wasm_plugins: 1
+                wasm_plugins: 1,
+                native_modules: 0,
             }
         );
         assert_eq!(

@@ -26,6 +26,18 @@ pub struct FleetOptions {
     pub proxy_ids: Vec<String>,
     /// Worker threads of every Envoy (`--concurrency`).
     pub concurrency: u32,
+    /// The wasm filter or the native module in every Envoy.
+    pub data_plane: DataPlane,
+}
+
+/// Which build of the Sluice filter the Envoys run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DataPlane {
+    /// The proxy-wasm filter (`demo-a.yaml`, `demo-b.yaml`).
+    #[default]
+    Wasm,
+    /// The dynamic module (`native-module.yaml`), same configuration.
+    Native,
 }
 
 impl FleetOptions {
@@ -40,7 +52,14 @@ impl FleetOptions {
             filter: json!({}),
             proxy_ids: Vec::new(),
             concurrency: 2,
+            data_plane: DataPlane::Wasm,
         }
+    }
+
+    /// The same fleet with `data_plane` in every Envoy.
+    pub fn with_data_plane(mut self, data_plane: DataPlane) -> Self {
+        self.data_plane = data_plane;
+        self
     }
 
     /// One control interval.
@@ -91,10 +110,10 @@ impl Fleet {
     pub async fn add_envoy(&mut self) -> Result<usize> {
         let index = self.envoys.len();
         let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-        let file = if index.is_multiple_of(2) {
-            "demo-a.yaml"
-        } else {
-            "demo-b.yaml"
+        let file = match self.options.data_plane {
+            DataPlane::Native => "native-module.yaml",
+            DataPlane::Wasm if index.is_multiple_of(2) => "demo-a.yaml",
+            DataPlane::Wasm => "demo-b.yaml",
         };
         let mut config = envoy::load_repo_config(file)?;
         let proxy_id = self
@@ -111,7 +130,10 @@ impl Fleet {
         {
             patch.extend(extra.clone());
         }
-        let rewrite = Rewrite::for_test(self.control_plane.grpc_addr(), patch)?;
+        let rewrite = match self.options.data_plane {
+            DataPlane::Wasm => Rewrite::for_test(self.control_plane.grpc_addr(), patch)?,
+            DataPlane::Native => Rewrite::for_native(self.control_plane.grpc_addr(), patch)?,
+        };
         envoy::rewrite(&mut config, &rewrite)?;
         let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());
         envoy_options.concurrency = self.options.concurrency;

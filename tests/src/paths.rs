@@ -4,6 +4,7 @@
 //!   Falls back to the project-local copy in `.tools/` when it exists.
 //! - `SLUICE_BIN`: the control plane, default `target/debug/sluice`.
 //! - `SLUICE_WASM`: the filter, default `target/wasm32-wasip1/wasm/sluice_filter.wasm`.
+//! - `SLUICE_NATIVE_MODULE`: the dynamic module, default `target/debug/libsluice_native.so`.
 //!
 //! Relative paths are taken from the workspace root.
 
@@ -74,6 +75,28 @@ pub fn sluice_bin() -> Result<PathBuf> {
 pub fn sluice_wasm() -> Result<PathBuf> {
     let path = env_or_default("SLUICE_WASM", DEFAULT_WASM)?;
     require_file(&path, "SLUICE_WASM", BUILD_HINT)
+}
+
+/// Default location of the dynamic module, relative to the workspace root.
+pub const DEFAULT_NATIVE_MODULE: &str = "target/debug/libsluice_native.so";
+/// The file name Envoy looks for when a config names the module `sluice_native`.
+pub const NATIVE_MODULE_FILE: &str = "libsluice_native.so";
+
+/// The dynamic module: `$SLUICE_NATIVE_MODULE`, default
+/// `target/debug/libsluice_native.so`.
+pub fn native_module() -> Result<PathBuf> {
+    let path = env_or_default("SLUICE_NATIVE_MODULE", DEFAULT_NATIVE_MODULE)?;
+    if path.file_name().and_then(|name| name.to_str()) != Some(NATIVE_MODULE_FILE) {
+        bail!(
+            "SLUICE_NATIVE_MODULE: {} is not named {NATIVE_MODULE_FILE}, the name Envoy loads",
+            path.display()
+        );
+    }
+    require_file(
+        &path,
+        "SLUICE_NATIVE_MODULE",
+        "run `just build-native` (or `cargo build -p sluice-envoy-module`)",
+    )
 }
 
 /// Directory of the Envoy configs (`envoy/`).

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_integration_tests::control_plane::AdminClient;
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 
 const LIMITS: &str = r#"
@@ -30,7 +30,19 @@ const LIMIT_RPS: f64 = 200.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
-    let mut options = FleetOptions::new(LIMITS, 2);
+    a_restarted_control_plane_holds_the_limit_from_its_second_interval_on(DataPlane::Wasm).await;
+}
+
+/// The same with the native dynamic module in every Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_a_restarted_control_plane_holds_the_limit_from_its_second_interval() {
+    a_restarted_control_plane_holds_the_limit_from_its_second_interval_on(DataPlane::Native).await;
+}
+
+async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval_on(
+    data_plane: DataPlane,
+) {
+    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
     // What this test is about is the restart (the start-up hold), so the
     // proxies keep applying their last ratio while the control plane is
     // down. The default allowance would engage during the outage, and with

@@ -15,16 +15,25 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::wait;
 
-async fn start_envoy(dir: &std::path::Path, control_plane: SocketAddr, patch: Json) -> Envoy {
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_test(control_plane, patch).unwrap(),
-    )
-    .unwrap();
+async fn start_envoy(
+    dir: &std::path::Path,
+    control_plane: SocketAddr,
+    patch: Json,
+    data_plane: DataPlane,
+) -> Envoy {
+    let (file, rewrite) = match data_plane {
+        DataPlane::Wasm => ("demo-a.yaml", Rewrite::for_test(control_plane, patch)),
+        DataPlane::Native => (
+            "native-module.yaml",
+            Rewrite::for_native(control_plane, patch),
+        ),
+    };
+    let mut config = envoy::load_repo_config(file).unwrap();
+    envoy::rewrite(&mut config, &rewrite.unwrap()).unwrap();
     Envoy::start(&config, &EnvoyOptions::new("envoy-contract", dir))
         .await
         .unwrap()
@@ -66,6 +75,15 @@ fn header(response: &reqwest::Response, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_bucket_gets_the_full_429_contract() {
+    a_limited_bucket_gets_the_full_429_contract_on(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_a_limited_bucket_gets_the_full_429_contract() {
+    a_limited_bucket_gets_the_full_429_contract_on(DataPlane::Native).await;
+}
+
+async fn a_limited_bucket_gets_the_full_429_contract_on(data_plane: DataPlane) {
     let dir = tempfile::tempdir().unwrap();
     let control_plane = ControlPlane::start(
         ControlPlaneOptions::new(
@@ -80,6 +98,7 @@ async fn a_limited_bucket_gets_the_full_429_contract() {
         dir.path(),
         control_plane.grpc_addr(),
         json!({"proxy_id": "contract", "report_interval_ms": 100}),
+        data_plane,
     )
     .await;
     let url = envoy.base_url();
@@ -132,6 +151,15 @@ async fn a_limited_bucket_gets_the_full_429_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_buckets_are_limited_locally_without_a_control_plane() {
+    new_buckets_are_limited_locally_without_a_control_plane_on(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_new_buckets_are_limited_locally_without_a_control_plane() {
+    new_buckets_are_limited_locally_without_a_control_plane_on(DataPlane::Native).await;
+}
+
+async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: DataPlane) {
     let dir = tempfile::tempdir().unwrap();
     let envoy = start_envoy(
         dir.path(),
@@ -141,6 +169,7 @@ async fn new_buckets_are_limited_locally_without_a_control_plane() {
             "new_bucket": {"action": "local_limit", "fleet_limit_rps": 40, "expected_proxies": 2},
             "response": {"reason_header": "x-shed-reason", "x_ratelimit_headers": false}
         }),
+        data_plane,
     )
     .await;
     let url = envoy.base_url();
@@ -187,6 +216,15 @@ async fn new_buckets_are_limited_locally_without_a_control_plane() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
+    after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
+    after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(DataPlane::Native).await;
+}
+
+async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data_plane: DataPlane) {
     let dir = tempfile::tempdir().unwrap();
     let mut control_plane = ControlPlane::start(
         // The control plane's TTL rides on every batch and wins over the
@@ -208,6 +246,7 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
             "directive_ttl_ms": 1000,
             "fallback": "local_limit"
         }),
+        data_plane,
     )
     .await;
     let url = envoy.base_url();

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sluice_integration_tests::envoy::Envoy;
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 
 const LIMITS: &str = r#"
@@ -72,9 +72,19 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
         .map(|s| s.value)
 }
 
+/// The Prometheus page. The native module's metrics carry Envoy's
+/// dynamic-module namespace (`envoy_dynamicmodulescustom_sluice_…`) where
+/// the wasm filter's have none (`sluice_…`); the rest of the name and the
+/// labels are the same, so the namespace is cut here.
 async fn prometheus(envoy: &Envoy) -> String {
     let url = format!("http://{}/stats/prometheus", envoy.admin_addr());
-    reqwest::get(&url).await.unwrap().text().await.unwrap()
+    reqwest::get(&url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .replace("envoy_dynamicmodulescustom_sluice_", "sluice_")
 }
 
 /// Only the filter's lines, for failure messages.
@@ -87,7 +97,18 @@ fn sluice_lines(page: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_shows_tagged_decisions_that_match_the_responses() {
-    let fleet = Fleet::start(FleetOptions::new(LIMITS, 1)).await.unwrap();
+    prometheus_shows_tagged_decisions_that_match_the_responses_on(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_prometheus_shows_tagged_decisions_that_match_the_responses() {
+    prometheus_shows_tagged_decisions_that_match_the_responses_on(DataPlane::Native).await;
+}
+
+async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plane: DataPlane) {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 1).with_data_plane(data_plane))
+        .await
+        .unwrap();
     let envoy = &fleet.envoys[0];
     let url = fleet.url(0).unwrap();
     let duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 
 const LIMITS: &str = r#"
@@ -21,7 +21,19 @@ limits:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_converge_to_the_fleet_limit() {
-    let fleet = Fleet::start(FleetOptions::new(LIMITS, 2)).await.unwrap();
+    two_envoys_converge_to_the_fleet_limit_on(DataPlane::Wasm).await;
+}
+
+/// The same with the native dynamic module in every Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_envoys_converge_to_the_fleet_limit() {
+    two_envoys_converge_to_the_fleet_limit_on(DataPlane::Native).await;
+}
+
+async fn two_envoys_converge_to_the_fleet_limit_on(data_plane: DataPlane) {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 2).with_data_plane(data_plane))
+        .await
+        .unwrap();
     let duration = Duration::from_secs(9);
     let load = LoadRun::start(LoadPlan::new(
         vec![

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 
 const LIMITS: &str = r#"
@@ -20,7 +20,19 @@ limits:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlimited_passes_and_over_limit_gets_429_with_retry_after() {
-    let fleet = Fleet::start(FleetOptions::new(LIMITS, 1)).await.unwrap();
+    unlimited_passes_and_over_limit_gets_429_with_retry_after_on(DataPlane::Wasm).await;
+}
+
+/// The same with the native dynamic module in every Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_unlimited_passes_and_over_limit_gets_429_with_retry_after() {
+    unlimited_passes_and_over_limit_gets_429_with_retry_after_on(DataPlane::Native).await;
+}
+
+async fn unlimited_passes_and_over_limit_gets_429_with_retry_after_on(data_plane: DataPlane) {
+    let fleet = Fleet::start(FleetOptions::new(LIMITS, 1).with_data_plane(data_plane))
+        .await
+        .unwrap();
     let url = fleet.url(0).unwrap();
     let duration = Duration::from_secs(6);
     let load = LoadRun::start(LoadPlan::new(

@@ -53,11 +53,15 @@ pub enum Variant {
     /// the rate limit service, counting every call against a quota it never
     /// exhausts.
     SluiceRateLimitService,
+    /// Variant 4 with the native dynamic module instead of the wasm filter.
+    NativeNoDrop,
+    /// Variant 5 with the native dynamic module.
+    NativeHalf,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 11] = [
+    pub const ALL: [Variant; 13] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -69,6 +73,8 @@ impl Variant {
         Variant::UpstreamSluiceHalf,
         Variant::RateLimitQuota,
         Variant::SluiceRateLimitService,
+        Variant::NativeNoDrop,
+        Variant::NativeHalf,
     ];
 
     /// Short name for logs and file names.
@@ -85,6 +91,8 @@ impl Variant {
             Variant::UpstreamSluiceHalf => "upstream-sluice-50pct",
             Variant::RateLimitQuota => "rate-limit-quota",
             Variant::SluiceRateLimitService => "sluice-rls",
+            Variant::NativeNoDrop => "native-no-drop",
+            Variant::NativeHalf => "native-50pct",
         }
     }
 
@@ -104,6 +112,8 @@ impl Variant {
             Variant::SluiceRateLimitService => {
                 "11. as 6, with sluice serve --quotas as the service"
             }
+            Variant::NativeNoDrop => "12. + Sluice native module, no drops (as 4)",
+            Variant::NativeHalf => "13. + Sluice native module at 50% drop (as 5)",
         }
     }
 
@@ -114,8 +124,8 @@ impl Variant {
     /// pushed instead.
     pub fn drop_ratio(self) -> Option<f64> {
         match self {
-            Variant::SluiceNoDrop => Some(1e-9),
-            Variant::SluiceHalf | Variant::UpstreamSluiceHalf => Some(0.5),
+            Variant::SluiceNoDrop | Variant::NativeNoDrop => Some(1e-9),
+            Variant::SluiceHalf | Variant::UpstreamSluiceHalf | Variant::NativeHalf => Some(0.5),
             _ => None,
         }
     }
@@ -185,6 +195,7 @@ pub fn envoy_config(
         Variant::UpstreamRouter => vec![router],
         Variant::RateLimitQuota => vec![rate_limit_quota()?, router],
         Variant::SluiceRateLimitService => vec![global_ratelimit()?, fault_reply()?, router],
+        Variant::NativeNoDrop | Variant::NativeHalf => vec![native_module(control_plane)?, router],
     };
     if variant == Variant::SluiceRateLimitService {
         // The control plane, as the rate limit service of variant 11.
@@ -206,6 +217,24 @@ pub fn envoy_config(
         route_to_cluster(&mut config, UPSTREAM_CLUSTER)?;
     }
     Ok(config)
+}
+
+/// The dynamic-module filter of `envoy/native-module.yaml`, configured as
+/// the wasm filter of the other variants and dialing `control_plane`.
+fn native_module(control_plane: SocketAddr) -> Result<Value> {
+    let mut native = load_repo_config("native-module.yaml")?;
+    let rw = Rewrite::for_native(
+        control_plane,
+        json!({
+            "proxy_id": "bench",
+            "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
+        }),
+    )?;
+    rewrite(&mut native, &rw)?;
+    http_filters(&mut native)?
+        .first()
+        .cloned()
+        .context("envoy/native-module.yaml: no HTTP filter")
 }
 
 fn http_filters(config: &mut Value) -> Result<&mut Vec<Value>> {

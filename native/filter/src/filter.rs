@@ -13,6 +13,7 @@ use crate::control_stream::ControlStreams;
 use crate::metrics::{MetricRegistry, MetricValue};
 use crate::native_host::Shared;
 use crate::process::ProcessStore;
+use crate::stats::StatsSink;
 use crate::ticker::Ticker;
 use crate::workers::Workers;
 
@@ -64,8 +65,9 @@ pub struct NativeFilter {
 }
 
 impl NativeFilter {
-    /// Starts the filter: its runtime thread (streams) and ticker thread.
-    pub fn start(config: NativeConfig) -> Result<Self, StartError> {
+    /// Starts the filter: its runtime thread (streams) and ticker thread,
+    /// which exports the agents' metrics to `stats`.
+    pub fn start(config: NativeConfig, stats: Arc<dyn StatsSink>) -> Result<Self, StartError> {
         let filter = config.filter;
         let streams =
             ControlStreams::new(&config.control_plane_uri).map_err(|source| StartError {
@@ -96,6 +98,8 @@ impl NativeFilter {
         let workers = Arc::new(Workers::new(settings, Arc::clone(&shared)));
         let ticker = Ticker::start(
             Arc::clone(&workers),
+            Arc::clone(&shared),
+            stats,
             Duration::from_millis(filter.directive_poll_ms),
         )
         .map_err(|source| StartError {

@@ -13,7 +13,8 @@
 //! - the leader's stream to the control plane is a tonic client on the
 //!   module's own runtime thread ([`control_stream`]), since a dynamic module
 //!   has no access to Envoy's gRPC client;
-//! - a ticker thread drives every agent's tick ([`ticker`]).
+//! - a ticker thread drives every agent's tick ([`ticker`]) and exports
+//!   their metrics to Envoy's stats ([`stats`]).
 //!
 //! `sluice-envoy-module` turns Envoy's C calls into [`NativeFilter`] calls
 //! with a [`RequestHost`] for the request at hand.
@@ -24,8 +25,11 @@ pub mod filter;
 pub mod metrics;
 pub mod native_host;
 pub mod process;
+pub mod stats;
 pub mod ticker;
 pub mod workers;
 
 pub use config::{ConfigError, NativeConfig};
 pub use filter::{HeadersAction, NativeFilter, RequestHost};
+pub use sluice_filter::host_api::MetricKind;
+pub use stats::{StatsSink, metric_names};

@@ -8,6 +8,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::control_stream::StreamEvent;
+use crate::native_host::Shared;
+use crate::stats::{Exporter, StatsSink};
 use crate::workers::{WorkerState, Workers, now_ms};
 
 /// The running ticker; dropping it stops and joins the thread.
@@ -18,14 +20,22 @@ pub struct Ticker {
 }
 
 impl Ticker {
-    /// Ticks every agent of `workers` every `period`.
-    pub fn start(workers: Arc<Workers>, period: Duration) -> std::io::Result<Self> {
+    /// Ticks every agent of `workers` every `period`, then exports their
+    /// metrics to `sink`.
+    pub fn start(
+        workers: Arc<Workers>,
+        shared: Arc<Shared>,
+        sink: Arc<dyn StatsSink>,
+        period: Duration,
+    ) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("sluice-native-tick".to_owned())
             .spawn(move || {
+                let mut exporter = Exporter::default();
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
                     tick_all(&workers);
+                    exporter.export(&shared.metrics.snapshot(), sink.as_ref());
                 }
             })?;
         Ok(Self {

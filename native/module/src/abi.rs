@@ -66,7 +66,47 @@ pub const STATUS_CONTINUE: u32 = 0;
 /// `FilterHeadersStatus::StopIteration`: the filter answered the request.
 pub const STATUS_STOP_ITERATION: u32 = 1;
 
+/// `envoy_dynamic_module_type_metrics_result_Success`.
+pub const METRICS_SUCCESS: u32 = 0;
+
 unsafe extern "C" {
+    /// Defines a counter of the filter configuration (only while Envoy
+    /// creates the configuration); its id goes to `id`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config_envoy_ptr: EnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+
+    /// Defines a gauge, as `define_counter`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config_envoy_ptr: EnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+
+    /// Adds to a counter of the configuration.
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config_envoy_ptr: EnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+
+    /// Sets a gauge of the configuration.
+    pub fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config_envoy_ptr: EnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+
     /// Reads the `index`-th value of a header; `optional_size`, when not null,
     /// receives the number of values. Returns false when there is none.
     pub fn envoy_dynamic_module_callback_http_get_header(

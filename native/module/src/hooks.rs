@@ -4,12 +4,14 @@
 
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_native_filter::{HeadersAction, NativeConfig, NativeFilter};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModulePtr};
 use crate::host::EnvoyRequest;
+use crate::stats::EnvoyStats;
 
 /// Hooks that panicked (the request went on as if the filter were absent).
 static PANICS: AtomicU64 = AtomicU64::new(0);
@@ -58,16 +60,22 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
 /// Called by Envoy with buffers valid for the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy_ptr: EnvoyPtr,
+    config_envoy_ptr: EnvoyPtr,
     _name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> ModulePtr {
     // SAFETY: `config` is the buffer Envoy passed to this hook.
     let bytes = unsafe { envoy_bytes(config) };
     guarded("config_new", std::ptr::null(), || {
+        // SAFETY: this is the running `config_new` hook of that
+        // configuration, and the stats live inside the filter, which
+        // `config_destroy` drops.
+        let stats = Arc::new(unsafe { EnvoyStats::define(config_envoy_ptr) });
         let started = NativeConfig::parse(bytes)
             .map_err(|error| error.to_string())
-            .and_then(|config| NativeFilter::start(config).map_err(|error| error.to_string()));
+            .and_then(|config| {
+                NativeFilter::start(config, stats).map_err(|error| error.to_string())
+            });
         match started {
             Ok(filter) => Box::into_raw(Box::new(filter)) as ModulePtr,
             Err(error) => {

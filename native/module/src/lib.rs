@@ -20,3 +20,4 @@
 pub mod abi;
 pub mod hooks;
 pub mod host;
+pub mod stats;
