@@ -24,24 +24,16 @@ async fn enforcement_survives_a_control_plane_restart() {
     enforcement_survives_a_control_plane_restart_on(DataPlane::Wasm).await;
 }
 
-/// The same with the native dynamic module in every Envoy, keeping the
-/// last ratio during the outage (`"allowance": null`). With the default
-/// allowance, the module's leader is a worker that serves requests and
-/// engages its caps as soon as the stream closes (a wasm leader is usually
-/// the main thread's VM, which serves none, and workers wait 2.5 s), and
-/// with two workers the frozen per-worker caps under-admit: 101.8 rps of
-/// Envoy A's 150 measured here. Issue #13's open multi-worker item.
+/// The same with the native dynamic module in every Envoy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_enforcement_survives_a_control_plane_restart() {
     enforcement_survives_a_control_plane_restart_on(DataPlane::Native).await;
 }
 
 async fn enforcement_survives_a_control_plane_restart_on(data_plane: DataPlane) {
-    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
-    if data_plane == DataPlane::Native {
-        options.filter = serde_json::json!({"allowance": null});
-    }
-    let mut fleet = Fleet::start(options).await.unwrap();
+    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 2).with_data_plane(data_plane))
+        .await
+        .unwrap();
     let interval = fleet.options.control_interval();
     let grpc = fleet.control_plane.grpc_addr();
     // An upper bound: the test stops the load once it has measured the new limit.

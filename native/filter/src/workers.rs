@@ -69,14 +69,31 @@ fn seed() -> u64 {
 }
 
 impl Workers {
-    /// No agent yet; each worker creates its own on its first request.
+    /// One agent that serves no requests, as the wasm filter's main-thread
+    /// VM: it connects to the control plane before the first request and
+    /// usually holds the leader lease, so no worker's requests wait on the
+    /// stream. Each worker creates its own agent on its first request.
     pub fn new(settings: AgentSettings, shared: Arc<Shared>) -> Self {
-        Self {
+        let workers = Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             settings,
             shared,
             slots: Mutex::default(),
-        }
+        };
+        let main = workers.new_slot();
+        workers.lock_slots().push(main);
+        workers
+    }
+
+    fn new_slot(&self) -> Arc<WorkerSlot> {
+        let mut host = NativeHost::new(Arc::clone(&self.shared));
+        let mut agent = Agent::new(self.settings.clone(), seed());
+        // A first tick sets the agent's clock before it decides a request.
+        agent.on_tick(&mut host, now_ms());
+        Arc::new(WorkerSlot {
+            state: Mutex::new(WorkerState { agent, host }),
+            retired: AtomicBool::new(false),
+        })
     }
 
     fn lock_slots(&self) -> MutexGuard<'_, Vec<Arc<WorkerSlot>>> {
@@ -94,14 +111,7 @@ impl Workers {
         if let Some(slot) = found {
             return slot;
         }
-        let mut host = NativeHost::new(Arc::clone(&self.shared));
-        let mut agent = Agent::new(self.settings.clone(), seed());
-        // A first tick sets the agent's clock before it decides a request.
-        agent.on_tick(&mut host, now_ms());
-        let slot = Arc::new(WorkerSlot {
-            state: Mutex::new(WorkerState { agent, host }),
-            retired: AtomicBool::new(false),
-        });
+        let slot = self.new_slot();
         self.lock_slots().push(Arc::clone(&slot));
         LOCAL.with_borrow_mut(|local| {
             local.retain(|(_, slot)| !slot.retired.load(Ordering::Relaxed));
