@@ -342,7 +342,7 @@ impl Session {
                     );
                 }
                 *last_sequence = Some(report.sequence);
-                match self.state.fleet().report(proxy_id, self.stream, &report) {
+                match self.state.report(proxy_id, self.stream, &report) {
                     Ok(()) => self.state.warmup().reported(proxy_id),
                     Err(err @ ReportRejected::Superseded) => {
                         metrics.report_rejected(err);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::controller::BucketStatus;
-use crate::fleet::{Fleet, FleetCaps, StreamId};
+use crate::fleet::{Fleet, FleetCaps, ReportRejected, StreamId};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::push::Publisher;
@@ -137,6 +137,22 @@ impl AppState {
             .fleet
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a proxy's report to the fleet, telling the fleet which buckets
+    /// have a limit so that unlimited ones cannot crowd them out. Takes the
+    /// policy's read lock, then the fleet's (no other path holds the fleet
+    /// lock while it takes the policy's).
+    pub fn report(
+        &self,
+        proxy_id: &str,
+        stream: StreamId,
+        report: &sluice_proto::v1::Report,
+    ) -> Result<(), ReportRejected> {
+        let policy = self.policy();
+        let limited = |bucket: &str| policy.limits.limit_for(bucket).is_some();
+        self.fleet()
+            .report_classified(proxy_id, stream, report, &limited)
     }
 
     /// The buckets as of the last control interval.

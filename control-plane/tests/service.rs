@@ -967,9 +967,10 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
         assert!(tracked <= 800.0, "round {round}: {tracked} cells");
     }
     // 50,000 entries, at most 500 accepted per window: the rest refused by
-    // the proxy's cap or, once the fleet is full, by the fleet's.
+    // the proxy's cap, by the share of either cap unlimited buckets may
+    // fill, or once the fleet is full, by the fleet's.
     let refused = |m: &Exposition| {
-        ["proxy_cap", "fleet_cap"]
+        ["proxy_cap", "fleet_cap", "unlimited_share"]
             .iter()
             .filter_map(|reason| m.value("sluice_cells_rejected_total", &[("reason", reason)]))
             .sum::<f64>()
@@ -979,7 +980,10 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
         .await;
     assert!(
         metrics
-            .value("sluice_cells_rejected_total", &[("reason", "proxy_cap")])
+            .value(
+                "sluice_cells_rejected_total",
+                &[("reason", "unlimited_share")]
+            )
             .unwrap()
             > 0.0
     );

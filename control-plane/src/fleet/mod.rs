@@ -54,12 +54,23 @@ pub struct FleetStats {
     /// Report entries refused: the fleet already tracked its maximum of
     /// cells.
     pub rejected_fleet_cap: u64,
+    /// Report entries of unlimited buckets refused: such cells already
+    /// filled their share ([`unlimited_share`]) of a cap, the rest being
+    /// kept for cells with a limit.
+    pub rejected_unlimited_share: u64,
     /// Cells forgotten because no proxy's rates mentioned them any more.
     pub evicted_idle: u64,
     /// (proxy, bucket) claims counted only up to the bucket's cap.
     pub claims_capped: u64,
     /// (proxy, bucket) claims ignored as implausible.
     pub claims_ignored: u64,
+}
+
+/// How many of `cap` cells unlimited buckets may fill: three quarters; the
+/// last quarter is kept for cells with a limit (as in the filter).
+pub fn unlimited_share(cap: usize) -> usize {
+    cap.saturating_sub(cap.div_ceil(4))
+        .max(usize::from(cap >= 2))
 }
 
 /// Bounds on the state reports can create.
@@ -314,13 +325,28 @@ impl Fleet {
         }
     }
 
-    /// Adds a report's counts to the proxy's current window. Entries the
-    /// caps refuse are skipped and counted; the rest of the report counts.
+    /// Adds a report's counts to the proxy's current window, every bucket
+    /// treated as limited. Entries the caps refuse are skipped and counted;
+    /// the rest of the report counts.
     pub fn report(
         &mut self,
         proxy_id: &str,
         stream: StreamId,
         report: &Report,
+    ) -> Result<(), ReportRejected> {
+        self.report_classified(proxy_id, stream, report, &|_| true)
+    }
+
+    /// [`Self::report`], where `limited` says which buckets have a limit:
+    /// new cells of the others may fill only [`unlimited_share`] of the
+    /// fleet's and of the proxy's cap, so a flood of one-off keys cannot
+    /// keep a limited bucket's cells from being tracked.
+    pub fn report_classified(
+        &mut self,
+        proxy_id: &str,
+        stream: StreamId,
+        report: &Report,
+        limited: &dyn Fn(&str) -> bool,
     ) -> Result<(), ReportRejected> {
         let Self {
             proxies,
@@ -369,10 +395,20 @@ impl Fleet {
                 stats.rejected_proxy_cap += 1;
                 continue;
             }
+            let unlimited_full =
+                |used: usize, cap: usize| used >= unlimited_share(cap) && !limited(&count.bucket);
+            if unlimited_full(proxy.counts.len(), caps.max_cells_per_proxy) {
+                stats.rejected_unlimited_share += 1;
+                continue;
+            }
             let id = match known {
                 Some(id) => id,
                 None if cells.live >= caps.max_cells => {
                     stats.rejected_fleet_cap += 1;
+                    continue;
+                }
+                None if unlimited_full(cells.live, caps.max_cells) => {
+                    stats.rejected_unlimited_share += 1;
                     continue;
                 }
                 // Marked seen now so a tick cannot evict it before the

@@ -556,3 +556,62 @@ fn a_live_proxy_id_is_only_superseded_by_the_same_principal() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_flood_of_unlimited_cells_leaves_room_for_limited_ones() {
+    let caps = FleetCaps {
+        max_cells_per_proxy: 100,
+        max_cells: 40,
+        ..FleetCaps::default()
+    };
+    let mut fleet = Fleet::with_caps(3, caps);
+    fleet.connect("flood", 1, StreamId(1));
+    fleet.connect("b", 2, StreamId(2));
+    let limited = |bucket: &str| bucket.starts_with("limited");
+    for round in 0..10 {
+        let flood = (0..200)
+            .map(|i| cell(&format!("f{round}-{i}"), "", Priority::Unspecified, 1))
+            .collect();
+        fleet
+            .report_classified("flood", StreamId(1), &cells_report(100, flood), &limited)
+            .unwrap();
+        // A limited bucket seen for the first time while the flood runs.
+        let own = (0..5)
+            .map(|i| {
+                cell(
+                    &format!("limited-{round}-{i}"),
+                    "",
+                    Priority::Unspecified,
+                    3,
+                )
+            })
+            .collect();
+        fleet
+            .report_classified("b", StreamId(2), &cells_report(100, own), &limited)
+            .unwrap();
+        let load = fleet.tick();
+        assert!(
+            fleet.cells() <= 40,
+            "round {round}: {} cells",
+            fleet.cells()
+        );
+        for i in 0..5 {
+            let bucket = format!("limited-{round}-{i}");
+            assert!(
+                load.get(&bucket).is_some(),
+                "round {round}: {bucket} not tracked under the flood"
+            );
+        }
+        assert!(load.stats.rejected_unlimited_share > 0, "round {round}");
+    }
+}
+
+#[test]
+fn unlimited_share_keeps_a_quarter() {
+    assert_eq!(unlimited_share(0), 0);
+    assert_eq!(unlimited_share(1), 0);
+    assert_eq!(unlimited_share(2), 1);
+    assert_eq!(unlimited_share(4), 3);
+    assert_eq!(unlimited_share(40), 30);
+    assert_eq!(unlimited_share(250_000), 187_500);
+}

@@ -46,6 +46,12 @@ use crate::trust::Checked;
 /// `tenant_series_omitted` says how many were left out.
 pub const MAX_TENANT_SERIES: usize = 1_000;
 
+/// Most buckets with per-bucket series: limited buckets first, then the
+/// busiest unlimited ones. A flood of one-off bucket keys would otherwise
+/// add four series per key to every scrape; `bucket_series_omitted` says
+/// how many were left out.
+pub const MAX_BUCKET_SERIES: usize = 2_000;
+
 /// The `Content-Type` of [`Metrics::encode`]'s output. Prometheus negotiates
 /// OpenMetrics by default, and it is what prometheus-client's encoder writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -129,6 +135,7 @@ pub struct Metrics {
     cells_rejected_key: Counter,
     cells_rejected_proxy_cap: Counter,
     cells_rejected_fleet_cap: Counter,
+    cells_rejected_unlimited_share: Counter,
     cells_evicted_idle: Counter,
     sent_snapshots: Counter,
     sent_deltas: Counter,
@@ -153,6 +160,7 @@ struct BucketMetrics {
     tenant_admitted: Family<TenantLabels, F64Gauge>,
     tenant_share: Family<TenantLabels, F64Gauge>,
     tenant_omitted: Gauge,
+    bucket_omitted: Gauge,
     /// Buckets of the previous control interval. Only the control loop
     /// touches it, so the lock is never contended.
     previous: Mutex<BTreeSet<String>>,
@@ -238,6 +246,11 @@ impl Metrics {
             "tenant_share_rps",
             "Share of a limited bucket's limit a tenant may use before it is dropped",
             buckets.tenant_share.clone(),
+        );
+        registry.register(
+            "bucket_series_omitted",
+            "Buckets without per-bucket series, beyond the series cap (limited buckets come first)",
+            buckets.bucket_omitted.clone(),
         );
         registry.register(
             "tenant_series_omitted",
@@ -344,6 +357,7 @@ impl Metrics {
             cells_rejected_key: rejected("key_too_long"),
             cells_rejected_proxy_cap: rejected("proxy_cap"),
             cells_rejected_fleet_cap: rejected("fleet_cap"),
+            cells_rejected_unlimited_share: rejected("unlimited_share"),
             cells_evicted_idle: cells_evicted.get_or_create_owned(&ReasonLabels { reason: "idle" }),
             cells_tracked,
             heartbeats_published,
@@ -389,7 +403,11 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut current = BTreeSet::new();
-        for status in buckets {
+        let shown = with_series(buckets);
+        metrics
+            .bucket_omitted
+            .set(i64::try_from(buckets.len() - shown.len()).unwrap_or(i64::MAX));
+        for status in shown {
             let labels = BucketLabels {
                 bucket: status.bucket.to_string(),
             };
@@ -510,6 +528,8 @@ impl Metrics {
             .inc_by(stats.rejected_proxy_cap);
         self.cells_rejected_fleet_cap
             .inc_by(stats.rejected_fleet_cap);
+        self.cells_rejected_unlimited_share
+            .inc_by(stats.rejected_unlimited_share);
         self.cells_evicted_idle.inc_by(stats.evicted_idle);
         self.trust
             .claims_cut(stats.claims_capped, stats.claims_ignored);
@@ -601,6 +621,22 @@ impl Metrics {
     pub fn control_tick(&self, duration: Duration) {
         self.tick_duration.observe(duration);
     }
+}
+
+/// The buckets that get per-bucket series: all of them up to
+/// [`MAX_BUCKET_SERIES`], else the limited ones first, then by offered rate.
+fn with_series(buckets: &[BucketStatus]) -> Vec<&BucketStatus> {
+    let mut chosen: Vec<&BucketStatus> = buckets.iter().collect();
+    if chosen.len() > MAX_BUCKET_SERIES {
+        chosen.sort_by(|a, b| {
+            b.limit_rps
+                .is_some()
+                .cmp(&a.limit_rps.is_some())
+                .then(b.offered_rps.total_cmp(&a.offered_rps))
+        });
+        chosen.truncate(MAX_BUCKET_SERIES);
+    }
+    chosen
 }
 
 #[cfg(test)]

@@ -51,7 +51,10 @@ fn bucket_series_follow_the_tracked_buckets() {
     );
 
     metrics.observe_buckets(&[]);
-    assert!(samples(&metrics, "sluice_bucket_").is_empty());
+    assert_eq!(
+        samples(&metrics, "sluice_bucket_"),
+        ["sluice_bucket_series_omitted 0"]
+    );
 }
 
 #[test]
@@ -123,4 +126,24 @@ fn histogram_buckets_are_cumulative_in_the_exposition() {
         assert!(text.contains(line), "{line:?} missing from\n{text}");
     }
     assert!(text.ends_with("# EOF\n"));
+}
+
+#[test]
+fn a_flood_of_buckets_keeps_the_series_bounded_and_limited_buckets_first() {
+    let metrics = Metrics::new(1);
+    let mut buckets: Vec<BucketStatus> = (0..MAX_BUCKET_SERIES + 500)
+        .map(|i| status(&format!("flood-{i}"), None))
+        .collect();
+    buckets.push(status("paid", Some(100.0)));
+    metrics.observe_buckets(&buckets);
+    let offered = samples(&metrics, "sluice_bucket_offered_rps{");
+    assert_eq!(offered.len(), MAX_BUCKET_SERIES);
+    assert!(
+        offered.iter().any(|line| line.contains(r#"bucket="paid""#)),
+        "the limited bucket lost its series"
+    );
+    assert_eq!(
+        samples(&metrics, "sluice_bucket_series_omitted "),
+        ["sluice_bucket_series_omitted 501"]
+    );
 }

@@ -248,11 +248,7 @@ impl Session {
             opened.elapsed(),
             ledger,
         );
-        match self
-            .state
-            .fleet()
-            .report(&self.proxy_id, self.stream, &report)
-        {
+        match self.state.report(&self.proxy_id, self.stream, &report) {
             Ok(()) => self.state.warmup().reported(&self.proxy_id),
             Err(err) => {
                 metrics.report_rejected(err);
