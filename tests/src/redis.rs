@@ -1,0 +1,169 @@
+//! A real `redis-server` on an ephemeral loopback port, for the shared
+//! store: no persistence, its files in the test's folder, stopped with the
+//! test (its log printed when the test fails), and killable and
+//! restartable on the same port for outage tests.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::paths;
+use crate::process::ChildGuard;
+
+/// How long a start may take before it counts as failed.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Ports tried before giving up (another process may take a free port
+/// between the probe and Redis's bind).
+const PORT_ATTEMPTS: u32 = 5;
+
+/// A running `redis-server`.
+#[derive(Debug)]
+pub struct RedisServer {
+    guard: ChildGuard,
+    binary: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    starts: u32,
+}
+
+impl RedisServer {
+    /// Starts one with its files (and log) in `dir`, on a free port.
+    pub async fn start(dir: &Path) -> Result<Self> {
+        let binary = paths::redis_server()?;
+        let dir = dir.join("redis");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut last_error = None;
+        for attempt in 1..=PORT_ATTEMPTS {
+            let port = free_port()?;
+            match spawn(&binary, &dir, port, attempt).await {
+                Ok(guard) => {
+                    return Ok(Self {
+                        guard,
+                        binary,
+                        dir,
+                        port,
+                        starts: attempt,
+                    });
+                }
+                Err(err) => last_error = Some(err),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("redis-server did not start")))
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// SIGKILL: the store vanishes mid-flight, as a crash would.
+    pub fn kill(&mut self) -> Result<()> {
+        self.guard.kill().map(drop)
+    }
+
+    /// SIGSTOP: the server holds its connections but answers nothing (a
+    /// stalled store); [`Self::resume`] undoes it.
+    pub fn pause(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        let pid = i32::try_from(self.guard.pid()).context("pid out of range")?;
+        kill(Pid::from_raw(pid), signal).with_context(|| format!("cannot send {signal} to Redis"))
+    }
+
+    /// Starts a new, empty server on the same port (after [`Self::kill`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.guard.kill()?;
+        self.starts += 1;
+        // The port may take a moment to be free again.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match spawn(&self.binary, &self.dir, self.port, self.starts).await {
+                Ok(guard) => {
+                    self.guard = guard;
+                    return Ok(());
+                }
+                Err(err) if Instant::now() > deadline => return Err(err),
+                Err(_) => {
+                    self.starts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Prints the current process's log tail.
+    pub fn print_log(&self) {
+        self.guard.print_log();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+async fn spawn(binary: &Path, dir: &Path, port: u16, start: u32) -> Result<ChildGuard> {
+    let mut command = Command::new(binary);
+    command
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir);
+    let log = dir.join(format!("redis-{start}.log"));
+    let mut guard = ChildGuard::spawn(&format!("redis-server:{port}"), command, &log)?;
+    guard.set_grace(Duration::from_secs(1));
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if !guard.is_running() {
+            bail!(
+                "redis-server on port {port} exited at start:\n{}",
+                guard.log_tail()
+            );
+        }
+        if ping(port) {
+            return Ok(guard);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "redis-server on port {port} did not answer PING within {START_TIMEOUT:?}:\n{}",
+                guard.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An inline `PING` (Redis's plain-text command form) answered `+PONG`.
+fn ping(port: u16) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+        stream.write_all(b"PING\r\n")?;
+        let mut answer = [0_u8; 7];
+        stream.read_exact(&mut answer)?;
+        Ok(&answer == b"+PONG\r\n")
+    };
+    attempt().unwrap_or(false)
+}
