@@ -63,6 +63,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// The current process's id (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
     /// Its address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
