@@ -291,3 +291,6 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
 
 #[path = "quotas/on_redis.rs"]
 mod on_redis;
+
+#[path = "quotas/script_parity.rs"]
+mod script_parity;

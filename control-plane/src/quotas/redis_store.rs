@@ -61,19 +61,34 @@ impl RedisCounters {
         Ok(Self { store, script })
     }
 
-    /// Decides `counts` of a request of `domain`, in one call bounded by
-    /// the store's timeout.
+    /// Decides `counts` of a request of `domain` on Redis's clock, in one
+    /// call bounded by the store's timeout.
     pub async fn decide(
         &self,
         domain: &str,
         algorithm: Algorithm,
         counts: &[Count],
     ) -> Result<Vec<Decision>, CountError> {
+        self.decide_at(domain, algorithm, counts, None).await
+    }
+
+    /// As [`Self::decide`], at `now_ms` when given instead of Redis's
+    /// clock: the service never passes one; it lets the script be checked
+    /// against [`super::algorithm`] on the same instants.
+    pub async fn decide_at(
+        &self,
+        domain: &str,
+        algorithm: Algorithm,
+        counts: &[Count],
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Decision>, CountError> {
         if counts.is_empty() {
             return Ok(Vec::new());
         }
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg(algorithm_name(algorithm)).arg("");
+        invocation
+            .arg(algorithm_name(algorithm))
+            .arg(now_ms.map(|ms| ms.to_string()).unwrap_or_default());
         for count in counts {
             invocation
                 .key(redis_key(domain, algorithm, &count.counter))
