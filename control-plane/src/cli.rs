@@ -145,6 +145,10 @@ pub struct ServeArgs {
     /// SLUICE_STORE_PASSWORD.
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// With a `rediss://` store: trust this CA (PEM) instead of the
+    /// system's roots.
+    #[arg(long, value_name = "FILE", requires = "store")]
+    pub store_tls_ca: Option<PathBuf>,
     /// File holding the store's password (a trailing newline is ignored).
     #[arg(long, value_name = "FILE", requires = "store")]
     pub store_password_file: Option<PathBuf>,
@@ -523,7 +527,8 @@ async fn connect_store(
         url,
         args.store_password_file.as_deref(),
         std::time::Duration::from_millis(args.store_timeout_ms),
-    )?;
+    )?
+    .with_tls_ca(args.store_tls_ca.clone())?;
     let store = crate::store::Store::connect(&options).await?;
     if args.quotas.is_none() {
         tracing::warn!(store = %options.url, "--store without --quotas: the store holds the quotas' counters and nothing else yet");

@@ -1,7 +1,8 @@
 //! A real `redis-server` on an ephemeral loopback port, for the shared
 //! store: no persistence, its files in the test's folder, stopped with the
 //! test (its log printed when the test fails), and killable and
-//! restartable on the same port for outage tests.
+//! restartable on the same port for outage tests; optionally TLS-only with
+//! a password.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -13,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::certs::{self, DevCerts};
 use crate::paths;
 use crate::process::ChildGuard;
 
@@ -30,11 +32,45 @@ pub struct RedisServer {
     dir: PathBuf,
     port: u16,
     starts: u32,
+    /// TLS and password settings, kept for restarts.
+    extra: Extra,
+}
+
+/// What a server adds to the plain-text default.
+#[derive(Debug, Clone, Default)]
+struct Extra {
+    /// Arguments after the common ones.
+    args: Vec<String>,
+    /// The port speaks TLS (readiness is read from the log, not a PING).
+    tls: bool,
 }
 
 impl RedisServer {
     /// Starts one with its files (and log) in `dir`, on a free port.
     pub async fn start(dir: &Path) -> Result<Self> {
+        Self::start_with(dir, Extra::default()).await
+    }
+
+    /// Starts one that speaks only TLS with `certs`' server certificate
+    /// (clients need not present one) and requires `password`.
+    pub async fn start_tls(dir: &Path, certs: &DevCerts, password: &str) -> Result<Self> {
+        let file = |name| certs.path(name).display().to_string();
+        let args = vec![
+            "--tls-cert-file".to_owned(),
+            file(certs::SERVER_CERT),
+            "--tls-key-file".to_owned(),
+            file(certs::SERVER_KEY),
+            "--tls-ca-cert-file".to_owned(),
+            file(certs::CA),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+            "--requirepass".to_owned(),
+            password.to_owned(),
+        ];
+        Self::start_with(dir, Extra { args, tls: true }).await
+    }
+
+    async fn start_with(dir: &Path, extra: Extra) -> Result<Self> {
         let binary = paths::redis_server()?;
         let dir = dir.join("redis");
         std::fs::create_dir_all(&dir)
@@ -42,7 +78,7 @@ impl RedisServer {
         let mut last_error = None;
         for attempt in 1..=PORT_ATTEMPTS {
             let port = free_port()?;
-            match spawn(&binary, &dir, port, attempt).await {
+            match spawn(&binary, &dir, port, attempt, &extra).await {
                 Ok(guard) => {
                     return Ok(Self {
                         guard,
@@ -50,6 +86,7 @@ impl RedisServer {
                         dir,
                         port,
                         starts: attempt,
+                        extra,
                     });
                 }
                 Err(err) => last_error = Some(err),
@@ -58,9 +95,14 @@ impl RedisServer {
         Err(last_error.unwrap_or_else(|| anyhow::anyhow!("redis-server did not start")))
     }
 
-    /// `redis://127.0.0.1:PORT/0`.
+    /// `redis://127.0.0.1:PORT/0`, or `rediss://localhost:PORT/0` for TLS
+    /// (the name on the test certificate).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        if self.extra.tls {
+            format!("rediss://localhost:{}/0", self.port)
+        } else {
+            format!("redis://127.0.0.1:{}/0", self.port)
+        }
     }
 
     /// The current process's id (for CPU accounting in benchmarks).
@@ -101,7 +143,7 @@ impl RedisServer {
         // The port may take a moment to be free again.
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            match spawn(&self.binary, &self.dir, self.port, self.starts).await {
+            match spawn(&self.binary, &self.dir, self.port, self.starts, &self.extra).await {
                 Ok(guard) => {
                     self.guard = guard;
                     return Ok(());
@@ -126,10 +168,21 @@ fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-async fn spawn(binary: &Path, dir: &Path, port: u16, start: u32) -> Result<ChildGuard> {
+async fn spawn(
+    binary: &Path,
+    dir: &Path,
+    port: u16,
+    start: u32,
+    extra: &Extra,
+) -> Result<ChildGuard> {
     let mut command = Command::new(binary);
+    if extra.tls {
+        command.args(["--port", "0", "--tls-port", &port.to_string()]);
+    } else {
+        command.args(["--port", &port.to_string()]);
+    }
     command
-        .args(["--port", &port.to_string()])
+        .args(&extra.args)
         .args(["--bind", "127.0.0.1"])
         .args(["--save", ""])
         .args(["--appendonly", "no"])
@@ -146,7 +199,12 @@ async fn spawn(binary: &Path, dir: &Path, port: u16, start: u32) -> Result<Child
                 guard.log_tail()
             );
         }
-        if ping(port) {
+        let ready = if extra.tls {
+            guard.log_tail().contains("Ready to accept connections")
+        } else {
+            ping(port)
+        };
+        if ready {
             return Ok(guard);
         }
         if Instant::now() > deadline {

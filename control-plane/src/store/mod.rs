@@ -35,6 +35,8 @@ pub struct StoreOptions {
     pub url: StoreUrl,
     /// Bound on one call made while answering a request.
     pub timeout: Duration,
+    /// `rediss://` only: trust this CA (PEM) instead of the system's roots.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Why the store cannot be used; every message names the redacted URL.
@@ -43,6 +45,20 @@ pub enum StoreError {
     /// `--store` does not parse.
     #[error(transparent)]
     Url(#[from] UrlError),
+    /// `--store-tls-ca` with a `redis://` URL.
+    #[error("--store-tls-ca needs a rediss:// store URL, not {url}")]
+    CaWithoutTls {
+        /// The redacted URL.
+        url: String,
+    },
+    /// `--store-tls-ca` cannot be read.
+    #[error("store CA file {path}: {source}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// `--store-password-file` cannot be read.
     #[error("store password file {path}: {source}")]
     PasswordFile {
@@ -77,7 +93,22 @@ impl StoreOptions {
         if password.is_some() {
             url.password = password;
         }
-        Ok(Self { url, timeout })
+        Ok(Self {
+            url,
+            timeout,
+            tls_ca: None,
+        })
+    }
+
+    /// Trusts `ca` (PEM) for a `rediss://` store.
+    pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Result<Self, StoreError> {
+        if ca.is_some() && !self.url.tls {
+            return Err(StoreError::CaWithoutTls {
+                url: self.url.to_string(),
+            });
+        }
+        self.tls_ca = ca;
+        Ok(self)
     }
 }
 
@@ -129,7 +160,23 @@ impl Store {
             settings = settings.set_password(password);
         }
         redis_settings = redis_settings.set_redis_settings(settings);
-        let client = Client::open(redis_settings).map_err(|err| fail(err.to_string()))?;
+        let client = match &options.tls_ca {
+            None => Client::open(redis_settings),
+            Some(path) => {
+                let root_cert = std::fs::read(path).map_err(|source| StoreError::CaFile {
+                    path: path.clone(),
+                    source,
+                })?;
+                Client::build_with_tls(
+                    redis_settings,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    },
+                )
+            }
+        }
+        .map_err(|err| fail(err.to_string()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(options.timeout.max(Duration::from_millis(1))))

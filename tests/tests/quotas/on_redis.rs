@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_integration_tests::certs::{self, DevCerts};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::quotas::{self, Store};
 use sluice_integration_tests::redis::RedisServer;
@@ -236,4 +237,58 @@ async fn redis_stalled_killed_and_restarted_fails_open_or_closed_and_recovers() 
         }
     }
     panic!("no pair of calls fitted in one second");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_store_with_a_password_counts_and_an_untrusted_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let password = "s3cret-store-password";
+    let redis = RedisServer::start_tls(dir.path(), &certs, password)
+        .await
+        .unwrap();
+    let password_file = dir.path().join("store-password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let ca = certs.path(certs::CA).display().to_string();
+    let password_arg = password_file.display().to_string();
+    let trusted = [
+        "--store-tls-ca",
+        ca.as_str(),
+        "--store-password-file",
+        password_arg.as_str(),
+    ];
+    let control_plane = start(dir.path(), "tls", "fixed_window", &redis.url(), &trusted).await;
+    let mut client = connect(control_plane.grpc_addr()).await;
+    for attempt in 0..3 {
+        let tenant = format!("tls-{attempt}");
+        let second = unix_ms() / 1_000;
+        ask(&mut client, &tenant).await;
+        let answer = ask(&mut client, &tenant).await;
+        assert_eq!(error_header(&answer), None, "{answer:?}");
+        if unix_ms() / 1_000 == second {
+            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
+            break;
+        }
+    }
+    // The system's roots do not know the test CA: no start.
+    let options = ControlPlaneOptions::new("limits: []\n", &dir.path().join("untrusted"))
+        .args(["--store-password-file".to_owned(), password_arg.clone()]);
+    let refused = quotas::control_plane(
+        &dir.path().join("untrusted"),
+        options,
+        PER_TENANT,
+        None,
+        Store::Redis(&redis.url()),
+    )
+    .await;
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exited"), "{err}");
+    let log = std::fs::read_to_string(dir.path().join("untrusted/sluice.log")).unwrap();
+    let expected = format!(
+        "cannot connect to the store at {}",
+        redis.url().replace("localhost", ":***@localhost")
+    );
+    assert!(log.contains(&expected), "{expected}\n{log}");
+    assert!(log.contains("invalid peer certificate"), "{log}");
+    assert!(!log.contains(password), "{log}");
 }
