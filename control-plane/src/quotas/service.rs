@@ -119,7 +119,7 @@ impl Quotas {
         let now_ms = (self.clock)();
         // First what to count, then one call to the store for all of it
         // (one round trip on Redis), then the answer.
-        let mut counted: Vec<Option<(&Limit, u32, Unit)>> = Vec::with_capacity(limits.len());
+        let mut plans: Vec<Option<(&Limit, u32, Unit)>> = Vec::with_capacity(limits.len());
         let mut counts = Vec::new();
         for (descriptor, limit) in request.descriptors.iter().zip(&limits) {
             let limit = limit
@@ -128,7 +128,7 @@ impl Quotas {
             let Some((limit, (requests, unit))) = limit.and_then(|l| l.quota.map(|q| (l, q)))
             else {
                 // No limit, unlimited or replaced: OK without a limit.
-                counted.push(None);
+                plans.push(None);
                 continue;
             };
             let hits = descriptor
@@ -143,7 +143,7 @@ impl Quotas {
                 },
                 hits,
             });
-            counted.push(Some((limit, requests, unit)));
+            plans.push(Some((limit, requests, unit)));
         }
         let mut decisions = self
             .counters
@@ -155,9 +155,10 @@ impl Quotas {
         let mut tightest: Option<Counted> = None;
         let mut over_limit = false;
         let mut error: Option<&'static str> = None;
-        for plan in counted {
-            let (Some((limit, requests, unit)), Some((decision, count))) =
-                (plan, plan.and_then(|_| decisions.next()))
+        for plan in plans {
+            // Each counted descriptor takes the next decision, in order.
+            let Some(((limit, requests, unit), (decision, count))) =
+                plan.and_then(|plan| decisions.next().map(|next| (plan, next)))
             else {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
