@@ -218,3 +218,31 @@ impl Store {
         self.connection.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_password_file_wins_and_loses_its_newline_but_never_shows() {
+        let path = std::env::temp_dir().join(format!("sluice-store-pw-{}", std::process::id()));
+        std::fs::write(&path, "from-file\n").unwrap();
+        let options =
+            StoreOptions::from_args("redis://:in-url@h:1", Some(&path), DEFAULT_TIMEOUT).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(options.url.password.as_deref(), Some("from-file"));
+        assert!(!format!("{options:?}").contains("from-file"));
+        assert_eq!(options.url.to_string(), "redis://:***@h:1/0");
+    }
+
+    #[test]
+    fn a_ca_needs_tls() {
+        let plain = StoreOptions::from_args("redis://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        let err = plain.with_tls_ca(Some("ca.pem".into())).unwrap_err();
+        assert!(err.to_string().contains("needs a rediss://"), "{err}");
+        let tls = StoreOptions::from_args("rediss://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        assert!(tls.with_tls_ca(Some("ca.pem".into())).is_ok());
+    }
+}
