@@ -11,11 +11,12 @@ empty_wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_empty_
 default:
     @just --list
 
-# Install the pinned toolchain with its wasm targets, and Envoy.
+# Install the pinned toolchain with its wasm targets, Envoy and Redis.
 setup:
     rustup toolchain install
     rustup target add wasm32-wasip1 wasm32-unknown-unknown
     ./scripts/ensure-envoy.sh >/dev/null
+    ./scripts/ensure-redis.sh >/dev/null
 
 # Build the filter's .wasm (what Envoy loads).
 build-wasm: setup
@@ -70,7 +71,7 @@ test-wasm: setup
 
 # Integration tests: real Envoy processes with the built .wasm (and the native module) and the real control plane.
 test-integration: build
-    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" REDIS_SERVER="$(./scripts/ensure-redis.sh)" SLUICE_WASM={{wasm_out}} \
       cargo test -p sluice-integration-tests -- --test-threads=1
 
 # Validate every config in envoy/ with `envoy --mode validate`.
@@ -104,11 +105,11 @@ bench-propagation *ARGS: build-wasm
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
       target/release/bench_propagation {{ARGS}}
 
-# The rate limit service (exact quotas) under load: ShouldRateLimit calls/s, CPU per call, p50/p99 per algorithm; updates BENCHMARKS.md (`--output -`: print only, `--rate N`, `--seconds S`).
+# The rate limit service (exact quotas) under load, in memory and on Redis: ShouldRateLimit calls/s, CPU per call, p50/p99 per algorithm; updates BENCHMARKS.md (`--output -`: print only, `--rate N`, `--seconds S`).
 bench-rls *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins
-    SLUICE_BIN=target/release/sluice target/release/bench_rls {{ARGS}}
+    SLUICE_BIN=target/release/sluice REDIS_SERVER="$(./scripts/ensure-redis.sh)" target/release/bench_rls {{ARGS}}
 
 # Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. Updates BENCHMARKS.md. Not part of `just test`.
 soak seconds="600" *ARGS:

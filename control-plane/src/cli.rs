@@ -133,10 +133,30 @@ pub struct ServeArgs {
     /// sliding_window or fixed_window (envoyproxy/ratelimit's).
     #[arg(long, value_name = "NAME", default_value = "gcra", value_parser = parse_algorithm)]
     pub quota_algorithm: crate::quotas::Algorithm,
-    /// Answer over limit when a hit cannot be counted (the store is full);
-    /// the default answers OK, like envoyproxy/ratelimit.
+    /// Answer over limit when a hit cannot be counted (the store is full,
+    /// down or slower than `--store-timeout-ms`); the default answers OK,
+    /// like envoyproxy/ratelimit.
     #[arg(long)]
     pub quota_fail_closed: bool,
+    /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS). The
+    /// quotas' counters live there instead of in this process, so several
+    /// control planes count together. The password comes from
+    /// `--store-password-file`, else the environment variable
+    /// SLUICE_STORE_PASSWORD.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// With a `rediss://` store: trust this CA (PEM) instead of the
+    /// system's roots.
+    #[arg(long, value_name = "FILE", requires = "store")]
+    pub store_tls_ca: Option<PathBuf>,
+    /// File holding the store's password (a trailing newline is ignored).
+    #[arg(long, value_name = "FILE", requires = "store")]
+    pub store_password_file: Option<PathBuf>,
+    /// Longest wait for the store while answering a request, in
+    /// milliseconds; past it the failure policy answers.
+    #[arg(long, value_name = "MS", default_value_t = crate::store::DEFAULT_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub store_timeout_ms: u64,
     /// ... and above this multiple it counts for nothing (0: never).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_ignore: f64,
@@ -277,6 +297,9 @@ pub enum ServeError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The shared store is unusable.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     /// The servers failed.
     #[error(transparent)]
     Run(#[from] RunError),
@@ -391,6 +414,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .as_deref()
         .map(crate::quotas::QuotaConfig::from_path)
         .transpose()?;
+    let quota_counters = match &args.store {
+        Some(url) => Some(connect_store(url, &args).await?),
+        None => None,
+    };
     let defaults = Settings::from_config(&config, args.control_interval_ms);
     let settings = Settings {
         startup_grace: std::time::Duration::from_millis(args.startup_grace_ms),
@@ -469,7 +496,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             max_cell_rps: args.max_cell_rps,
         },
         quotas: quota_config.map(|config| {
-            std::sync::Arc::new(crate::quotas::Quotas::new(
+            let quotas = crate::quotas::Quotas::new(
                 config,
                 args.quotas.clone(),
                 crate::quotas::QuotaSettings {
@@ -479,11 +506,34 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 },
                 crate::quotas::system_clock(),
                 state.metrics().quotas(),
-            ))
+            );
+            std::sync::Arc::new(match quota_counters {
+                Some(counters) => quotas.with_redis(counters),
+                None => quotas,
+            })
         }),
     };
     run_with(grpc, admin_listener, admin, poll, shutdown).await?;
     Ok(())
+}
+
+/// Connects to `--store` (a start that cannot reach it fails, rather than
+/// answering every request by the failure policy from the first one).
+async fn connect_store(
+    url: &str,
+    args: &ServeArgs,
+) -> Result<crate::quotas::RedisCounters, crate::store::StoreError> {
+    let options = crate::store::StoreOptions::from_args(
+        url,
+        args.store_password_file.as_deref(),
+        std::time::Duration::from_millis(args.store_timeout_ms),
+    )?
+    .with_tls_ca(args.store_tls_ca.clone())?;
+    let store = crate::store::Store::connect(&options).await?;
+    if args.quotas.is_none() {
+        tracing::warn!(store = %options.url, "--store without --quotas: the store holds the quotas' counters and nothing else yet");
+    }
+    crate::quotas::RedisCounters::new(store).await
 }
 
 fn grpc_tls(args: &ServeArgs) -> Result<Option<ServerTlsConfig>, TlsError> {

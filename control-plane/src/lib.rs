@@ -36,6 +36,7 @@ pub mod reload;
 pub mod rlqs;
 pub mod simulate;
 pub mod state;
+pub mod store;
 pub mod tls;
 pub mod trust;
 pub mod types;

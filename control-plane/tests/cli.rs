@@ -379,3 +379,57 @@ fn serve_refuses_contradictory_trust_settings() {
     assert_eq!(code, Some(2), "needs client certificates: {stderr}");
     assert!(stderr.contains("--grpc-tls-client-ca"), "{stderr}");
 }
+
+#[test]
+fn serve_refuses_a_store_it_cannot_use_and_never_shows_its_password() {
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let unreachable = format!("redis://sluice:hunter2@127.0.0.1:{closed_port}/0");
+    for (url, expected) in [
+        (
+            "redis://sluice:hunter2@cache.internal".to_owned(),
+            "store URL redis://sluice:***@cache.internal: expected HOST:PORT".to_owned(),
+        ),
+        (
+            "memcached://cache:11211".to_owned(),
+            "store URL memcached://cache:11211: expected redis://".to_owned(),
+        ),
+        (
+            unreachable,
+            format!("cannot connect to the store at redis://sluice:***@127.0.0.1:{closed_port}/0"),
+        ),
+    ] {
+        let started = Instant::now();
+        let output = serve_output(
+            &example(),
+            &["--admin-listen", "127.0.0.1:0", "--store", &url],
+            &[("SLUICE_STORE_PASSWORD", "from-the-environment")],
+        );
+        assert_eq!(output.status.code(), Some(1), "{url}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.contains(&expected), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+        assert!(!stderr.contains("from-the-environment"), "{stderr}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{url}");
+    }
+    let output = serve_output(
+        &example(),
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis://127.0.0.1:6379",
+            "--store-password-file",
+            "/nonexistent/sluice-store-password",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("store password file /nonexistent/sluice-store-password"),
+        "{stderr}"
+    );
+}

@@ -4,7 +4,7 @@
 //! control plane (`sluice serve`), Envoy with the built filter (`.wasm`), and
 //! an open-loop HTTP load generator. Each module does one thing:
 //!
-//! - [`paths`]: where the workspace, Envoy, the control plane and the `.wasm` are.
+//! - [`paths`]: where the workspace, Envoy, Redis, the control plane and the `.wasm` are.
 //! - [`process`]: a child-process guard that logs to a file and cleans up on drop.
 //! - [`certs`]: a throw-away CA with server and client certificates for mutual TLS.
 //! - [`control_plane`]: start/restart `sluice serve` and talk to its admin API.
@@ -13,6 +13,7 @@
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
+//! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
@@ -26,6 +27,7 @@ pub mod load;
 pub mod paths;
 pub mod process;
 pub mod quotas;
+pub mod redis;
 pub mod rlqs;
 pub mod stalled;
 pub mod wait;

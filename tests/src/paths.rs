@@ -5,6 +5,8 @@
 //! - `SLUICE_BIN`: the control plane, default `target/debug/sluice`.
 //! - `SLUICE_WASM`: the filter, default `target/wasm32-wasip1/wasm/sluice_filter.wasm`.
 //! - `SLUICE_NATIVE_MODULE`: the dynamic module, default `target/debug/libsluice_native.so`.
+//! - `REDIS_SERVER`: a `redis-server`; unset, `./scripts/ensure-redis.sh` installs
+//!   (or finds) the project-local copy in `.tools/` and prints it.
 //!
 //! Relative paths are taken from the workspace root.
 
@@ -96,6 +98,39 @@ pub fn native_module() -> Result<PathBuf> {
         &path,
         "SLUICE_NATIVE_MODULE",
         "run `just build-native` (or `cargo build -p sluice-envoy-module`)",
+    )
+}
+
+/// The `redis-server` to run: `$REDIS_SERVER`, else whatever
+/// `./scripts/ensure-redis.sh` prints (it installs Redis into `.tools/` the
+/// first time).
+pub fn redis_server() -> Result<PathBuf> {
+    if let Some(value) = std::env::var_os("REDIS_SERVER").filter(|v| !v.is_empty()) {
+        let path = from_root(PathBuf::from(value))?;
+        return require_file(&path, "REDIS_SERVER", "run `./scripts/ensure-redis.sh`");
+    }
+    let script = from_root("scripts/ensure-redis.sh")?;
+    let output = std::process::Command::new(&script)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| {
+            format!(
+                "REDIS_SERVER is not set and {} cannot run",
+                script.display()
+            )
+        })?;
+    if !output.status.success() {
+        bail!(
+            "REDIS_SERVER is not set and {} failed: {}; set REDIS_SERVER to a redis-server",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    require_file(
+        &from_root(&printed)?,
+        "REDIS_SERVER (from scripts/ensure-redis.sh)",
+        "set REDIS_SERVER to a redis-server",
     )
 }
 

@@ -22,14 +22,25 @@ pub async fn start(grpc: SocketAddr, proxy_id: &str, dir: &Path) -> Result<Envoy
         .with_context(|| format!("cannot start Envoy {proxy_id}"))
 }
 
+/// Where the quotas' counters live.
+#[derive(Debug, Clone, Copy)]
+pub enum Store<'a> {
+    /// In the control plane's memory (no `--store`).
+    Memory,
+    /// In the Redis server at this URL (`--store URL`).
+    Redis(&'a str),
+}
+
 /// Starts the control plane with `options` (limits file, interval) and
 /// the quota configuration `quotas_yaml` (one domain, written to
-/// `dir/quotas/api.yaml`), with `--quota-algorithm algorithm` when given.
+/// `dir/quotas/api.yaml`), with `--quota-algorithm algorithm` when given,
+/// its counters in `store`.
 pub async fn control_plane(
     dir: &Path,
     options: crate::control_plane::ControlPlaneOptions,
     quotas_yaml: &str,
     algorithm: Option<&str>,
+    store: Store<'_>,
 ) -> Result<ControlPlane> {
     let quota_dir = dir.join("quotas");
     std::fs::create_dir_all(&quota_dir)
@@ -40,6 +51,9 @@ pub async fn control_plane(
     let mut args = vec!["--quotas".to_owned(), quota_dir.display().to_string()];
     if let Some(algorithm) = algorithm {
         args.extend(["--quota-algorithm".to_owned(), algorithm.to_owned()]);
+    }
+    if let Store::Redis(url) = store {
+        args.extend(["--store".to_owned(), url.to_owned()]);
     }
     ControlPlane::start(options.args(args)).await
 }

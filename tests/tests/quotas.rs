@@ -3,7 +3,10 @@
 //! filter (`envoy/quotas.yaml`): three Envoys, 16 requests in flight at
 //! most, a quota of 100 per second and one of 1,000 per minute, fixed
 //! windows (envoyproxy/ratelimit's algorithm): every window admits the
-//! quota exactly when offered more, counted from the clients' answers.
+//! quota exactly when offered more, counted from the clients' answers;
+//! the same with the counters in a real `redis-server` (`--store`), where
+//! several control planes count together, and Redis stalled, killed and
+//! restarted under the failure policies.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,7 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_integration_tests::control_plane::{ControlPlaneOptions, sample};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
-use sluice_integration_tests::quotas;
+use sluice_integration_tests::quotas::{self, Store};
+use sluice_integration_tests::redis::RedisServer;
 
 const QUOTAS: &str = r#"
 domain: api
@@ -41,18 +45,30 @@ fn unix_ms() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_admit_each_fixed_window_exactly_its_quota() {
     let dir = tempfile::tempdir().unwrap();
+    three_envoys_admit_exactly(dir.path(), Store::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_admit_each_fixed_window_exactly_its_quota_on_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    three_envoys_admit_exactly(dir.path(), Store::Redis(&redis.url())).await;
+}
+
+async fn three_envoys_admit_exactly(dir: &std::path::Path, store: Store<'_>) {
     let control_plane = quotas::control_plane(
-        dir.path(),
-        ControlPlaneOptions::new("limits: []\n", dir.path()),
+        dir,
+        ControlPlaneOptions::new("limits: []\n", dir),
         QUOTAS,
         Some("fixed_window"),
+        store,
     )
     .await
     .unwrap();
     let grpc = control_plane.grpc_addr();
     let mut envoys = Vec::new();
     for id in ["quota-a", "quota-b", "quota-c"] {
-        envoys.push(quotas::start(grpc, id, dir.path()).await.unwrap());
+        envoys.push(quotas::start(grpc, id, dir).await.unwrap());
     }
     // The per-minute quota is checked over one whole minute window: start
     // with at least 8 s left in the current minute.
@@ -128,7 +144,7 @@ async fn three_envoys_admit_each_fixed_window_exactly_its_quota() {
     assert!(second.ok <= 100 * touched, "{summary}");
 }
 
-mod client {
+pub(crate) mod client {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -171,6 +187,7 @@ async fn bad_requests_get_clear_answers_and_change_nothing() {
         ControlPlaneOptions::new("limits: []\n", dir.path()),
         QUOTAS,
         None,
+        Store::Memory,
     )
     .await
     .unwrap();
@@ -227,6 +244,7 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
         ControlPlaneOptions::new(limits, dir.path()).control_interval_ms(200),
         layered,
         Some("fixed_window"),
+        Store::Memory,
     )
     .await
     .unwrap();
@@ -270,3 +288,9 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
     // Admitted: the quota (fixed windows cut by the client's clock).
     assert!((admitted - 100.0).abs() <= 5.0, "{summary}");
 }
+
+#[path = "quotas/on_redis.rs"]
+mod on_redis;
+
+#[path = "quotas/script_parity.rs"]
+mod script_parity;

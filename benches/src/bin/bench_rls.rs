@@ -1,6 +1,8 @@
 //! The rate limit service (`sluice serve --quotas`) under load:
 //! ShouldRateLimit calls per second, the control plane's CPU per call, and
-//! p50/p99 latency seen by the client, for each quota algorithm.
+//! p50/p99 latency seen by the client, for each quota algorithm, with the
+//! counters in memory and in Redis (`--store`, a `redis-server` started
+//! here: `REDIS_SERVER` or `scripts/ensure-redis.sh`).
 //!
 //! ```text
 //! bench_rls [--rate N] [--seconds S] [--output FILE|-]
@@ -11,7 +13,7 @@
 //! after a one-second warm-up, each call one descriptor `("tenant", t)` of
 //! 1,000 tenants in turn, whose quota it never exhausts. The control plane
 //! is `SLUICE_BIN` (the release build under `just bench-rls`); its CPU time
-//! is read from `/proc` around the measured calls. Writes its section of
+//! is read from `/proc` around the measured calls (Redis's too). Writes its section of
 //! BENCHMARKS.md unless `--output -`.
 
 use std::process::ExitCode;
@@ -28,6 +30,7 @@ use sluice_benches::e2e::report;
 use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
 use sluice_integration_tests::paths;
+use sluice_integration_tests::redis::RedisServer;
 use tokio::sync::Semaphore;
 
 const QUOTAS: &str = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
@@ -66,9 +69,12 @@ fn options() -> Result<Options> {
 
 /// What one algorithm's run measured.
 struct Measured {
+    store: &'static str,
     algorithm: &'static str,
     calls_per_s: f64,
     cpu_us_per_call: f64,
+    /// Redis's CPU per call (on Redis only).
+    redis_cpu_us_per_call: Option<f64>,
     p50_us: f64,
     p99_us: f64,
     skipped: u64,
@@ -93,41 +99,59 @@ async fn run() -> Result<()> {
     let quota_dir = work.path().join("quotas");
     std::fs::create_dir_all(&quota_dir)?;
     std::fs::write(quota_dir.join("bench.yaml"), QUOTAS)?;
+    let redis = RedisServer::start(work.path()).await?;
+    let redis_url = redis.url();
     let mut rows = Vec::new();
-    for algorithm in ["gcra", "sliding_window", "fixed_window"] {
-        let extra = [
-            "--quotas".to_owned(),
-            quota_dir.display().to_string(),
-            "--quota-algorithm".to_owned(),
-            algorithm.to_owned(),
-        ];
-        let mut control_plane =
-            ControlPlaneProcess::start_with(work.path(), algorithm, "limits: []\n", &extra).await?;
-        let grpc = control_plane.addrs().grpc;
-        let client = RateLimitServiceClient::connect(format!("http://{grpc}")).await?;
-        drive(&client, options.rate, Duration::from_secs(1)).await;
-        let before = measure::cpu_time(control_plane.pid(), ticks)?;
-        let (mut latencies, skipped, errors, elapsed) =
-            drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
-        let after = measure::cpu_time(control_plane.pid(), ticks)?;
-        control_plane.shutdown()?;
-        let calls = latencies.len() as f64;
-        let (p50, _, _) = stats::summary(&mut latencies);
-        let p99 = stats::quantile(&latencies, 0.99);
-        let row = Measured {
-            algorithm,
-            calls_per_s: calls / elapsed.as_secs_f64(),
-            cpu_us_per_call: after.saturating_sub(before).as_secs_f64() * 1e6 / calls.max(1.0),
-            p50_us: p50,
-            p99_us: p99,
-            skipped,
-            errors,
-        };
-        eprintln!(
-            "{algorithm}: {:.0} calls/s, {:.1} µs CPU/call, p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
-            row.calls_per_s, row.cpu_us_per_call, row.p50_us, row.p99_us
-        );
-        rows.push(row);
+    for (store, url) in [("memory", None), ("redis", Some(redis_url.as_str()))] {
+        for algorithm in ["gcra", "sliding_window", "fixed_window"] {
+            let mut extra = vec![
+                "--quotas".to_owned(),
+                quota_dir.display().to_string(),
+                "--quota-algorithm".to_owned(),
+                algorithm.to_owned(),
+            ];
+            if let Some(url) = url {
+                extra.extend(["--store".to_owned(), url.to_owned()]);
+            }
+            let name = format!("{store}-{algorithm}");
+            let mut control_plane =
+                ControlPlaneProcess::start_with(work.path(), &name, "limits: []\n", &extra).await?;
+            let grpc = control_plane.addrs().grpc;
+            let client = RateLimitServiceClient::connect(format!("http://{grpc}")).await?;
+            drive(&client, options.rate, Duration::from_secs(1)).await;
+            let before = measure::cpu_time(control_plane.pid(), ticks)?;
+            let redis_before = measure::cpu_time(redis.pid(), ticks)?;
+            let (mut latencies, skipped, errors, elapsed) =
+                drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
+            let after = measure::cpu_time(control_plane.pid(), ticks)?;
+            let redis_after = measure::cpu_time(redis.pid(), ticks)?;
+            control_plane.shutdown()?;
+            let calls = latencies.len() as f64;
+            let (p50, _, _) = stats::summary(&mut latencies);
+            let p99 = stats::quantile(&latencies, 0.99);
+            let per_call = |cpu: Duration| cpu.as_secs_f64() * 1e6 / calls.max(1.0);
+            let row = Measured {
+                store,
+                algorithm,
+                calls_per_s: calls / elapsed.as_secs_f64(),
+                cpu_us_per_call: per_call(after.saturating_sub(before)),
+                redis_cpu_us_per_call: url
+                    .map(|_| per_call(redis_after.saturating_sub(redis_before))),
+                p50_us: p50,
+                p99_us: p99,
+                skipped,
+                errors,
+            };
+            eprintln!(
+                "{store} {algorithm}: {:.0} calls/s, {:.1} µs CPU/call (Redis {:.1}), p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
+                row.calls_per_s,
+                row.cpu_us_per_call,
+                row.redis_cpu_us_per_call.unwrap_or(0.0),
+                row.p50_us,
+                row.p99_us
+            );
+            rows.push(row);
+        }
     }
     let section = markdown(&options, &rows, &Machine::probe(&paths::sluice_bin()?));
     print!("{section}");
@@ -203,16 +227,19 @@ async fn drive(
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
     let mut text = String::from("## Rate limit service (exact quotas)\n\n");
     text.push_str(&format!(
-        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory; the control plane's CPU from `/proc`, latency at the client, which shares the machine.\n\n",
+        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); the control plane's and Redis's CPU from `/proc`, latency at the client, which shares the machine with both.\n\n",
         options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model
     ));
-    text.push_str("| algorithm | calls/s | CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    text.push_str("| store | algorithm | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for row in rows {
         text.push_str(&format!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.0} | {} | {} |\n",
+            row.store,
             row.algorithm,
             row.calls_per_s,
             row.cpu_us_per_call,
+            row.redis_cpu_us_per_call
+                .map_or_else(|| "–".to_owned(), |us| format!("{us:.1}")),
             row.p50_us,
             row.p99_us,
             row.skipped,

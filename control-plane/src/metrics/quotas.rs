@@ -1,6 +1,6 @@
 //! Counters of the exact quotas (the rate limit service), per configured
 //! limit as envoyproxy/ratelimit users know them: hits, over limit, near
-//! limit, shadow mode, store errors, and requests refused whole. Labels
+//! limit, shadow mode, store errors (also by reason), and requests refused whole. Labels
 //! are the configured key paths, so their number is bounded by the
 //! configuration, never by request values.
 
@@ -24,6 +24,7 @@ pub struct QuotaMetrics {
     near_limit: Family<LimitLabels, Counter>,
     shadow_mode: Family<LimitLabels, Counter>,
     errors: Family<LimitLabels, Counter>,
+    store_errors: Family<ReasonLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
 }
 
@@ -60,6 +61,11 @@ impl QuotaMetrics {
             registry.register(name, help, family.clone());
         }
         registry.register(
+            "quota_store_errors",
+            "Descriptors the store could not count, by reason (store_timeout, store_unavailable, store_full)",
+            metrics.store_errors.clone(),
+        );
+        registry.register(
             "quota_requests_refused",
             "ShouldRateLimit requests refused whole, by reason (too_many_descriptors, too_many_entries)",
             metrics.refused.clone(),
@@ -93,9 +99,12 @@ impl QuotaMetrics {
         Self::inc(&self.near_limit, key, 1);
     }
 
-    /// The store could not count a hit for `key`.
-    pub fn error(&self, key: &str) {
+    /// The store could not count a hit for `key`, for `reason`.
+    pub fn error(&self, key: &str, reason: &'static str) {
         Self::inc(&self.errors, key, 1);
+        self.store_errors
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// A request refused whole.

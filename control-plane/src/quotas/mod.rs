@@ -7,6 +7,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod lookup;
+pub mod redis_store;
 mod reload;
 mod service;
 pub mod store;
@@ -16,9 +17,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 pub use algorithm::Algorithm;
 pub use config::QuotaConfig;
+pub use redis_store::RedisCounters;
 pub use reload::watch;
 pub use service::{MAX_DESCRIPTORS, MAX_ENTRIES, RateLimitGrpc};
-pub use store::MemoryStore;
+pub use store::{CountError, MemoryStore};
 
 use crate::metrics::QuotaMetrics;
 
@@ -39,7 +41,7 @@ pub struct Quotas {
     config: RwLock<Arc<QuotaConfig>>,
     /// Where the configuration was read from, for hot reload.
     pub path: Option<PathBuf>,
-    store: MemoryStore,
+    counters: Counters,
     algorithm: Algorithm,
     fail_closed: bool,
     clock: Clock,
@@ -52,6 +54,7 @@ impl std::fmt::Debug for Quotas {
             .field("path", &self.path)
             .field("algorithm", &self.algorithm)
             .field("fail_closed", &self.fail_closed)
+            .field("counters", &self.counters)
             .finish_non_exhaustive()
     }
 }
@@ -61,8 +64,8 @@ impl std::fmt::Debug for Quotas {
 pub struct QuotaSettings {
     /// The algorithm of every quota.
     pub algorithm: Algorithm,
-    /// When a hit cannot be counted (the store is full): answer over limit
-    /// instead of OK.
+    /// When a hit cannot be counted (the store is full, down or slow):
+    /// answer over limit instead of OK.
     pub fail_closed: bool,
     /// The store's byte budget.
     pub store_bytes: usize,
@@ -90,12 +93,18 @@ impl Quotas {
         Self {
             config: RwLock::new(Arc::new(config)),
             path,
-            store: MemoryStore::new(settings.store_bytes),
+            counters: Counters::Memory(MemoryStore::new(settings.store_bytes)),
             algorithm: settings.algorithm,
             fail_closed: settings.fail_closed,
             clock,
             metrics,
         }
+    }
+
+    /// Keeps the counters in the shared store instead of in memory.
+    pub fn with_redis(mut self, counters: RedisCounters) -> Self {
+        self.counters = Counters::Redis(counters);
+        self
     }
 
     /// The configuration in force.
@@ -107,5 +116,46 @@ impl Quotas {
     /// exists keeps counting).
     pub fn replace(&self, config: QuotaConfig) {
         *self.config.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+    }
+}
+
+/// Where the counters live; both answer through the same service.
+enum Counters {
+    /// In this process (the embedded default).
+    Memory(MemoryStore),
+    /// In the shared store, one round trip per request.
+    Redis(RedisCounters),
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Counters::Memory(_) => f.write_str("Memory"),
+            Counters::Redis(redis) => write!(f, "Redis({redis:?})"),
+        }
+    }
+}
+
+impl Counters {
+    /// Decides every count of a request of `domain`, in order.
+    async fn decide(
+        &self,
+        domain: &str,
+        algorithm: Algorithm,
+        counts: &[redis_store::Count],
+        now_ms: u64,
+    ) -> Vec<Result<algorithm::Decision, CountError>> {
+        match self {
+            Counters::Memory(memory) => counts
+                .iter()
+                .map(|count| {
+                    memory.decide(&count.counter, algorithm, count.quota, now_ms, count.hits)
+                })
+                .collect(),
+            Counters::Redis(redis) => match redis.decide(domain, algorithm, counts).await {
+                Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+                Err(err) => vec![Err(err); counts.len()],
+            },
+        }
     }
 }

@@ -20,6 +20,7 @@ use super::Quotas;
 use super::algorithm::{Decision, Quota};
 use super::config::{Limit, Unit};
 use super::lookup;
+use super::redis_store::Count;
 
 /// Most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -28,6 +29,9 @@ pub const MAX_ENTRIES: usize = 16;
 /// A limit is "near" once this share of it is used (envoyproxy/ratelimit's
 /// threshold).
 const NEAR_LIMIT: f64 = 0.8;
+/// Response header naming why an answer comes from the failure policy
+/// (`store_timeout`, `store_unavailable`, `store_full`) rather than a count.
+pub const ERROR_HEADER: &str = "x-ratelimit-error";
 
 /// The service, over a shared [`Quotas`].
 #[derive(Debug, Clone)]
@@ -57,13 +61,13 @@ impl RateLimitService for RateLimitGrpc {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
-        self.quotas.answer(&request).map(Response::new)
+        self.quotas.answer(&request).await.map(Response::new)
     }
 }
 
 impl Quotas {
     /// Answers one request.
-    pub fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    pub async fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         if request.descriptors.len() > MAX_DESCRIPTORS {
             self.metrics.refused("too_many_descriptors");
             return Err(Status::invalid_argument(format!(
@@ -113,9 +117,10 @@ impl Quotas {
             .flat_map(|limit| limit.replaces.iter().map(String::as_str))
             .collect();
         let now_ms = (self.clock)();
-        let mut statuses = Vec::with_capacity(request.descriptors.len());
-        let mut tightest: Option<Counted> = None;
-        let mut over_limit = false;
+        // First what to count, then one call to the store for all of it
+        // (one round trip on Redis), then the answer.
+        let mut plans: Vec<Option<(&Limit, u32, Unit)>> = Vec::with_capacity(limits.len());
+        let mut counts = Vec::new();
         for (descriptor, limit) in request.descriptors.iter().zip(&limits) {
             let limit = limit
                 .as_ref()
@@ -123,26 +128,50 @@ impl Quotas {
             let Some((limit, (requests, unit))) = limit.and_then(|l| l.quota.map(|q| (l, q)))
             else {
                 // No limit, unlimited or replaced: OK without a limit.
+                plans.push(None);
+                continue;
+            };
+            let hits = descriptor
+                .hits_addend
+                .map_or(default_hits, |h| u32::try_from(h.value).unwrap_or(u32::MAX));
+            counts.push(Count {
+                counter: counter_key(&request.domain, descriptor),
+                quota: Quota {
+                    limit: requests,
+                    window_ms: unit.window_ms(),
+                    burst: requests.max(1),
+                },
+                hits,
+            });
+            plans.push(Some((limit, requests, unit)));
+        }
+        let mut decisions = self
+            .counters
+            .decide(&request.domain, self.algorithm, &counts, now_ms)
+            .await
+            .into_iter()
+            .zip(&counts);
+        let mut statuses = Vec::with_capacity(request.descriptors.len());
+        let mut tightest: Option<Counted> = None;
+        let mut over_limit = false;
+        let mut error: Option<&'static str> = None;
+        for plan in plans {
+            // Each counted descriptor takes the next decision, in order.
+            let Some(((limit, requests, unit), (decision, count))) =
+                plan.and_then(|plan| decisions.next().map(|next| (plan, next)))
+            else {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
                     ..DescriptorStatus::default()
                 });
                 continue;
             };
-            let hits = descriptor
-                .hits_addend
-                .map_or(default_hits, |h| u32::try_from(h.value).unwrap_or(u32::MAX));
-            let key = counter_key(&request.domain, descriptor);
-            let quota = Quota {
-                limit: requests,
-                window_ms: unit.window_ms(),
-                burst: requests.max(1),
-            };
-            let decision = match self.store.decide(&key, self.algorithm, quota, now_ms, hits) {
+            let decision = match decision {
                 Ok(decision) => decision,
                 Err(err) => {
-                    self.metrics.error(&limit.full_key);
-                    tracing::debug!(%err, key, "quota store");
+                    self.metrics.error(&limit.full_key, err.reason());
+                    tracing::debug!(%err, counter = count.counter, "quota store");
+                    error = Some(err.reason());
                     // The configured failure answer: OK (fail open) unless
                     // told to fail closed.
                     let code = if self.fail_closed {
@@ -158,6 +187,7 @@ impl Quotas {
                     continue;
                 }
             };
+            let hits = count.hits;
             let over = !decision.admitted;
             self.metrics.hit(&limit.full_key, hits);
             if over {
@@ -195,6 +225,16 @@ impl Quotas {
                 tightest = Some(counted);
             }
         }
+        let mut response_headers_to_add = tightest.map(|t| headers(&t)).unwrap_or_default();
+        if let Some(reason) = error {
+            // Tells the client (and, forwarded, the caller) that this answer
+            // is the failure policy's, not a count.
+            response_headers_to_add.push(HeaderValue {
+                key: ERROR_HEADER.to_owned(),
+                value: reason.to_owned(),
+                ..HeaderValue::default()
+            });
+        }
         Ok(RateLimitResponse {
             overall_code: if over_limit {
                 Code::OverLimit
@@ -202,7 +242,7 @@ impl Quotas {
                 Code::Ok
             } as i32,
             statuses,
-            response_headers_to_add: tightest.map(|t| headers(&t)).unwrap_or_default(),
+            response_headers_to_add,
             ..RateLimitResponse::default()
         })
     }
@@ -329,13 +369,20 @@ descriptors:
         domain: &str,
         descriptors: Vec<RateLimitDescriptor>,
     ) -> RateLimitResponse {
-        quotas
-            .answer(&RateLimitRequest {
-                domain: domain.to_owned(),
-                descriptors,
-                hits_addend: 0,
-            })
+        block_on(quotas.answer(&RateLimitRequest {
+            domain: domain.to_owned(),
+            descriptors,
+            hits_addend: 0,
+        }))
+        .unwrap()
+    }
+
+    /// The in-memory store never waits: a current-thread runtime suffices.
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
             .unwrap()
+            .block_on(future)
     }
 
     #[test]
@@ -416,13 +463,12 @@ descriptors:
     fn hits_addend_and_oversized_requests() {
         let now = Arc::new(AtomicU64::new(0));
         let quotas = quotas(&now);
-        let heavy = quotas
-            .answer(&RateLimitRequest {
-                domain: "api".to_owned(),
-                descriptors: vec![descriptor(&[("plan", "free")])],
-                hits_addend: 3,
-            })
-            .unwrap();
+        let heavy = block_on(quotas.answer(&RateLimitRequest {
+            domain: "api".to_owned(),
+            descriptors: vec![descriptor(&[("plan", "free")])],
+            hits_addend: 3,
+        }))
+        .unwrap();
         assert_eq!(heavy.overall_code, Code::OverLimit as i32);
         let many = RateLimitRequest {
             domain: "api".to_owned(),
@@ -430,7 +476,7 @@ descriptors:
             hits_addend: 0,
         };
         assert_eq!(
-            quotas.answer(&many).unwrap_err().code(),
+            block_on(quotas.answer(&many)).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

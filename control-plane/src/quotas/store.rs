@@ -26,11 +26,28 @@ struct Shard {
 }
 
 /// Why a decision could not be made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The store holds its byte budget of live counters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountError {
+    /// The in-memory store holds its byte budget of live counters.
     #[error("the quota store is full")]
     Full,
+    /// The shared store did not answer within `--store-timeout-ms`.
+    #[error("the quota store did not answer in time")]
+    Timeout,
+    /// The shared store answered with an error or is unreachable.
+    #[error("the quota store failed: {0}")]
+    Unavailable(String),
+}
+
+impl CountError {
+    /// A short name for metrics and the `x-ratelimit-error` header.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CountError::Full => "store_full",
+            CountError::Timeout => "store_timeout",
+            CountError::Unavailable(_) => "store_unavailable",
+        }
+    }
 }
 
 /// Counters in memory.
@@ -60,10 +77,10 @@ impl MemoryStore {
         quota: Quota,
         now_ms: u64,
         hits: u32,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Decision, CountError> {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         let Some(shard) = self.shards.get(index) else {
-            return Err(StoreError::Full);
+            return Err(CountError::Full);
         };
         // Nothing panics while the lock is held.
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
@@ -82,7 +99,7 @@ impl MemoryStore {
             sweep(&mut shard, now_ms);
         }
         if shard.bytes + cost > self.max_bytes_per_shard {
-            return Err(StoreError::Full);
+            return Err(CountError::Full);
         }
         let mut state = State::default();
         let decision = algorithm.decide(&mut state, quota, now_ms, hits);

@@ -1,0 +1,248 @@
+//! The shared store's connection settings.
+//!
+//! `sluice serve --store redis://HOST:PORT[/DB]` (or `rediss://` for TLS)
+//! names a Redis server that several control-plane processes can share.
+//! Today it holds the exact quotas' counters
+//! ([`crate::quotas::redis_store`]); what else the fleet shares (counts,
+//! directives, configuration) is meant to use the same [`Store`] handle
+//! and its own keys beside them.
+//!
+//! The password comes from `--store-password-file` or the environment
+//! variable `SLUICE_STORE_PASSWORD` (or the URL itself); the URL is only
+//! ever shown with its password redacted.
+
+pub mod url;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, IntoConnectionInfo};
+
+pub use url::{StoreUrl, UrlError};
+
+/// Default bound on one store call on a request path.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// Bound on opening a connection (at start and on every reconnect).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Environment variable holding the store's password.
+pub const PASSWORD_ENV: &str = "SLUICE_STORE_PASSWORD";
+
+/// How to reach the store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Where (its password shown redacted).
+    pub url: StoreUrl,
+    /// Bound on one call made while answering a request.
+    pub timeout: Duration,
+    /// `rediss://` only: trust this CA (PEM) instead of the system's roots.
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// Why the store cannot be used; every message names the redacted URL.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// `--store` does not parse.
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    /// `--store-tls-ca` with a `redis://` URL.
+    #[error("--store-tls-ca needs a rediss:// store URL, not {url}")]
+    CaWithoutTls {
+        /// The redacted URL.
+        url: String,
+    },
+    /// `--store-tls-ca` cannot be read.
+    #[error("store CA file {path}: {source}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `--store-password-file` cannot be read.
+    #[error("store password file {path}: {source}")]
+    PasswordFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server cannot be reached or refuses the connection.
+    #[error("cannot connect to the store at {url}: {reason}")]
+    Connect {
+        /// The redacted URL.
+        url: String,
+        /// Why (the client's message, which holds no password).
+        reason: String,
+    },
+}
+
+impl StoreOptions {
+    /// Options from `--store`, with the password from `password_file`, else
+    /// from `SLUICE_STORE_PASSWORD`, else from the URL.
+    pub fn from_args(
+        url: &str,
+        password_file: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let mut url = StoreUrl::parse(url)?;
+        let password = match password_file {
+            Some(path) => Some(read_password(path)?),
+            None => std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()),
+        };
+        if password.is_some() {
+            url.password = password;
+        }
+        Ok(Self {
+            url,
+            timeout,
+            tls_ca: None,
+        })
+    }
+
+    /// Trusts `ca` (PEM) for a `rediss://` store.
+    pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Result<Self, StoreError> {
+        if ca.is_some() && !self.url.tls {
+            return Err(StoreError::CaWithoutTls {
+                url: self.url.to_string(),
+            });
+        }
+        self.tls_ca = ca;
+        Ok(self)
+    }
+}
+
+fn read_password(path: &Path) -> Result<String, StoreError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StoreError::PasswordFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // Files written by `echo` end in a newline that is not part of it.
+    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+/// A connected store: one multiplexed connection that reconnects by
+/// itself; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    url: StoreUrl,
+    connection: ConnectionManager,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Connects and checks the server answers (`PING`), within a bounded
+    /// time.
+    pub async fn connect(options: &StoreOptions) -> Result<Self, StoreError> {
+        let url = &options.url;
+        let fail = |reason: String| StoreError::Connect {
+            url: url.to_string(),
+            reason,
+        };
+        let mut redis_settings = url
+            .without_credentials()
+            .into_connection_info()
+            .map_err(|err| fail(err.to_string()))?;
+        let mut settings = redis_settings.redis_settings().clone();
+        if let Some(user) = &url.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &url.password {
+            settings = settings.set_password(password);
+        }
+        redis_settings = redis_settings.set_redis_settings(settings);
+        let client = match &options.tls_ca {
+            None => Client::open(redis_settings),
+            Some(path) => {
+                let root_cert = std::fs::read(path).map_err(|source| StoreError::CaFile {
+                    path: path.clone(),
+                    source,
+                })?;
+                Client::build_with_tls(
+                    redis_settings,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    },
+                )
+            }
+        }
+        .map_err(|err| fail(err.to_string()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(options.timeout.max(Duration::from_millis(1))))
+            // Reconnects are retried in the background; callers see errors
+            // (and the failure policy) meanwhile, never a wait.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connect = async {
+            let mut connection = ConnectionManager::new_with_config(client, config).await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await?;
+            Ok::<_, redis::RedisError>(connection)
+        };
+        let connection = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| fail(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|err| fail(err.to_string()))?;
+        tracing::info!(store = %url, timeout_ms = options.timeout.as_millis(), "store connected");
+        Ok(Self {
+            url: url.clone(),
+            connection,
+            timeout: options.timeout,
+        })
+    }
+
+    /// The URL, its password redacted when shown.
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// The bound on one call made while answering a request.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A handle on the connection (clones share it).
+    pub fn connection(&self) -> ConnectionManager {
+        self.connection.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_password_file_wins_and_loses_its_newline_but_never_shows() {
+        let path = std::env::temp_dir().join(format!("sluice-store-pw-{}", std::process::id()));
+        std::fs::write(&path, "from-file\n").unwrap();
+        let options =
+            StoreOptions::from_args("redis://:in-url@h:1", Some(&path), DEFAULT_TIMEOUT).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(options.url.password.as_deref(), Some("from-file"));
+        assert!(!format!("{options:?}").contains("from-file"));
+        assert_eq!(options.url.to_string(), "redis://:***@h:1/0");
+    }
+
+    #[test]
+    fn a_ca_needs_tls() {
+        let plain = StoreOptions::from_args("redis://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        let err = plain.with_tls_ca(Some("ca.pem".into())).unwrap_err();
+        assert!(err.to_string().contains("needs a rediss://"), "{err}");
+        let tls = StoreOptions::from_args("rediss://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        assert!(tls.with_tls_ca(Some("ca.pem".into())).is_ok());
+    }
+}

@@ -1,0 +1,232 @@
+//! `--store` URLs: `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]` and the same
+//! with `rediss://` for TLS. Parsed here (not by the client) so that every
+//! error and every log line shows the URL with its password redacted.
+
+use std::fmt;
+
+/// What replaces a password wherever a URL is shown.
+const REDACTED: &str = "***";
+
+/// A parsed store URL.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl {
+    /// `rediss://`: TLS, with the server certificate checked against the
+    /// system's roots.
+    pub tls: bool,
+    /// Host name or address (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Logical database (0 unless given).
+    pub db: i64,
+    /// ACL user name, if the URL names one.
+    pub username: Option<String>,
+    /// Password from the URL; `--store-password-file` and
+    /// `SLUICE_STORE_PASSWORD` take precedence.
+    pub password: Option<String>,
+}
+
+/// Why a `--store` URL does not parse; shown with the redacted URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("store URL {url}: {reason}")]
+pub struct UrlError {
+    /// The URL as given, its password redacted.
+    pub url: String,
+    /// What is wrong.
+    pub reason: &'static str,
+}
+
+impl StoreUrl {
+    /// Parses `text`.
+    pub fn parse(text: &str) -> Result<Self, UrlError> {
+        let fail = |reason| UrlError {
+            url: redact(text),
+            reason,
+        };
+        let (tls, rest) = if let Some(rest) = text.strip_prefix("redis://") {
+            (false, rest)
+        } else if let Some(rest) = text.strip_prefix("rediss://") {
+            (true, rest)
+        } else {
+            return Err(fail(
+                "expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]",
+            ));
+        };
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(userinfo) => {
+                let (user, password) = match userinfo.split_once(':') {
+                    Some((user, password)) => (user, Some(password.to_owned())),
+                    None => (userinfo, None),
+                };
+                ((!user.is_empty()).then(|| user.to_owned()), password)
+            }
+        };
+        let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
+            let (host, port) = bracketed
+                .split_once("]:")
+                .ok_or_else(|| fail("expected [IPv6]:PORT"))?;
+            (host, port)
+        } else {
+            hostport
+                .rsplit_once(':')
+                .ok_or_else(|| fail("expected HOST:PORT (the port is required)"))?
+        };
+        if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
+            return Err(fail("the host is empty or not a host name"));
+        }
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| fail("the port is not a number from 1 to 65535"))?;
+        let db = if path.is_empty() {
+            0
+        } else {
+            path.parse::<i64>()
+                .ok()
+                .filter(|db| *db >= 0)
+                .ok_or_else(|| fail("the database after / is not a number"))?
+        };
+        Ok(Self {
+            tls,
+            host: host.to_owned(),
+            port,
+            db,
+            username,
+            password,
+        })
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls { "rediss" } else { "redis" }
+    }
+
+    /// The URL without any credentials, for the client library (which is
+    /// handed the credentials separately).
+    pub fn without_credentials(&self) -> String {
+        format!(
+            "{}://{}:{}/{}",
+            self.scheme(),
+            bracket(&self.host),
+            self.port,
+            self.db
+        )
+    }
+}
+
+/// Shows the URL with its password redacted.
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://", self.scheme())?;
+        match (&self.username, &self.password) {
+            (Some(user), Some(_)) => write!(f, "{user}:{REDACTED}@")?,
+            (None, Some(_)) => write!(f, ":{REDACTED}@")?,
+            (Some(user), None) => write!(f, "{user}@")?,
+            (None, None) => {}
+        }
+        write!(f, "{}:{}/{}", bracket(&self.host), self.port, self.db)
+    }
+}
+
+/// Debug is Display: a password must not reach a log through `{:?}`.
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({self})")
+    }
+}
+
+fn bracket(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// `text` with whatever sits between `://…:` and `@` replaced, for URLs
+/// that did not parse (best effort: nothing after the last `@` is secret).
+pub fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        // Not a URL at all: it may still be a mistyped secret.
+        return if text.contains('@') {
+            REDACTED.to_owned()
+        } else {
+            text.to_owned()
+        };
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, hostpart)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:{REDACTED}@{hostpart}"),
+            None => format!("{scheme}://{userinfo}@{hostpart}"),
+        },
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn parses_host_port_db_and_tls() {
+        let url = StoreUrl::parse("redis://127.0.0.1:6379/2").unwrap();
+        assert_eq!(
+            (url.tls, url.host.as_str(), url.port, url.db),
+            (false, "127.0.0.1", 6379, 2)
+        );
+        assert_eq!(url.to_string(), "redis://127.0.0.1:6379/2");
+        let url = StoreUrl::parse("rediss://cache.internal:6380").unwrap();
+        assert!(url.tls);
+        assert_eq!(url.db, 0);
+        assert_eq!(url.without_credentials(), "rediss://cache.internal:6380/0");
+        let url = StoreUrl::parse("redis://[::1]:7000").unwrap();
+        assert_eq!(url.host, "::1");
+        assert_eq!(url.to_string(), "redis://[::1]:7000/0");
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let url = StoreUrl::parse("redis://sluice:hunter2@h:1/0").unwrap();
+        assert_eq!(url.username.as_deref(), Some("sluice"));
+        assert_eq!(url.password.as_deref(), Some("hunter2"));
+        for shown in [
+            url.to_string(),
+            format!("{url:?}"),
+            url.without_credentials(),
+        ] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        assert_eq!(url.to_string(), "redis://sluice:***@h:1/0");
+        let url = StoreUrl::parse("redis://:hunter2@h:1").unwrap();
+        assert_eq!(url.to_string(), "redis://:***@h:1/0");
+        // A URL that does not parse is redacted in its error too.
+        let err = StoreUrl::parse("redis://u:hunter2@h").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(err.to_string().contains("redis://u:***@h"), "{err}");
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_store_url() {
+        for bad in [
+            "localhost:6379",
+            "http://h:1",
+            "redis://h",
+            "redis://h:0",
+            "redis://h:99999",
+            "redis://:6379",
+            "redis://h:1/x",
+            "redis://h:1/-1",
+            "redis://[::1]",
+        ] {
+            assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The rate limit service with its counters in a real `redis-server`
+//! (`--store`): exact answers shared by several control planes, and the
+//! failure policies while Redis is stalled, killed and restarted.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_integration_tests::certs::{self, DevCerts};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::quotas::{self, Store};
+use sluice_integration_tests::redis::RedisServer;
+use tonic::transport::Channel;
+
+use super::{client, unix_ms};
+
+/// Any tenant: 100 per second, each its own counter.
+const PER_TENANT: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+const OK: i32 = 1;
+const OVER_LIMIT: i32 = 2;
+
+async fn connect(grpc: SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap()
+}
+
+async fn ask(client: &mut RateLimitServiceClient<Channel>, tenant: &str) -> RateLimitResponse {
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".to_owned(),
+            descriptors: vec![client::descriptor("tenant", tenant)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn error_header(response: &RateLimitResponse) -> Option<&str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "x-ratelimit-error")
+        .map(|h| h.value.as_str())
+}
+
+async fn start(
+    dir: &std::path::Path,
+    name: &str,
+    algorithm: &str,
+    url: &str,
+    extra: &[&str],
+) -> ControlPlane {
+    let options = ControlPlaneOptions::new("limits: []\n", &dir.join(name))
+        .args(extra.iter().map(|a| (*a).to_owned()));
+    quotas::control_plane(
+        &dir.join(name),
+        options,
+        PER_TENANT,
+        Some(algorithm),
+        Store::Redis(url),
+    )
+    .await
+    .unwrap()
+}
+
+/// 300 calls for one tenant as fast as 16 in flight allow, alternating
+/// between the control planes, started just after a second boundary:
+/// admitted calls, and how long the burst took.
+async fn burst(grpc: &[SocketAddr], tenant: &str) -> (usize, Duration, bool) {
+    let into_second = unix_ms() % 1_000;
+    tokio::time::sleep(Duration::from_millis((1_050 - into_second) % 1_000)).await;
+    let start_ms = unix_ms();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let addr = grpc[worker % grpc.len()];
+        let tenant = tenant.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut client = connect(addr).await;
+            let mut admitted = 0;
+            for _ in 0..300 / 16 + usize::from(worker < 300 % 16) {
+                let answer = ask(&mut client, &tenant).await;
+                assert_eq!(error_header(&answer), None, "{answer:?}");
+                if answer.overall_code == OK {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let one_window = unix_ms() / 1_000 == start_ms / 1_000;
+    (admitted, started.elapsed(), one_window)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_control_planes_on_one_redis_admit_exactly_the_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    for algorithm in ["fixed_window", "sliding_window", "gcra"] {
+        let a = start(
+            dir.path(),
+            &format!("{algorithm}-a"),
+            algorithm,
+            &redis.url(),
+            &[],
+        )
+        .await;
+        let b = start(
+            dir.path(),
+            &format!("{algorithm}-b"),
+            algorithm,
+            &redis.url(),
+            &[],
+        )
+        .await;
+        let grpc = [a.grpc_addr(), b.grpc_addr()];
+        // A fresh tenant per attempt: a burst that straddles a second
+        // boundary says nothing exact about fixed and sliding windows.
+        let mut measured = None;
+        for attempt in 0..3 {
+            let (admitted, took, one_window) =
+                burst(&grpc, &format!("{algorithm}-{attempt}")).await;
+            if one_window {
+                measured = Some((admitted, took));
+                break;
+            }
+        }
+        let (admitted, took) = measured.expect("no burst fitted in one second");
+        println!("{algorithm}: {admitted} of 300 admitted in {took:?}");
+        match algorithm {
+            // A window that starts empty admits the quota exactly (the
+            // sliding window's previous window is empty for a new tenant).
+            "fixed_window" | "sliding_window" => assert_eq!(admitted, 100, "{algorithm}"),
+            // GCRA: the burst (100) plus one hit per 10 ms of the burst.
+            _ => {
+                let refill = took.as_millis() as usize / 10 + 1;
+                assert!(
+                    (100..=100 + refill).contains(&admitted),
+                    "gcra: {admitted} in {took:?}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stalled_killed_and_restarted_fails_open_or_closed_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start(dir.path()).await.unwrap();
+    let url = redis.url();
+    let timeout = ["--store-timeout-ms", "50"];
+    let open = start(dir.path(), "open", "fixed_window", &url, &timeout).await;
+    let closed_args = ["--store-timeout-ms", "50", "--quota-fail-closed"];
+    let closed = start(dir.path(), "closed", "fixed_window", &url, &closed_args).await;
+    let mut open_client = connect(open.grpc_addr()).await;
+    let mut closed_client = connect(closed.grpc_addr()).await;
+    let counted = ask(&mut open_client, "outage").await;
+    assert_eq!(error_header(&counted), None, "{counted:?}");
+    assert!(counted.statuses[0].current_limit.is_some(), "{counted:?}");
+
+    // Bounded: the store's timeout plus the round trip of a debug build.
+    let bound = Duration::from_millis(50 + 250);
+    let mut slowest = Duration::ZERO;
+    for (outage, expected_reason) in [
+        ("stalled", "store_timeout"),
+        ("killed", "store_unavailable"),
+    ] {
+        if outage == "stalled" {
+            redis.pause().unwrap();
+        } else {
+            redis.resume().unwrap();
+            redis.kill().unwrap();
+        }
+        for _ in 0..10 {
+            let asked = Instant::now();
+            let answer = ask(&mut open_client, "outage").await;
+            slowest = slowest.max(asked.elapsed());
+            assert_eq!(answer.overall_code, OK, "{outage}: {answer:?}");
+            let reason = error_header(&answer);
+            assert!(reason.is_some(), "{outage}: {answer:?}");
+            if outage == "stalled" {
+                assert_eq!(reason, Some(expected_reason), "{answer:?}");
+            }
+            let asked = Instant::now();
+            let answer = ask(&mut closed_client, "outage").await;
+            slowest = slowest.max(asked.elapsed());
+            assert_eq!(answer.overall_code, OVER_LIMIT, "{outage}: {answer:?}");
+            assert!(error_header(&answer).is_some(), "{outage}: {answer:?}");
+        }
+        assert!(slowest <= bound, "{outage}: a call took {slowest:?}");
+    }
+    println!("slowest call during the outages: {slowest:?}");
+    let metrics = open.admin().metrics().await.unwrap();
+    for reason in ["store_timeout", "store_unavailable"] {
+        let series = format!(r#"sluice_quota_store_errors_total{{reason="{reason}"}}"#);
+        assert!(metrics.contains(&series), "{series}\n{metrics}");
+    }
+
+    // Back (empty): both count again, each within a few seconds.
+    redis
+        .restart()
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}"));
+    let back = Instant::now();
+    for client in [&mut open_client, &mut closed_client] {
+        loop {
+            let answer = ask(client, "after").await;
+            if error_header(&answer).is_none() {
+                assert!(answer.statuses[0].current_limit.is_some(), "{answer:?}");
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(10),
+                "no recovery: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!("counting again {:?} after the restart", back.elapsed());
+    // Counting resumed in the shared store: both planes' hits add up (in
+    // one window: a pair that straddles a boundary is tried again).
+    for attempt in 0..3 {
+        let tenant = format!("resumed-{attempt}");
+        let second = unix_ms() / 1_000;
+        ask(&mut open_client, &tenant).await;
+        let answer = ask(&mut closed_client, &tenant).await;
+        if unix_ms() / 1_000 == second {
+            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
+            return;
+        }
+    }
+    panic!("no pair of calls fitted in one second");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_store_with_a_password_counts_and_an_untrusted_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let password = "s3cret-store-password";
+    let redis = RedisServer::start_tls(dir.path(), &certs, password)
+        .await
+        .unwrap();
+    let password_file = dir.path().join("store-password");
+    std::fs::write(&password_file, format!("{password}\n")).unwrap();
+    let ca = certs.path(certs::CA).display().to_string();
+    let password_arg = password_file.display().to_string();
+    let trusted = [
+        "--store-tls-ca",
+        ca.as_str(),
+        "--store-password-file",
+        password_arg.as_str(),
+    ];
+    let control_plane = start(dir.path(), "tls", "fixed_window", &redis.url(), &trusted).await;
+    let mut client = connect(control_plane.grpc_addr()).await;
+    for attempt in 0..3 {
+        let tenant = format!("tls-{attempt}");
+        let second = unix_ms() / 1_000;
+        ask(&mut client, &tenant).await;
+        let answer = ask(&mut client, &tenant).await;
+        assert_eq!(error_header(&answer), None, "{answer:?}");
+        if unix_ms() / 1_000 == second {
+            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
+            break;
+        }
+    }
+    // The system's roots do not know the test CA: no start.
+    let options = ControlPlaneOptions::new("limits: []\n", &dir.path().join("untrusted"))
+        .args(["--store-password-file".to_owned(), password_arg.clone()]);
+    let refused = quotas::control_plane(
+        &dir.path().join("untrusted"),
+        options,
+        PER_TENANT,
+        None,
+        Store::Redis(&redis.url()),
+    )
+    .await;
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exited"), "{err}");
+    let log = std::fs::read_to_string(dir.path().join("untrusted/sluice.log")).unwrap();
+    let expected = format!(
+        "cannot connect to the store at {}",
+        redis.url().replace("localhost", ":***@localhost")
+    );
+    assert!(log.contains(&expected), "{expected}\n{log}");
+    assert!(log.contains("invalid peer certificate"), "{log}");
+    assert!(!log.contains(password), "{log}");
+}
