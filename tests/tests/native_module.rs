@@ -11,7 +11,11 @@
     clippy::indexing_slicing
 )]
 
+use std::time::Duration;
+
 use serde_json::json;
+use sluice_integration_tests::certs::{self, DevCerts};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
 
 fn native_config(patch: serde_json::Value) -> serde_yaml_ng::Value {
@@ -60,4 +64,59 @@ async fn requests_pass_through_the_module_without_a_control_plane() {
     }
     let stats = envoy.stats("sluice").await.unwrap();
     assert!(stats.contains("dynamicmodulescustom.sluice."), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_reaches_a_control_plane_that_requires_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "limits:\n  - bucket: blocked\n    limit_rps: 0\n",
+            dir.path(),
+        )
+        .control_interval_ms(200)
+        .args(certs.serve_args()),
+    )
+    .await
+    .unwrap();
+    let path = |name| certs.path(name).display().to_string();
+    let config = native_config(json!({
+        "proxy_id": "native-tls",
+        "report_interval_ms": 100,
+        "control_plane_uri": format!("https://{}", control_plane.grpc_addr()),
+        "control_plane_tls": {
+            "ca_file": path(certs::CA),
+            "cert_file": path(certs::CLIENT_CERT),
+            "key_file": path(certs::CLIENT_KEY),
+        },
+    }));
+    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-native-tls", dir.path()))
+        .await
+        .unwrap();
+    // Requests of a bucket limited to 0 pass until the module's leader has
+    // reported them over TLS and received the directive back.
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut dropped = false;
+    while !dropped && tokio::time::Instant::now() < deadline {
+        let response = client
+            .get(format!("{}/", envoy.base_url()))
+            .header("x-tenant", "blocked")
+            .send()
+            .await
+            .unwrap();
+        dropped = response.status() == 429;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !dropped {
+        control_plane.print_log();
+        envoy.print_log();
+    }
+    assert!(dropped, "no directive reached the module over mutual TLS");
+    let proxies = control_plane.admin().proxies().await.unwrap();
+    assert!(
+        proxies.proxies.iter().any(|p| p.proxy_id == "native-tls"),
+        "{proxies:?}"
+    );
 }

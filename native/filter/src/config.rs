@@ -1,10 +1,14 @@
-//! The module's configuration: the wasm filter's JSON plus the one field a
-//! native module needs in addition, `control_plane_uri`.
+//! The module's configuration: the wasm filter's JSON plus what a native
+//! module needs in addition to reach the control plane itself:
+//! `control_plane_uri` and, for mutual TLS, `control_plane_tls`.
 
+use serde::Deserialize;
 use sluice_filter::config::FilterConfig;
 
 /// Field naming where the control plane listens (the module dials it itself).
 const URI_FIELD: &str = "control_plane_uri";
+/// Field of the TLS settings of that connection.
+const TLS_FIELD: &str = "control_plane_tls";
 /// `control_plane_cluster` is required by the wasm filter's schema; the
 /// native module does not use Envoy's clusters, so a missing one is filled in.
 const CLUSTER_FIELD: &str = "control_plane_cluster";
@@ -15,8 +19,40 @@ const DEFAULT_CLUSTER: &str = "sluice_control_plane";
 pub struct NativeConfig {
     /// Everything the wasm filter's configuration holds, validated by it.
     pub filter: FilterConfig,
-    /// `http://HOST:PORT` of the control plane's gRPC listener.
+    /// `http://HOST:PORT` (or `https://` with [`Self::tls`]) of the
+    /// control plane's gRPC listener.
     pub control_plane_uri: String,
+    /// TLS to the control plane, read from the files the configuration names.
+    pub tls: Option<ControlPlaneTls>,
+}
+
+/// The PEM files of `control_plane_tls`, as written in the configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    /// CA that signed the control plane's certificate.
+    ca_file: String,
+    /// Client certificate (mutual TLS), with `key_file`.
+    #[serde(default)]
+    cert_file: Option<String>,
+    /// The client certificate's key.
+    #[serde(default)]
+    key_file: Option<String>,
+    /// Name to verify the control plane's certificate against; default:
+    /// the URI's host.
+    #[serde(default)]
+    server_name: Option<String>,
+}
+
+/// TLS to the control plane: PEM contents, read when the configuration loads.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneTls {
+    /// CA certificate(s).
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to verify the server's certificate against.
+    pub server_name: Option<String>,
 }
 
 /// Why a configuration was refused: the field and what is wrong.
@@ -46,7 +82,11 @@ impl NativeConfig {
                 )));
             }
         };
-        let control_plane_uri = validate_uri(&uri)?;
+        let tls = match object.remove(TLS_FIELD) {
+            None | Some(serde_json::Value::Null) => None,
+            Some(value) => Some(read_tls(value)?),
+        };
+        let control_plane_uri = validate_uri(&uri, tls.is_some())?;
         object
             .entry(CLUSTER_FIELD)
             .or_insert_with(|| serde_json::Value::String(DEFAULT_CLUSTER.to_owned()));
@@ -64,20 +104,51 @@ impl NativeConfig {
         Ok(Self {
             filter,
             control_plane_uri,
+            tls,
         })
     }
 }
 
-fn validate_uri(uri: &str) -> Result<String, ConfigError> {
+fn validate_uri(uri: &str, tls: bool) -> Result<String, ConfigError> {
+    let scheme = if tls { "https" } else { "http" };
     let parsed: Result<tonic::transport::Uri, _> = uri.parse();
     match parsed {
-        Ok(parsed) if parsed.scheme_str() == Some("http") && parsed.authority().is_some() => {
+        Ok(parsed) if parsed.scheme_str() == Some(scheme) && parsed.authority().is_some() => {
             Ok(uri.to_owned())
         }
         _ => Err(ConfigError(format!(
-            "{URI_FIELD}: {uri:?} is not an http://HOST:PORT address"
+            "{URI_FIELD}: {uri:?} is not an {scheme}://HOST:PORT address{}",
+            if tls {
+                " (control_plane_tls is set)"
+            } else {
+                " (https:// needs control_plane_tls)"
+            }
         ))),
     }
+}
+
+fn read_tls(value: serde_json::Value) -> Result<ControlPlaneTls, ConfigError> {
+    let raw: RawTls = serde_path_to_error::deserialize(value)
+        .map_err(|error| ConfigError(format!("{TLS_FIELD}.{error}")))?;
+    let read = |field: &str, path: &str| {
+        std::fs::read(path).map_err(|error| {
+            ConfigError(format!("{TLS_FIELD}.{field}: cannot read {path}: {error}"))
+        })
+    };
+    let identity = match (&raw.cert_file, &raw.key_file) {
+        (Some(cert), Some(key)) => Some((read("cert_file", cert)?, read("key_file", key)?)),
+        (None, None) => None,
+        _ => {
+            return Err(ConfigError(format!(
+                "{TLS_FIELD}: cert_file and key_file go together"
+            )));
+        }
+    };
+    Ok(ControlPlaneTls {
+        ca_pem: read("ca_file", &raw.ca_file)?,
+        identity,
+        server_name: raw.server_name,
+    })
 }
 
 #[cfg(test)]
@@ -112,5 +183,23 @@ mod tests {
                 .is_some_and(|m| m.contains("report_interval_ms"))
         );
         assert!(message(b"[").is_some());
+        assert!(
+            message(br#"{"control_plane_uri": "https://127.0.0.1:1"}"#)
+                .is_some_and(|m| m.contains("needs control_plane_tls"))
+        );
+        assert!(
+            message(
+                br#"{"control_plane_uri": "https://127.0.0.1:1",
+                     "control_plane_tls": {"ca_file": "/nonexistent/ca.pem"}}"#
+            )
+            .is_some_and(|m| m.contains("control_plane_tls.ca_file"))
+        );
+        assert!(
+            message(
+                br#"{"control_plane_uri": "https://127.0.0.1:1",
+                     "control_plane_tls": {"ca": "x"}}"#
+            )
+            .is_some_and(|m| m.contains("control_plane_tls"))
+        );
     }
 }

@@ -16,7 +16,9 @@ use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
 use sluice_proto::v1::{ControlMessage, ProxyMessage};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::ControlPlaneTls;
 
 /// Messages the agent may queue before the stream is up.
 const OUTBOUND_CAPACITY: usize = 64;
@@ -45,7 +47,7 @@ struct Inboxes {
 #[derive(Debug)]
 pub struct ControlStreams {
     runtime: Option<tokio::runtime::Runtime>,
-    uri: String,
+    endpoint: Endpoint,
     next_token: AtomicU32,
     inboxes: Arc<Mutex<Inboxes>>,
 }
@@ -67,8 +69,27 @@ fn push(inboxes: &Mutex<Inboxes>, token: u32, event: StreamEvent) {
 }
 
 impl ControlStreams {
-    /// Streams to `uri`, on a runtime of their own (one thread).
-    pub fn new(uri: &str) -> std::io::Result<Self> {
+    /// Streams to `uri` (with `tls`, if given), on a runtime of their own
+    /// (one thread).
+    pub fn new(uri: &str, tls: Option<&ControlPlaneTls>) -> std::io::Result<Self> {
+        let invalid = |error: tonic::transport::Error| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, error)
+        };
+        let mut endpoint = Endpoint::from_shared(uri.to_owned())
+            .map_err(invalid)?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            let mut config =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(name) = &tls.server_name {
+                config = config.domain_name(name.clone());
+            }
+            endpoint = endpoint.tls_config(config).map_err(invalid)?;
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("sluice-native-grpc")
@@ -76,7 +97,7 @@ impl ControlStreams {
             .build()?;
         Ok(Self {
             runtime: Some(runtime),
-            uri: uri.to_owned(),
+            endpoint,
             next_token: AtomicU32::new(1),
             inboxes: Arc::default(),
         })
@@ -93,9 +114,9 @@ impl ControlStreams {
             inboxes.senders.insert(token, sender);
         }
         let inboxes = Arc::clone(&self.inboxes);
-        let uri = self.uri.clone();
+        let endpoint = self.endpoint.clone();
         runtime.spawn(async move {
-            let status = run_stream(&uri, receiver, &inboxes, token).await;
+            let status = run_stream(endpoint, receiver, &inboxes, token).await;
             push(&inboxes, token, StreamEvent::Closed(status));
         });
         Ok(token)
@@ -153,15 +174,11 @@ impl Drop for ControlStreams {
 }
 
 async fn run_stream(
-    uri: &str,
+    endpoint: Endpoint,
     outbound: mpsc::Receiver<ProxyMessage>,
     inboxes: &Mutex<Inboxes>,
     token: u32,
 ) -> u32 {
-    let endpoint = match Endpoint::from_shared(uri.to_owned()) {
-        Ok(endpoint) => endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true),
-        Err(_) => return UNAVAILABLE,
-    };
     let Ok(channel) = endpoint.connect().await else {
         return UNAVAILABLE;
     };

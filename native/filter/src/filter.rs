@@ -69,11 +69,12 @@ impl NativeFilter {
     /// which exports the agents' metrics to `stats`.
     pub fn start(config: NativeConfig, stats: Arc<dyn StatsSink>) -> Result<Self, StartError> {
         let filter = config.filter;
-        let streams =
-            ControlStreams::new(&config.control_plane_uri).map_err(|source| StartError {
-                what: "gRPC runtime",
+        let streams = ControlStreams::new(&config.control_plane_uri, config.tls.as_ref()).map_err(
+            |source| StartError {
+                what: "gRPC client",
                 source,
-            })?;
+            },
+        )?;
         let shared = Arc::new(Shared {
             store: ProcessStore::default(),
             streams,
