@@ -120,3 +120,60 @@ async fn the_module_reaches_a_control_plane_that_requires_mutual_tls() {
         "{proxies:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_can_be_keyed_by_the_route_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "limits:\n  - bucket: default/acme\n    limit_rps: 0\n",
+            dir.path(),
+        )
+        .control_interval_ms(200),
+    )
+    .await
+    .unwrap();
+    // The example's only route is named `default`: the module reads the
+    // name through Envoy 1.40's attribute id for `xds.route_name`.
+    let mut config = envoy::load_repo_config("native-module.yaml").unwrap();
+    let patch = json!({
+        "proxy_id": "native-route",
+        "report_interval_ms": 100,
+        "bucket_key": [
+            {"source": "route_name"},
+            {"source": "header", "name": "x-tenant", "default": "anonymous"}
+        ],
+    });
+    envoy::rewrite(
+        &mut config,
+        &Rewrite::for_native(control_plane.grpc_addr(), patch).unwrap(),
+    )
+    .unwrap();
+    let envoy = Envoy::start(
+        &config,
+        &EnvoyOptions::new("envoy-native-route", dir.path()),
+    )
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut dropped = None;
+    while dropped.is_none() && tokio::time::Instant::now() < deadline {
+        let response = client
+            .get(format!("{}/", envoy.base_url()))
+            .header("x-tenant", "acme")
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            dropped = Some(response.json::<serde_json::Value>().await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if dropped.is_none() {
+        control_plane.print_log();
+        envoy.print_log();
+    }
+    let body = dropped.expect("the limit of bucket default/acme never applied");
+    assert_eq!(body["bucket"], "default/acme");
+}

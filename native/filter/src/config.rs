@@ -94,13 +94,6 @@ impl NativeConfig {
             .map_err(|error| ConfigError(format!("cannot re-encode: {error}")))?;
         let filter =
             FilterConfig::from_json(&bytes).map_err(|error| ConfigError(error.to_string()))?;
-        if filter.classifier.uses_route_name() {
-            return Err(ConfigError(
-                "bucket_key: the route name is not available to the native module yet; \
-                 use headers"
-                    .to_owned(),
-            ));
-        }
         Ok(Self {
             filter,
             control_plane_uri,

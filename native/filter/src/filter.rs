@@ -27,6 +27,8 @@ const DEFAULT_PROXY_ID: &str = "envoy";
 pub trait RequestHost {
     /// The first value of a request header (`name` in lower case).
     fn request_header(&self, name: &str) -> Option<&[u8]>;
+    /// The name of the route the request matched, if it has one.
+    fn route_name(&self) -> Option<&[u8]>;
     /// Adds a request header that goes upstream.
     fn add_request_header(&mut self, name: &str, value: &[u8]);
     /// Stores the request's decision record for access logs.
@@ -177,7 +179,9 @@ impl<H: RequestHost> RequestAttributes for Attributes<'_, H> {
     }
 
     fn route_name(&self) -> Option<String> {
-        // Refused at configuration time (see `NativeConfig::parse`).
-        None
+        self.0
+            .route_name()
+            .filter(|name| !name.is_empty())
+            .map(|name| String::from_utf8_lossy(name).into_owned())
     }
 }

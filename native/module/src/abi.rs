@@ -57,6 +57,11 @@ pub struct ModuleHttpHeader {
     pub value_length: usize,
 }
 
+/// `envoy_dynamic_module_type_attribute_id_XdsRouteName` in Envoy 1.40.0's
+/// ABI (the enum grows between releases; `native_module.rs` checks this
+/// value against the binary by keying buckets on the route name).
+pub const ATTRIBUTE_XDS_ROUTE_NAME: u32 = 61;
+
 /// `envoy_dynamic_module_type_http_header_type_RequestHeader`.
 pub const HEADER_TYPE_REQUEST: u32 = 0;
 
@@ -116,6 +121,13 @@ unsafe extern "C" {
         result: *mut EnvoyBuffer,
         index: usize,
         optional_size: *mut usize,
+    ) -> bool;
+
+    /// Reads a string attribute of the request (route name, addresses…).
+    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter_envoy_ptr: EnvoyPtr,
+        attribute_id: u32,
+        result: *mut EnvoyBuffer,
     ) -> bool;
 
     /// Adds a header value (request headers: before they go upstream).

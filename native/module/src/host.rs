@@ -59,6 +59,29 @@ impl RequestHost for EnvoyRequest {
         Some(unsafe { std::slice::from_raw_parts(value.ptr, value.length) })
     }
 
+    fn route_name(&self) -> Option<&[u8]> {
+        let mut value = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: `self.filter` is the live filter of the running hook and
+        // the result is a local Envoy writes once.
+        let found = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.filter,
+                abi::ATTRIBUTE_XDS_ROUTE_NAME,
+                &mut value,
+            )
+        };
+        if !found || value.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: Envoy returned a view of the route's name, which lives as
+        // long as the route configuration, beyond this hook; the slice is
+        // tied to `&self`.
+        Some(unsafe { std::slice::from_raw_parts(value.ptr, value.length) })
+    }
+
     fn add_request_header(&mut self, name: &str, value: &[u8]) {
         // SAFETY: `self.filter` is the live filter of the running hook; both
         // buffers are borrowed for the call and Envoy copies them.
