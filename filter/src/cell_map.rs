@@ -86,6 +86,11 @@ impl<V> CellMap<V> {
         self.table.drain()
     }
 
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.table.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
     /// Every key.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.table.iter().map(|(k, _)| k.as_str())

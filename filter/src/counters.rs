@@ -266,6 +266,13 @@ impl BucketCounters {
             .collect()
     }
 
+    /// The offered count of every cell counted so far, by cell key.
+    pub fn offered_by_key(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.counts
+            .iter()
+            .map(|(key, slot)| (key, slot.counts.offered))
+    }
+
     /// The buckets counted so far in this window.
     pub fn buckets(&self) -> impl Iterator<Item = &str> {
         self.counts.keys()

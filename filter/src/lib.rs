@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod modes;
 pub mod new_cells;
 pub mod pacing;
+pub mod process_rates;
 pub mod reject;
 pub mod report_window;
 pub mod shared_keys;

@@ -15,13 +15,14 @@
 use rand::Rng;
 
 use crate::allowance::{
-    AllowanceSettings, DirectiveRates, Engage, Gcra, RateWindow, allowance_rps,
+    AllowanceSettings, DirectiveRates, Engage, Gcra, LocalRate, RateWindow, allowance_rps,
 };
 use crate::counters::unlimited_cap;
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
 use crate::drop_ratio::DropThreshold;
 use crate::fast_map::{self, FastMap};
+use crate::process_rates::ProcessShare;
 
 /// How a drop ratio is applied to single requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,6 +71,16 @@ pub struct Pacer {
     unresolved: Vec<String>,
     /// Whether the caps decide now ([`Engage`]).
     caps_engaged: bool,
+    /// Whether the control plane is lost.
+    lost: bool,
+    /// This VM's share of each cell's process traffic, and that traffic,
+    /// as the leader last published them ([`crate::process_rates`]).
+    process: FastMap<String, ProcessShare>,
+    /// While the control plane is lost: what the whole process may admit
+    /// per cell, frozen when it was lost ([`Self::freeze_budgets`]).
+    budgets: FastMap<String, f64>,
+    /// Whether this outage's budgets are frozen.
+    budgets_frozen: bool,
 }
 
 impl Pacer {
@@ -91,12 +102,95 @@ impl Pacer {
             closed_at_ms: None,
             unresolved: Vec::new(),
             caps_engaged: allowance.is_some_and(|a| a.engage == Engage::Always),
+            lost: false,
+            process: fast_map::new(),
+            budgets: fast_map::new(),
+            budgets_frozen: false,
+        }
+    }
+
+    /// This VM's share of each cell's process traffic, as the leader
+    /// published it.
+    pub fn set_process_shares(&mut self, process: FastMap<String, ProcessShare>) {
+        self.process = process;
+    }
+
+    /// Once the control plane is lost (and the caps decide), freezes what
+    /// the whole process may admit of each cell: the allowance of the
+    /// process's offered rate under the cell's last directive (`rates_of`),
+    /// as a single VM would derive it. Until the control plane is back,
+    /// [`Self::rescale_when_lost`] splits it between the VMs.
+    pub fn freeze_budgets(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        let Some(settings) = self.allowance else {
+            return;
+        };
+        if !(self.lost && self.caps_engaged) || self.budgets_frozen {
+            return;
+        }
+        self.budgets_frozen = true;
+        for (key, process) in &self.process {
+            // A cell just starting has no rate to hold the process to; its
+            // VMs keep deriving their caps from their own traffic.
+            if !process.established {
+                continue;
+            }
+            let Some(rates) = rates_of(key) else {
+                continue;
+            };
+            // Tenths of a request per second, over ten seconds: the rate
+            // as a count the allowance takes.
+            let offered = LocalRate {
+                requests: (process.total_rps * 10.0).round() as u64,
+                window_ms: 10_000,
+            };
+            if let Some(budget) = allowance_rps(offered, rates, settings) {
+                self.budgets.insert(key.clone(), budget);
+            }
+        }
+    }
+
+    /// While the control plane is lost and the caps decide, sets each cell's
+    /// cap to the process's frozen budget times this VM's share of the
+    /// process's traffic now. Caps frozen per VM would under-admit as the
+    /// load moves between workers (connections come and go); a surge spread
+    /// over the VMs leaves the shares, and so the caps, where they were. A
+    /// cell without a budget or a share keeps the cap it has.
+    pub fn rescale_when_lost(&mut self) {
+        let Some(settings) = self.allowance else {
+            return;
+        };
+        if !(self.lost && self.caps_engaged) {
+            return;
+        }
+        let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
+        let now_ms = self.now_ms;
+        for (key, pace) in &mut self.buckets {
+            if pace.applied.is_none() {
+                continue;
+            }
+            let (Some(budget), Some(process)) = (self.budgets.get(key), self.process.get(key))
+            else {
+                continue;
+            };
+            let rate = budget * process.share;
+            if !rate.is_finite() {
+                continue;
+            }
+            match &mut pace.cap {
+                Some(cap) => cap.set_rate(rate, slack_ms, now_ms),
+                None => pace.cap = Some(Gcra::new(rate, slack_ms, now_ms)),
+            }
         }
     }
 
     /// Tells the pacer whether the control plane is lost: with
     /// [`Engage::WhenLost`], the caps decide only then.
     pub fn set_control_plane_lost(&mut self, lost: bool) {
+        self.lost = lost;
+        if !lost {
+            self.budgets.clear();
+            self.budgets_frozen = false;
+        }
         self.caps_engaged = match self.allowance {
             Some(settings) => settings.engage == Engage::Always || lost,
             None => false,

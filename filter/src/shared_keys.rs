@@ -17,3 +17,6 @@ pub const INSTANCE_ID_KEY: &str = "sluice.v1.instance_id";
 /// The queue through which VMs hand their counts to the leader
 /// ([`crate::report_window::Handoff`] messages).
 pub const COUNTS_QUEUE: &str = "sluice.v2.counts";
+/// The process's offered rate per limited cell over the last second
+/// ([`crate::process_rates`]), written by the leader on every slow tick.
+pub const PROCESS_RATES_KEY: &str = "sluice.v1.process_rates";

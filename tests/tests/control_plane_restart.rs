@@ -16,7 +16,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
@@ -42,13 +41,11 @@ async fn native_a_restarted_control_plane_holds_the_limit_from_its_second_interv
 async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval_on(
     data_plane: DataPlane,
 ) {
-    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
-    // What this test is about is the restart (the start-up hold), so the
-    // proxies keep applying their last ratio while the control plane is
-    // down. The default allowance would engage during the outage, and with
-    // two workers its frozen per-VM caps under-admit (125-187 rps against
-    // 200 seen here): issue #13's open multi-worker item.
-    options.filter = json!({"decision": "credit", "allowance": null});
+    // The filter's defaults: while the control plane is down the allowance
+    // engages, and with two workers each VM's cap follows its share of the
+    // process's traffic (frozen per-VM caps under-admitted here, 125-187
+    // rps against 200).
+    let options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
     let mut fleet = Fleet::start(options).await.unwrap();
     let interval = fleet.options.control_interval();
     // An upper bound: the test stops the load once it has measured.

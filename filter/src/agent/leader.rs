@@ -5,11 +5,14 @@
 
 use super::sync::effective_ttl;
 use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
+use crate::cell::{key_of, priority_from_i32};
 use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
 use crate::metrics::Counter;
 use crate::report_window::Handoff;
-use crate::shared_keys::{DIRECTIVES_KEY, DIRECTIVES_META_KEY, INSTANCE_ID_KEY, WORKERS_KEY};
+use crate::shared_keys::{
+    DIRECTIVES_KEY, DIRECTIVES_META_KEY, INSTANCE_ID_KEY, PROCESS_RATES_KEY, WORKERS_KEY,
+};
 use crate::stream::Reconnect;
 use prost::Message;
 use rand::Rng;
@@ -76,8 +79,17 @@ impl Agent {
     }
 
     pub(super) fn lead(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
+        if self.settings.allowance.is_some() {
+            let directives = &self.directives;
+            for (key, offered) in self.local.offered_by_key() {
+                if directives.covers(key) {
+                    leadership.process.add(key, self.vm_id, offered);
+                }
+            }
+        }
         leadership.windows.add_own(&mut self.local, now_ms);
         self.drain_queue(host, leadership, now_ms);
+        self.publish_process_rates(host, leadership, now_ms);
         self.publish_workers(host, leadership, now_ms);
         self.abandon_silent_stream(host, leadership, now_ms);
         if leadership.stream.should_open(now_ms) {
@@ -119,6 +131,29 @@ impl Agent {
         );
     }
 
+    /// Closes a slot of the process's rates and publishes them; the leader
+    /// reads them back like every VM.
+    pub(super) fn publish_process_rates(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
+        if self.settings.allowance.is_none() {
+            return;
+        }
+        leadership.process.close_slot(now_ms);
+        if let Err(err) =
+            host.set_shared_data(PROCESS_RATES_KEY, &leadership.process.encode(), None)
+        {
+            host.log(
+                LogLevel::Debug,
+                &format!("cannot publish the process rates: {err}"),
+            );
+        }
+        self.read_process_rates(host);
+    }
+
     pub(super) fn publish_workers(
         &mut self,
         host: &mut impl Host,
@@ -153,6 +188,18 @@ impl Agent {
                 Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
                     Ok(handoff) => {
                         let directives = &self.directives;
+                        if self.settings.allowance.is_some() {
+                            for count in &handoff.counts {
+                                let key = key_of(
+                                    &count.bucket,
+                                    &count.tenant,
+                                    priority_from_i32(count.priority),
+                                );
+                                if directives.covers(&key) {
+                                    leadership.process.add(&key, handoff.source, count.offered);
+                                }
+                            }
+                        }
                         leadership
                             .windows
                             .add_handoff(handoff, now_ms, |key| directives.covers(key));

@@ -42,6 +42,7 @@ use crate::lease::LEASE_TTL_TICKS;
 use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::{NewBucketPolicy, NewCells};
 use crate::pacing::{DecisionMode, Pacer};
+use crate::process_rates::ProcessRates;
 use crate::reject::{DropReason, RejectResponse, ResponseSettings};
 use crate::report_window::ReportWindows;
 use crate::stream::ControlStream;
@@ -183,6 +184,9 @@ struct Leadership {
     windows: ReportWindows,
     /// Workers last published.
     published_workers: Option<u32>,
+    /// The process's recent offered rate per limited cell, published for
+    /// the allowance ([`crate::process_rates`]).
+    process: ProcessRates,
 }
 
 impl Agent {
@@ -452,6 +456,7 @@ impl Agent {
             &mut self.rng,
         );
         self.pacer.resolve_new(|key| directives.rates_for_cell(key));
+        self.pacer.rescale_when_lost();
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -485,6 +490,7 @@ impl Agent {
             Role::Follower if leader_alive => {
                 self.hand_counts_to_leader(host, now_ms);
                 self.read_workers(host);
+                self.read_process_rates(host);
             }
             // No leader to drain the queue: keep counting locally.
             Role::Follower => {}

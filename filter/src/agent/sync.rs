@@ -10,9 +10,10 @@ use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::{Lease, LeaseStep, next_step};
 use crate::metrics::Counter;
+use crate::process_rates::{self, ProcessRates};
 use crate::report_window::{Handoff, ReportWindows};
 use crate::shared_keys::{
-    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, WORKERS_KEY,
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, PROCESS_RATES_KEY, WORKERS_KEY,
 };
 use crate::stream::ControlStream;
 use prost::Message;
@@ -85,6 +86,7 @@ impl Agent {
             stream: ControlStream::new(),
             windows: ReportWindows::new(self.settings.max_buckets, now_ms),
             published_workers: None,
+            process: ProcessRates::new(self.settings.max_buckets),
         }));
     }
 
@@ -127,6 +129,9 @@ impl Agent {
             self.pacer.set_control_plane_lost(
                 meta.stream_lost || self.freshness.age_ms(now_ms) > LOST_AFTER_MS,
             );
+            let directives = &self.directives;
+            self.pacer
+                .freeze_budgets(|key| directives.rates_for_cell(key));
         }
         self.update_regime(host, now_ms);
     }
@@ -236,6 +241,20 @@ impl Agent {
         // One empty hand-off after traffic tells the leader this VM is
         // idle, so it need not wait for it at the next window's end.
         self.handed_off_last = had_counts;
+    }
+
+    /// This VM's share of each limited cell's process traffic, as the
+    /// leader sees it, for the allowance (only kept when an allowance is
+    /// configured).
+    pub(super) fn read_process_rates(&mut self, host: &mut impl Host) {
+        if self.settings.allowance.is_none() {
+            return;
+        }
+        if let Ok(Some(value)) = host.get_shared_data(PROCESS_RATES_KEY)
+            && let Some(shares) = process_rates::shares_of(&value.bytes, self.vm_id)
+        {
+            self.pacer.set_process_shares(shares);
+        }
     }
 
     pub(super) fn read_workers(&mut self, host: &mut impl Host) {

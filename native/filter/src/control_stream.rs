@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::ControlPlaneTls;
+use crate::workers::now_ms;
 
 /// Messages the agent may queue before the stream is up.
 const OUTBOUND_CAPACITY: usize = 64;
@@ -31,8 +32,10 @@ const UNAVAILABLE: u32 = 14;
 /// What happened on a stream since the agent last looked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamEvent {
-    /// One `ControlMessage`, encoded.
-    Message(Vec<u8>),
+    /// One `ControlMessage`, encoded, and when it arrived (Unix ms): the
+    /// agent stamps the directives' age from it, as a wasm VM does from
+    /// the moment Envoy hands it the message.
+    Message(Vec<u8>, u64),
     /// The stream ended with this gRPC status (0: the server closed it).
     Closed(u32),
 }
@@ -192,7 +195,7 @@ async fn run_stream(
             Ok(Some(message)) => push(
                 inboxes,
                 token,
-                StreamEvent::Message(ControlMessage::encode_to_vec(&message)),
+                StreamEvent::Message(ControlMessage::encode_to_vec(&message), now_ms()),
             ),
             Ok(None) => return 0,
             Err(status) => return grpc_code(&status),

@@ -53,7 +53,9 @@ pub fn tick_all(workers: &Workers) {
         let WorkerState { agent, host } = &mut *state;
         for (token, event) in host.take_stream_events() {
             match event {
-                StreamEvent::Message(bytes) => agent.on_stream_message(host, token, &bytes, now),
+                StreamEvent::Message(bytes, received_ms) => {
+                    agent.on_stream_message(host, token, &bytes, received_ms.min(now));
+                }
                 StreamEvent::Closed(status) => agent.on_stream_close(host, token, status, now),
             }
         }

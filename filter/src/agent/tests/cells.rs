@@ -660,3 +660,92 @@ fn a_silent_control_plane_engages_them_after_a_while() {
     fleet.ticks(2);
     assert!(fleet.vms[0].1.pacer.caps_engaged());
 }
+
+/// Two serving VMs (a third leads and serves nothing, like a main-thread
+/// VM) share a cell at 100 rps each; the directive halves it; then the
+/// control plane is lost. Returns the fleet, the serving VMs and the
+/// requests per 100 ms tick each was offered.
+fn lost_with_two_workers() -> (Fleet, Vec<usize>) {
+    let mut fleet = Fleet::with_settings(
+        3,
+        AgentSettings {
+            allowance: Some(crate::allowance::AllowanceSettings {
+                headroom: 0.0,
+                burst_ms: 0,
+                engage: crate::allowance::Engage::WhenLost,
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let (_, leader) = fleet.the_stream();
+    let workers: Vec<usize> = (0..3).filter(|vm| *vm != leader).collect();
+    let acme = ("acme", "", Priority::Unspecified);
+    for _ in 0..15 {
+        fleet.tick();
+        for worker in &workers {
+            fleet.cell_decisions(*worker, acme, 10);
+        }
+    }
+    // The control plane pushes while the ratio settles: the caps rest on
+    // the VMs' rates over the last second once the second batch arrives.
+    for (version, ratio) in [(1, 0.49), (2, 0.5)] {
+        fleet.push_batch(DirectiveBatch {
+            version,
+            ..batch(vec![Directive {
+                offered_rps: 200.0,
+                ..cell("acme", "", Priority::Unspecified, ratio)
+            }])
+        });
+        for _ in 0..15 {
+            fleet.tick();
+            for worker in &workers {
+                fleet.cell_decisions(*worker, acme, 10);
+            }
+        }
+    }
+    fleet.server_closes(14);
+    (fleet, workers)
+}
+
+/// Admitted per second over the last `measure` of `ticks` ticks, with
+/// `load[i]` requests per tick offered to `workers[i]`.
+fn admitted_per_second(
+    fleet: &mut Fleet,
+    workers: &[usize],
+    load: &[usize],
+    ticks: usize,
+    measure: usize,
+) -> f64 {
+    let acme = ("acme", "", Priority::Unspecified);
+    let mut admitted = 0;
+    for tick in 0..ticks {
+        fleet.tick();
+        for (worker, per_tick) in workers.iter().zip(load) {
+            let (rejected, _) = fleet.cell_decisions(*worker, acme, *per_tick);
+            if tick >= ticks - measure {
+                admitted += per_tick - rejected;
+            }
+        }
+    }
+    admitted as f64 * 10.0 / measure as f64
+}
+
+#[test]
+fn while_the_control_plane_is_lost_caps_follow_load_moving_between_workers() {
+    let (mut fleet, workers) = lost_with_two_workers();
+    // All of the load moves to one worker: its cap, frozen at its old
+    // share, would admit 50 rps; the process admitted 100 at the last
+    // directive.
+    let rate = admitted_per_second(&mut fleet, &workers, &[20, 0], 60, 20);
+    assert!((90.0..=110.0).contains(&rate), "{rate} rps");
+}
+
+#[test]
+fn while_the_control_plane_is_lost_a_surge_on_every_worker_is_held() {
+    let (mut fleet, workers) = lost_with_two_workers();
+    // Three times the load on both workers: the shares do not move, and
+    // the caps hold the process at what it admitted.
+    let rate = admitted_per_second(&mut fleet, &workers, &[30, 30], 60, 20);
+    assert!((90.0..=110.0).contains(&rate), "{rate} rps");
+}

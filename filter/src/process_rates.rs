@@ -1,0 +1,323 @@
+//! Each VM's share of the process's recent traffic per limited cell, so
+//! that the allowance can follow load that moves between VMs while the
+//! control plane is lost.
+//!
+//! A VM's cap is derived from its own offered rate when a directive
+//! arrives. While the control plane is lost no directive arrives, and with
+//! several workers the load moves between VMs (connections come and go, and
+//! Envoy balances them per connection): caps frozen per VM then under-admit,
+//! one VM starved at its old share while another leaves its own unused.
+//! The leader sees every VM's counts (its own and the hand-offs), keeps each
+//! source's rate per cell over the last second here, and publishes them;
+//! once the control plane is lost, each VM freezes the process's budget per
+//! cell (the allowance of the process's offered rate) and caps itself at
+//! its current share of it ([`crate::pacing::Pacer::rescale_when_lost`]).
+//! Shares come from the leader's one view of every source, so they lag
+//! alike and add up to one.
+//!
+//! The published form: a version byte, a `u32` cell count, then per cell a
+//! `u16` key length, the key bytes, a `u8` flag (1: traffic for the whole
+//! window), a `u8` source count and per source its `u64` id and rate as an
+//! `f32`, all little-endian.
+
+use crate::fast_map::{self, FastMap};
+
+/// Slots of the rolling window; the open one is not counted, so the rate
+/// covers the last `SLOTS - 1` closed slots (slow ticks).
+const SLOTS: usize = 11;
+/// Slot length assumed before the first close measured one.
+const DEFAULT_SPAN_MS: u64 = 100;
+/// Layout version of the published bytes.
+const VERSION: u8 = 2;
+/// Most cells published: the key is read by every VM on every slow tick.
+pub const MAX_PUBLISHED: usize = 4_096;
+/// Most sources kept per cell (VMs of one Envoy process).
+const MAX_SOURCES: usize = 64;
+
+type Slots = [u64; SLOTS];
+
+/// A cell's sources, and for how many slots it has had traffic.
+#[derive(Debug, Default)]
+struct Cell {
+    sources: Vec<(u64, Slots)>,
+    slots_seen: usize,
+}
+
+/// Counts of the last second per cell and source (leader side).
+#[derive(Debug)]
+pub struct ProcessRates {
+    cells: FastMap<String, Cell>,
+    spans_ms: [u64; SLOTS],
+    /// The open slot.
+    current: usize,
+    closed_at_ms: Option<u64>,
+    max_cells: usize,
+}
+
+impl ProcessRates {
+    /// Rates of at most `max_cells` cells.
+    pub fn new(max_cells: usize) -> Self {
+        Self {
+            cells: fast_map::new(),
+            spans_ms: [0; SLOTS],
+            current: 0,
+            closed_at_ms: None,
+            max_cells,
+        }
+    }
+
+    /// Counts `offered` requests of `key` from VM `source` in the open slot.
+    pub fn add(&mut self, key: &str, source: u64, offered: u64) {
+        if offered == 0 {
+            return;
+        }
+        let current = self.current;
+        if !self.cells.contains_key(key) {
+            if self.cells.len() >= self.max_cells {
+                return;
+            }
+            self.cells.insert(key.to_owned(), Cell::default());
+        }
+        let Some(Cell { sources, .. }) = self.cells.get_mut(key) else {
+            return;
+        };
+        let slots = match sources.iter().position(|(id, _)| *id == source) {
+            Some(index) => sources.get_mut(index).map(|(_, slots)| slots),
+            None if sources.len() >= MAX_SOURCES => None,
+            None => {
+                sources.push((source, [0; SLOTS]));
+                sources.last_mut().map(|(_, slots)| slots)
+            }
+        };
+        if let Some(slot) = slots.and_then(|slots| slots.get_mut(current)) {
+            *slot = slot.saturating_add(offered);
+        }
+    }
+
+    /// Closes the open slot at `now_ms` and opens the next (the oldest
+    /// leaves the window); sources and cells with no count left are
+    /// forgotten.
+    pub fn close_slot(&mut self, now_ms: u64) {
+        let span = match self.closed_at_ms {
+            Some(closed) if now_ms > closed => now_ms - closed,
+            _ => DEFAULT_SPAN_MS,
+        };
+        self.closed_at_ms = Some(now_ms);
+        if let Some(slot) = self.spans_ms.get_mut(self.current) {
+            *slot = span;
+        }
+        self.current = (self.current + 1) % SLOTS;
+        let current = self.current;
+        if let Some(slot) = self.spans_ms.get_mut(current) {
+            *slot = 0;
+        }
+        self.cells.retain(|_, cell| {
+            cell.slots_seen = cell.slots_seen.saturating_add(1);
+            cell.sources.retain_mut(|(_, slots)| {
+                if let Some(slot) = slots.get_mut(current) {
+                    *slot = 0;
+                }
+                slots.iter().any(|&count| count > 0)
+            });
+            !cell.sources.is_empty()
+        });
+    }
+
+    fn rate(&self, slots: &Slots, span_ms: u64) -> f64 {
+        let requests: u64 = slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.current)
+            .map(|(_, count)| *count)
+            .sum();
+        requests as f64 * 1000.0 / span_ms as f64
+    }
+
+    /// The rate of `key` from `source` over the closed slots, in requests
+    /// per second.
+    pub fn rate_rps(&self, key: &str, source: u64) -> Option<f64> {
+        let span: u64 = self.spans_ms.iter().sum();
+        let (_, slots) = self
+            .cells
+            .get(key)?
+            .sources
+            .iter()
+            .find(|(id, _)| *id == source)?;
+        (span > 0).then(|| self.rate(slots, span))
+    }
+
+    /// The published form: every cell's per-source rates (at most
+    /// [`MAX_PUBLISHED`] cells).
+    pub fn encode(&self) -> Vec<u8> {
+        let span: u64 = self.spans_ms.iter().sum();
+        let mut bytes = vec![VERSION];
+        let cells: Vec<(&String, &Cell)> = if span == 0 {
+            Vec::new()
+        } else {
+            self.cells
+                .iter()
+                .filter(|(key, _)| key.len() <= usize::from(u16::MAX))
+                .take(MAX_PUBLISHED)
+                .collect()
+        };
+        bytes.extend_from_slice(&u32::try_from(cells.len()).unwrap_or(0).to_le_bytes());
+        for (key, cell) in cells {
+            bytes.extend_from_slice(&u16::try_from(key.len()).unwrap_or(0).to_le_bytes());
+            bytes.extend_from_slice(key.as_bytes());
+            bytes.push(u8::from(cell.slots_seen >= SLOTS - 1));
+            bytes.push(u8::try_from(cell.sources.len()).unwrap_or(0));
+            for (source, slots) in &cell.sources {
+                bytes.extend_from_slice(&source.to_le_bytes());
+                bytes.extend_from_slice(&(self.rate(slots, span) as f32).to_le_bytes());
+            }
+        }
+        bytes
+    }
+}
+
+/// One VM's view of a cell's process traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessShare {
+    /// The VM's part of the process's offered rate, in `[0, 1]`.
+    pub share: f64,
+    /// The process's offered rate, in requests per second.
+    pub total_rps: f64,
+    /// Whether the cell has had traffic for the whole window, so that its
+    /// rate says what the process offers (not a cell just starting).
+    pub established: bool,
+}
+
+/// Reads the published form as `source`'s share of each cell's process
+/// traffic (0 where `source` has none); `None` if the bytes are not a form
+/// this build writes.
+pub fn shares_of(bytes: &[u8], source: u64) -> Option<FastMap<String, ProcessShare>> {
+    let (&version, rest) = bytes.split_first()?;
+    if version != VERSION {
+        return None;
+    }
+    let (count, mut rest) = rest.split_first_chunk::<4>()?;
+    let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
+    let mut shares = fast_map::new();
+    for _ in 0..count.min(MAX_PUBLISHED) {
+        let (len, tail) = rest.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_le_bytes(*len));
+        let key = std::str::from_utf8(tail.get(..len)?).ok()?;
+        let (&established, tail) = tail.get(len..)?.split_first()?;
+        let (&sources, mut tail) = tail.split_first()?;
+        let mut total = 0.0;
+        let mut own = None;
+        for _ in 0..sources {
+            let (id, after_id) = tail.split_first_chunk::<8>()?;
+            let (rate, after_rate) = after_id.split_first_chunk::<4>()?;
+            let rate = f64::from(f32::from_le_bytes(*rate));
+            if rate.is_finite() && rate >= 0.0 {
+                total += rate;
+                if u64::from_le_bytes(*id) == source {
+                    own = Some(rate);
+                }
+            }
+            tail = after_rate;
+        }
+        if total > 0.0 {
+            let share = own.unwrap_or(0.0) / total;
+            shares.insert(
+                key.to_owned(),
+                ProcessShare {
+                    share,
+                    total_rps: total,
+                    established: established == 1,
+                },
+            );
+        }
+        rest = tail;
+    }
+    Some(shares)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn the_rate_covers_the_closed_slots() {
+        let mut rates = ProcessRates::new(10);
+        for tick in 0..20_u64 {
+            rates.add("a", 1, 10);
+            rates.close_slot(1_000 + tick * 100);
+        }
+        // 10 closed slots of 100 ms with 10 requests each: 100 rps.
+        let rate = rates.rate_rps("a", 1).unwrap_or_default();
+        assert!((rate - 100.0).abs() < 1e-9, "{rate}");
+        assert_eq!(rates.rate_rps("a", 2), None);
+        assert_eq!(rates.rate_rps("b", 1), None);
+    }
+
+    #[test]
+    fn idle_cells_are_forgotten_and_the_table_is_bounded() {
+        let mut rates = ProcessRates::new(2);
+        rates.add("a", 1, 1);
+        rates.add("b", 1, 1);
+        rates.add("c", 1, 1);
+        assert_eq!(rates.cells.len(), 2);
+        for tick in 0..SLOTS as u64 {
+            rates.close_slot(tick * 100);
+        }
+        assert!(rates.cells.is_empty());
+    }
+
+    #[test]
+    fn each_source_reads_its_share() {
+        let mut rates = ProcessRates::new(10);
+        rates.add("a", 1, 30);
+        rates.add("a", 2, 10);
+        rates.add("b", 2, 5);
+        rates.close_slot(100);
+        rates.close_slot(200);
+        let bytes = rates.encode();
+        let share = |source, key| {
+            shares_of(&bytes, source)
+                .unwrap_or_default()
+                .get(key)
+                .map(|p| (p.share, p.total_rps))
+        };
+        let close = |got: Option<(f64, f64)>, want: (f64, f64)| {
+            got.is_some_and(|(s, t)| (s - want.0).abs() < 1e-6 && (t - want.1).abs() < 1e-3)
+        };
+        // 40 requests over two closed 100 ms slots: 200 rps.
+        assert!(close(share(1, "a"), (0.75, 200.0)), "{:?}", share(1, "a"));
+        assert!(close(share(1, "b"), (0.0, 25.0)), "{:?}", share(1, "b"));
+        assert!(close(share(2, "a"), (0.25, 200.0)), "{:?}", share(2, "a"));
+        assert!(close(share(2, "b"), (1.0, 25.0)), "{:?}", share(2, "b"));
+    }
+
+    #[test]
+    fn a_cell_is_established_after_a_whole_window_of_traffic() {
+        let mut rates = ProcessRates::new(10);
+        let established = |rates: &ProcessRates| {
+            shares_of(&rates.encode(), 1)
+                .unwrap_or_default()
+                .get("a")
+                .is_some_and(|p| p.established)
+        };
+        for tick in 0..SLOTS as u64 {
+            rates.add("a", 1, 5);
+            rates.close_slot(tick * 100);
+            assert_eq!(
+                established(&rates),
+                tick as usize >= SLOTS - 2,
+                "tick {tick}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_bytes_are_refused() {
+        assert!(shares_of(&[], 1).is_none());
+        assert!(shares_of(&[1, 0, 0, 0, 0], 1).is_none());
+        assert!(shares_of(&[2, 1, 0, 0, 0, 5, 0, b'a'], 1).is_none());
+        assert!(shares_of(&[2, 1, 0, 0, 0, 1, 0, b'a', 0, 1, 1], 1).is_none());
+        assert_eq!(shares_of(&[2, 0, 0, 0, 0], 1).map(|m| m.len()), Some(0));
+    }
+}
