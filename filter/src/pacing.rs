@@ -119,16 +119,52 @@ impl Pacer {
     /// the whole process may admit of each cell: the allowance of the
     /// process's offered rate under the cell's last directive (`rates_of`),
     /// as a single VM would derive it. Until the control plane is back,
-    /// [`Self::rescale_when_lost`] splits it between the VMs.
-    pub fn freeze_budgets(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
-        let Some(settings) = self.allowance else {
-            return;
-        };
+    /// [`Self::rescale_caps`] splits it between the VMs.
+    pub fn freeze_budgets(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
         if !(self.lost && self.caps_engaged) || self.budgets_frozen {
             return;
         }
         self.budgets_frozen = true;
+        self.budgets.clear();
+        self.derive_budgets(rates_of);
+    }
+
+    /// With caps that always decide ([`Engage::Always`]), the budgets
+    /// follow each new directive table, and hold between directives: a
+    /// step spread over several workers then meets the process's budget
+    /// rather than each worker's frozen cap (a worker that had no traffic
+    /// before the step has none).
+    pub fn budgets_for_directives(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        if self.always_engaged() && !self.lost {
+            self.budgets.clear();
+            self.derive_budgets(rates_of);
+        }
+    }
+
+    /// With [`Engage::Always`], gives a budget to the cells that have none
+    /// yet (their traffic was not established at the last directive); the
+    /// others keep theirs until the next directive. VMs call it when new
+    /// process shares arrive.
+    pub fn budgets_for_new_cells(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        if self.always_engaged() && !self.lost {
+            self.derive_budgets(rates_of);
+        }
+    }
+
+    fn always_engaged(&self) -> bool {
+        self.allowance
+            .is_some_and(|settings| settings.engage == Engage::Always)
+    }
+
+    /// Derives the budget of every established cell that has none.
+    fn derive_budgets(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        let Some(settings) = self.allowance else {
+            return;
+        };
         for (key, process) in &self.process {
+            if self.budgets.contains_key(key) {
+                continue;
+            }
             // A cell just starting has no rate to hold the process to; its
             // VMs keep deriving their caps from their own traffic.
             if !process.established {
@@ -149,17 +185,18 @@ impl Pacer {
         }
     }
 
-    /// While the control plane is lost and the caps decide, sets each cell's
-    /// cap to the process's frozen budget times this VM's share of the
-    /// process's traffic now. Caps frozen per VM would under-admit as the
-    /// load moves between workers (connections come and go); a surge spread
-    /// over the VMs leaves the shares, and so the caps, where they were. A
-    /// cell without a budget or a share keeps the cap it has.
-    pub fn rescale_when_lost(&mut self) {
+    /// While the caps decide, sets each cell's cap to the process's budget
+    /// (frozen at the loss, or at the last directive with
+    /// [`Engage::Always`]) times this VM's share of the process's traffic
+    /// now. Caps frozen per VM would under-admit as the load moves between
+    /// workers (connections come and go); a surge spread over the VMs
+    /// leaves the shares, and so the caps, where they were. A cell without a
+    /// budget or a share keeps the cap it has.
+    pub fn rescale_caps(&mut self) {
         let Some(settings) = self.allowance else {
             return;
         };
-        if !(self.lost && self.caps_engaged) {
+        if !self.caps_engaged || self.budgets.is_empty() {
             return;
         }
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
@@ -186,11 +223,13 @@ impl Pacer {
     /// Tells the pacer whether the control plane is lost: with
     /// [`Engage::WhenLost`], the caps decide only then.
     pub fn set_control_plane_lost(&mut self, lost: bool) {
-        self.lost = lost;
-        if !lost {
+        if self.lost && !lost {
             self.budgets.clear();
+        }
+        if !lost {
             self.budgets_frozen = false;
         }
+        self.lost = lost;
         self.caps_engaged = match self.allowance {
             Some(settings) => settings.engage == Engage::Always || lost,
             None => false,

@@ -11,7 +11,7 @@
 //! source's rate per cell over the last second here, and publishes them;
 //! once the control plane is lost, each VM freezes the process's budget per
 //! cell (the allowance of the process's offered rate) and caps itself at
-//! its current share of it ([`crate::pacing::Pacer::rescale_when_lost`]).
+//! its current share of it ([`crate::pacing::Pacer::rescale_caps`]).
 //! Shares come from the leader's one view of every source, so they lag
 //! alike and add up to one.
 //!

@@ -7,8 +7,8 @@
 //! runs with the same control plane build and the same load measure both,
 //! as the simulator does (`sluice simulate --scenario step-10x`): the
 //! allowance overshoots less in the first second after the step, and both
-//! settle near the limit. Each Envoy runs one worker, so the allowance
-//! measured is the one VM's that saw the load before the step.
+//! settle near the limit. The Envoys run two workers, then four: a step's
+//! connections land on any of them.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -53,7 +53,7 @@ impl Outcome {
     }
 }
 
-async fn run_step(filter_patch: Json) -> Outcome {
+async fn run_step(filter_patch: Json, workers: u32) -> Outcome {
     let dir = tempfile::Builder::new()
         .prefix("sluice-it-")
         .tempdir()
@@ -75,13 +75,12 @@ async fn run_step(filter_patch: Json) -> Outcome {
         let rewrite = Rewrite::for_test(control_plane.grpc_addr(), patch).unwrap();
         envoy::rewrite(&mut config, &rewrite).unwrap();
         let mut options = EnvoyOptions::new(&format!("envoy-{letter}"), dir.path());
-        // One worker: the step's new connections meet the cap the base
-        // load's VM derived. With several workers a step connection may land
-        // on a VM that meets the cell only with the step: it caps the cell
-        // from its first tick, but derives that cap from the step's own
-        // traffic and the directive from before the step, so it holds the
-        // step only from the next directive (docs/accuracy.md, "In Envoy").
-        options.concurrency = 1;
+        // Several workers: a step connection may land on a VM that meets the
+        // cell only with the step. Each VM caps the cell at its share of the
+        // process's budget from the last directive (docs/accuracy.md,
+        // "Several workers per Envoy"), so where the step lands does not
+        // matter.
+        options.concurrency = workers;
         envoys.push(Envoy::start(&config, &options).await.unwrap());
     }
     let urls: Vec<String> = envoys.iter().map(Envoy::base_url).collect();
@@ -140,13 +139,25 @@ async fn run_step(filter_patch: Json) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allowance_holds_a_load_step_that_coin_flips_overshoot() {
+    step_with_workers(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_holds_a_load_step_with_four_workers() {
+    step_with_workers(4).await;
+}
+
+async fn step_with_workers(workers: u32) {
     // The seed's coin flips, spelled out now that they are not the default.
-    let coin = run_step(json!({"decision": "coin", "allowance": null})).await;
+    let coin = run_step(json!({"decision": "coin", "allowance": null}), workers).await;
     // The credit decision and the allowance, engaged while the control
     // plane is up too (by default it engages only once it is lost).
-    let allowance = run_step(json!({
-        "allowance": {"headroom": 0, "burst_ms": 20, "engage": "always"}
-    }))
+    let allowance = run_step(
+        json!({
+            "allowance": {"headroom": 0, "burst_ms": 20, "engage": "always"}
+        }),
+        workers,
+    )
     .await;
     let summary = format!(
         "coin: first second {:.0} rps, settled {:.0} rps\n\

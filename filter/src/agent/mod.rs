@@ -456,7 +456,7 @@ impl Agent {
             &mut self.rng,
         );
         self.pacer.resolve_new(|key| directives.rates_for_cell(key));
-        self.pacer.rescale_when_lost();
+        self.pacer.rescale_caps();
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -471,6 +471,8 @@ impl Agent {
     fn pace_directives(&mut self) {
         let directives = &self.directives;
         self.pacer.resolve_all(|key| directives.rates_for_cell(key));
+        self.pacer
+            .budgets_for_directives(|key| directives.rates_for_cell(key));
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {

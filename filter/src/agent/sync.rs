@@ -254,6 +254,9 @@ impl Agent {
             && let Some(shares) = process_rates::shares_of(&value.bytes, self.vm_id)
         {
             self.pacer.set_process_shares(shares);
+            let directives = &self.directives;
+            self.pacer
+                .budgets_for_new_cells(|key| directives.rates_for_cell(key));
         }
     }
 
