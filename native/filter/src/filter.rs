@@ -154,6 +154,17 @@ impl NativeFilter {
         }
     }
 
+    /// A hook panicked for a request, which went on unfiltered: counted in
+    /// `sluice.native_hook_panics`.
+    pub fn count_hook_panic(&self) {
+        let id = self.shared.metrics.define(
+            sluice_filter::host_api::MetricKind::Counter,
+            crate::stats::HOOK_PANICS,
+        );
+        // The id was just defined, so it exists.
+        let _ = self.shared.metrics.increment(id, 1);
+    }
+
     /// The agents' metrics (counters summed over workers).
     pub fn metrics(&self) -> Vec<MetricValue> {
         self.shared.metrics.snapshot()

@@ -18,9 +18,12 @@ pub trait StatsSink: Send + Sync {
     fn set_gauge(&self, name: &str, value: u64);
 }
 
-/// Every metric name the agents may define, with its kind: what the module
-/// defines in Envoy when the configuration is created (Envoy accepts no new
-/// stats after that).
+/// Requests whose hook panicked in the module and went on unfiltered.
+pub const HOOK_PANICS: &str = "sluice.native_hook_panics";
+
+/// Every metric name the module may export, with its kind: the agents' and
+/// [`HOOK_PANICS`]; what the module defines in Envoy when the configuration
+/// is created (Envoy accepts no new stats after that).
 pub fn metric_names() -> impl Iterator<Item = (MetricKind, &'static str)> {
     Counter::ALL
         .into_iter()
@@ -30,6 +33,7 @@ pub fn metric_names() -> impl Iterator<Item = (MetricKind, &'static str)> {
                 .into_iter()
                 .map(|gauge| (MetricKind::Gauge, gauge.name())),
         )
+        .chain(std::iter::once((MetricKind::Counter, HOOK_PANICS)))
 }
 
 /// What was exported so far, to turn counter totals into deltas.
@@ -131,7 +135,7 @@ mod tests {
     #[test]
     fn every_agent_metric_has_a_name_to_define() {
         let names: Vec<_> = metric_names().collect();
-        assert_eq!(names.len(), Counter::ALL.len() + Gauge::ALL.len());
+        assert_eq!(names.len(), Counter::ALL.len() + Gauge::ALL.len() + 1);
         assert!(
             names
                 .iter()

@@ -23,12 +23,24 @@ pub fn panics() -> u64 {
 
 /// Runs `body`; a panic becomes `fallback`, counted and reported once.
 fn guarded<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    guarded_with(hook, fallback, body, || {})
+}
+
+/// [`guarded`], calling `on_panic` as well when `body` panics.
+fn guarded_with<T>(
+    hook: &str,
+    fallback: T,
+    body: impl FnOnce() -> T,
+    on_panic: impl FnOnce(),
+) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(_) => {
             if PANICS.fetch_add(1, Ordering::Relaxed) == 0 {
                 eprintln!("sluice_native: {hook} panicked; the request continues unfiltered");
             }
+            // Counting must not panic again across the boundary.
+            let _ = catch_unwind(AssertUnwindSafe(on_panic));
             fallback
         }
     }
@@ -148,12 +160,15 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
     // dropped before the hook returns.
     let mut request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
-    guarded("request_headers", abi::STATUS_CONTINUE, || {
-        match filter.on_request_headers(&mut request) {
+    guarded_with(
+        "request_headers",
+        abi::STATUS_CONTINUE,
+        || match filter.on_request_headers(&mut request) {
             HeadersAction::Continue => abi::STATUS_CONTINUE,
             HeadersAction::Stop => abi::STATUS_STOP_ITERATION,
-        }
-    })
+        },
+        || filter.count_hook_panic(),
+    )
 }
 
 /// Defines a hook that does nothing and lets the stream continue.
@@ -219,6 +234,15 @@ mod tests {
         });
         assert_eq!(status, abi::STATUS_CONTINUE);
         assert_eq!(panics(), before + 1);
+        let mut counted = false;
+        let status = guarded_with(
+            "test",
+            abi::STATUS_CONTINUE,
+            || -> u32 { std::panic::panic_any("boom") },
+            || counted = true,
+        );
+        assert_eq!(status, abi::STATUS_CONTINUE);
+        assert!(counted);
     }
 
     #[test]
