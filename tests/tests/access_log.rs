@@ -176,3 +176,68 @@ async fn without_a_control_plane_requests_are_flagged_upstream() {
 fn whole() -> sluice_integration_tests::load::Window {
     sluice_integration_tests::load::Window::secs(0.0, 3600.0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_drops_and_the_fallback_are_explained_in_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    // acme in shadow mode: would-be drops pass and say so. The batches'
+    // TTL of 1 s puts the filter in its fallback soon after the control
+    // plane dies.
+    let mut control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "directive_ttl_ms: 1000\nmodes:\n  default: shadow\nlimits:\n  - bucket: acme\n    limit_rps: 20\n",
+            dir.path(),
+        )
+        .control_interval_ms(200),
+    )
+    .await
+    .unwrap();
+    let log = dir.path().join("access.log");
+    let envoy = start(control_plane.grpc_addr(), dir.path(), &log).await;
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 100.0)],
+        Duration::from_secs(6),
+    ))
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    control_plane.kill().unwrap();
+    let result = load.finish().await.unwrap();
+    let lines = lines(&log, 500).await;
+    let text = lines.join("\n");
+    assert_eq!(
+        result.tenant_counts(whole(), "acme").limited,
+        0,
+        "shadow mode answered a 429\n{text}"
+    );
+
+    let shadow = lines
+        .iter()
+        .find(|line| field(line, "result") == Some("shadow_drop"))
+        .unwrap_or_else(|| panic!("no shadow drop logged:\n{text}"));
+    assert!(shadow.starts_with("200 "), "{shadow}");
+    assert_eq!(
+        field(shadow, "reason"),
+        Some("cluster_overload"),
+        "{shadow}"
+    );
+    assert_eq!(field(shadow, "source"), Some("directive"), "{shadow}");
+    assert_eq!(field(shadow, "undirected"), Some("-"), "{shadow}");
+
+    // After the TTL the fallback decides, and the request goes upstream
+    // flagged as decided without fresh directives.
+    let fallback = lines
+        .iter()
+        .find(|line| field(line, "source") == Some("fallback"))
+        .unwrap_or_else(|| panic!("no decision of the fallback logged:\n{text}"));
+    assert_eq!(
+        field(fallback, "undirected"),
+        Some("fallback"),
+        "{fallback}"
+    );
+    assert!(
+        field(fallback, "age_ms")
+            .and_then(|age| age.parse::<u64>().ok())
+            .is_some_and(|age| age >= 1_000),
+        "{fallback}"
+    );
+}
