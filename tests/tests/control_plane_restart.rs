@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use serde_json::json;
 use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
@@ -41,11 +42,16 @@ async fn native_a_restarted_control_plane_holds_the_limit_from_its_second_interv
 async fn a_restarted_control_plane_holds_the_limit_from_its_second_interval_on(
     data_plane: DataPlane,
 ) {
-    // The filter's defaults: while the control plane is down the allowance
-    // engages, and with two workers each VM's cap follows its share of the
-    // process's traffic (frozen per-VM caps under-admitted here, 125-187
-    // rps against 200).
-    let options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
+    // What this test is about is the restart (the start-up hold), so the
+    // proxies keep applying their last ratio while the control plane is
+    // down. With the default allowance the caps engage during the outage:
+    // with two workers each VM now caps at its share of the process's
+    // budget (190.4 rps over the outage, 195.0 after the restart measured
+    // here, where frozen per-VM caps gave 125-187), but the shares lag the
+    // load by a slow tick and cost a few percent, outside this test's ±2 %
+    // band; `outage_surge.rs` and `long_outage.rs` measure the allowance.
+    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
+    options.filter = json!({"decision": "credit", "allowance": null});
     let mut fleet = Fleet::start(options).await.unwrap();
     let interval = fleet.options.control_interval();
     // An upper bound: the test stops the load once it has measured.
