@@ -143,25 +143,23 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
             }
         }
     }
+    // One pass over the config: wasm plugins (`vm_config`) and Sluice
+    // dynamic modules (`dynamic_module_config`) are patched alike.
     let mut failure: Option<anyhow::Error> = None;
     visit_mappings(config, &mut |mapping| {
-        if failure.is_some() || !mapping.contains_key("vm_config") {
+        if failure.is_some() {
             return;
         }
-        report.wasm_plugins += 1;
-        if let Err(err) = patch_plugin(mapping, rw) {
-            failure = Some(err);
-        }
-    });
-    if let Some(err) = failure {
-        return Err(err);
-    }
-    visit_mappings(config, &mut |mapping| {
-        if failure.is_some() || !mapping.contains_key("dynamic_module_config") {
+        let patched = if mapping.contains_key("vm_config") {
+            report.wasm_plugins += 1;
+            patch_plugin(mapping, rw)
+        } else if mapping.contains_key("dynamic_module_config") {
+            report.native_modules += 1;
+            patch_native_module(mapping, rw)
+        } else {
             return;
-        }
-        report.native_modules += 1;
-        if let Err(err) = patch_native_module(mapping, rw) {
+        };
+        if let Err(err) = patched {
             failure = Some(err);
         }
     });
