@@ -22,7 +22,7 @@ use crate::trust::{
     Ceilings, Exposure, IdentityPolicy, IdentityRule, ListenerRefused, Transport, check_listener,
 };
 use crate::types::ControlInterval;
-use crate::{GrpcEndpoint, RunError, run_with};
+use crate::{GrpcEndpoint, RunError};
 
 /// Global rate limiting for Envoy: the control plane.
 #[derive(Debug, Parser)]
@@ -138,13 +138,18 @@ pub struct ServeArgs {
     /// like envoyproxy/ratelimit.
     #[arg(long)]
     pub quota_fail_closed: bool,
-    /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS). The
-    /// quotas' counters live there instead of in this process, so several
-    /// control planes count together. The password comes from
-    /// `--store-password-file`, else the environment variable
-    /// SLUICE_STORE_PASSWORD.
+    /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS). Every
+    /// `sluice serve` given the same store is a replica of one control
+    /// plane: they add up their proxies' load there, one of them (the
+    /// leader) decides, and all push its directives; the quotas' counters
+    /// live there too. The password comes from `--store-password-file`,
+    /// else the environment variable SLUICE_STORE_PASSWORD.
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// This replica's name in the store (unique among the replicas);
+    /// default: the process's epoch in hex.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    pub replica_id: Option<String>,
     /// With a `rediss://` store: trust this CA (PEM) instead of the
     /// system's roots.
     #[arg(long, value_name = "FILE", requires = "store")]
@@ -300,6 +305,14 @@ pub enum ServeError {
     /// The shared store is unusable.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The shared store holds state this replica cannot use.
+    #[error("store {url}: {source}")]
+    Replica {
+        /// The store (password redacted).
+        url: String,
+        /// Why.
+        source: crate::replicas::ReplicaError,
+    },
     /// The servers failed.
     #[error(transparent)]
     Run(#[from] RunError),
@@ -414,9 +427,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .as_deref()
         .map(crate::quotas::QuotaConfig::from_path)
         .transpose()?;
-    let quota_counters = match &args.store {
+    let store = match &args.store {
         Some(url) => Some(connect_store(url, &args).await?),
         None => None,
+    };
+    let quota_counters = match (&store, &quota_config) {
+        (Some(store), Some(_)) => Some(crate::quotas::RedisCounters::new(store.clone()).await?),
+        _ => None,
     };
     let defaults = Settings::from_config(&config, args.control_interval_ms);
     let settings = Settings {
@@ -452,6 +469,27 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let admin_addr = local_addr("admin", args.admin_listen, &admin_listener)?;
 
     let state = AppState::new(settings);
+    let replica = match store {
+        Some(store) => {
+            let url = store.url().to_string();
+            let options = crate::replicas::ReplicaOptions {
+                id: args
+                    .replica_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{:016x}", state.epoch())),
+                control_interval: state.control_interval().as_duration(),
+            };
+            let replica = crate::replicas::Replica::join(store, options)
+                .await
+                .map_err(|source| ServeError::Replica {
+                    url: url.clone(),
+                    source,
+                })?;
+            tracing::info!(replica = replica.id(), store = %url, "a replica of the control plane sharing this store");
+            Some(replica)
+        }
+        None => None,
+    };
     if auth.token.is_none() {
         tracing::warn!("admin API without a token: anyone on this host can change limits");
     }
@@ -513,7 +551,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             })
         }),
     };
-    run_with(grpc, admin_listener, admin, poll, shutdown).await?;
+    crate::run_replicated(grpc, admin_listener, admin, poll, replica, shutdown).await?;
     Ok(())
 }
 
@@ -522,18 +560,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
 async fn connect_store(
     url: &str,
     args: &ServeArgs,
-) -> Result<crate::quotas::RedisCounters, crate::store::StoreError> {
+) -> Result<crate::store::Store, crate::store::StoreError> {
     let options = crate::store::StoreOptions::from_args(
         url,
         args.store_password_file.as_deref(),
         std::time::Duration::from_millis(args.store_timeout_ms),
     )?
     .with_tls_ca(args.store_tls_ca.clone())?;
-    let store = crate::store::Store::connect(&options).await?;
-    if args.quotas.is_none() {
-        tracing::warn!(store = %options.url, "--store without --quotas: the store holds the quotas' counters and nothing else yet");
-    }
-    crate::quotas::RedisCounters::new(store).await
+    crate::store::Store::connect(&options).await
 }
 
 fn grpc_tls(args: &ServeArgs) -> Result<Option<ServerTlsConfig>, TlsError> {

@@ -1,17 +1,28 @@
 //! Runs the controller once per control interval and publishes the result;
-//! between intervals, keeps heartbeats going.
+//! between intervals, keeps heartbeats going. With replicas
+//! ([`crate::replicas`]) the interval goes through the store: shares out,
+//! fleet total in, the leader's table pushed.
 
 use std::time::Instant;
 
 use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use sluice_proto::v1::ModePolicy;
+
 use crate::controller::Controller;
 use crate::push::{Published, Update};
+use crate::replicas::Replica;
 use crate::state::AppState;
 
-/// Ticks until `shutdown` is cancelled.
-pub async fn run(state: AppState, mut controller: Controller, shutdown: CancellationToken) {
+/// Ticks until `shutdown` is cancelled; with `replica`, as one of the
+/// replicas sharing its store.
+pub async fn run(
+    state: AppState,
+    mut controller: Controller,
+    mut replica: Option<Replica>,
+    shutdown: CancellationToken,
+) {
     let mut interval = time::interval(state.control_interval().as_duration());
     // After a stall, keep the spacing instead of bursting through missed
     // ticks: each tick closes one report window, and back-to-back ticks
@@ -24,9 +35,20 @@ pub async fn run(state: AppState, mut controller: Controller, shutdown: Cancella
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
-            _ = interval.tick() => step(&state, &mut controller),
-            _ = heartbeat.tick() => keep_alive(&state),
+            _ = interval.tick() => match replica.as_mut() {
+                None => step(&state, &mut controller),
+                Some(replica) => replicated_step(&state, &mut controller, replica).await,
+            },
+            _ = heartbeat.tick() => match replica.as_ref() {
+                Some(replica) if replica.table().fence > 0 => {
+                    heartbeat_with(&state, replica.table().modes);
+                }
+                _ => keep_alive(&state),
+            },
         }
+    }
+    if let Some(replica) = replica.as_mut() {
+        replica.resign().await;
     }
     tracing::debug!("control loop stopped");
 }
@@ -79,11 +101,102 @@ fn hold(state: &AppState) {
 /// one is due, without touching the fleet.
 pub fn keep_alive(state: &AppState) {
     let modes = state.policy().modes.to_wire();
+    heartbeat_with(state, modes);
+}
+
+/// A heartbeat (or a change to `modes`) if one is due.
+fn heartbeat_with(state: &AppState, modes: ModePolicy) {
     let published = state.publisher().publish(Update {
         modes,
         ..Update::default()
     });
     record(state, published, 0);
+}
+
+/// One control interval of a replica: share the load, decide on the fleet
+/// total, lead if the lease is ours, push the table the store holds. A
+/// store failure at any step leaves the pushed table as it was (its
+/// heartbeats go on), so a replica that lost the store never pushes what
+/// it computed from its own partial view.
+pub async fn replicated_step(state: &AppState, controller: &mut Controller, replica: &mut Replica) {
+    let started = Instant::now();
+    let metrics = state.metrics();
+    let (may_push, ended) = state.warmup().check(started);
+    if let Some(ended) = ended {
+        tracing::info!(?ended, "start-up hold over: pushing directives");
+    }
+    let own = state.fleet().tick();
+    metrics.observe_fleet(&own.stats);
+    let shared = match replica.share(own).await {
+        Ok(shared) => shared,
+        Err(err) => {
+            replica.step_down();
+            metrics.replicas().store_failed("share");
+            tracing::warn!(%err, "store unreachable: keeping the last directives");
+            heartbeat_with(state, replica.table().modes);
+            metrics.control_tick(started.elapsed());
+            return;
+        }
+    };
+    metrics
+        .replicas()
+        .observe_share(shared.replicas, shared.unreadable);
+    let (decision, modes) = {
+        let policy = state.policy();
+        if may_push {
+            (
+                controller.decide(&shared.total, &policy),
+                policy.modes.to_wire(),
+            )
+        } else {
+            (
+                Controller::default().decide(&shared.total, &policy),
+                policy.modes.to_wire(),
+            )
+        }
+    };
+    metrics.observe_buckets(&decision.buckets);
+    state.set_buckets(decision.buckets);
+    if may_push {
+        match replica.lead().await {
+            Ok(Some(fence)) => {
+                if let Err(err) = replica
+                    .publish(fence, &decision.changed, &decision.retired, modes)
+                    .await
+                {
+                    replica.step_down();
+                    metrics.replicas().store_failed("publish");
+                    tracing::warn!(%err, "could not write the directive table");
+                }
+            }
+            Ok(None) => {}
+            Err(err) => {
+                metrics.replicas().store_failed("lead");
+                tracing::warn!(%err, "could not renew the lease");
+            }
+        }
+    }
+    metrics.replicas().observe_leading(replica.fence());
+    if let Err(err) = replica.follow().await {
+        metrics.replicas().store_failed("follow");
+        tracing::warn!(%err, "could not read the directive table");
+    }
+    // A table any leader wrote is the fleet's, even during this replica's
+    // own start-up hold: only deciding waits for the hold.
+    if replica.table().fence > 0 {
+        let table = replica.table();
+        let changed = table.len();
+        let published = state
+            .publisher()
+            .publish_table(table.directives(), table.modes);
+        record(state, published, changed);
+    } else if replica.table().fence > 0 {
+        heartbeat_with(state, replica.table().modes);
+    } else {
+        // No leader has written a table yet: this replica's own modes.
+        keep_alive(state);
+    }
+    metrics.control_tick(started.elapsed());
 }
 
 fn record(state: &AppState, published: Published, changed: usize) {

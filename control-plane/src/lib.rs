@@ -33,6 +33,7 @@ pub mod policy;
 pub mod push;
 pub mod quotas;
 pub mod reload;
+pub mod replicas;
 pub mod rlqs;
 pub mod simulate;
 pub mod state;
@@ -103,6 +104,27 @@ pub async fn run_with(
     reload_poll: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    run_replicated(
+        grpc_listener,
+        admin_listener,
+        admin,
+        reload_poll,
+        None,
+        shutdown,
+    )
+    .await
+}
+
+/// Like [`run_with`]; with `replica`, as one of the replicas sharing a
+/// store ([`replicas`]).
+pub async fn run_replicated(
+    grpc_listener: impl Into<GrpcEndpoint>,
+    admin_listener: TcpListener,
+    admin: Admin,
+    reload_poll: Duration,
+    replica: Option<replicas::Replica>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let state = admin.state().clone();
     // One token stops everything: both servers, the control loop and each
     // gRPC stream task (tonic's graceful shutdown waits for open streams).
@@ -115,7 +137,7 @@ pub async fn run_with(
         // simulated scenario (`sluice simulate`); see `estimator`.
         let controller =
             Controller::new(estimator::Tracking::new()).with_interval(state.control_interval());
-        let run = control_loop::run(state.clone(), controller, token.clone());
+        let run = control_loop::run(state.clone(), controller, replica, token.clone());
         async move {
             run.await;
             ("control loop", Ok(()))

@@ -197,6 +197,44 @@ impl Publisher {
         }
     }
 
+    /// Makes `table` (every directive in force) and `modes` what is pushed:
+    /// the directives that differ from the snapshot go out as a delta, and
+    /// a cell the snapshot holds but `table` does not is lifted. A replica
+    /// following a leader's table ([`crate::replicas`]) pushes through this.
+    pub fn publish_table<'a>(
+        &self,
+        table: impl IntoIterator<Item = &'a Directive>,
+        modes: ModePolicy,
+    ) -> Published {
+        let update = {
+            let inner = self.lock();
+            let mut absent: std::collections::HashSet<&DirectiveKey> =
+                inner.snapshot.keys().collect();
+            let mut changed = Vec::new();
+            for directive in table {
+                let key = DirectiveKey::of(directive);
+                absent.remove(&key);
+                if inner.snapshot.get(&key) != Some(directive) {
+                    changed.push(directive.clone());
+                }
+            }
+            let mut lifts: Vec<&DirectiveKey> = absent.into_iter().collect();
+            lifts.sort_unstable();
+            changed.extend(lifts.into_iter().map(|key| Directive {
+                bucket: key.bucket.clone(),
+                tenant: key.tenant.clone(),
+                priority: key.priority,
+                ..Directive::default()
+            }));
+            Update {
+                changed,
+                retired: Vec::new(),
+                modes,
+            }
+        };
+        self.publish(update)
+    }
+
     /// A snapshot of everything currently pushed, and a subscription to the
     /// deltas that follow it.
     pub fn subscribe(&self) -> (DirectiveBatch, Subscription) {
@@ -453,5 +491,39 @@ mod tests {
         publisher.publish(changed(vec![directive("z", 0.1)]));
         let next = subscription.next().await.unwrap();
         assert_eq!(next.batch.version, 2 + total as u64);
+    }
+
+    #[tokio::test]
+    async fn a_table_goes_out_as_its_difference_and_lifts_what_it_lacks() {
+        let publisher = publisher();
+        publisher.publish(changed(vec![directive("a", 0.5), directive("b", 0.2)]));
+        let (_, mut subscription) = publisher.subscribe();
+        let table = [directive("a", 0.5), directive("c", 0.1)];
+        let published = publisher.publish_table(table.iter(), ModePolicy::default());
+        assert!(
+            matches!(published, Published::Delta { .. }),
+            "{published:?}"
+        );
+        let delta = subscription.next().await.unwrap();
+        let named: Vec<(&str, f64)> = delta
+            .batch
+            .directives
+            .iter()
+            .map(|d| (d.bucket.as_str(), d.drop_ratio))
+            .collect();
+        // "a" is unchanged and not resent; "c" is new; "b" is lifted.
+        assert_eq!(named, [("c", 0.1), ("b", 0.0)]);
+        assert!(is_lift(&delta.batch.directives[1]));
+        let (snapshot, _) = publisher.subscribe();
+        let mut held: Vec<&str> = snapshot
+            .directives
+            .iter()
+            .map(|d| d.bucket.as_str())
+            .collect();
+        held.sort_unstable();
+        assert_eq!(held, ["a", "c"]);
+        // The same table again changes nothing.
+        let again = publisher.publish_table(table.iter(), ModePolicy::default());
+        assert!(matches!(again, Published::Nothing), "{again:?}");
     }
 }

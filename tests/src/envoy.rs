@@ -45,6 +45,9 @@ pub struct Rewrite {
     pub ephemeral_ports: bool,
     /// Point the `sluice_control_plane` cluster at this address.
     pub control_plane: Option<SocketAddr>,
+    /// Point the `sluice_control_plane` cluster's endpoints at these
+    /// replicas, in order (the cluster must list as many).
+    pub control_plane_replicas: Vec<SocketAddr>,
     /// Replace every wasm `vm_config.code.local.filename` with this path.
     pub wasm: Option<PathBuf>,
     /// Fields set (top-level, replacing) in every wasm plugin's JSON configuration,
@@ -62,6 +65,7 @@ impl Rewrite {
         Ok(Self {
             ephemeral_ports: true,
             control_plane: Some(control_plane),
+            control_plane_replicas: Vec::new(),
             wasm: Some(paths::sluice_wasm()?),
             plugin_patch,
         })
@@ -80,6 +84,7 @@ impl Rewrite {
         Ok(Self {
             ephemeral_ports: true,
             control_plane: Some(control_plane),
+            control_plane_replicas: Vec::new(),
             wasm: None,
             plugin_patch,
         })
@@ -120,7 +125,8 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
             bail!("config has no static listener with a socket address");
         }
     }
-    if let Some(addr) = rw.control_plane {
+    if !rw.control_plane_replicas.is_empty() || rw.control_plane.is_some() {
+        let mut next_replica = rw.control_plane_replicas.iter();
         for cluster in seq_mut(config, &["static_resources", "clusters"]) {
             if cluster.get("name").and_then(Value::as_str) != Some(CONTROL_PLANE_CLUSTER) {
                 continue;
@@ -134,7 +140,11 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
                         .get_mut("endpoint")
                         .and_then(|e| e.get_mut("address"))
                         .and_then(socket_address_mut);
-                    if let Some(socket) = socket {
+                    let addr = match rw.control_plane {
+                        Some(addr) if rw.control_plane_replicas.is_empty() => Some(addr),
+                        _ => next_replica.next().copied(),
+                    };
+                    if let (Some(socket), Some(addr)) = (socket, addr) {
                         socket.insert("address".into(), addr.ip().to_string().into());
                         socket.insert("port_value".into(), u64::from(addr.port()).into());
                         report.control_plane_endpoints += 1;
@@ -165,6 +175,15 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
     });
     if let Some(err) = failure {
         return Err(err);
+    }
+    if report.control_plane_endpoints != rw.control_plane_replicas.len()
+        && !rw.control_plane_replicas.is_empty()
+    {
+        bail!(
+            "{} replicas for {} endpoints of cluster {CONTROL_PLANE_CLUSTER}",
+            rw.control_plane_replicas.len(),
+            report.control_plane_endpoints
+        );
     }
     if rw.control_plane.is_some()
         && report.control_plane_endpoints == 0
@@ -601,9 +620,35 @@ mod tests {
         Rewrite {
             ephemeral_ports: true,
             control_plane: Some(SocketAddr::from(([127, 0, 0, 1], 45678))),
+            control_plane_replicas: Vec::new(),
             wasm: Some(PathBuf::from("/abs/sluice_filter.wasm")),
             plugin_patch,
         }
+    }
+
+    #[test]
+    fn rewrite_points_each_endpoint_at_its_replica() {
+        let mut config = load_repo_config("replicas.yaml").unwrap();
+        let replicas: Vec<SocketAddr> = ["127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let rewrite_replicas = Rewrite {
+            control_plane_replicas: replicas.clone(),
+            ..Rewrite::default()
+        };
+        let report = rewrite(&mut config, &rewrite_replicas).unwrap();
+        assert_eq!(report.control_plane_endpoints, 3);
+        let text = serde_yaml_ng::to_string(&config).unwrap();
+        for port in [1001, 1002, 1003] {
+            assert!(text.contains(&format!("port_value: {port}")), "{text}");
+        }
+        let too_few = Rewrite {
+            control_plane_replicas: replicas[..2].to_vec(),
+            ..Rewrite::default()
+        };
+        let mut config = load_repo_config("replicas.yaml").unwrap();
+        assert!(rewrite(&mut config, &too_few).is_err());
     }
 
     #[test]
@@ -612,6 +657,7 @@ mod tests {
         let rewrite_native = Rewrite {
             ephemeral_ports: true,
             control_plane: Some("127.0.0.1:4567".parse().unwrap()),
+            control_plane_replicas: Vec::new(),
             wasm: None,
             plugin_patch: serde_json::json!({"proxy_id": "native-x"})
                 .as_object()

@@ -14,6 +14,7 @@
 //! - [`load`]: paced load with per-response records and rate arithmetic.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
 //! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
+//! - [`replicas`]: control-plane replicas sharing one Redis, and Envoys pointed at all of them.
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
@@ -28,6 +29,7 @@ pub mod paths;
 pub mod process;
 pub mod quotas;
 pub mod redis;
+pub mod replicas;
 pub mod rlqs;
 pub mod stalled;
 pub mod wait;

@@ -11,6 +11,7 @@
 mod histogram;
 mod proxies;
 mod quotas;
+mod replicas;
 mod rlqs;
 mod staleness;
 mod trust;
@@ -18,6 +19,7 @@ mod trust;
 pub use histogram::AtomicHistogram;
 pub use proxies::ProxyGuard;
 pub use quotas::QuotaMetrics;
+pub use replicas::ReplicaMetrics;
 
 use proxies::Proxies;
 use rlqs::RlqsMetrics;
@@ -144,6 +146,7 @@ pub struct Metrics {
     trust: TrustMetrics,
     rlqs: RlqsMetrics,
     quotas: QuotaMetrics,
+    replicas: ReplicaMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -347,6 +350,7 @@ impl Metrics {
         let trust = TrustMetrics::register(&mut registry);
         let rlqs = RlqsMetrics::register(&mut registry);
         let quotas = QuotaMetrics::register(&mut registry);
+        let replicas = ReplicaMetrics::register(&mut registry);
 
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
@@ -378,12 +382,18 @@ impl Metrics {
             trust,
             rlqs,
             quotas,
+            replicas,
         }
     }
 
     /// The exact quotas' counters.
     pub fn quotas(&self) -> QuotaMetrics {
         self.quotas.clone()
+    }
+
+    /// The replica's metrics (all zero without a store).
+    pub fn replicas(&self) -> &ReplicaMetrics {
+        &self.replicas
     }
 
     /// The exposition, in the OpenMetrics text format ([`CONTENT_TYPE`]).

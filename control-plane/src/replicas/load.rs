@@ -1,0 +1,353 @@
+//! One replica's share of the fleet load as it travels through the store,
+//! and the fleet total as the sum of the live replicas' shares.
+//!
+//! A replica publishes the rates its own proxies reported in its last
+//! control interval (the [`FleetLoad`] its fleet tick produced). Every
+//! proxy holds one stream to one replica, so summing the replicas' shares
+//! counts each proxy once; a proxy that moved between two replicas may
+//! count twice for at most one share's lifetime, which errs on the side of
+//! dropping.
+//!
+//! The encoding is JSON with a format number: readable with `redis-cli`,
+//! and a share written by a Sluice with another layout is refused, not
+//! misread.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cell::Priority;
+use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
+
+/// Layout of a published share; bumped when it changes meaning.
+pub const FORMAT: u32 = 1;
+
+/// Why a published share cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    /// Not JSON of the expected shape.
+    #[error("unreadable load share: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Written by a Sluice with another layout.
+    #[error("load share in format {found}, this build reads format {FORMAT}")]
+    Format {
+        /// The format it names.
+        found: u32,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireShare {
+    format: u32,
+    buckets: Vec<WireBucket>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireBucket {
+    bucket: String,
+    proxies: u32,
+    cells: Vec<WireCell>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireCell {
+    tenant: String,
+    priority: i32,
+    offered: f64,
+    admitted: f64,
+    shadow_dropped: f64,
+    proxies: u32,
+    stale_share: f64,
+}
+
+/// The share a replica publishes: its proxies' rates per cell.
+pub fn encode(load: &FleetLoad) -> Vec<u8> {
+    let share = WireShare {
+        format: FORMAT,
+        buckets: load
+            .buckets
+            .iter()
+            .map(|bucket| WireBucket {
+                bucket: bucket.bucket.as_ref().to_owned(),
+                proxies: bucket.load.proxies_reporting,
+                cells: bucket
+                    .cells
+                    .iter()
+                    .map(|cell| WireCell {
+                        tenant: cell.tenant.as_ref().to_owned(),
+                        priority: cell.priority.to_wire() as i32,
+                        offered: cell.load.offered_rps,
+                        admitted: cell.load.admitted_rps,
+                        shadow_dropped: cell.shadow_dropped_rps,
+                        proxies: cell.load.proxies_reporting,
+                        stale_share: cell.load.stale_share,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    // Serialising plain structs of strings and finite numbers cannot fail;
+    // an empty share (counted as no load) is the safe answer if it did.
+    serde_json::to_vec(&share).unwrap_or_default()
+}
+
+/// Reads a share another replica published.
+pub fn decode(bytes: &[u8]) -> Result<Vec<BucketTraffic>, ShareError> {
+    let share: WireShare = serde_json::from_slice(bytes)?;
+    if share.format != FORMAT {
+        return Err(ShareError::Format {
+            found: share.format,
+        });
+    }
+    Ok(share
+        .buckets
+        .into_iter()
+        .map(|bucket| {
+            let cells = bucket
+                .cells
+                .into_iter()
+                .map(|cell| CellLoad {
+                    tenant: Arc::from(cell.tenant),
+                    priority: Priority::from_wire(cell.priority),
+                    load: BucketLoad {
+                        offered_rps: finite(cell.offered),
+                        admitted_rps: finite(cell.admitted),
+                        proxies_reporting: cell.proxies,
+                        stale_share: finite(cell.stale_share).clamp(0.0, 1.0),
+                    },
+                    shadow_dropped_rps: finite(cell.shadow_dropped),
+                })
+                .collect();
+            let mut traffic = BucketTraffic::from_cells(&bucket.bucket, cells);
+            traffic.load.proxies_reporting = bucket.proxies;
+            traffic
+        })
+        .collect())
+}
+
+/// A rate read from the store: never negative, never NaN or infinite.
+fn finite(value: f64) -> f64 {
+    if value.is_finite() {
+        value.max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// The fleet total: this replica's own tick (its stats are kept: they
+/// count what this replica's streams did) plus the other live replicas'
+/// shares, summed per bucket and per cell.
+pub fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoad {
+    if others.iter().all(Vec::is_empty) {
+        return own;
+    }
+    let FleetLoad { buckets, stats } = own;
+    let mut merged: BTreeMap<Arc<str>, BucketTraffic> = buckets
+        .into_iter()
+        .map(|bucket| (Arc::clone(&bucket.bucket), bucket))
+        .collect();
+    for bucket in others.into_iter().flatten() {
+        match merged.get_mut(&bucket.bucket) {
+            Some(into) => add_bucket(into, bucket),
+            None => {
+                merged.insert(Arc::clone(&bucket.bucket), bucket);
+            }
+        }
+    }
+    let mut load = FleetLoad::new(merged.into_values().collect());
+    load.stats = stats;
+    load
+}
+
+fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
+    into.load = add_load(into.load, from.load);
+    into.shadow_dropped_rps += from.shadow_dropped_rps;
+    for cell in from.cells {
+        let at = into
+            .cells
+            .binary_search_by(|c| (&c.tenant, c.priority).cmp(&(&cell.tenant, cell.priority)));
+        match at {
+            Ok(at) => {
+                if let Some(existing) = into.cells.get_mut(at) {
+                    existing.load = add_load(existing.load, cell.load);
+                    existing.shadow_dropped_rps += cell.shadow_dropped_rps;
+                }
+            }
+            Err(at) => into.cells.insert(at, cell),
+        }
+    }
+    into.proxy_cap = match (into.proxy_cap.take(), from.proxy_cap) {
+        (Some(mut a), Some(b)) => {
+            a.cap_rps = a.cap_rps.max(b.cap_rps);
+            a.capped.extend(b.capped);
+            a.capped.sort_by(|x, y| x.proxy_id.cmp(&y.proxy_id));
+            Some(a)
+        }
+        (a, b) => a.or(b).map(|cap: ProxyCap| cap),
+    };
+}
+
+/// Rates and proxies add; the carried share is the offered-weighted mean.
+fn add_load(a: BucketLoad, b: BucketLoad) -> BucketLoad {
+    let offered_rps = a.offered_rps + b.offered_rps;
+    let stale_share = if offered_rps > 0.0 {
+        (a.stale_share * a.offered_rps + b.stale_share * b.offered_rps) / offered_rps
+    } else {
+        0.0
+    };
+    BucketLoad {
+        offered_rps,
+        admitted_rps: a.admitted_rps + b.admitted_rps,
+        proxies_reporting: a.proxies_reporting.saturating_add(b.proxies_reporting),
+        stale_share,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cell(tenant: &str, priority: Priority, offered: f64, admitted: f64) -> CellLoad {
+        CellLoad {
+            tenant: Arc::from(tenant),
+            priority,
+            load: BucketLoad {
+                offered_rps: offered,
+                admitted_rps: admitted,
+                proxies_reporting: 1,
+                stale_share: 0.0,
+            },
+            shadow_dropped_rps: 0.0,
+        }
+    }
+
+    fn bucket(name: &str, cells: Vec<CellLoad>, proxies: u32) -> BucketTraffic {
+        let mut traffic = BucketTraffic::from_cells(name, cells);
+        traffic.load.proxies_reporting = proxies;
+        traffic
+    }
+
+    #[test]
+    fn a_share_reads_back_as_it_was_written() {
+        let load = FleetLoad::new(vec![
+            bucket(
+                "acme",
+                vec![
+                    cell("", Priority::Unspecified, 300.0, 120.0),
+                    cell("t1", Priority::Critical, 5.5, 5.5),
+                ],
+                3,
+            ),
+            bucket("zeta", vec![cell("t2", Priority::Bulk, 1.0, 0.25)], 1),
+        ]);
+        let read = decode(&encode(&load)).unwrap();
+        assert_eq!(read, load.buckets);
+    }
+
+    #[test]
+    fn a_share_of_another_format_is_refused_not_misread() {
+        let err = decode(br#"{"format":2,"buckets":[]}"#).unwrap_err();
+        assert!(err.to_string().contains("format 2"), "{err}");
+        assert!(decode(b"not json").is_err());
+    }
+
+    #[test]
+    fn bad_numbers_read_as_no_load() {
+        let text = br#"{"format":1,"buckets":[{"bucket":"a","proxies":1,"cells":[
+            {"tenant":"","priority":0,"offered":-5.0,"admitted":1e400,"shadow_dropped":0.0,"proxies":1,"stale_share":7.0}]}]}"#;
+        // 1e400 is not a JSON number serde accepts as finite: refused whole.
+        assert!(decode(text).is_err());
+        let text = br#"{"format":1,"buckets":[{"bucket":"a","proxies":1,"cells":[
+            {"tenant":"","priority":0,"offered":-5.0,"admitted":2.0,"shadow_dropped":0.0,"proxies":1,"stale_share":7.0}]}]}"#;
+        let read = decode(text).unwrap();
+        assert_eq!(read[0].cells[0].load.offered_rps, 0.0);
+        assert_eq!(read[0].cells[0].load.stale_share, 1.0);
+    }
+
+    #[test]
+    fn shares_add_per_bucket_and_cell_and_keep_own_stats() {
+        let mut own = FleetLoad::new(vec![bucket(
+            "acme",
+            vec![cell("", Priority::Unspecified, 100.0, 50.0)],
+            2,
+        )]);
+        own.stats.cells = 7;
+        let other = vec![
+            bucket(
+                "acme",
+                vec![
+                    cell("", Priority::Unspecified, 60.0, 30.0),
+                    cell("t", Priority::Bulk, 10.0, 10.0),
+                ],
+                1,
+            ),
+            bucket("beta", vec![cell("", Priority::Unspecified, 4.0, 4.0)], 1),
+        ];
+        let total = merge(own, vec![other]);
+        assert_eq!(total.stats.cells, 7);
+        let acme = total.get("acme").unwrap();
+        assert_eq!(acme.load.offered_rps, 170.0);
+        assert_eq!(acme.load.admitted_rps, 90.0);
+        assert_eq!(acme.load.proxies_reporting, 3);
+        assert_eq!(acme.cells.len(), 2);
+        assert_eq!(acme.cells[0].load.offered_rps, 160.0);
+        assert_eq!(acme.cells[0].load.proxies_reporting, 2);
+        assert_eq!(total.get("beta").unwrap().load.offered_rps, 4.0);
+        assert_eq!(
+            total.buckets.iter().map(|b| &*b.bucket).collect::<Vec<_>>(),
+            ["acme", "beta"]
+        );
+    }
+
+    proptest! {
+        /// However the fleet is split over replicas, the total offered and
+        /// admitted rates per bucket are the sums of the parts.
+        #[test]
+        fn the_total_is_the_sum_of_the_shares(
+            parts in prop::collection::vec(
+                prop::collection::vec((0u8..4, 0u8..3, 0.0f64..1e4, 0.0f64..1.0), 0..12),
+                1..5,
+            )
+        ) {
+            let shares: Vec<Vec<BucketTraffic>> = parts
+                .iter()
+                .map(|cells| {
+                    let mut by_bucket: BTreeMap<String, Vec<CellLoad>> = BTreeMap::new();
+                    for &(b, t, offered, fraction) in cells {
+                        let tenant = format!("t{t}");
+                        let list = by_bucket.entry(format!("b{b}")).or_default();
+                        if list.iter().any(|c| *c.tenant == tenant) {
+                            continue;
+                        }
+                        list.push(cell(&tenant, Priority::Unspecified, offered, offered * fraction));
+                    }
+                    by_bucket.into_iter().map(|(name, cells)| bucket(&name, cells, 1)).collect()
+                })
+                .collect();
+            let mut expected: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+            for traffic in shares.iter().flatten() {
+                let entry = expected.entry(traffic.bucket.to_string()).or_default();
+                entry.0 += traffic.load.offered_rps;
+                entry.1 += traffic.load.admitted_rps;
+            }
+            let mut rest = shares.into_iter();
+            let own = FleetLoad::new(rest.next().unwrap_or_default());
+            let decoded: Vec<Vec<BucketTraffic>> = rest
+                .map(|share| decode(&encode(&FleetLoad::new(share))).unwrap())
+                .collect();
+            let total = merge(own, decoded);
+            prop_assert_eq!(total.buckets.len(), expected.len());
+            for (name, (offered, admitted)) in expected {
+                let bucket = total.get(&name).unwrap();
+                prop_assert!((bucket.load.offered_rps - offered).abs() <= 1e-6 * offered.max(1.0));
+                prop_assert!((bucket.load.admitted_rps - admitted).abs() <= 1e-6 * admitted.max(1.0));
+                let cells: f64 = bucket.cells.iter().map(|c| c.load.offered_rps).sum();
+                prop_assert!((cells - offered).abs() <= 1e-6 * offered.max(1.0));
+            }
+        }
+    }
+}

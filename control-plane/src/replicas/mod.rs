@@ -1,0 +1,405 @@
+//! Control-plane replicas sharing one Redis (`--store`): each publishes its
+//! proxies' load, one leader decides on the fleet total, every replica
+//! pushes the leader's table to its own proxies.
+//!
+//! Every control interval a replica:
+//! 1. publishes its own share of the load ([`load`]) under a key that
+//!    expires after a few intervals, and reads the other live replicas'
+//!    shares: the sum is the fleet total;
+//! 2. runs its controller on the total (every replica does, so a new
+//!    leader's tracking state is warm and its first table continues the
+//!    last one instead of stepping);
+//! 3. acquires or renews the leader lease ([`acquire.lua`](acquire.lua));
+//!    the leader writes its table ([`record`]) through
+//!    [`publish.lua`](publish.lua), which refuses a writer that no longer
+//!    holds the lease under its fence;
+//! 4. reads the table and pushes what changed to its own streams, under its
+//!    own epoch.
+//!
+//! Fail static: a replica that cannot reach the store neither leads nor
+//! adopts anything; its streams keep the last table and their heartbeats.
+//! So no replica ever pushes directives computed from a partial view.
+
+pub mod keys;
+pub mod load;
+pub mod record;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::Script;
+use sluice_proto::v1::{Directive, ModePolicy};
+
+use crate::controller::RetiredCell;
+use crate::fleet::FleetLoad;
+use crate::store::Store;
+pub use keys::Keys;
+pub use record::Record;
+
+/// Replicas whose share expired this long ago leave the index.
+const INDEX_RETENTION: Duration = Duration::from_secs(60);
+
+/// Why one exchange with the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The store did not answer in time.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store answered with an error or the connection is down.
+    #[error("store: {0}")]
+    Store(#[from] redis::RedisError),
+    /// The store holds another layout's keys.
+    #[error(
+        "the store holds Sluice state in format {found}; this build reads format {}: refusing to read or write it",
+        keys::FORMAT
+    )]
+    Format {
+        /// The format it names.
+        found: String,
+    },
+}
+
+/// How one replica takes part.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// This replica's name in the store (unique among the replicas).
+    pub id: String,
+    /// The control interval (every replica should run the same).
+    pub control_interval: Duration,
+}
+
+impl ReplicaOptions {
+    /// How long a share counts after its replica stopped publishing: three
+    /// control intervals, at least one second.
+    pub fn share_ttl(&self) -> Duration {
+        (self.control_interval * 3).max(Duration::from_secs(1))
+    }
+
+    /// How long the lease outlives the leader's last renewal: five control
+    /// intervals, at least one second. A dead leader is replaced after
+    /// this; meanwhile every replica keeps pushing the last table.
+    pub fn lease_ttl(&self) -> Duration {
+        (self.control_interval * 5).max(Duration::from_secs(1))
+    }
+
+    /// Bound on one exchange with the store: half an interval, at least
+    /// 100 ms.
+    pub fn call_timeout(&self) -> Duration {
+        (self.control_interval / 2).max(Duration::from_millis(100))
+    }
+}
+
+/// What one interval's exchange of shares found.
+#[derive(Debug)]
+pub struct Shared {
+    /// The fleet total: this replica's share plus the others'.
+    pub total: FleetLoad,
+    /// Replicas whose share counted, this one included.
+    pub replicas: usize,
+    /// Shares refused as unreadable (another layout, corruption).
+    pub unreadable: usize,
+}
+
+/// One replica's handle on the shared state.
+#[derive(Debug)]
+pub struct Replica {
+    store: Store,
+    keys: Keys,
+    options: ReplicaOptions,
+    acquire: Script,
+    publish: Script,
+    release: Script,
+    /// The fence while this replica holds the lease.
+    fence: Option<u64>,
+    /// The highest fence seen (handed to `acquire.lua` as a floor).
+    highest_fence: u64,
+    /// The last table read or written.
+    table: Record,
+    /// The stored table was missing at the last read (a flushed store):
+    /// the leader writes its table again even if nothing changed.
+    table_missing: bool,
+}
+
+impl Replica {
+    /// Joins the replicas sharing `store`; fails if the store holds another
+    /// layout's state.
+    pub async fn join(store: Store, options: ReplicaOptions) -> Result<Self, ReplicaError> {
+        let replica = Self {
+            store,
+            keys: Keys::default(),
+            options,
+            acquire: Script::new(include_str!("acquire.lua")),
+            publish: Script::new(include_str!("publish.lua")),
+            release: Script::new(RELEASE),
+            fence: None,
+            highest_fence: 0,
+            table: Record::default(),
+            table_missing: false,
+        };
+        let mut connection = replica.store.connection();
+        let format: Option<String> = replica
+            .bounded(
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(&replica.keys.format)
+                    .arg(keys::FORMAT)
+                    .arg("NX")
+                    .ignore()
+                    .cmd("GET")
+                    .arg(&replica.keys.format)
+                    .query_async::<(Option<String>,)>(&mut connection),
+            )
+            .await?
+            .0;
+        check_format(format)?;
+        Ok(replica)
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> &str {
+        &self.options.id
+    }
+
+    /// The fence while this replica leads.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// The table last read or written.
+    pub fn table(&self) -> &Record {
+        &self.table
+    }
+
+    /// Publishes `own` (this replica's tick) and returns the fleet total
+    /// over the live replicas. Two round trips.
+    pub async fn share(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
+        let now_ms = unix_ms();
+        let ttl_ms = millis(self.options.share_ttl());
+        let retention_ms = millis(INDEX_RETENTION);
+        let mut connection = self.store.connection();
+        let (format, members): (Option<String>, Vec<String>) = self
+            .bounded(
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(self.keys.load(&self.options.id))
+                    .arg(load::encode(&own))
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .ignore()
+                    .cmd("ZADD")
+                    .arg(&self.keys.replicas)
+                    .arg(now_ms)
+                    .arg(&self.options.id)
+                    .ignore()
+                    .cmd("ZREMRANGEBYSCORE")
+                    .arg(&self.keys.replicas)
+                    .arg("-inf")
+                    .arg(now_ms.saturating_sub(retention_ms))
+                    .ignore()
+                    // A flushed store gets its format key back.
+                    .cmd("SET")
+                    .arg(&self.keys.format)
+                    .arg(keys::FORMAT)
+                    .arg("NX")
+                    .ignore()
+                    .cmd("GET")
+                    .arg(&self.keys.format)
+                    .cmd("ZRANGE")
+                    .arg(&self.keys.replicas)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut connection),
+            )
+            .await?;
+        check_format(format)?;
+        let others: Vec<String> = members
+            .into_iter()
+            .filter(|id| *id != self.options.id)
+            .map(|id| self.keys.load(&id))
+            .collect();
+        let mut shares = Vec::with_capacity(others.len());
+        let mut unreadable = 0;
+        if !others.is_empty() {
+            let stored: Vec<Option<Vec<u8>>> = self
+                .bounded(redis::cmd("MGET").arg(&others).query_async(&mut connection))
+                .await?;
+            for bytes in stored.into_iter().flatten() {
+                match load::decode(&bytes) {
+                    Ok(share) => shares.push(share),
+                    Err(err) => {
+                        unreadable += 1;
+                        tracing::warn!(%err, "ignoring a replica's load share");
+                    }
+                }
+            }
+        }
+        let replicas = 1 + shares.len();
+        Ok(Shared {
+            total: load::merge(own, shares),
+            replicas,
+            unreadable,
+        })
+    }
+
+    /// Acquires or renews the lease; `Some(fence)` while this replica leads.
+    /// An error steps down.
+    pub async fn lead(&mut self) -> Result<Option<u64>, ReplicaError> {
+        let mut connection = self.store.connection();
+        let mut invocation = self.acquire.prepare_invoke();
+        invocation
+            .key(&self.keys.leader)
+            .key(&self.keys.fence)
+            .arg(&self.options.id)
+            .arg(millis(self.options.lease_ttl()))
+            .arg(self.highest_fence);
+        let granted = self
+            .bounded(invocation.invoke_async::<u64>(&mut connection))
+            .await;
+        let previous = self.fence;
+        self.fence = match granted {
+            Ok(0) => None,
+            Ok(fence) => Some(fence),
+            Err(err) => {
+                self.fence = None;
+                return Err(err);
+            }
+        };
+        if let Some(fence) = self.fence {
+            self.highest_fence = self.highest_fence.max(fence);
+            if previous != Some(fence) {
+                tracing::info!(replica = %self.options.id, fence, "leading: this replica decides for the fleet");
+            }
+        } else if previous.is_some() {
+            tracing::info!(replica = %self.options.id, "no longer leading");
+        }
+        Ok(self.fence)
+    }
+
+    /// As leader under `fence`: writes the table after this interval's
+    /// decision if it changed (or the stored one went missing). `Ok(false)`
+    /// when the write was fenced off (the lease went to another replica).
+    pub async fn publish(
+        &mut self,
+        fence: u64,
+        changed: &[Directive],
+        retired: &[RetiredCell],
+        modes: ModePolicy,
+    ) -> Result<bool, ReplicaError> {
+        let next = self.table.next(fence, changed, retired, modes);
+        if next.same_table(&self.table) && self.table.fence == fence && !self.table_missing {
+            return Ok(true);
+        }
+        let mut connection = self.store.connection();
+        let mut invocation = self.publish.prepare_invoke();
+        invocation
+            .key(&self.keys.leader)
+            .key(&self.keys.directives)
+            .arg(format!("{} {fence}", self.options.id))
+            .arg(next.encode());
+        let written = self
+            .bounded(invocation.invoke_async::<u8>(&mut connection))
+            .await?;
+        if written == 1 {
+            self.table = next;
+            self.table_missing = false;
+            Ok(true)
+        } else {
+            tracing::warn!(replica = %self.options.id, fence, "fenced off: another replica holds the lease");
+            self.fence = None;
+            Ok(false)
+        }
+    }
+
+    /// Reads the stored table; adopts it if it was written after the one
+    /// held. Returns whether it was adopted.
+    pub async fn follow(&mut self) -> Result<bool, ReplicaError> {
+        let mut connection = self.store.connection();
+        let stored: Option<Vec<u8>> = self
+            .bounded(
+                redis::cmd("GET")
+                    .arg(&self.keys.directives)
+                    .query_async(&mut connection),
+            )
+            .await?;
+        let Some(bytes) = stored else {
+            self.table_missing = self.table.fence > 0;
+            return Ok(false);
+        };
+        self.table_missing = false;
+        let record = match Record::decode(&bytes) {
+            Ok(record) => record,
+            Err(err) => {
+                tracing::warn!(%err, "ignoring the stored directive table");
+                return Ok(false);
+            }
+        };
+        self.highest_fence = self.highest_fence.max(record.fence);
+        if record.is_after(&self.table) {
+            self.table = record;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Gives up the lease if this replica holds it (on shutdown), so
+    /// another takes over without waiting for it to expire.
+    pub async fn resign(&mut self) {
+        let Some(fence) = self.fence.take() else {
+            return;
+        };
+        let mut connection = self.store.connection();
+        let mut invocation = self.release.prepare_invoke();
+        invocation
+            .key(&self.keys.leader)
+            .arg(format!("{} {fence}", self.options.id));
+        match self
+            .bounded(invocation.invoke_async::<u8>(&mut connection))
+            .await
+        {
+            Ok(_) => tracing::info!(replica = %self.options.id, "gave up the lease"),
+            Err(err) => tracing::warn!(%err, "could not give up the lease; it expires by itself"),
+        }
+    }
+
+    /// Steps down without telling the store (it could not be reached).
+    pub fn step_down(&mut self) {
+        if self.fence.take().is_some() {
+            tracing::warn!(replica = %self.options.id, "stepped down: the store is unreachable");
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, ReplicaError> {
+        let limit = self.options.call_timeout();
+        Ok(tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| ReplicaError::Timeout(limit))??)
+    }
+}
+
+/// Deletes the lease if, and only if, it is still this replica's.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+fn check_format(found: Option<String>) -> Result<(), ReplicaError> {
+    match found {
+        Some(found) if found != keys::FORMAT => Err(ReplicaError::Format { found }),
+        _ => Ok(()),
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, millis)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,232 @@
+//! Control-plane replicas sharing one real Redis, and Envoys whose
+//! control-plane cluster lists every replica (`envoy/replicas.yaml`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::control_plane::{AdminClient, ControlPlane, ControlPlaneOptions, sample};
+use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use crate::paths;
+use crate::redis::RedisServer;
+
+/// How to start the set.
+#[derive(Debug, Clone)]
+pub struct ReplicaSetOptions {
+    /// Every replica's limits file.
+    pub limits_yaml: String,
+    /// How many replicas (their gRPC ports are reserved up front, so every
+    /// Envoy lists all of them).
+    pub replicas: usize,
+    /// How many of them start before the Envoys; [`ReplicaSet::start_replica`]
+    /// starts the others.
+    pub replicas_at_start: usize,
+    /// How many Envoys.
+    pub envoys: usize,
+    /// `--control-interval-ms` of every replica.
+    pub control_interval_ms: u64,
+    /// More filter configuration keys for every Envoy (a JSON object).
+    pub filter: serde_json::Value,
+    /// Worker threads of every Envoy.
+    pub concurrency: u32,
+}
+
+impl ReplicaSetOptions {
+    /// `replicas` replicas and `envoys` Envoys of two workers, 200 ms
+    /// control interval, 100 ms report interval.
+    pub fn new(limits_yaml: &str, replicas: usize, envoys: usize) -> Self {
+        Self {
+            limits_yaml: limits_yaml.to_owned(),
+            replicas,
+            replicas_at_start: replicas,
+            envoys,
+            control_interval_ms: 200,
+            filter: json!({}),
+            concurrency: 2,
+        }
+    }
+}
+
+/// A running set: Redis, the replicas, the Envoys. Dropping it stops every
+/// process; on a failed test their files stay for a post-mortem.
+#[derive(Debug)]
+pub struct ReplicaSet {
+    /// The Envoys, in start order.
+    pub envoys: Vec<Envoy>,
+    /// The replicas started so far (`r0`, `r1`, …, in order).
+    pub replicas: Vec<ControlPlane>,
+    /// Every replica's gRPC address, started or not.
+    grpc_addrs: Vec<SocketAddr>,
+    /// The shared store.
+    pub redis: RedisServer,
+    /// The options it was started with.
+    pub options: ReplicaSetOptions,
+    dir: tempfile::TempDir,
+}
+
+impl ReplicaSet {
+    /// Starts Redis, the replicas, then the Envoys.
+    pub async fn start(options: ReplicaSetOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-replicas-")
+            .tempdir()
+            .context("cannot create a temp dir")?;
+        let redis = RedisServer::start(dir.path()).await?;
+        let grpc_addrs = (0..options.replicas)
+            .map(|_| free_loopback_addr())
+            .collect::<Result<Vec<_>>>()?;
+        let mut set = Self {
+            envoys: Vec::with_capacity(options.envoys),
+            replicas: Vec::with_capacity(options.replicas),
+            grpc_addrs,
+            redis,
+            options,
+            dir,
+        };
+        for _ in 0..set.options.replicas_at_start {
+            set.start_replica().await?;
+        }
+        for _ in 0..set.options.envoys {
+            set.add_envoy().await?;
+        }
+        Ok(set)
+    }
+
+    /// Starts the next replica on its reserved port; returns its index.
+    pub async fn start_replica(&mut self) -> Result<usize> {
+        let index = self.replicas.len();
+        let Some(&grpc) = self.grpc_addrs.get(index) else {
+            bail!("all {} replicas already started", self.grpc_addrs.len());
+        };
+        let mut options = ControlPlaneOptions::new(&self.options.limits_yaml, self.dir.path())
+            .control_interval_ms(self.options.control_interval_ms)
+            .listen(grpc, SocketAddr::from(([127, 0, 0, 1], 0)))
+            .args([
+                "--store".to_owned(),
+                self.redis.url(),
+                "--replica-id".to_owned(),
+                format!("r{index}"),
+            ]);
+        options.name = format!("sluice-r{index}");
+        self.replicas.push(ControlPlane::start(options).await?);
+        Ok(index)
+    }
+
+    /// Starts one more Envoy from `envoy/replicas.yaml`, its cluster
+    /// pointing at every replica; returns its index.
+    pub async fn add_envoy(&mut self) -> Result<usize> {
+        let index = self.envoys.len();
+        let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
+        let mut config = envoy::load_repo_config("replicas.yaml")?;
+        let mut patch = json!({"proxy_id": format!("test-{letter}"), "report_interval_ms": 100});
+        if let (Some(patch), Some(extra)) = (patch.as_object_mut(), self.options.filter.as_object())
+        {
+            patch.extend(extra.clone());
+        }
+        let serde_json::Value::Object(plugin_patch) = patch else {
+            bail!("the filter patch is not an object");
+        };
+        let rewrite = Rewrite {
+            ephemeral_ports: true,
+            control_plane: None,
+            control_plane_replicas: self.grpc_addrs.clone(),
+            wasm: Some(paths::sluice_wasm()?),
+            plugin_patch,
+        };
+        envoy::rewrite(&mut config, &rewrite)?;
+        let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());
+        envoy_options.concurrency = self.options.concurrency;
+        self.envoys
+            .push(Envoy::start(&config, &envoy_options).await?);
+        Ok(index)
+    }
+
+    /// The `http://…` base URL of Envoy `index`.
+    pub fn url(&self, index: usize) -> Result<String> {
+        self.envoys
+            .get(index)
+            .map(Envoy::base_url)
+            .with_context(|| format!("no Envoy #{index}"))
+    }
+
+    /// One control interval.
+    pub fn control_interval(&self) -> Duration {
+        Duration::from_millis(self.options.control_interval_ms)
+    }
+
+    /// Where logs and generated configs are.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// The gRPC addresses of the replicas, in order.
+    pub fn grpc_addrs(&self) -> &[SocketAddr] {
+        &self.grpc_addrs
+    }
+
+    /// Prints every process's log tail.
+    pub fn print_logs(&self) {
+        self.redis.print_log();
+        for replica in &self.replicas {
+            replica.print_log();
+        }
+        for envoy in &self.envoys {
+            envoy.print_log();
+        }
+    }
+}
+
+impl Drop for ReplicaSet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("replica set files kept in {}", self.dir.path().display());
+        }
+    }
+}
+
+/// A loopback address with a port free right now.
+fn free_loopback_addr() -> Result<SocketAddr> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// What a replica's `/metrics` says about its lease: `Some(fence)` while
+/// it leads.
+pub async fn leading(admin: &AdminClient) -> Result<Option<u64>> {
+    let metrics = admin.metrics().await?;
+    if sample(&metrics, "sluice_replica_leader") < 1.0 {
+        return Ok(None);
+    }
+    let fence = sample(&metrics, "sluice_replica_fence");
+    // A fence is a small positive integer: the float holds it exactly.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(Some(fence as u64))
+}
+
+/// The index of the one replica among `replicas` that leads, once exactly
+/// one does, and its fence; waits up to `timeout`.
+pub async fn wait_for_leader(
+    replicas: &[&ControlPlane],
+    timeout: Duration,
+) -> Result<(usize, u64)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut leaders = Vec::new();
+        for (index, replica) in replicas.iter().enumerate() {
+            if let Ok(Some(fence)) = leading(replica.admin()).await {
+                leaders.push((index, fence));
+            }
+        }
+        if let [one] = leaders.as_slice() {
+            return Ok(*one);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("no single leader within {timeout:?}: {leaders:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,304 @@
+//! Control-plane replicas on one real Redis.
+//!
+//! - The lease and its fence, the shares and the table, driven through the
+//!   replica API against a real `redis-server`: one leader at a time, a
+//!   leader whose lease went to another cannot write, a flushed store
+//!   hands out no fence below one in use, a store of another layout is
+//!   refused.
+//! - Real Envoys, real replicas: the leader, holding every proxy's stream,
+//!   is SIGKILLed under load at 4× the fleet limit; another replica takes
+//!   the lease, the proxies land on the survivors, and the fleet holds its
+//!   limit throughout and within ±2 % once they are back.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
+use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions};
+use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
+use sluice_integration_tests::control_plane::AdminClient;
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::redis::RedisServer;
+use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, wait_for_leader};
+use sluice_proto::v1::{Directive, ModePolicy};
+
+fn options(id: &str) -> ReplicaOptions {
+    ReplicaOptions {
+        id: id.to_owned(),
+        control_interval: Duration::from_millis(200),
+    }
+}
+
+async fn connect(redis: &RedisServer) -> Store {
+    let options = StoreOptions::from_args(&redis.url(), None, DEFAULT_TIMEOUT).unwrap();
+    Store::connect(&options).await.unwrap()
+}
+
+fn directive(bucket: &str, drop_ratio: f64) -> Directive {
+    Directive {
+        bucket: bucket.to_owned(),
+        drop_ratio,
+        limit_rps: 100.0,
+        ..Directive::default()
+    }
+}
+
+fn load(bucket: &str, offered_rps: f64) -> FleetLoad {
+    FleetLoad::new(vec![BucketTraffic::single(
+        bucket,
+        BucketLoad {
+            offered_rps,
+            admitted_rps: offered_rps,
+            proxies_reporting: 1,
+            stale_share: 0.0,
+        },
+    )])
+}
+
+async fn redis_cmd(store: &Store, args: &[&str]) {
+    let mut command = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    let mut connection = store.connection();
+    command
+        .query_async::<redis::Value>(&mut connection)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_leader_a_fence_and_shares_through_a_real_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let store = connect(&redis).await;
+    let keys = Keys::default();
+    let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
+    let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
+
+    // Shares add up over the replicas.
+    let _ = a.share(load("acme", 100.0)).await.unwrap();
+    let shared = b.share(load("acme", 50.0)).await.unwrap();
+    assert_eq!(shared.replicas, 2);
+    let acme = shared.total.get("acme").unwrap();
+    assert_eq!(acme.load.offered_rps, 150.0);
+    assert_eq!(acme.load.proxies_reporting, 2);
+
+    // One leader; the other follows its table.
+    assert_eq!(a.lead().await.unwrap(), Some(1));
+    assert_eq!(b.lead().await.unwrap(), None);
+    assert!(
+        a.publish(1, &[directive("acme", 0.5)], &[], ModePolicy::default())
+            .await
+            .unwrap()
+    );
+    assert!(b.follow().await.unwrap());
+    assert_eq!(b.table().fence, 1);
+    assert_eq!(
+        b.table().directives().next().map(|d| d.drop_ratio),
+        Some(0.5)
+    );
+
+    // `a` is paused past its lease: the lease expires and `b` takes it
+    // under a new fence. When `a` wakes up and writes under its old fence,
+    // the store refuses it.
+    redis_cmd(&store, &["DEL", &keys.leader]).await;
+    assert_eq!(b.lead().await.unwrap(), Some(2));
+    assert!(
+        !a.publish(1, &[directive("acme", 0.9)], &[], ModePolicy::default())
+            .await
+            .unwrap(),
+        "a fenced-off leader must not write"
+    );
+    assert_eq!(a.fence(), None);
+    assert!(
+        b.publish(2, &[directive("acme", 0.3)], &[], ModePolicy::default())
+            .await
+            .unwrap()
+    );
+    assert!(a.follow().await.unwrap());
+    assert_eq!(a.table().fence, 2);
+    assert_eq!(
+        a.table().directives().next().map(|d| d.drop_ratio),
+        Some(0.3)
+    );
+
+    // A flushed store: the next lease gets a fence above any in use, the
+    // table is written again although it did not change, and the format
+    // key comes back with the next share.
+    redis_cmd(&store, &["FLUSHALL"]).await;
+    assert!(!a.follow().await.unwrap());
+    let fence = b.lead().await.unwrap().unwrap();
+    assert!(fence > 2, "fence {fence} after a flush");
+    assert_eq!(a.lead().await.unwrap(), None);
+    assert!(
+        b.publish(fence, &[], &[], ModePolicy::default())
+            .await
+            .unwrap()
+    );
+    assert!(a.follow().await.unwrap());
+    assert_eq!(a.table().fence, fence);
+    assert_eq!(a.table().len(), 1, "the table survived the flush");
+    let _ = b.share(load("acme", 1.0)).await.unwrap();
+
+    // A store written by another layout is refused, not misread.
+    redis_cmd(&store, &["SET", &keys.format, "2"]).await;
+    let err = Replica::join(store.clone(), options("c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ReplicaError::Format { .. }), "{err}");
+    assert!(err.to_string().contains("format 2"), "{err}");
+    let err = a.share(load("acme", 1.0)).await.unwrap_err();
+    assert!(err.to_string().contains("format 2"), "{err}");
+}
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 150
+"#;
+const LIMIT_RPS: f64 = 150.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_the_fleet_holds_its_limit() {
+    // Only r0 runs when the Envoys start, so every stream is on r0 and r0
+    // leads: killing it takes the leader and every proxy's stream at once.
+    let mut options = ReplicaSetOptions::new(LIMITS, 3, 3);
+    options.replicas_at_start = 1;
+    // The filter keeps applying its last ratio while it reconnects; the
+    // restart test explains why the allowance is off here.
+    options.filter = json!({"decision": "credit", "allowance": null});
+    let mut set = ReplicaSet::start(options).await.unwrap();
+    let interval = set.control_interval();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &set.url(0).unwrap(), "acme", 300.0),
+            StreamSpec::new("B/acme", &set.url(1).unwrap(), "acme", 200.0),
+            StreamSpec::new("C/acme", &set.url(2).unwrap(), "acme", 100.0),
+        ],
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    let (leader, old_fence) = wait_for_leader(&[&set.replicas[0]], Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(leader, 0);
+    reporting(set.replicas[0].admin(), 3).await.unwrap();
+    set.start_replica().await.unwrap();
+    set.start_replica().await.unwrap();
+
+    // Converge (and let Envoy's health checks see r1 and r2), then kill
+    // the leader.
+    tokio::time::sleep(Duration::from_secs(7).saturating_sub(load.elapsed())).await;
+    set.replicas[0].kill().unwrap();
+    let killed_at = load.elapsed();
+    let survivors = [&set.replicas[1], &set.replicas[2]];
+    let new_leader = wait_for_leader(&survivors, Duration::from_secs(5)).await;
+    let new_leader_at = load.elapsed();
+    let back_on = connected(&[survivors[0].admin(), survivors[1].admin()], 3).await;
+    let reconnected_at = load.elapsed();
+
+    let back = Window {
+        from: reconnected_at + interval * 2,
+        to: reconnected_at + interval * 2 + Duration::from_secs(4),
+    };
+    tokio::time::sleep(back.to.saturating_sub(load.elapsed())).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let before = Window {
+        from: killed_at.saturating_sub(Duration::from_secs(2)),
+        to: killed_at,
+    };
+    let during = Window {
+        from: killed_at,
+        to: reconnected_at + interval * 2,
+    };
+    let whole = Window {
+        from: Duration::ZERO,
+        to: back.to,
+    };
+    let admitted = |window: Window| rate(result.tenant_counts(window, "acme").ok, window);
+    let (admitted_before, admitted_during, admitted_back) =
+        (admitted(before), admitted(during), admitted(back));
+    let summary = format!(
+        "killed at {killed_at:?}, new leader {new_leader:?} at {new_leader_at:?}, all three \
+         proxies back at {reconnected_at:?}\nbefore: {}during: {}back: {}\n{}",
+        result.summary(before),
+        result.summary(during),
+        result.summary(back),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let all = result.tenant_counts(whole, "acme");
+    let holds = within(admitted_during, LIMIT_RPS, 0.10)
+        && within(admitted_back, LIMIT_RPS, 0.02)
+        && new_leader.is_ok()
+        && back_on.is_ok()
+        && all.errors == 0;
+    if !holds {
+        set.print_logs();
+    }
+    let (_, new_fence) = new_leader.unwrap();
+    assert!(new_fence > old_fence, "fence {new_fence} after {old_fence}");
+    back_on.unwrap();
+    assert_eq!(all.server_errors, 0, "no 5xx at any time\n{summary}");
+    assert_eq!(all.errors, 0, "no failed requests at any time\n{summary}");
+    assert!(
+        within(admitted_before, LIMIT_RPS, 0.05),
+        "before the kill {admitted_before:.1} rps\n{summary}"
+    );
+    assert!(
+        within(admitted_during, LIMIT_RPS, 0.10),
+        "while the leader was down {admitted_during:.1} rps, limit {LIMIT_RPS}\n{summary}"
+    );
+    assert!(
+        within(admitted_back, LIMIT_RPS, 0.02),
+        "from two intervals after the proxies were back {admitted_back:.1} rps, limit \
+         {LIMIT_RPS}\n{summary}"
+    );
+}
+
+/// Waits until `proxies` streams are open on the replicas behind `admins`
+/// together, each having reported since it connected.
+async fn connected(admins: &[&AdminClient], proxies: usize) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        let mut open = 0;
+        for admin in admins {
+            if let Ok(reply) = admin.proxies().await {
+                open += reply
+                    .proxies
+                    .iter()
+                    .filter(|p| p.connected && p.since_last_report_ms < 500)
+                    .count();
+            }
+        }
+        if open >= proxies {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("{open} of {proxies} proxies connected to the survivors after 8 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the fleet total a replica sees has `proxies` proxies
+/// reporting acme.
+async fn reporting(admin: &AdminClient, proxies: u32) -> anyhow::Result<()> {
+    admin
+        .wait_for_bucket(
+            "acme",
+            &format!("{proxies} proxies reporting acme"),
+            Duration::from_secs(8),
+            Duration::from_millis(50),
+            |b| (b.proxies_reporting >= proxies).then_some(()),
+        )
+        .await
+}
