@@ -132,6 +132,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
         Err(err) => {
             replica.step_down();
             metrics.replicas().store_failed("share");
+            metrics.replicas().observe_leading(None);
             tracing::warn!(%err, "store unreachable: keeping the last directives");
             heartbeat_with(state, replica.table().modes);
             metrics.control_tick(started.elapsed());
@@ -141,25 +142,25 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     metrics
         .replicas()
         .observe_share(shared.replicas, shared.unreadable);
+    // Decide only on a whole view; otherwise a throwaway controller gives
+    // the admin API its status and nothing is led.
+    let decides = may_push && shared.complete;
     let (decision, modes) = {
         let policy = state.policy();
-        if may_push {
-            (
-                controller.decide(&shared.total, &policy),
-                policy.modes.to_wire(),
-            )
+        let decision = if decides {
+            controller.decide(&shared.total, &policy)
         } else {
-            (
-                Controller::default().decide(&shared.total, &policy),
-                policy.modes.to_wire(),
-            )
-        }
+            Controller::default().decide(&shared.total, &policy)
+        };
+        (decision, policy.modes.to_wire())
     };
     metrics.observe_buckets(&decision.buckets);
     state.set_buckets(decision.buckets);
     if may_push {
+        // The lease is renewed on every interval, the table written only
+        // from a decision on a whole view.
         match replica.lead().await {
-            Ok(Some(fence)) => {
+            Ok(Some(fence)) if decides => {
                 if let Err(err) = replica
                     .publish(fence, &decision.changed, &decision.retired, modes)
                     .await
@@ -169,7 +170,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
                     tracing::warn!(%err, "could not write the directive table");
                 }
             }
-            Ok(None) => {}
+            Ok(_) => {}
             Err(err) => {
                 metrics.replicas().store_failed("lead");
                 tracing::warn!(%err, "could not renew the lease");

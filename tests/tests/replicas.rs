@@ -302,3 +302,99 @@ async fn reporting(admin: &AdminClient, proxies: u32) -> anyhow::Result<()> {
         )
         .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_harms_no_request_and_an_empty_store_is_rebuilt_without_a_step() {
+    let mut options = ReplicaSetOptions::new(LIMITS, 2, 2);
+    options.filter = json!({"decision": "credit", "allowance": null});
+    let mut set = ReplicaSet::start(options).await.unwrap();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &set.url(0).unwrap(), "acme", 400.0),
+            StreamSpec::new("B/acme", &set.url(1).unwrap(), "acme", 200.0),
+        ],
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    let replicas: Vec<_> = set.replicas.iter().collect();
+    let (_, old_fence) = wait_for_leader(&replicas, Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    // Converge, then take Redis away for 5 s and bring it back empty.
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(load.elapsed())).await;
+    set.redis.kill().unwrap();
+    let killed_at = load.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    set.redis.restart().await.unwrap();
+    let restarted_at = load.elapsed();
+    let replicas: Vec<_> = set.replicas.iter().collect();
+    let new_leader = wait_for_leader(&replicas, Duration::from_secs(5)).await;
+    let led_at = load.elapsed();
+    let after = Window {
+        from: restarted_at,
+        to: restarted_at + Duration::from_secs(4),
+    };
+    tokio::time::sleep(after.to.saturating_sub(load.elapsed())).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let before = Window {
+        from: killed_at.saturating_sub(Duration::from_secs(2)),
+        to: killed_at,
+    };
+    let outage = Window {
+        from: killed_at,
+        to: restarted_at,
+    };
+    let whole = Window {
+        from: Duration::ZERO,
+        to: after.to,
+    };
+    let admitted = |window: Window| rate(result.tenant_counts(window, "acme").ok, window);
+    let (admitted_before, admitted_outage, admitted_after) =
+        (admitted(before), admitted(outage), admitted(after));
+    let summary = format!(
+        "Redis killed at {killed_at:?}, restarted empty at {restarted_at:?}, leader \
+         {new_leader:?} at {led_at:?}\nbefore: {}outage: {}after: {}\n{}",
+        result.summary(before),
+        result.summary(outage),
+        result.summary(after),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let all = result.tenant_counts(whole, "acme");
+    let holds = within(admitted_outage, LIMIT_RPS, 0.10)
+        && within(admitted_after, LIMIT_RPS, 0.02)
+        && new_leader.is_ok()
+        && all.errors == 0;
+    if !holds {
+        set.print_logs();
+    }
+    let (_, new_fence) = new_leader.unwrap();
+    assert!(
+        new_fence > old_fence,
+        "an emptied store handed out fence {new_fence} after {old_fence}"
+    );
+    assert_eq!(all.server_errors, 0, "no 5xx at any time\n{summary}");
+    assert_eq!(all.errors, 0, "no failed requests at any time\n{summary}");
+    assert!(
+        within(admitted_before, LIMIT_RPS, 0.05),
+        "before the outage {admitted_before:.1} rps\n{summary}"
+    );
+    assert!(
+        within(admitted_outage, LIMIT_RPS, 0.10),
+        "during the store outage {admitted_outage:.1} rps, limit {LIMIT_RPS}\n{summary}"
+    );
+    assert!(
+        within(admitted_after, LIMIT_RPS, 0.02),
+        "after the store came back empty {admitted_after:.1} rps, limit {LIMIT_RPS}\n{summary}"
+    );
+    let metrics = set.replicas[0].admin().metrics().await.unwrap();
+    assert!(
+        sluice_integration_tests::control_plane::sample(
+            &metrics,
+            r#"sluice_store_failures_total{op="share"}"#
+        ) > 0.0,
+        "the outage is counted"
+    );
+}

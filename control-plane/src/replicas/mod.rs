@@ -28,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Script;
 use sluice_proto::v1::{Directive, ModePolicy};
+use tokio::time::Instant;
 
 use crate::controller::RetiredCell;
 use crate::fleet::FleetLoad;
@@ -97,6 +98,13 @@ pub struct Shared {
     pub replicas: usize,
     /// Shares refused as unreadable (another layout, corruption).
     pub unreadable: usize,
+    /// Whether the total may be decided on: this replica has shared for a
+    /// whole share lifetime without a failure (so every live replica's
+    /// share is in, also after the store came back empty), and no share
+    /// vanished since the last interval (a flushed store or a replica
+    /// gone: one interval later the view is whole again or the loss is
+    /// real).
+    pub complete: bool,
 }
 
 /// One replica's handle on the shared state.
@@ -117,6 +125,10 @@ pub struct Replica {
     /// The stored table was missing at the last read (a flushed store):
     /// the leader writes its table again even if nothing changed.
     table_missing: bool,
+    /// Since when every share succeeded.
+    sharing_since: Option<Instant>,
+    /// Replicas counted by the last successful share.
+    last_replicas: usize,
 }
 
 impl Replica {
@@ -134,6 +146,8 @@ impl Replica {
             highest_fence: 0,
             table: Record::default(),
             table_missing: false,
+            sharing_since: None,
+            last_replicas: 0,
         };
         let mut connection = replica.store.connection();
         let format: Option<String> = replica
@@ -172,6 +186,32 @@ impl Replica {
     /// Publishes `own` (this replica's tick) and returns the fleet total
     /// over the live replicas. Two round trips.
     pub async fn share(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
+        let shared = self.exchange_shares(own).await;
+        match &shared {
+            Ok(_) => self.settle(),
+            Err(_) => self.sharing_since = None,
+        }
+        shared.map(|mut shared| {
+            shared.complete = self.is_settled(shared.replicas);
+            self.last_replicas = shared.replicas;
+            shared
+        })
+    }
+
+    fn settle(&mut self) {
+        if self.sharing_since.is_none() {
+            self.sharing_since = Some(Instant::now());
+        }
+    }
+
+    fn is_settled(&self, replicas: usize) -> bool {
+        let long_enough = self
+            .sharing_since
+            .is_some_and(|since| since.elapsed() >= self.options.share_ttl());
+        long_enough && replicas >= self.last_replicas
+    }
+
+    async fn exchange_shares(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
         let now_ms = unix_ms();
         let ttl_ms = millis(self.options.share_ttl());
         let retention_ms = millis(INDEX_RETENTION);
@@ -237,6 +277,7 @@ impl Replica {
             total: load::merge(own, shares),
             replicas,
             unreadable,
+            complete: false,
         })
     }
 
