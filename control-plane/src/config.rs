@@ -153,6 +153,14 @@ impl Rules {
         }
     }
 
+    /// The exact limit of `bucket`, if it has one.
+    pub fn exact(&self, bucket: &str) -> Option<LimitRps> {
+        self.0.iter().find_map(|rule| match &rule.selector {
+            Selector::Bucket(b) if b == bucket => Some(rule.limit_rps),
+            _ => None,
+        })
+    }
+
     /// Removes the exact limit of `bucket`; returns it if there was one.
     pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
         let index = self

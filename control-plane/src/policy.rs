@@ -223,6 +223,11 @@ impl Tenants {
         self.0.iter()
     }
 
+    /// The policy configured for `tenant` itself, if any.
+    pub fn get(&self, tenant: &str) -> Option<TenantPolicy> {
+        self.0.get(tenant).copied()
+    }
+
     /// Adds or replaces a tenant.
     pub fn insert(&mut self, tenant: String, policy: TenantPolicy) {
         self.0.insert(tenant, policy);

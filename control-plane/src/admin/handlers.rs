@@ -1,10 +1,11 @@
 //! Admin API handlers.
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 
+use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, OPENAPI_JSON, write};
@@ -105,7 +106,7 @@ pub struct PutLimit {
     pub limit_rps: LimitRps,
 }
 
-/// `PUT /v1/limits/{bucket}` reply.
+/// `PUT /v1/limits/{bucket}` and `GET /v1/limits/{bucket}` reply.
 #[derive(Debug, Serialize)]
 pub struct LimitReply {
     /// The bucket.
@@ -114,34 +115,62 @@ pub struct LimitReply {
     pub limit_rps: LimitRps,
 }
 
+/// `GET /v1/limits/{bucket}`: the bucket's exact limit (404 if it has
+/// none; a pattern's limit belongs to the pattern), with its `ETag`.
+pub async fn get_limit(
+    State(admin): State<Admin>,
+    Path(bucket): Path<String>,
+) -> Result<(HeaderMap, axum::Json<LimitReply>), Problem> {
+    let config = admin.live().config();
+    let limit_rps = config
+        .limits
+        .exact(&bucket)
+        .ok_or_else(|| Problem::not_found(format!("no exact limit for bucket {bucket:?}")))?;
+    let tag = etag::limit(&config, &bucket);
+    Ok((
+        tag.map(|t| t.header()).unwrap_or_default(),
+        axum::Json(LimitReply { bucket, limit_rps }),
+    ))
+}
+
 /// `PUT /v1/limits/{bucket}`: persisted, and in force from the next control
-/// interval (unless an override for the bucket is in force).
+/// interval (unless an override for the bucket is in force). With
+/// `If-Match`, only if the limit's entity tag matches.
 pub async fn put_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
+    if_match: IfMatch,
     Json(body): Json<PutLimit>,
-) -> Result<axum::Json<LimitReply>, Problem> {
+) -> Result<(HeaderMap, axum::Json<LimitReply>), Problem> {
     write::bucket(&bucket)?;
     let limit = body.limit_rps;
     let key = bucket.clone();
-    let previous = write::change(&admin, move |config| {
-        Ok(config.limits.set_exact(key, limit))
+    let (previous, tag) = write::change(&admin, move |config| {
+        if_match.check(etag::limit(config, &key).as_ref())?;
+        let previous = config.limits.set_exact(key.clone(), limit);
+        Ok((previous, etag::limit(config, &key)))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %limit, previous = ?previous.map(LimitRps::get), "limit set");
-    Ok(axum::Json(LimitReply {
-        bucket,
-        limit_rps: limit,
-    }))
+    Ok((
+        tag.map(|t| t.header()).unwrap_or_default(),
+        axum::Json(LimitReply {
+            bucket,
+            limit_rps: limit,
+        }),
+    ))
 }
 
-/// `DELETE /v1/limits/{bucket}`: only exact limits can be removed.
+/// `DELETE /v1/limits/{bucket}`: only exact limits can be removed. With
+/// `If-Match`, only if the limit's entity tag matches.
 pub async fn delete_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
+    if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     let previous = write::change(&admin, move |config| {
+        if_match.check(etag::limit(config, &key).as_ref())?;
         config
             .limits
             .remove_exact(&key)

@@ -5,6 +5,7 @@
 //! `GET /v1/openapi.json`) can be checked against them.
 
 pub mod auth;
+pub mod etag;
 mod extract;
 mod handlers;
 mod modes;
@@ -113,9 +114,11 @@ fn api() -> Api {
         .get("/v1/buckets", handlers::buckets)
         .get("/v1/proxies", proxies::list)
         .get("/v1/limits", handlers::limits)
+        .get("/v1/limits/{bucket}", handlers::get_limit)
         .put("/v1/limits/{bucket}", handlers::put_limit)
         .delete("/v1/limits/{bucket}", handlers::delete_limit)
         .get("/v1/tenants", tenants::list)
+        .get("/v1/tenants/{tenant}", tenants::get)
         .put("/v1/tenants/{tenant}", tenants::put)
         .delete("/v1/tenants/{tenant}", tenants::delete)
         .get("/v1/modes", modes::get)

@@ -1,37 +1,44 @@
 //! `/v1/modes`, `/v1/kill-switch`, `/v1/canary`: the rollout state.
 //!
-//! Every write answers with the modes now configured.
+//! Every write answers with the modes now configured and their `ETag`;
+//! with `If-Match`, a write goes ahead only if the rollout state's entity
+//! tag matches (the kill switch and the canary are part of it).
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use serde::Deserialize;
 
+use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
 use crate::policy::{Fraction, Mode, Modes};
 
-/// `GET /v1/modes`.
-pub async fn get(State(admin): State<Admin>) -> axum::Json<Modes> {
-    axum::Json(admin.state().policy().modes.clone())
+/// Modes with their entity tag.
+type Reply = (HeaderMap, axum::Json<Modes>);
+
+/// `GET /v1/modes`, with its `ETag`.
+pub async fn get(State(admin): State<Admin>) -> Reply {
+    let config = admin.live().config();
+    (etag::modes(&config).header(), axum::Json(config.modes))
 }
 
 /// `PUT /v1/modes`: replaces the whole rollout state (fields left out take
 /// their defaults: enforce, no per-bucket modes, kill switch off, no canary).
 pub async fn put(
     State(admin): State<Admin>,
+    if_match: IfMatch,
     Json(modes): Json<Modes>,
-) -> Result<axum::Json<Modes>, Problem> {
+) -> Result<Reply, Problem> {
     for bucket in modes.buckets.keys() {
         write::bucket(bucket)?;
     }
-    let reply = modes.clone();
-    write::change(&admin, move |config| {
-        config.modes = modes;
+    tracing::info!(modes = ?modes, "modes set");
+    modify(&admin, if_match, move |current| {
+        *current = modes;
         Ok(())
     })
-    .await?;
-    tracing::info!(modes = ?reply, "modes set");
-    Ok(axum::Json(reply))
+    .await
 }
 
 /// `PUT /v1/modes/buckets/{bucket}` body.
@@ -46,11 +53,12 @@ pub struct PutBucketMode {
 pub async fn put_bucket(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
+    if_match: IfMatch,
     Json(body): Json<PutBucketMode>,
-) -> Result<axum::Json<Modes>, Problem> {
+) -> Result<Reply, Problem> {
     write::bucket(&bucket)?;
     tracing::info!(bucket, mode = ?body.mode, "bucket mode set");
-    modify(&admin, move |modes| {
+    modify(&admin, if_match, move |modes| {
         modes.buckets.insert(bucket, body.mode);
         Ok(())
     })
@@ -61,9 +69,10 @@ pub async fn put_bucket(
 pub async fn delete_bucket(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
-) -> Result<axum::Json<Modes>, Problem> {
+    if_match: IfMatch,
+) -> Result<Reply, Problem> {
     tracing::info!(bucket, "bucket mode removed");
-    modify(&admin, move |modes| {
+    modify(&admin, if_match, move |modes| {
         modes
             .buckets
             .remove(&bucket)
@@ -74,19 +83,25 @@ pub async fn delete_bucket(
 }
 
 /// `PUT /v1/kill-switch` (no body): every proxy shadows every bucket.
-pub async fn kill_switch_on(State(admin): State<Admin>) -> Result<axum::Json<Modes>, Problem> {
+pub async fn kill_switch_on(
+    State(admin): State<Admin>,
+    if_match: IfMatch,
+) -> Result<Reply, Problem> {
     tracing::warn!("kill switch on: proxies stop rejecting");
-    set_kill_switch(&admin, true).await
+    set_kill_switch(&admin, if_match, true).await
 }
 
 /// `DELETE /v1/kill-switch`: the configured modes apply again.
-pub async fn kill_switch_off(State(admin): State<Admin>) -> Result<axum::Json<Modes>, Problem> {
+pub async fn kill_switch_off(
+    State(admin): State<Admin>,
+    if_match: IfMatch,
+) -> Result<Reply, Problem> {
     tracing::warn!("kill switch off: configured modes apply");
-    set_kill_switch(&admin, false).await
+    set_kill_switch(&admin, if_match, false).await
 }
 
-async fn set_kill_switch(admin: &Admin, on: bool) -> Result<axum::Json<Modes>, Problem> {
-    modify(admin, move |modes| {
+async fn set_kill_switch(admin: &Admin, if_match: IfMatch, on: bool) -> Result<Reply, Problem> {
+    modify(admin, if_match, move |modes| {
         modes.kill_switch = on;
         Ok(())
     })
@@ -104,10 +119,11 @@ pub struct PutCanary {
 /// `PUT /v1/canary`.
 pub async fn put_canary(
     State(admin): State<Admin>,
+    if_match: IfMatch,
     Json(body): Json<PutCanary>,
-) -> Result<axum::Json<Modes>, Problem> {
+) -> Result<Reply, Problem> {
     tracing::info!(fraction = body.canary_fraction.get(), "canary fraction set");
-    modify(&admin, move |modes| {
+    modify(&admin, if_match, move |modes| {
         modes.canary_fraction = Some(body.canary_fraction);
         Ok(())
     })
@@ -115,9 +131,12 @@ pub async fn put_canary(
 }
 
 /// `DELETE /v1/canary`: every proxy follows the modes.
-pub async fn delete_canary(State(admin): State<Admin>) -> Result<axum::Json<Modes>, Problem> {
+pub async fn delete_canary(
+    State(admin): State<Admin>,
+    if_match: IfMatch,
+) -> Result<Reply, Problem> {
     tracing::info!("canary fraction removed");
-    modify(&admin, |modes| {
+    modify(&admin, if_match, |modes| {
         modes.canary_fraction = None;
         Ok(())
     })
@@ -126,12 +145,14 @@ pub async fn delete_canary(State(admin): State<Admin>) -> Result<axum::Json<Mode
 
 async fn modify(
     admin: &Admin,
+    if_match: IfMatch,
     change: impl FnOnce(&mut Modes) -> Result<(), Problem> + Send + 'static,
-) -> Result<axum::Json<Modes>, Problem> {
-    let modes = write::change(admin, move |config| {
+) -> Result<Reply, Problem> {
+    let (modes, tag) = write::change(admin, move |config| {
+        if_match.check(Some(&etag::modes(config)))?;
         change(&mut config.modes)?;
-        Ok(config.modes.clone())
+        Ok((config.modes.clone(), etag::modes(config)))
     })
     .await?;
-    Ok(axum::Json(modes))
+    Ok((tag.header(), axum::Json(modes)))
 }

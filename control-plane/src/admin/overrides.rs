@@ -1,11 +1,15 @@
 //! `/v1/overrides`: temporary limits and tenant values. Each target has at
 //! most one override; a new one replaces it. At the deadline the override is
 //! removed and the base value applies again.
+//!
+//! The overrides are one resource for `If-Match`: `GET /v1/overrides`
+//! answers with its `ETag`, every write may name it.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
+use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
@@ -15,10 +19,13 @@ use crate::types::LimitRps;
 
 /// `GET /v1/overrides`: those in force (expired ones are removed within a
 /// second or so of their deadline).
-pub async fn list(State(admin): State<Admin>) -> axum::Json<Overrides> {
-    let mut overrides = admin.live().config().overrides;
-    overrides.remove_expired(unix_now());
-    axum::Json(overrides)
+pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Overrides>) {
+    let mut config = admin.live().config();
+    config.overrides.remove_expired(unix_now());
+    (
+        etag::overrides(&config).header(),
+        axum::Json(config.overrides),
+    )
 }
 
 /// `PUT /v1/overrides/limits/{bucket}` body.
@@ -35,30 +42,34 @@ pub struct PutLimitOverride {
 pub async fn put_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
+    if_match: IfMatch,
     Json(body): Json<PutLimitOverride>,
-) -> Result<axum::Json<LimitOverride>, Problem> {
+) -> Result<(HeaderMap, axum::Json<LimitOverride>), Problem> {
     write::bucket(&bucket)?;
     let over = LimitOverride {
         limit_rps: body.limit_rps,
         expires_at_unix_s: body.ttl_s.expires_at(unix_now()),
     };
     let key = bucket.clone();
-    write::change(&admin, move |config| {
+    let tag = write::change(&admin, move |config| {
+        if_match.check(Some(&etag::overrides(config)))?;
         config.overrides.limits.insert(key, over);
-        Ok(())
+        Ok(etag::overrides(config))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %over.limit_rps, ttl_s = body.ttl_s.as_secs(), "limit override set");
-    Ok(axum::Json(over))
+    Ok((tag.header(), axum::Json(over)))
 }
 
 /// `DELETE /v1/overrides/limits/{bucket}`: the base limit applies at once.
 pub async fn delete_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
+    if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     write::change(&admin, move |config| {
+        if_match.check(Some(&etag::overrides(config)))?;
         config
             .overrides
             .limits
@@ -92,8 +103,9 @@ pub struct PutTenantOverride {
 pub async fn put_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
+    if_match: IfMatch,
     Json(body): Json<PutTenantOverride>,
-) -> Result<axum::Json<TenantOverride>, Problem> {
+) -> Result<(HeaderMap, axum::Json<TenantOverride>), Problem> {
     write::tenant(&tenant)?;
     if body.weight.is_none() && body.burst.is_none() && body.min_floor_rps.is_none() {
         return Err(Problem::unprocessable(
@@ -107,9 +119,10 @@ pub async fn put_tenant(
         expires_at_unix_s: body.ttl_s.expires_at(unix_now()),
     };
     let key = tenant.clone();
-    write::change(&admin, move |config| {
+    let tag = write::change(&admin, move |config| {
+        if_match.check(Some(&etag::overrides(config)))?;
         config.overrides.tenants.insert(key, over);
-        Ok(())
+        Ok(etag::overrides(config))
     })
     .await?;
     tracing::info!(
@@ -118,16 +131,18 @@ pub async fn put_tenant(
         ttl_s = body.ttl_s.as_secs(),
         "tenant override set"
     );
-    Ok(axum::Json(over))
+    Ok((tag.header(), axum::Json(over)))
 }
 
 /// `DELETE /v1/overrides/tenants/{tenant}`: the base values apply at once.
 pub async fn delete_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
+    if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = tenant.clone();
     write::change(&admin, move |config| {
+        if_match.check(Some(&etag::overrides(config)))?;
         config
             .overrides
             .tenants

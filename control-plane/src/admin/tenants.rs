@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
+use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
@@ -34,7 +35,7 @@ pub async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
     axum::Json(TenantsReply { tenants, overrides })
 }
 
-/// `PUT /v1/tenants/{tenant}` reply.
+/// `PUT /v1/tenants/{tenant}` and `GET /v1/tenants/{tenant}` reply.
 #[derive(Debug, Serialize)]
 pub struct TenantReply {
     /// The tenant.
@@ -44,31 +45,58 @@ pub struct TenantReply {
     pub policy: TenantPolicy,
 }
 
+/// `GET /v1/tenants/{tenant}`: the tenant's own policy (404 if it has
+/// none and follows `default`), with its `ETag`.
+pub async fn get(
+    State(admin): State<Admin>,
+    Path(tenant): Path<String>,
+) -> Result<(HeaderMap, axum::Json<TenantReply>), Problem> {
+    let config = admin.live().config();
+    let policy = config
+        .tenants
+        .get(&tenant)
+        .ok_or_else(|| Problem::not_found(format!("no tenant {tenant:?} configured")))?;
+    let tag = etag::tenant(&config, &tenant);
+    Ok((
+        tag.map(|t| t.header()).unwrap_or_default(),
+        axum::Json(TenantReply { tenant, policy }),
+    ))
+}
+
 /// `PUT /v1/tenants/{tenant}`: sets the tenant's whole policy (fields left
-/// out take their defaults: weight 1, burst 1, floor 0).
+/// out take their defaults: weight 1, burst 1, floor 0). With `If-Match`,
+/// only if the tenant's entity tag matches.
 pub async fn put(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
+    if_match: IfMatch,
     Json(policy): Json<TenantPolicy>,
-) -> Result<axum::Json<TenantReply>, Problem> {
+) -> Result<(HeaderMap, axum::Json<TenantReply>), Problem> {
     write::tenant(&tenant)?;
     let name = tenant.clone();
-    write::change(&admin, move |config| {
-        config.tenants.insert(name, policy);
-        Ok(())
+    let tag = write::change(&admin, move |config| {
+        if_match.check(etag::tenant(config, &name).as_ref())?;
+        config.tenants.insert(name.clone(), policy);
+        Ok(etag::tenant(config, &name))
     })
     .await?;
     tracing::info!(tenant, ?policy, "tenant set");
-    Ok(axum::Json(TenantReply { tenant, policy }))
+    Ok((
+        tag.map(|t| t.header()).unwrap_or_default(),
+        axum::Json(TenantReply { tenant, policy }),
+    ))
 }
 
 /// `DELETE /v1/tenants/{tenant}`: the tenant falls back to `default`.
+/// With `If-Match`, only if the tenant's entity tag matches.
 pub async fn delete(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
+    if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let name = tenant.clone();
     write::change(&admin, move |config| {
+        if_match.check(etag::tenant(config, &name).as_ref())?;
         if config.tenants.remove(&name) {
             Ok(())
         } else {
