@@ -45,6 +45,8 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Read and change a running control plane through its admin API.
     Ctl(CtlArgs),
+    /// Export or import the configuration replicas share in `--store`.
+    Config(crate::replicas::transfer::ConfigArgs),
 }
 
 /// `sluice serve`.
@@ -305,6 +307,9 @@ pub enum ServeError {
     /// The shared store is unusable.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The shared configuration cannot be read or seeded.
+    #[error("shared configuration: {0}")]
+    SharedConfig(String),
     /// The shared store holds state this replica cannot use.
     #[error("store {url}: {source}")]
     Replica {
@@ -332,6 +337,16 @@ pub async fn execute(cli: Cli) -> ExitCode {
         Command::CheckConfig(args) => check_config(&args.file),
         Command::Simulate(args) => simulate(&args),
         Command::Ctl(args) => ctl::execute(args).await,
+        Command::Config(args) => match crate::replicas::transfer::execute(&args).await {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("sluice config: {err}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -469,6 +484,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let admin_addr = local_addr("admin", args.admin_listen, &admin_listener)?;
 
     let state = AppState::new(settings);
+    let shared_config = store
+        .as_ref()
+        .map(|store| crate::replicas::config_store::SharedConfig::new(store.clone()));
     let replica = match store {
         Some(store) => {
             let url = store.url().to_string();
@@ -500,12 +518,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             "--grpc-insecure-accept-any-proxy: the filters' gRPC API accepts any client on the network; one of them can report counts that drop every tenant's traffic"
         );
     }
-    let live = LiveConfig::with_file(
-        state.clone(),
-        config,
-        args.config.clone(),
-        text.into_bytes(),
-    );
+    let live = match shared_config {
+        None => LiveConfig::with_file(
+            state.clone(),
+            config,
+            args.config.clone(),
+            text.into_bytes(),
+        ),
+        Some(shared) => {
+            let (config, version) = shared_configuration(&shared, config, &text, &args).await?;
+            LiveConfig::shared(
+                state.clone(),
+                config,
+                version,
+                shared,
+                tokio::runtime::Handle::current(),
+            )
+        }
+    };
     let admin = Admin::new(std::sync::Arc::new(live), auth);
     tracing::info!(
         grpc = %grpc_addr,
@@ -553,6 +583,33 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     };
     crate::run_replicated(grpc, admin_listener, admin, poll, replica, shutdown).await?;
     Ok(())
+}
+
+/// The configuration replicas share: the store's if it holds one (the
+/// file is then not read again), else the file's, stored as version 1.
+async fn shared_configuration(
+    shared: &crate::replicas::config_store::SharedConfig,
+    file_config: Config,
+    text: &str,
+    args: &ServeArgs,
+) -> Result<(Config, u64), ServeError> {
+    let shared_error = |detail: String| ServeError::SharedConfig(detail);
+    let stored = shared
+        .seed(text)
+        .await
+        .map_err(|err| shared_error(format!("cannot read or seed it: {err}")))?;
+    if stored.yaml == text {
+        tracing::info!(version = stored.version, file = %args.config.display(), "shared configuration: this file's");
+        return Ok((file_config, stored.version));
+    }
+    let config = Config::from_yaml(&stored.yaml, "<store>")
+        .map_err(|err| shared_error(format!("the stored configuration is invalid: {err}")))?;
+    tracing::info!(
+        version = stored.version,
+        file = %args.config.display(),
+        "shared configuration from the store; the file is not read again (`sluice config import` replaces the stored one)"
+    );
+    Ok((config, stored.version))
 }
 
 /// Connects to `--store` (a start that cannot reach it fails, rather than

@@ -157,6 +157,19 @@ pub async fn run_replicated(
         let serve = grpc::serve(grpc_endpoint, state.clone(), streams.clone(), token.clone());
         async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
     });
+    if admin.live().is_shared() {
+        tasks.spawn({
+            let sync = live_config::follow_store(
+                Arc::clone(admin.live()),
+                state.control_interval().as_duration(),
+                token.clone(),
+            );
+            async move {
+                sync.await;
+                ("shared configuration watcher", Ok(()))
+            }
+        });
+    }
     if admin.live().file().is_some() {
         tasks.spawn({
             let watch = reload::run(Arc::clone(admin.live()), reload_poll, token.clone());

@@ -9,6 +9,12 @@
 //! Writes are persisted before they take effect, atomically, and the bytes
 //! written are remembered: the next poll finds the file unchanged and does
 //! not reload what the control plane wrote itself.
+//!
+//! With replicas ([`LiveConfig::shared`]) the configuration lives in the
+//! store instead ([`crate::replicas::config_store`]): a write goes to the
+//! store first (or fails with nothing changed), and every replica adopts
+//! a newer stored version on its next [`LiveConfig::sync_from_store`]. The
+//! file is then only read once, to seed an empty store.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -20,6 +26,7 @@ use prometheus_client::registry::Registry;
 
 use crate::config::{Config, ConfigError};
 use crate::persist;
+use crate::replicas::config_store::{SharedConfig, SharedConfigError};
 use crate::state::AppState;
 
 /// Why a change could not be persisted; nothing changed.
@@ -40,6 +47,13 @@ pub enum PersistError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The shared store could not be read or written.
+    #[error("the shared store: {0}")]
+    Store(#[from] SharedConfigError),
+    /// The stored configuration does not parse (written by hand, or by
+    /// another version).
+    #[error("the configuration in the store is invalid: {0}")]
+    StoredInvalid(String),
 }
 
 /// What a poll of the limits file found.
@@ -57,8 +71,18 @@ pub enum Reload {
 pub struct LiveConfig {
     state: AppState,
     file: Option<PathBuf>,
+    shared: Option<Shared>,
     inner: Mutex<Inner>,
     reloads: ReloadMetrics,
+}
+
+/// The store a replica's configuration lives in.
+#[derive(Debug)]
+struct Shared {
+    config: SharedConfig,
+    /// Admin writes run on blocking threads; they reach the store through
+    /// the runtime's handle.
+    runtime: tokio::runtime::Handle,
 }
 
 #[derive(Debug)]
@@ -69,6 +93,8 @@ struct Inner {
     seen: Option<Vec<u8>>,
     /// Why the file on disk is invalid, while it is.
     invalid: Option<String>,
+    /// The stored version held (shared configuration only; 0 otherwise).
+    version: u64,
 }
 
 impl LiveConfig {
@@ -84,6 +110,24 @@ impl LiveConfig {
         Self::build(state, config, None, None)
     }
 
+    /// A replica's configuration, shared through `store` where `config` is
+    /// stored as `version`; `runtime` runs the store calls of writes.
+    pub fn shared(
+        state: AppState,
+        config: Config,
+        version: u64,
+        store: SharedConfig,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
+        let mut live = Self::build(state, config, None, None);
+        live.shared = Some(Shared {
+            config: store,
+            runtime,
+        });
+        live.lock().version = version;
+        live
+    }
+
     fn build(
         state: AppState,
         config: Config,
@@ -93,10 +137,12 @@ impl LiveConfig {
         let live = Self {
             state,
             file,
+            shared: None,
             inner: Mutex::new(Inner {
                 config,
                 seen,
                 invalid: None,
+                version: 0,
             }),
             reloads: ReloadMetrics::new(),
         };
@@ -141,6 +187,9 @@ impl LiveConfig {
     where
         E: From<PersistError>,
     {
+        if let Some(shared) = &self.shared {
+            return self.update_shared(shared, now, change);
+        }
         let mut inner = self.lock();
         if let Some(reload) = self.reload_locked(&mut inner, now) {
             self.count(&reload);
@@ -164,6 +213,105 @@ impl LiveConfig {
         self.apply(&config, now);
         inner.config = config;
         Ok(outcome)
+    }
+
+    /// [`Self::update`] on the shared store: under its write lock, adopt
+    /// the stored version, apply `change` to it and write it back; only
+    /// then put it in force here. Blocks on the store (from a blocking
+    /// thread).
+    fn update_shared<T, E>(
+        &self,
+        shared: &Shared,
+        now: u64,
+        change: impl FnOnce(&mut Config) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<PersistError>,
+    {
+        let store = &shared.config;
+        // The store's lock first: waiting for another replica's write must
+        // not hold this process's own lock, which reads take too.
+        let lock = shared
+            .runtime
+            .block_on(store.lock())
+            .map_err(PersistError::from)?;
+        let mut inner = self.lock();
+        let outcome = (|| {
+            let stored = shared
+                .runtime
+                .block_on(store.read())
+                .map_err(PersistError::from)?;
+            let expected = match stored {
+                Some(stored) if stored.version != inner.version => {
+                    let config = parse_stored(&stored.yaml)?;
+                    self.apply(&config, now);
+                    inner.config = config;
+                    inner.version = stored.version;
+                    stored.version
+                }
+                Some(stored) => stored.version,
+                // An emptied store: this replica's configuration is the
+                // last one known; the write restores it.
+                None => 0,
+            };
+            let mut config = inner.config.clone();
+            config.overrides.remove_expired(now);
+            let outcome = change(&mut config)?;
+            let yaml = config.to_yaml().map_err(PersistError::from)?;
+            let version = shared
+                .runtime
+                .block_on(store.write(expected, &yaml, inner.version))
+                .map_err(PersistError::from)?;
+            self.apply(&config, now);
+            inner.config = config;
+            inner.version = version;
+            Ok(outcome)
+        })();
+        drop(inner);
+        shared.runtime.block_on(store.unlock(lock));
+        outcome
+    }
+
+    /// With a shared store: adopts a stored version newer than the one
+    /// held (every replica calls this once per control interval). Returns
+    /// whether it adopted one. A stored document that does not parse is
+    /// logged and left alone; the configuration in force stays.
+    pub async fn sync_from_store(&self, now: u64) -> Result<bool, PersistError> {
+        let Some(shared) = &self.shared else {
+            return Ok(false);
+        };
+        let held = self.lock().version;
+        match shared.config.version().await? {
+            Some(version) if version != held => {}
+            _ => return Ok(false),
+        }
+        let Some(stored) = shared.config.read().await? else {
+            return Ok(false);
+        };
+        let config = parse_stored(&stored.yaml)?;
+        let mut inner = self.lock();
+        if inner.version == stored.version {
+            return Ok(false);
+        }
+        warn_restart_only(&inner.config, &config);
+        self.apply(&config, now);
+        inner.config = config;
+        inner.version = stored.version;
+        tracing::info!(
+            version = stored.version,
+            "shared configuration changed; in force"
+        );
+        Ok(true)
+    }
+
+    /// Whether the configuration lives in a shared store.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The stored version held (0 without a shared store).
+    pub fn version(&self) -> u64 {
+        self.lock().version
     }
 
     /// Removes overrides that expired by `now` and picks up a changed file.
@@ -268,6 +416,43 @@ impl LiveConfig {
         // No code panics while holding the lock.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Every `every`, until `shutdown`: adopt a newer shared configuration and
+/// drop expired overrides. A store outage is logged once, not every time.
+pub async fn follow_store(
+    live: std::sync::Arc<LiveConfig>,
+    every: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        let now = crate::overrides::unix_now();
+        match live.sync_from_store(now).await {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!("shared configuration readable again");
+            }
+            Ok(_) => {}
+            Err(err) if !failing => {
+                failing = true;
+                tracing::warn!(%err, "cannot read the shared configuration; keeping the one in force");
+            }
+            Err(_) => {}
+        }
+        let _ = live.poll(now);
+    }
+}
+
+/// Parses the stored document.
+fn parse_stored(yaml: &str) -> Result<Config, PersistError> {
+    Config::from_yaml(yaml, "<store>").map_err(|err| PersistError::StoredInvalid(err.to_string()))
 }
 
 /// The control interval and the directive TTL are fixed at start-up.

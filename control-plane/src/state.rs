@@ -190,7 +190,7 @@ impl AppState {
 }
 
 /// A random epoch, so that a restarted control plane never reuses one.
-fn random_epoch() -> u64 {
+pub(crate) fn random_epoch() -> u64 {
     getrandom::u64().unwrap_or_else(|err| {
         tracing::warn!(%err, "no OS randomness; deriving the epoch from time and pid");
         // `RandomState` is seeded per process; mixing in time and pid keeps

@@ -7,16 +7,20 @@ use super::problem::Problem;
 use crate::config::Config;
 use crate::live_config::PersistError;
 use crate::overrides::unix_now;
+use crate::replicas::config_store::SharedConfigError;
 use crate::types::{validate_bucket, validate_tenant};
 
 impl From<PersistError> for Problem {
     fn from(err: PersistError) -> Self {
         tracing::error!(%err, "admin change not applied");
         let status = match err {
-            PersistError::FileInvalid(_) => StatusCode::CONFLICT,
-            PersistError::Render(_) | PersistError::Write { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
+            PersistError::FileInvalid(_) | PersistError::Store(SharedConfigError::Conflict) => {
+                StatusCode::CONFLICT
             }
+            PersistError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            PersistError::Render(_)
+            | PersistError::Write { .. }
+            | PersistError::StoredInvalid(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Problem::new(status, format!("the change was not applied: {err}"))
     }

@@ -25,6 +25,13 @@ pub struct Keys {
     pub fence: String,
     /// The leader's directive table ([`super::record`]).
     pub directives: String,
+    /// The shared configuration: the limits file's YAML
+    /// ([`super::config_store`]).
+    pub config: String,
+    /// Its version, incremented by every write.
+    pub config_version: String,
+    /// The configuration's write lock (a random token, expiring).
+    pub config_lock: String,
     load_prefix: String,
 }
 
@@ -36,6 +43,9 @@ impl Default for Keys {
             leader: "sluice:v1:{fleet}:leader".to_owned(),
             fence: "sluice:v1:{fleet}:fence".to_owned(),
             directives: "sluice:v1:{fleet}:directives".to_owned(),
+            config: "sluice:v1:{fleet}:config".to_owned(),
+            config_version: "sluice:v1:{fleet}:config:version".to_owned(),
+            config_lock: "sluice:v1:{fleet}:config:lock".to_owned(),
             load_prefix: "sluice:v1:{fleet}:load:".to_owned(),
         }
     }
@@ -67,6 +77,9 @@ mod tests {
             &keys.leader,
             &keys.fence,
             &keys.directives,
+            &keys.config,
+            &keys.config_version,
+            &keys.config_lock,
             &keys.load("r-1"),
             &keys.load("{odd}"),
         ] {

@@ -20,9 +20,11 @@
 //! adopts anything; its streams keep the last table and their heartbeats.
 //! So no replica ever pushes directives computed from a partial view.
 
+pub mod config_store;
 pub mod keys;
 pub mod load;
 pub mod record;
+pub mod transfer;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

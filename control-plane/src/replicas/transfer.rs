@@ -1,0 +1,136 @@
+//! `sluice config export|import`: the configuration replicas share, to and
+//! from a limits file. With a store the file is an import/export format,
+//! not the source of truth.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+
+use super::config_store::SharedConfig;
+use crate::config::Config;
+use crate::store::{Store, StoreOptions};
+
+/// `sluice config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+    /// The shared store: `redis://HOST:PORT[/DB]` or `rediss://…`.
+    #[arg(long, value_name = "URL", global = true)]
+    pub store: Option<String>,
+    /// File holding the store's password (else SLUICE_STORE_PASSWORD).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub store_password_file: Option<PathBuf>,
+    /// With a `rediss://` store: trust this CA (PEM).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub store_tls_ca: Option<PathBuf>,
+}
+
+/// `sluice config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the shared configuration (a limits file) and its version.
+    Export {
+        /// Write it here instead of standard output.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Validate a limits file and make it the shared configuration; every
+    /// replica applies it within one control interval.
+    Import {
+        /// The limits file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+/// Why an export or import failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// `--store` is missing.
+    #[error("--store is required")]
+    NoStore,
+    /// The store cannot be used.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Reading or writing the shared configuration failed.
+    #[error("shared configuration: {0}")]
+    Shared(#[from] super::config_store::SharedConfigError),
+    /// The store holds no configuration yet.
+    #[error("the store holds no configuration yet (a replica seeds it from its file)")]
+    Empty,
+    /// The file to import is invalid.
+    #[error(transparent)]
+    Invalid(#[from] crate::config::ConfigError),
+    /// The configuration could not be rendered as YAML.
+    #[error("cannot render the configuration: {0}")]
+    Render(#[from] serde_yaml_ng::Error),
+    /// A file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Runs `sluice config …`; returns what to print on success.
+pub async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
+    let url = args.store.as_deref().ok_or(TransferError::NoStore)?;
+    let options = StoreOptions::from_args(
+        url,
+        args.store_password_file.as_deref(),
+        crate::store::DEFAULT_TIMEOUT,
+    )?
+    .with_tls_ca(args.store_tls_ca.clone())?;
+    let shared = SharedConfig::new(Store::connect(&options).await?);
+    match &args.command {
+        ConfigCommand::Export { output } => export(&shared, output.as_deref()).await,
+        ConfigCommand::Import { file } => import(&shared, file).await,
+    }
+}
+
+async fn export(shared: &SharedConfig, output: Option<&Path>) -> Result<String, TransferError> {
+    let stored = shared.read().await?.ok_or(TransferError::Empty)?;
+    let text = format!(
+        "# Exported from the shared store, version {}.\n{}",
+        stored.version, stored.yaml
+    );
+    match output {
+        None => Ok(text),
+        Some(path) => {
+            crate::persist::write_atomic(path, text.as_bytes()).map_err(|source| {
+                TransferError::Write {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            Ok(format!(
+                "wrote version {} to {}\n",
+                stored.version,
+                path.display()
+            ))
+        }
+    }
+}
+
+async fn import(shared: &SharedConfig, file: &Path) -> Result<String, TransferError> {
+    // Validated first: a bad file names its line and field and changes
+    // nothing.
+    let config = Config::from_file(file)?;
+    let yaml = config.to_yaml()?;
+    let lock = shared.lock().await?;
+    let written = async {
+        let expected = shared.read().await?.map_or(0, |stored| stored.version);
+        shared.write(expected, &yaml, expected).await
+    }
+    .await;
+    shared.unlock(lock).await;
+    let version = written?;
+    Ok(format!(
+        "imported {} as version {version}; every replica applies it within one control interval\n",
+        file.display()
+    ))
+}
