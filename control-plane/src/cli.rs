@@ -150,14 +150,14 @@ pub struct ServeArgs {
     pub store: Option<String>,
     /// This replica's name in the store (unique among the replicas);
     /// default: the process's epoch in hex.
-    #[arg(long, value_name = "NAME", requires = "store")]
+    #[arg(long, value_name = "NAME")]
     pub replica_id: Option<String>,
     /// With a `rediss://` store: trust this CA (PEM) instead of the
     /// system's roots.
-    #[arg(long, value_name = "FILE", requires = "store")]
+    #[arg(long, value_name = "FILE")]
     pub store_tls_ca: Option<PathBuf>,
     /// File holding the store's password (a trailing newline is ignored).
-    #[arg(long, value_name = "FILE", requires = "store")]
+    #[arg(long, value_name = "FILE")]
     pub store_password_file: Option<PathBuf>,
     /// Longest wait for the store while answering a request, in
     /// milliseconds; past it the failure policy answers.
@@ -442,7 +442,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .as_deref()
         .map(crate::quotas::QuotaConfig::from_path)
         .transpose()?;
-    let store = match &args.store {
+    // `--store` wins over `store:` in the file.
+    let store_url = args
+        .store
+        .clone()
+        .or_else(|| config.store.as_ref().map(|s| s.as_str().to_owned()));
+    if store_url.is_none()
+        && (args.replica_id.is_some()
+            || args.store_tls_ca.is_some()
+            || args.store_password_file.is_some())
+    {
+        return Err(ServeError::SharedConfig(
+            "--replica-id, --store-tls-ca and --store-password-file need a store (--store or `store:` in the limits file)".to_owned(),
+        ));
+    }
+    let store = match &store_url {
         Some(url) => Some(connect_store(url, &args).await?),
         None => None,
     };

@@ -45,6 +45,9 @@ pub struct Config {
     /// Temporary limit and tenant overrides with their deadlines.
     #[serde(default, skip_serializing_if = "Overrides::is_empty")]
     pub overrides: Overrides,
+    /// The shared store (`redis://…`) replicas share; `--store` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::store::StoreSetting>,
 }
 
 fn tenants_empty(tenants: &Tenants) -> bool {
@@ -373,6 +376,22 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_store_url_that_does_not_parse_names_its_line_and_never_its_password() {
+        let err = invalid("limits: []\nstore: \"memcached://user:secret@cache:11211\"\n");
+        assert_eq!(err.field, "store");
+        assert_eq!(err.location.map(|(line, _)| line), Some(2), "{err}");
+        assert!(err.message.contains("expected redis://"), "{err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+        let config =
+            Config::from_yaml("store: \"redis://:pw@127.0.0.1:6379/0\"\n", "limits.yaml").unwrap();
+        assert!(!format!("{config:?}").contains("pw@"), "{config:?}");
+        assert_eq!(
+            config.store.as_ref().map(|s| s.as_str()),
+            Some("redis://:pw@127.0.0.1:6379/0")
+        );
+    }
+
     const GOOD: &str = "\
 # Example limits.
 control_interval_ms: 250
@@ -478,7 +497,7 @@ limits:
         let err = invalid("limits:\n  - limit_rps: 1\n");
         assert_eq!(err.field, "limits[0]");
         assert_eq!(err.message, "needs exactly one of `bucket` or `pattern`");
-        assert_eq!(err.location.map(|(line, _)| line), Some(2));
+        assert_eq!(err.location.map(|(line, _)| line), Some(2), "{err}");
 
         let err = invalid("limits:\n  - bucket: a\n    pattern: b*\n    limit_rps: 1\n");
         assert_eq!(err.field, "limits[0]");

@@ -293,6 +293,23 @@ async fn errors_exit_non_zero_with_the_problem_detail() {
     assert_eq!(code, 1);
     assert!(stderr.contains("neither a fraction nor `off`"), "{stderr}");
 
+    // A write under a stale entity tag changes nothing.
+    let (code, _, stderr) = server
+        .ctl(&[
+            "--if-match",
+            "\"0000000000000000\"",
+            "limit",
+            "set",
+            "acme",
+            "7",
+        ])
+        .await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("412 Precondition Failed"), "{stderr}");
+    assert!(stderr.contains("entity tag is now"), "{stderr}");
+    let limits = server.ok(&["--json", "limits"]).await;
+    assert!(!limits.contains("7.0"), "{limits}");
+
     let addr = server.addr;
     server.stop().await;
     let output = tokio::process::Command::new(SLUICE)

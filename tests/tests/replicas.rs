@@ -398,3 +398,51 @@ async fn a_store_outage_harms_no_request_and_an_empty_store_is_rebuilt_without_a
         "the outage is counted"
     );
 }
+
+#[tokio::test]
+async fn serve_takes_the_store_from_the_file_and_refuses_another_layout() {
+    use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let limits = format!(
+        "limits:\n  - bucket: acme\n    limit_rps: 10\nstore: \"{}\"\n",
+        redis.url()
+    );
+    // No proxies to wait for: no start-up hold, so it leads at once.
+    let mut replica = ControlPlane::start(
+        ControlPlaneOptions::new(&limits, dir.path())
+            .control_interval_ms(100)
+            .args(["--startup-grace-ms".to_owned(), "0".to_owned()]),
+    )
+    .await
+    .unwrap();
+    let (_, fence) = wait_for_leader(&[&replica], Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(fence, 1);
+    replica.shutdown().unwrap();
+
+    // Keys written in another layout: refused at start, naming the store.
+    let store = connect(&redis).await;
+    redis_cmd(&store, &["SET", &Keys::default().format, "2"]).await;
+    let limits_file = dir.path().join("other.yaml");
+    std::fs::write(&limits_file, &limits).unwrap();
+    let output = std::process::Command::new(sluice_integration_tests::paths::sluice_bin().unwrap())
+        .arg("serve")
+        .arg("--config")
+        .arg(&limits_file)
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&redis.url()) && stderr.contains("format 2"),
+        "{stderr}"
+    );
+}

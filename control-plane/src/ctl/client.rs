@@ -36,6 +36,8 @@ pub struct Client {
     base: String,
     token: Option<Token>,
     http: reqwest::Client,
+    /// Sent as `If-Match` with every write (`sluice ctl --if-match`).
+    if_match: Option<String>,
 }
 
 impl Client {
@@ -57,22 +59,51 @@ impl Client {
             base: url.trim_end_matches('/').to_owned(),
             token,
             http,
+            if_match: None,
         })
+    }
+
+    /// Every write from now on carries `If-Match: tag` (412 if the
+    /// resource changed since the tag was read).
+    #[must_use]
+    pub fn with_if_match(mut self, tag: Option<String>) -> Self {
+        self.if_match = tag;
+        self
     }
 
     /// GET; the reply body.
     pub async fn get(&self, path: &str) -> Result<Option<Value>, CtlError> {
-        self.call(Method::GET, path, None).await
+        Ok(self.call(Method::GET, path, None, None).await?.0)
+    }
+
+    /// GET; the reply body and its `ETag`.
+    pub async fn get_tagged(
+        &self,
+        path: &str,
+    ) -> Result<(Option<Value>, Option<String>), CtlError> {
+        self.call(Method::GET, path, None, None).await
     }
 
     /// PUT with an optional JSON body.
     pub async fn put(&self, path: &str, body: Option<Value>) -> Result<Option<Value>, CtlError> {
-        self.call(Method::PUT, path, body).await
+        let tag = self.if_match.as_deref();
+        Ok(self.call(Method::PUT, path, body, tag).await?.0)
+    }
+
+    /// PUT with `If-Match: tag` (a read-modify-write of one resource).
+    pub async fn put_if(
+        &self,
+        path: &str,
+        body: Option<Value>,
+        tag: Option<&str>,
+    ) -> Result<Option<Value>, CtlError> {
+        Ok(self.call(Method::PUT, path, body, tag).await?.0)
     }
 
     /// DELETE.
     pub async fn delete(&self, path: &str) -> Result<Option<Value>, CtlError> {
-        self.call(Method::DELETE, path, None).await
+        let tag = self.if_match.as_deref();
+        Ok(self.call(Method::DELETE, path, None, tag).await?.0)
     }
 
     async fn call(
@@ -80,7 +111,8 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<Option<Value>, CtlError> {
+        if_match: Option<&str>,
+    ) -> Result<(Option<Value>, Option<String>), CtlError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method.clone(), &url);
         if let Some(token) = &self.token {
@@ -91,6 +123,9 @@ impl Client {
             header.set_sensitive(true);
             request = request.header(reqwest::header::AUTHORIZATION, header);
         }
+        if let Some(tag) = if_match {
+            request = request.header(reqwest::header::IF_MATCH, tag);
+        }
         if let Some(body) = body {
             request = request.json(&body);
         }
@@ -99,6 +134,11 @@ impl Client {
             .await
             .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
         let status = response.status();
+        let etag = response
+            .headers()
+            .get(reqwest::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = response
             .bytes()
             .await
@@ -111,10 +151,10 @@ impl Client {
             return Err(CtlError::Refused { status, detail });
         }
         if bytes.is_empty() {
-            return Ok(None);
+            return Ok((None, etag));
         }
         serde_json::from_slice(&bytes)
-            .map(Some)
+            .map(|value| (Some(value), etag))
             .map_err(|err| CtlError::Http(format!("{method} {url}: not JSON: {err}")))
     }
 }

@@ -36,6 +36,10 @@ pub struct CtlArgs {
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Write only if the resource's entity tag (its `ETag`) is still this
+    /// one; otherwise the API answers 412 and nothing changes.
+    #[arg(long, value_name = "ETAG", global = true)]
+    pub if_match: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: CtlCommand,
@@ -255,7 +259,8 @@ pub async fn execute(args: CtlArgs) -> ExitCode {
 
 /// Runs `sluice ctl` and returns what it prints.
 pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
-    let client = Client::new(&args.url, args.token_file.as_deref())?;
+    let client =
+        Client::new(&args.url, args.token_file.as_deref())?.with_if_match(args.if_match.clone());
     let json = args.json;
     let seg = client::segment;
     let (reply, render): (Option<Value>, fn(&Value) -> String) = match &args.command {
@@ -293,12 +298,19 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
             (client.delete(&path).await?, table::modes)
         }
         CtlCommand::Mode(ModeCommand::Default { mode }) => {
-            // Read, change one field, write back: PUT /v1/modes replaces all.
-            let mut modes = client.get("/v1/modes").await?.unwrap_or_default();
+            // Read, change one field, write back: PUT /v1/modes replaces
+            // all, so the write names what it read (If-Match) and fails
+            // with 412 rather than undo a change made in between.
+            let (modes, tag) = client.get_tagged("/v1/modes").await?;
+            let mut modes = modes.unwrap_or_default();
             if let Some(object) = modes.as_object_mut() {
                 object.insert("default".into(), json!(mode.as_str()));
             }
-            (client.put("/v1/modes", Some(modes)).await?, table::modes)
+            let tag = args.if_match.as_deref().or(tag.as_deref());
+            (
+                client.put_if("/v1/modes", Some(modes), tag).await?,
+                table::modes,
+            )
         }
         CtlCommand::KillSwitch { state } => {
             let reply = match state {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo};
 
-pub use url::{StoreUrl, UrlError};
+pub use url::{StoreSetting, StoreUrl, UrlError};
 
 /// Default bound on one store call on a request path.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);

@@ -230,3 +230,50 @@ mod tests {
         }
     }
 }
+
+/// `store:` in a limits file: a URL that parses, kept as written (it may
+/// hold a password, so it is shown only through [`StoreUrl`]'s redaction).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreSetting(String);
+
+impl StoreSetting {
+    /// The URL as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StoreSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.0))
+    }
+}
+
+impl serde::Serialize for StoreSetting {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for StoreSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Checked inside the visitor, so the parser reports the error at
+        // the value's line and column.
+        struct UrlVisitor;
+
+        impl serde::de::Visitor<'_> for UrlVisitor {
+            type Value = StoreSetting;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a store URL, redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<StoreSetting, E> {
+                StoreUrl::parse(text).map_err(E::custom)?;
+                Ok(StoreSetting(text.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_str(UrlVisitor)
+    }
+}
