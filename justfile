@@ -111,11 +111,11 @@ bench-rls *ARGS:
     cargo build -q --release -p sluice-benches --bins
     SLUICE_BIN=target/release/sluice REDIS_SERVER="$(./scripts/ensure-redis.sh)" target/release/bench_rls {{ARGS}}
 
-# Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. Updates BENCHMARKS.md. Not part of `just test`.
+# Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. `--replicas 3 [--store URL]`: as replicas sharing Redis. Updates BENCHMARKS.md. Not part of `just test`.
 soak seconds="600" *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins
-    SLUICE_BIN=target/release/sluice target/release/soak --duration {{seconds}} {{ARGS}}
+    SLUICE_BIN=target/release/sluice REDIS_SERVER="$(./scripts/ensure-redis.sh)" target/release/soak --duration {{seconds}} {{ARGS}}
 
 # A throw-away CA and certificates for envoy/demo-mtls.yaml, in .demo/certs/.
 certs:
