@@ -451,8 +451,8 @@ async fn run() -> Result<()> {
             "soak-replicas",
             format!(
                 "{} replicas of the real control plane (`sluice serve --store`, release \
-                 build, 500 ms control interval) sharing one Redis, the streams split \
-                 evenly over them; RSS is the replicas' sum",
+                 build, 500 ms control interval; RSS and CPU below are their sums) \
+                 sharing one Redis, the streams split evenly over them,",
                 options.replicas
             ),
         )
