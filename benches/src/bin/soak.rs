@@ -280,7 +280,9 @@ async fn run() -> Result<()> {
         .and_then(|s| s.server.as_ref())
         .map(RedisServer::pid);
     let cpu_before = cpu_of(&replica_pids, ticks)?;
-    let redis_cpu_before = redis_pid.map(|pid| measure::cpu_time(pid, ticks)).transpose()?;
+    let redis_cpu_before = redis_pid
+        .map(|pid| measure::cpu_time(pid, ticks))
+        .transpose()?;
     let commands_before = match &store {
         Some(store) => Some(store.commands().await?),
         None => None,
@@ -330,7 +332,9 @@ async fn run() -> Result<()> {
     }
     .await;
     let cpu_after = cpu_of(&replica_pids, ticks)?;
-    let redis_cpu_after = redis_pid.map(|pid| measure::cpu_time(pid, ticks)).transpose()?;
+    let redis_cpu_after = redis_pid
+        .map(|pid| measure::cpu_time(pid, ticks))
+        .transpose()?;
     let commands_after = match &store {
         Some(store) => Some(store.commands().await?),
         None => None,
@@ -404,7 +408,9 @@ async fn run() -> Result<()> {
         metrics
             .iter()
             .filter_map(|m| stats::histogram_quantile_bound(&stats::histogram(m, series), q))
-            .fold(None, |worst: Option<f64>, s| Some(worst.map_or(s, |w| w.max(s))))
+            .fold(None, |worst: Option<f64>, s| {
+                Some(worst.map_or(s, |w| w.max(s)))
+            })
             .map_or_else(|| "–".to_owned(), |s| format!("<= {:.1}", s * 1000.0))
     };
     let bound = |q: f64| worst_bound("sluice_push_latency_seconds", q);
@@ -428,7 +434,10 @@ async fn run() -> Result<()> {
     let redis_rows = if replicated {
         let redis_cpu = match (redis_cpu_before, redis_cpu_after) {
             (Some(before), Some(after)) => {
-                format!("{:.2} cores", after.saturating_sub(before).as_secs_f64() / seconds)
+                format!(
+                    "{:.2} cores",
+                    after.saturating_sub(before).as_secs_f64() / seconds
+                )
             }
             _ => "– (a store the soak did not start)".to_owned(),
         };
