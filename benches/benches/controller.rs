@@ -10,13 +10,13 @@ use sluice_benches::bucket_names;
 use sluice_benches::control::{connected_fleet, fleet_load, limits, proxy_ids, report};
 use sluice_control_plane::Controller;
 use sluice_control_plane::cell::{CLASSES, Priority};
-use sluice_control_plane::estimator::Tracking;
-use sluice_control_plane::fairness::{Allocation, Scratch, TenantDemand, allocate_into};
+use sluice_control_plane::config::limits::{LimitRule, LimitTable, Selector};
+use sluice_control_plane::config::policy::{Policy, TenantPolicy, Tenants, Weight};
+use sluice_control_plane::control::estimator::Tracking;
+use sluice_control_plane::control::fairness::{Allocation, Scratch, TenantDemand, allocate_into};
 use sluice_control_plane::fleet::{
     BucketLoad, BucketTraffic, CellLoad, FleetLoad, ShareCap, StreamId,
 };
-use sluice_control_plane::limits::{LimitRule, LimitTable, Selector};
-use sluice_control_plane::policy::{Policy, TenantPolicy, Tenants, Weight};
 use sluice_control_plane::types::LimitRps;
 
 /// One proxy's report of `n` buckets, added to a window that already holds

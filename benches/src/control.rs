@@ -1,8 +1,8 @@
 //! Fixtures for the controller benchmarks: reports as a fleet of proxies
 //! sends them, and fleet loads as the control loop hands them on.
 
+use sluice_control_plane::config::limits::LimitTable;
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, Fleet, FleetLoad, StreamId};
-use sluice_control_plane::limits::LimitTable;
 use sluice_control_plane::types::LimitRps;
 use sluice_proto::v1::{BucketCount, Report};
 

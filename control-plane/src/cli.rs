@@ -11,13 +11,13 @@ use tonic::transport::ServerTlsConfig;
 
 use crate::admin::Admin;
 use crate::admin::auth::{AuthPolicy, Token, TokenError};
+use crate::config::live::LiveConfig;
 use crate::config::{Config, ConfigError};
 use crate::ctl::{self, CtlArgs};
 use crate::fleet::{FleetCaps, ShareCap};
-use crate::live_config::LiveConfig;
+use crate::serve::state::{AppState, Settings};
+use crate::serve::tls::{GrpcTlsFiles, TlsError};
 use crate::simulate::{self, report, scenario};
-use crate::state::{AppState, Settings};
-use crate::tls::{GrpcTlsFiles, TlsError};
 use crate::trust::{
     Ceilings, Exposure, IdentityPolicy, IdentityRule, ListenerRefused, Transport, check_listener,
 };
@@ -85,7 +85,7 @@ pub struct ServeArgs {
     /// Longest start-up hold, in milliseconds: after a start, no directives
     /// are pushed until as many proxies have reported as the proxies' last
     /// directives counted, or this long (0: push from the first interval).
-    #[arg(long, value_name = "MS", default_value_t = crate::warmup::DEFAULT_GRACE.as_millis() as u64,
+    #[arg(long, value_name = "MS", default_value_t = crate::serve::warmup::DEFAULT_GRACE.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub startup_grace_ms: u64,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs

@@ -1,14 +1,25 @@
 //! Sluice control plane.
 //!
 //! Envoy proxies running the Sluice filter open one gRPC stream each
-//! ([`grpc`]), report per-bucket request counts, and receive drop ratios.
-//! Every control interval ([`control_loop`]) the per-proxy rates are summed
-//! over the fleet ([`fleet`]), compared with the limits ([`limits`]) and turned
-//! into directives ([`controller`]); the ones that changed are broadcast to
-//! every stream ([`push`]). Operators read and change limits through the admin
-//! API ([`admin`]), which also serves Prometheus [`metrics`], persists every
-//! change to the limits file ([`live_config`]) and picks up edits of that file
-//! ([`reload`]); `sluice ctl` ([`ctl`]) is its command-line client.
+//! ([`serve::grpc`]), report per-bucket request counts, and receive drop
+//! ratios. Every control interval ([`serve::control_loop`]) the per-proxy
+//! rates are summed over the fleet ([`fleet`]), compared with the limits
+//! ([`config::limits`]) and turned into directives ([`control`]); the ones
+//! that changed are broadcast to every stream ([`serve::push`]). Operators
+//! read and change limits through the admin API ([`admin`]), which also
+//! serves Prometheus [`metrics`], persists every change to the limits file
+//! ([`config::live`]) and picks up edits of that file ([`config::reload`]);
+//! `sluice ctl` ([`ctl`]) is its command-line client. With a shared store
+//! ([`store`]) several processes run as [`replicas`] of one control plane.
+//! The same listener serves Envoy's own APIs: RLQS ([`rlqs`]) and the rate
+//! limit service for exact quotas ([`quotas`]); [`trust`] bounds what one
+//! proxy can claim.
+//!
+//! The modules, by job: [`config`] (the limits file and the configuration
+//! in force), [`control`] (deciding), [`serve`] (streams, fan-out, the
+//! control loop), [`fleet`] (aggregation), [`replicas`] and [`store`]
+//! (running as several processes), [`admin`], [`metrics`], [`cli`],
+//! [`ctl`] and [`simulate`] (tools).
 //!
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
@@ -17,31 +28,18 @@ pub mod admin;
 pub mod cell;
 pub mod cli;
 pub mod config;
-pub mod control_loop;
-pub mod controller;
+pub mod control;
 pub mod ctl;
-pub mod estimator;
-pub mod fairness;
 pub mod fleet;
-pub mod grpc;
-pub mod limits;
-pub mod live_config;
 pub mod metrics;
-pub mod overrides;
-pub mod persist;
-pub mod policy;
-pub mod push;
 pub mod quotas;
-pub mod reload;
 pub mod replicas;
 pub mod rlqs;
+pub mod serve;
 pub mod simulate;
-pub mod state;
 pub mod store;
-pub mod tls;
 pub mod trust;
 pub mod types;
-pub mod warmup;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,9 +52,9 @@ use tokio_util::task::TaskTracker;
 
 pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
-pub use controller::Controller;
-pub use grpc::GrpcEndpoint;
-pub use state::{AppState, Settings};
+pub use control::controller::Controller;
+pub use serve::grpc::GrpcEndpoint;
+pub use serve::state::{AppState, Settings};
 
 /// Why [`run`] returned an error.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +87,7 @@ pub async fn run(
         grpc_listener,
         admin_listener,
         Admin::in_memory(state),
-        reload::DEFAULT_POLL,
+        config::reload::DEFAULT_POLL,
         shutdown,
     )
     .await
@@ -135,9 +133,9 @@ pub async fn run_replicated(
     tasks.spawn({
         // The tracking policy beats the proportional baseline in every
         // simulated scenario (`sluice simulate`); see `estimator`.
-        let controller =
-            Controller::new(estimator::Tracking::new()).with_interval(state.control_interval());
-        let run = control_loop::run(state.clone(), controller, replica, token.clone());
+        let controller = Controller::new(control::estimator::Tracking::new())
+            .with_interval(state.control_interval());
+        let run = serve::control_loop::run(state.clone(), controller, replica, token.clone());
         async move {
             run.await;
             ("control loop", Ok(()))
@@ -154,12 +152,13 @@ pub async fn run_replicated(
         });
     }
     tasks.spawn({
-        let serve = grpc::serve(grpc_endpoint, state.clone(), streams.clone(), token.clone());
+        let serve =
+            serve::grpc::serve(grpc_endpoint, state.clone(), streams.clone(), token.clone());
         async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
     });
     if admin.live().is_shared() {
         tasks.spawn({
-            let sync = live_config::follow_store(
+            let sync = config::live::follow_store(
                 Arc::clone(admin.live()),
                 state.control_interval().as_duration(),
                 token.clone(),
@@ -172,7 +171,7 @@ pub async fn run_replicated(
     }
     if admin.live().file().is_some() {
         tasks.spawn({
-            let watch = reload::run(Arc::clone(admin.live()), reload_poll, token.clone());
+            let watch = config::reload::run(Arc::clone(admin.live()), reload_poll, token.clone());
             async move {
                 watch.await;
                 ("limits file watcher", Ok(()))

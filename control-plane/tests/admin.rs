@@ -285,8 +285,8 @@ async fn get_metrics(router: &Router) -> String {
 #[tokio::test]
 async fn metrics_show_what_the_control_loop_decided() {
     use sluice_control_plane::Controller;
-    use sluice_control_plane::control_loop::step;
     use sluice_control_plane::fleet::StreamId;
+    use sluice_control_plane::serve::control_loop::step;
     use sluice_proto::v1::{BucketCount, Report};
 
     let (state, router) = app();

@@ -17,8 +17,8 @@ use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sluice_control_plane::admin::auth::{AuthPolicy, Token};
-use sluice_control_plane::live_config::LiveConfig;
-use sluice_control_plane::policy::Mode;
+use sluice_control_plane::config::live::LiveConfig;
+use sluice_control_plane::config::policy::Mode;
 use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router};
 use tower::ServiceExt;
 
@@ -345,7 +345,7 @@ async fn overrides_apply_then_expire_and_the_base_returns() {
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let expires = body["expires_at_unix_s"].as_u64().unwrap();
-    let now = sluice_control_plane::overrides::unix_now();
+    let now = sluice_control_plane::config::overrides::unix_now();
     assert!((now + 3599..=now + 3601).contains(&expires), "{body}");
     let (status, body) = send(
         &f.router,

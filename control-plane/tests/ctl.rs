@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_control_plane::admin::auth::{AuthPolicy, Token};
-use sluice_control_plane::live_config::LiveConfig;
-use sluice_control_plane::policy::Mode;
+use sluice_control_plane::config::live::LiveConfig;
+use sluice_control_plane::config::policy::Mode;
 use sluice_control_plane::{Admin, AppState, Config, RunError, Settings, run_with};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -17,8 +17,8 @@ use axum::http::Request;
 use http_body_util::BodyExt;
 use sluice_control_plane::admin::auth::AuthPolicy;
 use sluice_control_plane::config::ConfigError;
-use sluice_control_plane::live_config::{LiveConfig, Reload};
-use sluice_control_plane::overrides::unix_now;
+use sluice_control_plane::config::live::{LiveConfig, Reload};
+use sluice_control_plane::config::overrides::unix_now;
 use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router, run_with};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -111,7 +111,7 @@ async fn own_writes_do_not_trigger_a_reload() {
                 "beta".into(),
                 sluice_control_plane::types::LimitRps::new(7.0).unwrap(),
             );
-            Ok::<_, sluice_control_plane::live_config::PersistError>(())
+            Ok::<_, sluice_control_plane::config::live::PersistError>(())
         })
         .is_ok();
     assert!(changed);

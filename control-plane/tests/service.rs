@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_control_plane::config::policy::Fraction;
 use sluice_control_plane::fleet::FleetCaps;
-use sluice_control_plane::policy::Fraction;
 use sluice_control_plane::types::ControlInterval;
 use sluice_control_plane::{AppState, Config, RunError, Settings, run};
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;

@@ -9,11 +9,11 @@ use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, OPENAPI_JSON, write};
-use crate::controller::BucketStatus;
-use crate::limits::LimitRule;
+use crate::config::limits::LimitRule;
+use crate::config::overrides::LimitOverride;
+use crate::control::controller::BucketStatus;
 use crate::metrics;
-use crate::overrides::LimitOverride;
-use crate::state::AppState;
+use crate::serve::state::AppState;
 use crate::types::LimitRps;
 
 /// `GET /healthz` reply.

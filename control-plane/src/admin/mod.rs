@@ -26,8 +26,8 @@ pub use handlers::{BucketsReply, LimitReply, LimitsReply, PutLimit};
 
 use self::auth::AuthPolicy;
 use crate::config::Config;
-use crate::live_config::LiveConfig;
-use crate::state::AppState;
+use crate::config::live::LiveConfig;
+use crate::serve::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

@@ -12,7 +12,7 @@ use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
-use crate::policy::{Fraction, Mode, Modes};
+use crate::config::policy::{Fraction, Mode, Modes};
 
 /// Modes with their entity tag.
 type Reply = (HeaderMap, axum::Json<Modes>);

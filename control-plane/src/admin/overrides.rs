@@ -13,8 +13,8 @@ use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
-use crate::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
-use crate::policy::{BurstMultiplier, Weight};
+use crate::config::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
+use crate::config::policy::{BurstMultiplier, Weight};
 use crate::types::LimitRps;
 
 /// `GET /v1/overrides`: those in force (expired ones are removed within a

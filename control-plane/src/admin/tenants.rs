@@ -10,8 +10,8 @@ use super::etag::{self, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::{Admin, write};
-use crate::overrides::TenantOverride;
-use crate::policy::TenantPolicy;
+use crate::config::overrides::TenantOverride;
+use crate::config::policy::TenantPolicy;
 
 /// `GET /v1/tenants` reply.
 #[derive(Debug, Serialize)]

@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use super::Admin;
 use super::problem::Problem;
 use crate::config::Config;
-use crate::live_config::PersistError;
-use crate::overrides::unix_now;
+use crate::config::live::PersistError;
+use crate::config::overrides::unix_now;
 use crate::replicas::config_store::SharedConfigError;
 use crate::types::{validate_bucket, validate_tenant};
 

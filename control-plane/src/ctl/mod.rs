@@ -13,7 +13,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
 use self::client::{Client, CtlError};
-use crate::overrides::{OverrideTtl, parse_duration};
+use crate::config::overrides::{OverrideTtl, parse_duration};
 
 /// Environment variable holding the admin token for `sluice ctl`.
 pub const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";

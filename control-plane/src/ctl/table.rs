@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::overrides::unix_now;
+use crate::config::overrides::unix_now;
 
 /// Left-aligned columns separated by two spaces.
 fn render(header: &[&str], rows: &[Vec<String>]) -> String {

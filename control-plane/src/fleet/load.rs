@@ -18,7 +18,7 @@ pub struct Rates {
 }
 
 /// Fleet-wide load of one bucket or one cell: what a
-/// [`crate::controller::DropPolicy`] looks at.
+/// [`crate::control::controller::DropPolicy`] looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BucketLoad {
     /// Σ over proxies of their offered rate.

@@ -39,7 +39,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::controller::BucketStatus;
+use crate::control::controller::BucketStatus;
 use crate::fleet::{FleetStats, ReportRejected, StreamId};
 use crate::trust::Checked;
 

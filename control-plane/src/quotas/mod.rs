@@ -33,7 +33,7 @@ pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The system clock.
 pub fn system_clock() -> Clock {
-    Arc::new(crate::overrides::unix_now_ms)
+    Arc::new(crate::config::overrides::unix_now_ms)
 }
 
 /// The configuration, the store and how to answer.

@@ -32,7 +32,7 @@ use redis::Script;
 use sluice_proto::v1::{Directive, ModePolicy};
 use tokio::time::Instant;
 
-use crate::controller::RetiredCell;
+use crate::control::controller::RetiredCell;
 use crate::fleet::FleetLoad;
 use crate::store::Store;
 pub use keys::Keys;

@@ -101,7 +101,7 @@ async fn export(shared: &SharedConfig, output: Option<&Path>) -> Result<String, 
     match output {
         None => Ok(text),
         Some(path) => {
-            crate::persist::write_atomic(path, text.as_bytes()).map_err(|source| {
+            crate::config::persist::write_atomic(path, text.as_bytes()).map_err(|source| {
                 TransferError::Write {
                     path: path.to_path_buf(),
                     source,

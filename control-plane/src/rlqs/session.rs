@@ -26,7 +26,7 @@ use super::usage::{SeenBucket, convert, is_periodic};
 use super::{ENVOY_REPORT_INTERVAL, PROXY_ID_HEADER};
 use crate::fleet::StreamId;
 use crate::metrics::ProxyGuard;
-use crate::state::AppState;
+use crate::serve::state::AppState;
 use crate::trust::{PeerIdentity, StreamGate, WindowLedger};
 
 /// Responses buffered per stream before the stream task waits for Envoy.

@@ -8,7 +8,7 @@
 //! nothing to do.
 
 use crate::cell::{CLASSES, Priority};
-use crate::fairness::{TenantDemand, allocate};
+use crate::control::fairness::{TenantDemand, allocate};
 
 use super::scenario::{BucketSpec, Scenario};
 use super::sim::{BucketTrace, SLOT_MS, Trace};
@@ -290,7 +290,7 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
 
 /// Each tenant's mean offered, fair-share and admitted rates over the
 /// steady-state slots. The fair share of a slot is what
-/// [`crate::fairness::allocate`] gives the tenant at the offered rates the
+/// [`crate::control::fairness::allocate`] gives the tenant at the offered rates the
 /// scenario sets for that slot (unclassified traffic, as the simulated
 /// filter derives no priority).
 fn tenant_shares(

@@ -3,7 +3,7 @@
 //!
 //! It runs the filter's real decision core (directive table, coin flip,
 //! counters) and the control plane's real [`crate::fleet`] and
-//! [`crate::controller`] on a simulated millisecond clock, so that what it
+//! [`crate::control::controller`] on a simulated millisecond clock, so that what it
 //! measures is the shipped code, not a model of it. Same scenario and seed,
 //! same result.
 

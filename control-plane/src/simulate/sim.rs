@@ -22,11 +22,11 @@ use sluice_filter::drop_ratio::DropThreshold;
 use sluice_filter::pacing::{DecisionMode, Pacer};
 use sluice_proto::v1::{Directive, DirectiveBatch, Priority, Report};
 
-use crate::controller::{Controller, DropPolicy, Proportional};
-use crate::estimator::Tracking;
+use crate::config::limits::{LimitRule, LimitTable, Selector};
+use crate::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
+use crate::control::controller::{Controller, DropPolicy, Proportional};
+use crate::control::estimator::Tracking;
 use crate::fleet::{Fleet, StreamId};
-use crate::limits::{LimitRule, LimitTable, Selector};
-use crate::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
 use crate::types::{InvalidLimit, LimitRps};
 
 use super::scenario::{Arrivals, Scenario};

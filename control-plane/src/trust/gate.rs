@@ -8,7 +8,7 @@ use tonic::Status;
 use super::{Ceilings, Checked, IdentityPolicy, PeerIdentity, Refusal, RefusalLog, WindowLedger};
 use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
-use crate::state::AppState;
+use crate::serve::state::AppState;
 
 /// Shared by the streams of one listener.
 #[derive(Debug)]

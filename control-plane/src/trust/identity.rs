@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-use crate::limits::Glob;
+use crate::config::limits::Glob;
 
 /// The names a client certificate proves.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

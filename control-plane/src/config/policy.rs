@@ -10,7 +10,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::limits::LimitTable;
+use crate::config::limits::LimitTable;
 use crate::types::LimitRps;
 
 /// Name of the tenant entry that applies to tenants not listed.

@@ -24,7 +24,7 @@ use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
 use crate::quotas::{Quotas, RateLimitGrpc};
 use crate::rlqs::RlqsService;
-use crate::state::AppState;
+use crate::serve::state::AppState;
 use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, StreamGate, WindowLedger};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sluice_proto::v1::{Directive, DirectiveBatch, ModePolicy};
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use crate::controller::{RetiredCell, is_lift};
+use crate::control::controller::{RetiredCell, is_lift};
 use crate::types::DirectiveTtl;
 
 /// Longest time between two batches while the control plane runs.
@@ -377,7 +377,7 @@ mod tests {
         let publisher = publisher();
         let now = Instant::now();
         publisher.publish_at(changed(vec![directive("a", 0.5)]), now);
-        let lift = crate::controller::lift("a", "", Priority::Unspecified);
+        let lift = crate::control::controller::lift("a", "", Priority::Unspecified);
         let (_, mut subscription) = publisher.subscribe();
         assert_eq!(
             publisher.publish_at(changed(vec![lift.clone()]), now),

@@ -27,7 +27,7 @@ pub struct BucketStatus {
     /// mode let through.
     pub shadow_dropped_rps: f64,
     /// The floors of the bucket's tenants alone exceed its limit, so it
-    /// admits more than the limit (see [`crate::fairness`]).
+    /// admits more than the limit (see [`crate::control::fairness`]).
     pub floors_exceed_limit: bool,
     /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
     /// by tenant then priority.

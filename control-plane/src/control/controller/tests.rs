@@ -8,9 +8,9 @@ use proptest::prelude::*;
 use sluice_proto::v1;
 
 use super::*;
+use crate::config::limits::{LimitRule, Selector};
+use crate::config::policy::{BurstMultiplier, TenantPolicy, Weight};
 use crate::fleet::BucketLoad;
-use crate::limits::{LimitRule, Selector};
-use crate::policy::{BurstMultiplier, TenantPolicy, Weight};
 
 fn limit(rps: f64) -> LimitRps {
     LimitRps::new(rps).unwrap()

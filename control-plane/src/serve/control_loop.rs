@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use sluice_proto::v1::ModePolicy;
 
-use crate::controller::Controller;
-use crate::push::{Published, Update};
+use crate::control::controller::Controller;
 use crate::replicas::Replica;
-use crate::state::AppState;
+use crate::serve::push::{Published, Update};
+use crate::serve::state::AppState;
 
 /// Ticks until `shutdown` is cancelled; with `replica`, as one of the
 /// replicas sharing its store.

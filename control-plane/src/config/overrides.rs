@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{BurstMultiplier, Policy, Weight};
+use crate::config::policy::{BurstMultiplier, Policy, Weight};
 use crate::types::LimitRps;
 
 /// Longest accepted override: 30 days. Anything longer is a configuration
@@ -182,8 +182,8 @@ impl Overrides {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::{LimitRule, LimitTable, Selector};
-    use crate::policy::{TenantPolicy, Tenants};
+    use crate::config::limits::{LimitRule, LimitTable, Selector};
+    use crate::config::policy::{TenantPolicy, Tenants};
 
     fn limit(rps: f64) -> LimitRps {
         LimitRps::new(rps).unwrap()

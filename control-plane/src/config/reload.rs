@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use crate::live_config::LiveConfig;
-use crate::overrides::unix_now;
+use crate::config::live::LiveConfig;
+use crate::config::overrides::unix_now;
 
 /// How often the file is read when `--reload-poll-ms` is not given.
 pub const DEFAULT_POLL: Duration = Duration::from_secs(1);

@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
-use crate::controller::BucketStatus;
+use crate::config::policy::Policy;
+use crate::control::controller::BucketStatus;
 use crate::fleet::{Fleet, FleetCaps, ReportRejected, StreamId};
 use crate::metrics::Metrics;
-use crate::policy::Policy;
-use crate::push::Publisher;
+use crate::serve::push::Publisher;
+use crate::serve::warmup::Warmup;
 use crate::types::{ControlInterval, DirectiveTtl};
-use crate::warmup::Warmup;
 
 /// Everything needed to start a control plane.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,14 +26,14 @@ pub struct Settings {
     pub directive_ttl: DirectiveTtl,
     /// Bounds on the cells reports can create.
     pub fleet_caps: FleetCaps,
-    /// Longest start-up hold ([`crate::warmup`]); zero: none.
+    /// Longest start-up hold ([`crate::serve::warmup`]); zero: none.
     pub startup_grace: Duration,
 }
 
 impl Settings {
     /// Settings from a limits file; `control_interval` (the command line)
     /// overrides the file's interval. No start-up hold: `sluice serve`
-    /// sets one ([`crate::warmup::DEFAULT_GRACE`] unless configured).
+    /// sets one ([`crate::serve::warmup::DEFAULT_GRACE`] unless configured).
     pub fn from_config(config: &Config, control_interval: Option<ControlInterval>) -> Self {
         Self {
             control_interval: control_interval

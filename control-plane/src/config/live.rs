@@ -24,10 +24,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use crate::config::persist;
 use crate::config::{Config, ConfigError};
-use crate::persist;
 use crate::replicas::config_store::{SharedConfig, SharedConfigError};
-use crate::state::AppState;
+use crate::serve::state::AppState;
 
 /// Why a change could not be persisted; nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +147,7 @@ impl LiveConfig {
             reloads: ReloadMetrics::new(),
         };
         let inner = live.lock();
-        live.apply(&inner.config, crate::overrides::unix_now());
+        live.apply(&inner.config, crate::config::overrides::unix_now());
         drop(inner);
         live
     }
@@ -433,7 +433,7 @@ pub async fn follow_store(
             () = shutdown.cancelled() => break,
             _ = ticks.tick() => {}
         }
-        let now = crate::overrides::unix_now();
+        let now = crate::config::overrides::unix_now();
         match live.sync_from_store(now).await {
             Ok(_) if failing => {
                 failing = false;

@@ -20,7 +20,7 @@
 //!   have the same error corrected 25 times. The factor keeps its value when the bucket stops
 //!   shedding, and is reset by a load step.
 //!
-//! [`Proportional`](crate::controller::Proportional) stays available as the
+//! [`Proportional`](crate::control::controller::Proportional) stays available as the
 //! baseline.
 
 use std::collections::HashMap;
@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::cell::Priority;
-use crate::controller::DropPolicy;
+use crate::control::controller::DropPolicy;
 use crate::fleet::BucketLoad;
 use crate::types::{DropRatio, LimitRps};
 

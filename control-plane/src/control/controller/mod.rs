@@ -1,5 +1,5 @@
 //! From fleet load and policy to directives: the fair division of each
-//! limited bucket ([`crate::fairness`]), the per-cell drop ratio
+//! limited bucket ([`crate::control::fairness`]), the per-cell drop ratio
 //! ([`DropPolicy`]), the directive fields, and the change detection that
 //! decides what to push.
 //!
@@ -20,7 +20,7 @@
 //! - `mode`: the bucket's mode when `modes.buckets` names it, else
 //!   unspecified (the batch's [`sluice_proto::v1::ModePolicy`] decides);
 //! - `reason`: set only when the ratio is above 0; see
-//!   [`crate::fairness`] for how it is chosen;
+//!   [`crate::control::fairness`] for how it is chosen;
 //! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
 //!
 //! Only cells with something to enforce get a directive: a limit (floors
@@ -35,10 +35,10 @@ use std::sync::Arc;
 use sluice_proto::v1::Directive;
 
 use crate::cell::{CLASSES, Priority, Reason};
-use crate::fairness::{self, Allocation, Scratch, TenantDemand};
+use crate::config::limits::LimitTable;
+use crate::config::policy::{Mode, Modes, Policy, Tenants};
+use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
-use crate::limits::LimitTable;
-use crate::policy::{Mode, Modes, Policy, Tenants};
 use crate::types::{ControlInterval, DropRatio, LimitRps};
 
 mod drop_policy;

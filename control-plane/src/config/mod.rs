@@ -1,8 +1,16 @@
-//! The limits file: YAML parsed straight into validated types.
+//! The limits file: YAML parsed straight into validated types, and the
+//! configuration as the control plane holds it at run time.
 //!
 //! Validation happens inside deserialization (`try_from` on each type), so
 //! every error, including "negative limit", carries the YAML position and the
 //! field path of the offending value.
+
+pub mod limits;
+pub mod live;
+pub mod overrides;
+pub mod persist;
+pub mod policy;
+pub mod reload;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,9 +19,9 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::limits::{LimitRule, LimitTable, Selector};
-use crate::overrides::Overrides;
-use crate::policy::{Modes, Policy, Tenants};
+use crate::config::limits::{LimitRule, LimitTable, Selector};
+use crate::config::overrides::Overrides;
+use crate::config::policy::{Modes, Policy, Tenants};
 use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 
 /// A parsed, valid limits file.
@@ -94,7 +102,7 @@ impl Config {
     /// The policy (limits, tenants, modes) the file describes, with the
     /// overrides in force now.
     pub fn policy(&self) -> Policy {
-        self.policy_at(crate::overrides::unix_now())
+        self.policy_at(crate::config::overrides::unix_now())
     }
 
     /// The policy with the overrides in force at `now` (seconds since the
