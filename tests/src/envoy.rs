@@ -125,6 +125,9 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
             bail!("config has no static listener with a socket address");
         }
     }
+    // Endpoints of the control-plane cluster, rewritten or not: a list of
+    // replicas must name each of them.
+    let mut cluster_endpoints = 0;
     if !rw.control_plane_replicas.is_empty() || rw.control_plane.is_some() {
         let mut next_replica = rw.control_plane_replicas.iter();
         for cluster in seq_mut(config, &["static_resources", "clusters"]) {
@@ -140,6 +143,7 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
                         .get_mut("endpoint")
                         .and_then(|e| e.get_mut("address"))
                         .and_then(socket_address_mut);
+                    cluster_endpoints += 1;
                     let addr = match rw.control_plane {
                         Some(addr) if rw.control_plane_replicas.is_empty() => Some(addr),
                         _ => next_replica.next().copied(),
@@ -176,13 +180,11 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
     if let Some(err) = failure {
         return Err(err);
     }
-    if report.control_plane_endpoints != rw.control_plane_replicas.len()
-        && !rw.control_plane_replicas.is_empty()
+    if cluster_endpoints != rw.control_plane_replicas.len() && !rw.control_plane_replicas.is_empty()
     {
         bail!(
-            "{} replicas for {} endpoints of cluster {CONTROL_PLANE_CLUSTER}",
+            "{} replicas for {cluster_endpoints} endpoints of cluster {CONTROL_PLANE_CLUSTER}",
             rw.control_plane_replicas.len(),
-            report.control_plane_endpoints
         );
     }
     if rw.control_plane.is_some()
