@@ -45,8 +45,8 @@ pub struct Rewrite {
     pub ephemeral_ports: bool,
     /// Point the `sluice_control_plane` cluster at this address.
     pub control_plane: Option<SocketAddr>,
-    /// Point the `sluice_control_plane` cluster's endpoints at these
-    /// replicas, in order (the cluster must list as many).
+    /// Make the `sluice_control_plane` cluster's endpoints these replicas,
+    /// in order (copies of its first endpoint, as many as there are).
     pub control_plane_replicas: Vec<SocketAddr>,
     /// Replace every wasm `vm_config.code.local.filename` with this path.
     pub wasm: Option<PathBuf>,
@@ -125,11 +125,7 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
             bail!("config has no static listener with a socket address");
         }
     }
-    // Endpoints of the control-plane cluster, rewritten or not: a list of
-    // replicas must name each of them.
-    let mut cluster_endpoints = 0;
     if !rw.control_plane_replicas.is_empty() || rw.control_plane.is_some() {
-        let mut next_replica = rw.control_plane_replicas.iter();
         for cluster in seq_mut(config, &["static_resources", "clusters"]) {
             if cluster.get("name").and_then(Value::as_str) != Some(CONTROL_PLANE_CLUSTER) {
                 continue;
@@ -138,15 +134,26 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
                 continue;
             };
             for endpoints in seq_mut(assignment, &["endpoints"]) {
+                if !rw.control_plane_replicas.is_empty() {
+                    // One endpoint per replica, each a copy of the first.
+                    let lbs = endpoints
+                        .get_mut("lb_endpoints")
+                        .and_then(Value::as_sequence_mut);
+                    if let Some(lbs) = lbs
+                        && let Some(template) = lbs.first().cloned()
+                    {
+                        *lbs = vec![template; rw.control_plane_replicas.len()];
+                    }
+                }
+                let mut replicas = rw.control_plane_replicas.iter();
                 for lb in seq_mut(endpoints, &["lb_endpoints"]) {
                     let socket = lb
                         .get_mut("endpoint")
                         .and_then(|e| e.get_mut("address"))
                         .and_then(socket_address_mut);
-                    cluster_endpoints += 1;
                     let addr = match rw.control_plane {
                         Some(addr) if rw.control_plane_replicas.is_empty() => Some(addr),
-                        _ => next_replica.next().copied(),
+                        _ => replicas.next().copied(),
                     };
                     if let (Some(socket), Some(addr)) = (socket, addr) {
                         socket.insert("address".into(), addr.ip().to_string().into());
@@ -179,13 +186,6 @@ pub fn rewrite(config: &mut Value, rw: &Rewrite) -> Result<RewriteReport> {
     });
     if let Some(err) = failure {
         return Err(err);
-    }
-    if cluster_endpoints != rw.control_plane_replicas.len() && !rw.control_plane_replicas.is_empty()
-    {
-        bail!(
-            "{} replicas for {cluster_endpoints} endpoints of cluster {CONTROL_PLANE_CLUSTER}",
-            rw.control_plane_replicas.len(),
-        );
     }
     if rw.control_plane.is_some()
         && report.control_plane_endpoints == 0
@@ -645,12 +645,15 @@ mod tests {
         for port in [1001, 1002, 1003] {
             assert!(text.contains(&format!("port_value: {port}")), "{text}");
         }
-        let too_few = Rewrite {
+        let two = Rewrite {
             control_plane_replicas: replicas[..2].to_vec(),
             ..Rewrite::default()
         };
         let mut config = load_repo_config("replicas.yaml").unwrap();
-        assert!(rewrite(&mut config, &too_few).is_err());
+        let report = rewrite(&mut config, &two).unwrap();
+        assert_eq!(report.control_plane_endpoints, 2);
+        let text = serde_yaml_ng::to_string(&config).unwrap();
+        assert!(!text.contains("port_value: 1003"), "{text}");
     }
 
     #[test]

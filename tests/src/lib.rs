@@ -9,6 +9,7 @@
 //! - [`certs`]: a throw-away CA with server and client certificates for mutual TLS.
 //! - [`control_plane`]: start/restart `sluice serve` and talk to its admin API.
 //! - [`envoy`]: rewrite an `envoy/*.yaml` for a test, start Envoy, validate configs.
+//! - [`fault_proxy`]: a TCP proxy that can cut one process off from a server (a partition).
 //! - [`fake_proxy`]: a gRPC client that says Hello as any proxy and reports any counts.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
@@ -23,6 +24,7 @@ pub mod certs;
 pub mod control_plane;
 pub mod envoy;
 pub mod fake_proxy;
+pub mod fault_proxy;
 pub mod fleet;
 pub mod load;
 pub mod paths;

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::control_plane::{AdminClient, ControlPlane, ControlPlaneOptions, sample};
 use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use crate::fault_proxy::FaultProxy;
 use crate::paths;
 use crate::redis::RedisServer;
 
@@ -31,6 +32,9 @@ pub struct ReplicaSetOptions {
     pub filter: serde_json::Value,
     /// Worker threads of every Envoy.
     pub concurrency: u32,
+    /// The replica (by index) that reaches Redis through a
+    /// [`FaultProxy`], so a test can cut it off ([`ReplicaSet::fault`]).
+    pub partitionable: Option<usize>,
 }
 
 impl ReplicaSetOptions {
@@ -45,6 +49,7 @@ impl ReplicaSetOptions {
             control_interval_ms: 200,
             filter: json!({}),
             concurrency: 2,
+            partitionable: None,
         }
     }
 }
@@ -61,6 +66,8 @@ pub struct ReplicaSet {
     grpc_addrs: Vec<SocketAddr>,
     /// The shared store.
     pub redis: RedisServer,
+    /// Between [`ReplicaSetOptions::partitionable`] and Redis.
+    pub fault: Option<FaultProxy>,
     /// The options it was started with.
     pub options: ReplicaSetOptions,
     dir: tempfile::TempDir,
@@ -77,11 +84,16 @@ impl ReplicaSet {
         let grpc_addrs = (0..options.replicas)
             .map(|_| free_loopback_addr())
             .collect::<Result<Vec<_>>>()?;
+        let fault = match options.partitionable {
+            Some(_) => Some(FaultProxy::start(redis.addr()).await?),
+            None => None,
+        };
         let mut set = Self {
             envoys: Vec::with_capacity(options.envoys),
             replicas: Vec::with_capacity(options.replicas),
             grpc_addrs,
             redis,
+            fault,
             options,
             dir,
         };
@@ -100,12 +112,18 @@ impl ReplicaSet {
         let Some(&grpc) = self.grpc_addrs.get(index) else {
             bail!("all {} replicas already started", self.grpc_addrs.len());
         };
+        let store = match (&self.fault, self.options.partitionable) {
+            (Some(fault), Some(partitionable)) if partitionable == index => {
+                format!("redis://{}/0", fault.addr())
+            }
+            _ => self.redis.url(),
+        };
         let mut options = ControlPlaneOptions::new(&self.options.limits_yaml, self.dir.path())
             .control_interval_ms(self.options.control_interval_ms)
             .listen(grpc, SocketAddr::from(([127, 0, 0, 1], 0)))
             .args([
                 "--store".to_owned(),
-                self.redis.url(),
+                store,
                 "--replica-id".to_owned(),
                 format!("r{index}"),
             ]);

@@ -85,6 +85,16 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     // Shares add up over the replicas.
     let _ = a.share(load("acme", 100.0)).await.unwrap();
     let shared = b.share(load("acme", 50.0)).await.unwrap();
+    assert!(
+        !shared.complete,
+        "a replica that just joined decides on nothing"
+    );
+    // A replica adopts tables only once it has shared for a whole share
+    // lifetime (1 s here): before, a table may not have counted it.
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    let _ = a.share(load("acme", 100.0)).await.unwrap();
+    let shared = b.share(load("acme", 50.0)).await.unwrap();
+    assert!(shared.complete);
     assert_eq!(shared.replicas, 2);
     let acme = shared.total.get("acme").unwrap();
     assert_eq!(acme.load.offered_rps, 150.0);

@@ -207,10 +207,13 @@ impl Replica {
     }
 
     fn is_settled(&self, replicas: usize) -> bool {
-        let long_enough = self
-            .sharing_since
-            .is_some_and(|since| since.elapsed() >= self.options.share_ttl());
-        long_enough && replicas >= self.last_replicas
+        self.shared_long_enough() && replicas >= self.last_replicas
+    }
+
+    /// Whether every share since a whole share lifetime ago succeeded.
+    fn shared_long_enough(&self) -> bool {
+        self.sharing_since
+            .is_some_and(|since| since.elapsed() >= self.options.share_ttl())
     }
 
     async fn exchange_shares(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
@@ -353,7 +356,9 @@ impl Replica {
     }
 
     /// Reads the stored table; adopts it if it was written after the one
-    /// held. Returns whether it was adopted.
+    /// held and this replica has shared for a whole share lifetime (so the
+    /// table was decided with its proxies in view). Returns whether it
+    /// was adopted.
     pub async fn follow(&mut self) -> Result<bool, ReplicaError> {
         let mut connection = self.store.connection();
         let stored: Option<Vec<u8>> = self
@@ -376,6 +381,14 @@ impl Replica {
             }
         };
         self.highest_fence = self.highest_fence.max(record.fence);
+        // Back from a store outage (or a partition), the tables written
+        // meanwhile were decided without this replica's share: keep
+        // pushing the last one until the leader has had this replica's
+        // share for a whole share lifetime, so its proxies never get a
+        // table that forgot them.
+        if !self.shared_long_enough() {
+            return Ok(false);
+        }
         if record.is_after(&self.table) {
             self.table = record;
             Ok(true)
