@@ -42,6 +42,11 @@ demo *ARGS: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
       cargo run -q -p sluice-integration-tests --bin demo -- {{ARGS}}
 
+# High availability: Redis, 3 control-plane replicas, 2 Envoys at 4x a limit; the leader is killed halfway and the fleet's admitted rate is printed every second (`--duration S`).
+demo-ha *ARGS: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" REDIS_SERVER="$(./scripts/ensure-redis.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo run -q -p sluice-integration-tests --bin demo_ha -- {{ARGS}}
+
 # Everything CI checks: formatting, lints, unit tests (native and wasm32), integration tests.
 test: setup fmt-check clippy test-unit test-wasm test-integration
 
