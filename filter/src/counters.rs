@@ -241,11 +241,6 @@ impl BucketCounters {
         }
     }
 
-    /// Takes the counts by cell key, leaving the counters empty.
-    pub fn drain_keyed(&mut self) -> impl Iterator<Item = (String, Counts)> + '_ {
-        self.counts.drain().map(|(key, slot)| (key, slot.counts))
-    }
-
     /// Takes every cell with traffic, leaving the counters empty (with
     /// their capacity kept for the next window).
     pub fn drain(&mut self) -> Vec<BucketCount> {

@@ -24,7 +24,7 @@ use sluice_proto::v1::{Directive, DirectiveBatch, Priority, Report};
 
 use crate::config::limits::{LimitRule, LimitTable, Selector};
 use crate::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
-use crate::control::controller::{Controller, DropPolicy, Proportional};
+use crate::control::controller::{Controller, Proportional};
 use crate::control::estimator::Tracking;
 use crate::fleet::{Fleet, StreamId};
 use crate::types::{InvalidLimit, LimitRps};
@@ -218,16 +218,6 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
 /// Runs `scenario` with `variant`'s policy and decision.
 pub fn run_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<Trace, SimError> {
     run_with(scenario, seed, variant.controller(), variant)
-}
-
-/// Runs `scenario` with `controller`, so that other [`DropPolicy`]
-/// implementations can be compared on the same traffic.
-pub fn run_with_policy(
-    scenario: &Scenario,
-    seed: u64,
-    policy: impl DropPolicy,
-) -> Result<Trace, SimError> {
-    run_with(scenario, seed, Controller::new(policy), Variant::BASELINE)
 }
 
 fn run_with(
