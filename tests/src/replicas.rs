@@ -132,6 +132,30 @@ impl ReplicaSet {
         Ok(index)
     }
 
+    /// With only r0 started (`replicas_at_start = 1`) and load on `bucket`:
+    /// waits until r0 leads and every Envoy reports `bucket` to it, then
+    /// starts the other replicas. Every stream is then on the leader.
+    /// Returns the leader's fence.
+    pub async fn start_the_rest_once_r0_leads_every_stream(&mut self, bucket: &str) -> Result<u64> {
+        let first = self.replicas.first().context("r0 is not started")?;
+        let (_, fence) = wait_for_leader(&[first], Duration::from_secs(5)).await?;
+        let envoys = u32::try_from(self.envoys.len()).unwrap_or(u32::MAX);
+        first
+            .admin()
+            .wait_for_bucket(
+                bucket,
+                &format!("{envoys} proxies reporting {bucket} to r0"),
+                Duration::from_secs(8),
+                Duration::from_millis(50),
+                |b| (b.proxies_reporting >= envoys).then_some(()),
+            )
+            .await?;
+        while self.replicas.len() < self.grpc_addrs.len() {
+            self.start_replica().await?;
+        }
+        Ok(fence)
+    }
+
     /// Starts one more Envoy from `envoy/replicas.yaml`, its cluster
     /// pointing at every replica; returns its index.
     pub async fn add_envoy(&mut self) -> Result<usize> {

@@ -43,21 +43,10 @@ async fn a_replica_cut_off_from_redis_stops_deciding_and_its_proxies_keep_the_li
         Duration::from_secs(25),
     ))
     .unwrap();
-    let (_, old_fence) = wait_for_leader(&[&set.replicas[0]], Duration::from_secs(5))
+    let old_fence = set
+        .start_the_rest_once_r0_leads_every_stream("acme")
         .await
         .unwrap();
-    set.replicas[0]
-        .admin()
-        .wait_for_bucket(
-            "acme",
-            "both proxies reporting to r0",
-            Duration::from_secs(8),
-            Duration::from_millis(50),
-            |b| (b.proxies_reporting >= 2).then_some(()),
-        )
-        .await
-        .unwrap();
-    set.start_replica().await.unwrap();
 
     tokio::time::sleep(Duration::from_secs(6).saturating_sub(load.elapsed())).await;
     set.fault.as_ref().unwrap().cut();

@@ -198,13 +198,10 @@ async fn a_killed_leader_is_replaced_and_the_fleet_holds_its_limit() {
         Duration::from_secs(30),
     ))
     .unwrap();
-    let (leader, old_fence) = wait_for_leader(&[&set.replicas[0]], Duration::from_secs(5))
+    let old_fence = set
+        .start_the_rest_once_r0_leads_every_stream("acme")
         .await
         .unwrap();
-    assert_eq!(leader, 0);
-    reporting(set.replicas[0].admin(), 3).await.unwrap();
-    set.start_replica().await.unwrap();
-    set.start_replica().await.unwrap();
 
     // Converge (and let Envoy's health checks see r1 and r2), then kill
     // the leader.
@@ -316,20 +313,6 @@ async fn connected(admins: &[&AdminClient], proxies: usize) -> anyhow::Result<()
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Waits until the fleet total a replica sees has `proxies` proxies
-/// reporting acme.
-async fn reporting(admin: &AdminClient, proxies: u32) -> anyhow::Result<()> {
-    admin
-        .wait_for_bucket(
-            "acme",
-            &format!("{proxies} proxies reporting acme"),
-            Duration::from_secs(8),
-            Duration::from_millis(50),
-            |b| (b.proxies_reporting >= proxies).then_some(()),
-        )
-        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
