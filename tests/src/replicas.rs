@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::control_plane::{AdminClient, ControlPlane, ControlPlaneOptions, sample};
 use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
 use crate::fault_proxy::FaultProxy;
+use crate::fleet::DataPlane;
 use crate::paths;
 use crate::redis::RedisServer;
 
@@ -32,6 +33,8 @@ pub struct ReplicaSetOptions {
     pub filter: serde_json::Value,
     /// Worker threads of every Envoy.
     pub concurrency: u32,
+    /// The wasm filter or the native module in every Envoy.
+    pub data_plane: DataPlane,
     /// The replica (by index) that reaches Redis through a
     /// [`FaultProxy`], so a test can cut it off ([`ReplicaSet::fault`]).
     pub partitionable: Option<usize>,
@@ -49,6 +52,7 @@ impl ReplicaSetOptions {
             control_interval_ms: 200,
             filter: json!({}),
             concurrency: 2,
+            data_plane: DataPlane::Wasm,
             partitionable: None,
         }
     }
@@ -157,25 +161,52 @@ impl ReplicaSet {
     }
 
     /// Starts one more Envoy from `envoy/replicas.yaml`, its cluster
-    /// pointing at every replica; returns its index.
+    /// pointing at every replica (or, for the native module, from
+    /// `envoy/native-module.yaml` with every replica in
+    /// `control_plane_uri`); returns its index.
     pub async fn add_envoy(&mut self) -> Result<usize> {
         let index = self.envoys.len();
         let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-        let mut config = envoy::load_repo_config("replicas.yaml")?;
+        let native = self.options.data_plane == DataPlane::Native;
+        let mut config = envoy::load_repo_config(if native {
+            "native-module.yaml"
+        } else {
+            "replicas.yaml"
+        })?;
         let mut patch = json!({"proxy_id": format!("test-{letter}"), "report_interval_ms": 100});
         if let (Some(patch), Some(extra)) = (patch.as_object_mut(), self.options.filter.as_object())
         {
             patch.extend(extra.clone());
         }
+        if native && let Some(patch) = patch.as_object_mut() {
+            // The module dials the replicas itself, one after the other.
+            let uris: Vec<String> = self
+                .grpc_addrs
+                .iter()
+                .map(|a| format!("http://{a}"))
+                .collect();
+            patch.insert("control_plane_uri".to_owned(), json!(uris));
+        }
         let serde_json::Value::Object(plugin_patch) = patch else {
             bail!("the filter patch is not an object");
         };
-        let rewrite = Rewrite {
-            ephemeral_ports: true,
-            control_plane: None,
-            control_plane_replicas: self.grpc_addrs.clone(),
-            wasm: Some(paths::sluice_wasm()?),
-            plugin_patch,
+        let rewrite = if native {
+            paths::native_module()?;
+            Rewrite {
+                ephemeral_ports: true,
+                control_plane: None,
+                control_plane_replicas: Vec::new(),
+                wasm: None,
+                plugin_patch,
+            }
+        } else {
+            Rewrite {
+                ephemeral_ports: true,
+                control_plane: None,
+                control_plane_replicas: self.grpc_addrs.clone(),
+                wasm: Some(paths::sluice_wasm()?),
+                plugin_patch,
+            }
         };
         envoy::rewrite(&mut config, &rewrite)?;
         let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());

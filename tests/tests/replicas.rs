@@ -26,6 +26,7 @@ use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
 use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions};
 use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
 use sluice_integration_tests::control_plane::AdminClient;
+use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::redis::RedisServer;
 use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, wait_for_leader};
@@ -180,9 +181,21 @@ const LIMIT_RPS: f64 = 150.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_and_the_fleet_holds_its_limit() {
+    a_killed_leader_is_replaced_and_the_fleet_holds_its_limit_on(DataPlane::Wasm).await;
+}
+
+/// The same with the native dynamic module, which dials the replicas
+/// itself (`control_plane_uri` lists all three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_a_killed_leader_is_replaced_and_the_fleet_holds_its_limit() {
+    a_killed_leader_is_replaced_and_the_fleet_holds_its_limit_on(DataPlane::Native).await;
+}
+
+async fn a_killed_leader_is_replaced_and_the_fleet_holds_its_limit_on(data_plane: DataPlane) {
     // Only r0 runs when the Envoys start, so every stream is on r0 and r0
     // leads: killing it takes the leader and every proxy's stream at once.
     let mut options = ReplicaSetOptions::new(LIMITS, 3, 3);
+    options.data_plane = data_plane;
     options.replicas_at_start = 1;
     // The filter keeps applying its last ratio while it reconnects; the
     // restart test explains why the allowance is off here.

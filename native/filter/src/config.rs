@@ -1,6 +1,7 @@
 //! The module's configuration: the wasm filter's JSON plus what a native
 //! module needs in addition to reach the control plane itself:
-//! `control_plane_uri` and, for mutual TLS, `control_plane_tls`.
+//! `control_plane_uri` (one address, or a list of replicas) and, for
+//! mutual TLS, `control_plane_tls`.
 
 use serde::Deserialize;
 use sluice_filter::config::FilterConfig;
@@ -20,8 +21,10 @@ pub struct NativeConfig {
     /// Everything the wasm filter's configuration holds, validated by it.
     pub filter: FilterConfig,
     /// `http://HOST:PORT` (or `https://` with [`Self::tls`]) of the
-    /// control plane's gRPC listener.
-    pub control_plane_uri: String,
+    /// control plane's gRPC listener: one, or one per replica (each new
+    /// stream tries the next, so a dead replica is passed over on the next
+    /// reconnect).
+    pub control_plane_uris: Vec<String>,
     /// TLS to the control plane, read from the files the configuration names.
     pub tls: Option<ControlPlaneTls>,
 }
@@ -68,11 +71,21 @@ impl NativeConfig {
         let serde_json::Value::Object(mut object) = value else {
             return Err(ConfigError("not a JSON object".to_owned()));
         };
-        let uri = match object.remove(URI_FIELD) {
-            Some(serde_json::Value::String(uri)) => uri,
+        let uris = match object.remove(URI_FIELD) {
+            Some(serde_json::Value::String(uri)) => vec![uri],
+            Some(serde_json::Value::Array(items)) if !items.is_empty() => items
+                .into_iter()
+                .map(|item| match item {
+                    serde_json::Value::String(uri) => Ok(uri),
+                    other => Err(ConfigError(format!(
+                        "{URI_FIELD}: expected strings like \"http://127.0.0.1:18000\", got {other}"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
             Some(other) => {
                 return Err(ConfigError(format!(
-                    "{URI_FIELD}: expected a string like \"http://127.0.0.1:18000\", got {other}"
+                    "{URI_FIELD}: expected a string like \"http://127.0.0.1:18000\" or a \
+                     non-empty list of them (one per replica), got {other}"
                 )));
             }
             None => {
@@ -86,7 +99,10 @@ impl NativeConfig {
             None | Some(serde_json::Value::Null) => None,
             Some(value) => Some(read_tls(value)?),
         };
-        let control_plane_uri = validate_uri(&uri, tls.is_some())?;
+        let control_plane_uris = uris
+            .iter()
+            .map(|uri| validate_uri(uri, tls.is_some()))
+            .collect::<Result<Vec<_>, _>>()?;
         object
             .entry(CLUSTER_FIELD)
             .or_insert_with(|| serde_json::Value::String(DEFAULT_CLUSTER.to_owned()));
@@ -96,7 +112,7 @@ impl NativeConfig {
             FilterConfig::from_json(&bytes).map_err(|error| ConfigError(error.to_string()))?;
         Ok(Self {
             filter,
-            control_plane_uri,
+            control_plane_uris,
             tls,
         })
     }
@@ -149,6 +165,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_list_names_every_replica_and_each_is_checked() {
+        let config = NativeConfig::parse(
+            br#"{"control_plane_uri": ["http://10.0.0.1:50051", "http://10.0.0.2:50051"]}"#,
+        );
+        assert_eq!(
+            config.ok().map(|c| c.control_plane_uris),
+            Some(vec![
+                "http://10.0.0.1:50051".to_owned(),
+                "http://10.0.0.2:50051".to_owned()
+            ])
+        );
+        for bad in [
+            &br#"{"control_plane_uri": []}"#[..],
+            br#"{"control_plane_uri": ["http://10.0.0.1:1", 7]}"#,
+            br#"{"control_plane_uri": ["http://10.0.0.1:1", "grpc://x:1"]}"#,
+        ] {
+            let err = NativeConfig::parse(bad).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref()
+                    .is_some_and(|m| m.contains("control_plane_uri")),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_wasm_filters_fields_pass_through_and_the_cluster_is_optional() {
         let config = NativeConfig::parse(
             br#"{"control_plane_uri": "http://127.0.0.1:18000",
@@ -157,7 +199,10 @@ mod tests {
         );
         let config = config.ok();
         assert_eq!(
-            config.as_ref().map(|c| c.control_plane_uri.as_str()),
+            config
+                .as_ref()
+                .map(|c| c.control_plane_uris.join(","))
+                .as_deref(),
             Some("http://127.0.0.1:18000")
         );
         assert_eq!(config.map(|c| c.filter.report_interval_ms), Some(100));

@@ -50,7 +50,8 @@ struct Inboxes {
 #[derive(Debug)]
 pub struct ControlStreams {
     runtime: Option<tokio::runtime::Runtime>,
-    endpoint: Endpoint,
+    /// One per control-plane replica; each new stream takes the next.
+    endpoints: Vec<Endpoint>,
     next_token: AtomicU32,
     inboxes: Arc<Mutex<Inboxes>>,
 }
@@ -72,26 +73,38 @@ fn push(inboxes: &Mutex<Inboxes>, token: u32, event: StreamEvent) {
 }
 
 impl ControlStreams {
-    /// Streams to `uri` (with `tls`, if given), on a runtime of their own
-    /// (one thread).
-    pub fn new(uri: &str, tls: Option<&ControlPlaneTls>) -> std::io::Result<Self> {
+    /// Streams to `uris` (with `tls`, if given), on a runtime of their own
+    /// (one thread). With several (replicas), each new stream dials the
+    /// next one, so a stream that failed on a dead replica reconnects to
+    /// another.
+    pub fn new(uris: &[String], tls: Option<&ControlPlaneTls>) -> std::io::Result<Self> {
         let invalid = |error: tonic::transport::Error| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, error)
         };
-        let mut endpoint = Endpoint::from_shared(uri.to_owned())
-            .map_err(invalid)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            let mut config =
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                config = config.identity(Identity::from_pem(cert, key));
+        let mut endpoints = Vec::with_capacity(uris.len());
+        for uri in uris {
+            let mut endpoint = Endpoint::from_shared(uri.clone())
+                .map_err(invalid)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true);
+            if let Some(tls) = tls {
+                let mut config =
+                    ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+                if let Some((cert, key)) = &tls.identity {
+                    config = config.identity(Identity::from_pem(cert, key));
+                }
+                if let Some(name) = &tls.server_name {
+                    config = config.domain_name(name.clone());
+                }
+                endpoint = endpoint.tls_config(config).map_err(invalid)?;
             }
-            if let Some(name) = &tls.server_name {
-                config = config.domain_name(name.clone());
-            }
-            endpoint = endpoint.tls_config(config).map_err(invalid)?;
+            endpoints.push(endpoint);
+        }
+        if endpoints.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no control-plane address",
+            ));
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -100,7 +113,7 @@ impl ControlStreams {
             .build()?;
         Ok(Self {
             runtime: Some(runtime),
-            endpoint,
+            endpoints,
             next_token: AtomicU32::new(1),
             inboxes: Arc::default(),
         })
@@ -117,7 +130,12 @@ impl ControlStreams {
             inboxes.senders.insert(token, sender);
         }
         let inboxes = Arc::clone(&self.inboxes);
-        let endpoint = self.endpoint.clone();
+        // Tokens count up from 1: consecutive streams (a reconnect after a
+        // failure) take consecutive replicas.
+        let at = usize::try_from(token).unwrap_or(0) % self.endpoints.len().max(1);
+        let Some(endpoint) = self.endpoints.get(at).cloned() else {
+            return Err(HostError::InternalFailure);
+        };
         runtime.spawn(async move {
             let status = run_stream(endpoint, receiver, &inboxes, token).await;
             push(&inboxes, token, StreamEvent::Closed(status));

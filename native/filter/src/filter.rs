@@ -71,12 +71,11 @@ impl NativeFilter {
     /// which exports the agents' metrics to `stats`.
     pub fn start(config: NativeConfig, stats: Arc<dyn StatsSink>) -> Result<Self, StartError> {
         let filter = config.filter;
-        let streams = ControlStreams::new(&config.control_plane_uri, config.tls.as_ref()).map_err(
-            |source| StartError {
+        let streams = ControlStreams::new(&config.control_plane_uris, config.tls.as_ref())
+            .map_err(|source| StartError {
                 what: "gRPC client",
                 source,
-            },
-        )?;
+            })?;
         let shared = Arc::new(Shared {
             store: ProcessStore::default(),
             streams,
