@@ -83,9 +83,20 @@ async fn run(args: Args) -> Result<()> {
             && let Some((index, _)) = current_leader(&set, None).await
             && let Some(replica) = set.replicas.get_mut(index)
         {
+            // Which streams move depends on where the Envoys' streams
+            // landed, so say how many the leader held.
+            let envoys = set.envoys.len();
+            let held = match replica.admin().proxies().await {
+                Ok(proxies) if proxies.connected > 0 => format!(
+                    "it held {} of the {envoys} Envoys' streams, which move to the others",
+                    proxies.connected
+                ),
+                Ok(_) => format!("it held none of the {envoys} Envoys' streams"),
+                Err(_) => "its streams move to the others".to_owned(),
+            };
             replica.kill()?;
             killed = Some(index);
-            println!("         -- SIGKILL r{index}, the leader: its proxies move to the others --");
+            println!("         -- SIGKILL r{index}, the leader ({held}) --");
         }
         next += Duration::from_secs(1);
     }
