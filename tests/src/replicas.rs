@@ -38,6 +38,11 @@ pub struct ReplicaSetOptions {
     /// The replica (by index) that reaches Redis through a
     /// [`FaultProxy`], so a test can cut it off ([`ReplicaSet::fault`]).
     pub partitionable: Option<usize>,
+    /// `(envoy, replica)` pairs: that Envoy's control-plane cluster (or
+    /// the native module's `control_plane_uri`) names only that replica,
+    /// so a test can put streams on chosen replicas. Other Envoys list
+    /// every replica.
+    pub pinned_envoys: Vec<(usize, usize)>,
 }
 
 impl ReplicaSetOptions {
@@ -54,6 +59,7 @@ impl ReplicaSetOptions {
             concurrency: 2,
             data_plane: DataPlane::Wasm,
             partitionable: None,
+            pinned_envoys: Vec::new(),
         }
     }
 }
@@ -168,6 +174,7 @@ impl ReplicaSet {
         let index = self.envoys.len();
         let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
         let native = self.options.data_plane == DataPlane::Native;
+        let replicas = self.replicas_of_envoy(index)?;
         let mut config = envoy::load_repo_config(if native {
             "native-module.yaml"
         } else {
@@ -180,11 +187,7 @@ impl ReplicaSet {
         }
         if native && let Some(patch) = patch.as_object_mut() {
             // The module dials the replicas itself, one after the other.
-            let uris: Vec<String> = self
-                .grpc_addrs
-                .iter()
-                .map(|a| format!("http://{a}"))
-                .collect();
+            let uris: Vec<String> = replicas.iter().map(|a| format!("http://{a}")).collect();
             patch.insert("control_plane_uri".to_owned(), json!(uris));
         }
         let serde_json::Value::Object(plugin_patch) = patch else {
@@ -203,7 +206,7 @@ impl ReplicaSet {
             Rewrite {
                 ephemeral_ports: true,
                 control_plane: None,
-                control_plane_replicas: self.grpc_addrs.clone(),
+                control_plane_replicas: replicas,
                 wasm: Some(paths::sluice_wasm()?),
                 plugin_patch,
             }
@@ -214,6 +217,24 @@ impl ReplicaSet {
         self.envoys
             .push(Envoy::start(&config, &envoy_options).await?);
         Ok(index)
+    }
+
+    /// The replicas Envoy `index` lists: the one it is pinned to, else all.
+    fn replicas_of_envoy(&self, index: usize) -> Result<Vec<SocketAddr>> {
+        let pinned = self
+            .options
+            .pinned_envoys
+            .iter()
+            .find(|(envoy, _)| *envoy == index);
+        match pinned {
+            Some(&(_, replica)) => match self.grpc_addrs.get(replica) {
+                Some(&addr) => Ok(vec![addr]),
+                None => {
+                    bail!("Envoy #{index} is pinned to replica #{replica}, which is not in the set")
+                }
+            },
+            None => Ok(self.grpc_addrs.clone()),
+        }
     }
 
     /// The `http://…` base URL of Envoy `index`.

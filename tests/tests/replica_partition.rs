@@ -6,6 +6,9 @@
 //! shares again. The partition is a TCP proxy between the replica and
 //! Redis that closes every connection
 //! ([`FaultProxy`](sluice_integration_tests::fault_proxy::FaultProxy)).
+//!
+//! Ignored: the same partition with the Envoys' streams split between
+//! the replicas, where the fleet over-admits today.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,10 +19,10 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::control_plane::{ControlPlane, sample};
+use sluice_integration_tests::control_plane::{BucketStatus, ControlPlane, sample};
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
-use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, leading};
+use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, leading, wait_for_leader};
 
 const LIMITS: &str = r#"
 limits:
@@ -176,6 +179,83 @@ async fn a_replica_cut_off_from_redis_stops_deciding_and_its_proxies_keep_the_li
         within(admitted(after), LIMIT_RPS, 0.02),
         "after the heal {:.1} rps, limit {LIMIT_RPS}\n{summary}",
         admitted(after)
+    );
+}
+
+/// The leader cut off while only one Envoy's stream is on it (the other
+/// Envoy is pinned to r1). r1 takes the lease and, once r0's share has
+/// expired, decides as if r0's proxies were gone, while r0's proxies keep
+/// r0's last table: the fleet admits the limit plus r0's frozen share.
+/// Measured 227.8 and 224.8 rps against 150 in two runs (B, on r1, went
+/// from 50 to 127 rps, A kept its 100). Ignored until the control plane accounts for a
+/// partitioned replica's proxies; run it with `--ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: a partitioned replica's proxies keep its share while the leader hands the whole limit to the rest (about +50 %)"]
+async fn the_fleet_keeps_its_limit_when_the_cut_off_leader_holds_one_of_two_streams() {
+    let mut options = ReplicaSetOptions::new(LIMITS, 2, 2);
+    options.replicas_at_start = 1;
+    options.partitionable = Some(0);
+    options.pinned_envoys = vec![(1, 1)];
+    options.filter = json!({"decision": "credit", "allowance": null});
+    let mut set = ReplicaSet::start(options).await.unwrap();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &set.url(0).unwrap(), "acme", 400.0),
+            StreamSpec::new("B/acme", &set.url(1).unwrap(), "acme", 200.0),
+        ],
+        Duration::from_secs(25),
+    ))
+    .unwrap();
+    // r0 leads with A's stream; then r1 starts and B, pinned to it,
+    // connects there.
+    wait_for_leader(&[&set.replicas[0]], Duration::from_secs(5))
+        .await
+        .unwrap();
+    let one_proxy = |b: &BucketStatus| (b.proxies_reporting >= 1).then_some(());
+    let every = Duration::from_millis(50);
+    let admin = set.replicas[0].admin();
+    let waited = admin.wait_for_bucket("acme", "A on r0", Duration::from_secs(8), every, one_proxy);
+    waited.await.unwrap();
+    set.start_replica().await.unwrap();
+    let admin = set.replicas[1].admin();
+    let waited = admin.wait_for_bucket("acme", "B on r1", Duration::from_secs(8), every, one_proxy);
+    waited.await.unwrap();
+
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(load.elapsed())).await;
+    set.fault.as_ref().unwrap().cut();
+    let cut_at = load.elapsed();
+    tokio::time::sleep(PARTITION).await;
+    set.fault.as_ref().unwrap().heal();
+    let healed_at = load.elapsed();
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let before = Window {
+        from: cut_at.saturating_sub(Duration::from_secs(2)),
+        to: cut_at,
+    };
+    let partition = Window {
+        from: cut_at,
+        to: healed_at,
+    };
+    let admitted = |window: Window| rate(result.tenant_counts(window, "acme").ok, window);
+    let summary = format!(
+        "admitted: before {:.1}, partition {:.1} rps
+before: {}partition: {}
+{}",
+        admitted(before),
+        admitted(partition),
+        result.summary(before),
+        result.summary(partition),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    assert!(
+        within(admitted(before), LIMIT_RPS, 0.05),
+        "before the cut\n{summary}"
+    );
+    assert!(
+        within(admitted(partition), LIMIT_RPS, 0.10),
+        "during the partition\n{summary}"
     );
 }
 
