@@ -164,6 +164,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", default_value_t = crate::store::DEFAULT_TIMEOUT.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub store_timeout_ms: u64,
+    /// With replicas: how long a replica cut off from the store keeps
+    /// serving its proxies the last directives before it closes their
+    /// streams so they move to a replica that reaches the store, in
+    /// milliseconds. The other replicas count its proxies at their last
+    /// rates meanwhile. Every replica should run the same.
+    #[arg(long, value_name = "MS", default_value_t = crate::replicas::DEFAULT_STORE_GRACE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub store_grace_ms: u64,
     /// ... and above this multiple it counts for nothing (0: never).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_ignore: f64,
@@ -510,6 +518,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                     .clone()
                     .unwrap_or_else(|| format!("{:016x}", state.epoch())),
                 control_interval: state.control_interval().as_duration(),
+                store_grace: std::time::Duration::from_millis(args.store_grace_ms),
             };
             let replica = crate::replicas::Replica::join(store, options)
                 .await

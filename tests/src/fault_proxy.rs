@@ -8,10 +8,17 @@
 //! timeout; it gets there at once instead of after those timers, which
 //! keeps the test short, and the client's own reconnect loop then fails
 //! until [`FaultProxy::heal`].
+//!
+//! It can also slow the path: with [`FaultProxy::delay`] every chunk from
+//! the client waits that long before it is forwarded (a slow server or a
+//! long link, as the client sees it).
 
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -21,6 +28,7 @@ use tokio::task::{JoinHandle, JoinSet};
 pub struct FaultProxy {
     addr: SocketAddr,
     cut: watch::Sender<bool>,
+    delay: watch::Sender<Duration>,
     accept: JoinHandle<()>,
 }
 
@@ -33,8 +41,14 @@ impl FaultProxy {
             .context("cannot bind the fault proxy")?;
         let addr = listener.local_addr()?;
         let (cut, cut_changes) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(listener, target, cut_changes));
-        Ok(Self { addr, cut, accept })
+        let (delay, delays) = watch::channel(Duration::ZERO);
+        let accept = tokio::spawn(accept_loop(listener, target, cut_changes, delays));
+        Ok(Self {
+            addr,
+            cut,
+            delay,
+            accept,
+        })
     }
 
     /// Where clients connect.
@@ -51,6 +65,12 @@ impl FaultProxy {
     pub fn heal(&self) {
         self.cut.send_replace(false);
     }
+
+    /// Holds every chunk from a client for `delay` before forwarding it
+    /// (zero: forward at once).
+    pub fn delay(&self, delay: Duration) {
+        self.delay.send_replace(delay);
+    }
 }
 
 impl Drop for FaultProxy {
@@ -61,7 +81,12 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    cut: watch::Receiver<bool>,
+    delay: watch::Receiver<Duration>,
+) {
     let mut connections = JoinSet::new();
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -74,16 +99,44 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: watch::Rece
             continue;
         }
         let mut cut = cut.clone();
+        let delay = delay.clone();
         connections.spawn(async move {
-            let mut client = client;
-            let Ok(mut upstream) = TcpStream::connect(target).await else {
+            let Ok(upstream) = TcpStream::connect(target).await else {
                 return;
             };
+            let (client_read, mut client_write) = client.into_split();
+            let (mut upstream_read, upstream_write) = upstream.into_split();
             tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                () = forward_delayed(client_read, upstream_write, delay) => {}
+                _ = tokio::io::copy(&mut upstream_read, &mut client_write) => {}
                 _ = cut.wait_for(|cut| *cut) => {}
             }
         });
+    }
+}
+
+/// Copies `from` to `to`, holding each chunk for the current delay.
+async fn forward_delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: watch::Receiver<Duration>,
+) {
+    let mut buffer = vec![0_u8; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        let hold = *delay.borrow();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let Some(chunk) = buffer.get(..read) else {
+            return;
+        };
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
     }
 }
 

@@ -43,6 +43,8 @@ pub struct ReplicaSetOptions {
     /// so a test can put streams on chosen replicas. Other Envoys list
     /// every replica.
     pub pinned_envoys: Vec<(usize, usize)>,
+    /// More `sluice serve` arguments for every replica.
+    pub replica_args: Vec<String>,
 }
 
 impl ReplicaSetOptions {
@@ -60,6 +62,7 @@ impl ReplicaSetOptions {
             data_plane: DataPlane::Wasm,
             partitionable: None,
             pinned_envoys: Vec::new(),
+            replica_args: Vec::new(),
         }
     }
 }
@@ -136,7 +139,8 @@ impl ReplicaSet {
                 store,
                 "--replica-id".to_owned(),
                 format!("r{index}"),
-            ]);
+            ])
+            .args(self.options.replica_args.iter().cloned());
         options.name = format!("sluice-r{index}");
         self.replicas.push(ControlPlane::start(options).await?);
         Ok(index)

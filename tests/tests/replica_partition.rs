@@ -7,8 +7,10 @@
 //! Redis that closes every connection
 //! ([`FaultProxy`](sluice_integration_tests::fault_proxy::FaultProxy)).
 //!
-//! Ignored: the same partition with the Envoys' streams split between
-//! the replicas, where the fleet over-admits today.
+//! With the Envoys' streams split between the replicas, the other replica
+//! keeps counting the cut-off replica's proxies at their last rates, and
+//! after its grace the cut-off replica lets its streams go, so they move
+//! to the replica that reaches Redis.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -183,20 +185,20 @@ async fn a_replica_cut_off_from_redis_stops_deciding_and_its_proxies_keep_the_li
 }
 
 /// The leader cut off while only one Envoy's stream is on it (the other
-/// Envoy is pinned to r1). r1 takes the lease and, once r0's share has
-/// expired, decides as if r0's proxies were gone, while r0's proxies keep
-/// r0's last table: the fleet admits the limit plus r0's frozen share.
-/// Measured 227.8 and 224.8 rps against 150 in two runs (B, on r1, went
-/// from 50 to 127 rps, A kept its 100). Ignored until the control plane accounts for a
-/// partitioned replica's proxies; run it with `--ignored`.
+/// Envoy is pinned to r1). r1 takes the lease; once r0's share has
+/// expired it keeps counting r0's last share (r0's proxy still enforces
+/// r0's last table), so it does not hand the whole limit to its own proxy.
+/// After its 2 s grace r0 closes its stream and refuses new ones: A moves
+/// to r1, which then counts it live and drops r0's last share. Before the
+/// fix the fleet admitted 225-228 rps against 150 here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known: a partitioned replica's proxies keep its share while the leader hands the whole limit to the rest (about +50 %)"]
 async fn the_fleet_keeps_its_limit_when_the_cut_off_leader_holds_one_of_two_streams() {
     let mut options = ReplicaSetOptions::new(LIMITS, 2, 2);
     options.replicas_at_start = 1;
     options.partitionable = Some(0);
     options.pinned_envoys = vec![(1, 1)];
     options.filter = json!({"decision": "credit", "allowance": null});
+    options.replica_args = vec!["--store-grace-ms".to_owned(), "2000".to_owned()];
     let mut set = ReplicaSet::start(options).await.unwrap();
     let load = LoadRun::start(LoadPlan::new(
         vec![
@@ -225,8 +227,16 @@ async fn the_fleet_keeps_its_limit_when_the_cut_off_leader_holds_one_of_two_stre
     set.fault.as_ref().unwrap().cut();
     let cut_at = load.elapsed();
     tokio::time::sleep(PARTITION).await;
+    let r0_accepting_cut = accepting_streams(&set.replicas[0]).await;
+    let r1_proxies_cut = connected(&set.replicas[1]).await;
     set.fault.as_ref().unwrap().heal();
     let healed_at = load.elapsed();
+    let after = Window {
+        from: healed_at + Duration::from_secs(2),
+        to: healed_at + Duration::from_secs(5),
+    };
+    tokio::time::sleep(after.to.saturating_sub(load.elapsed())).await;
+    let r0_accepting_after = accepting_streams(&set.replicas[0]).await;
     load.stop();
     let result = load.finish().await.unwrap();
     let before = Window {
@@ -239,16 +249,28 @@ async fn the_fleet_keeps_its_limit_when_the_cut_off_leader_holds_one_of_two_stre
     };
     let admitted = |window: Window| rate(result.tenant_counts(window, "acme").ok, window);
     let summary = format!(
-        "admitted: before {:.1}, partition {:.1} rps
-before: {}partition: {}
-{}",
+        "cut at {cut_at:?}, healed at {healed_at:?}; at the heal r0 accepting streams \
+         {r0_accepting_cut}, r1 serving {r1_proxies_cut} proxies; r0 accepting \
+         {r0_accepting_after} after\n\
+         admitted: before {:.1}, partition {:.1}, after {:.1} rps\n\
+         before: {}partition: {}after: {}\n{}",
         admitted(before),
         admitted(partition),
+        admitted(after),
         result.summary(before),
         result.summary(partition),
+        result.summary(after),
         result.timeline(Duration::from_millis(500))
     );
     println!("{summary}");
+    let whole = Window {
+        from: Duration::ZERO,
+        to: after.to,
+    };
+    let all = result.tenant_counts(whole, "acme");
+    if !within(admitted(partition), LIMIT_RPS, 0.10) || r1_proxies_cut != 2 {
+        set.print_logs();
+    }
     assert!(
         within(admitted(before), LIMIT_RPS, 0.05),
         "before the cut\n{summary}"
@@ -257,6 +279,31 @@ before: {}partition: {}
         within(admitted(partition), LIMIT_RPS, 0.10),
         "during the partition\n{summary}"
     );
+    assert!(
+        within(admitted(after), LIMIT_RPS, 0.05),
+        "after the heal\n{summary}"
+    );
+    assert_eq!(
+        r0_accepting_cut, 0.0,
+        "r0 kept its streams past its grace\n{summary}"
+    );
+    assert_eq!(r1_proxies_cut, 2, "A did not move to r1\n{summary}");
+    assert_eq!(
+        r0_accepting_after, 1.0,
+        "r0 still refuses streams\n{summary}"
+    );
+    assert_eq!(all.errors, 0, "no failed requests\n{summary}");
+    assert_eq!(all.server_errors, 0, "no 5xx\n{summary}");
+}
+
+async fn accepting_streams(replica: &ControlPlane) -> f64 {
+    let metrics = replica.admin().metrics().await.unwrap();
+    sample(&metrics, "sluice_replica_accepting_streams")
+}
+
+/// Proxies with an open stream to `replica`.
+async fn connected(replica: &ControlPlane) -> usize {
+    replica.admin().proxies().await.unwrap().connected
 }
 
 /// What the partition looked like, sampled every 200 ms (a control

@@ -26,6 +26,7 @@ use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
 use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions};
 use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
 use sluice_integration_tests::control_plane::AdminClient;
+use sluice_integration_tests::fault_proxy::FaultProxy;
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::redis::RedisServer;
@@ -36,7 +37,12 @@ fn options(id: &str) -> ReplicaOptions {
     ReplicaOptions {
         id: id.to_owned(),
         control_interval: Duration::from_millis(200),
+        store_grace: Duration::from_secs(10),
     }
+}
+
+fn ids(proxies: &[&str]) -> Vec<String> {
+    proxies.iter().map(|&p| p.to_owned()).collect()
 }
 
 async fn connect(redis: &RedisServer) -> Store {
@@ -87,8 +93,8 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
 
     // Shares add up over the replicas.
-    let _ = a.share(load("acme", 100.0)).await.unwrap();
-    let shared = b.share(load("acme", 50.0)).await.unwrap();
+    let _ = a.share(load("acme", 100.0), &[]).await.unwrap();
+    let shared = b.share(load("acme", 50.0), &[]).await.unwrap();
     assert!(
         !shared.complete,
         "a replica that just joined decides on nothing"
@@ -96,8 +102,8 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     // A replica adopts tables only once it has shared for a whole share
     // lifetime (1 s here): before, a table may not have counted it.
     tokio::time::sleep(Duration::from_millis(1_050)).await;
-    let _ = a.share(load("acme", 100.0)).await.unwrap();
-    let shared = b.share(load("acme", 50.0)).await.unwrap();
+    let _ = a.share(load("acme", 100.0), &[]).await.unwrap();
+    let shared = b.share(load("acme", 50.0), &[]).await.unwrap();
     assert!(shared.complete);
     assert_eq!(shared.replicas, 2);
     let acme = shared.total.get("acme").unwrap();
@@ -159,7 +165,7 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     assert!(a.follow().await.unwrap());
     assert_eq!(a.table().fence, fence);
     assert_eq!(a.table().len(), 1, "the table survived the flush");
-    let _ = b.share(load("acme", 1.0)).await.unwrap();
+    let _ = b.share(load("acme", 1.0), &[]).await.unwrap();
 
     // A store written by another layout is refused, not misread.
     redis_cmd(&store, &["SET", &keys.format, "2"]).await;
@@ -168,8 +174,77 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
         .unwrap_err();
     assert!(matches!(err, ReplicaError::Format { .. }), "{err}");
     assert!(err.to_string().contains("format 2"), "{err}");
-    let err = a.share(load("acme", 1.0)).await.unwrap_err();
+    let err = a.share(load("acme", 1.0), &[]).await.unwrap_err();
     assert!(err.to_string().contains("format 2"), "{err}");
+}
+
+/// A replica's exchanges are bounded by half a control interval (at
+/// least 100 ms), not by `--store-timeout-ms` (a request's bound, 50 ms by
+/// default): a store 70 ms away is slow for a request but fine for a
+/// replica; one 300 ms away is not.
+#[tokio::test]
+async fn a_replica_waits_for_a_slow_store_up_to_its_own_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let slow = FaultProxy::start(redis.addr()).await.unwrap();
+    let url = format!("redis://{}/0", slow.addr());
+    let options_50ms = StoreOptions::from_args(&url, None, DEFAULT_TIMEOUT).unwrap();
+    let store = Store::connect(&options_50ms).await.unwrap();
+    let mut replica = Replica::join(store, options("a")).await.unwrap();
+    // Once, at full speed: the server learns the lease script (the first
+    // call of a script takes a second round trip).
+    assert_eq!(replica.lead().await.unwrap(), Some(1));
+    slow.delay(Duration::from_millis(70));
+    let shared = replica.share(load("acme", 10.0), &[]).await.unwrap();
+    assert_eq!(shared.replicas, 1);
+    assert_eq!(replica.lead().await.unwrap(), Some(1));
+    slow.delay(Duration::from_millis(300));
+    let err = replica.share(load("acme", 10.0), &[]).await.unwrap_err();
+    assert!(matches!(err, ReplicaError::Timeout(_)), "{err}");
+}
+
+/// A replica whose share vanishes (cut off from the store, or dead) may
+/// still have proxies enforcing its last table: the others keep counting
+/// that share until its proxies show up in a live share.
+#[tokio::test]
+async fn a_vanished_share_counts_until_its_proxies_are_served_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let store = connect(&redis).await;
+    let keys = Keys::default();
+    let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
+    let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
+    let _ = a
+        .share(load("acme", 100.0), &ids(&["envoy-a"]))
+        .await
+        .unwrap();
+    let shared = b
+        .share(load("acme", 50.0), &ids(&["envoy-b"]))
+        .await
+        .unwrap();
+    assert_eq!((shared.replicas, shared.orphans), (2, 0));
+
+    // `a`'s share expires (as it does one share lifetime after `a` last
+    // reached the store): `b` still counts it, and its view stays whole.
+    redis_cmd(&store, &["DEL", &keys.load("a")]).await;
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    let shared = b
+        .share(load("acme", 50.0), &ids(&["envoy-b"]))
+        .await
+        .unwrap();
+    assert_eq!((shared.replicas, shared.orphans), (1, 1));
+    assert!(shared.complete, "an orphaned share keeps the view whole");
+    assert_eq!(shared.total.get("acme").unwrap().load.offered_rps, 150.0);
+
+    // `a`'s proxy moves to `b`: counted once more for this interval at
+    // most, then `a`'s last share is dropped.
+    let both = ids(&["envoy-a", "envoy-b"]);
+    let shared = b.share(load("acme", 150.0), &both).await.unwrap();
+    assert_eq!((shared.replicas, shared.orphans), (1, 0));
+    assert_eq!(shared.total.get("acme").unwrap().load.offered_rps, 150.0);
+    let shared = b.share(load("acme", 150.0), &both).await.unwrap();
+    assert_eq!((shared.replicas, shared.orphans), (1, 0));
+    assert!(shared.complete);
 }
 
 const LIMITS: &str = r#"

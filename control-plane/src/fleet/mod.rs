@@ -470,6 +470,18 @@ impl Fleet {
         proxies
     }
 
+    /// The ids of the proxies with an open stream, sorted.
+    pub fn connected_proxy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .proxies
+            .iter()
+            .filter(|(_, proxy)| proxy.stream.is_some())
+            .map(|(proxy_id, _)| proxy_id.clone())
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Number of proxies still tracked (connected, or disconnected but
     /// still carried).
     pub fn len(&self) -> usize {

@@ -19,6 +19,8 @@ pub struct ReplicaMetrics {
     leader: Gauge,
     fence: Gauge,
     replicas: Gauge,
+    orphans: Gauge,
+    accepting: Gauge,
     shares_unreadable: Counter,
     store_failures: Family<OpLabels, Counter>,
 }
@@ -42,6 +44,17 @@ impl ReplicaMetrics {
             metrics.replicas.clone(),
         );
         registry.register(
+            "replica_orphaned_shares",
+            "Vanished replicas' last shares still counted because their proxies have not shown up elsewhere yet",
+            metrics.orphans.clone(),
+        );
+        registry.register(
+            "replica_accepting_streams",
+            "1 while this replica takes proxies' streams; 0 while it is cut off from the store past --store-grace-ms",
+            metrics.accepting.clone(),
+        );
+        metrics.accepting.set(1);
+        registry.register(
             "replica_shares_unreadable",
             "Other replicas' load shares ignored as unreadable (another layout or corrupt)",
             metrics.shares_unreadable.clone(),
@@ -63,11 +76,17 @@ impl ReplicaMetrics {
     }
 
     /// What one exchange of shares counted.
-    pub fn observe_share(&self, replicas: usize, unreadable: usize) {
+    pub fn observe_share(&self, replicas: usize, orphans: usize, unreadable: usize) {
         self.replicas
             .set(i64::try_from(replicas).unwrap_or(i64::MAX));
+        self.orphans.set(i64::try_from(orphans).unwrap_or(i64::MAX));
         self.shares_unreadable
             .inc_by(u64::try_from(unreadable).unwrap_or(u64::MAX));
+    }
+
+    /// Whether this replica takes proxies' streams.
+    pub fn observe_accepting_streams(&self, accepting: bool) {
+        self.accepting.set(i64::from(accepting));
     }
 
     /// The lease held after this interval.

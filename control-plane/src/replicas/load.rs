@@ -41,6 +41,20 @@ pub enum ShareError {
 struct WireShare {
     format: u32,
     buckets: Vec<WireBucket>,
+    /// The proxies whose streams this replica holds. Added after format 1
+    /// was first published, hence optional: a share without it reads as
+    /// naming no proxy.
+    #[serde(default)]
+    proxies: Vec<String>,
+}
+
+/// A share as read from the store: the load and who it came from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Share {
+    /// The rates per bucket and cell.
+    pub buckets: Vec<BucketTraffic>,
+    /// The proxies whose streams the replica held, sorted.
+    pub proxies: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -61,10 +75,12 @@ struct WireCell {
     stale_share: f64,
 }
 
-/// The share a replica publishes: its proxies' rates per cell.
-pub fn encode(load: &FleetLoad) -> Vec<u8> {
+/// The share a replica publishes: its proxies' rates per cell, and which
+/// proxies it serves (so the others can tell when those proxies have moved).
+pub fn encode(load: &FleetLoad, proxies: &[String]) -> Vec<u8> {
     let share = WireShare {
         format: FORMAT,
+        proxies: proxies.to_vec(),
         buckets: load
             .buckets
             .iter()
@@ -93,14 +109,17 @@ pub fn encode(load: &FleetLoad) -> Vec<u8> {
 }
 
 /// Reads a share another replica published.
-pub fn decode(bytes: &[u8]) -> Result<Vec<BucketTraffic>, ShareError> {
+pub fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
     let share: WireShare = serde_json::from_slice(bytes)?;
     if share.format != FORMAT {
         return Err(ShareError::Format {
             found: share.format,
         });
     }
-    Ok(share
+    let mut proxies = share.proxies;
+    proxies.sort_unstable();
+    proxies.dedup();
+    let buckets = share
         .buckets
         .into_iter()
         .map(|bucket| {
@@ -123,7 +142,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<BucketTraffic>, ShareError> {
             traffic.load.proxies_reporting = bucket.proxies;
             traffic
         })
-        .collect())
+        .collect();
+    Ok(Share { buckets, proxies })
 }
 
 /// A rate read from the store: never negative, never NaN or infinite.
@@ -244,8 +264,10 @@ mod tests {
             ),
             bucket("zeta", vec![cell("t2", Priority::Bulk, 1.0, 0.25)], 1),
         ]);
-        let read = decode(&encode(&load)).unwrap();
-        assert_eq!(read, load.buckets);
+        let proxies = ["envoy-b".to_owned(), "envoy-a".to_owned()];
+        let read = decode(&encode(&load, &proxies)).unwrap();
+        assert_eq!(read.buckets, load.buckets);
+        assert_eq!(read.proxies, ["envoy-a", "envoy-b"]);
     }
 
     #[test]
@@ -253,6 +275,9 @@ mod tests {
         let err = decode(br#"{"format":2,"buckets":[]}"#).unwrap_err();
         assert!(err.to_string().contains("format 2"), "{err}");
         assert!(decode(b"not json").is_err());
+        // Written before shares named their proxies: still read.
+        let older = decode(br#"{"format":1,"buckets":[]}"#).unwrap();
+        assert!(older.proxies.is_empty());
     }
 
     #[test]
@@ -263,7 +288,7 @@ mod tests {
         assert!(decode(text).is_err());
         let text = br#"{"format":1,"buckets":[{"bucket":"a","proxies":1,"cells":[
             {"tenant":"","priority":0,"offered":-5.0,"admitted":2.0,"shadow_dropped":0.0,"proxies":1,"stale_share":7.0}]}]}"#;
-        let read = decode(text).unwrap();
+        let read = decode(text).unwrap().buckets;
         assert_eq!(read[0].cells[0].load.offered_rps, 0.0);
         assert_eq!(read[0].cells[0].load.stale_share, 1.0);
     }
@@ -337,7 +362,7 @@ mod tests {
             let mut rest = shares.into_iter();
             let own = FleetLoad::new(rest.next().unwrap_or_default());
             let decoded: Vec<Vec<BucketTraffic>> = rest
-                .map(|share| decode(&encode(&FleetLoad::new(share))).unwrap())
+                .map(|share| decode(&encode(&FleetLoad::new(share), &[])).unwrap().buckets)
                 .collect();
             let total = merge(own, decoded);
             prop_assert_eq!(total.buckets.len(), expected.len());

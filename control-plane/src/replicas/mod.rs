@@ -19,6 +19,13 @@
 //! Fail static: a replica that cannot reach the store neither leads nor
 //! adopts anything; its streams keep the last table and their heartbeats.
 //! So no replica ever pushes directives computed from a partial view.
+//!
+//! Partitions: the others still count a vanished share (its replica's
+//! proxies may still be enforcing that replica's last table) until those
+//! proxies show up in a live share or [`ReplicaOptions::orphan_hold`]
+//! passes; a replica cut off for [`ReplicaOptions::store_grace`] closes
+//! its streams and refuses new ones, so its proxies move to a replica
+//! that reaches the store (see `serve::control_loop`).
 
 pub mod config_store;
 pub mod keys;
@@ -26,6 +33,7 @@ pub mod load;
 pub mod record;
 pub mod transfer;
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Script;
@@ -33,7 +41,7 @@ use sluice_proto::v1::{Directive, ModePolicy};
 use tokio::time::Instant;
 
 use crate::control::controller::RetiredCell;
-use crate::fleet::FleetLoad;
+use crate::fleet::{BucketTraffic, FleetLoad};
 use crate::store::Store;
 pub use keys::Keys;
 pub use record::Record;
@@ -68,6 +76,10 @@ pub struct ReplicaOptions {
     pub id: String,
     /// The control interval (every replica should run the same).
     pub control_interval: Duration,
+    /// How long this replica, cut off from the store, keeps serving its
+    /// proxies the last table before handing them to the other replicas
+    /// (`--store-grace-ms`; every replica should run the same).
+    pub store_grace: Duration,
 }
 
 impl ReplicaOptions {
@@ -89,6 +101,29 @@ impl ReplicaOptions {
     pub fn call_timeout(&self) -> Duration {
         (self.control_interval / 2).max(Duration::from_millis(100))
     }
+
+    /// How long a vanished share still counts unless its proxies show up
+    /// in a live share first: its replica may be cut off from the store
+    /// and still serving them its last table for [`Self::store_grace`],
+    /// and once it lets them go they need up to the filter's longest
+    /// reconnect delay and one share lifetime to be counted elsewhere.
+    pub fn orphan_hold(&self) -> Duration {
+        self.store_grace
+            + self.share_ttl()
+            + Duration::from_millis(sluice_filter::backoff::MAX_DELAY_MS)
+    }
+}
+
+/// Default [`ReplicaOptions::store_grace`].
+pub const DEFAULT_STORE_GRACE: Duration = Duration::from_secs(10);
+
+/// The last share read from another replica.
+#[derive(Debug)]
+struct LastShare {
+    /// As stored (decoded again only if it has to stand in).
+    bytes: Vec<u8>,
+    /// When it was last read live.
+    seen: Instant,
 }
 
 /// What one interval's exchange of shares found.
@@ -96,8 +131,11 @@ impl ReplicaOptions {
 pub struct Shared {
     /// The fleet total: this replica's share plus the others'.
     pub total: FleetLoad,
-    /// Replicas whose share counted, this one included.
+    /// Replicas whose live share counted, this one included.
     pub replicas: usize,
+    /// Vanished shares still counted (their proxies have not shown up
+    /// elsewhere yet).
+    pub orphans: usize,
     /// Shares refused as unreadable (another layout, corruption).
     pub unreadable: usize,
     /// Whether the total may be decided on: this replica has shared for a
@@ -129,8 +167,17 @@ pub struct Replica {
     table_missing: bool,
     /// Since when every share succeeded.
     sharing_since: Option<Instant>,
-    /// Replicas counted by the last successful share.
+    /// Shares counted (live and orphaned) by the last successful share.
     last_replicas: usize,
+    /// Since when every exchange with the store failed.
+    failing_since: Option<Instant>,
+    /// The other replicas' last shares, by replica id.
+    last_shares: HashMap<String, LastShare>,
+    /// This replica let its proxies go (past its store grace) and has not
+    /// shared since.
+    handed_off: bool,
+    /// Back from a hand-off: its view is not whole before this.
+    rejoining_until: Option<Instant>,
 }
 
 impl Replica {
@@ -150,6 +197,10 @@ impl Replica {
             table_missing: false,
             sharing_since: None,
             last_replicas: 0,
+            failing_since: None,
+            last_shares: HashMap::new(),
+            handed_off: false,
+            rejoining_until: None,
         };
         let mut connection = replica.store.connection();
         let format: Option<String> = replica
@@ -185,19 +236,45 @@ impl Replica {
         &self.table
     }
 
-    /// Publishes `own` (this replica's tick) and returns the fleet total
-    /// over the live replicas. Two round trips.
-    pub async fn share(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
-        let shared = self.exchange_shares(own).await;
+    /// Publishes `own` (this replica's tick) and the ids of the proxies
+    /// it serves, and returns the fleet total over the live replicas (and
+    /// the orphaned shares). Two round trips.
+    pub async fn share(
+        &mut self,
+        own: FleetLoad,
+        proxies: &[String],
+    ) -> Result<Shared, ReplicaError> {
+        let shared = self.exchange_shares(own, proxies).await;
         match &shared {
-            Ok(_) => self.settle(),
-            Err(_) => self.sharing_since = None,
+            Ok(_) => {
+                self.settle();
+                self.failing_since = None;
+                if std::mem::take(&mut self.handed_off) {
+                    // The proxies it let go (and, after an outage of the
+                    // whole store, every other replica's) come back on
+                    // their own reconnect delays, up to the filter's
+                    // longest: until then a total would miss some of them.
+                    self.rejoining_until = Some(Instant::now() + self.rejoin_hold());
+                }
+            }
+            Err(_) => {
+                self.sharing_since = None;
+                self.failing_since.get_or_insert_with(Instant::now);
+            }
         }
         shared.map(|mut shared| {
-            shared.complete = self.is_settled(shared.replicas);
-            self.last_replicas = shared.replicas;
+            let counted = shared.replicas + shared.orphans;
+            shared.complete = self.is_settled(counted);
+            self.last_replicas = counted;
             shared
         })
+    }
+
+    /// Whether this replica has failed to reach the store for longer than
+    /// its grace: its proxies should go to a replica that reaches it.
+    pub fn past_store_grace(&self) -> bool {
+        self.failing_since
+            .is_some_and(|since| since.elapsed() >= self.options.store_grace)
     }
 
     fn settle(&mut self) {
@@ -207,7 +284,24 @@ impl Replica {
     }
 
     fn is_settled(&self, replicas: usize) -> bool {
-        self.shared_long_enough() && replicas >= self.last_replicas
+        self.shared_long_enough()
+            && replicas >= self.last_replicas
+            && self
+                .rejoining_until
+                .is_none_or(|until| Instant::now() >= until)
+    }
+
+    /// How long a replica back from a hand-off waits before deciding: the
+    /// filter's longest reconnect delay and a share lifetime.
+    fn rejoin_hold(&self) -> Duration {
+        Duration::from_millis(sluice_filter::backoff::MAX_DELAY_MS) + self.options.share_ttl()
+    }
+
+    /// Notes that this replica let its proxies go (closed their streams
+    /// past its store grace): back on the store, it decides again only
+    /// once they have had time to return.
+    pub fn hand_off(&mut self) {
+        self.handed_off = true;
     }
 
     /// Whether every share since a whole share lifetime ago succeeded.
@@ -216,7 +310,11 @@ impl Replica {
             .is_some_and(|since| since.elapsed() >= self.options.share_ttl())
     }
 
-    async fn exchange_shares(&mut self, own: FleetLoad) -> Result<Shared, ReplicaError> {
+    async fn exchange_shares(
+        &mut self,
+        own: FleetLoad,
+        proxies: &[String],
+    ) -> Result<Shared, ReplicaError> {
         let now_ms = unix_ms();
         let ttl_ms = millis(self.options.share_ttl());
         let retention_ms = millis(INDEX_RETENTION);
@@ -226,7 +324,7 @@ impl Replica {
                 redis::pipe()
                     .cmd("SET")
                     .arg(self.keys.load(&self.options.id))
-                    .arg(load::encode(&own))
+                    .arg(load::encode(&own, proxies))
                     .arg("PX")
                     .arg(ttl_ms)
                     .ignore()
@@ -259,31 +357,81 @@ impl Replica {
         let others: Vec<String> = members
             .into_iter()
             .filter(|id| *id != self.options.id)
-            .map(|id| self.keys.load(&id))
             .collect();
+        let mut stored: Vec<Option<Vec<u8>>> = Vec::new();
+        if !others.is_empty() {
+            let keys: Vec<String> = others.iter().map(|id| self.keys.load(id)).collect();
+            stored = self
+                .bounded(redis::cmd("MGET").arg(&keys).query_async(&mut connection))
+                .await?;
+        }
+        let now = Instant::now();
         let mut shares = Vec::with_capacity(others.len());
         let mut unreadable = 0;
-        if !others.is_empty() {
-            let stored: Vec<Option<Vec<u8>>> = self
-                .bounded(redis::cmd("MGET").arg(&others).query_async(&mut connection))
-                .await?;
-            for bytes in stored.into_iter().flatten() {
-                match load::decode(&bytes) {
-                    Ok(share) => shares.push(share),
-                    Err(err) => {
-                        unreadable += 1;
-                        tracing::warn!(%err, "ignoring a replica's load share");
-                    }
+        let mut vanished = Vec::new();
+        let mut served: BTreeSet<String> = proxies.iter().cloned().collect();
+        for (id, bytes) in others.into_iter().zip(stored) {
+            let Some(bytes) = bytes else {
+                vanished.push(id);
+                continue;
+            };
+            match load::decode(&bytes) {
+                Ok(share) => {
+                    served.extend(share.proxies);
+                    shares.push(share.buckets);
+                    self.last_shares.insert(id, LastShare { bytes, seen: now });
+                }
+                Err(err) => {
+                    unreadable += 1;
+                    tracing::warn!(%err, replica = %id, "ignoring a replica's load share");
                 }
             }
         }
-        let replicas = 1 + shares.len();
+        let live = shares.len();
+        for id in &vanished {
+            if let Some(orphan) = self.orphan(id, &served, now) {
+                shares.push(orphan);
+            }
+        }
+        let orphans = shares.len() - live;
+        // Replicas gone from the index (retention, or a flushed store) are
+        // forgotten with their shares.
+        self.last_shares
+            .retain(|id, last| last.seen == now || vanished.contains(id));
         Ok(Shared {
             total: load::merge(own, shares),
-            replicas,
+            replicas: 1 + live,
+            orphans,
             unreadable,
             complete: false,
         })
+    }
+
+    /// The last share of replica `id`, whose share vanished, if it still
+    /// counts: its proxies may still enforce that replica's last table
+    /// (cut off from the store, it serves them for its grace), so the
+    /// others keep counting their load until they show up in a live share
+    /// (`served`) or the orphan hold passes. Counting them twice meanwhile
+    /// errs on the side of dropping.
+    fn orphan(
+        &mut self,
+        id: &str,
+        served: &BTreeSet<String>,
+        now: Instant,
+    ) -> Option<Vec<BucketTraffic>> {
+        let last = self.last_shares.get(id)?;
+        if now.duration_since(last.seen) > self.options.orphan_hold() {
+            tracing::info!(replica = %id, "a vanished replica's share no longer counts: its hold is over");
+            self.last_shares.remove(id);
+            return None;
+        }
+        let share = load::decode(&last.bytes).ok()?;
+        if !share.proxies.is_empty() && share.proxies.iter().all(|p| served.contains(p)) {
+            tracing::info!(replica = %id, "a vanished replica's proxies are served by the others");
+            self.last_shares.remove(id);
+            return None;
+        }
+        Some(share.buckets)
     }
 
     /// Acquires or renews the lease; `Some(fence)` while this replica leads.

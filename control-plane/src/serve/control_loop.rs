@@ -125,23 +125,41 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     if let Some(ended) = ended {
         tracing::info!(?ended, "start-up hold over: pushing directives");
     }
-    let own = state.fleet().tick();
+    let (own, proxies) = {
+        let mut fleet = state.fleet();
+        (fleet.tick(), fleet.connected_proxy_ids())
+    };
     metrics.observe_fleet(&own.stats);
-    let shared = match replica.share(own).await {
+    let shared = match replica.share(own, &proxies).await {
         Ok(shared) => shared,
         Err(err) => {
             replica.step_down();
             metrics.replicas().store_failed("share");
             metrics.replicas().observe_leading(None);
-            tracing::warn!(%err, "store unreachable: keeping the last directives");
+            if replica.past_store_grace() {
+                // The others count this replica's proxies at their last
+                // rates only for a bounded time: let them go to a replica
+                // that reaches the store.
+                if state.set_accepting_streams(false) {
+                    replica.hand_off();
+                    metrics.replicas().observe_accepting_streams(false);
+                    tracing::warn!(%err, "store unreachable past the grace: handing the proxies to the other replicas");
+                }
+            } else {
+                tracing::warn!(%err, "store unreachable: keeping the last directives");
+            }
             heartbeat_with(state, replica.table().modes);
             metrics.control_tick(started.elapsed());
             return;
         }
     };
+    if state.set_accepting_streams(true) {
+        metrics.replicas().observe_accepting_streams(true);
+        tracing::info!("store reachable again: taking proxies' streams");
+    }
     metrics
         .replicas()
-        .observe_share(shared.replicas, shared.unreadable);
+        .observe_share(shared.replicas, shared.orphans, shared.unreadable);
     // Decide only on a whole view; otherwise a throwaway controller gives
     // the admin API its status and nothing is led.
     let decides = may_push && shared.complete;
@@ -191,8 +209,6 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
             .publisher()
             .publish_table(table.directives(), table.modes);
         record(state, published, changed);
-    } else if replica.table().fence > 0 {
-        heartbeat_with(state, replica.table().modes);
     } else {
         // No leader has written a table yet: this replica's own modes.
         keep_alive(state);

@@ -112,6 +112,12 @@ pub async fn serve(
         .await
 }
 
+/// What a proxy hears when this replica lets its stream go: it lost its
+/// store, so another replica should serve the proxy.
+fn handed_off() -> Status {
+    Status::unavailable("this control-plane replica cannot reach its store; connect to another")
+}
+
 /// The service implementation.
 #[derive(Debug, Clone)]
 pub struct DirectiveGrpc {
@@ -188,6 +194,13 @@ enum End {
 
 impl Session {
     async fn run(mut self) {
+        let accepting = *self.state.accepting_streams().borrow();
+        if !accepting {
+            self.state.metrics().stream_rejected();
+            // The proxy's next attempt goes to another replica.
+            let _ = self.outbound.send(Err(handed_off())).await;
+            return;
+        }
         let hello = match self.wait_for_hello().await {
             Ok(hello) => hello,
             Err(End::Error(status)) => {
@@ -280,9 +293,14 @@ impl Session {
             last_sequence: None,
             windows: WindowLedger::default(),
         };
+        let mut accepting = self.state.accepting_streams();
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return End::Shutdown,
+                true = async { accepting.wait_for(|accepting| !*accepting).await.is_ok() } => {
+                    let _ = self.outbound.send(Err(handed_off())).await;
+                    return End::Error(handed_off());
+                }
                 () = self.outbound.closed() => return End::ProxyGone,
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {

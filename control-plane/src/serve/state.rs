@@ -4,6 +4,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::config::policy::Policy;
@@ -64,6 +65,9 @@ struct Shared {
     next_stream: AtomicU64,
     metrics: Metrics,
     warmup: Warmup,
+    /// Whether this process takes proxies' streams: false while a replica
+    /// is cut off from its store past its grace.
+    accepting_streams: watch::Sender<bool>,
 }
 
 impl AppState {
@@ -89,8 +93,24 @@ impl AppState {
                 next_stream: AtomicU64::new(1),
                 metrics: Metrics::new(epoch),
                 warmup: Warmup::new(Instant::now(), settings.startup_grace),
+                accepting_streams: watch::Sender::new(true),
             }),
         }
+    }
+
+    /// Watches whether this process takes proxies' streams.
+    pub fn accepting_streams(&self) -> watch::Receiver<bool> {
+        self.inner.accepting_streams.subscribe()
+    }
+
+    /// Opens or closes this process to proxies' streams (closing ends the
+    /// open ones); returns whether that changed anything.
+    pub fn set_accepting_streams(&self, accepting: bool) -> bool {
+        self.inner.accepting_streams.send_if_modified(|current| {
+            let changed = *current != accepting;
+            *current = accepting;
+            changed
+        })
     }
 
     /// This process's epoch.

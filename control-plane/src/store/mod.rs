@@ -179,7 +179,11 @@ impl Store {
         .map_err(|err| fail(err.to_string()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(options.timeout.max(Duration::from_millis(1))))
+            // Each caller bounds its own calls (a request's quota check by
+            // `--store-timeout-ms`, a replica's exchange by half a control
+            // interval): the connection's own bound only catches a call
+            // nobody bounded.
+            .set_response_timeout(Some(CONNECT_TIMEOUT))
             // Reconnects are retried in the background; callers see errors
             // (and the failure policy) meanwhile, never a wait.
             .set_number_of_retries(2)
