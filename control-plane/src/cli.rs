@@ -559,7 +559,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             )
         }
     };
-    let admin = Admin::new(std::sync::Arc::new(live), auth);
+    let quotas = quota_config.map(|config| {
+        let quotas = crate::quotas::Quotas::new(
+            config,
+            args.quotas.clone(),
+            crate::quotas::QuotaSettings {
+                algorithm: args.quota_algorithm,
+                fail_closed: args.quota_fail_closed,
+                ..crate::quotas::QuotaSettings::default()
+            },
+            crate::quotas::system_clock(),
+            state.metrics().quotas(),
+        );
+        std::sync::Arc::new(match quota_counters {
+            Some(counters) => quotas.with_redis(counters),
+            None => quotas,
+        })
+    });
+    let admin = Admin::new(std::sync::Arc::new(live), auth).with_quotas(quotas.clone());
     tracing::info!(
         grpc = %grpc_addr,
         admin = %admin_addr,
@@ -586,23 +603,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             max_proxy_rps: args.max_proxy_rps,
             max_cell_rps: args.max_cell_rps,
         },
-        quotas: quota_config.map(|config| {
-            let quotas = crate::quotas::Quotas::new(
-                config,
-                args.quotas.clone(),
-                crate::quotas::QuotaSettings {
-                    algorithm: args.quota_algorithm,
-                    fail_closed: args.quota_fail_closed,
-                    ..crate::quotas::QuotaSettings::default()
-                },
-                crate::quotas::system_clock(),
-                state.metrics().quotas(),
-            );
-            std::sync::Arc::new(match quota_counters {
-                Some(counters) => quotas.with_redis(counters),
-                None => quotas,
-            })
-        }),
+        quotas,
     };
     crate::run_replicated(grpc, admin_listener, admin, poll, replica, shutdown).await?;
     Ok(())

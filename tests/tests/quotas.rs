@@ -233,6 +233,89 @@ async fn bad_requests_get_clear_answers_and_change_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_a_count_without_spending_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(&dir.path().join("redis")).await.unwrap();
+    let redis_url = redis.url();
+    for store in [Store::Memory, Store::Redis(&redis_url)] {
+        let run = dir
+            .path()
+            .join(format!("{store:?}").replace(['(', ')', '/', ':'], "_"));
+        std::fs::create_dir_all(&run).unwrap();
+        let control_plane = quotas::control_plane(
+            &run,
+            ControlPlaneOptions::new("limits: []\n", &run),
+            QUOTAS,
+            Some("fixed_window"),
+            store,
+        )
+        .await
+        .unwrap();
+        // Three hits and three reads within one minute's window.
+        if unix_ms() % 60_000 > 50_000 {
+            tokio::time::sleep(Duration::from_millis(60_000 - unix_ms() % 60_000 + 50)).await;
+        }
+        let grpc = control_plane.grpc_addr();
+        for _ in 0..3 {
+            client::ask(
+                grpc,
+                "api",
+                vec![client::descriptor("tenant", "per-minute")],
+            )
+            .await
+            .unwrap();
+        }
+        let admin = format!("http://{}", control_plane.admin_addr());
+        let http = reqwest::Client::new();
+        let read = |path: &'static str| {
+            let http = http.clone();
+            let url = format!("{admin}{path}");
+            async move { http.get(url).send().await.unwrap() }
+        };
+        for _ in 0..2 {
+            let reply = read("/v1/quotas/api?tenant=per-minute").await;
+            assert_eq!(reply.status(), 200, "{store:?}");
+            let body: serde_json::Value = reply.json().await.unwrap();
+            assert_eq!(body["used"], 3, "{store:?}: {body}");
+            assert_eq!(body["remaining"], 997, "{store:?}: {body}");
+            assert_eq!(body["unit"], "minute", "{body}");
+            assert_eq!(body["key"], "api.tenant_per-minute", "{body}");
+        }
+        let ctl =
+            std::process::Command::new(sluice_integration_tests::paths::sluice_bin().unwrap())
+                .args(["ctl", "--url", &admin, "quota", "api", "tenant=per-minute"])
+                .output()
+                .unwrap();
+        let printed = String::from_utf8_lossy(&ctl.stdout);
+        assert!(ctl.status.success(), "{ctl:?}");
+        assert!(printed.contains("997"), "{printed}");
+        // The reads spent nothing: the next hit is the fourth.
+        let next = client::ask(
+            grpc,
+            "api",
+            vec![client::descriptor("tenant", "per-minute")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(next.statuses[0].limit_remaining, 996, "{store:?}: {next:?}");
+        // What cannot be read is named, as problem details.
+        for (path, status) in [
+            ("/v1/quotas/web?tenant=per-minute", 404),
+            ("/v1/quotas/api?tenant=nobody", 404),
+            ("/v1/quotas/api", 400),
+        ] {
+            let reply = read(path).await;
+            assert_eq!(reply.status(), status, "{path}");
+            assert_eq!(
+                reply.headers()["content-type"],
+                "application/problem+json",
+                "{path}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
     let dir = tempfile::tempdir().unwrap();
     let layered = "domain: api\ndescriptors:\n  - key: tenant\n    value: layered\n    rate_limit: {unit: second, requests_per_unit: 100}\n";

@@ -12,6 +12,7 @@ mod modes;
 mod overrides;
 pub mod problem;
 mod proxies;
+mod quotas;
 mod tenants;
 mod write;
 
@@ -27,6 +28,7 @@ pub use handlers::{BucketsReply, LimitReply, LimitsReply, PutLimit};
 use self::auth::AuthPolicy;
 use crate::config::Config;
 use crate::config::live::LiveConfig;
+use crate::quotas::Quotas;
 use crate::serve::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
@@ -40,6 +42,7 @@ pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 pub struct Admin {
     live: Arc<LiveConfig>,
     auth: Arc<AuthPolicy>,
+    quotas: Option<Arc<Quotas>>,
 }
 
 impl Admin {
@@ -48,7 +51,20 @@ impl Admin {
         Self {
             live,
             auth: Arc::new(auth),
+            quotas: None,
         }
+    }
+
+    /// Also reads the exact quotas' counters (`GET /v1/quotas/{domain}`).
+    #[must_use]
+    pub fn with_quotas(mut self, quotas: Option<Arc<Quotas>>) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The exact quotas, when this control plane serves them.
+    pub fn quotas(&self) -> Option<&Quotas> {
+        self.quotas.as_deref()
     }
 
     /// An unauthenticated admin API whose changes live in memory only.
@@ -134,6 +150,7 @@ fn api() -> Api {
         .delete("/v1/overrides/limits/{bucket}", overrides::delete_limit)
         .put("/v1/overrides/tenants/{tenant}", overrides::put_tenant)
         .delete("/v1/overrides/tenants/{tenant}", overrides::delete_tenant)
+        .get("/v1/quotas/{domain}", quotas::read)
 }
 
 /// A router that remembers what was routed.

@@ -82,6 +82,22 @@ pub enum CtlCommand {
     /// Set or remove a temporary override.
     #[command(subcommand)]
     Override(OverrideCommand),
+    /// Where a descriptor's exact quota stands (needs `serve --quotas`);
+    /// counts no hit.
+    Quota {
+        /// The quota configuration's domain.
+        domain: String,
+        /// The descriptor's entries, in order, as KEY=VALUE.
+        #[arg(required = true, value_name = "KEY=VALUE", value_parser = parse_entry)]
+        entries: Vec<(String, String)>,
+    },
+}
+
+fn parse_entry(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
 }
 
 /// `on` or `off`.
@@ -270,6 +286,14 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Tenants => (client.get("/v1/tenants").await?, table::tenants),
         CtlCommand::Modes => (client.get("/v1/modes").await?, table::modes),
         CtlCommand::Overrides => (client.get("/v1/overrides").await?, table::overrides),
+        CtlCommand::Quota { domain, entries } => {
+            let query: Vec<String> = entries
+                .iter()
+                .map(|(key, value)| format!("{}={}", seg(key), seg(value)))
+                .collect();
+            let path = format!("/v1/quotas/{}?{}", seg(domain), query.join("&"));
+            (client.get(&path).await?, table::quota)
+        }
         CtlCommand::Limit(LimitCommand::Set { bucket, rps }) => {
             let path = format!("/v1/limits/{}", seg(bucket));
             let body = json!({ "limit_rps": rps });

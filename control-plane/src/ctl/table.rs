@@ -120,6 +120,24 @@ pub fn proxies(reply: &Value) -> String {
     render(&columns, &rows_of(reply.get("proxies"), &columns))
 }
 
+/// `GET /v1/quotas/{domain}`.
+pub fn quota(reply: &Value) -> String {
+    let columns = [
+        "key",
+        "name",
+        "requests_per_unit",
+        "unit",
+        "used",
+        "remaining",
+        "reset_ms",
+        "shadow_mode",
+    ];
+    render(
+        &columns,
+        &[columns.iter().map(|c| cell(reply.get(*c))).collect()],
+    )
+}
+
 /// `GET /v1/limits`.
 pub fn limits(reply: &Value) -> String {
     let overrides = reply.get("overrides");

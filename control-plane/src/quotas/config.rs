@@ -63,6 +63,19 @@ impl Unit {
         })
     }
 
+    /// As written in a configuration file (`second`, `minute`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
     /// To that wire enum.
     pub fn to_wire(self) -> i32 {
         match self {

@@ -7,6 +7,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod lookup;
+mod read;
 pub mod redis_store;
 mod reload;
 mod service;
@@ -17,6 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 pub use algorithm::Algorithm;
 pub use config::QuotaConfig;
+pub use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
 pub use service::{MAX_DESCRIPTORS, MAX_ENTRIES, RateLimitGrpc};
@@ -137,6 +139,32 @@ impl std::fmt::Debug for Counters {
 }
 
 impl Counters {
+    /// What `count` would answer with no hits, changing nothing it admits
+    /// (in memory nothing is stored; on Redis the script runs with zero
+    /// hits, which only refreshes the key's expiry).
+    async fn peek(
+        &self,
+        domain: &str,
+        algorithm: Algorithm,
+        count: redis_store::Count,
+        now_ms: u64,
+    ) -> Result<algorithm::Decision, CountError> {
+        match self {
+            Counters::Memory(memory) => {
+                Ok(memory.peek(&count.counter, algorithm, count.quota, now_ms))
+            }
+            Counters::Redis(redis) => {
+                let zero = redis_store::Count { hits: 0, ..count };
+                redis
+                    .decide(domain, algorithm, std::slice::from_ref(&zero))
+                    .await?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| CountError::Unavailable("no answer for the counter".to_owned()))
+            }
+        }
+    }
+
     /// Decides every count of a request of `domain`, in order.
     async fn decide(
         &self,

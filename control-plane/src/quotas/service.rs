@@ -3,6 +3,7 @@
 //! and answered, and the request is over limit when any enforced
 //! descriptor is.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -119,7 +120,8 @@ impl Quotas {
         let now_ms = (self.clock)();
         // First what to count, then one call to the store for all of it
         // (one round trip on Redis), then the answer.
-        let mut plans: Vec<Option<(&Limit, u32, Unit)>> = Vec::with_capacity(limits.len());
+        let mut plans: Vec<Option<(&Limit, u32, Unit, &RateLimitDescriptor)>> =
+            Vec::with_capacity(limits.len());
         let mut counts = Vec::new();
         for (descriptor, limit) in request.descriptors.iter().zip(&limits) {
             let limit = limit
@@ -143,7 +145,7 @@ impl Quotas {
                 },
                 hits,
             });
-            plans.push(Some((limit, requests, unit)));
+            plans.push(Some((limit, requests, unit, descriptor)));
         }
         let mut decisions = self
             .counters
@@ -157,7 +159,7 @@ impl Quotas {
         let mut error: Option<&'static str> = None;
         for plan in plans {
             // Each counted descriptor takes the next decision, in order.
-            let Some(((limit, requests, unit), (decision, count))) =
+            let Some(((limit, requests, unit, descriptor), (decision, count))) =
                 plan.and_then(|plan| decisions.next().map(|next| (plan, next)))
             else {
                 statuses.push(DescriptorStatus {
@@ -189,11 +191,21 @@ impl Quotas {
             };
             let hits = count.hits;
             let over = !decision.admitted;
-            self.metrics.hit(&limit.full_key, hits);
+            let metric_key = if limit.detailed_metric {
+                let entries = descriptor.entries.iter();
+                Cow::Owned(self.metrics.detailed_key(
+                    &limit.full_key,
+                    &request.domain,
+                    entries.map(|e| (e.key.as_str(), e.value.as_str())),
+                ))
+            } else {
+                Cow::Borrowed(limit.full_key.as_str())
+            };
+            self.metrics.hit(&metric_key, hits);
             if over {
-                self.metrics.over_limit(&limit.full_key, limit.shadow_mode);
+                self.metrics.over_limit(&metric_key, limit.shadow_mode);
             } else if decision.used as f64 >= NEAR_LIMIT * f64::from(requests) {
-                self.metrics.near_limit(&limit.full_key);
+                self.metrics.near_limit(&metric_key);
             }
             let enforced_over = over && !limit.shadow_mode;
             over_limit |= enforced_over;
@@ -250,7 +262,7 @@ impl Quotas {
 
 /// The counter of a descriptor: domain and every entry, length-prefixed so
 /// no two descriptors share a key whatever their bytes.
-fn counter_key(domain: &str, descriptor: &RateLimitDescriptor) -> String {
+pub(super) fn counter_key(domain: &str, descriptor: &RateLimitDescriptor) -> String {
     let mut key = String::with_capacity(
         domain.len()
             + descriptor
@@ -479,5 +491,36 @@ descriptors:
             block_on(quotas.answer(&many)).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn a_detailed_metric_counts_per_value_and_others_per_key_path() {
+        const DETAILED: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10}
+    detailed_metric: true
+  - key: team
+    rate_limit: {unit: second, requests_per_unit: 10}
+"#;
+        let config =
+            QuotaConfig::from_files(&[("d.yaml".to_owned(), DETAILED.to_owned())]).unwrap();
+        let metrics = crate::metrics::Metrics::new(1);
+        let quotas = Quotas::new(
+            config,
+            None,
+            QuotaSettings::default(),
+            Arc::new(|| 0),
+            metrics.quotas(),
+        );
+        for (key, value) in [("user", "bob"), ("user", "bob"), ("user", "ann"), ("team", "red")] {
+            ask(&quotas, "api", vec![descriptor(&[(key, value)])]);
+        }
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(r#"sluice_quota_hits_total{key="api.user_bob"} 2"#), "{text}");
+        assert!(text.contains(r#"sluice_quota_hits_total{key="api.user_ann"} 1"#), "{text}");
+        assert!(text.contains(r#"sluice_quota_hits_total{key="api.team"} 1"#), "{text}");
+        assert!(!text.contains(r#"key="api.user"}"#), "{text}");
     }
 }

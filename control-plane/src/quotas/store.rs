@@ -110,6 +110,21 @@ impl MemoryStore {
         Ok(decision)
     }
 
+    /// What `key` would answer a request of no hits at `now_ms`, without
+    /// storing anything (an unseen counter reads as whole).
+    pub fn peek(&self, key: &str, algorithm: Algorithm, quota: Quota, now_ms: u64) -> Decision {
+        let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
+        let mut state = self
+            .shards
+            .get(index)
+            .and_then(|shard| {
+                let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                shard.entries.get(key).map(|entry| entry.state)
+            })
+            .unwrap_or_default();
+        algorithm.decide(&mut state, quota, now_ms, 0)
+    }
+
     /// Live counters.
     pub fn len(&self) -> usize {
         self.shards

@@ -1,0 +1,37 @@
+//! `GET /v1/quotas/{domain}?KEY=VALUE&…`: where a descriptor's exact quota
+//! stands, read without counting a hit.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+
+use super::Admin;
+use super::problem::Problem;
+use crate::quotas::{QuotaRead, ReadError};
+
+/// `GET /v1/quotas/{domain}`: the query's parameters, in order, are the
+/// descriptor's entries (`?plan=free&user=bob`).
+pub async fn read(
+    State(admin): State<Admin>,
+    Path(domain): Path<String>,
+    Query(entries): Query<Vec<(String, String)>>,
+) -> Result<axum::Json<QuotaRead>, Problem> {
+    let Some(quotas) = admin.quotas() else {
+        return Err(Problem::not_found(
+            "this control plane serves no exact quotas (start it with --quotas)",
+        ));
+    };
+    match quotas.read(&domain, &entries).await {
+        Ok(read) => Ok(axum::Json(read)),
+        Err(err @ (ReadError::UnknownDomain(_) | ReadError::NoLimit(_))) => {
+            Err(Problem::not_found(err.to_string()))
+        }
+        Err(err @ ReadError::Entries { .. }) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            format!("{err}: give them as query parameters, ?KEY=VALUE&…"),
+        )),
+        Err(ReadError::Store(err)) => Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the counter: {err}"),
+        )),
+    }
+}
