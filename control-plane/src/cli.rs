@@ -156,6 +156,13 @@ pub struct ServeArgs {
     /// system's roots.
     #[arg(long, value_name = "FILE")]
     pub store_tls_ca: Option<PathBuf>,
+    /// With a `rediss://` store that authenticates clients: this client
+    /// certificate (PEM; with `--store-tls-key`).
+    #[arg(long, value_name = "FILE", requires = "store_tls_key")]
+    pub store_tls_cert: Option<PathBuf>,
+    /// The private key of `--store-tls-cert` (PEM).
+    #[arg(long, value_name = "FILE", requires = "store_tls_cert")]
+    pub store_tls_key: Option<PathBuf>,
     /// File holding the store's password (a trailing newline is ignored).
     #[arg(long, value_name = "FILE")]
     pub store_password_file: Option<PathBuf>,
@@ -458,10 +465,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     if store_url.is_none()
         && (args.replica_id.is_some()
             || args.store_tls_ca.is_some()
+            || args.store_tls_cert.is_some()
             || args.store_password_file.is_some())
     {
         return Err(ServeError::SharedConfig(
-            "--replica-id, --store-tls-ca and --store-password-file need a store (--store or `store:` in the limits file)".to_owned(),
+            "--replica-id, --store-tls-ca, --store-tls-cert and --store-password-file need a store (--store or `store:` in the limits file)".to_owned(),
         ));
     }
     let store = match &store_url {
@@ -647,7 +655,8 @@ async fn connect_store(
         args.store_password_file.as_deref(),
         std::time::Duration::from_millis(args.store_timeout_ms),
     )?
-    .with_tls_ca(args.store_tls_ca.clone())?;
+    .with_tls_ca(args.store_tls_ca.clone())?
+    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?;
     crate::store::Store::connect(&options).await
 }
 

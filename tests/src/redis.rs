@@ -54,6 +54,21 @@ impl RedisServer {
     /// Starts one that speaks only TLS with `certs`' server certificate
     /// (clients need not present one) and requires `password`.
     pub async fn start_tls(dir: &Path, certs: &DevCerts, password: &str) -> Result<Self> {
+        Self::start_tls_with(dir, certs, password, false).await
+    }
+
+    /// As [`Self::start_tls`], and clients must present a certificate
+    /// `certs`' CA signed (`tls-auth-clients yes`).
+    pub async fn start_mtls(dir: &Path, certs: &DevCerts, password: &str) -> Result<Self> {
+        Self::start_tls_with(dir, certs, password, true).await
+    }
+
+    async fn start_tls_with(
+        dir: &Path,
+        certs: &DevCerts,
+        password: &str,
+        client_certs: bool,
+    ) -> Result<Self> {
         let file = |name| certs.path(name).display().to_string();
         let args = vec![
             "--tls-cert-file".to_owned(),
@@ -63,7 +78,7 @@ impl RedisServer {
             "--tls-ca-cert-file".to_owned(),
             file(certs::CA),
             "--tls-auth-clients".to_owned(),
-            "no".to_owned(),
+            if client_certs { "yes" } else { "no" }.to_owned(),
             "--requirepass".to_owned(),
             password.to_owned(),
         ];

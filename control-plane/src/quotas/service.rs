@@ -514,13 +514,27 @@ descriptors:
             Arc::new(|| 0),
             metrics.quotas(),
         );
-        for (key, value) in [("user", "bob"), ("user", "bob"), ("user", "ann"), ("team", "red")] {
+        for (key, value) in [
+            ("user", "bob"),
+            ("user", "bob"),
+            ("user", "ann"),
+            ("team", "red"),
+        ] {
             ask(&quotas, "api", vec![descriptor(&[(key, value)])]);
         }
         let text = metrics.encode().unwrap();
-        assert!(text.contains(r#"sluice_quota_hits_total{key="api.user_bob"} 2"#), "{text}");
-        assert!(text.contains(r#"sluice_quota_hits_total{key="api.user_ann"} 1"#), "{text}");
-        assert!(text.contains(r#"sluice_quota_hits_total{key="api.team"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"sluice_quota_hits_total{key="api.user_bob"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"sluice_quota_hits_total{key="api.user_ann"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"sluice_quota_hits_total{key="api.team"} 1"#),
+            "{text}"
+        );
         assert!(!text.contains(r#"key="api.user"}"#), "{text}");
     }
 }

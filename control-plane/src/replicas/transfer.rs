@@ -25,6 +25,12 @@ pub struct ConfigArgs {
     /// With a `rediss://` store: trust this CA (PEM).
     #[arg(long, value_name = "FILE", global = true)]
     pub store_tls_ca: Option<PathBuf>,
+    /// With a `rediss://` store: this client certificate (PEM).
+    #[arg(long, value_name = "FILE", global = true, requires = "store_tls_key")]
+    pub store_tls_cert: Option<PathBuf>,
+    /// The private key of `--store-tls-cert` (PEM).
+    #[arg(long, value_name = "FILE", global = true, requires = "store_tls_cert")]
+    pub store_tls_key: Option<PathBuf>,
 }
 
 /// `sluice config` subcommands.
@@ -84,7 +90,8 @@ pub async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
         args.store_password_file.as_deref(),
         crate::store::DEFAULT_TIMEOUT,
     )?
-    .with_tls_ca(args.store_tls_ca.clone())?;
+    .with_tls_ca(args.store_tls_ca.clone())?
+    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?;
     let shared = SharedConfig::new(Store::connect(&options).await?);
     match &args.command {
         ConfigCommand::Export { output } => export(&shared, output.as_deref()).await,

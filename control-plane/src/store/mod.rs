@@ -37,6 +37,18 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// `rediss://` only: trust this CA (PEM) instead of the system's roots.
     pub tls_ca: Option<PathBuf>,
+    /// `rediss://` only: present this client certificate and key (PEM),
+    /// for a server that authenticates clients (`tls-auth-clients yes`).
+    pub tls_client: Option<ClientCert>,
+}
+
+/// A client certificate and its private key (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The certificate (chain).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
 }
 
 /// Why the store cannot be used; every message names the redacted URL.
@@ -51,8 +63,15 @@ pub enum StoreError {
         /// The redacted URL.
         url: String,
     },
-    /// `--store-tls-ca` cannot be read.
-    #[error("store CA file {path}: {source}")]
+    /// `--store-tls-cert`/`--store-tls-key` with a `redis://` URL, or only
+    /// one of them.
+    #[error("{reason}")]
+    ClientCert {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A TLS file (`--store-tls-ca`, `-cert`, `-key`) cannot be read.
+    #[error("store TLS file {path}: {source}")]
     CaFile {
         /// The file.
         path: PathBuf,
@@ -97,7 +116,32 @@ impl StoreOptions {
             url,
             timeout,
             tls_ca: None,
+            tls_client: None,
         })
+    }
+
+    /// Presents a client certificate to a `rediss://` store; `cert` and
+    /// `key` come together.
+    pub fn with_tls_client(
+        mut self,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<Self, StoreError> {
+        let fail = |reason: String| Err(StoreError::ClientCert { reason });
+        self.tls_client = match (cert, key) {
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                return fail("--store-tls-cert and --store-tls-key go together".to_owned());
+            }
+            (Some(_), Some(_)) if !self.url.tls => {
+                return fail(format!(
+                    "--store-tls-cert needs a rediss:// store URL, not {}",
+                    self.url
+                ));
+            }
+            (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
+        };
+        Ok(self)
     }
 
     /// Trusts `ca` (PEM) for a `rediss://` store.
@@ -160,21 +204,30 @@ impl Store {
             settings = settings.set_password(password);
         }
         redis_settings = redis_settings.set_redis_settings(settings);
-        let client = match &options.tls_ca {
-            None => Client::open(redis_settings),
-            Some(path) => {
-                let root_cert = std::fs::read(path).map_err(|source| StoreError::CaFile {
+        let client = if options.tls_ca.is_none() && options.tls_client.is_none() {
+            Client::open(redis_settings)
+        } else {
+            let read = |path: &PathBuf| {
+                std::fs::read(path).map_err(|source| StoreError::CaFile {
                     path: path.clone(),
                     source,
-                })?;
-                Client::build_with_tls(
-                    redis_settings,
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(root_cert),
-                    },
-                )
-            }
+                })
+            };
+            let root_cert = options.tls_ca.as_ref().map(read).transpose()?;
+            let client_tls = match &options.tls_client {
+                Some(client) => Some(redis::ClientTlsConfig {
+                    client_cert: read(&client.cert)?,
+                    client_key: read(&client.key)?,
+                }),
+                None => None,
+            };
+            Client::build_with_tls(
+                redis_settings,
+                redis::TlsCertificates {
+                    client_tls,
+                    root_cert,
+                },
+            )
         }
         .map_err(|err| fail(err.to_string()))?;
         let config = ConnectionManagerConfig::new()
@@ -248,5 +301,23 @@ mod tests {
         assert!(err.to_string().contains("needs a rediss://"), "{err}");
         let tls = StoreOptions::from_args("rediss://h:1", None, DEFAULT_TIMEOUT).unwrap();
         assert!(tls.with_tls_ca(Some("ca.pem".into())).is_ok());
+    }
+
+    #[test]
+    fn a_client_certificate_needs_tls_and_its_key() {
+        let plain = StoreOptions::from_args("redis://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        let err = plain
+            .with_tls_client(Some("c.pem".into()), Some("k.pem".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("needs a rediss://"), "{err}");
+        let tls = || StoreOptions::from_args("rediss://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        let err = tls()
+            .with_tls_client(Some("c.pem".into()), None)
+            .unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+        let both = tls()
+            .with_tls_client(Some("c.pem".into()), Some("k.pem".into()))
+            .unwrap();
+        assert!(both.tls_client.is_some());
     }
 }

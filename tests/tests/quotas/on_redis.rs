@@ -292,3 +292,58 @@ async fn a_tls_store_with_a_password_counts_and_an_untrusted_one_is_refused() {
     assert!(log.contains("invalid peer certificate"), "{log}");
     assert!(!log.contains(password), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_authenticates_clients_takes_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let password = "s3cret-store-password";
+    let redis = RedisServer::start_mtls(dir.path(), &certs, password)
+        .await
+        .unwrap();
+    let password_file = dir.path().join("store-password");
+    std::fs::write(&password_file, password).unwrap();
+    let file = |name| certs.path(name).display().to_string();
+    let (ca, cert, key) = (
+        file(certs::CA),
+        file(certs::CLIENT_CERT),
+        file(certs::CLIENT_KEY),
+    );
+    let password_arg = password_file.display().to_string();
+    let with_cert = [
+        "--store-tls-ca",
+        ca.as_str(),
+        "--store-tls-cert",
+        cert.as_str(),
+        "--store-tls-key",
+        key.as_str(),
+        "--store-password-file",
+        password_arg.as_str(),
+    ];
+    let control_plane = start(dir.path(), "mtls", "fixed_window", &redis.url(), &with_cert).await;
+    let mut client = connect(control_plane.grpc_addr()).await;
+    let answer = ask(&mut client, "mtls").await;
+    assert_eq!(error_header(&answer), None, "counted in Redis: {answer:?}");
+    assert_eq!(answer.overall_code, 1, "{answer:?}");
+
+    // Without a client certificate the server closes the handshake: no start.
+    let options = ControlPlaneOptions::new("limits: []\n", &dir.path().join("no-cert")).args([
+        "--store-tls-ca".to_owned(),
+        ca.clone(),
+        "--store-password-file".to_owned(),
+        password_arg.clone(),
+    ]);
+    let refused = quotas::control_plane(
+        &dir.path().join("no-cert"),
+        options,
+        PER_TENANT,
+        None,
+        Store::Redis(&redis.url()),
+    )
+    .await;
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exited"), "{err}");
+    let log = std::fs::read_to_string(dir.path().join("no-cert/sluice.log")).unwrap();
+    assert!(log.contains("cannot connect to the store"), "{log}");
+    assert!(!log.contains(password), "{log}");
+}
