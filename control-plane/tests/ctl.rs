@@ -324,3 +324,58 @@ async fn errors_exit_non_zero_with_the_problem_detail() {
             .starts_with("sluice ctl: GET http://"),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_whatif_replays_a_proposal_and_changes_nothing() {
+    use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
+
+    let server = Server::start("whatif").await;
+    for _ in 0..20 {
+        server
+            .state
+            .record_history(&FleetLoad::new(vec![BucketTraffic::single(
+                "acme",
+                BucketLoad {
+                    offered_rps: 400.0,
+                    admitted_rps: 200.0,
+                    proxies_reporting: 2,
+                    stale_share: 0.0,
+                },
+            )]));
+    }
+    let proposal = server.dir.join("proposal.yaml");
+    std::fs::write(&proposal, "limits:\n  - bucket: acme\n    limit_rps: 100\n").unwrap();
+    let printed = server
+        .ok(&["whatif", proposal.to_str().unwrap(), "--seconds", "4"])
+        .await;
+    let header = printed.lines().next().unwrap();
+    assert!(header.starts_with("bucket"), "{printed}");
+    assert!(header.contains("would_admit_rps"), "{printed}");
+    let row = printed.lines().nth(1).unwrap();
+    assert!(row.starts_with("acme"), "{printed}");
+    assert!(row.contains("100.0"), "the proposed limit: {printed}");
+    assert!(printed.contains("replayed 4 s"), "{printed}");
+
+    std::fs::write(
+        &proposal,
+        "limits:\n  - bucket: acme\n    limit_rps: nope\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = server.ctl(&["whatif", proposal.to_str().unwrap()]).await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("422") && stderr.contains("limit_rps"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .limits
+            .limit_for("acme")
+            .map(|l| l.get()),
+        Some(200.0),
+        "the limit in force is untouched"
+    );
+    server.stop().await;
+}

@@ -14,6 +14,7 @@ pub mod problem;
 mod proxies;
 mod quotas;
 mod tenants;
+mod whatif;
 mod write;
 
 use std::sync::Arc;
@@ -151,6 +152,7 @@ fn api() -> Api {
         .put("/v1/overrides/tenants/{tenant}", overrides::put_tenant)
         .delete("/v1/overrides/tenants/{tenant}", overrides::delete_tenant)
         .get("/v1/quotas/{domain}", quotas::read)
+        .post("/v1/whatif", whatif::replay)
 }
 
 /// A router that remembers what was routed.
@@ -163,6 +165,10 @@ struct Api {
 impl Api {
     fn get<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {
         self.add(Method::GET, path, routing::get(handler))
+    }
+
+    fn post<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add(Method::POST, path, routing::post(handler))
     }
 
     fn put<H: Handler<T, Admin>, T: 'static>(self, path: &'static str, handler: H) -> Self {

@@ -1,10 +1,12 @@
 //! `GET /v1/quotas/{domain}?KEY=VALUE&…`: where a descriptor's exact quota
 //! stands, read without counting a hit.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 
 use super::Admin;
+use super::extract::Path;
 use super::problem::Problem;
 use crate::quotas::{QuotaRead, ReadError};
 
@@ -13,8 +15,10 @@ use crate::quotas::{QuotaRead, ReadError};
 pub async fn read(
     State(admin): State<Admin>,
     Path(domain): Path<String>,
-    Query(entries): Query<Vec<(String, String)>>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<axum::Json<QuotaRead>, Problem> {
+    let Query(entries) =
+        query.map_err(|err| Problem::new(StatusCode::BAD_REQUEST, err.body_text()))?;
     let Some(quotas) = admin.quotas() else {
         return Err(Problem::not_found(
             "this control plane serves no exact quotas (start it with --quotas)",

@@ -1,6 +1,9 @@
 //! Deciding: the tracking policy, fair shares and priorities, and the
-//! controller that turns fleet load into directives every interval.
+//! controller that turns fleet load into directives every interval; the
+//! recent fleet totals and what-if replays over them.
 
 pub mod controller;
 pub mod estimator;
 pub mod fairness;
+pub mod history;
+pub mod whatif;

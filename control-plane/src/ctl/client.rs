@@ -100,6 +100,11 @@ impl Client {
         Ok(self.call(Method::PUT, path, body, tag).await?.0)
     }
 
+    /// POST with a JSON body (a question, not a change: no `If-Match`).
+    pub async fn post(&self, path: &str, body: Value) -> Result<Option<Value>, CtlError> {
+        Ok(self.call(Method::POST, path, Some(body), None).await?.0)
+    }
+
     /// DELETE.
     pub async fn delete(&self, path: &str) -> Result<Option<Value>, CtlError> {
         let tag = self.if_match.as_deref();

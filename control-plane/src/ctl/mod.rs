@@ -91,6 +91,18 @@ pub enum CtlCommand {
         #[arg(required = true, value_name = "KEY=VALUE", value_parser = parse_entry)]
         entries: Vec<(String, String)>,
     },
+    /// Replay the last minutes of fleet traffic through proposed limits,
+    /// tenants or modes and show what would have been admitted and
+    /// dropped, per bucket, tenant and priority (changes nothing).
+    Whatif {
+        /// A YAML or JSON file of limits-file sections (`limits:`,
+        /// `tenants:`, …) that replace the ones in force for the replay.
+        file: std::path::PathBuf,
+        /// Replay only the last this many seconds (default: all recorded,
+        /// up to 5 minutes).
+        #[arg(long, value_name = "SECONDS")]
+        seconds: Option<f64>,
+    },
 }
 
 fn parse_entry(text: &str) -> Result<(String, String), String> {
@@ -286,6 +298,18 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Tenants => (client.get("/v1/tenants").await?, table::tenants),
         CtlCommand::Modes => (client.get("/v1/modes").await?, table::modes),
         CtlCommand::Overrides => (client.get("/v1/overrides").await?, table::overrides),
+        CtlCommand::Whatif { file, seconds } => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|err| CtlError::Usage(format!("cannot read {}: {err}", file.display())))?;
+            // JSON is YAML: one parser reads both.
+            let body: Value = serde_yaml_ng::from_str(&text)
+                .map_err(|err| CtlError::Usage(format!("{}: {err}", file.display())))?;
+            let path = match seconds {
+                Some(seconds) => format!("/v1/whatif?seconds={seconds}"),
+                None => "/v1/whatif".to_owned(),
+            };
+            (client.post(&path, body).await?, table::whatif)
+        }
         CtlCommand::Quota { domain, entries } => {
             let query: Vec<String> = entries
                 .iter()

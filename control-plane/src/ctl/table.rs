@@ -120,6 +120,49 @@ pub fn proxies(reply: &Value) -> String {
     render(&columns, &rows_of(reply.get("proxies"), &columns))
 }
 
+/// `POST /v1/whatif`: one row per bucket, tenant and priority, then a
+/// line on CRITICAL drops.
+pub fn whatif(reply: &Value) -> String {
+    let columns = [
+        "bucket",
+        "limit_rps",
+        "tenant",
+        "priority",
+        "offered_rps",
+        "admitted_rps",
+        "would_admit_rps",
+        "would_drop_rps",
+    ];
+    let rate = |value: Option<&Value>| match value.and_then(Value::as_f64) {
+        Some(rate) => format!("{rate:.1}"),
+        None => cell(value),
+    };
+    let mut rows = Vec::new();
+    let buckets = reply.get("buckets").and_then(Value::as_array);
+    for bucket in buckets.into_iter().flatten() {
+        let cells = bucket.get("cells").and_then(Value::as_array);
+        for item in cells.into_iter().flatten() {
+            rows.push(vec![
+                cell(bucket.get("bucket")),
+                rate(bucket.get("limit_rps")),
+                cell(item.get("tenant")),
+                cell(item.get("priority")),
+                rate(item.get("offered_rps")),
+                rate(item.get("admitted_rps")),
+                rate(item.get("would_admit_rps")),
+                rate(item.get("would_drop_rps")),
+            ]);
+        }
+    }
+    let mut out = render(&columns, &rows);
+    let seconds = reply.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
+    out.push_str(&format!("replayed {seconds:.0} s of fleet traffic\n"));
+    if reply.get("critical_dropped") == Some(&Value::Bool(true)) {
+        out.push_str("WARNING: CRITICAL traffic would have been dropped\n");
+    }
+    out
+}
+
 /// `GET /v1/quotas/{domain}`.
 pub fn quota(reply: &Value) -> String {
     let columns = [

@@ -67,6 +67,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
         return;
     }
     let load = state.fleet().tick();
+    state.record_history(&load);
     let (decision, modes) = {
         let policy = state.policy();
         (controller.decide(&load, &policy), policy.modes.to_wire())
@@ -91,6 +92,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
 /// computes the status.
 fn hold(state: &AppState) {
     let load = state.fleet().tick();
+    state.record_history(&load);
     let decision = Controller::default().decide(&load, &state.policy());
     state.metrics().observe_fleet(&load.stats);
     state.metrics().observe_buckets(&decision.buckets);
@@ -160,6 +162,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     metrics
         .replicas()
         .observe_share(shared.replicas, shared.orphans, shared.unreadable);
+    state.record_history(&shared.total);
     // Decide only on a whole view; otherwise a throwaway controller gives
     // the admin API its status and nothing is led.
     let decides = may_push && shared.complete;

@@ -9,7 +9,8 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::config::policy::Policy;
 use crate::control::controller::BucketStatus;
-use crate::fleet::{Fleet, FleetCaps, ReportRejected, StreamId};
+use crate::control::history::{self, History};
+use crate::fleet::{Fleet, FleetCaps, FleetLoad, ReportRejected, StreamId};
 use crate::metrics::Metrics;
 use crate::serve::push::Publisher;
 use crate::serve::warmup::Warmup;
@@ -68,6 +69,8 @@ struct Shared {
     /// Whether this process takes proxies' streams: false while a replica
     /// is cut off from its store past its grace.
     accepting_streams: watch::Sender<bool>,
+    /// The fleet totals of the last minutes, for what-if replays.
+    history: Mutex<History>,
 }
 
 impl AppState {
@@ -94,8 +97,30 @@ impl AppState {
                 metrics: Metrics::new(epoch),
                 warmup: Warmup::new(Instant::now(), settings.startup_grace),
                 accepting_streams: watch::Sender::new(true),
+                history: Mutex::new(History::new(
+                    history::DEFAULT_SPAN,
+                    settings.control_interval.as_duration(),
+                )),
             }),
         }
+    }
+
+    /// Records one interval's fleet total for what-if replays.
+    pub fn record_history(&self, load: &FleetLoad) {
+        self.inner
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(load);
+    }
+
+    /// The last `intervals` fleet totals recorded, oldest first.
+    pub fn history(&self, intervals: usize) -> Vec<FleetLoad> {
+        self.inner
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last(intervals)
     }
 
     /// Watches whether this process takes proxies' streams.
