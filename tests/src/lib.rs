@@ -20,6 +20,7 @@
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
 
+pub mod capped_upstream;
 pub mod certs;
 pub mod control_plane;
 pub mod envoy;
