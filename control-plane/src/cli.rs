@@ -325,6 +325,9 @@ pub enum ServeError {
     /// The shared configuration cannot be read or seeded.
     #[error("shared configuration: {0}")]
     SharedConfig(String),
+    /// The quota directory and the limits file's `quotas:` section clash.
+    #[error("{0}")]
+    Quotas(String),
     /// The shared store holds state this replica cannot use.
     #[error("store {url}: {source}")]
     Replica {
@@ -452,11 +455,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     })?;
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
     let share_cap = share_cap(&args)?;
-    let quota_config = args
-        .quotas
-        .as_deref()
-        .map(crate::quotas::QuotaConfig::from_path)
-        .transpose()?;
+    // Exact quotas are served with a quota directory, a `quotas:` section
+    // in the limits file, or both.
+    let native_quotas = config.quotas.clone();
+    let quota_config = match (&args.quotas, native_quotas.is_empty()) {
+        (Some(path), _) => Some(crate::quotas::QuotaConfig::from_path(path)?),
+        (None, false) => Some(crate::quotas::QuotaConfig::default()),
+        (None, true) => None,
+    };
     // `--store` wins over `store:` in the file.
     let store_url = args
         .store
@@ -567,23 +573,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             )
         }
     };
-    let quotas = quota_config.map(|config| {
-        let quotas = crate::quotas::Quotas::new(
-            config,
-            args.quotas.clone(),
-            crate::quotas::QuotaSettings {
-                algorithm: args.quota_algorithm,
-                fail_closed: args.quota_fail_closed,
-                ..crate::quotas::QuotaSettings::default()
-            },
-            crate::quotas::system_clock(),
-            state.metrics().quotas(),
-        );
-        std::sync::Arc::new(match quota_counters {
-            Some(counters) => quotas.with_redis(counters),
-            None => quotas,
-        })
-    });
+    let quotas = match quota_config {
+        Some(quota_config) => {
+            let quotas = crate::quotas::Quotas::new(
+                quota_config,
+                args.quotas.clone(),
+                crate::quotas::QuotaSettings {
+                    algorithm: args.quota_algorithm,
+                    fail_closed: args.quota_fail_closed,
+                    ..crate::quotas::QuotaSettings::default()
+                },
+                crate::quotas::system_clock(),
+                state.metrics().quotas(),
+            );
+            let quotas = match quota_counters {
+                Some(counters) => quotas.with_redis(counters),
+                None => quotas,
+            };
+            quotas
+                .set_native(&native_quotas)
+                .map_err(ServeError::Quotas)?;
+            Some(std::sync::Arc::new(quotas))
+        }
+        None => None,
+    };
     let admin = Admin::new(std::sync::Arc::new(live), auth).with_quotas(quotas.clone());
     tracing::info!(
         grpc = %grpc_addr,

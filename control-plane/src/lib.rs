@@ -142,9 +142,11 @@ pub async fn run_replicated(
         }
     });
     let grpc_endpoint: GrpcEndpoint = grpc_listener.into();
-    if let Some(quotas) = grpc_endpoint.quotas.as_ref().filter(|q| q.path.is_some()) {
+    if let Some(quotas) = grpc_endpoint.quotas.as_ref() {
         tasks.spawn({
-            let watch = quotas::watch(Arc::clone(quotas), reload_poll, token.clone());
+            let live = Arc::clone(admin.live());
+            let section = move || live.config().quotas;
+            let watch = quotas::watch(Arc::clone(quotas), section, reload_poll, token.clone());
             async move {
                 watch.await;
                 ("quota configuration watcher", Ok(()))

@@ -232,6 +232,113 @@ async fn bad_requests_get_clear_answers_and_change_nothing() {
     );
 }
 
+/// The limits file's `quotas:` section, without a quota directory: served
+/// as the domain `sluice`, `[bucket]` against the bucket's quota and
+/// `[bucket, tenant]` against the tenant's; an edit of the file applies
+/// within a poll, an invalid one keeps the previous quotas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_files_quotas_section_is_served_and_reloaded() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    fn cell(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }
+    }
+    const SECTION: &str = "limits: []\nquotas:\n  - bucket: checkout\n    requests_per_unit: 1000\n    unit: hour\n    per_tenant: {requests_per_unit: 2, unit: hour}\n    tenants:\n      gold: {requests_per_unit: 5, unit: hour}\n";
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    std::fs::write(&limits, SECTION).unwrap();
+    let control_plane = sluice_integration_tests::control_plane::ControlPlane::start(
+        ControlPlaneOptions::new("", dir.path())
+            .limits_file(&limits)
+            .args([
+                "--quota-algorithm".to_owned(),
+                "fixed_window".to_owned(),
+                "--reload-poll-ms".to_owned(),
+                "100".to_owned(),
+            ]),
+    )
+    .await
+    .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let remaining = |answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        answer
+            .statuses
+            .iter()
+            .map(|s| s.limit_remaining)
+            .collect::<Vec<_>>()
+    };
+    let both = |tenant: &str| {
+        vec![
+            cell(&[("bucket", "checkout")]),
+            cell(&[("bucket", "checkout"), ("tenant", tenant)]),
+        ]
+    };
+    let first = client::ask(grpc, "sluice", both("acme")).await.unwrap();
+    assert_eq!(remaining(&first), [999, 1], "{first:?}");
+    let second = client::ask(grpc, "sluice", both("acme")).await.unwrap();
+    assert_eq!(remaining(&second), [998, 0]);
+    let third = client::ask(grpc, "sluice", both("acme")).await.unwrap();
+    assert_eq!(
+        third.overall_code, 2,
+        "acme is over its 2 an hour: {third:?}"
+    );
+    let gold = client::ask(grpc, "sluice", both("gold")).await.unwrap();
+    assert_eq!(remaining(&gold)[1], 4, "a named tenant has its own quota");
+
+    // An invalid edit is logged and changes nothing.
+    std::fs::write(&limits, "limits: []\nquotas:\n  - bucket: checkout\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let still = client::ask(grpc, "sluice", both("gold")).await.unwrap();
+    assert_eq!(remaining(&still)[1], 3, "{still:?}");
+    // A valid one applies within a poll.
+    std::fs::write(
+        &limits,
+        SECTION.replace(
+            "{requests_per_unit: 5, unit: hour}",
+            "{requests_per_unit: 50, unit: hour}",
+        ),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = client::ask(
+            grpc,
+            "sluice",
+            vec![cell(&[("bucket", "checkout"), ("tenant", "gold")])],
+        )
+        .await
+        .unwrap();
+        if answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+            == Some(50)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new quota never applied: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(dir.path().join("sluice.log")).unwrap();
+    assert!(
+        log.contains("quotas[0]"),
+        "the invalid edit was named: {log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_reads_a_count_without_spending_it() {
     let dir = tempfile::tempdir().unwrap();

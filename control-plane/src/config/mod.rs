@@ -56,6 +56,13 @@ pub struct Config {
     /// The shared store (`redis://…`) replicas share; `--store` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<crate::store::StoreSetting>,
+    /// Exact quotas in buckets and tenants, served through the rate limit
+    /// service as the domain `sluice`.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::quotas::native::NativeQuotas::is_empty"
+    )]
+    pub quotas: crate::quotas::native::NativeQuotas,
 }
 
 fn tenants_empty(tenants: &Tenants) -> bool {

@@ -7,6 +7,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod lookup;
+pub mod native;
 mod read;
 pub mod redis_store;
 mod reload;
@@ -14,7 +15,7 @@ mod service;
 pub mod store;
 
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 pub use algorithm::Algorithm;
 pub use config::QuotaConfig;
@@ -41,6 +42,8 @@ pub fn system_clock() -> Clock {
 /// The configuration, the store and how to answer.
 pub struct Quotas {
     config: RwLock<Arc<QuotaConfig>>,
+    /// What the configuration in force is made of.
+    sources: Mutex<Sources>,
     /// Where the configuration was read from, for hot reload.
     pub path: Option<PathBuf>,
     counters: Counters,
@@ -58,6 +61,30 @@ impl std::fmt::Debug for Quotas {
             .field("fail_closed", &self.fail_closed)
             .field("counters", &self.counters)
             .finish_non_exhaustive()
+    }
+}
+
+/// The quota directory's domains and the limits file's `quotas:` section.
+#[derive(Debug, Default)]
+struct Sources {
+    directory: QuotaConfig,
+    native: native::NativeQuotas,
+}
+
+impl Sources {
+    /// The directory's domains with the section's as [`native::DOMAIN`].
+    fn merged(&self) -> Result<QuotaConfig, String> {
+        let mut merged = self.directory.clone();
+        if let Some(root) = self.native.domain() {
+            if merged.domains.contains_key(native::DOMAIN) {
+                return Err(format!(
+                    "the quota configuration defines domain {:?}, which the limits file's quotas: section serves; rename one",
+                    native::DOMAIN
+                ));
+            }
+            merged.domains.insert(native::DOMAIN.to_owned(), root);
+        }
+        Ok(merged)
     }
 }
 
@@ -93,7 +120,11 @@ impl Quotas {
         metrics: QuotaMetrics,
     ) -> Self {
         Self {
-            config: RwLock::new(Arc::new(config)),
+            config: RwLock::new(Arc::new(config.clone())),
+            sources: Mutex::new(Sources {
+                directory: config,
+                native: native::NativeQuotas::default(),
+            }),
             path,
             counters: Counters::Memory(MemoryStore::new(settings.store_bytes)),
             algorithm: settings.algorithm,
@@ -114,10 +145,48 @@ impl Quotas {
         Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Replaces the configuration (counters are kept: a key that still
-    /// exists keeps counting).
-    pub fn replace(&self, config: QuotaConfig) {
-        *self.config.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(config);
+    /// Replaces the quota directory's configuration (counters are kept: a
+    /// key that still exists keeps counting). Refused, changing nothing,
+    /// if it clashes with the limits file's `quotas:` section.
+    pub fn replace(&self, config: QuotaConfig) -> Result<bool, String> {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = std::mem::replace(&mut sources.directory, config);
+        self.apply(&mut sources, |sources| sources.directory = previous)
+    }
+
+    /// Serves the limits file's `quotas:` section (as the domain
+    /// `sluice`). Refused, changing nothing, if it clashes with the quota
+    /// directory.
+    pub fn set_native(&self, section: &native::NativeQuotas) -> Result<bool, String> {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        if sources.native == *section {
+            return Ok(false);
+        }
+        let previous = std::mem::replace(&mut sources.native, section.clone());
+        self.apply(&mut sources, |sources| sources.native = previous)
+    }
+
+    /// Puts the merged sources in force if they changed it; on a clash
+    /// `undo` restores them.
+    fn apply(
+        &self,
+        sources: &mut Sources,
+        undo: impl FnOnce(&mut Sources),
+    ) -> Result<bool, String> {
+        match sources.merged() {
+            Ok(merged) => {
+                let mut config = self.config.write().unwrap_or_else(PoisonError::into_inner);
+                if **config == merged {
+                    return Ok(false);
+                }
+                *config = Arc::new(merged);
+                Ok(true)
+            }
+            Err(err) => {
+                undo(sources);
+                Err(err)
+            }
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! Hot reload of the quota configuration: the file or directory is read
-//! again every poll; a configuration that changed and is valid replaces
-//! the old one, an invalid one is logged and the old one stays.
+//! Hot reload of the quota configuration: the quota directory (or file)
+//! is read again every poll and the limits file's `quotas:` section is
+//! followed as the live configuration changes; a configuration that
+//! changed and is valid replaces the old one, an invalid one (or one
+//! whose domains clash) is logged and the old one stays.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +10,17 @@ use std::time::Duration;
 use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::native::NativeQuotas;
 use super::{QuotaConfig, Quotas};
 
-/// Polls `quotas.path` every `period` until `shutdown` is cancelled.
-pub async fn watch(quotas: Arc<Quotas>, period: Duration, shutdown: CancellationToken) {
-    let Some(path) = quotas.path.clone() else {
-        return;
-    };
+/// Polls every `period` until `shutdown` is cancelled: `quotas.path` if
+/// set, and `section()` (the limits file's `quotas:` section in force).
+pub async fn watch(
+    quotas: Arc<Quotas>,
+    section: impl Fn() -> NativeQuotas + Send,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
     let mut interval = time::interval(period);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_error: Option<String> = None;
@@ -22,28 +28,33 @@ pub async fn watch(quotas: Arc<Quotas>, period: Duration, shutdown: Cancellation
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = interval.tick() => {
-                let path = path.clone();
-                let loaded = tokio::task::spawn_blocking(move || QuotaConfig::from_path(&path)).await;
-                match loaded {
-                    Ok(Ok(config)) => {
-                        if *quotas.config() != config {
-                            quotas.replace(config);
-                            tracing::info!(path = %quotas.path.as_ref().map_or(String::new(), |p| p.display().to_string()), "quota configuration reloaded");
-                        }
-                        last_error = None;
-                    }
-                    Ok(Err(err)) => {
-                        let message = err.to_string();
-                        // Once per distinct error: the poll repeats it.
-                        if last_error.as_deref() != Some(message.as_str()) {
-                            tracing::error!(error = %message, "quota configuration not reloaded; the previous one stays");
-                            last_error = Some(message);
-                        }
-                    }
-                    Err(err) => tracing::error!(%err, "quota configuration poll failed"),
+                let error = poll(&quotas, &section).await.err();
+                // Once per distinct error: the poll repeats it.
+                if let Some(message) = &error
+                    && last_error.as_ref() != Some(message)
+                {
+                    tracing::error!(error = %message, "quota configuration not reloaded; the previous one stays");
                 }
+                last_error = error;
             }
         }
     }
     tracing::debug!("quota configuration watcher stopped");
+}
+
+async fn poll(quotas: &Quotas, section: &impl Fn() -> NativeQuotas) -> Result<(), String> {
+    if let Some(path) = quotas.path.clone() {
+        let shown = path.display().to_string();
+        let loaded = tokio::task::spawn_blocking(move || QuotaConfig::from_path(&path))
+            .await
+            .map_err(|err| format!("quota configuration poll failed: {err}"))?
+            .map_err(|err| err.to_string())?;
+        if quotas.replace(loaded)? {
+            tracing::info!(path = %shown, "quota configuration reloaded");
+        }
+    }
+    if quotas.set_native(&section())? {
+        tracing::info!("the limits file's quotas: section reloaded");
+    }
+    Ok(())
 }
