@@ -17,6 +17,7 @@ pub fn report(buckets: &[String], offered: u64) -> Report {
         sequence: 1,
         window_ms: 250,
         directive_age_ms: None,
+        upstream: Vec::new(),
         buckets: buckets
             .iter()
             .map(|bucket| BucketCount {

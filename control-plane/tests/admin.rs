@@ -304,6 +304,7 @@ async fn metrics_show_what_the_control_loop_decided() {
         sequence: 0,
         window_ms: 1000,
         directive_age_ms: None,
+        upstream: Vec::new(),
         buckets: vec![BucketCount {
             bucket: "acme".to_owned(),
             offered: 600,

@@ -557,6 +557,7 @@ async fn proxies_view() {
         sequence: 0,
         window_ms: 250,
         directive_age_ms: Some(180),
+        upstream: Vec::new(),
         buckets: vec![],
     };
     f.state

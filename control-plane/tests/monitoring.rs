@@ -79,6 +79,7 @@ async fn control_plane_metrics() -> BTreeSet<String> {
         sequence: 0,
         window_ms: 1000,
         directive_age_ms: Some(250),
+        upstream: Vec::new(),
         buckets: vec![BucketCount {
             bucket: "acme".to_owned(),
             offered: 100,

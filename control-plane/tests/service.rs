@@ -201,6 +201,7 @@ impl Proxy {
                         sequence,
                         window_ms: REPORT_MS,
                         directive_age_ms: None,
+                        upstream: Vec::new(),
                         buckets: counts.clone(),
                     })),
                 };
@@ -410,6 +411,7 @@ async fn a_stream_must_start_with_hello() {
             sequence: 1,
             window_ms: 100,
             directive_age_ms: None,
+            upstream: Vec::new(),
             buckets: vec![],
         })),
     };
@@ -725,6 +727,7 @@ async fn metrics_follow_buckets_proxies_and_pushes() {
                 sequence: 0,
                 window_ms: 0,
                 directive_age_ms: None,
+                upstream: Vec::new(),
                 buckets: vec![],
             })),
         })
@@ -956,6 +959,7 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
                     sequence: round,
                     window_ms: 100,
                     directive_age_ms: None,
+                    upstream: Vec::new(),
                     buckets,
                 })),
             })

@@ -37,6 +37,7 @@ pub mod report_window;
 pub mod shared_keys;
 pub mod stream;
 pub mod token_bucket;
+pub mod upstream;
 
 /// The proxy-wasm binding; only exists in the Envoy build.
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

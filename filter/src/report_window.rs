@@ -36,6 +36,9 @@ pub struct Handoff {
     /// Counts per cell.
     #[prost(message, repeated, tag = "4")]
     pub counts: Vec<BucketCount>,
+    /// Upstream signals per bucket ([`crate::upstream`]).
+    #[prost(message, repeated, tag = "5")]
+    pub upstream: Vec<sluice_proto::v1::UpstreamSignal>,
 }
 
 /// A source is waited for if it handed off this recently.
@@ -245,6 +248,7 @@ mod tests {
                 admitted: offered,
                 ..Default::default()
             }],
+            upstream: Vec::new(),
         }
     }
 
@@ -309,6 +313,7 @@ mod tests {
                 start_ms: 0,
                 end_ms: 100,
                 counts: vec![],
+                upstream: Vec::new(),
             },
             100,
             |_| false,

@@ -33,6 +33,12 @@ mod tests {
                     admitted: 3,
                     ..Default::default()
                 }],
+                upstream: vec![super::v1::UpstreamSignal {
+                    bucket: "acme".into(),
+                    responses: 10,
+                    errors: 1,
+                    latency: vec![0, 3, 7],
+                }],
             })),
         };
         let bytes = message.encode_to_vec();
@@ -47,6 +53,7 @@ mod tests {
             window_ms: 250,
             directive_age_ms,
             buckets: vec![],
+            upstream: vec![],
         };
         for age in [None, Some(0), Some(1_250)] {
             let bytes = report(age).encode_to_vec();

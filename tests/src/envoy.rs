@@ -313,6 +313,43 @@ pub fn visit_mappings(value: &mut Value, f: &mut dyn FnMut(&mut Mapping)) {
     }
 }
 
+/// The cluster [`route_to_upstream`] adds.
+pub const TEST_UPSTREAM_CLUSTER: &str = "sluice_test_upstream";
+
+/// Replaces every route's `direct_response` with a route to `upstream` (a
+/// STATIC cluster added under [`TEST_UPSTREAM_CLUSTER`]), so requests the
+/// filter admits reach a real server; returns the routes changed.
+pub fn route_to_upstream(config: &mut Value, upstream: SocketAddr) -> Result<usize> {
+    let mut routes = 0;
+    visit_mappings(config, &mut |mapping| {
+        if mapping.remove("direct_response").is_some() {
+            let mut route = Mapping::new();
+            route.insert("cluster".into(), TEST_UPSTREAM_CLUSTER.into());
+            route.insert("timeout".into(), "5s".into());
+            mapping.insert("route".into(), Value::Mapping(route));
+            routes += 1;
+        }
+    });
+    if routes == 0 {
+        bail!("no direct_response route to point at the upstream");
+    }
+    let cluster: Value = serde_yaml_ng::from_str(&format!(
+        "name: {TEST_UPSTREAM_CLUSTER}\ntype: STATIC\nconnect_timeout: 0.25s\n\
+         load_assignment:\n  cluster_name: {TEST_UPSTREAM_CLUSTER}\n  endpoints:\n  - lb_endpoints:\n    \
+         - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+        upstream.ip(),
+        upstream.port()
+    ))
+    .context("the test upstream's cluster")?;
+    let clusters = config
+        .get_mut("static_resources")
+        .and_then(|resources| resources.get_mut("clusters"))
+        .and_then(Value::as_sequence_mut)
+        .context("the config has no static_resources.clusters")?;
+    clusters.push(cluster);
+    Ok(routes)
+}
+
 /// Writes `config` as YAML to `path`.
 pub fn write_config(config: &Value, path: &Path) -> Result<()> {
     let text = serde_yaml_ng::to_string(config).context("cannot serialize the Envoy config")?;

@@ -140,6 +140,7 @@ impl FakeProxy {
                     window_ms,
                     buckets: counts.clone(),
                     directive_age_ms: None,
+                    upstream: Vec::new(),
                 };
                 let message = ProxyMessage {
                     kind: Some(proxy_message::Kind::Report(report)),

@@ -28,6 +28,9 @@ pub struct FleetOptions {
     pub concurrency: u32,
     /// The wasm filter or the native module in every Envoy.
     pub data_plane: DataPlane,
+    /// Route admitted requests to this server instead of answering them
+    /// in Envoy ([`envoy::route_to_upstream`]).
+    pub upstream: Option<std::net::SocketAddr>,
 }
 
 /// Which build of the Sluice filter the Envoys run.
@@ -53,6 +56,7 @@ impl FleetOptions {
             proxy_ids: Vec::new(),
             concurrency: 2,
             data_plane: DataPlane::Wasm,
+            upstream: None,
         }
     }
 
@@ -135,6 +139,9 @@ impl Fleet {
             DataPlane::Native => Rewrite::for_native(self.control_plane.grpc_addr(), patch)?,
         };
         envoy::rewrite(&mut config, &rewrite)?;
+        if let Some(upstream) = self.options.upstream {
+            envoy::route_to_upstream(&mut config, upstream)?;
+        }
         let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());
         envoy_options.concurrency = self.options.concurrency;
         let envoy = Envoy::start(&config, &envoy_options).await?;

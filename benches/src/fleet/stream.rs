@@ -217,6 +217,7 @@ async fn run_stream(
                         window_ms,
                         directive_age_ms: None,
                         buckets,
+                        upstream: Vec::new(),
                     })),
                 };
                 if outbound.send(report).await.is_err() {

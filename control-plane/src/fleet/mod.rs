@@ -21,6 +21,7 @@ use sluice_proto::v1::Report;
 
 use crate::cell::Priority;
 
+pub mod health;
 mod interner;
 mod load;
 mod share_cap;

@@ -10,6 +10,7 @@ fn report(window_ms: u64, buckets: &[(&str, u64, u64)]) -> Report {
         sequence: 0,
         window_ms,
         directive_age_ms: None,
+        upstream: Vec::new(),
         buckets: buckets
             .iter()
             .map(|&(bucket, offered, admitted)| BucketCount {
@@ -42,6 +43,7 @@ fn cells_report(window_ms: u64, cells: Vec<BucketCount>) -> Report {
         sequence: 0,
         window_ms,
         directive_age_ms: None,
+        upstream: Vec::new(),
         buckets: cells,
     }
 }
@@ -427,6 +429,7 @@ fn proxies_view_shows_the_directive_age_of_the_last_report() {
 
     let aged = |ms| Report {
         directive_age_ms: Some(ms),
+        upstream: Vec::new(),
         ..report(100, &[])
     };
     fleet.report("a", StreamId(1), &aged(1_250)).unwrap();

@@ -15,11 +15,13 @@ mod replicas;
 mod rlqs;
 mod staleness;
 mod trust;
+mod upstream;
 
 pub use histogram::AtomicHistogram;
 pub use proxies::ProxyGuard;
 pub use quotas::QuotaMetrics;
 pub use replicas::ReplicaMetrics;
+pub use upstream::UpstreamMetrics;
 
 use proxies::Proxies;
 use rlqs::RlqsMetrics;
@@ -147,6 +149,7 @@ pub struct Metrics {
     rlqs: RlqsMetrics,
     quotas: QuotaMetrics,
     replicas: ReplicaMetrics,
+    upstream: UpstreamMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -351,6 +354,7 @@ impl Metrics {
         let rlqs = RlqsMetrics::register(&mut registry);
         let quotas = QuotaMetrics::register(&mut registry);
         let replicas = ReplicaMetrics::register(&mut registry);
+        let upstream = UpstreamMetrics::register(&mut registry);
 
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
@@ -383,12 +387,18 @@ impl Metrics {
             rlqs,
             quotas,
             replicas,
+            upstream,
         }
     }
 
     /// The exact quotas' counters.
     pub fn quotas(&self) -> QuotaMetrics {
         self.quotas.clone()
+    }
+
+    /// The upstream's health per limited bucket.
+    pub fn upstream(&self) -> &UpstreamMetrics {
+        &self.upstream
     }
 
     /// The replica's metrics (all zero without a store).

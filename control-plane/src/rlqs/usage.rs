@@ -139,6 +139,8 @@ pub fn convert(
         window_ms,
         buckets,
         directive_age_ms: None,
+        // Envoy's rate_limit_quota filter reports no response signals.
+        upstream: Vec::new(),
     });
     converted
 }

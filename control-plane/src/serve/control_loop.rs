@@ -68,6 +68,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
     }
     let load = state.fleet().tick();
     state.record_history(&load);
+    observe_upstream(state);
     let (decision, modes) = {
         let policy = state.policy();
         (controller.decide(&load, &policy), policy.modes.to_wire())
@@ -93,6 +94,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
 fn hold(state: &AppState) {
     let load = state.fleet().tick();
     state.record_history(&load);
+    observe_upstream(state);
     let decision = Controller::default().decide(&load, &state.policy());
     state.metrics().observe_fleet(&load.stats);
     state.metrics().observe_buckets(&decision.buckets);
@@ -132,6 +134,8 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
         (fleet.tick(), fleet.connected_proxy_ids())
     };
     metrics.observe_fleet(&own.stats);
+    // This replica's proxies' signals only: shares do not carry them yet.
+    observe_upstream(state);
     let shared = match replica.share(own, &proxies).await {
         Ok(shared) => shared,
         Err(err) => {
@@ -217,6 +221,19 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
         keep_alive(state);
     }
     metrics.control_tick(started.elapsed());
+}
+
+/// Closes the interval's upstream signals into the per-bucket metrics.
+fn observe_upstream(state: &AppState) {
+    let health = state.take_upstream_health();
+    if health.is_empty() {
+        return;
+    }
+    let policy = state.policy();
+    state
+        .metrics()
+        .upstream()
+        .observe(&health, |bucket| policy.limits.limit_for(bucket).is_some());
 }
 
 fn record(state: &AppState, published: Published, changed: usize) {

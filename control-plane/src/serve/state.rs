@@ -1,5 +1,6 @@
 //! State shared by the gRPC streams, the control loop and the admin API.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -10,6 +11,7 @@ use crate::config::Config;
 use crate::config::policy::Policy;
 use crate::control::controller::BucketStatus;
 use crate::control::history::{self, History};
+use crate::fleet::health::{HealthWindow, UpstreamHealth};
 use crate::fleet::{Fleet, FleetCaps, FleetLoad, ReportRejected, StreamId};
 use crate::metrics::Metrics;
 use crate::serve::push::Publisher;
@@ -71,6 +73,8 @@ struct Shared {
     accepting_streams: watch::Sender<bool>,
     /// The fleet totals of the last minutes, for what-if replays.
     history: Mutex<History>,
+    /// Upstream signals reported since the last control interval.
+    health: Mutex<HealthWindow>,
 }
 
 impl AppState {
@@ -97,6 +101,7 @@ impl AppState {
                 metrics: Metrics::new(epoch),
                 warmup: Warmup::new(Instant::now(), settings.startup_grace),
                 accepting_streams: watch::Sender::new(true),
+                health: Mutex::new(HealthWindow::default()),
                 history: Mutex::new(History::new(
                     history::DEFAULT_SPAN,
                     settings.control_interval.as_duration(),
@@ -197,7 +202,25 @@ impl AppState {
         let policy = self.policy();
         let limited = |bucket: &str| policy.limits.limit_for(bucket).is_some();
         self.fleet()
-            .report_classified(proxy_id, stream, report, &limited)
+            .report_classified(proxy_id, stream, report, &limited)?;
+        if !report.upstream.is_empty() {
+            self.inner
+                .health
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .add(&report.upstream);
+        }
+        Ok(())
+    }
+
+    /// The upstream's health per bucket since the last call (one control
+    /// interval), fleet-wide as this process heard it.
+    pub fn take_upstream_health(&self) -> HashMap<String, UpstreamHealth> {
+        self.inner
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// The buckets as of the last control interval.

@@ -484,6 +484,7 @@ fn run_with(
                     window_ms: t_ms - proxy.last_report_ms,
                     directive_age_ms: None,
                     buckets: proxy.counters.drain(),
+                    upstream: Vec::new(),
                 };
                 proxy.sequence += 1;
                 proxy.last_report_ms = t_ms;

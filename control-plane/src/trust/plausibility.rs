@@ -152,6 +152,7 @@ mod tests {
                 })
                 .collect(),
             directive_age_ms: None,
+            upstream: Vec::new(),
         }
     }
 

@@ -88,6 +88,7 @@ impl Agent {
             }
         }
         leadership.windows.add_own(&mut self.local, now_ms);
+        leadership.upstream.absorb(&mut self.responses.signals);
         self.drain_queue(host, leadership, now_ms);
         self.publish_process_rates(host, leadership, now_ms);
         self.publish_workers(host, leadership, now_ms);
@@ -186,7 +187,10 @@ impl Agent {
         for _ in 0..MAX_DEQUEUES_PER_TICK {
             match host.dequeue_shared_queue(queue_id) {
                 Ok(Some(bytes)) => match Handoff::decode(bytes.as_slice()) {
-                    Ok(handoff) => {
+                    Ok(mut handoff) => {
+                        leadership
+                            .upstream
+                            .merge_wire(std::mem::take(&mut handoff.upstream));
                         let directives = &self.directives;
                         if self.settings.allowance.is_some() {
                             for count in &handoff.counts {
@@ -260,6 +264,7 @@ impl Agent {
         buckets: Vec<sluice_proto::v1::BucketCount>,
         now_ms: u64,
     ) {
+        let upstream = leadership.upstream.drain();
         let Some((token, sequence)) = leadership.stream.take_sequence() else {
             // Counts of a window nobody hears about would skew the next
             // report's rate; the control plane holds rates across short gaps.
@@ -276,6 +281,7 @@ impl Agent {
             window_ms,
             buckets,
             directive_age_ms: self.freshness.table_age_ms(now_ms),
+            upstream,
         };
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Report(report)),

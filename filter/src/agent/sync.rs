@@ -16,6 +16,7 @@ use crate::shared_keys::{
     COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, PROCESS_RATES_KEY, WORKERS_KEY,
 };
 use crate::stream::ControlStream;
+use crate::upstream::UpstreamSignals;
 use prost::Message;
 
 impl Agent {
@@ -87,6 +88,7 @@ impl Agent {
             windows: ReportWindows::new(self.settings.max_buckets, now_ms),
             published_workers: None,
             process: ProcessRates::new(self.settings.max_buckets),
+            upstream: UpstreamSignals::default(),
         }));
     }
 
@@ -218,7 +220,7 @@ impl Agent {
             return;
         };
         let from_ms = self.handoff_from_ms.unwrap_or(now_ms);
-        if self.local.is_empty() && !self.handed_off_last {
+        if self.local.is_empty() && self.responses.signals.is_empty() && !self.handed_off_last {
             // Nothing counted since `now_ms`: the next span starts here.
             self.handoff_from_ms = Some(now_ms);
             return;
@@ -228,6 +230,7 @@ impl Agent {
             start_ms: from_ms,
             end_ms: now_ms,
             counts: self.local.drain(),
+            upstream: self.responses.signals.drain(),
         };
         let had_counts = !handoff.counts.is_empty();
         if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {

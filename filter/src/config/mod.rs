@@ -52,6 +52,9 @@ pub struct FilterConfig {
     /// Give up on a control-plane stream that delivered nothing for this
     /// long, and reconnect.
     pub stream_idle_timeout_ms: u64,
+    /// Follow every this many admitted requests to their response headers
+    /// for the upstream signals (status, latency); 0: none.
+    pub upstream_sample_every: u32,
     /// How a drop ratio is applied to single requests.
     pub decision: DecisionMode,
     /// The local allowance; `None`: off.

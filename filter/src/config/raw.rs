@@ -53,6 +53,8 @@ pub(super) struct RawConfig {
     // Absent: the default header; `null` adds none.
     #[serde(default = "default_undirected_header")]
     pub(super) undirected_header: Option<String>,
+    #[serde(default = "default_upstream_sample_every")]
+    pub(super) upstream_sample_every: u32,
 }
 
 #[derive(Deserialize, Default)]
@@ -212,6 +214,9 @@ pub(super) fn default_directive_poll_ms() -> u64 {
 }
 pub(super) fn default_stream_idle_timeout_ms() -> u64 {
     DEFAULT_STREAM_IDLE_TIMEOUT_MS
+}
+pub(super) fn default_upstream_sample_every() -> u32 {
+    crate::agent::DEFAULT_UPSTREAM_SAMPLE_EVERY
 }
 pub(super) fn default_fallback() -> RawFallback {
     RawFallback::KeepLast

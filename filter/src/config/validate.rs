@@ -28,6 +28,8 @@ pub(super) const DIRECTIVE_POLL_MS: RangeInclusive<u64> = 4..=100;
 // Above the control plane's one-second heartbeat with room for a slow
 // network; at most ten minutes so a wedged stream is always given up.
 pub(super) const STREAM_IDLE_TIMEOUT_MS: RangeInclusive<u64> = 2_000..=600_000;
+/// 0 follows no response; 1 follows every admitted request.
+pub(super) const UPSTREAM_SAMPLE_EVERY: RangeInclusive<u32> = 0..=65_536;
 pub(super) const BURST_MS: RangeInclusive<u64> = 0..=10_000;
 pub(super) const EXPECTED_PROXIES: RangeInclusive<u32> = 1..=100_000;
 pub(super) const MAX_PRIORITY_MAPPINGS: usize = 64;
@@ -92,6 +94,11 @@ impl RawConfig {
             "stream_idle_timeout_ms",
             self.stream_idle_timeout_ms,
             &STREAM_IDLE_TIMEOUT_MS,
+        )?;
+        check_range(
+            "upstream_sample_every",
+            self.upstream_sample_every,
+            &UPSTREAM_SAMPLE_EVERY,
         )?;
         let allowance = match self.allowance {
             None => None,
@@ -183,6 +190,7 @@ impl RawConfig {
             response,
             directive_poll_ms: self.directive_poll_ms,
             stream_idle_timeout_ms: self.stream_idle_timeout_ms,
+            upstream_sample_every: self.upstream_sample_every,
             decision,
             allowance,
             decision_record: match self.decision_record {

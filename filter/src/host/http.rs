@@ -1,7 +1,10 @@
 //! The per-request filter: classify the request into its cell, decide,
 //! answer with the cell's prepared 429 or continue. Reads only the headers
-//! the classification names; never touches shared data, the clock or the
-//! network.
+//! the classification names; never touches shared data or the network.
+//!
+//! One admitted request in `upstream_sample_every` is followed to its
+//! response headers: two clock reads and the `:status` read, for the
+//! upstream signals ([`crate::upstream`]).
 //!
 //! Two more host calls when configured and only for the requests they
 //! concern: the decision's record as `wasm.sluice` filter state (proxy-wasm
@@ -20,6 +23,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::SystemTime;
 
 /// What every request of a plugin shares, fixed at configuration time.
 #[derive(Debug)]
@@ -32,6 +36,9 @@ pub(super) struct RequestPolicy {
 pub(super) struct SluiceHttp {
     pub agent: Rc<RefCell<Agent>>,
     pub policy: Rc<RequestPolicy>,
+    /// A request followed to its response: its bucket and when its
+    /// headers arrived.
+    pub followed: Option<(String, Option<SystemTime>)>,
 }
 
 impl Context for SluiceHttp {}
@@ -44,6 +51,11 @@ impl HttpContext for SluiceHttp {
             Ok(mut agent) => {
                 let decision = agent.admit_request(&self.policy.classifier, &EnvoyRequest);
                 self.note(&mut agent, &decision);
+                if matches!(decision, Decision::Admit)
+                    && let Some(bucket) = agent.follow_response()
+                {
+                    self.followed = Some((bucket, hostcalls::get_current_time().ok()));
+                }
                 decision
             }
             Err(_) => Decision::Admit,
@@ -67,9 +79,35 @@ impl HttpContext for SluiceHttp {
             }
         }
     }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.observe_response();
+        Action::Continue
+    }
 }
 
 impl SluiceHttp {
+    /// The upstream's answer to a followed request: its status and the time
+    /// since the request headers.
+    fn observe_response(&mut self) {
+        let Some((bucket, started)) = self.followed.take() else {
+            return;
+        };
+        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|status| status.parse::<u32>().ok())
+            .unwrap_or(0);
+        let latency_us = started.and_then(|started| {
+            let now = hostcalls::get_current_time().ok()?;
+            let elapsed = now.duration_since(started).ok()?;
+            u64::try_from(elapsed.as_micros()).ok()
+        });
+        if let Ok(mut agent) = self.agent.try_borrow_mut() {
+            agent.observe_response(&bucket, status, latency_us);
+        }
+    }
+
     /// Hands the decision's record to Envoy and flags an undirected request
     /// for upstream, as configured. A failing host call only costs the
     /// record or the flag: the decision stands.

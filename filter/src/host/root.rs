@@ -131,6 +131,7 @@ impl RootContext for SluiceRoot {
             new_bucket: config.new_bucket,
             responses: std::sync::Arc::new(config.response),
             stream_idle_timeout_ms: config.stream_idle_timeout_ms,
+            upstream_sample_every: config.upstream_sample_every,
             decision: config.decision,
             allowance: config.allowance,
         };
@@ -162,6 +163,7 @@ impl RootContext for SluiceRoot {
             Some(configured) => Box::new(SluiceHttp {
                 agent: Rc::clone(&configured.agent),
                 policy: Rc::clone(&configured.policy),
+                followed: None,
             }),
             None => Box::new(PassThrough),
         })

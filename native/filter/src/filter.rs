@@ -94,6 +94,9 @@ impl NativeFilter {
             new_bucket: filter.new_bucket,
             responses: Arc::new(filter.response),
             stream_idle_timeout_ms: filter.stream_idle_timeout_ms,
+            // Not followed by the native module yet: it keeps no state per
+            // request.
+            upstream_sample_every: 0,
             decision: filter.decision,
             allowance: filter.allowance,
         };

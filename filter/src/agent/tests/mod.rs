@@ -267,6 +267,66 @@ fn reports_add_up_the_counts_of_every_vm() {
     );
 }
 
+/// Every VM follows one admitted request in `upstream_sample_every` to its
+/// response; followers hand the signals to the leader with their counts
+/// and the leader reports the process's sum per bucket.
+#[test]
+fn reports_carry_the_upstream_signals_of_every_vm() {
+    let mut fleet = Fleet::with_settings(
+        2,
+        AgentSettings {
+            upstream_sample_every: 2,
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let (token, _) = fleet.the_stream();
+    for vm in 0..2 {
+        for n in 0..10u32 {
+            let (_, agent) = &mut fleet.vms[vm];
+            assert_eq!(agent.admit("acme"), Verdict::Admit);
+            if let Some(bucket) = agent.follow_response() {
+                assert_eq!(bucket, "acme");
+                // Every other followed response is a 503 after 80 ms.
+                let (status, latency_us) = if n % 4 == 1 {
+                    (503, 80_000)
+                } else {
+                    (200, 2_000)
+                };
+                agent.observe_response(&bucket, status, Some(latency_us));
+            }
+        }
+    }
+    fleet.ticks(5);
+    let signals: Vec<_> = fleet
+        .reports(token)
+        .into_iter()
+        .flat_map(|r| r.upstream)
+        .collect();
+    let responses: u64 = signals.iter().map(|s| s.responses).sum();
+    let errors: u64 = signals.iter().map(|s| s.errors).sum();
+    assert_eq!(responses, 10, "one in two of 20 admitted requests");
+    assert_eq!(errors, 6, "{signals:?}");
+    let mut latency = crate::upstream::LatencyHistogram::default();
+    for signal in &signals {
+        assert_eq!(signal.bucket, "acme");
+        latency.merge_wire(&signal.latency);
+    }
+    assert_eq!(latency.count(), 10);
+    let p99 = latency.quantile_us(0.99).unwrap();
+    assert!((80_000.0..=80_000.0 * 1.19).contains(&p99), "{p99}");
+    // A dropped request is never followed; with 0 nothing is.
+    let mut off = Agent::new(
+        AgentSettings {
+            upstream_sample_every: 0,
+            ..settings()
+        },
+        7,
+    );
+    off.admit("acme");
+    assert_eq!(off.follow_response(), None);
+}
+
 #[test]
 fn reports_carry_the_age_of_the_enforced_directives() {
     let mut fleet = Fleet::new(2);

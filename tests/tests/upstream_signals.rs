@@ -1,0 +1,114 @@
+//! The filters follow admitted requests to their responses and report
+//! what the upstream answered; the control plane sums the fleet's signals
+//! per limited bucket. Two Envoys in front of a real upstream
+//! ([`CappedUpstream`]): first it answers every request after 60 ms, then
+//! its capacity drops under the offered load and it rejects part of it
+//! with 503. The control plane's metrics show the latency, then an error
+//! ratio close to the one the upstream itself counted.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_integration_tests::capped_upstream::{Capacity, CappedUpstream};
+use sluice_integration_tests::control_plane::sample;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec};
+
+const LIMITS: &str = r#"
+limits:
+  - bucket: "acme"
+    limit_rps: 100000
+"#;
+const RESPONSES: &str = r#"sluice_upstream_responses_total{bucket="acme"}"#;
+const ERRORS: &str = r#"sluice_upstream_errors_total{bucket="acme"}"#;
+const P99: &str = r#"sluice_upstream_latency_p99_seconds{bucket="acme"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_reports_the_upstreams_latency_and_errors() {
+    let slow = Capacity {
+        rps: 10_000.0,
+        queue: 1_000,
+        base_latency: Duration::from_millis(60),
+    };
+    let upstream = CappedUpstream::start(slow).await.unwrap();
+    let mut options = FleetOptions::new(LIMITS, 2);
+    options.upstream = Some(upstream.addr());
+    options.filter = json!({"upstream_sample_every": 2});
+    let fleet = Fleet::start(options).await.unwrap();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &fleet.url(0).unwrap(), "acme", 100.0),
+            StreamSpec::new("B/acme", &fleet.url(1).unwrap(), "acme", 100.0),
+        ],
+        Duration::from_secs(9),
+    ))
+    .unwrap();
+    let admin = fleet.control_plane.admin();
+
+    // Phase 1, every request answered after about 60 ms: the p99 the
+    // control plane shows is that (its histogram bucket's bound, at most
+    // 19 % above), and nothing failed.
+    let mut p99 = 0.0;
+    let mut responses = 0.0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let metrics = admin.metrics().await.unwrap();
+        (p99, responses) = (sample(&metrics, P99), sample(&metrics, RESPONSES));
+        if responses >= 100.0 && p99 > 0.0 {
+            break;
+        }
+    }
+    let errors_before = sample(&admin.metrics().await.unwrap(), ERRORS);
+
+    // Phase 2: capacity 80 rps against 200 offered, almost no queue: the
+    // upstream answers 503 to most of it. Then the load stops and the last
+    // reports come in, so the fleet's sampled responses and the upstream's
+    // own counts cover the same requests.
+    upstream.set_capacity(Capacity {
+        rps: 80.0,
+        queue: 2,
+        base_latency: Duration::from_millis(1),
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let metrics = admin.metrics().await.unwrap();
+    let served = upstream.served();
+    let sampled_errors = sample(&metrics, ERRORS);
+    let sampled = sample(&metrics, RESPONSES);
+    let (ok, rejected) = (served.ok, served.rejected);
+    let upstream_ratio = rejected as f64 / (ok + rejected).max(1) as f64;
+    let reported_ratio = sampled_errors / sampled.max(1.0);
+    let summary = format!(
+        "phase 1: {responses} sampled responses, p99 {p99} s; whole run: {sampled} sampled, \
+         {sampled_errors} errors (ratio {reported_ratio:.3}); the upstream answered {ok} and \
+         rejected {rejected} (ratio {upstream_ratio:.3})\n{}",
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    if !(0.06..=0.075).contains(&p99) {
+        fleet.print_logs();
+    }
+    assert!(responses >= 100.0, "{summary}");
+    assert!(
+        (0.06..=0.075).contains(&p99),
+        "p99 {p99} s for a 60 ms upstream\n{summary}"
+    );
+    assert_eq!(errors_before, 0.0, "{summary}");
+    assert!(
+        upstream_ratio > 0.2,
+        "the upstream was not overloaded\n{summary}"
+    );
+    assert!(sampled >= 100.0, "{summary}");
+    assert!(
+        (reported_ratio - upstream_ratio).abs() < 0.05,
+        "the fleet saw an error ratio of {reported_ratio:.3}, the upstream {upstream_ratio:.3}\n{summary}"
+    );
+}
