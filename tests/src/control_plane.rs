@@ -423,6 +423,11 @@ impl AdminClient {
         .await
     }
 
+    /// `GET /v1/adaptive`: every adaptive bucket's limit and why it moved.
+    pub async fn adaptive(&self) -> Result<serde_json::Value> {
+        self.get_json("/v1/adaptive").await
+    }
+
     /// `GET path`, checked and decoded.
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let url = format!("{}{path}", self.base);

@@ -4,6 +4,7 @@
 //! and lists the routes, so the OpenAPI document (`control-plane/openapi.json`, served at
 //! `GET /v1/openapi.json`) can be checked against them.
 
+mod adaptive;
 pub mod auth;
 pub mod etag;
 mod extract;
@@ -130,6 +131,7 @@ fn api() -> Api {
         .get("/v1/openapi.json", handlers::openapi)
         .get("/v1/buckets", handlers::buckets)
         .get("/v1/proxies", proxies::list)
+        .get("/v1/adaptive", adaptive::list)
         .get("/v1/limits", handlers::limits)
         .get("/v1/limits/{bucket}", handlers::get_limit)
         .put("/v1/limits/{bucket}", handlers::put_limit)

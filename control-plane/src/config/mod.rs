@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::config::limits::{LimitRule, LimitTable, Selector};
 use crate::config::overrides::Overrides;
 use crate::config::policy::{Modes, Policy, Tenants};
+use crate::control::adaptive::spec::AdaptiveSpecs;
 use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 
 /// A parsed, valid limits file.
@@ -63,6 +64,9 @@ pub struct Config {
         skip_serializing_if = "crate::quotas::native::NativeQuotas::is_empty"
     )]
     pub quotas: crate::quotas::native::NativeQuotas,
+    /// Buckets whose limit follows the upstream's health.
+    #[serde(default, skip_serializing_if = "AdaptiveSpecs::is_empty")]
+    pub adaptive: AdaptiveSpecs,
 }
 
 fn tenants_empty(tenants: &Tenants) -> bool {
@@ -119,6 +123,7 @@ impl Config {
             limits: self.limit_table(),
             tenants: self.tenants.clone(),
             modes: self.modes.clone(),
+            adaptive: self.adaptive.clone(),
         };
         self.overrides.apply(&mut policy, now);
         policy

@@ -307,6 +307,8 @@ pub struct Policy {
     pub tenants: Tenants,
     /// Rollout modes.
     pub modes: Modes,
+    /// Buckets whose limit follows the upstream's health.
+    pub adaptive: crate::control::adaptive::spec::AdaptiveSpecs,
 }
 
 #[cfg(test)]

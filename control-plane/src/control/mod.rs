@@ -2,6 +2,7 @@
 //! controller that turns fleet load into directives every interval; the
 //! recent fleet totals and what-if replays over them.
 
+pub mod adaptive;
 pub mod controller;
 pub mod estimator;
 pub mod fairness;

@@ -52,6 +52,8 @@ pub enum CtlCommand {
     Buckets,
     /// Proxies: identity, zone, last report, directive age, connected.
     Proxies,
+    /// Adaptive buckets: the limit in force, its bounds, why it moved.
+    Adaptive,
     /// Limits in force and limit overrides.
     Limits,
     /// Set or remove a bucket's limit.
@@ -294,6 +296,7 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
     let (reply, render): (Option<Value>, fn(&Value) -> String) = match &args.command {
         CtlCommand::Buckets => (client.get("/v1/buckets").await?, table::buckets),
         CtlCommand::Proxies => (client.get("/v1/proxies").await?, table::proxies),
+        CtlCommand::Adaptive => (client.get("/v1/adaptive").await?, table::adaptive),
         CtlCommand::Limits => (client.get("/v1/limits").await?, table::limits),
         CtlCommand::Tenants => (client.get("/v1/tenants").await?, table::tenants),
         CtlCommand::Modes => (client.get("/v1/modes").await?, table::modes),

@@ -181,6 +181,21 @@ pub fn quota(reply: &Value) -> String {
     )
 }
 
+/// `GET /v1/adaptive`.
+pub fn adaptive(reply: &Value) -> String {
+    let columns = [
+        "bucket",
+        "limit_rps",
+        "min_rps",
+        "max_rps",
+        "algorithm",
+        "p99_ms",
+        "error_ratio",
+        "reason",
+    ];
+    render(&columns, &rows_of(reply.get("buckets"), &columns))
+}
+
 /// `GET /v1/limits`.
 pub fn limits(reply: &Value) -> String {
     let overrides = reply.get("overrides");

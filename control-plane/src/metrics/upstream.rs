@@ -18,6 +18,7 @@ pub struct UpstreamMetrics {
     responses: Family<BucketLabels, Counter>,
     errors: Family<BucketLabels, Counter>,
     p99: Family<BucketLabels, F64Gauge>,
+    adaptive_limit: Family<BucketLabels, F64Gauge>,
 }
 
 impl UpstreamMetrics {
@@ -39,7 +40,24 @@ impl UpstreamMetrics {
             Unit::Seconds,
             metrics.p99.clone(),
         );
+        registry.register(
+            "adaptive_limit_rps",
+            "The limit in force for an adaptive bucket, as its upstream's health moved it",
+            metrics.adaptive_limit.clone(),
+        );
         metrics
+    }
+
+    /// The adaptive buckets' limits in force.
+    pub fn observe_adaptive(&self, status: &[crate::control::adaptive::AdaptiveStatus]) {
+        for bucket in status {
+            let labels = BucketLabels {
+                bucket: bucket.bucket.clone(),
+            };
+            self.adaptive_limit
+                .get_or_create(&labels)
+                .set(bucket.limit_rps);
+        }
     }
 
     /// One interval's health; buckets `limited` says have no limit get no

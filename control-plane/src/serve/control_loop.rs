@@ -3,6 +3,7 @@
 //! ([`crate::replicas`]) the interval goes through the store: shares out,
 //! fleet total in, the leader's table pushed.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use tokio::time::{self, MissedTickBehavior};
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use sluice_proto::v1::ModePolicy;
 
 use crate::control::controller::Controller;
+use crate::fleet::health::UpstreamHealth;
 use crate::replicas::Replica;
 use crate::serve::push::{Published, Update};
 use crate::serve::state::AppState;
@@ -68,10 +70,12 @@ pub fn step(state: &AppState, controller: &mut Controller) {
     }
     let load = state.fleet().tick();
     state.record_history(&load);
-    observe_upstream(state);
+    let health = observe_upstream(state);
     let (decision, modes) = {
         let policy = state.policy();
-        (controller.decide(&load, &policy), policy.modes.to_wire())
+        let adapted = state.adapt(&policy, &load, &health);
+        let decision = controller.decide(&load, adapted.as_ref().unwrap_or(&policy));
+        (decision, policy.modes.to_wire())
     };
     metrics.observe_fleet(&load.stats);
     metrics.observe_buckets(&decision.buckets);
@@ -135,7 +139,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     };
     metrics.observe_fleet(&own.stats);
     // This replica's proxies' signals only: shares do not carry them yet.
-    observe_upstream(state);
+    let health = observe_upstream(state);
     let shared = match replica.share(own, &proxies).await {
         Ok(shared) => shared,
         Err(err) => {
@@ -173,7 +177,8 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     let (decision, modes) = {
         let policy = state.policy();
         let decision = if decides {
-            controller.decide(&shared.total, &policy)
+            let adapted = state.adapt(&policy, &shared.total, &health);
+            controller.decide(&shared.total, adapted.as_ref().unwrap_or(&policy))
         } else {
             Controller::default().decide(&shared.total, &policy)
         };
@@ -223,17 +228,18 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     metrics.control_tick(started.elapsed());
 }
 
-/// Closes the interval's upstream signals into the per-bucket metrics.
-fn observe_upstream(state: &AppState) {
+/// Closes the interval's upstream signals into the per-bucket metrics;
+/// returns them for the adaptive limits.
+fn observe_upstream(state: &AppState) -> HashMap<String, UpstreamHealth> {
     let health = state.take_upstream_health();
-    if health.is_empty() {
-        return;
+    if !health.is_empty() {
+        let policy = state.policy();
+        state
+            .metrics()
+            .upstream()
+            .observe(&health, |bucket| policy.limits.limit_for(bucket).is_some());
     }
-    let policy = state.policy();
-    state
-        .metrics()
-        .upstream()
-        .observe(&health, |bucket| policy.limits.limit_for(bucket).is_some());
+    health
 }
 
 fn record(state: &AppState, published: Published, changed: usize) {

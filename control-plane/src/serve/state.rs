@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::config::policy::Policy;
+use crate::control::adaptive::{AdaptiveLimits, AdaptiveStatus};
 use crate::control::controller::BucketStatus;
 use crate::control::history::{self, History};
 use crate::fleet::health::{HealthWindow, UpstreamHealth};
@@ -75,6 +76,8 @@ struct Shared {
     history: Mutex<History>,
     /// Upstream signals reported since the last control interval.
     health: Mutex<HealthWindow>,
+    /// The adaptive buckets' limits.
+    adaptive: Mutex<AdaptiveLimits>,
 }
 
 impl AppState {
@@ -102,6 +105,7 @@ impl AppState {
                 warmup: Warmup::new(Instant::now(), settings.startup_grace),
                 accepting_streams: watch::Sender::new(true),
                 health: Mutex::new(HealthWindow::default()),
+                adaptive: Mutex::new(AdaptiveLimits::default()),
                 history: Mutex::new(History::new(
                     history::DEFAULT_SPAN,
                     settings.control_interval.as_duration(),
@@ -126,6 +130,45 @@ impl AppState {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .last(intervals)
+    }
+
+    /// Moves the adaptive limits on one interval's `health` and `load`;
+    /// returns `policy` with them in place of the configured limits, or
+    /// `None` when no bucket is adaptive.
+    pub fn adapt(
+        &self,
+        policy: &Policy,
+        load: &FleetLoad,
+        health: &HashMap<String, UpstreamHealth>,
+    ) -> Option<Policy> {
+        let mut adaptive = self
+            .inner
+            .adaptive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if policy.adaptive.is_empty() && adaptive.is_empty() {
+            return None;
+        }
+        adaptive.step(
+            &policy.adaptive,
+            |bucket| policy.limits.limit_for(bucket).map(|l| l.get()),
+            health,
+            |bucket| load.get(bucket).map_or(0.0, |b| b.load.offered_rps),
+        );
+        let status = adaptive.status();
+        self.metrics().upstream().observe_adaptive(&status);
+        let mut adapted = policy.clone();
+        adaptive.apply(&mut adapted.limits);
+        Some(adapted)
+    }
+
+    /// Where every adaptive bucket stands.
+    pub fn adaptive_status(&self) -> Vec<AdaptiveStatus> {
+        self.inner
+            .adaptive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .status()
     }
 
     /// Watches whether this process takes proxies' streams.

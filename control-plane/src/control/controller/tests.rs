@@ -80,6 +80,7 @@ fn policy(limit_rps: f64, tenants: &[(&str, f64, f64, f64)]) -> Policy {
         limits: table_for("api", limit_rps),
         tenants: table,
         modes: Modes::default(),
+        ..Policy::default()
     }
 }
 
@@ -434,6 +435,7 @@ proptest! {
             limits: LimitTable::new(Some(limit(300.0))),
             tenants: Tenants::default(),
             modes: Modes::default(),
+            ..Policy::default()
         };
         let mut controller = Controller::default();
         let mut held: std::collections::BTreeMap<(String, String, i32), Directive> =

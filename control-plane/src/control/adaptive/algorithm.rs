@@ -1,0 +1,118 @@
+//! How one adaptive limit moves in one control interval, given what the
+//! upstream's signal said: pure functions, hard bounds always.
+
+use super::spec::{AdaptiveSpec, Algorithm};
+
+/// What one interval's signal says about the upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Too few samples to say anything: the limit holds still.
+    NoSignal,
+    /// Within target.
+    Healthy,
+    /// Over target; `pressure` is how far (the target over the observed
+    /// value, in (0, 1): lower is worse).
+    Congested {
+        /// Why, for the operator.
+        reason: String,
+        /// Target over observed, in (0, 1).
+        pressure: f64,
+    },
+}
+
+/// The next limit after `limit` under `verdict`; `in_use` says whether the
+/// bucket's traffic reaches the limit (a limit nobody uses is not raised:
+/// a healthy signal at low load says nothing about higher load).
+pub fn next_limit(spec: &AdaptiveSpec, limit: f64, verdict: &Verdict, in_use: bool) -> f64 {
+    let next = match (spec.algorithm, verdict) {
+        (_, Verdict::NoSignal) => limit,
+        (_, Verdict::Healthy) if !in_use => limit,
+        (Algorithm::Aimd, Verdict::Healthy) => limit + spec.increase_rps,
+        (Algorithm::Aimd, Verdict::Congested { .. }) => limit * spec.decrease_factor,
+        (Algorithm::Gradient, Verdict::Healthy) => {
+            // Room for a queue's worth more, as the gradient limiter
+            // probes: grows fast when small, slowly when large.
+            let estimate = limit + limit.max(1.0).sqrt();
+            limit + (estimate - limit) * spec.smoothing
+        }
+        (Algorithm::Gradient, Verdict::Congested { pressure, .. }) => {
+            // Scale by how far over target, at most halving per interval.
+            let estimate = limit * pressure.clamp(0.5, 1.0);
+            limit + (estimate - limit) * spec.smoothing
+        }
+    };
+    spec.bound(next)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::control::adaptive::spec::{AdaptiveSpecs, Signal};
+
+    pub(crate) fn spec(algorithm: Algorithm) -> AdaptiveSpec {
+        let specs: AdaptiveSpecs = serde_yaml_ng::from_str(
+            "- {bucket: api, target_p99_ms: 100, min_rps: 20, max_rps: 2000, increase_rps: 20}",
+        )
+        .unwrap();
+        let mut spec = specs.iter().next().unwrap().clone();
+        spec.algorithm = algorithm;
+        spec.signal = Signal::Both;
+        spec
+    }
+
+    fn congested(pressure: f64) -> Verdict {
+        Verdict::Congested {
+            reason: String::new(),
+            pressure,
+        }
+    }
+
+    #[test]
+    fn no_signal_and_unused_limits_hold_still() {
+        for algorithm in [Algorithm::Aimd, Algorithm::Gradient] {
+            let spec = spec(algorithm);
+            assert_eq!(next_limit(&spec, 500.0, &Verdict::NoSignal, true), 500.0);
+            assert_eq!(next_limit(&spec, 500.0, &Verdict::Healthy, false), 500.0);
+            assert!(next_limit(&spec, 500.0, &Verdict::Healthy, true) > 500.0);
+            assert!(next_limit(&spec, 500.0, &congested(0.5), true) < 500.0);
+        }
+    }
+
+    proptest! {
+        /// Whatever the signals, never outside [min, max], never NaN.
+        #[test]
+        fn the_limit_never_leaves_its_bounds(
+            gradient in any::<bool>(),
+            start in -1e12f64..1e12,
+            steps in prop::collection::vec((0u8..3, -1.0f64..2.0, any::<bool>()), 1..200),
+        ) {
+            let spec = spec(if gradient { Algorithm::Gradient } else { Algorithm::Aimd });
+            let mut limit = spec.bound(start);
+            for (kind, pressure, in_use) in steps {
+                let verdict = match kind {
+                    0 => Verdict::NoSignal,
+                    1 => Verdict::Healthy,
+                    _ => congested(pressure),
+                };
+                limit = next_limit(&spec, limit, &verdict, in_use);
+                prop_assert!(limit.is_finite());
+                prop_assert!((spec.min_rps..=spec.max_rps).contains(&limit), "{limit}");
+            }
+        }
+
+        /// A constant healthy signal under demand climbs to max and stays.
+        #[test]
+        fn healthy_and_in_use_climbs_to_max(gradient in any::<bool>(), start in 20f64..2000.0) {
+            let spec = spec(if gradient { Algorithm::Gradient } else { Algorithm::Aimd });
+            let mut limit = start;
+            for _ in 0..20_000 {
+                limit = next_limit(&spec, limit, &Verdict::Healthy, true);
+            }
+            prop_assert!((limit - spec.max_rps).abs() < 1e-6, "{limit}");
+        }
+    }
+}

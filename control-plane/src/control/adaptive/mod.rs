@@ -1,0 +1,218 @@
+//! Adaptive limits: buckets whose limit follows the upstream's health,
+//! fleet-wide. Every control interval each adaptive bucket's limit moves
+//! on the fleet's upstream signals ([`crate::fleet::health`]) by AIMD or a
+//! gradient, always within the operator's hard bounds, and the result
+//! replaces the bucket's configured limit in the fair-share and priority
+//! machinery (tenants, floors and priority shedding still hold: a lowered
+//! limit sheds BULK, then BEST_EFFORT, then DEGRADED before CRITICAL).
+
+pub mod algorithm;
+pub mod spec;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::config::limits::LimitTable;
+use crate::fleet::health::UpstreamHealth;
+use crate::types::LimitRps;
+use algorithm::{Verdict, next_limit};
+use spec::{AdaptiveSpec, AdaptiveSpecs, Algorithm, Signal};
+
+/// Fewest sampled responses in an interval for its signal to count: fewer
+/// say nothing (one slow response is not congestion).
+pub const MIN_SAMPLES: u64 = 10;
+/// A bucket uses its limit when its offered rate reaches this share of it;
+/// only then does a healthy signal raise the limit.
+const IN_USE: f64 = 0.9;
+/// A move larger than this share of the limit is logged.
+const LOGGED_MOVE: f64 = 0.2;
+/// After AIMD lowers a limit, this many intervals pass before it lowers it
+/// again: the signal of the interval that follows a decrease still shows
+/// the traffic of the old limit (directives reach the proxies and their
+/// reports come back one or two intervals later), and decreasing on it
+/// again would overshoot far below the capacity.
+const DECREASE_COOLDOWN: u32 = 2;
+
+/// Where one adaptive bucket stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdaptiveStatus {
+    /// The bucket.
+    pub bucket: String,
+    /// The limit in force.
+    pub limit_rps: f64,
+    /// The hard bounds.
+    pub min_rps: f64,
+    /// The hard bounds.
+    pub max_rps: f64,
+    /// How it moves.
+    pub algorithm: Algorithm,
+    /// What it follows.
+    pub signal: Signal,
+    /// Why it last moved or held.
+    pub reason: String,
+    /// The last interval's fleet p99 in milliseconds, when measured.
+    pub p99_ms: Option<f64>,
+    /// The last interval's fleet 5xx ratio, when there were responses.
+    pub error_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct BucketState {
+    spec: AdaptiveSpec,
+    limit: f64,
+    reason: String,
+    p99_ms: Option<f64>,
+    error_ratio: Option<f64>,
+    /// Intervals left before AIMD may lower the limit again.
+    cooldown: u32,
+}
+
+/// Every adaptive bucket's current limit.
+#[derive(Debug, Default)]
+pub struct AdaptiveLimits {
+    buckets: BTreeMap<String, BucketState>,
+}
+
+/// What the signal says, for `spec`.
+pub fn judge(
+    spec: &AdaptiveSpec,
+    health: Option<&UpstreamHealth>,
+) -> (Verdict, Option<f64>, Option<f64>) {
+    let Some(health) = health.filter(|h| h.responses >= MIN_SAMPLES) else {
+        return (Verdict::NoSignal, None, None);
+    };
+    let p99_ms = health
+        .latency_quantile(0.99)
+        .map(|p99| p99.as_secs_f64() * 1e3);
+    let error_ratio = health.error_ratio();
+    let mut verdict = Verdict::Healthy;
+    let mut worst = 1.0;
+    if matches!(spec.signal, Signal::Latency | Signal::Both)
+        && let (Some(target), Some(p99)) = (spec.target_p99_ms, p99_ms)
+        && p99 > target
+    {
+        worst = target / p99;
+        verdict = Verdict::Congested {
+            reason: format!("p99 {p99:.0} ms > target {target:.0} ms"),
+            pressure: worst,
+        };
+    }
+    if matches!(spec.signal, Signal::Errors | Signal::Both)
+        && let Some(ratio) = error_ratio
+        && ratio > spec.max_error_ratio
+    {
+        // As far under target as the excess errors are over it.
+        let pressure = (1.0 - (ratio - spec.max_error_ratio)).clamp(0.0, 1.0);
+        if pressure < worst || verdict == Verdict::Healthy {
+            verdict = Verdict::Congested {
+                reason: format!("error ratio {ratio:.3} > {:.3}", spec.max_error_ratio),
+                pressure,
+            };
+        }
+    }
+    (verdict, p99_ms, error_ratio)
+}
+
+impl AdaptiveLimits {
+    /// One control interval: follows `specs` (new buckets start at their
+    /// configured limit, within bounds, else at `max_rps`; removed ones are
+    /// forgotten) and moves every limit on `health`; `offered` is each
+    /// bucket's fleet offered rate.
+    pub fn step(
+        &mut self,
+        specs: &AdaptiveSpecs,
+        configured: impl Fn(&str) -> Option<f64>,
+        health: &HashMap<String, UpstreamHealth>,
+        offered: impl Fn(&str) -> f64,
+    ) {
+        self.buckets
+            .retain(|bucket, _| specs.iter().any(|s| s.bucket == *bucket));
+        for spec in specs.iter() {
+            let state = self
+                .buckets
+                .entry(spec.bucket.clone())
+                .or_insert_with(|| BucketState {
+                    spec: spec.clone(),
+                    limit: spec.bound(configured(&spec.bucket).unwrap_or(spec.max_rps)),
+                    reason: "started".to_owned(),
+                    p99_ms: None,
+                    error_ratio: None,
+                    cooldown: 0,
+                });
+            if state.spec != *spec {
+                state.spec = spec.clone();
+                state.limit = spec.bound(state.limit);
+            }
+            let (verdict, p99_ms, error_ratio) = judge(spec, health.get(&spec.bucket));
+            let in_use = offered(&spec.bucket) >= IN_USE * state.limit;
+            let before = state.limit;
+            let cooling = spec.algorithm == Algorithm::Aimd
+                && state.cooldown > 0
+                && matches!(verdict, Verdict::Congested { .. });
+            state.cooldown = state.cooldown.saturating_sub(1);
+            if !cooling {
+                state.limit = next_limit(spec, before, &verdict, in_use);
+                if state.limit < before {
+                    state.cooldown = DECREASE_COOLDOWN;
+                }
+            }
+            state.p99_ms = p99_ms;
+            state.error_ratio = error_ratio;
+            state.reason = match &verdict {
+                Verdict::NoSignal => "no signal: holding".to_owned(),
+                Verdict::Healthy if in_use => "healthy: raising".to_owned(),
+                Verdict::Healthy => "healthy, limit not in use: holding".to_owned(),
+                Verdict::Congested { reason, .. } if cooling => {
+                    format!("{reason}: waiting for the last decrease to show")
+                }
+                Verdict::Congested { reason, .. } => format!("{reason}: lowering"),
+            };
+            if (state.limit - before).abs() > LOGGED_MOVE * before.max(1.0) {
+                tracing::info!(
+                    bucket = %spec.bucket,
+                    from = before,
+                    to = state.limit,
+                    reason = %state.reason,
+                    "adaptive limit moved"
+                );
+            }
+        }
+    }
+
+    /// Puts every adaptive limit in `limits` in place of the configured
+    /// one.
+    pub fn apply(&self, limits: &mut LimitTable) {
+        for (bucket, state) in &self.buckets {
+            if let Ok(limit) = LimitRps::try_from(state.limit) {
+                limits.set_exact(bucket.clone(), limit);
+            }
+        }
+    }
+
+    /// Whether any bucket is adaptive.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// Where every adaptive bucket stands, by bucket.
+    pub fn status(&self) -> Vec<AdaptiveStatus> {
+        self.buckets
+            .iter()
+            .map(|(bucket, state)| AdaptiveStatus {
+                bucket: bucket.clone(),
+                limit_rps: state.limit,
+                min_rps: state.spec.min_rps,
+                max_rps: state.spec.max_rps,
+                algorithm: state.spec.algorithm,
+                signal: state.spec.signal,
+                reason: state.reason.clone(),
+                p99_ms: state.p99_ms,
+                error_ratio: state.error_ratio,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
