@@ -46,8 +46,11 @@ mod tests {
             followed.latency_us(started + Duration::from_millis(3)),
             3_000
         );
-        // A clock read before the start (never, with a monotonic clock) is 0.
         assert_eq!(followed.latency_us(started), 0);
+        // A reading before the start (never, with a monotonic clock) is 0.
+        if let Some(earlier) = started.checked_sub(Duration::from_millis(1)) {
+            assert_eq!(followed.latency_us(earlier), 0);
+        }
         assert_eq!(parse_status(Some(b"503")), 503);
         assert_eq!(parse_status(Some(b"5x3")), 0);
         assert_eq!(parse_status(None), 0);
