@@ -1,13 +1,15 @@
 //! The filter's per-request work without the host: directive lookup, the
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
-//! request), also for a tenant's cell among 10k; and bucket-key
-//! derivation.
+//! request), also for a tenant's cell among 10k; following a response
+//! for the upstream signals; and bucket-key derivation.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_benches::{Request, bucket_names, table_with, warm_agent, warm_tenant_agent};
+use sluice_benches::{
+    Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_tenant_agent,
+};
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
@@ -47,6 +49,22 @@ fn decision(c: &mut Criterion) {
             })
         });
     }
+    // The upstream signals' share of a followed request (every request
+    // followed, `upstream_sample_every: 1`): after the decision, pick it and
+    // copy its bucket; at its response headers, count the status and the
+    // latency into the bucket's histogram. The host's two clock reads and
+    // the `:status` read are not in it.
+    let names = bucket_names(1);
+    let mut agent = warm_agent_following(&names, 0.0, 1);
+    let mut latency_us = 0u64;
+    group.bench_function("agent_observe_response", |b| {
+        b.iter(|| {
+            latency_us = (latency_us + 997) % 2_000_000;
+            if let Some(bucket) = agent.follow_response() {
+                agent.observe_response(black_box(&bucket), 200, Some(latency_us));
+            }
+        })
+    });
     // A fairness deployment: one bucket, 10k tenants, each with its own
     // directive; the cell key carries tenant and priority.
     let tenants = bucket_names(10_000);

@@ -9,7 +9,7 @@ pub mod fleet;
 pub mod rls;
 pub mod upstream;
 
-use sluice_filter::agent::{Agent, AgentSettings};
+use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
@@ -163,9 +163,16 @@ pub fn warm_tenant_agent(bucket: &str, tenants: &[String], drop_ratio: f64) -> A
 /// `buckets`, warmed the way a VM in Envoy is: each bucket requested once
 /// and one tick run, so counters and per-cell decision state exist.
 pub fn warm_agent(buckets: &[String], drop_ratio: f64) -> Agent {
+    warm_agent_following(buckets, drop_ratio, DEFAULT_UPSTREAM_SAMPLE_EVERY)
+}
+
+/// [`warm_agent`] following one admitted request in `sample_every` to its
+/// response for the upstream signals.
+pub fn warm_agent_following(buckets: &[String], drop_ratio: f64, sample_every: u32) -> Agent {
     let mut agent = Agent::new(
         AgentSettings {
             max_buckets: buckets.len().max(1),
+            upstream_sample_every: sample_every,
             ..AgentSettings::new("sluice_control_plane", "bench")
         },
         7,

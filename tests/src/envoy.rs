@@ -341,11 +341,17 @@ pub fn route_to_upstream(config: &mut Value, upstream: SocketAddr) -> Result<usi
         upstream.port()
     ))
     .context("the test upstream's cluster")?;
-    let clusters = config
+    let resources = config
         .get_mut("static_resources")
-        .and_then(|resources| resources.get_mut("clusters"))
-        .and_then(Value::as_sequence_mut)
-        .context("the config has no static_resources.clusters")?;
+        .and_then(Value::as_mapping_mut)
+        .context("the config has no static_resources")?;
+    // The native module's config has no cluster at all (the module dials
+    // the control plane itself).
+    let clusters = resources
+        .entry("clusters".into())
+        .or_insert_with(|| Value::Sequence(Vec::new()))
+        .as_sequence_mut()
+        .context("static_resources.clusters is not a list")?;
     clusters.push(cluster);
     Ok(routes)
 }

@@ -4,7 +4,8 @@
 //! ([`CappedUpstream`]): first it answers every request after 60 ms, then
 //! its capacity drops under the offered load and it rejects part of it
 //! with 503. The control plane's metrics show the latency, then an error
-//! ratio close to the one the upstream itself counted.
+//! ratio close to the one the upstream itself counted. Once with the wasm
+//! filter, once with the native module.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,7 +18,7 @@ use std::time::Duration;
 use serde_json::json;
 use sluice_integration_tests::capped_upstream::{Capacity, CappedUpstream};
 use sluice_integration_tests::control_plane::sample;
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec};
 
 const LIMITS: &str = r#"
@@ -28,16 +29,31 @@ limits:
 const RESPONSES: &str = r#"sluice_upstream_responses_total{bucket="acme"}"#;
 const ERRORS: &str = r#"sluice_upstream_errors_total{bucket="acme"}"#;
 const P99: &str = r#"sluice_upstream_latency_p99_seconds{bucket="acme"}"#;
+/// The p99 reported for a 60 ms upstream: the bound of the histogram
+/// bucket holding 60 ms or of the next one (`250 µs · 2^(33/4)` = 76.1 ms).
+const P99_RANGE: std::ops::RangeInclusive<f64> = 0.06..=0.0762;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_reports_the_upstreams_latency_and_errors() {
+    reports_latency_and_errors(DataPlane::Wasm).await;
+}
+
+/// The same through the native module: it follows the same requests
+/// (its own per-request state between the two header hooks) and reports
+/// the same signals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_module_reports_the_upstreams_latency_and_errors() {
+    reports_latency_and_errors(DataPlane::Native).await;
+}
+
+async fn reports_latency_and_errors(data_plane: DataPlane) {
     let slow = Capacity {
         rps: 10_000.0,
         queue: 1_000,
         base_latency: Duration::from_millis(60),
     };
     let upstream = CappedUpstream::start(slow).await.unwrap();
-    let mut options = FleetOptions::new(LIMITS, 2);
+    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
     options.upstream = Some(upstream.addr());
     options.filter = json!({"upstream_sample_every": 2});
     let fleet = Fleet::start(options).await.unwrap();
@@ -52,8 +68,9 @@ async fn the_fleet_reports_the_upstreams_latency_and_errors() {
     let admin = fleet.control_plane.admin();
 
     // Phase 1, every request answered after about 60 ms: the p99 the
-    // control plane shows is that (its histogram bucket's bound, at most
-    // 19 % above), and nothing failed.
+    // control plane shows is that (its histogram bucket's bound, 64 ms; or
+    // the next one, 76 ms, when a busy test machine delays more than 1 % of
+    // the responses by a few ms), and nothing failed.
     let mut p99 = 0.0;
     let mut responses = 0.0;
     for _ in 0..40 {
@@ -93,12 +110,12 @@ async fn the_fleet_reports_the_upstreams_latency_and_errors() {
         result.timeline(Duration::from_millis(500))
     );
     println!("{summary}");
-    if !(0.06..=0.075).contains(&p99) {
+    if !P99_RANGE.contains(&p99) {
         fleet.print_logs();
     }
     assert!(responses >= 100.0, "{summary}");
     assert!(
-        (0.06..=0.075).contains(&p99),
+        P99_RANGE.contains(&p99),
         "p99 {p99} s for a 60 ms upstream\n{summary}"
     );
     assert_eq!(errors_before, 0.0, "{summary}");

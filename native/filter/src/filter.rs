@@ -1,7 +1,7 @@
 //! One configured filter: its agents, its ticker and the request path.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_filter::agent::{AgentSettings, Decision};
 use sluice_filter::audit::RecordMode;
@@ -10,6 +10,7 @@ use sluice_filter::classify::Classifier;
 
 use crate::config::NativeConfig;
 use crate::control_stream::ControlStreams;
+use crate::followed::{FollowedRequest, parse_status};
 use crate::metrics::{MetricRegistry, MetricValue};
 use crate::native_host::Shared;
 use crate::process::ProcessStore;
@@ -94,9 +95,7 @@ impl NativeFilter {
             new_bucket: filter.new_bucket,
             responses: Arc::new(filter.response),
             stream_idle_timeout_ms: filter.stream_idle_timeout_ms,
-            // Not followed by the native module yet: it keeps no state per
-            // request.
-            upstream_sample_every: 0,
+            upstream_sample_every: filter.upstream_sample_every,
             decision: filter.decision,
             allowance: filter.allowance,
         };
@@ -121,14 +120,28 @@ impl NativeFilter {
         })
     }
 
-    /// The request headers are complete: classify, count, decide.
-    pub fn on_request_headers(&self, host: &mut impl RequestHost) -> HeadersAction {
+    /// The request headers are complete: classify, count, decide. An
+    /// admitted request picked for the upstream signals is returned in
+    /// `followed`, for [`NativeFilter::on_response_headers`].
+    pub fn on_request_headers(
+        &self,
+        host: &mut impl RequestHost,
+        followed: &mut Option<FollowedRequest>,
+    ) -> HeadersAction {
         let slot = self.workers.local();
         let decision = {
             let mut state = slot.lock();
             let decision = state
                 .agent
                 .admit_request(&self.classifier, &Attributes(&*host));
+            if matches!(decision, Decision::Admit)
+                && let Some(bucket) = state.agent.follow_response()
+            {
+                *followed = Some(FollowedRequest {
+                    bucket,
+                    started: Instant::now(),
+                });
+            }
             let last = *state.agent.last_decision();
             if last.recorded_under(self.decision_record) {
                 host.set_decision_record(state.agent.last_record().as_bytes());
@@ -154,6 +167,20 @@ impl NativeFilter {
                 HeadersAction::Stop
             }
         }
+    }
+
+    /// The response headers of a followed request: its `:status` value and
+    /// the time since its request headers, counted by this worker's agent
+    /// (a stream stays on one worker, so it is the agent that followed it;
+    /// the leader collects every worker's signals for the report).
+    pub fn on_response_headers(&self, followed: FollowedRequest, status: Option<&[u8]>) {
+        let latency_us = followed.latency_us(Instant::now());
+        let status = parse_status(status);
+        let slot = self.workers.local();
+        let mut state = slot.lock();
+        state
+            .agent
+            .observe_response(&followed.bucket, status, Some(latency_us));
     }
 
     /// A hook panicked for a request, which went on unfiltered: counted in

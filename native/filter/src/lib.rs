@@ -17,11 +17,14 @@
 //!   their metrics to Envoy's stats ([`stats`]).
 //!
 //! `sluice-envoy-module` turns Envoy's C calls into [`NativeFilter`] calls
-//! with a [`RequestHost`] for the request at hand.
+//! with a [`RequestHost`] for the request at hand, and keeps a
+//! [`FollowedRequest`] between a sampled request's headers and its
+//! response's for the upstream signals.
 
 pub mod config;
 pub mod control_stream;
 pub mod filter;
+pub mod followed;
 pub mod metrics;
 pub mod native_host;
 pub mod process;
@@ -31,5 +34,6 @@ pub mod workers;
 
 pub use config::{ConfigError, NativeConfig};
 pub use filter::{HeadersAction, NativeFilter, RequestHost};
+pub use followed::FollowedRequest;
 pub use sluice_filter::host_api::MetricKind;
 pub use stats::{StatsSink, metric_names};

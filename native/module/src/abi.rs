@@ -64,6 +64,8 @@ pub const ATTRIBUTE_XDS_ROUTE_NAME: u32 = 61;
 
 /// `envoy_dynamic_module_type_http_header_type_RequestHeader`.
 pub const HEADER_TYPE_REQUEST: u32 = 0;
+/// `envoy_dynamic_module_type_http_header_type_ResponseHeader`.
+pub const HEADER_TYPE_RESPONSE: u32 = 2;
 
 /// Envoy casts a hook's status to its own `FilterHeadersStatus` /
 /// `FilterDataStatus` / `FilterTrailersStatus`: 0 is `Continue` in each.

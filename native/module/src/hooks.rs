@@ -11,6 +11,7 @@ use sluice_native_filter::{HeadersAction, NativeConfig, NativeFilter};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModulePtr};
 use crate::host::EnvoyRequest;
+use crate::request::RequestState;
 use crate::stats::EnvoyStats;
 
 /// Hooks that panicked (the request went on as if the filter were absent).
@@ -126,19 +127,35 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
 pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_config: ModulePtr) {
 }
 
-/// A new request. The filter keeps no per-request state yet, so the request
-/// shares its configuration's filter.
+/// A new request: its own [`RequestState`] over the configuration's filter
+/// (null when the configuration is, which every hook lets through).
 #[unsafe(no_mangle)]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: ModulePtr,
     _filter_envoy_ptr: EnvoyPtr,
 ) -> ModulePtr {
-    config
+    if config.is_null() {
+        return std::ptr::null();
+    }
+    let state = Box::new(RequestState {
+        filter: config as *const NativeFilter,
+        followed: None,
+    });
+    Box::into_raw(state) as ModulePtr
 }
 
-/// The request's filter is gone; it owned nothing.
+/// The request's filter is gone: its state is freed.
+///
+/// # Safety
+/// `filter` is a pointer `filter_new` returned, passed once.
 #[unsafe(no_mangle)]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(_filter: ModulePtr) {}
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: ModulePtr) {
+    if !filter.is_null() {
+        // SAFETY: `filter` came from `Box::into_raw` in `filter_new`, and
+        // Envoy destroys each request's filter once, after its last hook.
+        drop(unsafe { Box::from_raw(filter as *mut RequestState) });
+    }
+}
 
 /// The request headers: the filter decides.
 ///
@@ -153,21 +170,62 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     if filter.is_null() {
         return abi::STATUS_CONTINUE;
     }
-    // SAFETY: `filter` is what `filter_new` returned: a `NativeFilter` owned
-    // by the configuration, which Envoy keeps alive until this request's
-    // filter is destroyed; it is only read.
-    let filter = unsafe { &*(filter as *const NativeFilter) };
+    // SAFETY: `filter` is what `filter_new` returned: this request's own
+    // `RequestState`, which Envoy passes to one hook at a time on the
+    // request's worker thread until `filter_destroy`.
+    let state = unsafe { &mut *(filter as *mut RequestState) };
+    // SAFETY: `state.filter` is the configuration's `NativeFilter`, which
+    // Envoy keeps alive until this request's filter is destroyed; it is only
+    // read.
+    let native = unsafe { &*state.filter };
     // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
     // dropped before the hook returns.
     let mut request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
     guarded_with(
         "request_headers",
         abi::STATUS_CONTINUE,
-        || match filter.on_request_headers(&mut request) {
+        || match native.on_request_headers(&mut request, &mut state.followed) {
             HeadersAction::Continue => abi::STATUS_CONTINUE,
             HeadersAction::Stop => abi::STATUS_STOP_ITERATION,
         },
-        || filter.count_hook_panic(),
+        || native.count_hook_panic(),
+    )
+}
+
+/// The response headers: a followed request's status and latency go into
+/// the upstream signals.
+///
+/// # Safety
+/// Called by Envoy with the request's own pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    filter_envoy_ptr: EnvoyPtr,
+    filter: ModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    if filter.is_null() {
+        return abi::STATUS_CONTINUE;
+    }
+    // SAFETY: as in `request_headers`: this request's own state, one hook
+    // at a time.
+    let state = unsafe { &mut *(filter as *mut RequestState) };
+    let Some(followed) = state.followed.take() else {
+        return abi::STATUS_CONTINUE;
+    };
+    // SAFETY: as in `request_headers`: the configuration's filter outlives
+    // the request's.
+    let native = unsafe { &*state.filter };
+    // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
+    // dropped before the hook returns.
+    let request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
+    guarded_with(
+        "response_headers",
+        abi::STATUS_CONTINUE,
+        || {
+            native.on_response_headers(followed, request.response_status());
+            abi::STATUS_CONTINUE
+        },
+        || native.count_hook_panic(),
     )
 }
 
@@ -194,7 +252,6 @@ macro_rules! ignored_hook {
 
 continue_hook!(envoy_dynamic_module_on_http_filter_request_body, end_of_stream: bool);
 continue_hook!(envoy_dynamic_module_on_http_filter_request_trailers);
-continue_hook!(envoy_dynamic_module_on_http_filter_response_headers, end_of_stream: bool);
 continue_hook!(envoy_dynamic_module_on_http_filter_response_body, end_of_stream: bool);
 continue_hook!(envoy_dynamic_module_on_http_filter_response_trailers);
 continue_hook!(

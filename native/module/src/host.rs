@@ -1,5 +1,6 @@
 //! One request as the safe filter sees it: [`RequestHost`] over Envoy's
-//! header, filter-state and local-reply callbacks.
+//! header, filter-state and local-reply callbacks, and the response's
+//! status.
 
 use sluice_native_filter::RequestHost;
 
@@ -29,8 +30,14 @@ impl EnvoyRequest {
     }
 }
 
-impl RequestHost for EnvoyRequest {
-    fn request_header(&self, name: &str) -> Option<&[u8]> {
+impl EnvoyRequest {
+    /// The response's `:status` value, in the response headers hook.
+    pub fn response_status(&self) -> Option<&[u8]> {
+        self.header(abi::HEADER_TYPE_RESPONSE, ":status")
+    }
+
+    /// The first value of a header of the map `header_type`.
+    fn header(&self, header_type: u32, name: &str) -> Option<&[u8]> {
         let mut value = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -42,7 +49,7 @@ impl RequestHost for EnvoyRequest {
         let found = unsafe {
             abi::envoy_dynamic_module_callback_http_get_header(
                 self.filter,
-                abi::HEADER_TYPE_REQUEST,
+                header_type,
                 ModuleBuffer::of(name.as_bytes()),
                 &mut value,
                 0,
@@ -57,6 +64,12 @@ impl RequestHost for EnvoyRequest {
         // has no setter), and the slice's lifetime is tied to `&self`, which
         // does not outlive the hook.
         Some(unsafe { std::slice::from_raw_parts(value.ptr, value.length) })
+    }
+}
+
+impl RequestHost for EnvoyRequest {
+    fn request_header(&self, name: &str) -> Option<&[u8]> {
+        self.header(abi::HEADER_TYPE_REQUEST, name)
     }
 
     fn route_name(&self) -> Option<&[u8]> {

@@ -20,4 +20,5 @@
 pub mod abi;
 pub mod hooks;
 pub mod host;
+pub mod request;
 pub mod stats;
