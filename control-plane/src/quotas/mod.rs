@@ -136,7 +136,7 @@ impl Quotas {
 
     /// Keeps the counters in the shared store instead of in memory.
     pub fn with_redis(mut self, counters: RedisCounters) -> Self {
-        self.counters = Counters::Redis(counters);
+        self.counters = Counters::Redis(Box::new(counters));
         self
     }
 
@@ -194,8 +194,9 @@ impl Quotas {
 enum Counters {
     /// In this process (the embedded default).
     Memory(MemoryStore),
-    /// In the shared store, one round trip per request.
-    Redis(RedisCounters),
+    /// In the shared store, one round trip per request (boxed: the
+    /// store's client is much larger than the in-memory store's handle).
+    Redis(Box<RedisCounters>),
 }
 
 impl std::fmt::Debug for Counters {

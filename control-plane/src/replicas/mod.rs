@@ -46,6 +46,9 @@ use crate::store::Store;
 pub use keys::Keys;
 pub use record::Record;
 
+/// Longest wait for a replica's own connection to open at `join`.
+const CONNECT_BOUND: Duration = Duration::from_secs(2);
+
 /// Replicas whose share expired this long ago leave the index.
 const INDEX_RETENTION: Duration = Duration::from_secs(60);
 
@@ -150,7 +153,9 @@ pub struct Shared {
 /// One replica's handle on the shared state.
 #[derive(Debug)]
 pub struct Replica {
-    store: Store,
+    /// This replica's own connection, bounded by its call timeout rather
+    /// than the request bound of the shared one.
+    connection: redis::aio::ConnectionManager,
     keys: Keys,
     options: ReplicaOptions,
     acquire: Script,
@@ -184,8 +189,14 @@ impl Replica {
     /// Joins the replicas sharing `store`; fails if the store holds another
     /// layout's state.
     pub async fn join(store: Store, options: ReplicaOptions) -> Result<Self, ReplicaError> {
+        let connection = tokio::time::timeout(
+            options.call_timeout() + CONNECT_BOUND,
+            store.connection_bounded(options.call_timeout()),
+        )
+        .await
+        .map_err(|_| ReplicaError::Timeout(options.call_timeout() + CONNECT_BOUND))??;
         let replica = Self {
-            store,
+            connection,
             keys: Keys::default(),
             options,
             acquire: Script::new(include_str!("acquire.lua")),
@@ -202,7 +213,7 @@ impl Replica {
             handed_off: false,
             rejoining_until: None,
         };
-        let mut connection = replica.store.connection();
+        let mut connection = replica.connection.clone();
         let format: Option<String> = replica
             .bounded(
                 redis::pipe()
@@ -318,7 +329,7 @@ impl Replica {
         let now_ms = unix_ms();
         let ttl_ms = millis(self.options.share_ttl());
         let retention_ms = millis(INDEX_RETENTION);
-        let mut connection = self.store.connection();
+        let mut connection = self.connection.clone();
         let (format, members): (Option<String>, Vec<String>) = self
             .bounded(
                 redis::pipe()
@@ -437,7 +448,7 @@ impl Replica {
     /// Acquires or renews the lease; `Some(fence)` while this replica leads.
     /// An error steps down.
     pub async fn lead(&mut self) -> Result<Option<u64>, ReplicaError> {
-        let mut connection = self.store.connection();
+        let mut connection = self.connection.clone();
         let mut invocation = self.acquire.prepare_invoke();
         invocation
             .key(&self.keys.leader)
@@ -482,7 +493,7 @@ impl Replica {
         if next.same_table(&self.table) && self.table.fence == fence && !self.table_missing {
             return Ok(true);
         }
-        let mut connection = self.store.connection();
+        let mut connection = self.connection.clone();
         let mut invocation = self.publish.prepare_invoke();
         invocation
             .key(&self.keys.leader)
@@ -508,7 +519,7 @@ impl Replica {
     /// table was decided with its proxies in view). Returns whether it
     /// was adopted.
     pub async fn follow(&mut self) -> Result<bool, ReplicaError> {
-        let mut connection = self.store.connection();
+        let mut connection = self.connection.clone();
         let stored: Option<Vec<u8>> = self
             .bounded(
                 redis::cmd("GET")
@@ -551,7 +562,7 @@ impl Replica {
         let Some(fence) = self.fence.take() else {
             return;
         };
-        let mut connection = self.store.connection();
+        let mut connection = self.connection.clone();
         let mut invocation = self.release.prepare_invoke();
         invocation
             .key(&self.keys.leader)

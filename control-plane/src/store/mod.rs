@@ -170,6 +170,7 @@ fn read_password(path: &Path) -> Result<String, StoreError> {
 #[derive(Clone)]
 pub struct Store {
     url: StoreUrl,
+    client: Client,
     connection: ConnectionManager,
     timeout: Duration,
 }
@@ -232,17 +233,17 @@ impl Store {
         .map_err(|err| fail(err.to_string()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            // Each caller bounds its own calls (a request's quota check by
-            // `--store-timeout-ms`, a replica's exchange by half a control
-            // interval): the connection's own bound only catches a call
-            // nobody bounded.
-            .set_response_timeout(Some(CONNECT_TIMEOUT))
+            // The shared connection answers requests' quota checks: a call
+            // past `--store-timeout-ms` fails (and the connection notices a
+            // dead server at once). Callers with a longer bound take their
+            // own connection ([`Store::connection_bounded`]).
+            .set_response_timeout(Some(options.timeout.max(Duration::from_millis(1))))
             // Reconnects are retried in the background; callers see errors
             // (and the failure policy) meanwhile, never a wait.
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let connect = async {
-            let mut connection = ConnectionManager::new_with_config(client, config).await?;
+            let mut connection = ConnectionManager::new_with_config(client.clone(), config).await?;
             redis::cmd("PING")
                 .query_async::<String>(&mut connection)
                 .await?;
@@ -255,9 +256,25 @@ impl Store {
         tracing::info!(store = %url, timeout_ms = options.timeout.as_millis(), "store connected");
         Ok(Self {
             url: url.clone(),
+            client,
             connection,
             timeout: options.timeout,
         })
+    }
+
+    /// A connection of its own whose calls fail past `timeout` rather than
+    /// the request bound (a replica's exchanges get half a control
+    /// interval); it reconnects by itself like the shared one.
+    pub async fn connection_bounded(
+        &self,
+        timeout: Duration,
+    ) -> Result<ConnectionManager, redis::RedisError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        ConnectionManager::new_with_config(self.client.clone(), config).await
     }
 
     /// The URL, its password redacted when shown.
