@@ -208,6 +208,23 @@ fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
     };
 }
 
+/// Marks every rate of `buckets` as carried over from an earlier interval.
+///
+/// A vanished replica's last share is counted again every interval until
+/// its proxies are served elsewhere; the tracking policy learned from those
+/// rates when they were fresh, and must not correct the same error again
+/// each interval (its correction would wind up against numbers that cannot
+/// answer, and overshoot once the replica is back).
+pub fn carried_over(mut buckets: Vec<BucketTraffic>) -> Vec<BucketTraffic> {
+    for bucket in &mut buckets {
+        bucket.load.stale_share = 1.0;
+        for cell in &mut bucket.cells {
+            cell.load.stale_share = 1.0;
+        }
+    }
+    buckets
+}
+
 /// Rates and proxies add; the carried share is the offered-weighted mean.
 fn add_load(a: BucketLoad, b: BucketLoad) -> BucketLoad {
     let offered_rps = a.offered_rps + b.offered_rps;
@@ -249,6 +266,54 @@ mod tests {
         let mut traffic = BucketTraffic::from_cells(name, cells);
         traffic.load.proxies_reporting = proxies;
         traffic
+    }
+
+    /// The drop ratio a tracking controller decides on the same total for
+    /// `intervals` intervals, at the first and at the last.
+    fn ratios_over(total: &FleetLoad, intervals: usize) -> (f64, f64) {
+        use crate::config::limits::{LimitRule, LimitTable, Selector};
+        use crate::control::controller::Controller;
+        use crate::control::estimator::Tracking;
+        use crate::types::LimitRps;
+        let limits = LimitTable::from_rules(
+            None,
+            [LimitRule {
+                selector: Selector::Bucket("acme".to_owned()),
+                limit_rps: LimitRps::new(150.0).unwrap(),
+            }],
+        );
+        let mut controller = Controller::new(Tracking::new());
+        let ratios: Vec<f64> = (0..intervals)
+            .map(|_| controller.tick(total, &limits).buckets[0].drop_ratio.get())
+            .collect();
+        (ratios[0], ratios[intervals - 1])
+    }
+
+    #[test]
+    fn a_carried_over_share_does_not_wind_up_the_correction() {
+        // A vanished replica's last share: its proxies admitted 140 rps
+        // against a 150 rps limit. Counted again for 25 intervals as fresh,
+        // the same 7 % gap is corrected 25 times; carried over, never.
+        let share = || {
+            vec![bucket(
+                "acme",
+                vec![cell("", Priority::Unspecified, 400.0, 140.0)],
+                2,
+            )]
+        };
+        let fresh = merge(FleetLoad::default(), vec![share()]);
+        let carried = merge(FleetLoad::default(), vec![carried_over(share())]);
+        let acme = carried.get("acme").unwrap();
+        assert_eq!(acme.load.stale_share, 1.0);
+        assert!(acme.cells.iter().all(|c| c.load.stale_share == 1.0));
+
+        let (first, last) = ratios_over(&fresh, 25);
+        assert!(last < first - 0.05, "fresh: {first} then {last}");
+        let (first, last) = ratios_over(&carried, 25);
+        assert!(
+            (last - first).abs() < 1e-9,
+            "carried over: {first} then {last}"
+        );
     }
 
     #[test]

@@ -442,7 +442,7 @@ impl Replica {
             self.last_shares.remove(id);
             return None;
         }
-        Some(share.buckets)
+        Some(load::carried_over(share.buckets))
     }
 
     /// Acquires or renews the lease; `Some(fence)` while this replica leads.
