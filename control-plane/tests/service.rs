@@ -16,6 +16,7 @@ use sluice_control_plane::config::policy::Fraction;
 use sluice_control_plane::fleet::FleetCaps;
 use sluice_control_plane::types::ControlInterval;
 use sluice_control_plane::{AppState, Config, RunError, Settings, run};
+use sluice_integration_tests::prometheus::Exposition;
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
 use sluice_proto::v1::{
     BucketCount, ControlMessage, DirectiveBatch, Hello, Priority, ProxyMessage, Reason, Report,
@@ -505,85 +506,16 @@ async fn stopped_traffic_lifts_the_directive() {
     cp.shutdown().await;
 }
 
-/// One sample of a Prometheus text exposition.
+/// A `/metrics` page read by the shared parser, with the lookup these
+/// tests use.
 #[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: std::collections::BTreeMap<String, String>,
-    value: f64,
-}
+struct Metrics(Exposition);
 
-/// A parsed exposition: the `# TYPE` of each family and every sample.
-#[derive(Debug)]
-struct Exposition {
-    types: std::collections::BTreeMap<String, String>,
-    samples: Vec<Sample>,
-}
-
-impl Exposition {
-    /// Parses the subset of the text format the control plane writes:
-    /// label values without `,`, `=` or escapes, as in these tests.
-    fn parse(text: &str) -> Self {
-        assert!(text.ends_with("# EOF\n"), "no EOF marker:\n{text}");
-        let mut types = std::collections::BTreeMap::new();
-        let mut samples = Vec::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                types.insert(name.to_owned(), kind.to_owned());
-                continue;
-            }
-            if line.starts_with('#') || line.is_empty() {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            let (name, labels) = match series.split_once('{') {
-                Some((name, labels)) => {
-                    let labels = labels.strip_suffix('}').unwrap();
-                    let labels = labels
-                        .split(',')
-                        .map(|pair| {
-                            let (key, value) = pair.split_once('=').unwrap();
-                            let value = value.strip_prefix('"').unwrap().strip_suffix('"').unwrap();
-                            (key.to_owned(), value.to_owned())
-                        })
-                        .collect();
-                    (name, labels)
-                }
-                None => (series, std::collections::BTreeMap::new()),
-            };
-            let value = match value {
-                "+Inf" => f64::INFINITY,
-                value => value
-                    .parse()
-                    .unwrap_or_else(|_| panic!("bad value in {line:?}")),
-            };
-            samples.push(Sample {
-                name: name.to_owned(),
-                labels,
-                value,
-            });
-        }
-        Self { types, samples }
-    }
-
-    /// Samples of `name` whose labels include `labels`.
-    fn find<'a>(
-        &'a self,
-        name: &'a str,
-        labels: &'a [(&str, &str)],
-    ) -> impl Iterator<Item = &'a Sample> {
-        self.samples.iter().filter(move |s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-    }
-
-    /// The value of the one sample of `name` with `labels`, if present.
+impl Metrics {
+    /// The value of the one sample of `name` whose labels include
+    /// `labels`, if present.
     fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let mut found = self.find(name, labels);
+        let mut found = self.0.matching(name, labels);
         let sample = found.next()?;
         assert!(found.next().is_none(), "several {name} {labels:?}");
         Some(sample.value)
@@ -592,7 +524,7 @@ impl Exposition {
 
 impl ControlPlane {
     /// `GET /metrics`, checking the status and content type.
-    async fn metrics(&self) -> Exposition {
+    async fn metrics(&self) -> Metrics {
         let response = self
             .http
             .get(format!("http://{}/metrics", self.admin))
@@ -604,15 +536,13 @@ impl ControlPlane {
             response.headers()["content-type"],
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
         );
-        Exposition::parse(&response.text().await.unwrap())
+        let text = response.text().await.unwrap();
+        assert!(text.ends_with("# EOF\n"), "no EOF marker:\n{text}");
+        Metrics(Exposition::parse(&text).unwrap())
     }
 
     /// Polls `GET /metrics` until `check` holds.
-    async fn wait_for_metrics(
-        &self,
-        what: &str,
-        check: impl Fn(&Exposition) -> bool,
-    ) -> Exposition {
+    async fn wait_for_metrics(&self, what: &str, check: impl Fn(&Metrics) -> bool) -> Metrics {
         let deadline = Instant::now() + WAIT;
         loop {
             let metrics = self.metrics().await;
@@ -654,7 +584,7 @@ async fn metrics_follow_buckets_proxies_and_pushes() {
         ("sluice_control_loop_tick_duration_seconds", "histogram"),
         ("sluice_build", "info"),
     ] {
-        assert_eq!(metrics.types[family], kind, "{family}");
+        assert_eq!(metrics.0.kind(family), Some(kind), "{family}");
     }
     // The filter stand-in admits everything it offers.
     assert_eq!(
@@ -747,7 +677,7 @@ async fn metrics_follow_buckets_proxies_and_pushes() {
     let metrics = cp
         .wait_for_metrics("acme and envoy-a gone", |m| {
             m.value("sluice_connected_proxies", &[]) == Some(0.0)
-                && !m.samples.iter().any(|s| {
+                && !m.0.samples().iter().any(|s| {
                     s.labels.get("bucket").is_some_and(|b| b == "acme")
                         || s.labels.get("proxy").is_some_and(|p| p == "envoy-a")
                 })
@@ -973,7 +903,7 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
     // 50,000 entries, at most 500 accepted per window: the rest refused by
     // the proxy's cap, by the share of either cap unlimited buckets may
     // fill, or once the fleet is full, by the fleet's.
-    let refused = |m: &Exposition| {
+    let refused = |m: &Metrics| {
         ["proxy_cap", "fleet_cap", "unlimited_share"]
             .iter()
             .filter_map(|reason| m.value("sluice_cells_rejected_total", &[("reason", reason)]))

@@ -499,12 +499,12 @@ async fn check(response: reqwest::Response, url: &str) -> Result<reqwest::Respon
     bail!("{url}: HTTP {status}: {body}")
 }
 
-/// The value of the sample `series` (name and labels exactly as exposed)
-/// in a `/metrics` exposition; 0 when absent.
+/// The value of the sample `series` (name and labels as exposed, labels in
+/// any order) in a `/metrics` exposition; 0 when absent.
 pub fn sample(exposition: &str, series: &str) -> f64 {
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    crate::prometheus::Exposition::parse(exposition)
+        .ok()
+        .and_then(|page| page.series(series))
         .unwrap_or(0.0)
 }
 

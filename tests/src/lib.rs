@@ -14,6 +14,7 @@
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
+//! - [`prometheus`]: the Prometheus text format, parsed once for every test crate.
 //! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
 //! - [`replicas`]: control-plane replicas sharing one Redis, and Envoys pointed at all of them.
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
@@ -30,6 +31,7 @@ pub mod fleet;
 pub mod load;
 pub mod paths;
 pub mod process;
+pub mod prometheus;
 pub mod quotas;
 pub mod redis;
 pub mod replicas;

@@ -8,69 +8,18 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
+use sluice_integration_tests::prometheus::Exposition;
 
 const LIMITS: &str = r#"
 limits:
   - bucket: "limited"
     limit_rps: 50
 "#;
-
-/// One sample line of the Prometheus text format.
-#[derive(Debug, Clone, PartialEq)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses the sample lines (not `#` comments) of a Prometheus text page.
-fn parse(page: &str) -> Vec<Sample> {
-    page.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let value = value.parse().ok()?;
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => {
-                    let labels = rest
-                        .trim_end_matches('}')
-                        .split(',')
-                        .filter(|pair| !pair.is_empty())
-                        .filter_map(|pair| {
-                            let (key, value) = pair.split_once('=')?;
-                            Some((key.to_owned(), value.trim_matches('"').to_owned()))
-                        })
-                        .collect();
-                    (name, labels)
-                }
-                None => (series, BTreeMap::new()),
-            };
-            Some(Sample {
-                name: name.to_owned(),
-                labels,
-                value,
-            })
-        })
-        .collect()
-}
-
-/// The value of the series `name` with exactly `labels`, if present.
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let labels: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    samples
-        .iter()
-        .find(|s| s.name == name && s.labels == labels)
-        .map(|s| s.value)
-}
 
 /// The Prometheus page. The native module's metrics carry Envoy's
 /// dynamic-module namespace (`envoy_dynamicmodulescustom_sluice_…`) where
@@ -146,6 +95,7 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
     assert!(limited.limited > 0, "no 429 at 4x the limit\n{summary}");
 
     // Every type line names the tag-stripped metric.
+    let samples = Exposition::parse(&during).unwrap();
     for (name, kind) in [
         ("sluice_decisions", "counter"),
         ("sluice_reports_sent", "counter"),
@@ -155,20 +105,22 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
         ("sluice_directive_age_ms", "gauge"),
         ("sluice_directive_buckets", "gauge"),
     ] {
-        assert!(
-            during.contains(&format!("# TYPE {name} {kind}\n")),
+        assert_eq!(
+            samples.kind(name),
+            Some(kind),
             "no {kind} {name}\n{summary}"
         );
     }
-    let samples = parse(&during);
-    let age = value(&samples, "sluice_directive_age_ms", &[]).expect("no directive age");
+    let age = samples
+        .value("sluice_directive_age_ms", &[])
+        .expect("no directive age");
     // 0 when the last batch arrived in the millisecond of the last flush.
     assert!(
         (0.0..3000.0).contains(&age),
         "directive age {age} ms during load\n{summary}"
     );
     assert_eq!(
-        value(&samples, "sluice_directive_buckets", &[]),
+        samples.value("sluice_directive_buckets", &[]),
         Some(1.0),
         "{summary}"
     );
@@ -178,10 +130,9 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let (page, pass, drop) = loop {
         let page = prometheus(envoy).await;
-        let samples = parse(&page);
-        let pass = value(&samples, "sluice_decisions", &[("result", "pass")]);
-        let drop = value(
-            &samples,
+        let samples = Exposition::parse(&page).unwrap();
+        let pass = samples.value("sluice_decisions", &[("result", "pass")]);
+        let drop = samples.value(
             "sluice_decisions",
             &[("result", "drop"), ("reason", "cluster_overload")],
         );
@@ -204,13 +155,15 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
     assert_eq!(drop, responses.limited, "drops must be the 429s\n{summary}");
     assert_eq!(pass, responses.ok, "passes must be the 200s\n{summary}");
 
-    let samples = parse(&page);
-    let reports = value(&samples, "sluice_reports_sent", &[]).unwrap_or(0.0);
+    let samples = Exposition::parse(&page).unwrap();
+    let reports = samples.value("sluice_reports_sent", &[]).unwrap_or(0.0);
     assert!(reports > 0.0, "no report counted\n{summary}");
-    let batches = value(&samples, "sluice_directive_batches", &[]).unwrap_or(0.0);
+    let batches = samples
+        .value("sluice_directive_batches", &[])
+        .unwrap_or(0.0);
     assert!(batches > 0.0, "no directive batch counted\n{summary}");
     assert_eq!(
-        value(&samples, "sluice_directives_rejected", &[]),
+        samples.value("sluice_directives_rejected", &[]),
         Some(0.0),
         "{summary}"
     );

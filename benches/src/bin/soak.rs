@@ -33,6 +33,7 @@ use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
 use sluice_benches::fleet::stream::{Fleet, FleetCounters, FleetSpec, LoadFn};
 use sluice_integration_tests::paths;
+use sluice_integration_tests::prometheus::Exposition;
 use sluice_integration_tests::redis::RedisServer;
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -370,7 +371,11 @@ async fn run() -> Result<()> {
         "sluice_store_failures_total{op=\"publish\"}",
         "sluice_store_failures_total{op=\"follow\"}",
     ];
-    let sum = |name: &str| metrics.iter().map(|m| stats::metric(m, name)).sum::<f64>();
+    let pages = metrics
+        .iter()
+        .map(|text| Exposition::parse(text))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sum = |series: &str| pages.iter().map(|page| page.total(series)).sum::<f64>();
     let mut failures: Vec<String> = error_series
         .iter()
         .filter_map(|name| {
@@ -405,9 +410,9 @@ async fn run() -> Result<()> {
     }
     // The slowest replica's bound: every replica pushes to its own streams.
     let worst_bound = |series: &str, q: f64| {
-        metrics
+        pages
             .iter()
-            .filter_map(|m| stats::histogram_quantile_bound(&stats::histogram(m, series), q))
+            .filter_map(|page| stats::histogram_quantile_bound(&page.histogram(series, &[]), q))
             .fold(None, |worst: Option<f64>, s| {
                 Some(worst.map_or(s, |w| w.max(s)))
             })
