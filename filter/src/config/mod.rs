@@ -6,6 +6,9 @@
 mod raw;
 mod validate;
 
+use std::sync::Arc;
+
+use crate::agent::AgentSettings;
 use crate::allowance::AllowanceSettings;
 use crate::audit::RecordMode;
 use crate::bucket_key::BucketKeySpec;
@@ -108,6 +111,66 @@ impl FilterConfig {
             })?;
         raw.validate()
     }
+}
+
+impl FilterConfig {
+    /// Splits the configuration between what uses it, so that every data
+    /// plane builds its agent alike. `proxy_id` and `zone` name the proxy
+    /// where the configuration does not (the Envoy node, or the native
+    /// module's default).
+    pub fn into_parts(
+        self,
+        proxy_id: impl FnOnce() -> String,
+        zone: impl FnOnce() -> String,
+    ) -> ConfigParts {
+        ConfigParts {
+            agent: AgentSettings {
+                control_plane_cluster: self.control_plane_cluster,
+                proxy_id: self.proxy_id.unwrap_or_else(proxy_id),
+                zone: self.zone.unwrap_or_else(zone),
+                report_interval_ms: self.report_interval_ms,
+                max_buckets: self.max_buckets,
+                directive_ttl_ms: self.directive_ttl_ms,
+                fallback: self.fallback,
+                new_bucket: self.new_bucket,
+                responses: Arc::new(self.response),
+                stream_idle_timeout_ms: self.stream_idle_timeout_ms,
+                upstream_sample_every: self.upstream_sample_every,
+                decision: self.decision,
+                allowance: self.allowance,
+            },
+            request: RequestPolicy {
+                classifier: self.classifier,
+                decision_record: self.decision_record,
+                undirected_header: self.undirected_header,
+            },
+            directive_poll_ms: self.directive_poll_ms,
+        }
+    }
+}
+
+/// What every request of a configured filter reads besides its agent: how
+/// it maps to a cell, and what the filter tells Envoy of the decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestPolicy {
+    /// How requests map to cells.
+    pub classifier: Classifier,
+    /// Which decisions are handed to Envoy for access logs.
+    pub decision_record: RecordMode,
+    /// Request header added upstream when no fresh directive decided.
+    pub undirected_header: Option<String>,
+}
+
+/// A validated configuration split between its users
+/// ([`FilterConfig::into_parts`]).
+#[derive(Debug)]
+pub struct ConfigParts {
+    /// The agent's settings.
+    pub agent: AgentSettings,
+    /// What each request reads.
+    pub request: RequestPolicy,
+    /// How often the host ticks the agent (the short tick).
+    pub directive_poll_ms: u64,
 }
 
 #[cfg(test)]

@@ -414,3 +414,42 @@ fn structural_errors_are_reported() {
         "bucket_key[0].name: must be a non-empty header name without whitespace"
     );
 }
+
+#[test]
+fn parts_carry_every_setting_and_name_the_proxy_only_when_unnamed() {
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "zone": "z1", "report_interval_ms": 500,
+             "max_buckets": 300, "decision": "coin", "allowance": null,
+             "upstream_sample_every": 0, "directive_poll_ms": 40,
+             "undirected_header": null}"#,
+    )
+    .unwrap();
+    let expected = config.clone();
+    let parts = config.into_parts(|| "node".to_owned(), || "node-zone".to_owned());
+    assert_eq!(parts.agent.control_plane_cluster, "cp");
+    assert_eq!(parts.agent.proxy_id, "node");
+    assert_eq!(parts.agent.zone, "z1");
+    assert_eq!(parts.agent.report_interval_ms, 500);
+    assert_eq!(parts.agent.max_buckets, 300);
+    assert_eq!(parts.agent.directive_ttl_ms, expected.directive_ttl_ms);
+    assert_eq!(parts.agent.fallback, expected.fallback);
+    assert_eq!(parts.agent.new_bucket, expected.new_bucket);
+    assert_eq!(*parts.agent.responses, expected.response);
+    assert_eq!(
+        parts.agent.stream_idle_timeout_ms,
+        expected.stream_idle_timeout_ms
+    );
+    assert_eq!(parts.agent.decision, DecisionMode::Coin);
+    assert_eq!(parts.agent.allowance, None);
+    assert_eq!(parts.agent.upstream_sample_every, 0);
+    assert_eq!(parts.request.classifier, expected.classifier);
+    assert_eq!(parts.request.decision_record, expected.decision_record);
+    assert_eq!(parts.request.undirected_header, None);
+    assert_eq!(parts.directive_poll_ms, 40);
+
+    let named = FilterConfig::from_json(br#"{"control_plane_cluster": "cp", "proxy_id": "p"}"#)
+        .unwrap()
+        .into_parts(|| unreachable!("named"), || "node-zone".to_owned());
+    assert_eq!(named.agent.proxy_id, "p");
+    assert_eq!(named.agent.zone, "node-zone");
+}

@@ -15,23 +15,14 @@
 
 use super::envoy_host::log;
 use crate::agent::{Agent, Decision};
-use crate::audit::RecordMode;
 use crate::bucket_key::RequestAttributes;
-use crate::classify::Classifier;
+use crate::config::RequestPolicy;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::SystemTime;
-
-/// What every request of a plugin shares, fixed at configuration time.
-#[derive(Debug)]
-pub(super) struct RequestPolicy {
-    pub classifier: Classifier,
-    pub decision_record: RecordMode,
-    pub undirected_header: Option<String>,
-}
 
 pub(super) struct SluiceHttp {
     pub agent: Rc<RefCell<Agent>>,

@@ -2,9 +2,9 @@
 //! callbacks, all forwarded to the VM's [`Agent`].
 
 use super::envoy_host::{self, EnvoyHost, log, now_ms};
-use super::http::{PassThrough, RequestPolicy, SluiceHttp};
-use crate::agent::{Agent, AgentSettings};
-use crate::config::FilterConfig;
+use super::http::{PassThrough, SluiceHttp};
+use crate::agent::Agent;
+use crate::config::{FilterConfig, RequestPolicy};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
@@ -108,8 +108,9 @@ impl RootContext for SluiceRoot {
                 return false;
             }
         };
+        let parts = config.into_parts(node_id, node_zone);
         if let Err(status) =
-            hostcalls::set_tick_period(Duration::from_millis(config.directive_poll_ms))
+            hostcalls::set_tick_period(Duration::from_millis(parts.directive_poll_ms))
         {
             log(
                 LogLevel::Error,
@@ -120,35 +121,16 @@ impl RootContext for SluiceRoot {
         // Envoy may configure a root context more than once: release the
         // previous agent's stream and lease before replacing it.
         self.with_agent(|agent, host| agent.shut_down(host));
-        let settings = AgentSettings {
-            control_plane_cluster: config.control_plane_cluster,
-            proxy_id: config.proxy_id.unwrap_or_else(node_id),
-            zone: config.zone.unwrap_or_else(node_zone),
-            report_interval_ms: config.report_interval_ms,
-            max_buckets: config.max_buckets,
-            directive_ttl_ms: config.directive_ttl_ms,
-            fallback: config.fallback,
-            new_bucket: config.new_bucket,
-            responses: std::sync::Arc::new(config.response),
-            stream_idle_timeout_ms: config.stream_idle_timeout_ms,
-            upstream_sample_every: config.upstream_sample_every,
-            decision: config.decision,
-            allowance: config.allowance,
-        };
         log(
             LogLevel::Debug,
             &format!(
                 "configured: proxy {} reports to cluster {}",
-                settings.proxy_id, settings.control_plane_cluster
+                parts.agent.proxy_id, parts.agent.control_plane_cluster
             ),
         );
         self.configured = Some(Configured {
-            agent: Rc::new(RefCell::new(Agent::new(settings, self.seed))),
-            policy: Rc::new(RequestPolicy {
-                classifier: config.classifier,
-                decision_record: config.decision_record,
-                undirected_header: config.undirected_header,
-            }),
+            agent: Rc::new(RefCell::new(Agent::new(parts.agent, self.seed))),
+            policy: Rc::new(parts.request),
         });
         true
     }

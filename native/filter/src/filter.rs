@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_filter::agent::{AgentSettings, Decision};
-use sluice_filter::audit::RecordMode;
+use sluice_filter::agent::Decision;
 use sluice_filter::bucket_key::RequestAttributes;
-use sluice_filter::classify::Classifier;
+use sluice_filter::config::RequestPolicy;
 
 use crate::config::NativeConfig;
 use crate::control_stream::ControlStreams;
@@ -58,9 +57,7 @@ pub struct StartError {
 /// One configured filter, shared by every request of every worker.
 #[derive(Debug)]
 pub struct NativeFilter {
-    classifier: Classifier,
-    decision_record: RecordMode,
-    undirected_header: Option<String>,
+    request: RequestPolicy,
     shared: Arc<Shared>,
     workers: Arc<Workers>,
     // Declared last: dropped after the agents are retired in `Drop`.
@@ -82,38 +79,20 @@ impl NativeFilter {
             streams,
             metrics: MetricRegistry::default(),
         });
-        let settings = AgentSettings {
-            control_plane_cluster: filter.control_plane_cluster,
-            proxy_id: filter
-                .proxy_id
-                .unwrap_or_else(|| DEFAULT_PROXY_ID.to_owned()),
-            zone: filter.zone.unwrap_or_default(),
-            report_interval_ms: filter.report_interval_ms,
-            max_buckets: filter.max_buckets,
-            directive_ttl_ms: filter.directive_ttl_ms,
-            fallback: filter.fallback,
-            new_bucket: filter.new_bucket,
-            responses: Arc::new(filter.response),
-            stream_idle_timeout_ms: filter.stream_idle_timeout_ms,
-            upstream_sample_every: filter.upstream_sample_every,
-            decision: filter.decision,
-            allowance: filter.allowance,
-        };
-        let workers = Arc::new(Workers::new(settings, Arc::clone(&shared)));
+        let parts = filter.into_parts(|| DEFAULT_PROXY_ID.to_owned(), String::new);
+        let workers = Arc::new(Workers::new(parts.agent, Arc::clone(&shared)));
         let ticker = Ticker::start(
             Arc::clone(&workers),
             Arc::clone(&shared),
             stats,
-            Duration::from_millis(filter.directive_poll_ms),
+            Duration::from_millis(parts.directive_poll_ms),
         )
         .map_err(|source| StartError {
             what: "ticker thread",
             source,
         })?;
         Ok(Self {
-            classifier: filter.classifier,
-            decision_record: filter.decision_record,
-            undirected_header: filter.undirected_header,
+            request: parts.request,
             shared,
             workers,
             ticker: Some(ticker),
@@ -133,7 +112,7 @@ impl NativeFilter {
             let mut state = slot.lock();
             let decision = state
                 .agent
-                .admit_request(&self.classifier, &Attributes(&*host));
+                .admit_request(&self.request.classifier, &Attributes(&*host));
             if matches!(decision, Decision::Admit)
                 && let Some(bucket) = state.agent.follow_response()
             {
@@ -143,13 +122,13 @@ impl NativeFilter {
                 });
             }
             let last = *state.agent.last_decision();
-            if last.recorded_under(self.decision_record) {
+            if last.recorded_under(self.request.decision_record) {
                 host.set_decision_record(state.agent.last_record().as_bytes());
             }
             if let (Decision::Admit, Some(undirected), Some(header)) = (
                 &decision,
                 last.undirected,
-                self.undirected_header.as_deref(),
+                self.request.undirected_header.as_deref(),
             ) {
                 host.add_request_header(header, undirected.name().as_bytes());
             }
