@@ -131,10 +131,7 @@ pub async fn run_replicated(
     let mut tasks: JoinSet<(&'static str, Result<(), RunError>)> = JoinSet::new();
 
     tasks.spawn({
-        // The tracking policy beats the proportional baseline in every
-        // simulated scenario (`sluice simulate`); see `estimator`.
-        let controller = Controller::new(control::estimator::Tracking::new())
-            .with_interval(state.control_interval());
+        let controller = Controller::tracking(state.control_interval());
         let run = serve::control_loop::run(state.clone(), controller, replica, token.clone());
         async move {
             run.await;

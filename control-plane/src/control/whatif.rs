@@ -18,7 +18,6 @@ use serde::Serialize;
 use crate::cell::Priority;
 use crate::config::policy::Policy;
 use crate::control::controller::Controller;
-use crate::control::estimator::Tracking;
 use crate::fleet::FleetLoad;
 use crate::types::ControlInterval;
 
@@ -83,7 +82,7 @@ struct Sums {
 
 /// Replays `loads` (oldest first, one per `interval`) under `policy`.
 pub fn replay(loads: &[FleetLoad], policy: &Policy, interval: ControlInterval) -> WhatIf {
-    let mut controller = Controller::new(Tracking::new()).with_interval(interval);
+    let mut controller = Controller::tracking(interval);
     // The drop ratio in force per cell, as the proposal decided it.
     let mut in_force: HashMap<CellKey, f64> = HashMap::new();
     let mut sums: BTreeMap<CellKey, Sums> = BTreeMap::new();

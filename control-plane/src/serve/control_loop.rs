@@ -93,13 +93,13 @@ pub fn step(state: &AppState, controller: &mut Controller) {
 /// One control interval of the start-up hold: the report windows close
 /// and the admin API shows the fleet as reported so far, but nothing is
 /// pushed and `controller` has not run yet, so the first directives come
-/// from a fresh controller and the whole fleet. A throwaway controller
-/// computes the status.
+/// from a fresh controller and the whole fleet. A throwaway controller of
+/// the same policy computes the status: what would be pushed now.
 fn hold(state: &AppState) {
     let load = state.fleet().tick();
     state.record_history(&load);
     observe_upstream(state);
-    let decision = Controller::default().decide(&load, &state.policy());
+    let decision = Controller::tracking(state.control_interval()).decide(&load, &state.policy());
     state.metrics().observe_fleet(&load.stats);
     state.metrics().observe_buckets(&decision.buckets);
     state.set_buckets(decision.buckets);
@@ -180,7 +180,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
             let adapted = state.adapt(&policy, &shared.total, &health);
             controller.decide(&shared.total, adapted.as_ref().unwrap_or(&policy))
         } else {
-            Controller::default().decide(&shared.total, &policy)
+            Controller::tracking(state.control_interval()).decide(&shared.total, &policy)
         };
         (decision, policy.modes.to_wire())
     };

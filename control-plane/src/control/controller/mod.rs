@@ -190,6 +190,15 @@ impl Controller {
         }
     }
 
+    /// The controller the service runs: the tracking policy (it beats the
+    /// proportional baseline in every simulated scenario, `sluice
+    /// simulate`; see `estimator`) at `interval`. The start-up hold's
+    /// status and the what-if replays use a fresh one, so they show what
+    /// the service would push.
+    pub fn tracking(interval: ControlInterval) -> Self {
+        Self::new(crate::control::estimator::Tracking::new()).with_interval(interval)
+    }
+
     /// The control interval it runs at (used for `retry_after_ms`).
     #[must_use]
     pub fn with_interval(mut self, interval: ControlInterval) -> Self {
