@@ -4,7 +4,8 @@
 //!   replica API against a real `redis-server`: one leader at a time, a
 //!   leader whose lease went to another cannot write, a flushed store
 //!   hands out no fence below one in use, a store of another layout is
-//!   refused.
+//!   refused; shares carry the upstream signals of the adaptive buckets,
+//!   and a vanished share's signals are not counted again.
 //! - Real Envoys, real replicas: the leader, holding every proxy's stream,
 //!   is SIGKILLed under load at 4× the fleet limit; another replica takes
 //!   the lease, the proxies land on the survivors, and the fleet holds its
@@ -22,9 +23,11 @@
 use std::time::Duration;
 
 use serde_json::json;
+use sluice_control_plane::fleet::health::UpstreamHealth;
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
-use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions};
+use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions, Upstream};
 use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
+use sluice_filter::upstream::LatencyHistogram;
 use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fault_proxy::FaultProxy;
 use sluice_integration_tests::fleet::DataPlane;
@@ -93,8 +96,14 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
 
     // Shares add up over the replicas.
-    let _ = a.share(load("acme", 100.0), &[]).await.unwrap();
-    let shared = b.share(load("acme", 50.0), &[]).await.unwrap();
+    let _ = a
+        .share(load("acme", 100.0), &[], Upstream::new())
+        .await
+        .unwrap();
+    let shared = b
+        .share(load("acme", 50.0), &[], Upstream::new())
+        .await
+        .unwrap();
     assert!(
         !shared.complete,
         "a replica that just joined decides on nothing"
@@ -102,8 +111,14 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     // A replica adopts tables only once it has shared for a whole share
     // lifetime (1 s here): before, a table may not have counted it.
     tokio::time::sleep(Duration::from_millis(1_050)).await;
-    let _ = a.share(load("acme", 100.0), &[]).await.unwrap();
-    let shared = b.share(load("acme", 50.0), &[]).await.unwrap();
+    let _ = a
+        .share(load("acme", 100.0), &[], Upstream::new())
+        .await
+        .unwrap();
+    let shared = b
+        .share(load("acme", 50.0), &[], Upstream::new())
+        .await
+        .unwrap();
     assert!(shared.complete);
     assert_eq!(shared.replicas, 2);
     let acme = shared.total.get("acme").unwrap();
@@ -165,7 +180,10 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
     assert!(a.follow().await.unwrap());
     assert_eq!(a.table().fence, fence);
     assert_eq!(a.table().len(), 1, "the table survived the flush");
-    let _ = b.share(load("acme", 1.0), &[]).await.unwrap();
+    let _ = b
+        .share(load("acme", 1.0), &[], Upstream::new())
+        .await
+        .unwrap();
 
     // A store written by another layout is refused, not misread.
     redis_cmd(&store, &["SET", &keys.format, "2"]).await;
@@ -174,7 +192,10 @@ async fn one_leader_a_fence_and_shares_through_a_real_redis() {
         .unwrap_err();
     assert!(matches!(err, ReplicaError::Format { .. }), "{err}");
     assert!(err.to_string().contains("format 2"), "{err}");
-    let err = a.share(load("acme", 1.0), &[]).await.unwrap_err();
+    let err = a
+        .share(load("acme", 1.0), &[], Upstream::new())
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("format 2"), "{err}");
 }
 
@@ -195,11 +216,17 @@ async fn a_replica_waits_for_a_slow_store_up_to_its_own_bound() {
     // call of a script takes a second round trip).
     assert_eq!(replica.lead().await.unwrap(), Some(1));
     slow.delay(Duration::from_millis(70));
-    let shared = replica.share(load("acme", 10.0), &[]).await.unwrap();
+    let shared = replica
+        .share(load("acme", 10.0), &[], Upstream::new())
+        .await
+        .unwrap();
     assert_eq!(shared.replicas, 1);
     assert_eq!(replica.lead().await.unwrap(), Some(1));
     slow.delay(Duration::from_millis(300));
-    let err = replica.share(load("acme", 10.0), &[]).await.unwrap_err();
+    let err = replica
+        .share(load("acme", 10.0), &[], Upstream::new())
+        .await
+        .unwrap_err();
     // The replica's own bound, from its connection or its own timer.
     let timed_out = match &err {
         ReplicaError::Timeout(_) => true,
@@ -221,11 +248,11 @@ async fn a_vanished_share_counts_until_its_proxies_are_served_elsewhere() {
     let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
     let _ = a
-        .share(load("acme", 100.0), &ids(&["envoy-a"]))
+        .share(load("acme", 100.0), &ids(&["envoy-a"]), Upstream::new())
         .await
         .unwrap();
     let shared = b
-        .share(load("acme", 50.0), &ids(&["envoy-b"]))
+        .share(load("acme", 50.0), &ids(&["envoy-b"]), Upstream::new())
         .await
         .unwrap();
     assert_eq!((shared.replicas, shared.orphans), (2, 0));
@@ -235,7 +262,7 @@ async fn a_vanished_share_counts_until_its_proxies_are_served_elsewhere() {
     redis_cmd(&store, &["DEL", &keys.load("a")]).await;
     tokio::time::sleep(Duration::from_millis(1_050)).await;
     let shared = b
-        .share(load("acme", 50.0), &ids(&["envoy-b"]))
+        .share(load("acme", 50.0), &ids(&["envoy-b"]), Upstream::new())
         .await
         .unwrap();
     assert_eq!((shared.replicas, shared.orphans), (1, 1));
@@ -245,12 +272,80 @@ async fn a_vanished_share_counts_until_its_proxies_are_served_elsewhere() {
     // `a`'s proxy moves to `b`: counted once more for this interval at
     // most, then `a`'s last share is dropped.
     let both = ids(&["envoy-a", "envoy-b"]);
-    let shared = b.share(load("acme", 150.0), &both).await.unwrap();
+    let shared = b
+        .share(load("acme", 150.0), &both, Upstream::new())
+        .await
+        .unwrap();
     assert_eq!((shared.replicas, shared.orphans), (1, 0));
     assert_eq!(shared.total.get("acme").unwrap().load.offered_rps, 150.0);
-    let shared = b.share(load("acme", 150.0), &both).await.unwrap();
+    let shared = b
+        .share(load("acme", 150.0), &both, Upstream::new())
+        .await
+        .unwrap();
     assert_eq!((shared.replicas, shared.orphans), (1, 0));
     assert!(shared.complete);
+}
+
+fn signals(bucket: &str, responses: u64, errors: u64, latency_us: u64) -> Upstream {
+    let mut latency = LatencyHistogram::default();
+    for _ in 0..responses {
+        latency.record(latency_us);
+    }
+    let health = UpstreamHealth {
+        responses,
+        errors,
+        latency,
+    };
+    Upstream::from([(bucket.to_owned(), health)])
+}
+
+#[tokio::test]
+async fn the_leader_adapts_on_every_replicas_upstream_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let store = connect(&redis).await;
+    let keys = Keys::default();
+    let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
+    let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
+    // `a`'s proxies see a failing, slow upstream; `b`'s a healthy one.
+    let _ = a
+        .share(
+            load("acme", 100.0),
+            &ids(&["envoy-a"]),
+            signals("acme", 100, 60, 400_000),
+        )
+        .await
+        .unwrap();
+    let shared = b
+        .share(
+            load("acme", 100.0),
+            &ids(&["envoy-b"]),
+            signals("acme", 100, 0, 2_000),
+        )
+        .await
+        .unwrap();
+    let acme = &shared.upstream["acme"];
+    assert_eq!((acme.responses, acme.errors), (200, 60));
+    assert_eq!(acme.error_ratio(), Some(0.3));
+    // Half the responses took 400 ms: the fleet p99 is `a`'s.
+    let p99 = acme.latency_quantile(0.99).unwrap();
+    assert!(p99 >= Duration::from_millis(400), "{p99:?}");
+
+    // `a`'s share vanishes: its load still counts, its signals do not
+    // (they were this interval's news once).
+    redis_cmd(&store, &["DEL", &keys.load("a")]).await;
+    let shared = b
+        .share(
+            load("acme", 100.0),
+            &ids(&["envoy-b"]),
+            signals("acme", 100, 0, 2_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(shared.orphans, 1);
+    assert_eq!(shared.total.get("acme").unwrap().load.offered_rps, 200.0);
+    let acme = &shared.upstream["acme"];
+    assert_eq!((acme.responses, acme.errors), (100, 0));
 }
 
 const LIMITS: &str = r#"

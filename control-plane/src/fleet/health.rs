@@ -38,6 +38,30 @@ impl UpstreamHealth {
     }
 }
 
+impl UpstreamHealth {
+    /// Adds `other`'s responses, errors and latencies.
+    pub fn absorb(&mut self, other: &UpstreamHealth) {
+        self.responses = self.responses.saturating_add(other.responses);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.latency.merge(&other.latency);
+    }
+}
+
+/// Adds `from` to `into` bucket by bucket; past [`MAX_HEALTH_BUCKETS`]
+/// buckets, new ones add nothing.
+pub fn merge_health(
+    into: &mut HashMap<String, UpstreamHealth>,
+    from: impl IntoIterator<Item = (String, UpstreamHealth)>,
+) {
+    for (bucket, health) in from {
+        if let Some(existing) = into.get_mut(&bucket) {
+            existing.absorb(&health);
+        } else if into.len() < MAX_HEALTH_BUCKETS {
+            into.insert(bucket, health);
+        }
+    }
+}
+
 /// Signals accumulating between two control intervals.
 #[derive(Debug, Default)]
 pub struct HealthWindow {

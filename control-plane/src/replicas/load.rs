@@ -12,12 +12,14 @@
 //! and a share written by a Sluice with another layout is refused, not
 //! misread.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use sluice_filter::upstream::LatencyHistogram;
 
 use crate::cell::Priority;
+use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
 use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
 
 /// Layout of a published share; bumped when it changes meaning.
@@ -46,6 +48,19 @@ struct WireShare {
     /// naming no proxy.
     #[serde(default)]
     proxies: Vec<String>,
+    /// The upstream signals of its proxies for the adaptive buckets
+    /// (added later too: a share without it carries none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    upstream: Vec<WireUpstream>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireUpstream {
+    bucket: String,
+    responses: u64,
+    errors: u64,
+    /// The latency histogram's counts, trailing empty buckets cut.
+    latency: Vec<u32>,
 }
 
 /// A share as read from the store: the load and who it came from.
@@ -55,7 +70,13 @@ pub struct Share {
     pub buckets: Vec<BucketTraffic>,
     /// The proxies whose streams the replica held, sorted.
     pub proxies: Vec<String>,
+    /// Its proxies' upstream signals of the last interval, per adaptive
+    /// bucket.
+    pub upstream: Upstream,
 }
+
+/// Upstream signals per bucket over one interval.
+pub type Upstream = HashMap<String, UpstreamHealth>;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct WireBucket {
@@ -75,12 +96,27 @@ struct WireCell {
     stale_share: f64,
 }
 
-/// The share a replica publishes: its proxies' rates per cell, and which
-/// proxies it serves (so the others can tell when those proxies have moved).
-pub fn encode(load: &FleetLoad, proxies: &[String]) -> Vec<u8> {
+/// The share a replica publishes: its proxies' rates per cell, which
+/// proxies it serves (so the others can tell when those proxies have
+/// moved), and their upstream signals.
+///
+/// `upstream` is what the adaptive limits need of this replica's proxies'
+/// signals (the caller keeps only adaptive buckets: a latency histogram per
+/// bucket is too much to publish for every bucket).
+pub fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) -> Vec<u8> {
     let share = WireShare {
         format: FORMAT,
         proxies: proxies.to_vec(),
+        upstream: upstream
+            .iter()
+            .take(MAX_HEALTH_BUCKETS)
+            .map(|(bucket, health)| WireUpstream {
+                bucket: bucket.clone(),
+                responses: health.responses,
+                errors: health.errors,
+                latency: health.latency.to_wire(),
+            })
+            .collect(),
         buckets: load
             .buckets
             .iter()
@@ -143,7 +179,25 @@ pub fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
             traffic
         })
         .collect();
-    Ok(Share { buckets, proxies })
+    let mut upstream = Upstream::new();
+    merge_health(
+        &mut upstream,
+        share.upstream.into_iter().map(|wire| {
+            let mut latency = LatencyHistogram::default();
+            latency.merge_wire(&wire.latency);
+            let health = UpstreamHealth {
+                responses: wire.responses,
+                errors: wire.errors.min(wire.responses),
+                latency,
+            };
+            (wire.bucket, health)
+        }),
+    );
+    Ok(Share {
+        buckets,
+        proxies,
+        upstream,
+    })
 }
 
 /// A rate read from the store: never negative, never NaN or infinite.
@@ -268,6 +322,34 @@ mod tests {
         traffic
     }
 
+    #[test]
+    fn a_share_carries_its_upstream_signals() {
+        let mut latency = LatencyHistogram::default();
+        latency.record(2_000);
+        latency.record(90_000);
+        let mut upstream = Upstream::new();
+        upstream.insert(
+            "acme".to_owned(),
+            UpstreamHealth {
+                responses: 40,
+                errors: 3,
+                latency: latency.clone(),
+            },
+        );
+        let read = decode(&encode(&FleetLoad::default(), &[], &upstream)).unwrap();
+        assert_eq!(read.upstream, upstream);
+        // None published: the key is left out, and reads back as none.
+        let bytes = encode(&FleetLoad::default(), &[], &Upstream::new());
+        assert!(!String::from_utf8_lossy(&bytes).contains("upstream"));
+        assert!(decode(&bytes).unwrap().upstream.is_empty());
+        // More errors than responses are cut to the responses.
+        let forged = br#"{"format":1,"buckets":[],"upstream":[
+            {"bucket":"acme","responses":2,"errors":9,"latency":[1,1]}]}"#;
+        let read = decode(forged).unwrap();
+        assert_eq!(read.upstream["acme"].errors, 2);
+        assert_eq!(read.upstream["acme"].latency.count(), 2);
+    }
+
     /// The drop ratio a tracking controller decides on the same total for
     /// `intervals` intervals, at the first and at the last.
     fn ratios_over(total: &FleetLoad, intervals: usize) -> (f64, f64) {
@@ -330,7 +412,7 @@ mod tests {
             bucket("zeta", vec![cell("t2", Priority::Bulk, 1.0, 0.25)], 1),
         ]);
         let proxies = ["envoy-b".to_owned(), "envoy-a".to_owned()];
-        let read = decode(&encode(&load, &proxies)).unwrap();
+        let read = decode(&encode(&load, &proxies, &Upstream::new())).unwrap();
         assert_eq!(read.buckets, load.buckets);
         assert_eq!(read.proxies, ["envoy-a", "envoy-b"]);
     }
@@ -427,7 +509,11 @@ mod tests {
             let mut rest = shares.into_iter();
             let own = FleetLoad::new(rest.next().unwrap_or_default());
             let decoded: Vec<Vec<BucketTraffic>> = rest
-                .map(|share| decode(&encode(&FleetLoad::new(share), &[])).unwrap().buckets)
+                .map(|share| {
+                    decode(&encode(&FleetLoad::new(share), &[], &Upstream::new()))
+                        .unwrap()
+                        .buckets
+                })
                 .collect();
             let total = merge(own, decoded);
             prop_assert_eq!(total.buckets.len(), expected.len());

@@ -41,9 +41,11 @@ use sluice_proto::v1::{Directive, ModePolicy};
 use tokio::time::Instant;
 
 use crate::control::controller::RetiredCell;
+use crate::fleet::health::merge_health;
 use crate::fleet::{BucketTraffic, FleetLoad};
 use crate::store::Store;
 pub use keys::Keys;
+pub use load::Upstream;
 pub use record::Record;
 
 /// Longest wait for a replica's own connection to open at `join`.
@@ -141,6 +143,10 @@ pub struct Shared {
     pub orphans: usize,
     /// Shares refused as unreadable (another layout, corruption).
     pub unreadable: usize,
+    /// The upstream signals of the interval over the live replicas' proxies
+    /// (this replica's own included), per adaptive bucket. Vanished shares'
+    /// signals are not counted again: they are old news.
+    pub upstream: Upstream,
     /// Whether the total may be decided on: this replica has shared for a
     /// whole share lifetime without a failure (so every live replica's
     /// share is in, also after the store came back empty), and no share
@@ -247,15 +253,17 @@ impl Replica {
         &self.table
     }
 
-    /// Publishes `own` (this replica's tick) and the ids of the proxies
-    /// it serves, and returns the fleet total over the live replicas (and
-    /// the orphaned shares). Two round trips.
+    /// Publishes `own` (this replica's tick), the ids of the proxies it
+    /// serves and their `upstream` signals (for the adaptive buckets), and
+    /// returns the fleet total over the live replicas (and the orphaned
+    /// shares). Two round trips.
     pub async fn share(
         &mut self,
         own: FleetLoad,
         proxies: &[String],
+        upstream: Upstream,
     ) -> Result<Shared, ReplicaError> {
-        let shared = self.exchange_shares(own, proxies).await;
+        let shared = self.exchange_shares(own, proxies, upstream).await;
         match &shared {
             Ok(_) => {
                 self.settle();
@@ -325,6 +333,7 @@ impl Replica {
         &mut self,
         own: FleetLoad,
         proxies: &[String],
+        mut upstream: Upstream,
     ) -> Result<Shared, ReplicaError> {
         let now_ms = unix_ms();
         let ttl_ms = millis(self.options.share_ttl());
@@ -335,7 +344,7 @@ impl Replica {
                 redis::pipe()
                     .cmd("SET")
                     .arg(self.keys.load(&self.options.id))
-                    .arg(load::encode(&own, proxies))
+                    .arg(load::encode(&own, proxies, &upstream))
                     .arg("PX")
                     .arg(ttl_ms)
                     .ignore()
@@ -389,6 +398,7 @@ impl Replica {
             match load::decode(&bytes) {
                 Ok(share) => {
                     served.extend(share.proxies);
+                    merge_health(&mut upstream, share.upstream);
                     shares.push(share.buckets);
                     self.last_shares.insert(id, LastShare { bytes, seen: now });
                 }
@@ -414,6 +424,7 @@ impl Replica {
             replicas: 1 + live,
             orphans,
             unreadable,
+            upstream,
             complete: false,
         })
     }

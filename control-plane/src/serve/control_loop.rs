@@ -13,7 +13,7 @@ use sluice_proto::v1::ModePolicy;
 
 use crate::control::controller::Controller;
 use crate::fleet::health::UpstreamHealth;
-use crate::replicas::Replica;
+use crate::replicas::{Replica, Upstream};
 use crate::serve::push::{Published, Update};
 use crate::serve::state::AppState;
 
@@ -138,9 +138,18 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
         (fleet.tick(), fleet.connected_proxy_ids())
     };
     metrics.observe_fleet(&own.stats);
-    // This replica's proxies' signals only: shares do not carry them yet.
+    // This replica's metrics show its own proxies' signals; the adaptive
+    // limits follow the fleet's, so the adaptive buckets' travel in the
+    // share.
     let health = observe_upstream(state);
-    let shared = match replica.share(own, &proxies).await {
+    let adaptive_health: Upstream = {
+        let policy = state.policy();
+        health
+            .into_iter()
+            .filter(|(bucket, _)| policy.adaptive.contains(bucket))
+            .collect()
+    };
+    let shared = match replica.share(own, &proxies, adaptive_health).await {
         Ok(shared) => shared,
         Err(err) => {
             replica.step_down();
@@ -177,7 +186,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     let (decision, modes) = {
         let policy = state.policy();
         let decision = if decides {
-            let adapted = state.adapt(&policy, &shared.total, &health);
+            let adapted = state.adapt(&policy, &shared.total, &shared.upstream);
             controller.decide(&shared.total, adapted.as_ref().unwrap_or(&policy))
         } else {
             Controller::tracking(state.control_interval()).decide(&shared.total, &policy)

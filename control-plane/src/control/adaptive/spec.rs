@@ -232,6 +232,11 @@ impl AdaptiveSpecs {
     pub fn iter(&self) -> impl Iterator<Item = &AdaptiveSpec> {
         self.0.iter()
     }
+
+    /// Whether `bucket` is adaptive.
+    pub fn contains(&self, bucket: &str) -> bool {
+        self.0.iter().any(|spec| spec.bucket == bucket)
+    }
 }
 
 #[cfg(test)]
