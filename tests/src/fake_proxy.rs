@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
-use sluice_proto::v1::{BucketCount, Hello, ProxyMessage, Report, proxy_message};
+use sluice_proto::v1::{BucketCount, Hello, ProxyMessage, Report, UpstreamSignal, proxy_message};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -128,6 +128,17 @@ impl FakeProxy {
     /// Reports `counts` every `interval` (as a window of that length) until
     /// dropped.
     pub fn report_every(&mut self, interval: Duration, counts: Vec<BucketCount>) {
+        self.report_every_with_upstream(interval, counts, Vec::new());
+    }
+
+    /// [`Self::report_every`], each report also carrying `upstream`
+    /// signals (what the upstream answered in the window).
+    pub fn report_every_with_upstream(
+        &mut self,
+        interval: Duration,
+        counts: Vec<BucketCount>,
+        upstream: Vec<UpstreamSignal>,
+    ) {
         let outbound = self.outbound.clone();
         let window_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
         self.reporter = Some(tokio::spawn(async move {
@@ -140,7 +151,7 @@ impl FakeProxy {
                     window_ms,
                     buckets: counts.clone(),
                     directive_age_ms: None,
-                    upstream: Vec::new(),
+                    upstream: upstream.clone(),
                 };
                 let message = ProxyMessage {
                     kind: Some(proxy_message::Kind::Report(report)),

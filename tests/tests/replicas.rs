@@ -29,12 +29,14 @@ use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions
 use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
 use sluice_filter::upstream::LatencyHistogram;
 use sluice_integration_tests::control_plane::AdminClient;
+use sluice_integration_tests::fake_proxy::FakeProxy;
 use sluice_integration_tests::fault_proxy::FaultProxy;
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::redis::RedisServer;
 use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, wait_for_leader};
-use sluice_proto::v1::{Directive, ModePolicy};
+use sluice_integration_tests::wait;
+use sluice_proto::v1::{BucketCount, Directive, ModePolicy, UpstreamSignal};
 
 fn options(id: &str) -> ReplicaOptions {
     ReplicaOptions {
@@ -346,6 +348,97 @@ async fn the_leader_adapts_on_every_replicas_upstream_signals() {
     assert_eq!(shared.total.get("acme").unwrap().load.offered_rps, 200.0);
     let acme = &shared.upstream["acme"];
     assert_eq!((acme.responses, acme.errors), (100, 0));
+}
+
+const ADAPTIVE_LIMITS: &str = r#"
+limits:
+  - bucket: "api"
+    limit_rps: 1000
+adaptive:
+  - bucket: "api"
+    signal: errors
+    max_error_ratio: 0.1
+    min_rps: 40
+    max_rps: 1000
+"#;
+
+/// One report window's signals for bucket `api`: `responses`, `errors` of
+/// them 5xx, each answered in 2 ms.
+fn api_signal(responses: u64, errors: u64) -> UpstreamSignal {
+    let mut latency = LatencyHistogram::default();
+    for _ in 0..responses {
+        latency.record(2_000);
+    }
+    UpstreamSignal {
+        bucket: "api".to_owned(),
+        responses,
+        errors,
+        latency: latency.to_wire(),
+    }
+}
+
+/// Real replicas: a proxy on r0 sees half its requests fail, a proxy on r1
+/// sees none. Each replica alone would call the upstream failing (0.5) or
+/// healthy (0); both see the fleet's ratio, in between, and lower the
+/// limit alike, so whichever leads (now or after a failover) adapts on the
+/// whole fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_adapts_on_the_whole_fleets_upstream_signals() {
+    let set = ReplicaSet::start(ReplicaSetOptions::new(ADAPTIVE_LIMITS, 2, 0))
+        .await
+        .unwrap();
+    let counts = vec![BucketCount {
+        bucket: "api".to_owned(),
+        offered: 10,
+        admitted: 10,
+        ..BucketCount::default()
+    }];
+    let report_every = Duration::from_millis(100);
+    let mut failing = FakeProxy::connect(set.grpc_addrs()[0], "envoy-failing", None)
+        .await
+        .unwrap();
+    failing.report_every_with_upstream(report_every, counts.clone(), vec![api_signal(20, 10)]);
+    let mut healthy = FakeProxy::connect(set.grpc_addrs()[1], "envoy-healthy", None)
+        .await
+        .unwrap();
+    healthy.report_every_with_upstream(report_every, counts, vec![api_signal(20, 0)]);
+
+    // Both replicas lowered the limit on a ratio neither proxy saw alone.
+    let seen = wait::until(
+        "both replicas lowering api on the fleet's error ratio",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let mut views = Vec::new();
+            for replica in &set.replicas {
+                let reply = replica.admin().adaptive().await?;
+                let api = reply["buckets"]
+                    .as_array()
+                    .and_then(|buckets| buckets.iter().find(|b| b["bucket"] == "api"))
+                    .cloned()
+                    .unwrap_or_default();
+                views.push(api);
+            }
+            let lowered = views.iter().all(|api| {
+                let ratio = api["error_ratio"].as_f64().unwrap_or(-1.0);
+                let limit = api["limit_rps"].as_f64().unwrap_or(1000.0);
+                (0.1..0.45).contains(&ratio) && limit < 1000.0
+            });
+            Ok(lowered.then_some(views))
+        },
+    )
+    .await;
+    if seen.is_err() {
+        set.print_logs();
+    }
+    let seen = seen.unwrap();
+    println!("{seen:#?}");
+    for api in &seen {
+        assert!(
+            api["reason"].as_str().unwrap().contains("error ratio"),
+            "{api}"
+        );
+    }
 }
 
 const LIMITS: &str = r#"
