@@ -379,3 +379,50 @@ async fn ctl_whatif_replays_a_proposal_and_changes_nothing() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_adaptive_sets_lists_and_removes_a_spec() {
+    let server = Server::start("adaptive").await;
+    let spec = server.dir.join("adaptive.yaml");
+    std::fs::write(&spec, "signal: errors\nmin_rps: 20\nmax_rps: 400\n").unwrap();
+    let printed = server
+        .ok(&["adaptive", "set", "acme", spec.to_str().unwrap()])
+        .await;
+    let written: Value = serde_json::from_str(&printed).unwrap();
+    assert_eq!(written["bucket"], "acme");
+    assert_eq!(written["max_rps"], 400.0);
+    assert!(server.state.policy().adaptive.contains("acme"));
+    // The limits file holds it, as if written by hand.
+    let file = std::fs::read_to_string(server.dir.join("limits.yaml")).unwrap();
+    assert!(file.contains("adaptive:"), "{file}");
+
+    // A bad spec: the problem's detail, non-zero, nothing changed.
+    std::fs::write(&spec, "signal: errors\nmin_rps: 20\nmax_rps: 10\n").unwrap();
+    let (code, _, stderr) = server
+        .ctl(&["adaptive", "set", "acme", spec.to_str().unwrap()])
+        .await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("422") && stderr.contains("must be above min_rps"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .adaptive
+            .iter()
+            .map(|s| s.max_rps)
+            .collect::<Vec<_>>(),
+        vec![400.0]
+    );
+
+    let listed = server.ok(&["adaptive"]).await;
+    assert!(
+        listed.lines().next().unwrap().starts_with("bucket"),
+        "{listed}"
+    );
+    server.ok(&["adaptive", "rm", "acme"]).await;
+    assert!(!server.state.policy().adaptive.contains("acme"));
+    server.stop().await;
+}

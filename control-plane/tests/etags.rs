@@ -1,6 +1,7 @@
 //! Entity tags and `If-Match` on every admin resource, in the
 //! single-process default: a lost update answers 412 with a problem and
-//! changes nothing; the tag follows the content.
+//! changes nothing; the tag follows the content. Adaptive specs are
+//! written through the API too, validated like the limits file.
 
 #![allow(
     clippy::unwrap_used,
@@ -270,4 +271,121 @@ async fn tenants_modes_and_overrides_carry_tags_too() {
             .as_object()
             .is_none_or(|t| t.is_empty())
     );
+}
+
+#[tokio::test]
+async fn an_adaptive_spec_is_written_read_and_removed_under_its_tag() {
+    use sluice_control_plane::Controller;
+    use sluice_control_plane::serve::control_loop::step;
+
+    let config = Config::from_yaml(
+        "limits:\n  - bucket: acme\n    limit_rps: 200\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let state = AppState::new(Settings::from_config(&config, None));
+    let app = router(state.clone());
+    let missing = send(&app, Method::GET, "/v1/adaptive/acme", None, None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+
+    // Bad bodies: a problem naming what is wrong, nothing changed.
+    for (body, says) in [
+        (r#"{"min_rps": 50}"#, "max_rps"),
+        (
+            r#"{"min_rps": 50, "max_rps": 10, "signal": "errors"}"#,
+            "must be above min_rps",
+        ),
+        (r#"{"min_rps": 5, "max_rps": 10}"#, "target_p99_ms"),
+        (
+            r#"{"min_rps": 5, "max_rps": 10, "signal": "errors", "speed": 1}"#,
+            "speed",
+        ),
+        (
+            r#"{"bucket": "other", "min_rps": 5, "max_rps": 10, "signal": "errors"}"#,
+            "path's bucket",
+        ),
+        (
+            r#"{"min_rps": 5, "max_rps": 10, "signal": "errors", "decrease_factor": 1.5}"#,
+            "decrease_factor",
+        ),
+    ] {
+        let reply = send(&app, Method::PUT, "/v1/adaptive/acme", None, Some(body)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {:?}",
+            reply.body
+        );
+        assert_eq!(
+            reply.content_type.as_deref(),
+            Some("application/problem+json")
+        );
+        let detail = reply.body["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{body}: {detail}");
+    }
+    // `If-Match: *` needs the spec to exist: creating is refused.
+    let refused = send(
+        &app,
+        Method::PUT,
+        "/v1/adaptive/acme",
+        Some("*"),
+        Some(r#"{"signal": "errors", "min_rps": 20, "max_rps": 400}"#),
+    )
+    .await;
+    assert_precondition_failed(&refused);
+    let missing = send(&app, Method::GET, "/v1/adaptive/acme", None, None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+
+    let set = send(
+        &app,
+        Method::PUT,
+        "/v1/adaptive/acme",
+        None,
+        Some(r#"{"signal": "errors", "min_rps": 20, "max_rps": 400}"#),
+    )
+    .await;
+    assert_eq!(set.status, StatusCode::OK, "{:?}", set.body);
+    assert_eq!(set.body["bucket"], "acme");
+    assert_eq!(set.body["max_error_ratio"], 0.05);
+    assert_eq!(set.body["increase_rps"], 19.0);
+    let tag = set.etag.unwrap();
+
+    // The control loop picks it up: the bucket starts from its limit.
+    step(&state, &mut Controller::default());
+    let read = send(&app, Method::GET, "/v1/adaptive/acme", None, None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.etag.as_deref(), Some(tag.as_str()));
+    assert_eq!(read.body["spec"]["max_rps"], 400.0);
+    assert_eq!(read.body["status"]["limit_rps"], 200.0);
+    assert_eq!(read.body["status"]["reason"], "no signal: holding");
+
+    // A writer holding an old tag loses; the spec is as it was.
+    let changed = send(
+        &app,
+        Method::PUT,
+        "/v1/adaptive/acme",
+        Some(&tag),
+        Some(r#"{"signal": "errors", "min_rps": 20, "max_rps": 300}"#),
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::OK);
+    let lost = send(&app, Method::DELETE, "/v1/adaptive/acme", Some(&tag), None).await;
+    assert_precondition_failed(&lost);
+    let read = send(&app, Method::GET, "/v1/adaptive/acme", None, None).await;
+    assert_eq!(read.body["spec"]["max_rps"], 300.0);
+
+    let removed = send(
+        &app,
+        Method::DELETE,
+        "/v1/adaptive/acme",
+        changed.etag.as_deref(),
+        None,
+    )
+    .await;
+    assert_eq!(removed.status, StatusCode::NO_CONTENT);
+    step(&state, &mut Controller::default());
+    let list = send(&app, Method::GET, "/v1/adaptive", None, None).await;
+    assert_eq!(list.body["buckets"], Value::Array(Vec::new()));
+    let again = send(&app, Method::DELETE, "/v1/adaptive/acme", None, None).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
 }

@@ -76,6 +76,11 @@ pub fn tenant(config: &Config, tenant: &str) -> Option<ETag> {
     })
 }
 
+/// The tag of bucket `bucket`'s adaptive spec, if it is adaptive.
+pub fn adaptive(config: &Config, bucket: &str) -> Option<ETag> {
+    config.adaptive.get(bucket).map(ETag::of)
+}
+
 /// The tag of the rollout state (always present).
 pub fn modes(config: &Config) -> ETag {
     ETag::of(&config.modes)

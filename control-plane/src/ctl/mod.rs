@@ -52,8 +52,13 @@ pub enum CtlCommand {
     Buckets,
     /// Proxies: identity, zone, last report, directive age, connected.
     Proxies,
-    /// Adaptive buckets: the limit in force, its bounds, why it moved.
-    Adaptive,
+    /// Adaptive buckets: the limit in force, its bounds, why it moved;
+    /// with `set` or `rm`, change one bucket's spec.
+    Adaptive {
+        /// Without one: list the adaptive buckets.
+        #[command(subcommand)]
+        command: Option<AdaptiveCommand>,
+    },
     /// Limits in force and limit overrides.
     Limits,
     /// Set or remove a bucket's limit.
@@ -189,6 +194,25 @@ impl TenantValues {
     }
 }
 
+/// `sluice ctl adaptive`.
+#[derive(Debug, Subcommand)]
+pub enum AdaptiveCommand {
+    /// Make BUCKET adaptive, or replace its spec, from FILE: one entry of
+    /// the limits file's `adaptive:` section, in YAML or JSON (`bucket`
+    /// may be left out; fields left out take their defaults).
+    Set {
+        /// Exact bucket key.
+        bucket: String,
+        /// The spec.
+        file: PathBuf,
+    },
+    /// Make BUCKET's limit fixed again.
+    Rm {
+        /// Exact bucket key.
+        bucket: String,
+    },
+}
+
 /// `sluice ctl tenant`.
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
@@ -296,7 +320,26 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
     let (reply, render): (Option<Value>, fn(&Value) -> String) = match &args.command {
         CtlCommand::Buckets => (client.get("/v1/buckets").await?, table::buckets),
         CtlCommand::Proxies => (client.get("/v1/proxies").await?, table::proxies),
-        CtlCommand::Adaptive => (client.get("/v1/adaptive").await?, table::adaptive),
+        CtlCommand::Adaptive { command: None } => {
+            (client.get("/v1/adaptive").await?, table::adaptive)
+        }
+        CtlCommand::Adaptive {
+            command: Some(AdaptiveCommand::Set { bucket, file }),
+        } => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|err| CtlError::Usage(format!("cannot read {}: {err}", file.display())))?;
+            // JSON is YAML: one parser reads both.
+            let body: Value = serde_yaml_ng::from_str(&text)
+                .map_err(|err| CtlError::Usage(format!("{}: {err}", file.display())))?;
+            let path = format!("/v1/adaptive/{}", seg(bucket));
+            (client.put(&path, Some(body)).await?, table::written)
+        }
+        CtlCommand::Adaptive {
+            command: Some(AdaptiveCommand::Rm { bucket }),
+        } => {
+            let path = format!("/v1/adaptive/{}", seg(bucket));
+            (client.delete(&path).await?, table::written)
+        }
         CtlCommand::Limits => (client.get("/v1/limits").await?, table::limits),
         CtlCommand::Tenants => (client.get("/v1/tenants").await?, table::tenants),
         CtlCommand::Modes => (client.get("/v1/modes").await?, table::modes),

@@ -235,7 +235,28 @@ impl AdaptiveSpecs {
 
     /// Whether `bucket` is adaptive.
     pub fn contains(&self, bucket: &str) -> bool {
-        self.0.iter().any(|spec| spec.bucket == bucket)
+        self.get(bucket).is_some()
+    }
+
+    /// The spec of `bucket`, if it is adaptive.
+    pub fn get(&self, bucket: &str) -> Option<&AdaptiveSpec> {
+        self.0.iter().find(|spec| spec.bucket == bucket)
+    }
+
+    /// Sets the spec of its bucket: replaces the one in place, else adds
+    /// it at the end (one spec per bucket holds by construction).
+    pub fn set(&mut self, spec: AdaptiveSpec) {
+        match self.0.iter_mut().find(|s| s.bucket == spec.bucket) {
+            Some(existing) => *existing = spec,
+            None => self.0.push(spec),
+        }
+    }
+
+    /// Removes the spec of `bucket`; whether there was one.
+    pub fn remove(&mut self, bucket: &str) -> bool {
+        let before = self.0.len();
+        self.0.retain(|spec| spec.bucket != bucket);
+        self.0.len() != before
     }
 }
 
