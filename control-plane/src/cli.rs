@@ -140,6 +140,18 @@ pub struct ServeArgs {
     /// like envoyproxy/ratelimit.
     #[arg(long)]
     pub quota_fail_closed: bool,
+    /// With `--store`: keep up to this many bytes of fixed-window counters
+    /// known to be over their limit, and answer them without a round trip
+    /// until their window ends (envoyproxy/ratelimit's
+    /// LOCAL_CACHE_SIZE_IN_BYTES). 0 (the default) turns it off; other
+    /// algorithms are never cached.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub quota_local_cache_bytes: usize,
+    /// Admitted hits past this share of their quota count in
+    /// `sluice_quota_near_limit_total` (envoyproxy/ratelimit's
+    /// NEAR_LIMIT_RATIO); between 0 and 1.
+    #[arg(long, value_name = "RATIO", default_value = "0.8", value_parser = parse_near_limit_ratio)]
+    pub quota_near_limit_ratio: crate::quotas::NearLimitRatio,
     /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS). Every
     /// `sluice serve` given the same store is a replica of one control
     /// plane: they add up their proxies' load there, one of them (the
@@ -192,6 +204,13 @@ fn parse_algorithm(value: &str) -> Result<crate::quotas::Algorithm, String> {
         "fixed_window" => Ok(Algorithm::FixedWindow),
         _ => Err("one of gcra, sliding_window, fixed_window".to_owned()),
     }
+}
+
+fn parse_near_limit_ratio(value: &str) -> Result<crate::quotas::NearLimitRatio, String> {
+    let ratio = value
+        .parse::<f64>()
+        .map_err(|_| format!("not a number: {value:?}"))?;
+    crate::quotas::NearLimitRatio::new(ratio)
 }
 
 fn parse_positive(value: &str) -> Result<f64, String> {
@@ -581,6 +600,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 crate::quotas::QuotaSettings {
                     algorithm: args.quota_algorithm,
                     fail_closed: args.quota_fail_closed,
+                    local_cache_bytes: args.quota_local_cache_bytes,
+                    near_limit_ratio: args.quota_near_limit_ratio,
                     ..crate::quotas::QuotaSettings::default()
                 },
                 crate::quotas::system_clock(),

@@ -32,6 +32,7 @@ pub struct QuotaMetrics {
     /// Key paths with values (`detailed_metric`) that have their own series.
     detailed: Arc<Mutex<HashSet<String>>>,
     detailed_overflow: Counter,
+    local_cache_hits: Counter,
 }
 
 /// Most series keyed by request values (`detailed_metric`) per process:
@@ -83,6 +84,11 @@ impl QuotaMetrics {
             "quota_detailed_overflow",
             "Hits of detailed_metric limits counted under the configured key path because the process already has its maximum of per-value series",
             metrics.detailed_overflow.clone(),
+        );
+        registry.register(
+            "quota_local_cache_hits",
+            "Descriptors answered over limit from the local cache of full fixed windows, without a round trip to the store",
+            metrics.local_cache_hits.clone(),
         );
         registry.register(
             "quota_requests_refused",
@@ -140,6 +146,11 @@ impl QuotaMetrics {
         if shadow {
             Self::inc(&self.shadow_mode, key, 1);
         }
+    }
+
+    /// A descriptor answered from the local over-limit cache.
+    pub fn local_cache_hit(&self) {
+        self.local_cache_hits.inc();
     }
 
     /// An admitted request past 80 % of the quota at `key`.

@@ -8,6 +8,7 @@ pub mod algorithm;
 pub mod config;
 pub mod lookup;
 pub mod native;
+pub mod over_limit_cache;
 mod read;
 pub mod redis_store;
 mod reload;
@@ -19,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 pub use algorithm::Algorithm;
 pub use config::QuotaConfig;
+pub use over_limit_cache::OverLimitCache;
 pub use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
@@ -48,6 +50,9 @@ pub struct Quotas {
     pub path: Option<PathBuf>,
     counters: Counters,
     algorithm: Algorithm,
+    /// `--quota-local-cache-bytes`, for the counters in the shared store.
+    local_cache_bytes: usize,
+    near_limit_ratio: NearLimitRatio,
     fail_closed: bool,
     clock: Clock,
     metrics: QuotaMetrics,
@@ -88,6 +93,34 @@ impl Sources {
     }
 }
 
+/// The share of a quota past which admitted hits count as near the limit
+/// (`sluice_quota_near_limit_total`; envoyproxy/ratelimit's
+/// NEAR_LIMIT_RATIO): strictly between 0 and 1, 0.8 by default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NearLimitRatio(f64);
+
+impl NearLimitRatio {
+    /// The ratio, if it is strictly between 0 and 1.
+    pub fn new(ratio: f64) -> Result<Self, String> {
+        if ratio.is_finite() && ratio > 0.0 && ratio < 1.0 {
+            Ok(Self(ratio))
+        } else {
+            Err(format!("must be between 0 and 1 (exclusive), got {ratio}"))
+        }
+    }
+
+    /// The ratio.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl Default for NearLimitRatio {
+    fn default() -> Self {
+        Self(0.8)
+    }
+}
+
 /// How [`Quotas`] answers.
 #[derive(Debug, Clone, Copy)]
 pub struct QuotaSettings {
@@ -98,6 +131,11 @@ pub struct QuotaSettings {
     pub fail_closed: bool,
     /// The store's byte budget.
     pub store_bytes: usize,
+    /// With the counters in the shared store: bytes of fixed-window
+    /// counters over their limit answered without a round trip (0: off).
+    pub local_cache_bytes: usize,
+    /// Where "near the limit" starts.
+    pub near_limit_ratio: NearLimitRatio,
 }
 
 impl Default for QuotaSettings {
@@ -106,6 +144,8 @@ impl Default for QuotaSettings {
             algorithm: Algorithm::default(),
             fail_closed: false,
             store_bytes: DEFAULT_STORE_BYTES,
+            local_cache_bytes: 0,
+            near_limit_ratio: NearLimitRatio::default(),
         }
     }
 }
@@ -128,6 +168,8 @@ impl Quotas {
             path,
             counters: Counters::Memory(MemoryStore::new(settings.store_bytes)),
             algorithm: settings.algorithm,
+            local_cache_bytes: settings.local_cache_bytes,
+            near_limit_ratio: settings.near_limit_ratio,
             fail_closed: settings.fail_closed,
             clock,
             metrics,
@@ -136,7 +178,10 @@ impl Quotas {
 
     /// Keeps the counters in the shared store instead of in memory.
     pub fn with_redis(mut self, counters: RedisCounters) -> Self {
-        self.counters = Counters::Redis(Box::new(counters));
+        self.counters = Counters::Redis {
+            counters: Box::new(counters),
+            over_limit: OverLimitCache::new(self.local_cache_bytes),
+        };
         self
     }
 
@@ -195,15 +240,20 @@ enum Counters {
     /// In this process (the embedded default).
     Memory(MemoryStore),
     /// In the shared store, one round trip per request (boxed: the
-    /// store's client is much larger than the in-memory store's handle).
-    Redis(Box<RedisCounters>),
+    /// store's client is much larger than the in-memory store's handle),
+    /// unless every counted descriptor is a fixed window known to be over
+    /// its limit (`over_limit`).
+    Redis {
+        counters: Box<RedisCounters>,
+        over_limit: Option<OverLimitCache>,
+    },
 }
 
 impl std::fmt::Debug for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Counters::Memory(_) => f.write_str("Memory"),
-            Counters::Redis(redis) => write!(f, "Redis({redis:?})"),
+            Counters::Redis { counters, .. } => write!(f, "Redis({counters:?})"),
         }
     }
 }
@@ -223,9 +273,9 @@ impl Counters {
             Counters::Memory(memory) => {
                 Ok(memory.peek(&count.counter, algorithm, count.quota, now_ms))
             }
-            Counters::Redis(redis) => {
+            Counters::Redis { counters, .. } => {
                 let zero = redis_store::Count { hits: 0, ..count };
-                redis
+                counters
                     .decide(domain, algorithm, std::slice::from_ref(&zero))
                     .await?
                     .into_iter()
@@ -242,6 +292,7 @@ impl Counters {
         algorithm: Algorithm,
         counts: &[redis_store::Count],
         now_ms: u64,
+        metrics: &QuotaMetrics,
     ) -> Vec<Result<algorithm::Decision, CountError>> {
         match self {
             Counters::Memory(memory) => counts
@@ -250,10 +301,86 @@ impl Counters {
                     memory.decide(&count.counter, algorithm, count.quota, now_ms, count.hits)
                 })
                 .collect(),
-            Counters::Redis(redis) => match redis.decide(domain, algorithm, counts).await {
-                Ok(decisions) => decisions.into_iter().map(Ok).collect(),
-                Err(err) => vec![Err(err); counts.len()],
-            },
+            Counters::Redis {
+                counters,
+                over_limit,
+            } => {
+                let cache = over_limit
+                    .as_ref()
+                    .filter(|_| algorithm == Algorithm::FixedWindow);
+                match cache {
+                    Some(cache) => {
+                        decide_cached(counters, cache, domain, counts, now_ms, metrics).await
+                    }
+                    None => match counters.decide(domain, algorithm, counts).await {
+                        Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+                        Err(err) => vec![Err(err); counts.len()],
+                    },
+                }
+            }
         }
     }
+}
+
+/// Fixed-window counts: those `cache` knows to be over their limit are
+/// refused here, the rest go to Redis in one call; counters Redis finds
+/// full are noted until their window ends.
+async fn decide_cached(
+    counters: &RedisCounters,
+    cache: &OverLimitCache,
+    domain: &str,
+    counts: &[redis_store::Count],
+    now_ms: u64,
+    metrics: &QuotaMetrics,
+) -> Vec<Result<algorithm::Decision, CountError>> {
+    let mut answers: Vec<Option<Result<algorithm::Decision, CountError>>> =
+        Vec::with_capacity(counts.len());
+    let mut sent = Vec::new();
+    for count in counts {
+        // A zero-hit peek reads the counter itself.
+        let cached = (count.hits > 0)
+            .then(|| cache.over_for(&count.counter, now_ms))
+            .flatten();
+        match cached {
+            Some(left_ms) => {
+                metrics.local_cache_hit();
+                answers.push(Some(Ok(algorithm::Decision {
+                    admitted: false,
+                    remaining: 0,
+                    reset_ms: left_ms,
+                    used: u64::from(count.quota.limit),
+                })));
+            }
+            None => {
+                answers.push(None);
+                sent.push(count.clone());
+            }
+        }
+    }
+    let mut decided = match counters.decide(domain, Algorithm::FixedWindow, &sent).await {
+        Ok(decisions) => decisions.into_iter().map(Ok).collect::<Vec<_>>(),
+        Err(err) => vec![Err(err); sent.len()],
+    }
+    .into_iter()
+    .zip(sent);
+    answers
+        .into_iter()
+        .map(|answer| match answer {
+            Some(answer) => answer,
+            None => match decided.next() {
+                Some((decision, count)) => {
+                    if let Ok(d) = &decision
+                        && !d.admitted
+                        && d.remaining == 0
+                    {
+                        cache.insert(&count.counter, d.reset_ms, now_ms);
+                    }
+                    decision
+                }
+                None => Err(CountError::Unavailable(
+                    "no answer for the counter".to_owned(),
+                )),
+            },
+        })
+        .collect()
 }

@@ -27,9 +27,6 @@ use super::redis_store::Count;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 16;
-/// A limit is "near" once this share of it is used (envoyproxy/ratelimit's
-/// threshold).
-const NEAR_LIMIT: f64 = 0.8;
 /// Response header naming why an answer comes from the failure policy
 /// (`store_timeout`, `store_unavailable`, `store_full`) rather than a count.
 pub const ERROR_HEADER: &str = "x-ratelimit-error";
@@ -149,7 +146,13 @@ impl Quotas {
         }
         let mut decisions = self
             .counters
-            .decide(&request.domain, self.algorithm, &counts, now_ms)
+            .decide(
+                &request.domain,
+                self.algorithm,
+                &counts,
+                now_ms,
+                &self.metrics,
+            )
             .await
             .into_iter()
             .zip(&counts);
@@ -204,7 +207,7 @@ impl Quotas {
             self.metrics.hit(&metric_key, hits);
             if over {
                 self.metrics.over_limit(&metric_key, limit.shadow_mode);
-            } else if decision.used as f64 >= NEAR_LIMIT * f64::from(requests) {
+            } else if decision.used as f64 >= self.near_limit_ratio.get() * f64::from(requests) {
                 self.metrics.near_limit(&metric_key);
             }
             let enforced_over = over && !limit.shadow_mode;
@@ -395,6 +398,38 @@ descriptors:
             .build()
             .unwrap()
             .block_on(future)
+    }
+
+    #[test]
+    fn near_limit_starts_at_the_configured_ratio() {
+        let near = |ratio: f64| {
+            let metrics = crate::metrics::Metrics::new(1);
+            let config =
+                QuotaConfig::from_files(&[("q.yaml".to_owned(), CONFIG.to_owned())]).unwrap();
+            let quotas = Quotas::new(
+                config,
+                None,
+                QuotaSettings {
+                    algorithm: Algorithm::FixedWindow,
+                    near_limit_ratio: super::super::NearLimitRatio::new(ratio).unwrap(),
+                    ..QuotaSettings::default()
+                },
+                Arc::new(|| 10_000),
+                metrics.quotas(),
+            );
+            // One hit of the two `free` allows per second.
+            ask(&quotas, "api", vec![descriptor(&[("plan", "free")])]);
+            let text = metrics.encode().unwrap();
+            text.lines()
+                .find(|line| line.starts_with("sluice_quota_near_limit_total{"))
+                .map(str::to_owned)
+        };
+        // Half the quota used: near from 0.5, not at the default 0.8.
+        assert!(near(0.5).is_some_and(|line| line.ends_with(" 1")));
+        assert_eq!(near(0.8), None);
+        assert!(super::super::NearLimitRatio::new(1.0).is_err());
+        assert!(super::super::NearLimitRatio::new(0.0).is_err());
+        assert!(super::super::NearLimitRatio::new(f64::NAN).is_err());
     }
 
     #[test]

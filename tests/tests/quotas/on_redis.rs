@@ -347,3 +347,82 @@ async fn a_store_that_authenticates_clients_takes_a_client_certificate() {
     assert!(log.contains("cannot connect to the store"), "{log}");
     assert!(!log.contains(password), "{log}");
 }
+
+/// Redis's count of `EVALSHA` calls (each ShouldRateLimit that reached it).
+async fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_fixed_window_is_answered_from_the_local_cache() {
+    // Five a minute per tenant: the window cannot end during the test
+    // unless it starts in the minute's last seconds (then wait).
+    const PER_MINUTE: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let into_minute = unix_ms() % 60_000;
+    if into_minute > 50_000 {
+        tokio::time::sleep(Duration::from_millis(60_100 - into_minute)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let options = ControlPlaneOptions::new("limits: []\n", dir.path())
+        .args(["--quota-local-cache-bytes".to_owned(), "65536".to_owned()]);
+    let control_plane = quotas::control_plane(
+        dir.path(),
+        options,
+        PER_MINUTE,
+        Some("fixed_window"),
+        Store::Redis(&redis.url()),
+    )
+    .await
+    .unwrap();
+    let mut client = connect(control_plane.grpc_addr()).await;
+    let calls =
+        |answers: &[RateLimitResponse]| answers.iter().map(|a| a.overall_code).collect::<Vec<_>>();
+
+    let before = evalsha_calls(&redis).await;
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        answers.push(ask(&mut client, "acme").await);
+    }
+    assert_eq!(calls(&answers), [OK, OK, OK, OK, OK, OVER_LIMIT]);
+    assert_eq!(
+        evalsha_calls(&redis).await - before,
+        6,
+        "each went to Redis"
+    );
+
+    // The window is full: the next calls are answered here, over limit,
+    // with the time left, and Redis sees none of them.
+    let before = evalsha_calls(&redis).await;
+    for _ in 0..20 {
+        let answer = ask(&mut client, "acme").await;
+        assert_eq!(answer.overall_code, OVER_LIMIT, "{answer:?}");
+        assert_eq!(error_header(&answer), None);
+        let status = &answer.statuses[0];
+        assert_eq!(status.limit_remaining, 0);
+        let reset = status.duration_until_reset.as_ref().unwrap();
+        assert!(reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0));
+    }
+    assert_eq!(evalsha_calls(&redis).await, before, "none went to Redis");
+    // Another tenant's counter is not full: it goes to Redis.
+    assert_eq!(ask(&mut client, "other").await.overall_code, OK);
+    assert_eq!(evalsha_calls(&redis).await, before + 1);
+    let metrics = control_plane.admin().metrics().await.unwrap();
+    assert_eq!(
+        sluice_integration_tests::control_plane::sample(
+            &metrics,
+            "sluice_quota_local_cache_hits_total"
+        ),
+        20.0
+    );
+}
