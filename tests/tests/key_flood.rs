@@ -47,9 +47,32 @@ async fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_flood_does_not_lift_a_limited_bucket() {
+    flood(Some(MAX_BUCKETS), FLOOD_RPS).await;
+}
+
+/// The filter's default `max_buckets` (10,000) under the largest flood
+/// this machine sends (`SLUICE_FLOOD_RPS`, 3,000 distinct keys a second by
+/// default): a measurement, run by hand (`cargo test … -- --ignored`),
+/// since a flood of 10× the default per second does not fit the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement at the default max_buckets; run by hand"]
+async fn a_key_flood_at_the_default_max_buckets() {
+    let flood_rps = std::env::var("SLUICE_FLOOD_RPS")
+        .ok()
+        .and_then(|rps| rps.parse().ok())
+        .unwrap_or(3_000.0);
+    flood(None, flood_rps).await;
+}
+
+/// A flood of `flood_rps` one-off keys beside the limited bucket, with
+/// `max_buckets` (`None`: the filter's default, 10,000).
+async fn flood(max_buckets: Option<u64>, flood_rps: f64) {
     let mut options = FleetOptions::new(LIMITS, 1);
     // Otherwise the filter's defaults (credit decision, allowance on).
-    options.filter = serde_json::json!({"max_buckets": MAX_BUCKETS});
+    if let Some(max_buckets) = max_buckets {
+        options.filter = serde_json::json!({"max_buckets": max_buckets});
+    }
+    let max_buckets = max_buckets.unwrap_or(10_000);
     let fleet = Fleet::start(options).await.unwrap();
     let url = fleet.url(0).unwrap();
 
@@ -58,7 +81,7 @@ async fn a_key_flood_does_not_lift_a_limited_bucket() {
     // cells had room of their own, its directive found the filter's table
     // full and was rejected.
     let mut plan = LoadPlan::new(
-        vec![StreamSpec::unique("flood", &url, "flood", FLOOD_RPS)],
+        vec![StreamSpec::unique("flood", &url, "flood", flood_rps)],
         Duration::from_secs(FLOOD_LEAD_S + RUN_S),
     );
     plan.max_in_flight = 1024;
@@ -122,7 +145,7 @@ async fn a_key_flood_does_not_lift_a_limited_bucket() {
     }
     // The flood really was one: most of it reached Envoy and passed.
     assert!(
-        flood.ok as f64 >= 0.8 * FLOOD_RPS * flood_whole.len_secs(),
+        flood.ok as f64 >= 0.8 * flood_rps * flood_whole.len_secs(),
         "{summary}"
     );
     assert!(within(overall, LIMIT_RPS, 0.10), "{summary}");
@@ -130,13 +153,18 @@ async fn a_key_flood_does_not_lift_a_limited_bucket() {
         assert!(within(*admitted, LIMIT_RPS, 0.10), "{summary}");
     }
     assert_eq!(directive_cells, Some(1.0), "{summary}");
-    assert!(uncounted.is_some_and(|n| n > 0.0), "{summary}");
+    // The small table's counters overflow (a 100 ms report window meets
+    // about as many new keys as `max_buckets`); at the default they hold a
+    // window's keys.
+    if flood_rps * 0.1 >= max_buckets as f64 {
+        assert!(uncounted.is_some_and(|n| n > 0.0), "{summary}");
+    }
     // About 1,000 new keys a second reach Envoy (some 10,000 by mid-run);
     // the filter reports at most `max_buckets` cells a window (three
     // quarters of them unlimited), and the control plane forgets idle ones:
     // its cells and its scrape stay small (75 cells, 459 lines measured).
     assert!(
-        cells_tracked.is_some_and(|cells| cells <= 2.0 * MAX_BUCKETS as f64),
+        cells_tracked.is_some_and(|cells| cells <= 2.0 * max_buckets as f64),
         "{summary}"
     );
     assert!(scrape_lines <= 2_000, "{summary}");

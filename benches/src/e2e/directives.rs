@@ -1,5 +1,6 @@
 //! A stand-in control plane: a gRPC `DirectiveService` that answers every
-//! stream with one fixed `DirectiveBatch` and then only drains reports.
+//! stream with one fixed `DirectiveBatch`, then heartbeats, and drains
+//! reports.
 //! Deterministic, unlike the real controller, whose drop ratio follows the
 //! measured load: the benchmark needs exactly 0 or 0.5 from the first request.
 
@@ -15,6 +16,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
+
+/// How often each stream gets an empty batch that keeps its table fresh.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The directive pushed to the next streams, and how many were pushed.
 #[derive(Debug, Default)]
@@ -133,11 +137,38 @@ impl DirectiveService for Service {
         self.shared.pushed.fetch_add(1, Ordering::Relaxed);
         // Read reports until the proxy goes away, holding the sender so the
         // response stream stays open (a closed stream makes the filter
-        // reconnect).
+        // reconnect), and send an empty batch every `HEARTBEAT` as the real
+        // control plane does: without one the filter takes the control
+        // plane for lost after 2.5 s and its allowance decides instead of
+        // the directive (a run on a slow machine lasts longer than that).
         let mut inbound = request.into_inner();
         tokio::spawn(async move {
-            while let Ok(Some(_)) = inbound.message().await {}
-            drop(outbound);
+            let mut heartbeat = tokio::time::interval(HEARTBEAT);
+            heartbeat.tick().await;
+            let mut version = 1_u64;
+            loop {
+                tokio::select! {
+                    message = inbound.message() => {
+                        if !matches!(message, Ok(Some(_))) {
+                            break;
+                        }
+                    }
+                    _ = heartbeat.tick() => {
+                        version += 1;
+                        let batch = DirectiveBatch {
+                            epoch,
+                            version,
+                            ..Default::default()
+                        };
+                        let message = ControlMessage {
+                            kind: Some(control_message::Kind::Directives(batch)),
+                        };
+                        if outbound.send(Ok(message)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
         });
         Ok(Response::new(ReceiverStream::new(receiver)))
     }
