@@ -163,9 +163,13 @@ async fn flood(max_buckets: Option<u64>, flood_rps: f64) {
     // the filter reports at most `max_buckets` cells a window (three
     // quarters of them unlimited), and the control plane forgets idle ones:
     // its cells and its scrape stay small (75 cells, 459 lines measured).
+    // At the default `max_buckets` the scrape is bounded by its own cap of
+    // 2,000 buckets with series (966 cells, 4,063 lines measured at 3,000
+    // keys a second).
     assert!(
         cells_tracked.is_some_and(|cells| cells <= 2.0 * max_buckets as f64),
         "{summary}"
     );
-    assert!(scrape_lines <= 2_000, "{summary}");
+    let max_scrape_lines = if max_buckets <= 1_000 { 2_000 } else { 20_000 };
+    assert!(scrape_lines <= max_scrape_lines, "{summary}");
 }
