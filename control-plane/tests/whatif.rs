@@ -97,6 +97,19 @@ async fn a_proposed_limit_is_replayed_over_the_recorded_minutes_and_changes_noth
         problem["detail"].as_str().unwrap().contains("limit_rps"),
         "{problem}"
     );
+    // Adaptive specs are not replayed: refused, not ignored.
+    let adaptive = json!({"adaptive": [{"bucket": "acme", "signal": "errors", "min_rps": 10, "max_rps": 100}]})
+        .to_string();
+    let (status, content_type, problem) = post(&app, "/v1/whatif", &adaptive).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(content_type, "application/problem+json");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("adaptive: not replayed"),
+        "{problem}"
+    );
     let (status, _, _) = post(&app, "/v1/whatif?seconds=-2", &proposal).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(

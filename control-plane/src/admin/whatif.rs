@@ -43,6 +43,13 @@ pub async fn replay(
             ));
         }
     };
+    if proposal.contains_key("adaptive") {
+        // Refused rather than ignored: a replay that leaves the proposal's
+        // adaptive limits out would answer for something else.
+        return Err(Problem::unprocessable(
+            "adaptive: not replayed (the history holds the fleet's loads, not its upstream signals); propose the limits to try instead",
+        ));
+    }
     let config = proposed(&admin.live().config(), proposal)?;
     let loads = state.history(intervals);
     Ok(axum::Json(whatif::replay(
