@@ -76,6 +76,15 @@ fn load(bucket: &str, offered_rps: f64) -> FleetLoad {
     )])
 }
 
+/// A real `redis-server` in a temp dir (kept while the test runs) and a
+/// store on it.
+async fn redis_store() -> (tempfile::TempDir, RedisServer, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path()).await.unwrap();
+    let store = connect(&redis).await;
+    (dir, redis, store)
+}
+
 async fn redis_cmd(store: &Store, args: &[&str]) {
     let mut command = redis::cmd(args[0]);
     for arg in &args[1..] {
@@ -90,9 +99,7 @@ async fn redis_cmd(store: &Store, args: &[&str]) {
 
 #[tokio::test]
 async fn one_leader_a_fence_and_shares_through_a_real_redis() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path()).await.unwrap();
-    let store = connect(&redis).await;
+    let (_dir, _redis, store) = redis_store().await;
     let keys = Keys::default();
     let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
@@ -243,9 +250,7 @@ async fn a_replica_waits_for_a_slow_store_up_to_its_own_bound() {
 /// that share until its proxies show up in a live share.
 #[tokio::test]
 async fn a_vanished_share_counts_until_its_proxies_are_served_elsewhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path()).await.unwrap();
-    let store = connect(&redis).await;
+    let (_dir, _redis, store) = redis_store().await;
     let keys = Keys::default();
     let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
@@ -303,9 +308,7 @@ fn signals(bucket: &str, responses: u64, errors: u64, latency_us: u64) -> Upstre
 
 #[tokio::test]
 async fn the_leader_adapts_on_every_replicas_upstream_signals() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path()).await.unwrap();
-    let store = connect(&redis).await;
+    let (_dir, _redis, store) = redis_store().await;
     let keys = Keys::default();
     let mut a = Replica::join(store.clone(), options("a")).await.unwrap();
     let mut b = Replica::join(store.clone(), options("b")).await.unwrap();
