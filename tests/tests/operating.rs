@@ -76,8 +76,13 @@ tenants:
     for (tenant, share) in expected {
         let admitted = result.admitted_rps(steady, tenant);
         total += admitted;
+        // 5 % of the share, and never less than 2.5 rps (18 requests over
+        // the 7-second window): at bronze's 32 rps, 5 % is 11 requests, about
+        // what one 500 ms interval's correction moves (CI once measured 34.0).
+        // The weights differ 16-fold, so a wrong split is still far outside.
+        let tolerance = f64::max(0.05 * share, 2.5);
         assert!(
-            within(admitted, share, 0.05),
+            (admitted - share).abs() <= tolerance,
             "{tenant} admitted {admitted:.1} rps, fair share {share:.1}\n{summary}"
         );
     }
