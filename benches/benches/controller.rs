@@ -9,7 +9,6 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use sluice_benches::bucket_names;
 use sluice_benches::control::{connected_fleet, fleet_load, limits, proxy_ids, report};
 use sluice_control_plane::Controller;
-use sluice_control_plane::cell::{CLASSES, Priority};
 use sluice_control_plane::config::limits::{LimitRule, LimitTable, Selector};
 use sluice_control_plane::config::policy::{Policy, TenantPolicy, Tenants, Weight};
 use sluice_control_plane::control::estimator::Tracking;
@@ -18,6 +17,7 @@ use sluice_control_plane::fleet::{
     BucketLoad, BucketTraffic, CellLoad, FleetLoad, ShareCap, StreamId,
 };
 use sluice_control_plane::types::LimitRps;
+use sluice_core::{CLASSES, Priority};
 
 /// One proxy's report of `n` buckets, added to a window that already holds
 /// those buckets (the steady state: the same tenants every report).

@@ -10,10 +10,10 @@ use rand::rngs::SmallRng;
 use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_tenant_agent,
 };
+use sluice_core::Priority;
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
-use sluice_proto::v1::Priority;
 use std::hint::black_box;
 
 fn decision(c: &mut Criterion) {

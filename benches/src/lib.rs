@@ -9,11 +9,12 @@ pub mod fleet;
 pub mod rls;
 pub mod upstream;
 
+use sluice_core::Priority;
 use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
-use sluice_proto::v1::{Directive, DirectiveBatch, Priority};
+use sluice_proto::v1::{Directive, DirectiveBatch};
 
 /// Bucket names `tenant-0` … `tenant-{n-1}`.
 pub fn bucket_names(n: usize) -> Vec<String> {

@@ -20,12 +20,13 @@
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sluice_benches::{bucket_names, table_with};
+use sluice_core::Priority;
 use sluice_filter::agent::{Agent, AgentSettings, Decision};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::decision::{Verdict, decide};
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::new_cells::NewBucketPolicy;
-use sluice_proto::v1::{Directive, DirectiveBatch, Mode, Priority};
+use sluice_proto::v1::{Directive, DirectiveBatch, Mode};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;

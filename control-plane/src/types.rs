@@ -16,10 +16,10 @@ pub const MAX_LIMIT_RPS: f64 = 1e9;
 /// The longest bucket key or tenant an operator can configure: the filter
 /// cuts the keys and tenants it builds at this length, so a longer name
 /// could never match a request.
-pub const MAX_BUCKET_LEN: usize = sluice_filter::bucket_key::MAX_BUCKET_KEY_BYTES;
+pub const MAX_BUCKET_LEN: usize = sluice_core::MAX_BUCKET_KEY_BYTES;
 
 /// The longest tenant name, for the same reason.
-pub const MAX_TENANT_LEN: usize = sluice_filter::cell::MAX_TENANT_BYTES;
+pub const MAX_TENANT_LEN: usize = sluice_core::MAX_TENANT_BYTES;
 
 /// A fleet-wide limit in requests per second: finite, `0 ..= 1e9`.
 ///
@@ -109,44 +109,6 @@ pub enum InvalidLimit {
     /// Above [`MAX_LIMIT_RPS`].
     #[error("must be at most 1e9")]
     TooLarge,
-}
-
-/// A probability of dropping a request, always within `[0, 1]`.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default, Serialize)]
-#[serde(into = "f64")]
-pub struct DropRatio(f64);
-
-impl DropRatio {
-    /// Let everything through.
-    pub const ZERO: Self = Self(0.0);
-    /// Drop everything.
-    pub const ONE: Self = Self(1.0);
-
-    /// Returns `None` for NaN or values outside `[0, 1]`.
-    pub fn new(ratio: f64) -> Option<Self> {
-        (0.0..=1.0).contains(&ratio).then_some(Self(ratio))
-    }
-
-    /// Clamps into `[0, 1]`; NaN becomes 0 because a computation that went
-    /// wrong must never start dropping traffic on its own.
-    pub fn saturating(ratio: f64) -> Self {
-        if ratio.is_nan() {
-            Self::ZERO
-        } else {
-            Self(ratio.clamp(0.0, 1.0))
-        }
-    }
-
-    /// The probability.
-    pub fn get(self) -> f64 {
-        self.0
-    }
-}
-
-impl From<DropRatio> for f64 {
-    fn from(ratio: DropRatio) -> Self {
-        ratio.0
-    }
 }
 
 /// How often the control loop runs: `50 ..= 60000` ms.
@@ -318,16 +280,6 @@ mod tests {
         assert_eq!(ok.get(), 150.0);
         let err = serde_json::from_str::<LimitRps>("-3").unwrap_err();
         assert!(err.to_string().contains("must be a finite number >= 0"));
-    }
-
-    #[test]
-    fn drop_ratio_stays_in_unit_interval() {
-        assert_eq!(DropRatio::new(1.5), None);
-        assert_eq!(DropRatio::new(f64::NAN), None);
-        assert_eq!(DropRatio::saturating(1.5), DropRatio::ONE);
-        assert_eq!(DropRatio::saturating(-0.5), DropRatio::ZERO);
-        assert_eq!(DropRatio::saturating(f64::NAN), DropRatio::ZERO);
-        assert_eq!(DropRatio::new(0.25).unwrap().get(), 0.25);
     }
 
     #[test]

@@ -639,7 +639,7 @@ async fn writes_keep_hand_edits_not_yet_picked_up() {
 #[tokio::test]
 async fn names_longer_than_the_filter_keeps_are_refused() {
     let f = fixture("name-length", AuthPolicy::default());
-    let longest = "k".repeat(sluice_filter::bucket_key::MAX_BUCKET_KEY_BYTES);
+    let longest = "k".repeat(sluice_core::MAX_BUCKET_KEY_BYTES);
     let too_long = format!("{longest}k");
     let before_file = std::fs::read(&f.file).unwrap();
     for uri in [

@@ -16,10 +16,11 @@ use sluice_control_plane::config::policy::Fraction;
 use sluice_control_plane::fleet::FleetCaps;
 use sluice_control_plane::types::ControlInterval;
 use sluice_control_plane::{AppState, Config, RunError, Settings, run};
+use sluice_core::Priority;
 use sluice_integration_tests::prometheus::Exposition;
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
 use sluice_proto::v1::{
-    BucketCount, ControlMessage, DirectiveBatch, Hello, Priority, ProxyMessage, Reason, Report,
+    BucketCount, ControlMessage, DirectiveBatch, Hello, ProxyMessage, Reason, Report,
     control_message, proxy_message,
 };
 use tokio::net::TcpListener;

@@ -9,9 +9,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use sluice_control_plane::cell::Priority;
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad};
 use sluice_control_plane::{AppState, Config, Settings, router};
+use sluice_core::Priority;
 use tower::ServiceExt;
 
 fn cell(priority: Priority, offered: f64) -> CellLoad {

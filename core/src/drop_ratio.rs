@@ -1,9 +1,11 @@
 //! The probability of dropping a request of a bucket.
 
+use serde::Serialize;
 use thiserror::Error;
 
 /// A drop probability, always a finite number in `[0, 1]`.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default, Serialize)]
+#[serde(into = "f64")]
 pub struct DropRatio(f64);
 
 /// A value that cannot be a [`DropRatio`] (NaN, infinite or outside `[0, 1]`).
@@ -27,6 +29,16 @@ impl DropRatio {
         }
     }
 
+    /// Clamps into `[0, 1]`; NaN becomes 0 because a computation that went
+    /// wrong must never start dropping traffic on its own.
+    pub fn saturating(value: f64) -> Self {
+        if value.is_nan() {
+            Self::NEVER
+        } else {
+            Self(value.clamp(0.0, 1.0) + 0.0)
+        }
+    }
+
     /// The probability as a number in `[0, 1]`.
     pub fn get(self) -> f64 {
         self.0
@@ -37,6 +49,12 @@ impl DropRatio {
         // 2^63 is exact in f64 and fits in u64, so ratio 1.0 maps to a value
         // every 63-bit draw is below: "always" really means always.
         DropThreshold((self.0 * DropThreshold::SCALE) as u64)
+    }
+}
+
+impl From<DropRatio> for f64 {
+    fn from(ratio: DropRatio) -> Self {
+        ratio.0
     }
 }
 
@@ -102,6 +120,15 @@ mod tests {
     fn negative_zero_is_normalised() {
         let ratio = DropRatio::new(-0.0).unwrap();
         assert!(ratio.get().is_sign_positive());
+    }
+
+    #[test]
+    fn saturating_clamps_and_never_drops_on_nan() {
+        assert_eq!(DropRatio::saturating(1.5), DropRatio::ALWAYS);
+        assert_eq!(DropRatio::saturating(-0.5), DropRatio::NEVER);
+        assert_eq!(DropRatio::saturating(f64::NAN), DropRatio::NEVER);
+        assert_eq!(DropRatio::saturating(f64::INFINITY), DropRatio::ALWAYS);
+        assert_eq!(DropRatio::saturating(0.25).get(), 0.25);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! (GCRA) enforces it in integer microseconds, with time injected by the
 //! caller (the VM's last tick, so the request path never reads a clock).
 
-use crate::drop_ratio::DropRatio;
+use sluice_core::DropRatio;
 
 /// When the caps decide rather than the drop ratio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -15,8 +15,7 @@
 //! break the line.
 
 use crate::counters::Outcome;
-use crate::reject::DropReason;
-use sluice_proto::v1::Priority;
+use sluice_core::{DropReason, Priority};
 use std::fmt::Write;
 
 /// Which decisions are recorded.
@@ -104,7 +103,7 @@ impl LastDecision {
         out.push_str(" tenant=");
         escape_into(out, tenant);
         out.push_str(" priority=");
-        out.push_str(priority_name(priority));
+        out.push_str(priority.name());
         out.push_str(" result=");
         out.push_str(match self.outcome {
             Outcome::Admitted => "pass",
@@ -122,16 +121,6 @@ impl LastDecision {
             self.age_ms,
             self.undirected.map_or("directive", Undirected::name)
         );
-    }
-}
-
-fn priority_name(priority: Priority) -> &'static str {
-    match priority {
-        Priority::Unspecified => "unspecified",
-        Priority::Critical => "critical",
-        Priority::Degraded => "degraded",
-        Priority::BestEffort => "best_effort",
-        Priority::Bulk => "bulk",
     }
 }
 

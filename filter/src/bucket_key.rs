@@ -1,9 +1,7 @@
 //! How a request maps to a bucket: a list of parts (header, authority, path
 //! prefix, route name, literal) joined by a separator.
 
-/// Longest bucket key in bytes. Longer keys are cut (at a character
-/// boundary) so a hostile header cannot make counters or reports large.
-pub const MAX_BUCKET_KEY_BYTES: usize = 256;
+use sluice_core::{MAX_BUCKET_KEY_BYTES, cut};
 
 /// The request attributes a bucket key can be built from.
 pub trait RequestAttributes {
@@ -131,14 +129,10 @@ fn path_prefix(path: &str, segments: usize) -> String {
     prefix
 }
 
+/// Cuts `value` to at most `max_bytes`, on a character boundary.
 pub(crate) fn truncate_at_char_boundary(value: &mut String, max_bytes: usize) {
-    if value.len() > max_bytes {
-        let cut = (0..=max_bytes)
-            .rev()
-            .find(|i| value.is_char_boundary(*i))
-            .unwrap_or(0);
-        value.truncate(cut);
-    }
+    let kept = cut(value, max_bytes).len();
+    value.truncate(kept);
 }
 
 #[cfg(test)]

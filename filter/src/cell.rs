@@ -8,11 +8,7 @@
 //! the fixed-width prefix makes it unambiguous whatever bytes the bucket and
 //! tenant hold, and the whole key stays valid UTF-8.
 
-use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
-use sluice_proto::v1::Priority;
-
-/// Longest tenant in bytes; longer values are cut like bucket keys.
-pub const MAX_TENANT_BYTES: usize = MAX_BUCKET_KEY_BYTES;
+use sluice_core::{MAX_TENANT_BYTES, Priority, cut};
 
 const PREFIX_BYTES: usize = 4;
 
@@ -34,11 +30,6 @@ pub struct Cell {
     pub tenant: String,
     /// The request's priority class.
     pub priority: Priority,
-}
-
-/// The priority from its wire number; unknown numbers are "unspecified".
-pub fn priority_from_i32(value: i32) -> Priority {
-    Priority::try_from(value).unwrap_or(Priority::Unspecified)
 }
 
 fn priority_digit(priority: Priority) -> u8 {
@@ -101,19 +92,6 @@ pub fn parse_key(key: &str) -> Option<(&str, &str, Priority)> {
     let tenant = key.get(PREFIX_BYTES..PREFIX_BYTES.checked_add(len)?)?;
     let bucket = key.get(PREFIX_BYTES + len..)?;
     Some((bucket, tenant, priority))
-}
-
-/// The longest prefix of `value` of at most `max` bytes ending on a
-/// character boundary.
-pub fn cut(value: &str, max: usize) -> &str {
-    if value.len() <= max {
-        return value;
-    }
-    let end = (0..=max)
-        .rev()
-        .find(|i| value.is_char_boundary(*i))
-        .unwrap_or(0);
-    value.get(..end).unwrap_or_default()
 }
 
 /// The reused buffers of a VM's request path: the request's bucket, tenant
@@ -213,7 +191,7 @@ mod proptests {
     proptest! {
         #[test]
         fn any_cell_round_trips(bucket in ".{0,40}", tenant in ".{0,40}", p in 0i32..5) {
-            let priority = priority_from_i32(p);
+            let priority = Priority::from_wire(p);
             let key = key_of(&bucket, &tenant, priority);
             prop_assert_eq!(parse_key(&key), Some((bucket.as_str(), tenant.as_str(), priority)));
         }

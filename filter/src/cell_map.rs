@@ -111,7 +111,7 @@ impl<V> CellMap<V> {
 mod tests {
     use super::*;
     use crate::cell::key_of;
-    use sluice_proto::v1::Priority;
+    use sluice_core::Priority;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

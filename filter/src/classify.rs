@@ -4,8 +4,8 @@
 //! name mapping with a configured default class.
 
 use crate::bucket_key::{BucketKeySpec, KeyPart, RequestAttributes};
-use crate::cell::{CellKeyBuf, MAX_TENANT_BYTES};
-use sluice_proto::v1::Priority;
+use crate::cell::CellKeyBuf;
+use sluice_core::{MAX_TENANT_BYTES, Priority};
 
 /// How a request's priority class is found: the header's value if it maps
 /// to a class, else the route name's class, else `default`.

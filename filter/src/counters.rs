@@ -7,9 +7,10 @@
 //! for; an unlimited cell that is not counted costs nothing but its rate in
 //! the admin view.
 
-use crate::cell::{key_of, parse_key, priority_from_i32};
+use crate::cell::{key_of, parse_key};
 use crate::cell_map::CellMap;
-use sluice_proto::v1::{BucketCount, Priority};
+use sluice_core::Priority;
+use sluice_proto::v1::BucketCount;
 
 /// Requests seen, let through and shadow-dropped for one cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -227,7 +228,7 @@ impl BucketCounters {
             let key = key_of(
                 &count.bucket,
                 &count.tenant,
-                priority_from_i32(count.priority),
+                Priority::from_wire(count.priority),
             );
             let is_limited = limited(&key);
             self.add(key, Counts::of(&count), is_limited);

@@ -11,7 +11,7 @@
 //! the result is the same natively and on wasm32 and nothing can wrap.
 
 use crate::decision::Verdict;
-use crate::drop_ratio::DropThreshold;
+use sluice_core::DropThreshold;
 
 /// One whole request in the balance's fixed-point unit.
 const ONE: u64 = 1 << 32;
@@ -55,7 +55,7 @@ impl Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drop_ratio::DropRatio;
+    use sluice_core::DropRatio;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -106,8 +106,8 @@ mod tests {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests {
     use super::*;
-    use crate::drop_ratio::DropRatio;
     use proptest::prelude::*;
+    use sluice_core::DropRatio;
 
     proptest! {
         #[test]

@@ -8,11 +8,10 @@
 //! caller, so shadow runs exactly the same decision.
 
 use crate::directives::CellEntry;
-use crate::drop_ratio::DropThreshold;
 use crate::pacing::Pacer;
-use crate::reject::DropReason;
 use crate::token_bucket::TokenBucket;
 use rand::Rng;
+use sluice_core::{DropReason, DropThreshold};
 
 /// What a VM does with the directives it holds once they are older than
 /// their TTL.
@@ -106,9 +105,9 @@ pub fn decide(threshold: DropThreshold, rng: &mut impl Rng) -> Verdict {
 mod tests {
     use super::*;
     use crate::directives::DirectiveTable;
-    use crate::drop_ratio::DropRatio;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
+    use sluice_core::DropRatio;
     use sluice_proto::v1::{Directive, DirectiveBatch, Reason};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -224,10 +223,10 @@ mod tests {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests {
     use super::*;
-    use crate::drop_ratio::DropRatio;
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
+    use sluice_core::DropRatio;
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]

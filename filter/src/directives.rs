@@ -15,15 +15,16 @@
 //! the cell's entry, so unlimited and retired cells never hold a slot.
 
 use crate::allowance::DirectiveRates;
-use crate::bucket_key::MAX_BUCKET_KEY_BYTES;
-use crate::cell::{MAX_TENANT_BYTES, key_of, parse_key, priority_from_i32};
-use crate::drop_ratio::{DropRatio, DropThreshold};
+use crate::cell::{key_of, parse_key};
 use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
-use crate::reject::{DropReason, RejectFacts, RejectResponse, ResponseSettings};
+use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use crate::token_bucket::TokenBucket;
 use prost::Message;
-use sluice_proto::v1::{Directive, DirectiveBatch, Priority};
+use sluice_core::{
+    DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, Priority,
+};
+use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -345,7 +346,7 @@ impl DirectiveTable {
         let Some(directive) = validate(&wire) else {
             return false;
         };
-        let priority = priority_from_i32(wire.priority);
+        let priority = Priority::from_wire(wire.priority);
         let wide = wire.tenant.is_empty() && priority == Priority::Unspecified;
         let key = if wide {
             wire.bucket.clone()
@@ -424,7 +425,7 @@ impl DirectiveTable {
         // The entry that was last now sits at `index`: repoint its index.
         if let Some(moved) = self.entries.get(index) {
             let wire = &moved.wire;
-            let priority = priority_from_i32(wire.priority);
+            let priority = Priority::from_wire(wire.priority);
             if wire.tenant.is_empty() && priority == Priority::Unspecified {
                 if let Some(slot) = self.bucket_wide.get_mut(wire.bucket.as_str()) {
                     *slot = index;

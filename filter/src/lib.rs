@@ -22,7 +22,6 @@ pub mod counters;
 pub mod credit;
 pub mod decision;
 pub mod directives;
-pub mod drop_ratio;
 pub mod fast_map;
 pub mod freshness;
 pub mod host_api;

@@ -14,7 +14,7 @@
 
 use crate::counters::Outcome;
 use crate::host_api::{Host, HostError, LogLevel, MetricId, MetricKind};
-use crate::reject::DropReason;
+use sluice_core::DropReason;
 
 /// Counters, each flushed as a delta on every tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,8 +18,9 @@
 
 use crate::cell::parse_key;
 use crate::fast_map::{self, FastMap};
-use crate::reject::{DropReason, RejectFacts, RejectResponse, ResponseSettings};
+use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use crate::token_bucket::TokenBucket;
+use sluice_core::DropReason;
 use std::sync::Arc;
 
 /// The configured behaviour for cells without a directive.
@@ -181,7 +182,7 @@ impl NewCells {
 mod tests {
     use super::*;
     use crate::cell::key_of;
-    use sluice_proto::v1::Priority;
+    use sluice_core::Priority;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -20,9 +20,9 @@ use crate::allowance::{
 use crate::counters::unlimited_cap;
 use crate::credit::Credit;
 use crate::decision::{Verdict, decide};
-use crate::drop_ratio::DropThreshold;
 use crate::fast_map::{self, FastMap};
 use crate::process_rates::ProcessShare;
+use sluice_core::DropThreshold;
 
 /// How a drop ratio is applied to single requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -470,9 +470,9 @@ fn new_pace(rng: &mut impl Rng) -> Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drop_ratio::DropRatio;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
+    use sluice_core::DropRatio;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -19,72 +19,22 @@
 //!   `status`, `detail`, `bucket`, `tenant`, `retry_after_seconds` and
 //!   `reason`.
 
-use sluice_proto::v1::Reason;
+use sluice_core::DropReason;
 
-/// Why a request was (or in shadow mode would have been) dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    /// The bucket's fleet-wide limit is exceeded.
-    ClusterOverload,
-    /// The tenant offers more than its share.
-    TenantQuotaExceeded,
-    /// The priority class is shed to protect higher classes.
-    PriorityShed,
-    /// The directives are stale and the local fallback limit is exceeded.
-    FallbackLimit,
-    /// A bucket without a directive exceeded the new-bucket limit.
-    NewBucketLimit,
-}
-
-impl DropReason {
-    /// Every reason, in metric order.
-    pub const ALL: [Self; 5] = [
-        Self::ClusterOverload,
-        Self::TenantQuotaExceeded,
-        Self::PriorityShed,
-        Self::FallbackLimit,
-        Self::NewBucketLimit,
-    ];
-
-    /// The reason of a directive; unspecified is the bucket limit.
-    pub fn of_directive(reason: i32) -> Self {
-        match Reason::try_from(reason) {
-            Ok(Reason::TenantQuotaExceeded) => Self::TenantQuotaExceeded,
-            Ok(Reason::PriorityShed) => Self::PriorityShed,
-            _ => Self::ClusterOverload,
+/// The sentence a 429's body gives for `reason`.
+fn detail(reason: DropReason) -> &'static str {
+    match reason {
+        DropReason::ClusterOverload => "The service is over its request limit; retry later.",
+        DropReason::TenantQuotaExceeded => {
+            "Your tenant is sending more than its share of the limit; retry later."
         }
-    }
-
-    /// The name in headers, bodies and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::ClusterOverload => "cluster_overload",
-            Self::TenantQuotaExceeded => "tenant_quota_exceeded",
-            Self::PriorityShed => "priority_shed",
-            Self::FallbackLimit => "local_fallback_limit",
-            Self::NewBucketLimit => "new_bucket_limit",
+        DropReason::PriorityShed => {
+            "Requests of this priority are being shed to protect more important traffic."
         }
-    }
-
-    /// Index in [`Self::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    fn detail(self) -> &'static str {
-        match self {
-            Self::ClusterOverload => "The service is over its request limit; retry later.",
-            Self::TenantQuotaExceeded => {
-                "Your tenant is sending more than its share of the limit; retry later."
-            }
-            Self::PriorityShed => {
-                "Requests of this priority are being shed to protect more important traffic."
-            }
-            Self::FallbackLimit => {
-                "The rate limiter is running on its local fallback limit; retry later."
-            }
-            Self::NewBucketLimit => "This client is over the limit for new buckets; retry later.",
+        DropReason::FallbackLimit => {
+            "The rate limiter is running on its local fallback limit; retry later."
         }
+        DropReason::NewBucketLimit => "This client is over the limit for new buckets; retry later.",
     }
 }
 
@@ -177,7 +127,7 @@ impl ResponseSettings {
             "type": format!("urn:sluice:problem:{}", facts.reason.name()),
             "title": "Too Many Requests",
             "status": 429,
-            "detail": facts.reason.detail(),
+            "detail": detail(facts.reason),
             "reason": facts.reason.name(),
             "bucket": facts.bucket,
             "tenant": facts.tenant,
@@ -314,17 +264,5 @@ mod tests {
         assert_eq!(settings.retry_after_seconds(1), 1);
         assert_eq!(settings.retry_after_seconds(1000), 1);
         assert_eq!(settings.retry_after_seconds(1001), 2);
-    }
-
-    #[test]
-    fn reason_names_are_distinct_and_indices_match() {
-        for (i, reason) in DropReason::ALL.iter().enumerate() {
-            assert_eq!(reason.index(), i);
-        }
-        assert_eq!(DropReason::of_directive(0), DropReason::ClusterOverload);
-        assert_eq!(
-            DropReason::of_directive(Reason::PriorityShed as i32),
-            DropReason::PriorityShed
-        );
     }
 }

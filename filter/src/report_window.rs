@@ -16,8 +16,9 @@
 //! Each report then counts the fleet's requests of exactly its window, up to
 //! the interpolation within one hand-off.
 
-use crate::cell::{key_of, priority_from_i32};
+use crate::cell::key_of;
 use crate::counters::{BucketCounters, Counts};
+use sluice_core::Priority;
 use sluice_proto::v1::BucketCount;
 use std::collections::HashMap;
 
@@ -152,7 +153,7 @@ impl ReportWindows {
             let key = key_of(
                 &count.bucket,
                 &count.tenant,
-                priority_from_i32(count.priority),
+                Priority::from_wire(count.priority),
             );
             let (before, after) = Counts::of(&count).split(fraction);
             let is_limited = limited(&key);

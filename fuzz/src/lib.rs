@@ -11,9 +11,8 @@
 use prost::Message;
 use sluice_control_plane::config::Config;
 use sluice_control_plane::fleet::{Fleet, StreamId};
-use sluice_filter::bucket_key::{
-    BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES, RequestAttributes,
-};
+use sluice_core::MAX_BUCKET_KEY_BYTES;
+use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource, RequestAttributes};
 use sluice_filter::config::FilterConfig;
 use sluice_filter::directives::DirectiveTable;
 use sluice_proto::v1::{DirectiveBatch, ProxyMessage, proxy_message};

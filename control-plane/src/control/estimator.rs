@@ -27,10 +27,10 @@ use std::collections::HashMap;
 
 use std::fmt::Write as _;
 
-use crate::cell::Priority;
 use crate::control::controller::DropPolicy;
 use crate::fleet::BucketLoad;
-use crate::types::{DropRatio, LimitRps};
+use crate::types::LimitRps;
+use sluice_core::{DropRatio, Priority};
 
 /// Weight of the newest interval in the smoothed offered rate.
 pub const SMOOTHING: f64 = 0.5;
@@ -156,10 +156,10 @@ fn decide(
     let offered = load.offered_rps;
     let Some(limit) = limit.map(LimitRps::get) else {
         states.remove(key);
-        return DropRatio::ZERO;
+        return DropRatio::NEVER;
     };
     if !(offered > 0.0 && offered.is_finite()) {
-        return DropRatio::ZERO;
+        return DropRatio::NEVER;
     }
     let state = match states.get_mut(key) {
         Some(state) => state,
@@ -267,11 +267,11 @@ mod tests {
         assert!((ratio.get() - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(
             policy.drop_ratio("b", &load(500.0, 500.0), limit(1_000.0)),
-            DropRatio::ZERO
+            DropRatio::NEVER
         );
         assert_eq!(
             policy.drop_ratio("c", &load(500.0, 500.0), None),
-            DropRatio::ZERO
+            DropRatio::NEVER
         );
     }
 

@@ -19,7 +19,7 @@
 //! Whenever the offered rate exceeds the limit (and the floors fit), the
 //! admitted allocations add up to exactly the limit.
 
-use crate::cell::{CLASSES, Reason};
+use sluice_core::{CLASSES, Reason};
 
 /// One tenant's claim in [`water_fill`]: it gets `clamp(weight · level, lo, hi)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,7 +102,7 @@ pub struct TenantDemand {
     pub weight: f64,
     /// Rate below which the tenant is never dropped.
     pub floor: f64,
-    /// Offered rate per class ([`crate::cell::Priority::class`]).
+    /// Offered rate per class ([`sluice_core::Priority::class`]).
     pub offered: [f64; CLASSES],
 }
 

@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::cell::Priority;
 use crate::config::policy::Policy;
 use crate::control::controller::Controller;
 use crate::fleet::FleetLoad;
 use crate::types::ControlInterval;
+use sluice_core::Priority;
 
 /// What a proposed policy would have done over the replayed intervals;
 /// rates are means over them.

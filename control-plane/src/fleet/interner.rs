@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::cell::{CellKey, Priority};
+use crate::cell::CellKey;
+use sluice_core::Priority;
 
 /// Index of a cell in the interner.
 pub(super) type CellId = u32;

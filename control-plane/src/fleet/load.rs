@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::FleetStats;
-use crate::cell::Priority;
+use sluice_core::Priority;
 
 /// A rate pair in requests per second.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sluice_proto::v1::Report;
 
-use crate::cell::Priority;
+use sluice_core::Priority;
 
 pub mod health;
 mod interner;

@@ -1,7 +1,8 @@
 //! What `/metrics` shows for the metrics the other modules record.
 
 use super::*;
-use crate::types::{DropRatio, LimitRps};
+use crate::types::LimitRps;
+use sluice_core::DropRatio;
 
 fn status(bucket: &str, limit: Option<f64>) -> BucketStatus {
     BucketStatus {

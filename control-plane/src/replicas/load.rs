@@ -18,9 +18,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sluice_filter::upstream::LatencyHistogram;
 
-use crate::cell::Priority;
 use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
 use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
+use sluice_core::Priority;
 
 /// Layout of a published share; bumped when it changes meaning.
 pub const FORMAT: u32 = 1;

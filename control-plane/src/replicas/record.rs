@@ -140,7 +140,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::cell::Priority;
+    use sluice_core::Priority;
 
     fn directive(bucket: &str, drop_ratio: f64) -> Directive {
         Directive {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
+use sluice_core::Priority;
 use sluice_filter::allowance::{AllowanceSettings, DirectiveRates, LocalRate, allowance_rps};
 use sluice_filter::directives::DirectiveTable;
-use sluice_proto::v1::Priority as WirePriority;
 
 use super::assignment::Assignment;
 use super::bucket_id::CellOfBucket;
@@ -25,10 +25,9 @@ pub(super) fn assignment_for(
     cell: &CellOfBucket,
     local: Option<LocalRate>,
 ) -> Option<Assignment> {
-    let priority = cell.priority.to_wire();
     let entry = table
-        .cell(&cell.bucket, &cell.tenant, priority)
-        .or_else(|| table.cell(&cell.bucket, "", WirePriority::Unspecified))?;
+        .cell(&cell.bucket, &cell.tenant, cell.priority)
+        .or_else(|| table.cell(&cell.bucket, "", Priority::Unspecified))?;
     if !entry.enforce {
         return Some(Assignment::AllowAll);
     }
@@ -107,7 +106,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::cell::Priority;
+    use sluice_core::Priority;
 
     fn cell(bucket: &str) -> CellOfBucket {
         CellOfBucket {

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::cell::Priority;
+use sluice_core::Priority;
 
 /// The cell a bucket id stands for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -47,13 +47,10 @@ pub fn cell_of(id: &HashMap<String, String>) -> Option<CellOfBucket> {
     if bucket.is_empty() {
         return None;
     }
-    let priority = match id.get("priority").map(String::as_str) {
-        Some("critical") => Priority::Critical,
-        Some("degraded") => Priority::Degraded,
-        Some("best_effort") => Priority::BestEffort,
-        Some("bulk") => Priority::Bulk,
-        _ => Priority::Unspecified,
-    };
+    let priority = id
+        .get("priority")
+        .and_then(|name| Priority::from_name(name))
+        .unwrap_or_default();
     Some(CellOfBucket {
         bucket,
         tenant: id.get("tenant").cloned().unwrap_or_default(),

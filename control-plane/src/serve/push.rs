@@ -317,7 +317,7 @@ fn unix_ms(time: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cell::Priority;
+    use sluice_core::Priority;
 
     fn directive(bucket: &str, drop_ratio: f64) -> Directive {
         Directive {

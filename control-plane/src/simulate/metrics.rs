@@ -7,8 +7,8 @@
 //! windows where the offered rate exceeds the limit: below it, Sluice has
 //! nothing to do.
 
-use crate::cell::{CLASSES, Priority};
 use crate::control::fairness::{TenantDemand, allocate};
+use sluice_core::{CLASSES, Priority};
 
 use super::scenario::{BucketSpec, Scenario};
 use super::sim::{BucketTrace, SLOT_MS, Trace};

@@ -5,7 +5,7 @@
 
 use super::sync::effective_ttl;
 use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
-use crate::cell::{key_of, priority_from_i32};
+use crate::cell::key_of;
 use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
 use crate::metrics::Counter;
@@ -16,6 +16,7 @@ use crate::shared_keys::{
 use crate::stream::Reconnect;
 use prost::Message;
 use rand::Rng;
+use sluice_core::Priority;
 use sluice_proto::v1::{
     ControlMessage, DirectiveBatch, Hello, ProxyMessage, Report, control_message, proxy_message,
 };
@@ -197,7 +198,7 @@ impl Agent {
                                 let key = key_of(
                                     &count.bucket,
                                     &count.tenant,
-                                    priority_from_i32(count.priority),
+                                    Priority::from_wire(count.priority),
                                 );
                                 if directives.covers(&key) {
                                     leadership.process.add(&key, handoff.source, count.offered);

@@ -43,12 +43,13 @@ use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::{NewBucketPolicy, NewCells};
 use crate::pacing::{DecisionMode, Pacer};
 use crate::process_rates::ProcessRates;
-use crate::reject::{DropReason, RejectResponse, ResponseSettings};
+use crate::reject::{RejectResponse, ResponseSettings};
 use crate::report_window::ReportWindows;
 use crate::stream::ControlStream;
 use crate::upstream::{ResponseSampler, UpstreamSignals};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_core::DropReason;
 use std::sync::Arc;
 
 /// The slow cadence: lease, hand-offs, reports, metrics.
@@ -303,7 +304,7 @@ impl Agent {
         &mut self,
         bucket: &str,
         tenant: &str,
-        priority: sluice_proto::v1::Priority,
+        priority: sluice_core::Priority,
     ) -> Decision {
         self.cell.bucket.clear();
         self.cell.bucket.push_str(bucket);

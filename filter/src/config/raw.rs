@@ -6,7 +6,7 @@ use crate::agent::{
 };
 use crate::allowance::AllowanceSettings;
 use serde::Deserialize;
-use sluice_proto::v1::Priority;
+use sluice_core::Priority;
 use std::collections::BTreeMap;
 
 #[derive(Deserialize)]

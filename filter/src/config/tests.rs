@@ -3,7 +3,7 @@
 use super::*;
 use crate::allowance::Engage;
 use crate::bucket_key::{KeyPart, KeySource};
-use sluice_proto::v1::Priority;
+use sluice_core::Priority;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -8,13 +8,13 @@ use super::raw::{
 use super::{ConfigError, FilterConfig};
 use crate::allowance::{AllowanceSettings, Engage};
 use crate::audit::RecordMode;
-use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource, MAX_BUCKET_KEY_BYTES};
+use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use crate::classify::{Classifier, PrioritySpec};
 use crate::decision::Fallback;
 use crate::new_cells::NewBucketPolicy;
 use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
-use sluice_proto::v1::Priority;
+use sluice_core::{MAX_BUCKET_KEY_BYTES, Priority};
 use std::ops::RangeInclusive;
 
 pub(super) const BUCKET_KEY_PARTS: RangeInclusive<usize> = 1..=8;
@@ -256,15 +256,11 @@ impl RawPriority {
                     .collect()
             }
             // The class names themselves.
-            None => [
-                ("critical", Priority::Critical),
-                ("degraded", Priority::Degraded),
-                ("best_effort", Priority::BestEffort),
-                ("bulk", Priority::Bulk),
-            ]
-            .into_iter()
-            .map(|(name, class)| (name.to_owned(), class))
-            .collect(),
+            None => Priority::ALL
+                .into_iter()
+                .filter(|class| *class != Priority::Unspecified)
+                .map(|class| (class.name().to_owned(), class))
+                .collect(),
         };
         for name in self.routes.keys() {
             check_mapping_name(&format!("{path}.routes.{name}"), name)?;

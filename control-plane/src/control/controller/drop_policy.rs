@@ -1,9 +1,9 @@
 //! The per-cell drop ratio: the [`DropPolicy`] trait and the default,
 //! proportional policy.
 
-use crate::cell::Priority;
 use crate::fleet::BucketLoad;
-use crate::types::{DropRatio, LimitRps};
+use crate::types::LimitRps;
+use sluice_core::{DropRatio, Priority};
 
 /// The drop ratio that brings `offered_rps` down to `limit`:
 /// `max(0, (offered − limit) / offered)`, and 0 when nothing is offered or
@@ -13,7 +13,7 @@ pub fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
         Some(limit) if offered_rps > 0.0 => {
             DropRatio::saturating((offered_rps - limit.get()) / offered_rps)
         }
-        _ => DropRatio::ZERO,
+        _ => DropRatio::NEVER,
     }
 }
 

@@ -34,12 +34,12 @@ use std::sync::Arc;
 
 use sluice_proto::v1::Directive;
 
-use crate::cell::{CLASSES, Priority, Reason};
 use crate::config::limits::LimitTable;
 use crate::config::policy::{Mode, Modes, Policy, Tenants};
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
-use crate::types::{ControlInterval, DropRatio, LimitRps};
+use crate::types::{ControlInterval, LimitRps};
+use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
 mod drop_policy;
 mod retry;
@@ -305,7 +305,7 @@ impl Controller {
             limit_rps: limit,
             offered_rps: traffic.load.offered_rps,
             admitted_rps: traffic.load.admitted_rps,
-            drop_ratio: DropRatio::ZERO,
+            drop_ratio: DropRatio::NEVER,
             proxies_reporting: traffic.load.proxies_reporting,
             shadow_dropped_rps: traffic.shadow_dropped_rps,
             floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
@@ -329,7 +329,7 @@ impl Controller {
                     admitted_rps: cell.load.admitted_rps,
                     shadow_dropped_rps: cell.shadow_dropped_rps,
                     share_rps: None,
-                    drop_ratio: DropRatio::ZERO,
+                    drop_ratio: DropRatio::NEVER,
                     reason: None,
                 });
                 continue;
@@ -351,7 +351,7 @@ impl Controller {
                 &cell.load,
                 target,
             );
-            let dropping = ratio > DropRatio::ZERO;
+            let dropping = ratio > DropRatio::NEVER;
             let next = Pushed {
                 drop_ratio: ratio,
                 limit,

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::cell::{Priority, Reason};
 use crate::fleet::ProxyCap;
-use crate::types::{DropRatio, LimitRps};
+use crate::types::LimitRps;
+use sluice_core::{DropRatio, Priority, Reason};
 
 /// One bucket as shown by `GET /v1/buckets`.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -492,7 +492,7 @@ proptest! {
 
     #[test]
     fn unlimited_never_drops(offered in 0.0..1e12f64) {
-        prop_assert_eq!(drop_ratio(offered, None), DropRatio::ZERO);
+        prop_assert_eq!(drop_ratio(offered, None), DropRatio::NEVER);
     }
 }
 

@@ -6,9 +6,9 @@ use crate::fake_request::FakeRequest;
 use crate::freshness::DirectivesMeta;
 use crate::metrics::{Counter, Gauge};
 use crate::new_cells::NewBucketPolicy;
-use crate::reject::DropReason;
 use crate::shared_keys::DIRECTIVES_META_KEY;
-use sluice_proto::v1::{Mode, ModePolicy, Priority, Reason};
+use sluice_core::{DropReason, Priority};
+use sluice_proto::v1::{Mode, ModePolicy, Reason};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

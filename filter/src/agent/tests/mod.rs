@@ -12,9 +12,10 @@ use crate::freshness::DirectivesMeta;
 use crate::host_api::{HostError, LogLevel};
 use crate::shared_keys::{COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY};
 use prost::Message;
+use sluice_core::Priority;
 use sluice_proto::v1::{
-    BucketCount, ControlMessage, Directive, DirectiveBatch, Priority, ProxyMessage, Report,
-    control_message, proxy_message,
+    BucketCount, ControlMessage, Directive, DirectiveBatch, ProxyMessage, Report, control_message,
+    proxy_message,
 };
 use std::cell::RefCell;
 use std::rc::Rc;
