@@ -127,6 +127,27 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
 pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_config: ModulePtr) {
 }
 
+/// This request's state and the configuration's filter, from the pointer
+/// `filter_new` returned; `None` when it returned null (no configuration).
+///
+/// # Safety
+/// `filter` must be what `filter_new` returned for the request whose hook
+/// is running, not yet destroyed; the references must not outlive the hook.
+unsafe fn request_of<'a>(filter: ModulePtr) -> Option<(&'a mut RequestState, &'a NativeFilter)> {
+    if filter.is_null() {
+        return None;
+    }
+    // SAFETY: `filter` is this request's own `RequestState` (from
+    // `Box::into_raw` in `filter_new`), which Envoy passes to one hook at a
+    // time on the request's worker thread until `filter_destroy`.
+    let state = unsafe { &mut *(filter as *mut RequestState) };
+    // SAFETY: `state.filter` is the configuration's `NativeFilter`, which
+    // Envoy keeps alive until this request's filter is destroyed; it is
+    // only read.
+    let native = unsafe { &*state.filter };
+    Some((state, native))
+}
+
 /// A new request: its own [`RequestState`] over the configuration's filter
 /// (null when the configuration is, which every hook lets through).
 #[unsafe(no_mangle)]
@@ -167,17 +188,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     filter: ModulePtr,
     _end_of_stream: bool,
 ) -> u32 {
-    if filter.is_null() {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    let Some((state, native)) = (unsafe { request_of(filter) }) else {
         return abi::STATUS_CONTINUE;
-    }
-    // SAFETY: `filter` is what `filter_new` returned: this request's own
-    // `RequestState`, which Envoy passes to one hook at a time on the
-    // request's worker thread until `filter_destroy`.
-    let state = unsafe { &mut *(filter as *mut RequestState) };
-    // SAFETY: `state.filter` is the configuration's `NativeFilter`, which
-    // Envoy keeps alive until this request's filter is destroyed; it is only
-    // read.
-    let native = unsafe { &*state.filter };
+    };
     // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
     // dropped before the hook returns.
     let mut request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
@@ -203,18 +217,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     filter: ModulePtr,
     _end_of_stream: bool,
 ) -> u32 {
-    if filter.is_null() {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    let Some((state, native)) = (unsafe { request_of(filter) }) else {
         return abi::STATUS_CONTINUE;
-    }
-    // SAFETY: as in `request_headers`: this request's own state, one hook
-    // at a time.
-    let state = unsafe { &mut *(filter as *mut RequestState) };
+    };
     let Some(followed) = state.followed.take() else {
         return abi::STATUS_CONTINUE;
     };
-    // SAFETY: as in `request_headers`: the configuration's filter outlives
-    // the request's.
-    let native = unsafe { &*state.filter };
     // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
     // dropped before the hook returns.
     let request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
