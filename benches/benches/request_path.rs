@@ -11,9 +11,9 @@ use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_tenant_agent,
 };
 use sluice_core::Priority;
+use sluice_core::decision::{Verdict, decide};
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
-use sluice_filter::decision::{Verdict, decide};
 use std::hint::black_box;
 
 fn decision(c: &mut Criterion) {

@@ -40,11 +40,13 @@ impl DropRatio {
     }
 
     /// The probability as a number in `[0, 1]`.
+    #[inline]
     pub fn get(self) -> f64 {
         self.0
     }
 
     /// The integer form the request path compares a random draw against.
+    #[inline]
     pub fn threshold(self) -> DropThreshold {
         // 2^63 is exact in f64 and fits in u64, so ratio 1.0 maps to a value
         // every 63-bit draw is below: "always" really means always.
@@ -74,16 +76,19 @@ impl DropThreshold {
     pub const ALWAYS_RAW: u64 = 1 << 63;
 
     /// The scaled value, in `[0, 2⁶³]`.
+    #[inline]
     pub fn raw(self) -> u64 {
         self.0
     }
 
     /// Whether a uniformly random `u64` means "drop".
+    #[inline]
     pub fn drops(self, random: u64) -> bool {
         (random >> 1) < self.0
     }
 
     /// Whether no draw can ever mean "drop".
+    #[inline]
     pub fn is_never(self) -> bool {
         self.0 == 0
     }

@@ -13,6 +13,7 @@ pub const MAX_TENANT_BYTES: usize = MAX_BUCKET_KEY_BYTES;
 
 /// The longest prefix of `value` of at most `max` bytes ending on a
 /// character boundary.
+#[inline]
 pub fn cut(value: &str, max: usize) -> &str {
     if value.len() <= max {
         return value;

@@ -1,13 +1,20 @@
-//! Sluice's domain types, one definition each, for every part that decides
-//! or reports on a cell: the wasm filter, the native module, the control
-//! plane, its RLQS server and its simulator.
+//! Sluice's domain types, one definition each, and the per-request decision
+//! strategies (the coin, the credit, the allowance, the local token bucket)
+//! for every part that decides or reports on a cell: the wasm filter, the
+//! native module, the control plane, its RLQS server and its simulator.
 //!
 //! No host calls, no async runtime: it compiles for wasm32 and native alike.
+//! What runs per request is `#[inline]`: native builds have no LTO, and a
+//! call across the crate boundary would cost more than the work it does.
 
+pub mod allowance;
+pub mod credit;
+pub mod decision;
 mod drop_ratio;
 mod keys;
 mod priority;
 mod reason;
+pub mod token_bucket;
 
 pub use drop_ratio::{DropRatio, DropThreshold, InvalidDropRatio};
 pub use keys::{MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, cut};

@@ -64,6 +64,7 @@ impl Priority {
     }
 
     /// The name in configurations, logs and JSON.
+    #[inline]
     pub const fn name(self) -> &'static str {
         match self {
             Self::Unspecified => "unspecified",
@@ -83,6 +84,7 @@ impl Priority {
 
     /// Position in the order capacity is handed out: 0 is served first and
     /// shed last.
+    #[inline]
     pub fn class(self) -> usize {
         match self {
             Self::Critical => 0,
@@ -93,6 +95,7 @@ impl Priority {
     }
 
     /// Index into per-priority arrays (wire order).
+    #[inline]
     pub fn index(self) -> usize {
         self as usize
     }

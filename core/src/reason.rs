@@ -72,6 +72,7 @@ impl DropReason {
     }
 
     /// The name in headers, bodies and metrics.
+    #[inline]
     pub const fn name(self) -> &'static str {
         match self {
             Self::ClusterOverload => "cluster_overload",
@@ -83,6 +84,7 @@ impl DropReason {
     }
 
     /// Index in [`Self::ALL`].
+    #[inline]
     pub const fn index(self) -> usize {
         self as usize
     }

@@ -14,13 +14,13 @@
 //! nothing (no ratio, no limit, no share, no mode) is a lift: it removes
 //! the cell's entry, so unlimited and retired cells never hold a slot.
 
-use crate::allowance::DirectiveRates;
 use crate::cell::{key_of, parse_key};
 use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
-use crate::token_bucket::TokenBucket;
 use prost::Message;
+use sluice_core::allowance::DirectiveRates;
+use sluice_core::token_bucket::TokenBucket;
 use sluice_core::{
     DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, Priority,
 };

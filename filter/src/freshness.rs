@@ -3,7 +3,7 @@
 //! every VM reads it on its short tick, so all VMs of a process agree on the
 //! table's age without comparing clocks of different hosts.
 
-use crate::decision::{Fallback, Regime};
+use sluice_core::decision::{Fallback, Regime};
 
 const ENCODED_LEN: usize = 32;
 /// The form written before `stream_lost` existed, still read.

@@ -10,7 +10,6 @@
 //! trait, so the logic is unit-tested natively and under wasm32 in Node.
 
 pub mod agent;
-pub mod allowance;
 pub mod audit;
 pub mod backoff;
 pub mod bucket_key;
@@ -19,7 +18,6 @@ pub mod cell_map;
 pub mod classify;
 pub mod config;
 pub mod counters;
-pub mod credit;
 pub mod decision;
 pub mod directives;
 pub mod fast_map;
@@ -35,7 +33,6 @@ pub mod reject;
 pub mod report_window;
 pub mod shared_keys;
 pub mod stream;
-pub mod token_bucket;
 pub mod upstream;
 
 /// The proxy-wasm binding; only exists in the Envoy build.

@@ -19,8 +19,8 @@
 use crate::cell::parse_key;
 use crate::fast_map::{self, FastMap};
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
-use crate::token_bucket::TokenBucket;
 use sluice_core::DropReason;
+use sluice_core::token_bucket::TokenBucket;
 use std::sync::Arc;
 
 /// The configured behaviour for cells without a directive.

@@ -14,15 +14,15 @@
 
 use rand::Rng;
 
-use crate::allowance::{
-    AllowanceSettings, DirectiveRates, Engage, Gcra, LocalRate, RateWindow, allowance_rps,
-};
 use crate::counters::unlimited_cap;
-use crate::credit::Credit;
-use crate::decision::{Verdict, decide};
 use crate::fast_map::{self, FastMap};
 use crate::process_rates::ProcessShare;
 use sluice_core::DropThreshold;
+use sluice_core::allowance::{
+    AllowanceSettings, DirectiveRates, Engage, Gcra, LocalRate, RateWindow, allowance_rps,
+};
+use sluice_core::credit::Credit;
+use sluice_core::decision::{Verdict, decide};
 
 /// How a drop ratio is applied to single requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strat
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
 use sluice_core::Priority;
-use sluice_filter::allowance::{AllowanceSettings, DirectiveRates, LocalRate, allowance_rps};
+use sluice_core::allowance::{AllowanceSettings, DirectiveRates, LocalRate, allowance_rps};
 use sluice_filter::directives::DirectiveTable;
 
 use super::assignment::Assignment;
@@ -45,7 +45,7 @@ pub(super) fn assignment_for(
     let settings = AllowanceSettings {
         headroom: 0.0,
         burst_ms: BURST_MS,
-        engage: sluice_filter::allowance::Engage::Always,
+        engage: sluice_core::allowance::Engage::Always,
     };
     let rate = local
         .and_then(|local| allowance_rps(local, rates, settings))

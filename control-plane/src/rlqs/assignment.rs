@@ -1,5 +1,5 @@
 //! What one Envoy may admit of a cell, as a `rate_limit_quota` assignment:
-//! the allowance the wasm filter would derive ([`sluice_filter::allowance`])
+//! the allowance the wasm filter would derive ([`sluice_core::allowance`])
 //! turned into a token bucket Envoy 1.40 enforces exactly.
 //!
 //! Envoy 1.40 turns a token bucket into a continuous fill rate of
@@ -12,7 +12,7 @@
 //! otherwise a new rate with the same `tokens_per_fill` and `max_tokens`
 //! but another interval would be ignored.
 
-use sluice_filter::allowance::{MAX_BURST_FLOOR_MS, MIN_BURST_REQUESTS};
+use sluice_core::allowance::{MAX_BURST_FLOOR_MS, MIN_BURST_REQUESTS};
 
 /// Longest fill interval, in seconds.
 const MAX_INTERVAL_S: u32 = 60;

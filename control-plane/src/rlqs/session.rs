@@ -110,7 +110,7 @@ impl RateLimitQuotaService for RlqsService {
 #[derive(Debug)]
 struct Known {
     id: HashMap<String, String>,
-    local: Option<sluice_filter::allowance::LocalRate>,
+    local: Option<sluice_core::allowance::LocalRate>,
     sent: Option<Assignment>,
     idle_reports: u32,
 }

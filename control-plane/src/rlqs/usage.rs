@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use sluice_filter::allowance::LocalRate;
+use sluice_core::allowance::LocalRate;
 use sluice_proto::v1::{BucketCount, Report};
 
 use super::bucket_id::{CellOfBucket, cell_of};

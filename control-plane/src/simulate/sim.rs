@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_core::allowance::{AllowanceSettings, Engage};
+use sluice_core::decision::Verdict;
 use sluice_core::{DropThreshold, Priority};
 use sluice_filter::agent::TICK_MS;
-use sluice_filter::allowance::{AllowanceSettings, Engage};
 use sluice_filter::cell::key_of;
 use sluice_filter::counters::{BucketCounters, Outcome};
-use sluice_filter::decision::Verdict;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::pacing::{DecisionMode, Pacer};
 use sluice_proto::v1::{Directive, DirectiveBatch, Report};

@@ -431,7 +431,7 @@ impl Agent {
 
 /// Tells every VM that the stream to the control plane is gone (the next
 /// batch clears it), so allowances that engage only then take over at once
-/// rather than after [`crate::allowance::LOST_AFTER_MS`] without a batch.
+/// rather than after [`sluice_core::allowance::LOST_AFTER_MS`] without a batch.
 fn publish_stream_lost(host: &mut impl Host) {
     let stored = host
         .get_shared_data(DIRECTIVES_META_KEY)

@@ -28,13 +28,12 @@
 mod leader;
 mod sync;
 
-use crate::allowance::AllowanceSettings;
 use crate::audit::{LastDecision, Undirected};
 use crate::bucket_key::RequestAttributes;
 use crate::cell::CellKeyBuf;
 use crate::classify::Classifier;
 use crate::counters::{BucketCounters, Outcome};
-use crate::decision::{Fallback, Local, Regime, Verdict, decide_cell};
+use crate::decision::decide_cell;
 use crate::directives::DirectiveTable;
 use crate::freshness::Freshness;
 use crate::host_api::{Host, LogLevel};
@@ -50,6 +49,8 @@ use crate::upstream::{ResponseSampler, UpstreamSignals};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::DropReason;
+use sluice_core::allowance::AllowanceSettings;
+use sluice_core::decision::{Fallback, Local, Regime, Verdict};
 use std::sync::Arc;
 
 /// The slow cadence: lease, hand-offs, reports, metrics.

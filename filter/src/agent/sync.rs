@@ -3,8 +3,6 @@
 //! directive table every VM polls, and the freshness regime it implies.
 
 use super::{Agent, LEASE_TTL_MS, Leadership, Role};
-use crate::allowance::LOST_AFTER_MS;
-use crate::decision::{Fallback, Regime};
 use crate::directives::DirectiveTable;
 use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
@@ -18,6 +16,8 @@ use crate::shared_keys::{
 use crate::stream::ControlStream;
 use crate::upstream::UpstreamSignals;
 use prost::Message;
+use sluice_core::allowance::LOST_AFTER_MS;
+use sluice_core::decision::{Fallback, Regime};
 
 impl Agent {
     pub(super) fn ensure_queue(&mut self, host: &mut impl Host) {

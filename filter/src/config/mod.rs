@@ -9,15 +9,15 @@ mod validate;
 use std::sync::Arc;
 
 use crate::agent::AgentSettings;
-use crate::allowance::AllowanceSettings;
 use crate::audit::RecordMode;
 use crate::bucket_key::BucketKeySpec;
 use crate::classify::Classifier;
-use crate::decision::Fallback;
 use crate::new_cells::NewBucketPolicy;
 use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
 use raw::RawConfig;
+use sluice_core::allowance::AllowanceSettings;
+use sluice_core::decision::Fallback;
 use thiserror::Error;
 
 /// The validated plugin configuration.

@@ -4,9 +4,9 @@
 use crate::agent::{
     DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS,
 };
-use crate::allowance::AllowanceSettings;
 use serde::Deserialize;
 use sluice_core::Priority;
+use sluice_core::allowance::AllowanceSettings;
 use std::collections::BTreeMap;
 
 #[derive(Deserialize)]

@@ -1,9 +1,9 @@
 //! Parsing and validation of the plugin configuration.
 
 use super::*;
-use crate::allowance::Engage;
 use crate::bucket_key::{KeyPart, KeySource};
 use sluice_core::Priority;
+use sluice_core::allowance::Engage;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

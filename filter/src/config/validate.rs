@@ -6,14 +6,14 @@ use super::raw::{
     RawRecordMode, RawResponse,
 };
 use super::{ConfigError, FilterConfig};
-use crate::allowance::{AllowanceSettings, Engage};
 use crate::audit::RecordMode;
 use crate::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use crate::classify::{Classifier, PrioritySpec};
-use crate::decision::Fallback;
 use crate::new_cells::NewBucketPolicy;
 use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
+use sluice_core::allowance::{AllowanceSettings, Engage};
+use sluice_core::decision::Fallback;
 use sluice_core::{MAX_BUCKET_KEY_BYTES, Priority};
 use std::ops::RangeInclusive;
 

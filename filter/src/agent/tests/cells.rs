@@ -1,12 +1,12 @@
 //! Cells, modes and fallbacks: what each VM decides once directives arrive.
 
 use super::*;
-use crate::decision::Fallback;
 use crate::fake_request::FakeRequest;
 use crate::freshness::DirectivesMeta;
 use crate::metrics::{Counter, Gauge};
 use crate::new_cells::NewBucketPolicy;
 use crate::shared_keys::DIRECTIVES_META_KEY;
+use sluice_core::decision::Fallback;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -520,10 +520,10 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
     let mut fleet = Fleet::with_settings(
         2,
         AgentSettings {
-            allowance: Some(crate::allowance::AllowanceSettings {
+            allowance: Some(sluice_core::allowance::AllowanceSettings {
                 headroom: 0.0,
                 burst_ms: 0,
-                engage: crate::allowance::Engage::Always,
+                engage: sluice_core::allowance::Engage::Always,
             }),
             ..settings()
         },
@@ -620,8 +620,8 @@ fn a_closed_stream_engages_allowances_that_wait_for_it_on_every_vm() {
     let mut fleet = Fleet::with_settings(
         2,
         AgentSettings {
-            allowance: Some(crate::allowance::AllowanceSettings {
-                engage: crate::allowance::Engage::WhenLost,
+            allowance: Some(sluice_core::allowance::AllowanceSettings {
+                engage: sluice_core::allowance::Engage::WhenLost,
                 ..Default::default()
             }),
             ..settings()
@@ -646,8 +646,8 @@ fn a_silent_control_plane_engages_them_after_a_while() {
     let mut fleet = Fleet::with_settings(
         1,
         AgentSettings {
-            allowance: Some(crate::allowance::AllowanceSettings {
-                engage: crate::allowance::Engage::WhenLost,
+            allowance: Some(sluice_core::allowance::AllowanceSettings {
+                engage: sluice_core::allowance::Engage::WhenLost,
                 ..Default::default()
             }),
             ..settings()
@@ -669,10 +669,10 @@ fn lost_with_two_workers() -> (Fleet, Vec<usize>) {
     let mut fleet = Fleet::with_settings(
         3,
         AgentSettings {
-            allowance: Some(crate::allowance::AllowanceSettings {
+            allowance: Some(sluice_core::allowance::AllowanceSettings {
                 headroom: 0.0,
                 burst_ms: 0,
-                engage: crate::allowance::Engage::WhenLost,
+                engage: sluice_core::allowance::Engage::WhenLost,
             }),
             ..settings()
         },

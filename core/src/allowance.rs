@@ -12,7 +12,7 @@
 //! (GCRA) enforces it in integer microseconds, with time injected by the
 //! caller (the VM's last tick, so the request path never reads a clock).
 
-use sluice_core::DropRatio;
+use crate::DropRatio;
 
 /// When the caps decide rather than the drop ratio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -198,6 +198,7 @@ impl Gcra {
     /// ahead as well (up to [`MAX_STILL_MS`]). Without it, a timer that
     /// fires later than the burst tolerance would lose the allowance of the
     /// difference on every tick.
+    #[inline]
     pub fn admit(&mut self, now_ms: u64, stood_still_ms: u64) -> bool {
         if self.interval_us == u64::MAX {
             return false;

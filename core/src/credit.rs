@@ -10,13 +10,14 @@
 //! Integer arithmetic only (fractions of 2⁻³² of a request in a `u64`), so
 //! the result is the same natively and on wasm32 and nothing can wrap.
 
+use crate::DropThreshold;
 use crate::decision::Verdict;
-use sluice_core::DropThreshold;
 
 /// One whole request in the balance's fixed-point unit.
 const ONE: u64 = 1 << 32;
 
 /// The admit share of a threshold in units of 2⁻³²: `(2⁶³ − threshold) / 2³¹`.
+#[inline]
 fn admit_share(threshold: DropThreshold) -> u64 {
     (DropThreshold::ALWAYS_RAW - threshold.raw().min(DropThreshold::ALWAYS_RAW)) >> 31
 }
@@ -39,6 +40,7 @@ impl Credit {
     }
 
     /// Decides one request of a bucket whose directive is `threshold`.
+    #[inline]
     pub fn decide(&mut self, threshold: DropThreshold) -> Verdict {
         // balance < ONE and share <= ONE, so the sum stays below 2^33.
         let balance = self.balance.saturating_add(admit_share(threshold));
@@ -55,7 +57,7 @@ impl Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::DropRatio;
+    use crate::DropRatio;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -106,8 +108,8 @@ mod tests {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests {
     use super::*;
+    use crate::DropRatio;
     use proptest::prelude::*;
-    use sluice_core::DropRatio;
 
     proptest! {
         #[test]

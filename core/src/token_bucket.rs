@@ -46,6 +46,7 @@ impl TokenBucket {
     }
 
     /// Takes one token if there is one.
+    #[inline]
     pub fn try_take(&mut self, now_ms: u64) -> bool {
         let elapsed = now_ms.saturating_sub(self.last_ms);
         if elapsed > 0 {
