@@ -14,6 +14,7 @@ use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use sluice_filter::pacing::DecisionMode;
 use sluice_proto::v1::{Directive, DirectiveBatch};
 
 /// Bucket names `tenant-0` … `tenant-{n-1}`.
@@ -121,6 +122,17 @@ impl Host for QuietHost {
     fn log(&self, _level: LogLevel, _message: &str) {}
 }
 
+/// The agent settings every benchmark starts from: the configuration's
+/// defaults but coin flips and no allowance, the path the `decision/*`
+/// rows have measured since they were first written.
+pub fn bench_settings() -> AgentSettings {
+    AgentSettings {
+        decision: DecisionMode::Coin,
+        allowance: None,
+        ..AgentSettings::new("sluice_control_plane", "bench")
+    }
+}
+
 /// An agent enforcing a `drop_ratio` directive on each tenant's cell
 /// (`bucket`, tenant, best effort) of `tenants`, warmed like
 /// [`warm_agent`]: the per-tenant lookup of a fairness deployment.
@@ -128,7 +140,7 @@ pub fn warm_tenant_agent(bucket: &str, tenants: &[String], drop_ratio: f64) -> A
     let mut agent = Agent::new(
         AgentSettings {
             max_buckets: tenants.len().max(1),
-            ..AgentSettings::new("sluice_control_plane", "bench")
+            ..bench_settings()
         },
         7,
     );
@@ -174,7 +186,7 @@ pub fn warm_agent_following(buckets: &[String], drop_ratio: f64, sample_every: u
         AgentSettings {
             max_buckets: buckets.len().max(1),
             upstream_sample_every: sample_every,
-            ..AgentSettings::new("sluice_control_plane", "bench")
+            ..bench_settings()
         },
         7,
     );

@@ -19,7 +19,7 @@
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_benches::{bucket_names, table_with};
+use sluice_benches::{bench_settings, bucket_names, table_with};
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
 use sluice_filter::agent::{Agent, AgentSettings, Decision};
@@ -125,7 +125,7 @@ fn warm_agent_admit_does_not_allocate() {
         AgentSettings {
             report_interval_ms: 1_000,
             max_buckets: 1_000,
-            ..AgentSettings::new("sluice_control_plane", "bench")
+            ..bench_settings()
         },
         7,
     );
@@ -156,7 +156,7 @@ fn warm_cell_admit_does_not_allocate() {
                 fleet_limit_rps: 10.0,
                 expected_proxies: 1,
             },
-            ..AgentSettings::new("sluice_control_plane", "bench")
+            ..bench_settings()
         },
         7,
     );

@@ -14,11 +14,11 @@
 
 use crate::DropRatio;
 
-/// When the caps decide rather than the drop ratio.
+/// When the caps decide rather than the drop ratio. The default is the
+/// filter configuration's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engage {
     /// Always: a load step is held before the next directive arrives too.
-    #[default]
     Always,
     /// Only while the control plane is lost (its stream closed, or no batch
     /// for [`LOST_AFTER_MS`]); while it is connected the ratio decides. The
@@ -26,6 +26,7 @@ pub enum Engage {
     /// workers they do not follow load moving between workers; the ratio
     /// does. Losing the control plane during a surge is what the caps are
     /// indispensable for.
+    #[default]
     WhenLost,
 }
 
@@ -50,7 +51,7 @@ impl Default for AllowanceSettings {
         Self {
             headroom: 0.0,
             burst_ms: 20,
-            engage: Engage::Always,
+            engage: Engage::WhenLost,
         }
     }
 }

@@ -24,13 +24,14 @@ use sluice_core::allowance::{
 use sluice_core::credit::Credit;
 use sluice_core::decision::{Verdict, decide};
 
-/// How a drop ratio is applied to single requests.
+/// How a drop ratio is applied to single requests. The default is the
+/// configuration's (docs/accuracy.md, "Why these defaults").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecisionMode {
     /// Independent coin flips.
-    #[default]
     Coin,
     /// Deterministic error diffusion.
+    #[default]
     Credit,
 }
 

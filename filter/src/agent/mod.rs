@@ -115,22 +115,30 @@ pub struct AgentSettings {
 /// requests per second.
 pub const DEFAULT_UPSTREAM_SAMPLE_EVERY: u32 = 4;
 
+/// Default [`AgentSettings::report_interval_ms`].
+pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 250;
+
+/// Default [`AgentSettings::max_buckets`].
+pub const DEFAULT_MAX_BUCKETS: usize = 10_000;
+
 impl AgentSettings {
-    /// Settings with every optional behaviour at its default.
+    /// The settings of a configuration that names only the cluster and the
+    /// proxy: every other field at the configuration's default (a unit test
+    /// in `config` holds the two together).
     pub fn new(control_plane_cluster: &str, proxy_id: &str) -> Self {
         Self {
             control_plane_cluster: control_plane_cluster.into(),
             proxy_id: proxy_id.into(),
             zone: String::new(),
-            report_interval_ms: 250,
-            max_buckets: 10_000,
+            report_interval_ms: DEFAULT_REPORT_INTERVAL_MS,
+            max_buckets: DEFAULT_MAX_BUCKETS,
             directive_ttl_ms: DEFAULT_DIRECTIVE_TTL_MS,
             fallback: Fallback::KeepLast,
             new_bucket: NewBucketPolicy::Allow,
             responses: Arc::new(ResponseSettings::default()),
             stream_idle_timeout_ms: DEFAULT_STREAM_IDLE_TIMEOUT_MS,
-            decision: DecisionMode::Coin,
-            allowance: None,
+            decision: DecisionMode::default(),
+            allowance: Some(AllowanceSettings::default()),
             upstream_sample_every: DEFAULT_UPSTREAM_SAMPLE_EVERY,
         }
     }

@@ -254,11 +254,11 @@ pub(super) fn default_separator() -> String {
     "/".into()
 }
 pub(super) fn default_report_interval_ms() -> u64 {
-    250
+    crate::agent::DEFAULT_REPORT_INTERVAL_MS
 }
 pub(super) fn default_retry_after_seconds() -> u32 {
     1
 }
 pub(super) fn default_max_buckets() -> usize {
-    10_000
+    crate::agent::DEFAULT_MAX_BUCKETS
 }

@@ -453,3 +453,13 @@ fn parts_carry_every_setting_and_name_the_proxy_only_when_unnamed() {
     assert_eq!(named.agent.proxy_id, "p");
     assert_eq!(named.agent.zone, "node-zone");
 }
+
+#[test]
+fn a_configuration_of_defaults_gives_the_agents_defaults() {
+    // `AgentSettings::new` and the configuration share their defaults; this
+    // keeps either from drifting from the other.
+    let parts = FilterConfig::from_json(br#"{"control_plane_cluster": "cp", "proxy_id": "p"}"#)
+        .unwrap()
+        .into_parts(|| unreachable!("named"), String::new);
+    assert_eq!(parts.agent, AgentSettings::new("cp", "p"));
+}

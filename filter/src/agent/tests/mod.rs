@@ -31,9 +31,13 @@ struct Fleet {
     now_ms: u64,
 }
 
+/// The plain drop-ratio path these tests compare against: coin flips, no
+/// allowance (tests of the credit and the allowance set them).
 fn settings() -> AgentSettings {
     AgentSettings {
         max_buckets: 100,
+        decision: DecisionMode::Coin,
+        allowance: None,
         ..AgentSettings::new(CLUSTER, "envoy-a")
     }
 }
