@@ -10,29 +10,29 @@
 //! trait, so the logic is unit-tested natively and under wasm32 in Node.
 
 pub mod agent;
-pub mod audit;
+mod audit;
 pub mod backoff;
 pub mod bucket_key;
 pub mod cell;
-pub mod cell_map;
-pub mod classify;
+mod cell_map;
+mod classify;
 pub mod config;
 pub mod counters;
-pub mod decision;
+mod decision;
 pub mod directives;
-pub mod fast_map;
-pub mod freshness;
+mod fast_map;
+mod freshness;
 pub mod host_api;
-pub mod lease;
+mod lease;
 pub mod metrics;
 pub mod modes;
 pub mod new_cells;
 pub mod pacing;
-pub mod process_rates;
-pub mod reject;
-pub mod report_window;
-pub mod shared_keys;
-pub mod stream;
+mod process_rates;
+mod reject;
+mod report_window;
+mod shared_keys;
+mod stream;
 pub mod upstream;
 
 /// The proxy-wasm binding; only exists in the Envoy build.

@@ -133,6 +133,7 @@ impl ProcessRates {
         requests as f64 * 1000.0 / span_ms as f64
     }
 
+    #[cfg(test)]
     /// The rate of `key` from `source` over the closed slots, in requests
     /// per second.
     pub fn rate_rps(&self, key: &str, source: u64) -> Option<f64> {

@@ -58,6 +58,7 @@ impl ControlStream {
         }
     }
 
+    #[cfg(test)]
     /// The current state.
     pub fn state(&self) -> StreamState {
         self.state
