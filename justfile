@@ -61,6 +61,7 @@ fmt:
 # Lint native and wasm32 builds with warnings as errors.
 clippy: setup
     cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy -p sluice-control-plane --no-default-features -- -D warnings
     cargo clippy -p sluice-core -p sluice-filter -p sluice-empty-filter --target wasm32-wasip1 -- -D warnings
     cargo clippy -p sluice-core -p sluice-filter --target wasm32-unknown-unknown --tests -- -D warnings
 

@@ -13,11 +13,9 @@ use crate::admin::Admin;
 use crate::admin::auth::{AuthPolicy, Token, TokenError};
 use crate::config::live::LiveConfig;
 use crate::config::{Config, ConfigError};
-use crate::ctl::{self, CtlArgs};
 use crate::fleet::{FleetCaps, ShareCap};
 use crate::serve::state::{AppState, Settings};
 use crate::serve::tls::{GrpcTlsFiles, TlsError};
-use crate::simulate::{self, report, scenario};
 use crate::trust::{
     Ceilings, Exposure, IdentityPolicy, IdentityRule, ListenerRefused, Transport, check_listener,
 };
@@ -42,9 +40,11 @@ pub enum Command {
     CheckConfig(CheckConfigArgs),
     /// Run a traffic scenario through the real controller on a simulated
     /// clock and print accuracy metrics.
-    Simulate(SimulateArgs),
+    #[cfg(feature = "simulate")]
+    Simulate(crate::simulate::command::SimulateArgs),
     /// Read and change a running control plane through its admin API.
-    Ctl(CtlArgs),
+    #[cfg(feature = "ctl")]
+    Ctl(crate::ctl::CtlArgs),
     /// Export or import the configuration replicas share in `--store`.
     Config(crate::replicas::transfer::ConfigArgs),
 }
@@ -235,55 +235,6 @@ pub struct CheckConfigArgs {
     pub file: PathBuf,
 }
 
-/// `sluice simulate`.
-#[derive(Debug, Args)]
-pub struct SimulateArgs {
-    /// Scenario to run, or `all`.
-    #[arg(long, value_name = "NAME", value_parser = parse_scenario)]
-    pub scenario: String,
-    /// Seed for arrivals and coin flips; the same seed gives the same result.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub seed: u64,
-    /// Also write the metrics as CSV to this file.
-    #[arg(long, value_name = "PATH")]
-    pub csv: Option<PathBuf>,
-    /// Controller and decision to run: `baseline` (proportional ratio,
-    /// coin flips), `improved` (the default of `serve` and the filter's
-    /// recommended settings), `credit`, `tracking-coin`, or `compare`
-    /// (baseline and improved side by side).
-    #[arg(long, value_name = "NAME", default_value = "compare", value_parser = parse_variant)]
-    pub variant: String,
-    /// Write per-scenario time series (`NAME-VARIANT.csv`) and plots
-    /// (`NAME.svg`: offered, admitted and limit over time) into this folder,
-    /// and `tenants.csv` (each tenant's offered, fair-share and admitted
-    /// rates) when a scenario has tenants.
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-}
-
-fn parse_variant(value: &str) -> Result<String, String> {
-    if value == "compare" || simulate::Variant::by_name(value).is_some() {
-        Ok(value.to_owned())
-    } else {
-        let names: Vec<&str> = simulate::Variant::ALL.iter().map(|v| v.name).collect();
-        Err(format!(
-            "unknown variant; one of: compare, {}",
-            names.join(", ")
-        ))
-    }
-}
-
-fn parse_scenario(value: &str) -> Result<String, String> {
-    if value == "all" || scenario::NAMES.contains(&value) {
-        Ok(value.to_owned())
-    } else {
-        Err(format!(
-            "unknown scenario; one of: all, {}",
-            scenario::NAMES.join(", ")
-        ))
-    }
-}
-
 fn parse_interval(value: &str) -> Result<ControlInterval, String> {
     let ms: u64 = value.parse().map_err(|err| format!("{err}"))?;
     ControlInterval::from_millis(ms).map_err(|err| err.to_string())
@@ -372,8 +323,10 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
         },
         Command::CheckConfig(args) => check_config(&args.file),
-        Command::Simulate(args) => simulate(&args),
-        Command::Ctl(args) => ctl::execute(args).await,
+        #[cfg(feature = "simulate")]
+        Command::Simulate(args) => crate::simulate::command::run(&args),
+        #[cfg(feature = "ctl")]
+        Command::Ctl(args) => crate::ctl::execute(args).await,
         Command::Config(args) => match crate::replicas::transfer::execute(&args).await {
             Ok(text) => {
                 print!("{text}");
@@ -385,70 +338,6 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
         },
     }
-}
-
-/// `sluice simulate`: runs the scenarios and prints one table row each.
-pub fn simulate(args: &SimulateArgs) -> ExitCode {
-    let scenarios = if args.scenario == "all" {
-        scenario::all()
-    } else {
-        scenario::by_name(&args.scenario).into_iter().collect()
-    };
-    let variants: Vec<simulate::Variant> = match simulate::Variant::by_name(&args.variant) {
-        Some(variant) => vec![variant],
-        None => vec![simulate::Variant::BASELINE, simulate::Variant::IMPROVED],
-    };
-    if let Some(dir) = &args.out
-        && let Err(err) = std::fs::create_dir_all(dir)
-    {
-        eprintln!("sluice: cannot create {}: {err}", dir.display());
-        return ExitCode::FAILURE;
-    }
-    let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
-    for scenario in &scenarios {
-        let mut traces = Vec::new();
-        for &variant in &variants {
-            let trace = match simulate::sim::run_variant(scenario, args.seed, variant) {
-                Ok(trace) => trace,
-                Err(err) => {
-                    eprintln!("sluice: scenario {}: {err}", scenario.name);
-                    return ExitCode::FAILURE;
-                }
-            };
-            rows.push(report::Row {
-                scenario: scenario.name.to_owned(),
-                variant: variant.name.to_owned(),
-                seed: args.seed,
-                metrics: simulate::metrics::compute(scenario, &trace),
-            });
-            traces.push((variant.name, trace));
-        }
-        if let Some(dir) = &args.out
-            && let Err(err) = simulate::plot::write(dir, scenario, &traces)
-        {
-            eprintln!("sluice: scenario {}: {err}", scenario.name);
-            return ExitCode::FAILURE;
-        }
-    }
-    print!("{}", report::table(&rows));
-    let tenants = report::tenant_table(&rows);
-    if !tenants.is_empty() {
-        print!("\n{tenants}");
-        if let Some(dir) = &args.out {
-            let path = dir.join("tenants.csv");
-            if let Err(err) = std::fs::write(&path, report::tenant_csv(&rows)) {
-                eprintln!("sluice: cannot write {}: {err}", path.display());
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    if let Some(path) = &args.csv
-        && let Err(err) = std::fs::write(path, report::csv(&rows))
-    {
-        eprintln!("sluice: cannot write {}: {err}", path.display());
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
 }
 
 /// `sluice check-config FILE`: prints `OK` or the error.
@@ -827,19 +716,6 @@ mod tests {
         assert_eq!(args.grpc_listen.port(), 0);
         assert_eq!(args.control_interval_ms.unwrap().as_millis(), 100);
         assert_eq!(args.ready_file.unwrap(), PathBuf::from("r.json"));
-    }
-
-    #[test]
-    fn simulate_arguments() {
-        let cli = Cli::try_parse_from(["sluice", "simulate", "--scenario", "all"]).unwrap();
-        let Command::Simulate(args) = cli.command else {
-            panic!("not simulate")
-        };
-        assert_eq!(args.scenario, "all");
-        assert_eq!(args.seed, 1);
-        assert!(args.csv.is_none());
-        let err = Cli::try_parse_from(["sluice", "simulate", "--scenario", "nope"]).unwrap_err();
-        assert!(err.to_string().contains("unknown scenario"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod cell;
 pub mod cli;
 pub mod config;
 pub mod control;
+#[cfg(feature = "ctl")]
 pub mod ctl;
 pub mod fleet;
 pub mod metrics;
@@ -36,6 +37,7 @@ pub mod quotas;
 pub mod replicas;
 pub mod rlqs;
 pub mod serve;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod store;
 pub mod trust;

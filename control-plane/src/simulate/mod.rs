@@ -7,6 +7,7 @@
 //! measures is the shipped code, not a model of it. Same scenario and seed,
 //! same result.
 
+pub mod command;
 pub mod metrics;
 pub mod plot;
 pub mod report;
