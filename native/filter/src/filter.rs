@@ -15,7 +15,7 @@ use crate::native_host::Shared;
 use crate::process::ProcessStore;
 use crate::stats::StatsSink;
 use crate::ticker::Ticker;
-use crate::workers::Workers;
+use crate::workers::{Workers, now_ms};
 
 /// Status of a dropped request.
 const REJECT_STATUS: u16 = 429;
@@ -110,6 +110,9 @@ impl NativeFilter {
         let slot = self.workers.local();
         let decision = {
             let mut state = slot.lock();
+            if slot.take_tick_due() {
+                state.tick(now_ms());
+            }
             let decision = state
                 .agent
                 .admit_request(&self.request.classifier, &Attributes(&*host));

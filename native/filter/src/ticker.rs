@@ -1,16 +1,15 @@
-//! The thread that drives every agent's tick, as Envoy's timer drives each
-//! wasm VM's: it hands each agent what its control-plane streams received,
-//! then ticks it.
+//! The thread that paces every agent's tick, as Envoy's timer paces each
+//! wasm VM's: it marks each tick due every period; a worker's next request
+//! runs it, and the ticker runs those of agents no request reaches.
 
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::control_stream::StreamEvent;
 use crate::native_host::Shared;
 use crate::stats::{Exporter, StatsSink};
-use crate::workers::{WorkerState, Workers, now_ms};
+use crate::workers::Workers;
 
 /// The running ticker; dropping it stops and joins the thread.
 #[derive(Debug)]
@@ -45,21 +44,11 @@ impl Ticker {
     }
 }
 
-/// One tick of every agent.
+/// One tick period: every agent's tick is marked due, and those no request
+/// will tick are ticked here ([`crate::workers::WorkerSlot::mark_tick_due`]).
 pub fn tick_all(workers: &Workers) {
     for slot in workers.all() {
-        let now = now_ms();
-        let mut state = slot.lock();
-        let WorkerState { agent, host } = &mut *state;
-        for (token, event) in host.take_stream_events() {
-            match event {
-                StreamEvent::Message(bytes, received_ms) => {
-                    agent.on_stream_message(host, token, &bytes, received_ms.min(now));
-                }
-                StreamEvent::Closed(status) => agent.on_stream_close(host, token, status, now),
-            }
-        }
-        agent.on_tick(host, now);
+        slot.mark_tick_due();
     }
 }
 

@@ -1,6 +1,13 @@
 //! One agent per Envoy worker thread, as the wasm filter has one per VM: the
-//! request path locks only its own worker's agent (the ticker takes the same
-//! lock briefly every tick), and the agents meet in the process store.
+//! request path locks only its own worker's agent, and the agents meet in
+//! the process store.
+//!
+//! A worker's agent is ticked on the worker's own thread, by the first
+//! request after the ticker marks the tick due, as Envoy runs a wasm VM's
+//! timer on its worker. The ticker thread ticks only the agents no request
+//! reached for a whole period (and the main agent, which serves none): a
+//! request never waits for another thread that holds its agent's lock and
+//! may be descheduled on a busy machine.
 
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
@@ -11,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sluice_filter::agent::{Agent, AgentSettings};
 
+use crate::control_stream::StreamEvent;
 use crate::native_host::{NativeHost, Shared};
 
 /// An agent and its host.
@@ -22,12 +30,33 @@ pub struct WorkerState {
     pub host: NativeHost,
 }
 
+impl WorkerState {
+    /// Hands the agent what its control-plane streams received, then ticks
+    /// it, at `now` (Unix ms).
+    pub fn tick(&mut self, now: u64) {
+        let Self { agent, host } = self;
+        for (token, event) in host.take_stream_events() {
+            match event {
+                StreamEvent::Message(bytes, received_ms) => {
+                    agent.on_stream_message(host, token, &bytes, received_ms.min(now));
+                }
+                StreamEvent::Closed(status) => agent.on_stream_close(host, token, status, now),
+            }
+        }
+        agent.on_tick(host, now);
+    }
+}
+
 /// One worker's agent.
 #[derive(Debug)]
 pub struct WorkerSlot {
     state: Mutex<WorkerState>,
     /// Set when its configuration is gone: the worker forgets the slot.
     retired: AtomicBool,
+    /// Set by the ticker every period, cleared by whoever ticks the agent.
+    tick_due: AtomicBool,
+    /// Whether requests reach this agent (the main agent's never do).
+    serves_requests: bool,
 }
 
 impl WorkerSlot {
@@ -36,6 +65,26 @@ impl WorkerSlot {
         // Nothing panics while the lock is held (the agent does not panic);
         // a poisoned lock still holds a consistent agent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the agent's tick is due, clearing the mark: the caller, which
+    /// holds the lock, ticks it. One relaxed load when it is not.
+    pub fn take_tick_due(&self) -> bool {
+        self.tick_due.load(Ordering::Relaxed) && self.tick_due.swap(false, Ordering::Relaxed)
+    }
+
+    /// Marks the tick due, for the ticker; ticks the agent on the ticker's
+    /// thread when the last mark is still there (no request came for a
+    /// whole period) or no request ever comes, unless a request holds the
+    /// agent right now (it takes the mark).
+    pub fn mark_tick_due(&self) {
+        let unclaimed = self.tick_due.swap(true, Ordering::Relaxed);
+        if (unclaimed || !self.serves_requests)
+            && let Ok(mut state) = self.state.try_lock()
+            && self.take_tick_due()
+        {
+            state.tick(now_ms());
+        }
     }
 }
 
@@ -80,12 +129,12 @@ impl Workers {
             shared,
             slots: Mutex::default(),
         };
-        let main = workers.new_slot();
+        let main = workers.new_slot(false);
         workers.lock_slots().push(main);
         workers
     }
 
-    fn new_slot(&self) -> Arc<WorkerSlot> {
+    fn new_slot(&self, serves_requests: bool) -> Arc<WorkerSlot> {
         let mut host = NativeHost::new(Arc::clone(&self.shared));
         let mut agent = Agent::new(self.settings.clone(), seed());
         // A first tick sets the agent's clock before it decides a request.
@@ -93,6 +142,8 @@ impl Workers {
         Arc::new(WorkerSlot {
             state: Mutex::new(WorkerState { agent, host }),
             retired: AtomicBool::new(false),
+            tick_due: AtomicBool::new(false),
+            serves_requests,
         })
     }
 
@@ -111,7 +162,7 @@ impl Workers {
         if let Some(slot) = found {
             return slot;
         }
-        let slot = self.new_slot();
+        let slot = self.new_slot(true);
         self.lock_slots().push(Arc::clone(&slot));
         LOCAL.with_borrow_mut(|local| {
             local.retain(|(_, slot)| !slot.retired.load(Ordering::Relaxed));
@@ -133,5 +184,66 @@ impl Workers {
             let WorkerState { agent, host } = &mut *state;
             agent.shut_down(host);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use crate::control_stream::ControlStreams;
+    use crate::metrics::MetricRegistry;
+    use crate::process::ProcessStore;
+
+    fn workers() -> Workers {
+        // Nothing listens on port 1: the agents' streams fail, which these
+        // tests do not look at.
+        let shared = Arc::new(Shared {
+            store: ProcessStore::default(),
+            streams: ControlStreams::new(&["http://127.0.0.1:1".to_owned()], None).unwrap(),
+            metrics: MetricRegistry::default(),
+        });
+        Workers::new(AgentSettings::new("cp", "p"), shared)
+    }
+
+    #[test]
+    fn a_worker_with_requests_ticks_itself() {
+        let workers = workers();
+        let worker = workers.local();
+        worker.mark_tick_due();
+        // The ticker left the tick to the worker's next request.
+        assert!(worker.take_tick_due());
+        assert!(!worker.take_tick_due());
+    }
+
+    #[test]
+    fn the_ticker_ticks_a_worker_no_request_reached_for_a_period() {
+        let workers = workers();
+        let worker = workers.local();
+        worker.mark_tick_due();
+        worker.mark_tick_due();
+        // Still marked a period later: the ticker ran the tick.
+        assert!(!worker.take_tick_due());
+    }
+
+    #[test]
+    fn a_request_holding_the_agent_keeps_the_tick() {
+        let workers = workers();
+        let worker = workers.local();
+        let held = worker.lock();
+        worker.mark_tick_due();
+        worker.mark_tick_due();
+        drop(held);
+        assert!(worker.take_tick_due());
+    }
+
+    #[test]
+    fn the_main_agent_is_ticked_every_period() {
+        let workers = workers();
+        let main = Arc::clone(&workers.all()[0]);
+        assert!(!main.serves_requests);
+        main.mark_tick_due();
+        assert!(!main.take_tick_due());
     }
 }
