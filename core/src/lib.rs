@@ -13,6 +13,7 @@ pub mod decision;
 mod drop_ratio;
 mod keys;
 mod priority;
+pub mod proxy_cap;
 mod reason;
 pub mod token_bucket;
 

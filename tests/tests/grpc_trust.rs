@@ -4,6 +4,9 @@
 //!   bucket's real rate cannot make the fleet drop the bucket's real
 //!   traffic: its claim is ignored as implausible, and shows as cut in
 //!   `/v1/buckets` and metrics;
+//! - an Envoy that is busy rather than lying (9× the others' rate for the
+//!   bucket) is cut by the same cap, told so in its directives, and admits
+//!   its counted part only: the fleet keeps the limit;
 //! - with mutual TLS, a client certificate cannot claim a proxy id its
 //!   identity does not allow, nor take over the stream of a live proxy of
 //!   another identity; the real proxy's stream is not disturbed.
@@ -145,6 +148,79 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
             r#"sluice_bucket_proxies_capped{bucket="acme"}"#
         ) == 1.0,
         "{exposition}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(LIMITS, dir.path())
+            .control_interval_ms(200)
+            .args(certs.serve_args()),
+    )
+    .await
+    .unwrap();
+    let grpc = control_plane.grpc_addr();
+    let mut envoys = Vec::new();
+    for id in ["edge-a", "edge-b", "edge-c"] {
+        let config = certs::demo_mtls_config(&certs, grpc, id, true).unwrap();
+        envoys.push(
+            Envoy::start(&config, &EnvoyOptions::new(id, dir.path()))
+                .await
+                .unwrap(),
+        );
+    }
+    let duration = Duration::from_secs(12);
+    // 440 rps, 2.9× the limit; edge-c carries 360 of it, 9× the median
+    // Envoy's 40, so the cap (4× the median) counts 160 of it. Applied to
+    // edge-c's whole rate, the ratio computed from the counted 240 rps
+    // would admit 275 rps.
+    let streams = envoys
+        .iter()
+        .zip([40.0, 40.0, 360.0])
+        .enumerate()
+        .map(|(i, (envoy, rps))| {
+            StreamSpec::new(&format!("{i}/acme"), &envoy.base_url(), "acme", rps)
+        })
+        .collect();
+    let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let buckets = control_plane.admin().buckets().await.unwrap();
+    let result = load.finish().await.unwrap();
+
+    let window = Window::secs(4.0, duration.as_secs_f64());
+    let summary = format!(
+        "{}control plane at 8s: {buckets:?}\n{}",
+        result.summary(window),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let counts = result.tenant_counts(window, "acme");
+    let admitted = rate(counts.ok, window);
+    if !within(admitted, 150.0, 0.10) {
+        control_plane.print_log();
+        for envoy in &envoys {
+            envoy.print_log();
+        }
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert_eq!(
+        counts.skipped, 0,
+        "the load generator fell behind\n{summary}"
+    );
+    assert!(
+        within(admitted, 150.0, 0.10),
+        "the fleet admitted {admitted:.1} rps, limit 150\n{summary}"
+    );
+    let bucket = buckets.bucket("acme").expect("acme is tracked");
+    let cap = bucket.proxy_cap.as_ref().expect("a cap applies to acme");
+    let cut: Vec<&str> = cap.capped.iter().map(|c| c.proxy_id.as_str()).collect();
+    assert_eq!(cut, ["edge-c"], "{summary}");
+    assert!(
+        cap.capped[0].counted_rps > 0.0 && cap.capped[0].counted_rps < cap.capped[0].claimed_rps,
+        "capped, not ignored\n{summary}"
     );
 }
 

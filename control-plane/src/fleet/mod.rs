@@ -550,7 +550,15 @@ impl Fleet {
                 }
                 if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
                     sum.offered_rps += rates.offered_rps * factor;
-                    sum.admitted_rps += rates.admitted_rps * factor;
+                    // A capped proxy admits as if it offered its counted
+                    // part (the directives list it), so what it admits
+                    // counts in full up to that part: scaling it down as
+                    // well would hide real admissions from the estimator.
+                    sum.admitted_rps += if factor < 1.0 {
+                        rates.admitted_rps.min(rates.offered_rps * factor)
+                    } else {
+                        rates.admitted_rps
+                    };
                     sum.proxies_reporting += 1;
                     *shadow += rates.shadow_dropped_rps * factor;
                     if proxy.silent_ticks > 0 {

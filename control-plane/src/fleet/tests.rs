@@ -618,3 +618,53 @@ fn unlimited_share_keeps_a_quarter() {
     assert_eq!(unlimited_share(40), 30);
     assert_eq!(unlimited_share(250_000), 187_500);
 }
+
+#[test]
+fn a_capped_proxys_admissions_count_in_full_up_to_its_counted_part() {
+    let mut fleet = Fleet::new(3);
+    for (i, proxy) in ["a", "b", "c", "heavy"].iter().enumerate() {
+        fleet.connect(proxy, i as u64, StreamId(i as u64));
+    }
+    // The heavy proxy offers 900 (counted 400) and admits 300, as it does
+    // when it applies its directive to its counted part only: its 300 are
+    // real admissions, not scaled down to 133.
+    for (i, (proxy, offered, admitted)) in [
+        ("a", 100, 50),
+        ("b", 100, 50),
+        ("c", 100, 50),
+        ("heavy", 900, 300),
+    ]
+    .iter()
+    .enumerate()
+    {
+        fleet
+            .report(
+                proxy,
+                StreamId(i as u64),
+                &report(1_000, &[("x", *offered, *admitted)]),
+            )
+            .unwrap();
+    }
+    let load = fleet.tick();
+    let bucket = load.get("x").unwrap();
+    assert!((bucket.load.offered_rps - 700.0).abs() < 1e-6, "{bucket:?}");
+    assert!(
+        (bucket.load.admitted_rps - 450.0).abs() < 1e-6,
+        "{bucket:?}"
+    );
+    // A claim of admitting more than its counted part counts as that part.
+    fleet
+        .report("heavy", StreamId(3), &report(1_000, &[("x", 900, 900)]))
+        .unwrap();
+    for (i, proxy) in ["a", "b", "c"].iter().enumerate() {
+        fleet
+            .report(proxy, StreamId(i as u64), &report(1_000, &[("x", 100, 50)]))
+            .unwrap();
+    }
+    let load = fleet.tick();
+    let bucket = load.get("x").unwrap();
+    assert!(
+        (bucket.load.admitted_rps - 550.0).abs() < 1e-6,
+        "{bucket:?}"
+    );
+}

@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use sluice_core::proxy_cap;
 use sluice_filter::directives::DirectiveTable;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -152,6 +153,10 @@ impl Session {
         let (snapshot, mut subscription) = self.state.publisher().subscribe();
         let max_cells = self.state.fleet().caps().max_cells_per_proxy;
         let mut table = DirectiveTable::with_settings(max_cells, Arc::default(), &self.proxy_id);
+        let mut snapshot = snapshot;
+        // The table holds the ratios this Envoy applies: one whose usage
+        // counted only in part is assigned that part.
+        proxy_cap::resolve_batch(&mut snapshot, &self.proxy_id);
         table.merge(snapshot);
         let opened = Instant::now();
         let mut ledger = WindowLedger::default();
@@ -177,7 +182,9 @@ impl Session {
                 },
                 batch = subscription.next() => match batch {
                     Some(outgoing) => {
-                        table.merge(outgoing.batch.clone());
+                        let mut batch = outgoing.batch.clone();
+                        proxy_cap::resolve_batch(&mut batch, &self.proxy_id);
+                        table.merge(batch);
                         if self.push(&table, false).await.is_err() {
                             return "envoy gone";
                         }

@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_core::decision::Verdict;
-use sluice_core::{DropThreshold, Priority};
+use sluice_core::{DropThreshold, Priority, proxy_cap};
 use sluice_filter::agent::TICK_MS;
 use sluice_filter::cell::key_of;
 use sluice_filter::counters::{BucketCounters, Outcome};
@@ -615,12 +615,16 @@ fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u
         match recipient {
             Recipient::All => {
                 for proxy in proxies.iter_mut().filter(|p| p.connected) {
-                    proxy.table.merge(batch.clone());
+                    let mut batch = batch.clone();
+                    proxy_cap::resolve_batch(&mut batch, &proxy.id);
+                    proxy.table.merge(batch);
                     pace_directives(proxy);
                 }
             }
             Recipient::Proxy(index) => {
                 if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
+                    let mut batch = batch;
+                    proxy_cap::resolve_batch(&mut batch, &proxy.id);
                     proxy.table.merge(batch);
                     pace_directives(proxy);
                 }

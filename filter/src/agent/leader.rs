@@ -354,7 +354,15 @@ impl Agent {
         id
     }
 
-    pub(super) fn apply_batch(&mut self, host: &mut impl Host, batch: DirectiveBatch, now_ms: u64) {
+    pub(super) fn apply_batch(
+        &mut self,
+        host: &mut impl Host,
+        mut batch: DirectiveBatch,
+        now_ms: u64,
+    ) {
+        // The table every VM reads holds the ratios this proxy applies: a
+        // proxy whose rate counted only in part admits that part.
+        sluice_core::proxy_cap::resolve_batch(&mut batch, &self.settings.proxy_id);
         let previous_epoch = self.directives.provenance().epoch;
         let changes = self.directives.changes_with(&batch);
         let ttl_ms = batch.ttl_ms;

@@ -21,7 +21,10 @@
 //!   unspecified (the batch's [`sluice_proto::v1::ModePolicy`] decides);
 //! - `reason`: set only when the ratio is above 0; see
 //!   [`crate::control::fairness`] for how it is chosen;
-//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`].
+//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`];
+//! - `counted_proxies` and `uncounted_admit`: the proxies whose claim the
+//!   share cap cut, so they admit as if they offered their counted part
+//!   ([`counted`]).
 //!
 //! Only cells with something to enforce get a directive: a limit (floors
 //! and priorities only exist under one) or a bucket mode. A cell of an
@@ -39,8 +42,10 @@ use crate::config::policy::{Mode, Modes, Policy, Tenants};
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
+use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
+mod counted;
 mod drop_policy;
 mod retry;
 mod status;
@@ -128,6 +133,8 @@ struct BucketState {
     overloaded_intervals: u32,
     /// Sorted by tenant, then priority.
     cells: Vec<CellState>,
+    /// What the bucket's directives last listed as counted in part.
+    counted: CountedProxies,
 }
 
 /// Orders keys that are usually the very same interned string: comparing
@@ -249,6 +256,7 @@ impl Controller {
                     bucket: Arc::clone(&traffic.bucket),
                     overloaded_intervals: 0,
                     cells: Vec::new(),
+                    counted: CountedProxies::default(),
                 });
             let limit = limits.limit_for(&traffic.bucket);
             let (state, status) =
@@ -284,6 +292,11 @@ impl Controller {
             0
         };
         let retry_after = retry_after_ms(self.interval, state.overloaded_intervals);
+        let counted = CountedProxies::of(traffic, limit);
+        // A moved list is pushed with every cell of the bucket: the filters
+        // resolve it into each cell's ratio.
+        let counted_moved = counted.differs_from(&state.counted);
+        state.counted = counted;
         let mode = modes.buckets.get(bucket.as_ref()).copied();
 
         // The steady case: the same cells as last time, updated in place.
@@ -366,15 +379,20 @@ impl Controller {
                 burst: tenants.policy_for(&cell.tenant).burst.get(),
             };
             // A cell new this tick is always pushed.
-            let changed = cell_state
-                .pushed
-                .as_ref()
-                .is_none_or(|pushed| pushed.differs_from(&next));
+            let changed = counted_moved
+                || cell_state
+                    .pushed
+                    .as_ref()
+                    .is_none_or(|pushed| pushed.differs_from(&next));
             if changed {
                 cell_state.pushed = Some(next);
-                decision
-                    .changed
-                    .push(directive(bucket, &cell.tenant, cell.priority, &next));
+                decision.changed.push(directive(
+                    bucket,
+                    &cell.tenant,
+                    cell.priority,
+                    &next,
+                    &state.counted,
+                ));
             }
             let current = cell_state.pushed.unwrap_or(next);
             if current.drop_ratio > status.drop_ratio {
@@ -442,6 +460,7 @@ impl Controller {
                         &cell.tenant,
                         cell.priority,
                         pushed,
+                        &state.counted,
                     ))
                 })
             })
@@ -562,7 +581,13 @@ pub fn is_lift(directive: &Directive) -> bool {
 }
 
 /// The wire form; on the wire `limit_rps` 0 stands for "unlimited".
-fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) -> Directive {
+fn directive(
+    bucket: &str,
+    tenant: &str,
+    priority: Priority,
+    pushed: &Pushed,
+    counted: &CountedProxies,
+) -> Directive {
     Directive {
         bucket: bucket.to_owned(),
         drop_ratio: pushed.drop_ratio.get(),
@@ -576,5 +601,7 @@ fn directive(bucket: &str, tenant: &str, priority: Priority, pushed: &Pushed) ->
         retry_after_ms: pushed.retry_after_ms,
         burst: pushed.burst,
         offered_rps: pushed.offered_rps,
+        counted_proxies: counted.wire(),
+        uncounted_admit: counted.uncounted_admit(),
     }
 }

@@ -631,3 +631,50 @@ fn policy_can_be_swapped() {
     let decision = controller.tick(&load(&[("x", 1.0)]), &table(&[("x", 100.0)]));
     assert_eq!(buckets(&decision.changed), [("x", 0.5)]);
 }
+
+#[test]
+fn a_capped_proxy_is_listed_in_its_buckets_directives_and_moves_repush_them() {
+    use crate::fleet::{CappedProxy, ProxyCap};
+    let with_cap = |counted_rps: f64| {
+        let mut load = load(&[("b", 2_000.0)]);
+        load.buckets[0].proxy_cap = Some(ProxyCap {
+            cap_rps: counted_rps,
+            capped: vec![CappedProxy {
+                proxy_id: Arc::from("hot"),
+                claimed_rps: 1_000.0,
+                counted_rps,
+            }],
+        });
+        load
+    };
+    let limits = table(&[("b", 1_000.0)]);
+    let mut controller = Controller::default();
+    let first = controller.tick(&with_cap(500.0), &limits);
+    let directive = &first.changed[0];
+    assert_eq!(directive.counted_proxies.len(), 1);
+    assert_eq!(directive.counted_proxies[0].proxy_id, "hot");
+    assert_eq!(directive.counted_proxies[0].counted_fraction, 0.5);
+    // Shedding: no room for the uncounted rate.
+    assert_eq!(directive.uncounted_admit, 0.0);
+    // The same load again: nothing to push.
+    assert!(
+        controller
+            .tick(&with_cap(500.0), &limits)
+            .changed
+            .is_empty()
+    );
+    // The hot proxy's counted part moved though the ratio did not: pushed.
+    let moved = controller.tick(&with_cap(600.0), &limits);
+    assert_eq!(moved.changed.len(), 1);
+    assert_eq!(moved.changed[0].counted_proxies[0].counted_fraction, 0.6);
+    // The cap lifted: pushed once more with an empty list.
+    let lifted = controller.tick(&load(&[("b", 2_000.0)]), &limits);
+    assert_eq!(lifted.changed.len(), 1);
+    assert!(lifted.changed[0].counted_proxies.is_empty());
+    assert!(
+        controller
+            .snapshot()
+            .iter()
+            .all(|d| d.counted_proxies.is_empty())
+    );
+}

@@ -749,3 +749,33 @@ fn while_the_control_plane_is_lost_a_surge_on_every_worker_is_held() {
     let rate = admitted_per_second(&mut fleet, &workers, &[30, 30], 60, 20);
     assert!((90.0..=110.0).contains(&rate), "{rate} rps");
 }
+
+#[test]
+fn a_proxy_the_control_plane_counted_in_part_applies_its_own_ratio_on_every_vm() {
+    use sluice_proto::v1::CountedProxy;
+    let mut fleet = Fleet::new(2);
+    fleet.ticks(2);
+    let listed = |proxy_id: &str| CountedProxy {
+        proxy_id: proxy_id.into(),
+        counted_fraction: 0.5,
+    };
+    fleet.push_batch(batch(vec![
+        Directive {
+            counted_proxies: vec![listed("envoy-a")],
+            ..cell("hot", "", Priority::Unspecified, 0.5)
+        },
+        Directive {
+            counted_proxies: vec![listed("envoy-b")],
+            ..cell("other", "", Priority::Unspecified, 0.5)
+        },
+    ]));
+    fleet.ticks(1);
+    for (_, agent) in &fleet.vms {
+        // Half of this proxy's rate counted: it admits half of what the
+        // ratio admits, 0.25 instead of 0.5.
+        let hot = agent.directives.drop_ratio("hot").unwrap().get();
+        assert!((hot - 0.75).abs() < 1e-12, "{hot}");
+        // Another proxy's entry: the ratio as sent.
+        assert_eq!(agent.directives.drop_ratio("other").unwrap().get(), 0.5);
+    }
+}
