@@ -1,46 +1,52 @@
 //! Sluice control plane.
 //!
 //! Envoy proxies running the Sluice filter open one gRPC stream each
-//! ([`serve::grpc`]), report per-bucket request counts, and receive drop
+//! (`serve::grpc`), report per-bucket request counts, and receive drop
 //! ratios. Every control interval ([`serve::control_loop`]) the per-proxy
 //! rates are summed over the fleet ([`fleet`]), compared with the limits
 //! ([`config::limits`]) and turned into directives ([`control`]); the ones
-//! that changed are broadcast to every stream ([`serve::push`]). Operators
+//! that changed are broadcast to every stream (`serve::push`). Operators
 //! read and change limits through the admin API ([`admin`]), which also
 //! serves Prometheus [`metrics`], persists every change to the limits file
-//! ([`config::live`]) and picks up edits of that file ([`config::reload`]);
-//! `sluice ctl` ([`ctl`]) is its command-line client. With a shared store
+//! ([`config::live`]) and picks up edits of that file (`config::reload`);
+//! `sluice ctl` (`ctl`) is its command-line client. With a shared store
 //! ([`store`]) several processes run as [`replicas`] of one control plane.
-//! The same listener serves Envoy's own APIs: RLQS ([`rlqs`]) and the rate
-//! limit service for exact quotas ([`quotas`]); [`trust`] bounds what one
+//! The same listener serves Envoy's own APIs: RLQS (`rlqs`) and the rate
+//! limit service for exact quotas ([`quotas`]); `trust` bounds what one
 //! proxy can claim.
 //!
 //! The modules, by job: [`config`] (the limits file and the configuration
 //! in force), [`control`] (deciding), [`serve`] (streams, fan-out, the
 //! control loop), [`fleet`] (aggregation), [`replicas`] and [`store`]
 //! (running as several processes), [`admin`], [`metrics`], [`cli`],
-//! [`ctl`] and [`simulate`] (tools).
+//! `ctl` and `simulate` (tools).
 //!
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
 
+// The library's public surface is what the binary, the benchmarks, the
+// fuzzers and the integration tests use; the rest is `pub(crate)` so that
+// dead code shows. Its docs link into the private modules and are meant to
+// be read with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod admin;
-pub mod cell;
+pub(crate) mod cell;
 pub mod cli;
 pub mod config;
 pub mod control;
 #[cfg(feature = "ctl")]
-pub mod ctl;
+pub(crate) mod ctl;
 pub mod fleet;
 pub mod metrics;
 pub mod quotas;
 pub mod replicas;
-pub mod rlqs;
+pub(crate) mod rlqs;
 pub mod serve;
 #[cfg(feature = "simulate")]
-pub mod simulate;
+pub(crate) mod simulate;
 pub mod store;
-pub mod trust;
+pub(crate) mod trust;
 pub mod types;
 
 use std::future::Future;

@@ -6,12 +6,12 @@
 
 mod adaptive;
 pub mod auth;
-pub mod etag;
+pub(crate) mod etag;
 mod extract;
 mod handlers;
 mod modes;
 mod overrides;
-pub mod problem;
+pub(crate) mod problem;
 mod proxies;
 mod quotas;
 mod tenants;

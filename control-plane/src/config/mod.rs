@@ -8,9 +8,9 @@
 pub mod limits;
 pub mod live;
 pub mod overrides;
-pub mod persist;
+pub(crate) mod persist;
 pub mod policy;
-pub mod reload;
+pub(crate) mod reload;
 
 use std::collections::HashMap;
 use std::fmt;

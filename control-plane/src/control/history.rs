@@ -67,13 +67,9 @@ impl History {
     }
 
     /// Intervals recorded.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.loads.len()
-    }
-
-    /// Whether nothing is recorded yet.
-    pub fn is_empty(&self) -> bool {
-        self.loads.is_empty()
     }
 }
 

@@ -2,9 +2,9 @@
 //! controller that turns fleet load into directives every interval; the
 //! recent fleet totals and what-if replays over them.
 
-pub mod adaptive;
-pub mod controller;
+pub(crate) mod adaptive;
+pub(crate) mod controller;
 pub mod estimator;
 pub mod fairness;
-pub mod history;
-pub mod whatif;
+pub(crate) mod history;
+pub(crate) mod whatif;

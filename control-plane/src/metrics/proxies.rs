@@ -17,7 +17,7 @@ use prometheus_client::registry::Unit;
 use super::ProxyLabels;
 use crate::fleet::StreamId;
 
-/// Keeps a connected proxy's series alive; see [`Metrics::proxy_connected`].
+/// Keeps a connected proxy's series alive; see [`super::Metrics::proxy_connected`].
 #[derive(Debug)]
 pub struct ProxyGuard {
     proxies: Arc<Proxies>,

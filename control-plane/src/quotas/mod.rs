@@ -5,15 +5,15 @@
 //! the Sluice filter that sheds the overload without per-request I/O.
 
 pub mod algorithm;
-pub mod config;
-pub mod lookup;
-pub mod native;
-pub mod over_limit_cache;
+pub(crate) mod config;
+pub(crate) mod lookup;
+pub(crate) mod native;
+pub(crate) mod over_limit_cache;
 mod read;
 pub mod redis_store;
 mod reload;
 mod service;
-pub mod store;
+pub(crate) mod store;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};

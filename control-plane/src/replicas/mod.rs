@@ -27,11 +27,11 @@
 //! its streams and refuses new ones, so its proxies move to a replica
 //! that reaches the store (see `serve::control_loop`).
 
-pub mod config_store;
-pub mod keys;
-pub mod load;
-pub mod record;
-pub mod transfer;
+pub(crate) mod config_store;
+pub(crate) mod keys;
+pub(crate) mod load;
+pub(crate) mod record;
+pub(crate) mod transfer;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

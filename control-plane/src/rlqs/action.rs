@@ -100,7 +100,6 @@ pub(super) fn refresh_every(ttl_ms: u64) -> Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use LocalRate;
     use sluice_proto::v1::{Directive, DirectiveBatch, Mode, ModePolicy};
 
     use std::sync::Arc;

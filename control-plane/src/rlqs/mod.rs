@@ -15,10 +15,7 @@ mod bucket_id;
 mod session;
 mod usage;
 
-pub use assignment::Assignment;
-pub use bucket_id::{CellOfBucket, cell_of};
 pub use session::RlqsService;
-pub use usage::{Converted, Refused, SeenBucket, convert, is_periodic};
 
 /// How often Envoy 1.40's `rate_limit_quota` filter reports (fixed there:
 /// a bucket's `reporting_interval` is not used).

@@ -3,8 +3,8 @@
 //! that ties them together.
 
 pub mod control_loop;
-pub mod grpc;
-pub mod push;
-pub mod state;
-pub mod tls;
-pub mod warmup;
+pub(crate) mod grpc;
+pub(crate) mod push;
+pub(crate) mod state;
+pub(crate) mod tls;
+pub(crate) mod warmup;

@@ -14,21 +14,18 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 
-pub use metrics::Metrics;
-pub use scenario::Scenario;
-pub use sim::{SimError, Trace, Variant};
+#[cfg(test)]
+use {metrics::Metrics, scenario::Scenario, sim::SimError, sim::Variant};
 
 /// Runs `scenario` with `seed` and the baseline and measures it.
-pub fn evaluate(scenario: &Scenario, seed: u64) -> Result<Metrics, SimError> {
+#[cfg(test)]
+fn evaluate(scenario: &Scenario, seed: u64) -> Result<Metrics, SimError> {
     evaluate_variant(scenario, seed, Variant::BASELINE)
 }
 
 /// Runs `scenario` with `seed` and `variant` and measures it.
-pub fn evaluate_variant(
-    scenario: &Scenario,
-    seed: u64,
-    variant: Variant,
-) -> Result<Metrics, SimError> {
+#[cfg(test)]
+fn evaluate_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<Metrics, SimError> {
     let trace = sim::run_variant(scenario, seed, variant)?;
     Ok(metrics::compute(scenario, &trace))
 }

@@ -207,6 +207,7 @@ impl Scenario {
     }
 
     /// A copy running for `duration_ms` instead, for quick tests.
+    #[cfg(test)]
     pub fn truncated(mut self, duration_ms: u64) -> Self {
         self.duration_ms = duration_ms;
         self

@@ -211,6 +211,7 @@ struct InFlight {
 }
 
 /// Runs `scenario` with the baseline (proportional policy, coin flips).
+#[cfg(test)]
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
     run_variant(scenario, seed, Variant::BASELINE)
 }

@@ -12,7 +12,7 @@ mod plausibility;
 mod refusal_log;
 
 pub use gate::StreamGate;
-pub use identity::{IdentityPolicy, IdentityRule, InvalidIdentityRule, PeerIdentity, Refusal};
+pub use identity::{IdentityPolicy, IdentityRule, PeerIdentity, Refusal};
 pub use listener::{Exposure, ListenerRefused, Transport, check_listener};
 pub use plausibility::{Ceilings, Checked, WindowLedger};
 pub use refusal_log::RefusalLog;

@@ -52,8 +52,8 @@ mod status;
 #[cfg(test)]
 mod tests;
 
-pub use drop_policy::{DropPolicy, Proportional, drop_ratio};
-pub use retry::{MAX_RETRY_AFTER_MS, retry_after_ms};
+pub use drop_policy::{DropPolicy, Proportional};
+pub use retry::retry_after_ms;
 pub use status::{BucketStatus, CellStatus};
 
 /// A drop ratio that moved by at most this much is not pushed again: the
