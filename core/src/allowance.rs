@@ -8,9 +8,8 @@
 //! of the limit, as the control plane computed it from the same traffic);
 //! below the limit, where the ratio is 0, `r × limit / fleet offered`. That
 //! rate is frozen until the next directive: if this VM's traffic doubles in
-//! between, it still admits only its share. A generic cell rate algorithm
-//! (GCRA) enforces it in integer microseconds, with time injected by the
-//! caller (the VM's last tick, so the request path never reads a clock).
+//! between, it still admits only its share. The core's one limiter
+//! ([`crate::gcra::Gcra`]) enforces it.
 
 use crate::DropRatio;
 
@@ -123,108 +122,6 @@ pub fn allowance_rps(
     };
     let rate = rate.min(limit) * (1.0 + settings.headroom.clamp(0.0, 1.0));
     rate.is_finite().then_some(rate)
-}
-
-/// Microseconds per millisecond.
-const US_PER_MS: u64 = 1_000;
-/// Requests a cap lets through at once besides the first, up to
-/// [`MAX_BURST_FLOOR_MS`] of its rate. Poisson arrivals at a few requests
-/// per second per VM clump: with 3, caps cut buckets within a few percent
-/// of their limit by about 5 % over 10 s windows (the simulator's zipf
-/// scenario, 4.5 % p95 against the baseline's 3.3 %). A step can pass at
-/// most this many extra requests per VM.
-pub const MIN_BURST_REQUESTS: u64 = 6;
-/// The longest span of a cap's rate that [`MIN_BURST_REQUESTS`] may stand
-/// for: a cell of a few requests a second saved up more than its share
-/// (a tenant at 5 requests per second per VM got 4 % over its fair share
-/// with 1.2 s).
-pub const MAX_BURST_FLOOR_MS: u64 = 600;
-/// The slowest allowance held as a rate; below it the cap admits nothing.
-const MIN_RATE_RPS: f64 = 1e-6;
-
-/// A rate cap (GCRA, "virtual scheduling"): a request is admitted when its
-/// theoretical arrival time is at most `tolerance` ahead of now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gcra {
-    /// Time one request uses up, in µs; `u64::MAX` admits nothing.
-    interval_us: u64,
-    /// How far ahead of now the schedule may run, in µs.
-    tolerance_us: u64,
-    /// Theoretical arrival time of the next request, in µs.
-    tat_us: u64,
-}
-
-impl Gcra {
-    /// A cap of `rate_rps` that starts full. `slack_ms` is how long time may
-    /// stand still for the caller (its tick) plus the burst: with time
-    /// advancing in ticks, a whole tick's worth must fit at one instant.
-    pub fn new(rate_rps: f64, slack_ms: u64, now_ms: u64) -> Self {
-        let mut gcra = Self {
-            interval_us: u64::MAX,
-            tolerance_us: 0,
-            tat_us: now_ms.saturating_mul(US_PER_MS),
-        };
-        gcra.set_rate(rate_rps, slack_ms, now_ms);
-        gcra
-    }
-
-    /// Changes the rate, keeping what was already used: a new directive
-    /// does not hand out a fresh burst.
-    pub fn set_rate(&mut self, rate_rps: f64, slack_ms: u64, now_ms: u64) {
-        self.interval_us = interval_us(rate_rps);
-        let slack_us = slack_ms.saturating_mul(US_PER_MS);
-        // At least a few requests' worth: a cap barely below a slow VM's
-        // Poisson arrivals would otherwise waste the allowance of every gap.
-        // But at most MAX_BURST_FLOOR_MS of it: a cell of a few requests a
-        // second would otherwise save up more than its share of a second.
-        self.tolerance_us = slack_us.max(
-            self.interval_us
-                .saturating_mul(MIN_BURST_REQUESTS)
-                .min(MAX_BURST_FLOOR_MS.saturating_mul(US_PER_MS)),
-        );
-        // A debt run up at an older, faster rate (or one that admitted
-        // nothing) is cut to what the new rate could owe.
-        let now_us = now_ms.saturating_mul(US_PER_MS);
-        let cap = now_us
-            .saturating_add(self.tolerance_us)
-            .saturating_add(self.interval_us.min(slack_us.max(US_PER_MS)));
-        self.tat_us = self.tat_us.min(cap);
-    }
-
-    /// Whether a request at `now_ms` fits; if so it is counted.
-    ///
-    /// `stood_still_ms` is how long the caller's clock last stood still
-    /// between two readings: the requests it decides at one frozen instant
-    /// really arrive over about that long, so the schedule may run that far
-    /// ahead as well (up to [`MAX_STILL_MS`]). Without it, a timer that
-    /// fires later than the burst tolerance would lose the allowance of the
-    /// difference on every tick.
-    #[inline]
-    pub fn admit(&mut self, now_ms: u64, stood_still_ms: u64) -> bool {
-        if self.interval_us == u64::MAX {
-            return false;
-        }
-        let now_us = now_ms.saturating_mul(US_PER_MS);
-        let still_us = stood_still_ms.min(MAX_STILL_MS).saturating_mul(US_PER_MS);
-        let tolerance_us = self.tolerance_us.max(still_us);
-        if self.tat_us > now_us.saturating_add(tolerance_us) {
-            return false;
-        }
-        self.tat_us = self.tat_us.max(now_us).saturating_add(self.interval_us);
-        true
-    }
-}
-
-/// The longest clock stall [`Gcra::admit`] makes up for.
-pub const MAX_STILL_MS: u64 = 1_000;
-
-fn interval_us(rate_rps: f64) -> u64 {
-    if rate_rps.is_nan() || rate_rps < MIN_RATE_RPS {
-        return u64::MAX;
-    }
-    let interval = (1e6 / rate_rps).round();
-    // Casting saturates; a rate above 10^6/s per VM still spends 1 µs.
-    (interval as u64).max(1)
 }
 
 /// Counts of the last [`RateWindow::SLOTS`] ticks and how long each one
@@ -353,64 +250,6 @@ mod tests {
         assert_eq!(
             allowance_rps(per_second(500), rates(0.0, 10.0, 1.0), EXACT),
             Some(10.0)
-        );
-    }
-
-    #[test]
-    fn gcra_holds_the_rate_over_ticks() {
-        // 100 rps, time advancing in 100 ms ticks, 1000 rps offered.
-        let mut gcra = Gcra::new(100.0, 100, 0);
-        let mut admitted = 0;
-        for tick in 0..100_u64 {
-            for _ in 0..100 {
-                admitted += u32::from(gcra.admit(tick * 100, 0));
-            }
-        }
-        // 10 s at 100 rps, plus the first tick's slack.
-        assert!((1_000..=1_011).contains(&admitted), "{admitted}");
-    }
-
-    #[test]
-    fn slow_caps_burst_six_requests_but_at_most_600_ms_of_their_rate() {
-        let at_once = |rate_rps: f64| {
-            let mut gcra = Gcra::new(rate_rps, 120, 0);
-            (0..1_000).filter(|_| gcra.admit(0, 0)).count()
-        };
-        // 1000 rps: the 120 ms slack is the larger, 1 + 120.
-        assert_eq!(at_once(1_000.0), 121);
-        // 20 rps: six requests beyond the first (300 ms of the rate).
-        assert_eq!(at_once(20.0), 7);
-        // 5 rps: six would be 1.2 s of the rate; 600 ms is three.
-        assert_eq!(at_once(5.0), 4);
-    }
-
-    #[test]
-    fn gcra_below_the_rate_admits_everything() {
-        let mut gcra = Gcra::new(100.0, 100, 0);
-        for ms in 0..10_000_u64 {
-            if ms % 20 == 0 {
-                assert!(gcra.admit(ms, 0), "at {ms}");
-            }
-        }
-    }
-
-    #[test]
-    fn zero_rate_admits_nothing_and_recovers() {
-        let mut gcra = Gcra::new(0.0, 100, 0);
-        assert!(!gcra.admit(0, 0));
-        assert!(!gcra.admit(1_000_000, 0));
-        gcra.set_rate(10.0, 100, 2_000_000);
-        assert!(gcra.admit(2_000_000, 0));
-    }
-
-    #[test]
-    fn a_new_rate_does_not_refill() {
-        let mut gcra = Gcra::new(10.0, 100, 0);
-        while gcra.admit(0, 0) {}
-        gcra.set_rate(10.0, 100, 0);
-        assert!(
-            !gcra.admit(0, 0),
-            "no fresh burst from an unchanged directive"
         );
     }
 

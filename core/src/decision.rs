@@ -3,8 +3,8 @@
 //!
 //! [`decide`] is the coin flip; [`crate::credit::Credit`] is its
 //! deterministic alternative; [`crate::allowance`] caps either with a local
-//! rate; [`crate::token_bucket::TokenBucket`] is the local limit applied
-//! when directives are stale. A data plane (the wasm filter, the native
+//! rate; [`crate::gcra::Gcra::per_second`] is the local limit applied
+//! when directives are stale (the same limiter the allowance uses). A data plane (the wasm filter, the native
 //! module, the simulator) combines them per cell; modes (shadow or
 //! enforce) are applied by the caller, so shadow runs exactly the same
 //! decision.

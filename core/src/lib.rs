@@ -1,5 +1,5 @@
 //! Sluice's domain types, one definition each, and the per-request decision
-//! strategies (the coin, the credit, the allowance, the local token bucket)
+//! strategies (the coin, the credit, the allowance) with their one rate limiter
 //! for every part that decides or reports on a cell: the wasm filter, the
 //! native module, the control plane, its RLQS server and its simulator.
 //!
@@ -11,11 +11,11 @@ pub mod allowance;
 pub mod credit;
 pub mod decision;
 mod drop_ratio;
+pub mod gcra;
 mod keys;
 mod priority;
 pub mod proxy_cap;
 mod reason;
-pub mod token_bucket;
 
 pub use drop_ratio::{DropRatio, DropThreshold, InvalidDropRatio};
 pub use keys::{MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, cut};

@@ -9,7 +9,7 @@ use crate::pacing::Pacer;
 use rand::Rng;
 use sluice_core::DropReason;
 use sluice_core::decision::{Fallback, Local, Regime, Verdict};
-use sluice_core::token_bucket::TokenBucket;
+use sluice_core::gcra::Gcra;
 
 /// The decision for a request of a cell with a directive: `Some(reason)`
 /// to drop it (or, in shadow mode, to count a would-be drop).
@@ -36,11 +36,11 @@ pub fn decide_cell(
             let limiter = entry
                 .state
                 .fallback
-                .get_or_insert_with(|| TokenBucket::new(rate, local.now_ms));
-            if limiter.rate_per_s() != rate {
-                limiter.set_rate(rate);
+                .get_or_insert_with(|| Gcra::per_second(rate, local.now_ms));
+            if !limiter.has_rate(rate) {
+                limiter.set_rate_per_second(rate, local.now_ms);
             }
-            (!limiter.try_take(local.now_ms)).then_some(DropReason::FallbackLimit)
+            (!limiter.admit(local.now_ms, 0)).then_some(DropReason::FallbackLimit)
         }
     }
 }

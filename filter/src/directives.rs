@@ -20,7 +20,7 @@ use crate::modes::ModeSettings;
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use prost::Message;
 use sluice_core::allowance::DirectiveRates;
-use sluice_core::token_bucket::TokenBucket;
+use sluice_core::gcra::Gcra;
 use sluice_core::{
     DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, Priority,
 };
@@ -104,7 +104,7 @@ impl CellDirective {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CellState {
     /// The local limiter used while the table is stale (`local_limit`).
-    pub fallback: Option<TokenBucket>,
+    pub fallback: Option<Gcra>,
 }
 
 /// One cell's directive with what the request path needs prepared.

@@ -273,7 +273,7 @@ fn state_is_adopted_across_rebuilds() {
         ],
     ));
     for i in 0..old.len() {
-        old.entry_mut(i).unwrap().state.fallback = Some(TokenBucket::new(5.0, 42));
+        old.entry_mut(i).unwrap().state.fallback = Some(Gcra::per_second(5.0, 42));
     }
     let (mut new, _) = DirectiveTable::decode(&old.encode(), 100).unwrap();
     new.adopt_state(&mut old);

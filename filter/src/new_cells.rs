@@ -1,7 +1,8 @@
 //! Cells without any directive yet ("new buckets"): what the configured
 //! `new_bucket` behaviour does with them until the control plane directs
 //! them. `allow` lets them through; `local_limit` gives each cell a local
-//! token bucket of the configured fleet limit over the expected proxies,
+//! limit ([`sluice_core::gcra::Gcra::per_second`]) of the configured fleet
+//! limit over the expected proxies,
 //! split evenly between the VMs serving requests.
 //!
 //! The control plane directs only cells with something to enforce, so a
@@ -20,7 +21,7 @@ use crate::cell::parse_key;
 use crate::fast_map::{self, FastMap};
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use sluice_core::DropReason;
-use sluice_core::token_bucket::TokenBucket;
+use sluice_core::gcra::Gcra;
 use std::sync::Arc;
 
 /// The configured behaviour for cells without a directive.
@@ -46,7 +47,7 @@ pub const NEW_CELL_GRACE_MS: u64 = 5_000;
 #[derive(Debug, Clone)]
 pub struct NewCell {
     /// The local limiter.
-    pub limiter: TokenBucket,
+    pub limiter: Gcra,
     /// The response of a drop.
     pub response: Arc<RejectResponse>,
     /// When the cell was first seen.
@@ -120,7 +121,7 @@ impl NewCells {
             self.cells.insert(
                 cell_key.to_owned(),
                 NewCell {
-                    limiter: TokenBucket::new(rate, now_ms),
+                    limiter: Gcra::per_second(rate, now_ms),
                     response,
                     first_seen_ms: now_ms,
                     hits: 0,
@@ -133,10 +134,10 @@ impl NewCells {
             return None;
         }
         self.last_new = true;
-        if cell.limiter.rate_per_s() != rate {
-            cell.limiter.set_rate(rate);
+        if !cell.limiter.has_rate(rate) {
+            cell.limiter.set_rate_per_second(rate, now_ms);
         }
-        if cell.limiter.try_take(now_ms) {
+        if cell.limiter.admit(now_ms, 0) {
             None
         } else {
             Some((DropReason::NewBucketLimit, Arc::clone(&cell.response)))

@@ -19,10 +19,11 @@ use crate::fast_map::{self, FastMap};
 use crate::process_rates::ProcessShare;
 use sluice_core::DropThreshold;
 use sluice_core::allowance::{
-    AllowanceSettings, DirectiveRates, Engage, Gcra, LocalRate, RateWindow, allowance_rps,
+    AllowanceSettings, DirectiveRates, Engage, LocalRate, RateWindow, allowance_rps,
 };
 use sluice_core::credit::Credit;
 use sluice_core::decision::{Verdict, decide};
+use sluice_core::gcra::Gcra;
 
 /// How a drop ratio is applied to single requests. The default is the
 /// configuration's (docs/accuracy.md, "Why these defaults").

@@ -12,7 +12,7 @@
 //! otherwise a new rate with the same `tokens_per_fill` and `max_tokens`
 //! but another interval would be ignored.
 
-use sluice_core::allowance::{MAX_BURST_FLOOR_MS, MIN_BURST_REQUESTS};
+use sluice_core::gcra::{MAX_BURST_FLOOR_MS, MIN_BURST_REQUESTS};
 
 /// Longest fill interval, in seconds.
 const MAX_INTERVAL_S: u32 = 60;
