@@ -2,7 +2,8 @@
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
 //! request), also for a tenant's cell among 10k; following a response
-//! for the upstream signals; and bucket-key derivation.
+//! for the upstream signals; bucket-key derivation; and a VM re-reading a
+//! 10k-cell shared table after one cell changed.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
@@ -14,6 +15,8 @@ use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
+use sluice_filter::directives::DirectiveTable;
+use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::hint::black_box;
 
 fn decision(c: &mut Criterion) {
@@ -110,5 +113,40 @@ fn bucket_key(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decision, bucket_key);
+/// What a VM does when the leader rewrote the shared table because one of
+/// 10k cells changed its ratio: decode it, rendering every cell's 429s
+/// again (`render_all`, the way before responses were reused) or only the
+/// changed ones (`reuse`).
+fn shared_table(c: &mut Criterion) {
+    let names = bucket_names(10_000);
+    let held = table_with(&names, 0.5);
+    let mut written = held.clone();
+    written.merge(DirectiveBatch {
+        epoch: 1,
+        version: 2,
+        directives: vec![Directive {
+            bucket: names.first().cloned().unwrap_or_default(),
+            drop_ratio: 0.75,
+            limit_rps: 100.0,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let bytes = written.encode();
+    let mut group = c.benchmark_group("shared_table");
+    group.bench_function("reread_10k_cells_render_all", |b| {
+        b.iter(|| {
+            black_box(DirectiveTable::decode_with(
+                black_box(&bytes),
+                held.empty_like(),
+            ))
+        });
+    });
+    group.bench_function("reread_10k_cells_reuse", |b| {
+        b.iter(|| black_box(DirectiveTable::decode_replacing(black_box(&bytes), &held)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decision, bucket_key, shared_table);
 criterion_main!(benches);

@@ -309,6 +309,14 @@ impl DirectiveTable {
     /// the previous ones (an absent policy means "enforce, no kill
     /// switch"). Invalid directives are skipped and counted, never fatal.
     pub fn merge(&mut self, batch: DirectiveBatch) -> MergeOutcome {
+        self.merge_reusing(batch, None)
+    }
+
+    /// [`Self::merge`], taking a cell's prepared 429s from its entry here or
+    /// in `previous` (the table this one replaces) when they were rendered
+    /// from the same facts: a VM re-reading the shared table after one
+    /// cell changed renders that cell's responses, not every cell's.
+    fn merge_reusing(&mut self, batch: DirectiveBatch, previous: Option<&Self>) -> MergeOutcome {
         self.generation = self.generation.wrapping_add(1);
         self.provenance = Provenance {
             epoch: batch.epoch,
@@ -325,7 +333,7 @@ impl DirectiveTable {
         }
         let mut outcome = MergeOutcome::default();
         for directive in batch.directives {
-            if self.apply(directive) {
+            if self.apply(directive, previous) {
                 outcome.applied += 1;
             } else {
                 outcome.rejected += 1;
@@ -342,7 +350,7 @@ impl DirectiveTable {
             || ModeSettings::from_policy(batch.modes.as_ref(), &self.proxy_id) != self.modes
     }
 
-    fn apply(&mut self, wire: Directive) -> bool {
+    fn apply(&mut self, wire: Directive, previous: Option<&Self>) -> bool {
         let Some(directive) = validate(&wire) else {
             return false;
         };
@@ -362,20 +370,32 @@ impl DirectiveTable {
         if existing.is_none() && self.entries.len() >= self.max_entries {
             return false;
         }
-        let reason = directive.reason;
-        let stated = directive.stated_limit_rps();
-        let retry = directive.retry_after_ms;
-        let render = |reason| {
-            Arc::new(self.responses.render(&RejectFacts {
-                bucket: &wire.bucket,
-                tenant: &wire.tenant,
-                reason,
-                limit_rps: stated,
-                retry_after_ms: retry,
-            }))
-        };
-        let response = render(reason);
-        let fallback_response = render(DropReason::FallbackLimit);
+        let rendered = existing
+            .and_then(|i| self.entries.get(i))
+            .or_else(|| {
+                previous
+                    .filter(|p| Arc::ptr_eq(&p.responses, &self.responses))
+                    .and_then(|p| p.entry_of(wide, &key))
+            })
+            .filter(|entry| same_response_facts(&entry.directive, &directive))
+            .map(|entry| {
+                (
+                    Arc::clone(&entry.response),
+                    Arc::clone(&entry.fallback_response),
+                )
+            });
+        let (response, fallback_response) = rendered.unwrap_or_else(|| {
+            let render = |reason| {
+                Arc::new(self.responses.render(&RejectFacts {
+                    bucket: &wire.bucket,
+                    tenant: &wire.tenant,
+                    reason,
+                    limit_rps: directive.stated_limit_rps(),
+                    retry_after_ms: directive.retry_after_ms,
+                }))
+            };
+            (render(directive.reason), render(DropReason::FallbackLimit))
+        });
         let enforce = self.modes.enforces(directive.mode);
         let mut wire = wire;
         wire.priority = priority as i32;
@@ -405,6 +425,12 @@ impl DirectiveTable {
             }
         }
         true
+    }
+
+    /// The entry of `key` (a bucket name when `wide`, else a cell key).
+    fn entry_of(&self, wide: bool, key: &str) -> Option<&CellEntry> {
+        let index_map = if wide { &self.bucket_wide } else { &self.cells };
+        index_map.get(key).and_then(|&i| self.entries.get(i))
     }
 
     /// Removes the entry of `key` (a bucket name when `wide`, else a cell
@@ -501,6 +527,19 @@ impl DirectiveTable {
         Ok((table, outcome))
     }
 
+    /// Like [`Self::decode_with`] into `previous`'s settings, taking the
+    /// prepared 429s of cells whose facts did not change from `previous`
+    /// (the table the decoded one replaces) instead of rendering them again.
+    pub fn decode_replacing(
+        bytes: &[u8],
+        previous: &Self,
+    ) -> Result<(Self, MergeOutcome), DecodeError> {
+        let batch = DirectiveBatch::decode(bytes).map_err(|err| DecodeError(err.to_string()))?;
+        let mut table = previous.empty_like();
+        let outcome = table.merge_reusing(batch, Some(previous));
+        Ok((table, outcome))
+    }
+
     /// An empty table with this table's settings.
     pub fn empty_like(&self) -> Self {
         Self::with_settings(
@@ -509,6 +548,15 @@ impl DirectiveTable {
             &self.proxy_id,
         )
     }
+}
+
+/// Whether a cell's 429s, rendered for `old`, are the ones `new` needs:
+/// they depend on the reason, the stated limit and the retry hint (and the
+/// cell's key and the response settings, which the caller compares).
+fn same_response_facts(old: &CellDirective, new: &CellDirective) -> bool {
+    old.reason == new.reason
+        && old.stated_limit_rps().to_bits() == new.stated_limit_rps().to_bits()
+        && old.retry_after_ms == new.retry_after_ms
 }
 
 /// Whether a directive enforces nothing (no ratio, no limit, no share, no

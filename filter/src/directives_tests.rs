@@ -425,3 +425,56 @@ mod lift_proptests {
         }
     }
 }
+
+#[test]
+fn a_cells_responses_are_rendered_again_only_when_their_facts_change() {
+    let responses = |table: &DirectiveTable, bucket: &str| {
+        let entry = table.entry_of(true, bucket).unwrap();
+        (
+            Arc::clone(&entry.response),
+            Arc::clone(&entry.fallback_response),
+        )
+    };
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(1, 1, vec![directive("a", 0.5), directive("b", 0.5)]));
+    let (a, a_fallback) = responses(&table, "a");
+    let (b, _) = responses(&table, "b");
+    // A new ratio says nothing new to a client: the same responses.
+    table.merge(batch(1, 2, vec![directive("a", 0.75)]));
+    assert!(Arc::ptr_eq(&a, &responses(&table, "a").0));
+    assert!(Arc::ptr_eq(&a_fallback, &responses(&table, "a").1));
+    // A new retry hint does.
+    table.merge(batch(
+        1,
+        3,
+        vec![Directive {
+            retry_after_ms: 5_000,
+            ..directive("a", 0.75)
+        }],
+    ));
+    let (a_later, _) = responses(&table, "a");
+    assert!(!Arc::ptr_eq(&a, &a_later));
+    assert_eq!(a_later.header("retry-after"), Some("5"));
+
+    // A VM re-reading the shared table renders only what changed in it.
+    let mut writer = table.clone();
+    writer.merge(batch(
+        1,
+        4,
+        vec![Directive {
+            limit_rps: 20.0,
+            ..directive("b", 0.5)
+        }],
+    ));
+    let (read, outcome) = DirectiveTable::decode_replacing(&writer.encode(), &table).unwrap();
+    assert_eq!(outcome.rejected, 0);
+    assert!(Arc::ptr_eq(&a_later, &responses(&read, "a").0));
+    let (b_read, _) = responses(&read, "b");
+    assert!(!Arc::ptr_eq(&b, &b_read));
+    assert_eq!(b_read.header("x-ratelimit-limit"), Some("20"));
+    // Other response settings (a reload): everything rendered again.
+    let other = DirectiveTable::with_settings(100, Arc::new(ResponseSettings::default()), "");
+    let (fresh, _) = DirectiveTable::decode_replacing(&writer.encode(), &other).unwrap();
+    assert!(!Arc::ptr_eq(&a_later, &responses(&fresh, "a").0));
+    assert_eq!(fresh, read);
+}

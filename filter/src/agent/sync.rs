@@ -150,7 +150,7 @@ impl Agent {
         // Remember the sequence even if decoding fails, so a bad blob costs
         // one warning rather than one per tick; the last good table stays.
         self.directives_sequence = Some(sequence);
-        match DirectiveTable::decode_with(&value.bytes, self.directives.empty_like()) {
+        match DirectiveTable::decode_replacing(&value.bytes, &self.directives) {
             Ok((mut table, outcome)) => {
                 if outcome.rejected > 0 {
                     host.log(
