@@ -78,8 +78,9 @@ pub struct Pacer {
     /// This VM's share of each cell's process traffic, and that traffic,
     /// as the leader last published them ([`crate::process_rates`]).
     process: FastMap<String, ProcessShare>,
-    /// While the control plane is lost: what the whole process may admit
-    /// per cell, frozen when it was lost ([`Self::freeze_budgets`]).
+    /// What the whole process may admit per cell, derived at each
+    /// directive while the control plane is there and frozen when it is
+    /// lost ([`Self::freeze_budgets`]).
     budgets: FastMap<String, f64>,
     /// Whether this outage's budgets are frozen.
     budgets_frozen: bool,
@@ -118,44 +119,47 @@ impl Pacer {
     }
 
     /// Once the control plane is lost (and the caps decide), freezes what
-    /// the whole process may admit of each cell: the allowance of the
-    /// process's offered rate under the cell's last directive (`rates_of`),
-    /// as a single VM would derive it. Until the control plane is back,
-    /// [`Self::rescale_caps`] splits it between the VMs.
+    /// the whole process may admit of each cell: the budget derived at the
+    /// cell's last directive ([`Self::budgets_for_directives`]), or for a
+    /// cell that has none the allowance of the process's offered rate now
+    /// under its last directive (`rates_of`). Until the control plane is
+    /// back, [`Self::rescale_caps`] splits it between the VMs.
+    ///
+    /// Deriving the budgets at the loss instead would count the first
+    /// moments after it: when the loss comes with a surge (the control
+    /// plane killed by the load that follows), the process's rate of the
+    /// last second already holds some of the surge, and the budget grows
+    /// with how late the VM noticed (+7 % of the process's rate measured
+    /// for 30 ms of a tripled load).
     pub fn freeze_budgets(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
         if !(self.lost && self.caps_engaged) || self.budgets_frozen {
             return;
         }
         self.budgets_frozen = true;
-        self.budgets.clear();
         self.derive_budgets(rates_of);
     }
 
-    /// With caps that always decide ([`Engage::Always`]), the budgets
-    /// follow each new directive table, and hold between directives: a
-    /// step spread over several workers then meets the process's budget
-    /// rather than each worker's frozen cap (a worker that had no traffic
-    /// before the step has none).
+    /// While the control plane is there, the budgets follow each new
+    /// directive table and hold between directives. With caps that always
+    /// decide ([`Engage::Always`]) a step spread over several workers then
+    /// meets the process's budget rather than each worker's frozen cap (a
+    /// worker that had no traffic before the step has none); with
+    /// [`Engage::WhenLost`] they wait to be frozen at the loss.
     pub fn budgets_for_directives(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
-        if self.always_engaged() && !self.lost {
+        if !self.lost {
             self.budgets.clear();
             self.derive_budgets(rates_of);
         }
     }
 
-    /// With [`Engage::Always`], gives a budget to the cells that have none
-    /// yet (their traffic was not established at the last directive); the
-    /// others keep theirs until the next directive. VMs call it when new
-    /// process shares arrive.
+    /// Gives a budget to the cells that have none yet (their traffic was
+    /// not established at the last directive); the others keep theirs
+    /// until the next directive. VMs call it when new process shares
+    /// arrive.
     pub fn budgets_for_new_cells(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
-        if self.always_engaged() && !self.lost {
+        if !self.lost {
             self.derive_budgets(rates_of);
         }
-    }
-
-    fn always_engaged(&self) -> bool {
-        self.allowance
-            .is_some_and(|settings| settings.engage == Engage::Always)
     }
 
     /// Derives the budget of every established cell that has none.
@@ -225,9 +229,6 @@ impl Pacer {
     /// Tells the pacer whether the control plane is lost: with
     /// [`Engage::WhenLost`], the caps decide only then.
     pub fn set_control_plane_lost(&mut self, lost: bool) {
-        if self.lost && !lost {
-            self.budgets.clear();
-        }
         if !lost {
             self.budgets_frozen = false;
         }
@@ -691,6 +692,56 @@ mod tests {
         assert!(pacer.caps_engaged());
         let lost = admitted(&mut pacer, &mut rng, 2_000);
         assert!((45..=62).contains(&lost), "{lost}");
+    }
+
+    fn process_of(total_rps: f64) -> FastMap<String, ProcessShare> {
+        let mut process = fast_map::new();
+        process.insert(
+            "a".to_owned(),
+            ProcessShare {
+                share: 1.0,
+                total_rps,
+                established: true,
+            },
+        );
+        process
+    }
+
+    #[test]
+    fn a_budget_frozen_at_a_loss_is_the_last_directives_not_the_surges() {
+        let settings = AllowanceSettings {
+            engage: Engage::WhenLost,
+            ..EXACT
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..10u64 {
+            for _ in 0..10 {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+        }
+        // The process offers 100/s and the directive halves it (the fleet
+        // offers twice the limit): a budget of 50/s, derived now and kept.
+        pacer.set_process_shares(process_of(100.0));
+        pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        pacer.budgets_for_directives(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        // The loss is noticed after the surge began: the process's rate of
+        // the last second has grown to 300/s. Derived from it, the budget
+        // would be 150/s.
+        pacer.set_process_shares(process_of(300.0));
+        pacer.set_control_plane_lost(true);
+        pacer.freeze_budgets(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        let threshold = DropRatio::new(0.5).unwrap().threshold();
+        let mut admitted = 0;
+        for tick in 0..10u64 {
+            for _ in 0..30 {
+                admitted += u32::from(pacer.decide("a", threshold, &mut rng) == Verdict::Admit);
+            }
+            pacer.on_tick(1_000 + tick * 100, ["a"], &mut rng);
+            pacer.rescale_caps();
+        }
+        assert!((45..=62).contains(&admitted), "{admitted}");
     }
 
     #[test]
