@@ -6,8 +6,13 @@
 //! keeps a cache of the directives and its own counters, and reconciles them
 //! with the rest of the process on its ticks (see [`agent`]).
 //!
-//! Everything except [`host`] is plain Rust behind the [`host_api::Host`]
+//! Everything except `host` (the proxy-wasm binding) is plain Rust behind the [`host_api::Host`]
 //! trait, so the logic is unit-tested natively and under wasm32 in Node.
+
+// The public modules are what the native module, the benchmarks and the
+// simulator use; the docs also link into the private ones and are meant to
+// be read with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod agent;
 mod audit;
@@ -31,7 +36,7 @@ pub mod pacing;
 mod process_rates;
 mod reject;
 mod report_window;
-mod shared_keys;
+mod shared;
 mod stream;
 pub mod upstream;
 

@@ -3,10 +3,10 @@
 //!
 //! - [`DecisionMode::Coin`]: an independent biased coin per request (the
 //!   original behaviour);
-//! - [`DecisionMode::Credit`]: error diffusion ([`crate::credit`]), the
+//! - [`DecisionMode::Credit`]: error diffusion ([`sluice_core::credit`]), the
 //!   same ratio without the coin's noise;
 //! - with [`AllowanceSettings`], a bucket whose directive gives this VM a
-//!   share ([`crate::allowance`]) is decided by that local cap instead, so
+//!   share ([`sluice_core::allowance`]) is decided by that local cap instead, so
 //!   a load step is held at the limit before the next directive arrives.
 //!
 //! State is created on the tick and when directives arrive, never on the
@@ -16,7 +16,7 @@ use rand::Rng;
 
 use crate::counters::unlimited_cap;
 use crate::fast_map::{self, FastMap};
-use crate::process_rates::ProcessShare;
+use crate::shared::process_rates::ProcessShare;
 use sluice_core::DropThreshold;
 use sluice_core::allowance::{
     AllowanceSettings, DirectiveRates, Engage, LocalRate, RateWindow, allowance_rps,

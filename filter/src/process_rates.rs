@@ -14,23 +14,18 @@
 //! its current share of it ([`crate::pacing::Pacer::rescale_caps`]).
 //! Shares come from the leader's one view of every source, so they lag
 //! alike and add up to one.
-//!
-//! The published form: a version byte, a `u32` cell count, then per cell a
-//! `u16` key length, the key bytes, a `u8` flag (1: traffic for the whole
-//! window), a `u8` source count and per source its `u64` id and rate as an
-//! `f32`, all little-endian.
+//! The published form is [`crate::shared::process_rates`].
 
 use crate::fast_map::{self, FastMap};
+use crate::shared::process_rates::PublishedRates;
+#[cfg(test)]
+use crate::shared::process_rates::shares_of;
 
 /// Slots of the rolling window; the open one is not counted, so the rate
 /// covers the last `SLOTS - 1` closed slots (slow ticks).
 const SLOTS: usize = 11;
 /// Slot length assumed before the first close measured one.
 const DEFAULT_SPAN_MS: u64 = 100;
-/// Layout version of the published bytes.
-const VERSION: u8 = 2;
-/// Most cells published: the key is read by every VM on every slow tick.
-pub const MAX_PUBLISHED: usize = 4_096;
 /// Most sources kept per cell (VMs of one Envoy process).
 const MAX_SOURCES: usize = 64;
 
@@ -148,91 +143,21 @@ impl ProcessRates {
     }
 
     /// The published form: every cell's per-source rates (at most
-    /// [`MAX_PUBLISHED`] cells).
+    /// [`crate::shared::process_rates::MAX_PUBLISHED`] cells).
     pub fn encode(&self) -> Vec<u8> {
         let span: u64 = self.spans_ms.iter().sum();
-        let mut bytes = vec![VERSION];
-        let cells: Vec<(&String, &Cell)> = if span == 0 {
-            Vec::new()
-        } else {
-            self.cells
-                .iter()
-                .filter(|(key, _)| key.len() <= usize::from(u16::MAX))
-                .take(MAX_PUBLISHED)
-                .collect()
-        };
-        bytes.extend_from_slice(&u32::try_from(cells.len()).unwrap_or(0).to_le_bytes());
-        for (key, cell) in cells {
-            bytes.extend_from_slice(&u16::try_from(key.len()).unwrap_or(0).to_le_bytes());
-            bytes.extend_from_slice(key.as_bytes());
-            bytes.push(u8::from(cell.slots_seen >= SLOTS - 1));
-            bytes.push(u8::try_from(cell.sources.len()).unwrap_or(0));
-            for (source, slots) in &cell.sources {
-                bytes.extend_from_slice(&source.to_le_bytes());
-                bytes.extend_from_slice(&(self.rate(slots, span) as f32).to_le_bytes());
+        let mut written = PublishedRates::new();
+        if span > 0 {
+            for (key, cell) in &self.cells {
+                let rates = cell
+                    .sources
+                    .iter()
+                    .map(|(source, slots)| (*source, self.rate(slots, span)));
+                written.push(key, cell.slots_seen >= SLOTS - 1, rates);
             }
         }
-        bytes
+        written.finish()
     }
-}
-
-/// One VM's view of a cell's process traffic.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ProcessShare {
-    /// The VM's part of the process's offered rate, in `[0, 1]`.
-    pub share: f64,
-    /// The process's offered rate, in requests per second.
-    pub total_rps: f64,
-    /// Whether the cell has had traffic for the whole window, so that its
-    /// rate says what the process offers (not a cell just starting).
-    pub established: bool,
-}
-
-/// Reads the published form as `source`'s share of each cell's process
-/// traffic (0 where `source` has none); `None` if the bytes are not a form
-/// this build writes.
-pub fn shares_of(bytes: &[u8], source: u64) -> Option<FastMap<String, ProcessShare>> {
-    let (&version, rest) = bytes.split_first()?;
-    if version != VERSION {
-        return None;
-    }
-    let (count, mut rest) = rest.split_first_chunk::<4>()?;
-    let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
-    let mut shares = fast_map::new();
-    for _ in 0..count.min(MAX_PUBLISHED) {
-        let (len, tail) = rest.split_first_chunk::<2>()?;
-        let len = usize::from(u16::from_le_bytes(*len));
-        let key = std::str::from_utf8(tail.get(..len)?).ok()?;
-        let (&established, tail) = tail.get(len..)?.split_first()?;
-        let (&sources, mut tail) = tail.split_first()?;
-        let mut total = 0.0;
-        let mut own = None;
-        for _ in 0..sources {
-            let (id, after_id) = tail.split_first_chunk::<8>()?;
-            let (rate, after_rate) = after_id.split_first_chunk::<4>()?;
-            let rate = f64::from(f32::from_le_bytes(*rate));
-            if rate.is_finite() && rate >= 0.0 {
-                total += rate;
-                if u64::from_le_bytes(*id) == source {
-                    own = Some(rate);
-                }
-            }
-            tail = after_rate;
-        }
-        if total > 0.0 {
-            let share = own.unwrap_or(0.0) / total;
-            shares.insert(
-                key.to_owned(),
-                ProcessShare {
-                    share,
-                    total_rps: total,
-                    established: established == 1,
-                },
-            );
-        }
-        rest = tail;
-    }
-    Some(shares)
 }
 
 #[cfg(test)]
@@ -311,14 +236,5 @@ mod tests {
                 "tick {tick}"
             );
         }
-    }
-
-    #[test]
-    fn malformed_bytes_are_refused() {
-        assert!(shares_of(&[], 1).is_none());
-        assert!(shares_of(&[1, 0, 0, 0, 0], 1).is_none());
-        assert!(shares_of(&[2, 1, 0, 0, 0, 5, 0, b'a'], 1).is_none());
-        assert!(shares_of(&[2, 1, 0, 0, 0, 1, 0, b'a', 0, 1, 1], 1).is_none());
-        assert_eq!(shares_of(&[2, 0, 0, 0, 0], 1).map(|m| m.len()), Some(0));
     }
 }

@@ -18,29 +18,10 @@
 
 use crate::cell::key_of;
 use crate::counters::{BucketCounters, Counts};
+use crate::shared::Handoff;
 use sluice_core::Priority;
 use sluice_proto::v1::BucketCount;
 use std::collections::HashMap;
-
-/// A follower's counts as handed to the leader through the shared queue.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Handoff {
-    /// The VM's random id.
-    #[prost(uint64, tag = "1")]
-    pub source: u64,
-    /// Start of the span the counts cover (Unix ms).
-    #[prost(uint64, tag = "2")]
-    pub start_ms: u64,
-    /// End of that span (Unix ms).
-    #[prost(uint64, tag = "3")]
-    pub end_ms: u64,
-    /// Counts per cell.
-    #[prost(message, repeated, tag = "4")]
-    pub counts: Vec<BucketCount>,
-    /// Upstream signals per bucket ([`crate::upstream`]).
-    #[prost(message, repeated, tag = "5")]
-    pub upstream: Vec<sluice_proto::v1::UpstreamSignal>,
-}
 
 /// A source is waited for if it handed off this recently.
 pub const SOURCE_LIVE_MS: u64 = 250;

@@ -6,12 +6,11 @@
 use super::sync::effective_ttl;
 use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
 use crate::cell::key_of;
-use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
 use crate::metrics::Counter;
-use crate::report_window::Handoff;
-use crate::shared_keys::{
-    DIRECTIVES_KEY, DIRECTIVES_META_KEY, INSTANCE_ID_KEY, PROCESS_RATES_KEY, WORKERS_KEY,
+use crate::shared::{
+    DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, INSTANCE_ID_KEY, InstanceId,
+    PROCESS_RATES_KEY, WORKERS_KEY, WorkerCount,
 };
 use crate::stream::Reconnect;
 use prost::Message;
@@ -167,7 +166,7 @@ impl Agent {
         if leadership.published_workers == Some(workers) {
             return;
         }
-        match host.set_shared_data(WORKERS_KEY, &workers.to_le_bytes(), None) {
+        match host.set_shared_data(WORKERS_KEY, &WorkerCount(workers).encode(), None) {
             Ok(()) => leadership.published_workers = Some(workers),
             Err(err) => host.log(
                 LogLevel::Debug,
@@ -331,8 +330,8 @@ impl Agent {
     pub(super) fn instance_id(&mut self, host: &mut impl Host) -> u64 {
         match host.get_shared_data(INSTANCE_ID_KEY) {
             Ok(Some(value)) => {
-                if let Ok(bytes) = <[u8; 8]>::try_from(value.bytes.as_slice()) {
-                    return u64::from_le_bytes(bytes);
+                if let Some(InstanceId(id)) = InstanceId::decode(&value.bytes) {
+                    return id;
                 }
             }
             Ok(None) => {}
@@ -345,7 +344,7 @@ impl Agent {
             }
         }
         let id = self.rng.next_u64();
-        if let Err(err) = host.set_shared_data(INSTANCE_ID_KEY, &id.to_le_bytes(), None) {
+        if let Err(err) = host.set_shared_data(INSTANCE_ID_KEY, &InstanceId(id).encode(), None) {
             host.log(
                 LogLevel::Warn,
                 &format!("cannot store the instance id: {err}"),

@@ -4,18 +4,18 @@
 
 use super::{Agent, LEASE_TTL_MS, Leadership, Role};
 use crate::directives::DirectiveTable;
-use crate::freshness::DirectivesMeta;
 use crate::host_api::{Host, LogLevel};
-use crate::lease::{Lease, LeaseStep, next_step};
+use crate::lease::{LeaseStep, next_step};
 use crate::metrics::Counter;
-use crate::process_rates::{self, ProcessRates};
-use crate::report_window::{Handoff, ReportWindows};
-use crate::shared_keys::{
-    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, PROCESS_RATES_KEY, WORKERS_KEY,
+use crate::process_rates::ProcessRates;
+use crate::report_window::ReportWindows;
+use crate::shared;
+use crate::shared::{
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, LEASE_KEY, Lease,
+    PROCESS_RATES_KEY, WORKERS_KEY, WorkerCount,
 };
 use crate::stream::ControlStream;
 use crate::upstream::UpstreamSignals;
-use prost::Message;
 use sluice_core::allowance::LOST_AFTER_MS;
 use sluice_core::decision::{Fallback, Regime};
 
@@ -233,7 +233,7 @@ impl Agent {
             upstream: self.responses.signals.drain(),
         };
         let had_counts = !handoff.counts.is_empty();
-        if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode_to_vec()) {
+        if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode()) {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
             let directives = &self.directives;
             self.local
@@ -254,7 +254,7 @@ impl Agent {
             return;
         }
         if let Ok(Some(value)) = host.get_shared_data(PROCESS_RATES_KEY)
-            && let Some(shares) = process_rates::shares_of(&value.bytes, self.vm_id)
+            && let Some(shares) = shared::process_rates::shares_of(&value.bytes, self.vm_id)
         {
             self.pacer.set_process_shares(shares);
             let directives = &self.directives;
@@ -265,9 +265,9 @@ impl Agent {
 
     pub(super) fn read_workers(&mut self, host: &mut impl Host) {
         if let Ok(Some(value)) = host.get_shared_data(WORKERS_KEY)
-            && let Ok(bytes) = <[u8; 4]>::try_from(value.bytes.as_slice())
+            && let Some(WorkerCount(workers)) = WorkerCount::decode(&value.bytes)
         {
-            self.workers = u32::from_le_bytes(bytes).max(1);
+            self.workers = workers;
         }
     }
 }

@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::fake_request::FakeRequest;
-use crate::freshness::DirectivesMeta;
 use crate::metrics::{Counter, Gauge};
 use crate::new_cells::NewBucketPolicy;
-use crate::shared_keys::DIRECTIVES_META_KEY;
+use crate::shared::DIRECTIVES_META_KEY;
+use crate::shared::DirectivesMeta;
 use sluice_core::decision::Fallback;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};

@@ -8,9 +8,9 @@
 
 use super::*;
 use crate::fake_host::{FakeHost, FakeProcess};
-use crate::freshness::DirectivesMeta;
 use crate::host_api::{HostError, LogLevel};
-use crate::shared_keys::{COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY};
+use crate::shared::DirectivesMeta;
+use crate::shared::{COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY};
 use prost::Message;
 use sluice_core::Priority;
 use sluice_proto::v1::{
