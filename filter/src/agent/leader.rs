@@ -162,7 +162,7 @@ impl Agent {
         now_ms: u64,
     ) {
         let workers = leadership.windows.workers(now_ms);
-        self.workers = workers;
+        self.sync.workers = workers;
         if leadership.published_workers == Some(workers) {
             return;
         }
@@ -181,7 +181,7 @@ impl Agent {
         leadership: &mut Leadership,
         now_ms: u64,
     ) {
-        let Some(queue_id) = self.queue_id else {
+        let Some(queue_id) = self.sync.queue_id else {
             return;
         };
         for _ in 0..MAX_DEQUEUES_PER_TICK {
@@ -280,7 +280,7 @@ impl Agent {
             sequence,
             window_ms,
             buckets,
-            directive_age_ms: self.freshness.table_age_ms(now_ms),
+            directive_age_ms: self.sync.freshness.table_age_ms(now_ms),
             upstream,
         };
         let message = ProxyMessage {
@@ -401,11 +401,11 @@ impl Agent {
             .and_then(|value| DirectivesMeta::decode(&value.bytes));
         let mut sequence = stored
             .map(|meta| meta.sequence)
-            .max(self.directives_sequence)
+            .max(self.sync.directives_sequence)
             .unwrap_or(0);
         // A VM that just became leader may hold a table other than the
         // shared one: write it whenever the sequence is not its own.
-        if changes || self.directives_sequence != stored.map(|meta| meta.sequence) {
+        if changes || self.sync.directives_sequence != stored.map(|meta| meta.sequence) {
             sequence = sequence.wrapping_add(1);
             if let Err(err) = host.set_shared_data(DIRECTIVES_KEY, &self.directives.encode(), None)
             {
@@ -429,9 +429,9 @@ impl Agent {
             );
             return;
         }
-        self.directives_sequence = Some(sequence);
-        self.freshness.received_at_ms = Some(now_ms);
-        self.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
+        self.sync.directives_sequence = Some(sequence);
+        self.sync.freshness.received_at_ms = Some(now_ms);
+        self.sync.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
         self.update_regime(host, now_ms);
     }
 }

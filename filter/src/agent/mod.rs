@@ -24,9 +24,16 @@
 //!
 //! Metrics ([`crate::metrics`]) are counted in plain fields and flushed on
 //! the slow tick; the leader alone records the process-wide gauges.
+//!
+//! The code and the state follow the three roles: the request path here
+//! (the table, the pacer, the counters), keeping in step with the process
+//! in `sync.rs` (`VmSync`), and the stream in `leader.rs` (`Leadership`,
+//! which only the leader has). What they exchange is [`crate::shared`].
 
 mod leader;
 mod sync;
+
+use sync::VmSync;
 
 use crate::audit::{LastDecision, Undirected};
 use crate::bucket_key::RequestAttributes;
@@ -35,7 +42,7 @@ use crate::classify::Classifier;
 use crate::counters::{BucketCounters, Outcome};
 use crate::decision::decide_cell;
 use crate::directives::DirectiveTable;
-use crate::freshness::Freshness;
+
 use crate::host_api::{Host, LogLevel};
 use crate::lease::LEASE_TTL_TICKS;
 use crate::metrics::{Counter, Gauge, Metrics};
@@ -168,20 +175,13 @@ pub struct Agent {
     /// When the pacer's next 100 ms window closes.
     pacer_due_ms: Option<u64>,
     new_cells: NewCells,
-    /// Sequence of the shared table last decoded (or written).
-    directives_sequence: Option<u64>,
-    freshness: Freshness,
+    /// How this VM keeps in step with the rest of the process.
+    sync: VmSync,
     regime: Regime,
     /// The request's cell, built in reused buffers.
     cell: CellKeyBuf,
     /// The VM's clock as of its last tick (the request path reads no clock).
     clock_ms: u64,
-    last_slow_ms: Option<u64>,
-    /// End of the span the next hand-off starts at.
-    handoff_from_ms: Option<u64>,
-    handed_off_last: bool,
-    workers: u32,
-    queue_id: Option<u32>,
     role: Role,
     untracked: u64,
     last_overflow_log_ms: Option<u64>,
@@ -241,22 +241,13 @@ impl Agent {
                 settings.max_buckets,
                 Arc::clone(&settings.responses),
             ),
-            freshness: Freshness {
-                received_at_ms: None,
-                ttl_ms: settings.directive_ttl_ms,
-            },
+            sync: VmSync::new(settings.directive_ttl_ms),
             settings,
             vm_id,
             rng,
-            directives_sequence: None,
             regime: Regime::Fresh,
             cell: CellKeyBuf::default(),
             clock_ms: 0,
-            last_slow_ms: None,
-            handoff_from_ms: None,
-            handed_off_last: false,
-            workers: 1,
-            queue_id: None,
             role: Role::Follower,
             untracked: 0,
             last_overflow_log_ms: None,
@@ -328,7 +319,7 @@ impl Agent {
         let (exact, bucket) = self.cell.keys();
         let local = Local {
             now_ms: self.clock_ms,
-            workers: self.workers,
+            workers: self.sync.workers,
         };
         // A cell counted earlier in this window remembers its directive:
         // one probe (the counter's) instead of one or two more.
@@ -374,7 +365,7 @@ impl Agent {
                     exact,
                     local.now_ms,
                     local.workers,
-                    self.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
+                    self.sync.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
                 );
                 new_bucket = self.new_cells.last_was_new();
                 match verdict {
@@ -401,7 +392,7 @@ impl Agent {
             outcome,
             reason,
             drop_ratio,
-            undirected: if self.freshness.received_at_ms.is_none() {
+            undirected: if self.sync.freshness.received_at_ms.is_none() {
                 Some(Undirected::NoDirectives)
             } else if matches!(self.regime, Regime::Stale(_)) {
                 Some(Undirected::Fallback)
@@ -411,7 +402,7 @@ impl Agent {
                 None
             },
             version: self.directives.provenance().version,
-            age_ms: self.freshness.age_ms(self.clock_ms),
+            age_ms: self.sync.freshness.age_ms(self.clock_ms),
         };
         decision
     }
@@ -441,7 +432,7 @@ impl Agent {
         table.adopt_state(&mut self.directives);
         self.directives = table;
         self.pace_directives();
-        self.freshness.received_at_ms = Some(self.clock_ms);
+        self.sync.freshness.received_at_ms = Some(self.clock_ms);
         self.regime = Regime::Fresh;
     }
 
@@ -467,7 +458,7 @@ impl Agent {
 
     /// VMs of this proxy sharing local limits, as last published.
     pub fn workers(&self) -> u32 {
-        self.workers
+        self.sync.workers
     }
 
     /// Runs one tick at `now_ms` (Unix milliseconds): the directive check
@@ -477,6 +468,7 @@ impl Agent {
         self.close_pacer_window(now_ms);
         self.poll_directives(host, now_ms);
         let slow_due = self
+            .sync
             .last_slow_ms
             .is_none_or(|last| now_ms.saturating_sub(last) >= SLOW_TICK_DUE_MS);
         if slow_due {
@@ -523,10 +515,10 @@ impl Agent {
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
         // Counts of a VM that has not handed off yet cover at most the
         // time since its previous slow tick.
-        if self.handoff_from_ms.is_none() {
-            self.handoff_from_ms = self.last_slow_ms;
+        if self.sync.handoff_from_ms.is_none() {
+            self.sync.handoff_from_ms = self.sync.last_slow_ms;
         }
-        self.last_slow_ms = Some(now_ms);
+        self.sync.last_slow_ms = Some(now_ms);
         self.ensure_queue(host);
         let leader_alive = self.run_lease(host, now_ms);
         match std::mem::replace(&mut self.role, Role::Follower) {
@@ -558,11 +550,11 @@ impl Agent {
         self.metrics.flush(
             host,
             &[
-                (Gauge::DirectiveAgeMs, self.freshness.age_ms(now_ms)),
+                (Gauge::DirectiveAgeMs, self.sync.freshness.age_ms(now_ms)),
                 (Gauge::DirectiveBuckets, shedding),
                 (Gauge::DirectiveCells, cells),
                 (Gauge::FallbackActive, u64::from(self.in_fallback())),
-                (Gauge::Workers, u64::from(self.workers)),
+                (Gauge::Workers, u64::from(self.sync.workers)),
             ],
         );
     }

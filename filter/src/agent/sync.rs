@@ -4,6 +4,7 @@
 
 use super::{Agent, LEASE_TTL_MS, Leadership, Role};
 use crate::directives::DirectiveTable;
+use crate::freshness::Freshness;
 use crate::host_api::{Host, LogLevel};
 use crate::lease::{LeaseStep, next_step};
 use crate::metrics::Counter;
@@ -19,13 +20,48 @@ use crate::upstream::UpstreamSignals;
 use sluice_core::allowance::LOST_AFTER_MS;
 use sluice_core::decision::{Fallback, Regime};
 
+/// What a VM keeps to stay in step with the rest of its process: the
+/// shared table it holds and how fresh it is, its hand-offs to the leader,
+/// and the worker count the leader publishes.
+#[derive(Debug)]
+pub(super) struct VmSync {
+    /// Sequence of the shared table last decoded (or written).
+    pub(super) directives_sequence: Option<u64>,
+    pub(super) freshness: Freshness,
+    pub(super) last_slow_ms: Option<u64>,
+    /// End of the span the next hand-off starts at.
+    pub(super) handoff_from_ms: Option<u64>,
+    pub(super) handed_off_last: bool,
+    /// VMs serving requests, as the leader last published it.
+    pub(super) workers: u32,
+    pub(super) queue_id: Option<u32>,
+}
+
+impl VmSync {
+    /// A VM that has read nothing yet; `ttl_ms` until a batch says.
+    pub(super) fn new(ttl_ms: u64) -> Self {
+        Self {
+            directives_sequence: None,
+            freshness: Freshness {
+                received_at_ms: None,
+                ttl_ms,
+            },
+            last_slow_ms: None,
+            handoff_from_ms: None,
+            handed_off_last: false,
+            workers: 1,
+            queue_id: None,
+        }
+    }
+}
+
 impl Agent {
     pub(super) fn ensure_queue(&mut self, host: &mut impl Host) {
-        if self.queue_id.is_some() {
+        if self.sync.queue_id.is_some() {
             return;
         }
         match host.register_shared_queue(COUNTS_QUEUE) {
-            Ok(id) => self.queue_id = Some(id),
+            Ok(id) => self.sync.queue_id = Some(id),
             Err(err) => host.log(
                 LogLevel::Warn,
                 &format!("cannot register the counts queue: {err}"),
@@ -123,13 +159,13 @@ impl Agent {
             }
         };
         if let Some(meta) = meta {
-            if self.directives_sequence != Some(meta.sequence) {
+            if self.sync.directives_sequence != Some(meta.sequence) {
                 self.read_table(host, meta.sequence);
             }
-            self.freshness.received_at_ms = Some(meta.received_at_ms);
-            self.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+            self.sync.freshness.received_at_ms = Some(meta.received_at_ms);
+            self.sync.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
             self.pacer.set_control_plane_lost(
-                meta.stream_lost || self.freshness.age_ms(now_ms) > LOST_AFTER_MS,
+                meta.stream_lost || self.sync.freshness.age_ms(now_ms) > LOST_AFTER_MS,
             );
             let directives = &self.directives;
             self.pacer
@@ -149,7 +185,7 @@ impl Agent {
         };
         // Remember the sequence even if decoding fails, so a bad blob costs
         // one warning rather than one per tick; the last good table stays.
-        self.directives_sequence = Some(sequence);
+        self.sync.directives_sequence = Some(sequence);
         match DirectiveTable::decode_replacing(&value.bytes, &self.directives) {
             Ok((mut table, outcome)) => {
                 if outcome.rejected > 0 {
@@ -175,7 +211,7 @@ impl Agent {
     /// Moves between fresh and fallback; the leader logs and counts each
     /// transition once for the process.
     pub(super) fn update_regime(&mut self, host: &mut impl Host, now_ms: u64) {
-        let regime = self.freshness.regime(now_ms, self.settings.fallback);
+        let regime = self.sync.freshness.regime(now_ms, self.settings.fallback);
         if regime == self.regime {
             return;
         }
@@ -190,7 +226,7 @@ impl Agent {
         } else {
             LogLevel::Debug
         };
-        let age = self.freshness.age_ms(now_ms);
+        let age = self.sync.freshness.age_ms(now_ms);
         if stale {
             if self.is_leader() {
                 self.metrics.add(Counter::FallbackEntered, 1);
@@ -199,7 +235,7 @@ impl Agent {
                 level,
                 &format!(
                     "directives are stale ({age} ms since the last batch, TTL {} ms): fallback {} applies",
-                    self.freshness.ttl_ms,
+                    self.sync.freshness.ttl_ms,
                     fallback_name(self.settings.fallback)
                 ),
             );
@@ -216,13 +252,14 @@ impl Agent {
     }
 
     pub(super) fn hand_counts_to_leader(&mut self, host: &mut impl Host, now_ms: u64) {
-        let Some(queue_id) = self.queue_id else {
+        let Some(queue_id) = self.sync.queue_id else {
             return;
         };
-        let from_ms = self.handoff_from_ms.unwrap_or(now_ms);
-        if self.local.is_empty() && self.responses.signals.is_empty() && !self.handed_off_last {
+        let from_ms = self.sync.handoff_from_ms.unwrap_or(now_ms);
+        if self.local.is_empty() && self.responses.signals.is_empty() && !self.sync.handed_off_last
+        {
             // Nothing counted since `now_ms`: the next span starts here.
-            self.handoff_from_ms = Some(now_ms);
+            self.sync.handoff_from_ms = Some(now_ms);
             return;
         }
         let handoff = Handoff {
@@ -240,10 +277,10 @@ impl Agent {
                 .merge(handoff.counts, |key| directives.covers(key));
             return;
         }
-        self.handoff_from_ms = Some(now_ms);
+        self.sync.handoff_from_ms = Some(now_ms);
         // One empty hand-off after traffic tells the leader this VM is
         // idle, so it need not wait for it at the next window's end.
-        self.handed_off_last = had_counts;
+        self.sync.handed_off_last = had_counts;
     }
 
     /// This VM's share of each limited cell's process traffic, as the
@@ -267,7 +304,7 @@ impl Agent {
         if let Ok(Some(value)) = host.get_shared_data(WORKERS_KEY)
             && let Some(WorkerCount(workers)) = WorkerCount::decode(&value.bytes)
         {
-            self.workers = workers;
+            self.sync.workers = workers;
         }
     }
 }
