@@ -117,6 +117,11 @@ bench-rls *ARGS:
     cargo build -q --release -p sluice-benches --bins
     SLUICE_BIN=target/release/sluice REDIS_SERVER="$(./scripts/ensure-redis.sh)" target/release/bench_rls {{ARGS}}
 
+# Sluice's fleet-wide adaptive limit against Envoy's per-instance adaptive_concurrency: 3 Envoys (60/30/10) at 3x a capped upstream that halves mid-run; prints goodput, latency and what each class got (two 30 s runs, not part of `just test`).
+bench-adaptive: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo test -q -p sluice-integration-tests --test adaptive_side_by_side -- --ignored --nocapture
+
 # Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. `--replicas 3 [--store URL]`: as replicas sharing Redis. Updates BENCHMARKS.md. Not part of `just test`.
 soak seconds="600" *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice

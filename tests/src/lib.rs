@@ -4,6 +4,7 @@
 //! control plane (`sluice serve`), Envoy with the built filter (`.wasm`), and
 //! an open-loop HTTP load generator. Each module does one thing:
 //!
+//! - [`adaptive`]: the overload scenario of the adaptive-limit tests (skewed fleet, capped upstream).
 //! - [`paths`]: where the workspace, Envoy, Redis, the control plane and the `.wasm` are.
 //! - [`process`]: a child-process guard that logs to a file and cleans up on drop.
 //! - [`certs`]: a throw-away CA with server and client certificates for mutual TLS.
@@ -21,6 +22,7 @@
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
 
+pub mod adaptive;
 pub mod capped_upstream;
 pub mod certs;
 pub mod control_plane;

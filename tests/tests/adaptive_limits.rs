@@ -17,70 +17,18 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-use sluice_integration_tests::capped_upstream::{Capacity, CappedUpstream};
-use sluice_integration_tests::fleet::{Fleet, FleetOptions};
-use sluice_integration_tests::load::{Counts, LoadPlan, LoadRun, StreamSpec, Window, rate};
-
-const LIMITS: &str = r#"
-limits:
-  - bucket: "api"
-    limit_rps: 1000
-adaptive:
-  - bucket: "api"
-    signal: latency
-    target_p99_ms: 100
-    min_rps: 40
-    max_rps: 1000
-    algorithm: aimd
-    increase_rps: 10
-    decrease_factor: 0.8
-"#;
-
-fn capacity(rps: f64) -> Capacity {
-    Capacity {
-        rps,
-        // A queue of 0.2 s at this capacity: latency climbs to 200 ms
-        // when overloaded.
-        queue: (rps * 0.2) as u32,
-        base_latency: Duration::from_millis(5),
-    }
-}
-
-/// Requests that got past the filter (answered by the upstream).
-fn passed(counts: Counts) -> u64 {
-    counts.ok + counts.server_errors
-}
+use sluice_integration_tests::adaptive::{capacity, fleet_options, passed, skewed_streams};
+use sluice_integration_tests::capped_upstream::CappedUpstream;
+use sluice_integration_tests::fleet::Fleet;
+use sluice_integration_tests::load::{LoadPlan, LoadRun, Window, rate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_follows_the_upstreams_capacity_and_spares_critical() {
     let upstream = CappedUpstream::start(capacity(150.0)).await.unwrap();
-    let mut options = FleetOptions::new(LIMITS, 3);
-    options.upstream = Some(upstream.addr());
-    options.concurrency = 1;
-    options.filter = json!({
-        "bucket_key": [{"source": "literal", "value": "api"}],
-        "priority": {"header": "x-tenant"},
-        "upstream_sample_every": 1,
-    });
-    let fleet = Fleet::start(options).await.unwrap();
+    let fleet = Fleet::start(fleet_options(upstream.addr())).await.unwrap();
     let duration = Duration::from_secs(30);
-    let mut streams = Vec::new();
-    for (envoy, share) in [(0, 0.6), (1, 0.3), (2, 0.1)] {
-        let url = fleet.url(envoy).unwrap();
-        streams.push(StreamSpec::new(
-            &format!("{envoy}/bulk"),
-            &url,
-            "bulk",
-            420.0 * share,
-        ));
-        streams.push(StreamSpec::new(
-            &format!("{envoy}/critical"),
-            &url,
-            "critical",
-            15.0 * share,
-        ));
-    }
+    let urls: Vec<String> = (0..3).map(|i| fleet.url(i).unwrap()).collect();
+    let streams = skewed_streams(&urls);
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
     tokio::time::sleep(Duration::from_secs(15).saturating_sub(load.elapsed())).await;
     let adaptive_before = fleet.control_plane.admin().adaptive().await.unwrap();

@@ -6,7 +6,7 @@
 //! data plane without wasm.
 //!
 //! ```text
-//! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--output FILE|-]
+//! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--variants SLUG,...] [--output FILE|-]
 //! ```
 //!
 //! Finds Envoy and the filter like the integration tests (`ENVOY_BIN`,
@@ -44,6 +44,8 @@ struct Options {
     warmup: usize,
     concurrency: usize,
     output: String,
+    /// The variants to run, in [`Variant::ALL`]'s order.
+    variants: Vec<Variant>,
 }
 
 impl Options {
@@ -56,6 +58,7 @@ impl Options {
             warmup: 5_000,
             concurrency: 16,
             output: "BENCHMARKS.md".to_owned(),
+            variants: Variant::ALL.to_vec(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -71,10 +74,29 @@ impl Options {
                 "--requests" => options.requests = value("--requests")?.parse()?,
                 "--concurrency" => options.concurrency = value("--concurrency")?.parse()?,
                 "--output" => options.output = value("--output")?,
+                "--variants" => {
+                    let slugs = value("--variants")?;
+                    let wanted: Vec<&str> = slugs.split(',').map(str::trim).collect();
+                    if let Some(unknown) = wanted
+                        .iter()
+                        .find(|slug| !Variant::ALL.iter().any(|v| v.slug() == **slug))
+                    {
+                        bail!(
+                            "unknown variant {unknown:?}; the variants are {}",
+                            slugs_of_all()
+                        );
+                    }
+                    options.variants = Variant::ALL
+                        .into_iter()
+                        .filter(|v| wanted.contains(&v.slug()))
+                        .collect();
+                }
                 "-h" | "--help" => {
                     println!(
                         "bench_envoy [--quick] [--rounds N] [--requests N] \
-                         [--concurrency N] [--output FILE|-]"
+                         [--concurrency N] [--variants SLUG,...] [--output FILE|-]\n\
+                         variants: {}",
+                        slugs_of_all()
                     );
                     std::process::exit(0);
                 }
@@ -88,8 +110,16 @@ impl Options {
         {
             bail!("--rounds 1..=20, --requests 100..=1000000, --concurrency 1..=256");
         }
+        // BENCHMARKS.md holds every variant of one run.
+        if options.variants.len() < Variant::ALL.len() && options.output != "-" {
+            bail!("--variants runs a subset: add --output - (BENCHMARKS.md keeps whole runs)");
+        }
         Ok(options)
     }
+}
+
+fn slugs_of_all() -> String {
+    Variant::ALL.map(Variant::slug).join(", ")
 }
 
 // One thread: the load client and the stand-in control plane share one
@@ -134,12 +164,13 @@ async fn run() -> Result<()> {
     .await?;
     let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
 
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); Variant::ALL.len()];
+    let variants = options.variants.clone();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
     for round in 0..options.rounds {
         // Rotate the order so no variant always runs first or last.
-        for step in 0..Variant::ALL.len() {
-            let index = (round + step) % Variant::ALL.len();
-            let Some(&variant) = Variant::ALL.get(index) else {
+        for step in 0..variants.len() {
+            let index = (round + step) % variants.len();
+            let Some(&variant) = variants.get(index) else {
                 continue;
             };
             let bench = Bench {
@@ -170,7 +201,7 @@ async fn run() -> Result<()> {
         }
     }
 
-    let summaries: Vec<Summary> = Variant::ALL
+    let summaries: Vec<Summary> = variants
         .iter()
         .zip(&runs)
         .map(|(variant, runs)| Summary::of(*variant, runs))

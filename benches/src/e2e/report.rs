@@ -273,14 +273,17 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          `200 ok`, reached through Envoy's connection pool as in production. \
          Variant 9 puts Sluice at 50% drop in front of it: a rejected request \
          never reaches the upstream, so 9 against 8 is what a 429 saves over a \
-         request that passes.\n\n\
+         request that passes. Variants 10 to 13 have sections of their own \
+         below.\n\n\
          ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\
          - Envoy: {envoy}\n\
          - Date: {date}\n\
          - Command: `{command}`\n\
-         - Reproduce: `just bench-envoy` (builds both filters, about two minutes \
-         on 2 cores) or `just bench-envoy --quick` (about 30 s)\n\n",
+         - Reproduce: `just bench-envoy` (builds the filters, then about five \
+         minutes on 2 cores) or `just bench-envoy --quick` (about a minute); \
+         `just bench-envoy --variants empty-wasm,sluice-no-drop --output -` \
+         prints a subset\n\n",
         warmup = setup.warmup,
         requests = setup.requests,
         concurrency = setup.concurrency,

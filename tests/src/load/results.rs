@@ -69,7 +69,8 @@ impl Window {
         self.to.saturating_sub(self.from).as_secs_f64()
     }
 
-    fn contains(&self, at: Duration) -> bool {
+    /// Whether `at` (since the start of the run) falls in the window.
+    pub fn contains(&self, at: Duration) -> bool {
         at >= self.from && at < self.to
     }
 }
