@@ -70,11 +70,14 @@ async fn an_adaptive_limit_follows_the_upstreams_capacity_and_spares_critical() 
     );
     assert!(bulk.limited > bulk.sent / 2, "BULK was shed\n{summary}");
     // CRITICAL is the last class shed; with the floor above its traffic
-    // it loses at most a few requests to the per-interval moves (1-4 %
-    // measured), while BULK loses most of its own.
+    // the filter does not shed it (0 in two runs; 1-4 % before a class
+    // that fits got the room below it as its share, and the tracking
+    // policy shed its counting noise), while BULK loses most of its own.
+    // What CRITICAL still loses is the upstream's 503 when its queue is
+    // full.
     for (name, critical) in [("150", critical_full), ("75", critical_halved)] {
         assert!(
-            critical.limited * 10 <= critical.sent,
+            critical.limited * 50 <= critical.sent,
             "CRITICAL dropped at capacity {name}: {critical:?}\n{summary}"
         );
     }

@@ -216,6 +216,9 @@ pub fn allocate_into(
     spare = spare.max(0.0);
 
     let mut higher_demand = false;
+    // What each class that fits leaves for the classes after it: room it
+    // could take from them, being served first.
+    let mut room_after = [0.0; CLASSES];
     for class in 0..CLASSES {
         claims.clear();
         let mut extra = 0.0;
@@ -233,6 +236,7 @@ pub fn allocate_into(
         }
         let outcome = if extra <= spare + EPSILON * spare.max(1.0) {
             spare = (spare - extra).max(0.0);
+            set(&mut room_after, class, spare);
             ClassOutcome::Admitted
         } else if spare > 0.0 {
             let capacity = claims.iter().map(|c| c.lo).sum::<f64>() + spare;
@@ -284,11 +288,16 @@ pub fn allocate_into(
     }
 
     // Shares: what each tenant could send in a class before being dropped.
+    // A class that fits could also take what the classes after it got:
+    // they are served from what it leaves. (The spare left after every
+    // class is 0 once a later class is constrained; a share of exactly
+    // what the class offers now would let a smoothing policy shed its
+    // noise, CRITICAL traffic dropped while BULK is shed.)
     for (class, outcome) in result.classes.iter().enumerate() {
         for (allocation, tenant) in result.tenants.iter_mut().zip(tenants) {
             let admitted = get(&allocation.admitted, class);
             let share = match *outcome {
-                ClassOutcome::Admitted => admitted + spare,
+                ClassOutcome::Admitted => admitted + get(&room_after, class),
                 ClassOutcome::Constrained { level } => admitted.max(tenant.weight * level),
                 ClassOutcome::Shed => admitted,
             };
@@ -467,6 +476,11 @@ mod tests {
             ClassOutcome::Constrained { .. }
         ));
         assert_eq!(allocation.classes[3], ClassOutcome::Shed);
+        // The classes that fit may grow into the room the later ones take:
+        // CRITICAL up to 1000 − 300 of its own, DEGRADED into BEST_EFFORT's
+        // 300 (BULK took nothing).
+        assert_eq!(allocation.tenants[0].share[0], 1000.0);
+        assert_eq!(allocation.tenants[0].share[1], 700.0);
         assert_eq!(
             allocation.tenants[0].reason,
             [

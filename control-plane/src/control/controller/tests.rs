@@ -680,3 +680,36 @@ fn a_capped_proxy_is_listed_in_its_buckets_directives_and_moves_repush_them() {
             .all(|d| d.counted_proxies.is_empty())
     );
 }
+
+#[test]
+fn critical_traffic_below_the_limit_is_not_shed_for_its_noise_while_bulk_is() {
+    // CRITICAL at 12.5-17 rps from one interval to the next (counting
+    // noise around 15, below the policy's step threshold), BULK far above
+    // a limit of 100: the tracking policy
+    // smooths CRITICAL's offered rate, so a share of exactly what it
+    // offered this interval (the spare left after BULK, 0) made it drop
+    // CRITICAL whenever an interval came in below the average.
+    let policy = policy(100.0, &[]);
+    let mut controller = Controller::tracking(ControlInterval::default());
+    let noisy = [15.0, 13.0, 17.0, 14.0, 16.0, 12.5, 15.5, 13.5];
+    for (interval, critical) in noisy.iter().cycle().take(40).enumerate() {
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("", Priority::Critical, *critical),
+                tenant_cell("", Priority::Bulk, 400.0),
+            ],
+        )]);
+        let decision = controller.decide(&load, &policy);
+        let critical = decision
+            .changed
+            .iter()
+            .find(|d| d.priority == Priority::Critical.to_wire() as i32);
+        if let Some(critical) = critical {
+            assert_eq!(
+                critical.drop_ratio, 0.0,
+                "interval {interval}: {critical:?}"
+            );
+        }
+    }
+}
