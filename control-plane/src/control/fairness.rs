@@ -292,15 +292,23 @@ pub fn allocate_into(
     // they are served from what it leaves. (The spare left after every
     // class is 0 once a later class is constrained; a share of exactly
     // what the class offers now would let a smoothing policy shed its
-    // noise, CRITICAL traffic dropped while BULK is shed.)
+    // noise, CRITICAL traffic dropped while BULK is shed.) Likewise a
+    // tenant offering less than its floor may send the rest of its floor
+    // in any class.
     for (class, outcome) in result.classes.iter().enumerate() {
-        for (allocation, tenant) in result.tenants.iter_mut().zip(tenants) {
+        for ((allocation, tenant), guaranteed) in result
+            .tenants
+            .iter_mut()
+            .zip(tenants)
+            .zip(guaranteed.iter())
+        {
             let admitted = get(&allocation.admitted, class);
+            let floor_left = (tenant.floor.max(0.0) - guaranteed.iter().sum::<f64>()).max(0.0);
             let share = match *outcome {
                 ClassOutcome::Admitted => admitted + get(&room_after, class),
                 ClassOutcome::Constrained { level } => admitted.max(tenant.weight * level),
                 ClassOutcome::Shed => admitted,
-            };
+            } + floor_left;
             set(&mut allocation.share, class, share.min(limit.max(admitted)));
         }
     }
@@ -519,6 +527,8 @@ mod tests {
         };
         let allocation = allocate(500.0, &[busy, floored]);
         assert_eq!(allocation.tenants[1].admitted[3], 30.0, "bulk within floor");
+        // It may send the rest of its floor too, in any class.
+        assert_eq!(allocation.tenants[1].share[3], 40.0);
         assert_eq!(allocation.tenants[0].admitted[0], 470.0);
     }
 

@@ -713,3 +713,27 @@ fn critical_traffic_below_the_limit_is_not_shed_for_its_noise_while_bulk_is() {
         }
     }
 }
+
+#[test]
+fn a_tenant_under_its_floor_is_not_shed_for_its_noise() {
+    // `small` offers 30-37 rps of BULK against a floor of 40 while `big`
+    // floods the bucket: BULK is shed down to the floors, and a share of
+    // exactly what `small` offered this interval made the tracking policy
+    // drop it whenever an interval came in below the average.
+    let policy = policy(100.0, &[("small", 0.01, 1.0, 40.0)]);
+    let mut controller = Controller::tracking(ControlInterval::default());
+    let noisy = [35.0, 31.0, 37.0, 33.0, 36.0, 30.0, 34.5, 32.5];
+    for (interval, small) in noisy.iter().cycle().take(40).enumerate() {
+        let load = FleetLoad::new(vec![BucketTraffic::from_cells(
+            "api",
+            vec![
+                tenant_cell("big", Priority::Unspecified, 1000.0),
+                tenant_cell("small", Priority::Bulk, *small),
+            ],
+        )]);
+        let decision = controller.decide(&load, &policy);
+        if let Some(small) = decision.changed.iter().find(|d| d.tenant == "small") {
+            assert_eq!(small.drop_ratio, 0.0, "interval {interval}: {small:?}");
+        }
+    }
+}
