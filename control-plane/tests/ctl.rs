@@ -331,9 +331,8 @@ async fn ctl_whatif_replays_a_proposal_and_changes_nothing() {
 
     let server = Server::start("whatif").await;
     for _ in 0..20 {
-        server
-            .state
-            .record_history(&FleetLoad::new(vec![BucketTraffic::single(
+        server.state.record_history(
+            &FleetLoad::new(vec![BucketTraffic::single(
                 "acme",
                 BucketLoad {
                     offered_rps: 400.0,
@@ -341,7 +340,9 @@ async fn ctl_whatif_replays_a_proposal_and_changes_nothing() {
                     proxies_reporting: 2,
                     stale_share: 0.0,
                 },
-            )]));
+            )]),
+            &std::collections::HashMap::new(),
+        );
     }
     let proposal = server.dir.join("proposal.yaml");
     std::fs::write(&proposal, "limits:\n  - bucket: acme\n    limit_rps: 100\n").unwrap();

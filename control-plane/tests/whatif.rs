@@ -3,12 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use sluice_control_plane::fleet::health::UpstreamHealth;
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad};
 use sluice_control_plane::{AppState, Config, Settings, router};
 use sluice_core::Priority;
@@ -54,14 +56,23 @@ async fn post(router: &axum::Router, uri: &str, body: &str) -> (StatusCode, Stri
 async fn a_proposed_limit_is_replayed_over_the_recorded_minutes_and_changes_nothing() {
     let config = Config::from_yaml("limits: []\n", "test.yaml").unwrap();
     let state = AppState::new(Settings::from_config(&config, None));
-    // 20 s at 300 rps (100 CRITICAL, 200 BULK), all admitted: no limit yet.
+    // 20 s at 300 rps (100 CRITICAL, 200 BULK), all admitted: no limit yet;
+    // the upstream answered half of the sampled requests with a 5xx.
+    let failing = HashMap::from([(
+        "acme".to_owned(),
+        UpstreamHealth {
+            responses: 100,
+            errors: 50,
+            ..UpstreamHealth::default()
+        },
+    )]);
     for _ in 0..40 {
         let mut bucket = BucketTraffic::from_cells(
             "acme",
             vec![cell(Priority::Critical, 100.0), cell(Priority::Bulk, 200.0)],
         );
         bucket.load.proxies_reporting = 2;
-        state.record_history(&FleetLoad::new(vec![bucket]));
+        state.record_history(&FleetLoad::new(vec![bucket]), &failing);
     }
     let app = router(state.clone());
 
@@ -97,19 +108,20 @@ async fn a_proposed_limit_is_replayed_over_the_recorded_minutes_and_changes_noth
         problem["detail"].as_str().unwrap().contains("limit_rps"),
         "{problem}"
     );
-    // Adaptive specs are not replayed: refused, not ignored.
+    // An adaptive spec moves on the recorded signals: with half the
+    // answers 5xx the limit falls from its maximum, within its bounds.
     let adaptive = json!({"adaptive": [{"bucket": "acme", "signal": "errors", "min_rps": 10, "max_rps": 100}]})
         .to_string();
-    let (status, content_type, problem) = post(&app, "/v1/whatif", &adaptive).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
-    assert_eq!(content_type, "application/problem+json");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("adaptive: not replayed"),
-        "{problem}"
+    let (status, _, whatif) = post(&app, "/v1/whatif", &adaptive).await;
+    assert_eq!(status, StatusCode::OK, "{whatif}");
+    let path = &whatif["buckets"][0]["adaptive"];
+    let (first, min, last) = (
+        path["first_rps"].as_f64().unwrap(),
+        path["min_rps"].as_f64().unwrap(),
+        path["last_rps"].as_f64().unwrap(),
     );
+    assert!(first <= 100.0 && last < first && min >= 10.0, "{whatif}");
+    assert!(state.policy().adaptive.is_empty(), "no spec was set");
     let (status, _, _) = post(&app, "/v1/whatif?seconds=-2", &proposal).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(

@@ -20,8 +20,9 @@ pub struct Span {
 }
 
 /// `POST /v1/whatif`: the body holds limits-file sections (`limits`,
-/// `tenants`, `default_limit_rps`, …) that replace the configuration's
-/// own for the replay; sections not given stay as they are.
+/// `tenants`, `adaptive`, `default_limit_rps`, …) that replace the
+/// configuration's own for the replay; sections not given stay as they
+/// are. Adaptive limits move on the recorded upstream signals.
 pub async fn replay(
     State(admin): State<Admin>,
     span: Result<Query<Span>, QueryRejection>,
@@ -43,17 +44,10 @@ pub async fn replay(
             ));
         }
     };
-    if proposal.contains_key("adaptive") {
-        // Refused rather than ignored: a replay that leaves the proposal's
-        // adaptive limits out would answer for something else.
-        return Err(Problem::unprocessable(
-            "adaptive: not replayed (the history holds the fleet's loads, not its upstream signals); propose the limits to try instead",
-        ));
-    }
     let config = proposed(&admin.live().config(), proposal)?;
-    let loads = state.history(intervals);
+    let recorded = state.history(intervals);
     Ok(axum::Json(whatif::replay(
-        &loads,
+        &recorded,
         &config.policy(),
         interval,
     )))

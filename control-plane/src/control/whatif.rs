@@ -9,6 +9,12 @@
 //! recorded ones: how clients would have reacted to other answers is not
 //! modelled. A drop counts as dropped whatever the bucket's mode (shadow
 //! mode would have let it through and counted it).
+//!
+//! Adaptive limits in the proposal move on the recorded upstream signals,
+//! interval by interval, as the live ones would have: the replay tells
+//! where each limit would have gone. The signals are the ones the live
+//! limits produced: how the upstream would have answered the proposal's
+//! traffic is not modelled either.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,8 +22,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::config::policy::Policy;
+use crate::control::adaptive::AdaptiveLimits;
 use crate::control::controller::Controller;
-use crate::fleet::FleetLoad;
+use crate::control::history::Recorded;
 use crate::types::ControlInterval;
 use sluice_core::Priority;
 
@@ -40,8 +47,12 @@ pub struct WhatIf {
 pub struct BucketWhatIf {
     /// The bucket key.
     pub bucket: Arc<str>,
-    /// Its limit under the proposal (`None`: unlimited).
+    /// Its limit under the proposal at the end of the replay (`None`:
+    /// unlimited).
     pub limit_rps: Option<f64>,
+    /// Where the proposal's adaptive limit went (`None`: not adaptive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveWhatIf>,
     /// Offered, as recorded.
     pub offered_rps: f64,
     /// Admitted, as recorded (under the policy in force).
@@ -52,6 +63,36 @@ pub struct BucketWhatIf {
     pub would_drop_rps: f64,
     /// Per tenant and priority class.
     pub cells: Vec<CellWhatIf>,
+}
+
+/// Where a proposed adaptive limit went over the replay.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AdaptiveWhatIf {
+    /// Its limit after the first replayed interval.
+    pub first_rps: f64,
+    /// The lowest it reached.
+    pub min_rps: f64,
+    /// The highest it reached.
+    pub max_rps: f64,
+    /// Its limit after the last replayed interval.
+    pub last_rps: f64,
+}
+
+impl AdaptiveWhatIf {
+    fn at(limit: f64) -> Self {
+        Self {
+            first_rps: limit,
+            min_rps: limit,
+            max_rps: limit,
+            last_rps: limit,
+        }
+    }
+
+    fn then(&mut self, limit: f64) {
+        self.min_rps = self.min_rps.min(limit);
+        self.max_rps = self.max_rps.max(limit);
+        self.last_rps = limit;
+    }
 }
 
 /// One (tenant, priority) cell under the proposal.
@@ -80,14 +121,16 @@ struct Sums {
     would_admit: f64,
 }
 
-/// Replays `loads` (oldest first, one per `interval`) under `policy`.
-pub fn replay(loads: &[FleetLoad], policy: &Policy, interval: ControlInterval) -> WhatIf {
+/// Replays `recorded` (oldest first, one per `interval`) under `policy`.
+pub fn replay(recorded: &[Recorded], policy: &Policy, interval: ControlInterval) -> WhatIf {
     let mut controller = Controller::tracking(interval);
+    let mut adaptive = AdaptiveLimits::default();
+    let mut adaptive_paths: BTreeMap<String, AdaptiveWhatIf> = BTreeMap::new();
     // The drop ratio in force per cell, as the proposal decided it.
     let mut in_force: HashMap<CellKey, f64> = HashMap::new();
     let mut sums: BTreeMap<CellKey, Sums> = BTreeMap::new();
     let mut limits: BTreeMap<Arc<str>, Option<f64>> = BTreeMap::new();
-    for load in loads {
+    for Recorded { load, health } in recorded {
         let mut counterfactual = load.clone();
         for bucket in &mut counterfactual.buckets {
             let mut bucket_admitted = 0.0;
@@ -113,7 +156,28 @@ pub fn replay(loads: &[FleetLoad], policy: &Policy, interval: ControlInterval) -
             }
             bucket.load.admitted_rps = bucket_admitted;
         }
-        let decision = controller.decide(&counterfactual, policy);
+        let adapted = (!policy.adaptive.is_empty()).then(|| {
+            adaptive.step(
+                &policy.adaptive,
+                |bucket| policy.limits.limit_for(bucket).map(|l| l.get()),
+                health,
+                |bucket| {
+                    counterfactual
+                        .get(bucket)
+                        .map_or(0.0, |b| b.load.offered_rps)
+                },
+            );
+            for status in adaptive.status() {
+                adaptive_paths
+                    .entry(status.bucket.clone())
+                    .and_modify(|path| path.then(status.limit_rps))
+                    .or_insert_with(|| AdaptiveWhatIf::at(status.limit_rps));
+            }
+            let mut adapted = policy.clone();
+            adaptive.apply(&mut adapted.limits);
+            adapted
+        });
+        let decision = controller.decide(&counterfactual, adapted.as_ref().unwrap_or(policy));
         for directive in &decision.changed {
             let key = (
                 Arc::from(directive.bucket.as_str()),
@@ -133,7 +197,7 @@ pub fn replay(loads: &[FleetLoad], policy: &Policy, interval: ControlInterval) -
             limits.insert(status.bucket, status.limit_rps.map(|l| l.get()));
         }
     }
-    summarize(loads.len(), interval, sums, &limits)
+    summarize(recorded.len(), interval, sums, &limits, &adaptive_paths)
 }
 
 fn summarize(
@@ -141,6 +205,7 @@ fn summarize(
     interval: ControlInterval,
     sums: BTreeMap<CellKey, Sums>,
     limits: &BTreeMap<Arc<str>, Option<f64>>,
+    adaptive: &BTreeMap<String, AdaptiveWhatIf>,
 ) -> WhatIf {
     let mean = |total: f64| {
         if intervals == 0 {
@@ -172,6 +237,7 @@ fn summarize(
             }
             _ => buckets.push(BucketWhatIf {
                 limit_rps: limits.get(&bucket).copied().flatten(),
+                adaptive: adaptive.get(&*bucket).copied(),
                 bucket,
                 offered_rps: cell.offered_rps,
                 admitted_rps: cell.admitted_rps,
@@ -193,9 +259,13 @@ fn summarize(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
+    use std::collections::HashMap;
+
     use super::*;
     use crate::config::Config;
-    use crate::fleet::{BucketLoad, BucketTraffic, CellLoad};
+    use crate::fleet::health::UpstreamHealth;
+    use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad};
+    use sluice_filter::upstream::LatencyHistogram;
 
     fn cell(tenant: &str, priority: Priority, offered: f64) -> CellLoad {
         CellLoad {
@@ -212,8 +282,13 @@ mod tests {
     }
 
     /// 300 rps offered to `acme` for 20 s, all admitted (no limit then):
-    /// 100 CRITICAL, 200 BULK.
-    fn unlimited_history() -> Vec<FleetLoad> {
+    /// 100 CRITICAL, 200 BULK; no upstream signals.
+    fn unlimited_history() -> Vec<Recorded> {
+        history_with(HashMap::new())
+    }
+
+    /// [`unlimited_history`], every interval with `health`.
+    fn history_with(health: HashMap<String, UpstreamHealth>) -> Vec<Recorded> {
         (0..40)
             .map(|_| {
                 let mut bucket = BucketTraffic::from_cells(
@@ -224,9 +299,58 @@ mod tests {
                     ],
                 );
                 bucket.load.proxies_reporting = 2;
-                FleetLoad::new(vec![bucket])
+                Recorded {
+                    load: FleetLoad::new(vec![bucket]),
+                    health: health.clone(),
+                }
             })
             .collect()
+    }
+
+    /// `acme`'s upstream answering 100 sampled responses at `p99_ms`.
+    fn acme_at(p99_ms: u64) -> HashMap<String, UpstreamHealth> {
+        let mut latency = LatencyHistogram::default();
+        for _ in 0..100 {
+            latency.record(p99_ms * 1_000);
+        }
+        let health = UpstreamHealth {
+            responses: 100,
+            errors: 0,
+            latency,
+        };
+        HashMap::from([("acme".to_owned(), health)])
+    }
+
+    #[test]
+    fn a_proposed_adaptive_limit_moves_on_the_recorded_signals() {
+        let adaptive = "limits:\n  - bucket: acme\n    limit_rps: 1000\n\
+             adaptive:\n  - bucket: acme\n    target_p99_ms: 100\n    \
+             min_rps: 60\n    max_rps: 1000\n    algorithm: aimd\n";
+        let interval = ControlInterval::default();
+        // The upstream answered in 300 ms all along: the limit falls from
+        // the configured 1000 towards its floor, BULK shed first.
+        let slow = replay(&history_with(acme_at(300)), &policy(adaptive), interval);
+        let acme = &slow.buckets[0];
+        let path = acme.adaptive.unwrap();
+        assert!(path.last_rps < path.first_rps, "{path:?}");
+        assert!(path.min_rps >= 60.0 && path.max_rps <= 1000.0, "{path:?}");
+        assert_eq!(acme.limit_rps, Some(path.last_rps));
+        assert!(acme.would_drop_rps > 0.0, "{acme:?}");
+        let bulk = &acme.cells[1];
+        assert_eq!(bulk.priority, Priority::Bulk);
+        assert!(bulk.would_drop_rps > acme.cells[0].would_drop_rps);
+        // Answering in 20 ms: the limit holds where it was, nothing drops.
+        let fast = replay(&history_with(acme_at(20)), &policy(adaptive), interval);
+        let path = fast.buckets[0].adaptive.unwrap();
+        assert_eq!((path.min_rps, path.last_rps), (1000.0, 1000.0), "{path:?}");
+        assert!(fast.buckets[0].would_drop_rps < 1e-9);
+        // Not adaptive in the proposal: no path.
+        let fixed = replay(
+            &history_with(acme_at(300)),
+            &policy("limits:\n  - bucket: acme\n    limit_rps: 150\n"),
+            interval,
+        );
+        assert_eq!(fixed.buckets[0].adaptive, None);
     }
 
     fn policy(yaml: &str) -> Policy {

@@ -121,7 +121,7 @@ pub fn proxies(reply: &Value) -> String {
 }
 
 /// `POST /v1/whatif`: one row per bucket, tenant and priority, then a
-/// line on CRITICAL drops.
+/// line per adaptive limit (where it went) and one on CRITICAL drops.
 pub fn whatif(reply: &Value) -> String {
     let columns = [
         "bucket",
@@ -155,6 +155,18 @@ pub fn whatif(reply: &Value) -> String {
         }
     }
     let mut out = render(&columns, &rows);
+    for bucket in buckets.into_iter().flatten() {
+        if let Some(path) = bucket.get("adaptive").filter(|path| path.is_object()) {
+            out.push_str(&format!(
+                "{}: adaptive limit {} -> {} rps (between {} and {})\n",
+                cell(bucket.get("bucket")),
+                rate(path.get("first_rps")),
+                rate(path.get("last_rps")),
+                rate(path.get("min_rps")),
+                rate(path.get("max_rps")),
+            ));
+        }
+    }
     let seconds = reply.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
     out.push_str(&format!("replayed {seconds:.0} s of fleet traffic\n"));
     if reply.get("critical_dropped") == Some(&Value::Bool(true)) {
@@ -337,6 +349,24 @@ mod tests {
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
         assert!(lines[0].ends_with("floors_exceed_limit"), "{text}");
         assert!(lines[2].ends_with("true"), "{text}");
+    }
+
+    #[test]
+    fn whatif_says_where_an_adaptive_limit_went() {
+        let text = whatif(
+            &json!({"seconds": 20.0, "critical_dropped": false, "buckets": [
+            {"bucket": "api", "limit_rps": 64.0,
+             "adaptive": {"first_rps": 900.0, "min_rps": 64.0, "max_rps": 900.0, "last_rps": 64.0},
+             "cells": [{"tenant": "", "priority": "bulk", "offered_rps": 300.0,
+                        "admitted_rps": 300.0, "would_admit_rps": 80.0, "would_drop_rps": 220.0}]},
+            {"bucket": "fixed", "limit_rps": 10.0, "cells": []}]}),
+        );
+        assert!(
+            text.contains("api: adaptive limit 900.0 -> 64.0 rps (between 64.0 and 900.0)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("fixed: adaptive"), "{text}");
+        assert!(text.ends_with("replayed 20 s of fleet traffic\n"), "{text}");
     }
 
     #[test]

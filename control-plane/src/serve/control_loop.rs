@@ -69,8 +69,8 @@ pub fn step(state: &AppState, controller: &mut Controller) {
         return;
     }
     let load = state.fleet().tick();
-    state.record_history(&load);
     let health = observe_upstream(state);
+    state.record_history(&load, &health);
     let (decision, modes) = {
         let policy = state.policy();
         let adapted = state.adapt(&policy, &load, &health);
@@ -97,8 +97,8 @@ pub fn step(state: &AppState, controller: &mut Controller) {
 /// the same policy computes the status: what would be pushed now.
 fn hold(state: &AppState) {
     let load = state.fleet().tick();
-    state.record_history(&load);
-    observe_upstream(state);
+    let health = observe_upstream(state);
+    state.record_history(&load, &health);
     let decision = Controller::tracking(state.control_interval()).decide(&load, &state.policy());
     state.metrics().observe_fleet(&load.stats);
     state.metrics().observe_buckets(&decision.buckets);
@@ -179,7 +179,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     metrics
         .replicas()
         .observe_share(shared.replicas, shared.orphans, shared.unreadable);
-    state.record_history(&shared.total);
+    state.record_history(&shared.total, &shared.upstream);
     // Decide only on a whole view; otherwise a throwaway controller gives
     // the admin API its status and nothing is led.
     let decides = may_push && shared.complete;

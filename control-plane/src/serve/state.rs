@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::config::policy::Policy;
 use crate::control::adaptive::{AdaptiveLimits, AdaptiveStatus};
 use crate::control::controller::BucketStatus;
-use crate::control::history::{self, History};
+use crate::control::history::{self, History, Recorded};
 use crate::fleet::health::{HealthWindow, UpstreamHealth};
 use crate::fleet::{Fleet, FleetCaps, FleetLoad, ReportRejected, StreamId};
 use crate::metrics::Metrics;
@@ -114,17 +114,18 @@ impl AppState {
         }
     }
 
-    /// Records one interval's fleet total for what-if replays.
-    pub fn record_history(&self, load: &FleetLoad) {
+    /// Records one interval's fleet total and upstream signals for what-if
+    /// replays.
+    pub fn record_history(&self, load: &FleetLoad, health: &HashMap<String, UpstreamHealth>) {
         self.inner
             .history
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .record(load);
+            .record(load, health);
     }
 
-    /// The last `intervals` fleet totals recorded, oldest first.
-    pub fn history(&self, intervals: usize) -> Vec<FleetLoad> {
+    /// The last `intervals` intervals recorded, oldest first.
+    pub(crate) fn history(&self, intervals: usize) -> Vec<Recorded> {
         self.inner
             .history
             .lock()
