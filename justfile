@@ -117,7 +117,7 @@ bench-rls *ARGS:
     cargo build -q --release -p sluice-benches --bins
     SLUICE_BIN=target/release/sluice REDIS_SERVER="$(./scripts/ensure-redis.sh)" target/release/bench_rls {{ARGS}}
 
-# Sluice's fleet-wide adaptive limit against Envoy's per-instance adaptive_concurrency: 3 Envoys (60/30/10) at 3x a capped upstream that halves mid-run; prints goodput, latency and what each class got (two 30 s runs, not part of `just test`).
+# Sluice's fleet-wide adaptive limit against Envoy's per-instance adaptive_concurrency and admission_control: 3 Envoys (60/30/10) at 3x a capped upstream that halves mid-run; prints goodput, latency and what each class and Envoy got (three 30 s runs, not part of `just test`).
 bench-adaptive: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
       cargo test -q -p sluice-integration-tests --test adaptive_side_by_side -- --ignored --nocapture

@@ -1,11 +1,12 @@
 //! Sluice's fleet-wide adaptive limit against Envoy's own per-instance
-//! `adaptive_concurrency`, in the same scenario as `adaptive_limits.rs`:
+//! `adaptive_concurrency` and `admission_control`, in the same scenario as
+//! `adaptive_limits.rs`:
 //! three Envoys carrying 60/30/10 of about 3x a capped upstream's capacity
 //! (150 rps, halved to 75 at 15 s), mostly BULK and a little CRITICAL.
 //!
-//! A measurement, not part of `just test` (two 30 s runs): `just
+//! A measurement, not part of `just test` (three 30 s runs): `just
 //! bench-adaptive` prints the table that docs/adaptive.md and BENCHMARKS.md
-//! quote. It asserts only that both runs served traffic without connection
+//! quote. It asserts only that every run served traffic without connection
 //! errors; which one does better is what it reports.
 #![allow(
     clippy::unwrap_used,
@@ -32,6 +33,7 @@ const HALVED_AT_S: u64 = 15;
 enum Variant {
     Sluice,
     AdaptiveConcurrency,
+    AdmissionControl,
 }
 
 impl Variant {
@@ -39,6 +41,16 @@ impl Variant {
         match self {
             Self::Sluice => "Sluice adaptive limit (fleet-wide)",
             Self::AdaptiveConcurrency => "Envoy adaptive_concurrency (per instance)",
+            Self::AdmissionControl => "Envoy admission_control (per instance)",
+        }
+    }
+
+    /// The config in `envoy/` of a variant without Sluice.
+    fn envoy_config(self) -> Option<&'static str> {
+        match self {
+            Self::Sluice => None,
+            Self::AdaptiveConcurrency => Some("adaptive-concurrency.yaml"),
+            Self::AdmissionControl => Some("admission-control.yaml"),
         }
     }
 }
@@ -55,15 +67,15 @@ enum Proxies {
 
 impl Proxies {
     async fn start(variant: Variant, upstream: &CappedUpstream) -> Self {
-        match variant {
-            Variant::Sluice => Self::Sluice(Box::new(
+        match variant.envoy_config() {
+            None => Self::Sluice(Box::new(
                 Fleet::start(fleet_options(upstream.addr())).await.unwrap(),
             )),
-            Variant::AdaptiveConcurrency => {
+            Some(file) => {
                 let dir = tempfile::tempdir().unwrap();
                 let mut envoys = Vec::new();
                 for index in 0..SKEW.len() {
-                    let mut config = envoy::load_repo_config("adaptive-concurrency.yaml").unwrap();
+                    let mut config = envoy::load_repo_config(file).unwrap();
                     let rewrite = Rewrite {
                         ephemeral_ports: true,
                         ..Rewrite::default()
@@ -102,7 +114,7 @@ struct Phase {
     critical_ok: f64,
     bulk_ok: f64,
     /// Of every request sent: answered 5xx (the upstream's queue full, or
-    /// `adaptive_concurrency` shedding, which answers 503).
+    /// Envoy's own filters shedding, which answer 503).
     server_errors: f64,
     /// Of each Envoy's requests, answered 200: what fleet-wide fairness
     /// means under skew.
@@ -160,6 +172,8 @@ struct Run {
     halved: Phase,
     served: Served,
     errors: u64,
+    /// CRITICAL requests answered 429 (only Sluice answers 429).
+    critical_limited: u64,
     timeline: String,
 }
 
@@ -172,7 +186,9 @@ async fn run(variant: Variant) -> Run {
     upstream.set_capacity(capacity(75.0));
     let halved_at = load.elapsed();
     let result = load.finish().await.unwrap();
-    let errors = result.counts(Window::secs(0.0, 3600.0), |_| true).errors;
+    let whole = Window::secs(0.0, 3600.0);
+    let errors = result.counts(whole, |_| true).errors;
+    let critical_limited = result.tenant_counts(whole, "critical").limited;
     if errors > 0 {
         proxies.print_logs();
     }
@@ -188,29 +204,35 @@ async fn run(variant: Variant) -> Run {
         ),
         served: upstream.served(),
         errors,
+        critical_limited,
         timeline: result.timeline(Duration::from_secs(1)),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (two 30 s runs): just bench-adaptive"]
-async fn sluice_and_envoys_adaptive_concurrency_side_by_side() {
+#[ignore = "a measurement (three 30 s runs): just bench-adaptive"]
+async fn sluice_and_envoys_own_overload_filters_side_by_side() {
     let mut table = String::from(
         "| variant | upstream capacity | goodput rps | p50 ms | p99 ms | CRITICAL answered 200 | BULK answered 200 | answered 5xx | answered 200 per Envoy (60/30/10 of the load) |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     let mut details = String::new();
     let mut runs = Vec::new();
-    for variant in [Variant::Sluice, Variant::AdaptiveConcurrency] {
+    for variant in [
+        Variant::Sluice,
+        Variant::AdaptiveConcurrency,
+        Variant::AdmissionControl,
+    ] {
         let run = run(variant).await;
         writeln!(table, "{}", run.full.row(variant, "150 rps")).unwrap();
         writeln!(table, "{}", run.halved.row(variant, "75 rps")).unwrap();
         writeln!(
             details,
-            "{}: upstream answered {} (200) and {} (503, queue full); {} connection errors\n{}",
+            "{}: upstream answered {} (200) and {} (503, queue full); CRITICAL answered 429: {}; {} connection errors\n{}",
             variant.name(),
             run.served.ok,
             run.served.rejected,
+            run.critical_limited,
             run.errors,
             run.timeline
         )
