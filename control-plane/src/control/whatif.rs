@@ -156,27 +156,17 @@ pub fn replay(recorded: &[Recorded], policy: &Policy, interval: ControlInterval)
             }
             bucket.load.admitted_rps = bucket_admitted;
         }
-        let adapted = (!policy.adaptive.is_empty()).then(|| {
-            adaptive.step(
-                &policy.adaptive,
-                |bucket| policy.limits.limit_for(bucket).map(|l| l.get()),
-                health,
-                |bucket| {
-                    counterfactual
-                        .get(bucket)
-                        .map_or(0.0, |b| b.load.offered_rps)
-                },
-            );
-            for status in adaptive.status() {
-                adaptive_paths
-                    .entry(status.bucket.clone())
-                    .and_modify(|path| path.then(status.limit_rps))
-                    .or_insert_with(|| AdaptiveWhatIf::at(status.limit_rps));
-            }
-            let mut adapted = policy.clone();
-            adaptive.apply(&mut adapted.limits);
-            adapted
+        let adapted = adaptive.adapt(policy, health, |bucket| {
+            counterfactual
+                .get(bucket)
+                .map_or(0.0, |b| b.load.offered_rps)
         });
+        for status in adaptive.status() {
+            adaptive_paths
+                .entry(status.bucket.clone())
+                .and_modify(|path| path.then(status.limit_rps))
+                .or_insert_with(|| AdaptiveWhatIf::at(status.limit_rps));
+        }
         let decision = controller.decide(&counterfactual, adapted.as_ref().unwrap_or(policy));
         for directive in &decision.changed {
             let key = (

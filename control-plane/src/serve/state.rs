@@ -147,19 +147,12 @@ impl AppState {
             .adaptive
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if policy.adaptive.is_empty() && adaptive.is_empty() {
-            return None;
-        }
-        adaptive.step(
-            &policy.adaptive,
-            |bucket| policy.limits.limit_for(bucket).map(|l| l.get()),
-            health,
-            |bucket| load.get(bucket).map_or(0.0, |b| b.load.offered_rps),
-        );
-        let status = adaptive.status();
-        self.metrics().upstream().observe_adaptive(&status);
-        let mut adapted = policy.clone();
-        adaptive.apply(&mut adapted.limits);
+        let adapted = adaptive.adapt(policy, health, |bucket| {
+            load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
+        })?;
+        self.metrics()
+            .upstream()
+            .observe_adaptive(&adaptive.status());
         Some(adapted)
     }
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::sim::Variant;
-use super::{metrics, plot, report, scenario, sim};
+use super::{adaptive, metrics, plot, report, scenario, sim};
 
 /// `sluice simulate`.
 #[derive(Debug, Args)]
@@ -75,6 +75,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
+    let mut adaptive_rows = Vec::new();
     for scenario in &scenarios {
         let mut traces = Vec::new();
         for &variant in &variants {
@@ -85,12 +86,23 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            rows.push(report::Row {
-                scenario: scenario.name.to_owned(),
-                variant: variant.name.to_owned(),
-                seed: args.seed,
-                metrics: metrics::compute(scenario, &trace),
-            });
+            // An adaptive run is measured against its upstream's capacity,
+            // not against a fixed limit.
+            if let Some(metrics) = adaptive::compute(scenario, &trace) {
+                adaptive_rows.push(report::AdaptiveRow {
+                    scenario: scenario.name.to_owned(),
+                    variant: variant.name.to_owned(),
+                    seed: args.seed,
+                    metrics,
+                });
+            } else {
+                rows.push(report::Row {
+                    scenario: scenario.name.to_owned(),
+                    variant: variant.name.to_owned(),
+                    seed: args.seed,
+                    metrics: metrics::compute(scenario, &trace),
+                });
+            }
             traces.push((variant.name, trace));
         }
         if let Some(dir) = &args.out
@@ -100,13 +112,29 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    print!("{}", report::table(&rows));
+    if !rows.is_empty() {
+        print!("{}", report::table(&rows));
+    }
     let tenants = report::tenant_table(&rows);
     if !tenants.is_empty() {
         print!("\n{tenants}");
         if let Some(dir) = &args.out {
             let path = dir.join("tenants.csv");
             if let Err(err) = std::fs::write(&path, report::tenant_csv(&rows)) {
+                eprintln!("sluice: cannot write {}: {err}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let adaptive = report::adaptive_table(&adaptive_rows);
+    if !adaptive.is_empty() {
+        if !rows.is_empty() {
+            println!();
+        }
+        print!("{adaptive}");
+        if let Some(dir) = &args.out {
+            let path = dir.join("adaptive.csv");
+            if let Err(err) = std::fs::write(&path, report::adaptive_csv(&adaptive_rows)) {
                 eprintln!("sluice: cannot write {}: {err}", path.display());
                 return ExitCode::FAILURE;
             }

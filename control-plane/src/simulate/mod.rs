@@ -7,12 +7,15 @@
 //! measures is the shipped code, not a model of it. Same scenario and seed,
 //! same result.
 
+pub mod adaptive;
+pub mod adaptive_plot;
 pub mod command;
 pub mod metrics;
 pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod upstream;
 
 #[cfg(test)]
 use {metrics::Metrics, scenario::Scenario, sim::SimError, sim::Variant};

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use super::adaptive_plot;
 use super::scenario::Scenario;
 use super::sim::{SLOT_MS, Trace};
 
@@ -60,23 +61,36 @@ pub fn series_csv(scenario: &Scenario, trace: &Trace) -> String {
     out
 }
 
-/// Writes `NAME-VARIANT.csv` for every run and `NAME.svg` with all of them.
+/// Writes `NAME-VARIANT.csv` for every run and `NAME.svg` with all of them
+/// (an adaptive scenario's as [`adaptive_plot`] draws them).
 pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), PlotError> {
+    let adaptive = scenario.upstream.is_some();
     for (variant, trace) in runs {
         let path = dir.join(format!("{}-{variant}.csv", scenario.name));
-        std::fs::write(&path, series_csv(scenario, trace)).map_err(|source| PlotError::Io {
+        let series = if adaptive {
+            adaptive_plot::series_csv(scenario, trace)
+        } else {
+            series_csv(scenario, trace)
+        };
+        std::fs::write(&path, series).map_err(|source| PlotError::Io {
             path: path.display().to_string(),
             source,
         })?;
     }
     let path = dir.join(format!("{}.svg", scenario.name));
-    draw(&path, scenario, runs).map_err(|message| PlotError::Draw {
+    let drawn = if adaptive {
+        adaptive_plot::draw(&path, scenario, runs)
+    } else {
+        draw(&path, scenario, runs)
+    };
+    drawn.map_err(|message| PlotError::Draw {
         path: path.display().to_string(),
         message,
     })
 }
 
-const COLOURS: [RGBColor; 4] = [
+/// One colour per variant, in run order.
+pub(super) const COLOURS: [RGBColor; 4] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use super::adaptive::{AdaptiveMetrics, Phase};
 use super::metrics::{Metrics, TenantShare};
 
 /// One scenario's result, as shown in a table row.
@@ -167,6 +168,117 @@ pub fn tenant_csv(rows: &[Row]) -> String {
                 share.offered_rps,
                 share.fair_share_rps,
                 share.admitted_rps,
+            );
+        }
+    }
+    out
+}
+
+/// One adaptive scenario's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveRow {
+    /// Scenario name.
+    pub scenario: String,
+    /// Controller and decision it ran with.
+    pub variant: String,
+    /// Seed it ran with.
+    pub seed: u64,
+    /// Its metrics.
+    pub metrics: AdaptiveMetrics,
+}
+
+const ADAPTIVE_HEADERS: [&str; 10] = [
+    "scenario",
+    "variant",
+    "phase",
+    "capacity",
+    "adapt",
+    "limit/cap",
+    "low..high",
+    "goodput",
+    "p99",
+    "5xx",
+];
+
+fn phase_cells(row: &AdaptiveRow, phase: &Phase) -> [String; 10] {
+    [
+        row.scenario.clone(),
+        row.variant.clone(),
+        format!("{}-{} s", phase.from_ms / 1_000, phase.to_ms / 1_000),
+        format!("{:.0}", phase.capacity_rps),
+        phase.adapt_ms.map_or_else(
+            || "never".to_owned(),
+            |ms| format!("{:.1} s", ms as f64 / 1e3),
+        ),
+        format!("{:.3}", phase.limit_ratio),
+        format!(
+            "{:.2}..{:.2}",
+            phase.limit_low_ratio, phase.limit_high_ratio
+        ),
+        format!("{:.3}", phase.goodput_ratio),
+        format!("{:.0} ms", phase.p99_ms),
+        format!("{:.2}%", phase.error_ratio * 100.0),
+    ]
+}
+
+/// Per phase of each adaptive run's upstream capacity: the time its limit
+/// took to come within 10 % of the capacity, then over the phase's second
+/// half the limit's mean and range and the goodput (over the capacity), the
+/// p99 and the 5xx share; a line per run with its totals. Empty when no
+/// scenario was adaptive.
+pub fn adaptive_table(rows: &[AdaptiveRow]) -> String {
+    let body: Vec<[String; 10]> = rows
+        .iter()
+        .flat_map(|row| row.metrics.phases.iter().map(|p| phase_cells(row, p)))
+        .collect();
+    if body.is_empty() {
+        return String::new();
+    }
+    let mut out = aligned(&ADAPTIVE_HEADERS, &body);
+    for row in rows {
+        let metrics = &row.metrics;
+        let _ = writeln!(
+            out,
+            "{} {}: goodput {:.3} of the capacity over the run, p99 within {:.0} ms in {:.0}% \
+             of its seconds, limit {:.0}..{:.0} rps (bounds {:.0}..{:.0})",
+            row.scenario,
+            row.variant,
+            metrics.goodput_ratio,
+            metrics.target_p99_ms,
+            metrics.seconds_within_target * 100.0,
+            metrics.limit_low_rps,
+            metrics.limit_high_rps,
+            metrics.min_rps,
+            metrics.max_rps,
+        );
+    }
+    out
+}
+
+/// The adaptive rows as CSV, a line per phase, with a header line.
+pub fn adaptive_csv(rows: &[AdaptiveRow]) -> String {
+    let mut out = String::from(
+        "scenario,variant,seed,from_ms,to_ms,capacity_rps,adapt_ms,limit_ratio,\
+         limit_low_ratio,limit_high_ratio,goodput_ratio,p99_ms,error_ratio\n",
+    );
+    for row in rows {
+        for phase in &row.metrics.phases {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                row.scenario,
+                row.variant,
+                row.seed,
+                phase.from_ms,
+                phase.to_ms,
+                phase.capacity_rps,
+                phase.adapt_ms.map_or_else(String::new, |ms| ms.to_string()),
+                phase.limit_ratio,
+                phase.limit_low_ratio,
+                phase.limit_high_ratio,
+                phase.goodput_ratio,
+                phase.p99_ms,
+                phase.error_ratio,
             );
         }
     }

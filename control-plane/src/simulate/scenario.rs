@@ -1,5 +1,9 @@
 //! Traffic patterns: who offers how much to which bucket, and when proxies
-//! come and go.
+//! come and go; for the adaptive scenarios, the upstream behind them.
+
+use crate::control::adaptive::spec::AdaptiveSpec;
+
+use super::upstream::UpstreamSpec;
 
 /// How requests arrive within a millisecond step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +110,9 @@ pub struct BucketSpec {
     pub weights: Vec<f64>,
     /// Tenants sharing the bucket; empty: the filter derives no tenant.
     pub tenants: Vec<TenantSpec>,
+    /// Whether its limit follows the upstream's health, and how
+    /// (`limit_rps` is then where it starts).
+    pub adaptive: Option<AdaptiveSpec>,
 }
 
 impl BucketSpec {
@@ -172,6 +179,9 @@ pub struct Scenario {
     /// proxy joining or leaving) the system is not yet expected to be in
     /// steady state.
     pub settle_ms: u64,
+    /// The service behind the proxies, for the adaptive scenarios; `None`:
+    /// responses are not simulated and nothing is adaptive.
+    pub upstream: Option<UpstreamSpec>,
 }
 
 impl Scenario {
@@ -224,7 +234,7 @@ const SETTLE_MS: u64 = 3_000;
 const PROXIES: usize = 10;
 
 /// Names accepted by [`by_name`], in the order `all` runs them.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 12] = [
     "steady",
     "low-rate",
     "step-2x",
@@ -235,6 +245,8 @@ pub const NAMES: [&str; 10] = [
     "ramp",
     "steady-deterministic",
     "tenants",
+    "adaptive-aimd",
+    "adaptive-gradient",
 ];
 
 /// The scenario called `name`.
@@ -253,6 +265,8 @@ pub fn by_name(name: &str) -> Option<Scenario> {
         "churn" => churn(),
         "ramp" => ramp(),
         "tenants" => tenants(),
+        "adaptive-aimd" => adaptive("adaptive-aimd", "aimd"),
+        "adaptive-gradient" => adaptive("adaptive-gradient", "gradient"),
         _ => return None,
     };
     Some(scenario)
@@ -274,6 +288,7 @@ fn base(name: &'static str, duration_ms: u64, buckets: Vec<BucketSpec>) -> Scena
         proxies: vec![Membership::ALWAYS; PROXIES],
         buckets,
         settle_ms: SETTLE_MS,
+        upstream: None,
     }
 }
 
@@ -290,6 +305,7 @@ fn bucket(name: &str, limit_rps: f64, load: Load, weights: Vec<f64>) -> BucketSp
         load,
         weights,
         tenants: Vec::new(),
+        adaptive: None,
     }
 }
 
@@ -420,6 +436,53 @@ fn tenants() -> Scenario {
     base("tenants", 30_000, buckets)
 }
 
+/// The capacity of the adaptive scenarios' upstream: 1000 rps, halved at
+/// [`CAPACITY_HALVED_MS`], back at [`CAPACITY_RESTORED_MS`].
+pub const CAPACITY_RPS: f64 = 1_000.0;
+/// When the upstream loses half its capacity.
+pub const CAPACITY_HALVED_MS: u64 = 30_000;
+/// When it gets it back.
+pub const CAPACITY_RESTORED_MS: u64 = 90_000;
+/// The adaptive scenarios' latency target.
+pub const TARGET_P99_MS: f64 = 100.0;
+
+/// One bucket offered 3x the upstream's capacity through ten skewed
+/// proxies, its limit adaptive on latency by `algorithm` (the spec the
+/// integration tests use, scaled to 1000 rps: AIMD adds 20 rps per healthy
+/// interval and multiplies by 0.8 when congested; the gradient smooths by
+/// the default 0.3), starting at its 2000 rps upper bound. The upstream
+/// queues up to 200 ms of work (the tests' capped upstream), so its p99
+/// stays under the 100 ms target only while the admitted rate stays under
+/// its capacity.
+fn adaptive(name: &'static str, algorithm: &str) -> Scenario {
+    let spec = format!(
+        "{{bucket: api, signal: latency, target_p99_ms: {TARGET_P99_MS}, min_rps: 50, \
+         max_rps: 2000, algorithm: {algorithm}, increase_rps: 20, decrease_factor: 0.8}}"
+    );
+    let capacity = Load::Steps(vec![
+        (0, CAPACITY_RPS),
+        (CAPACITY_HALVED_MS, CAPACITY_RPS / 2.0),
+        (CAPACITY_RESTORED_MS, CAPACITY_RPS),
+    ]);
+    let buckets = vec![BucketSpec {
+        adaptive: serde_yaml_ng::from_str(&spec).ok(),
+        ..bucket(
+            "api",
+            2_000.0,
+            Load::Constant(3.0 * CAPACITY_RPS),
+            skewed(PROXIES),
+        )
+    }];
+    Scenario {
+        upstream: Some(UpstreamSpec {
+            capacity,
+            max_wait_ms: 200.0,
+            base_latency_ms: 5.0,
+        }),
+        ..base(name, 150_000, buckets)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::float_cmp)]
 mod tests {
@@ -454,6 +517,16 @@ mod tests {
     fn tenants_split_the_bucket_load_in_proportion() {
         let scenario = by_name("tenants").unwrap();
         assert_eq!(scenario.buckets[0].tenant_rps_at(0), [900.0, 600.0, 300.0]);
+    }
+
+    #[test]
+    fn adaptive_scenarios_have_an_upstream_and_a_valid_spec() {
+        for name in ["adaptive-aimd", "adaptive-gradient"] {
+            let scenario = by_name(name).unwrap();
+            assert!(scenario.upstream.is_some());
+            assert!(scenario.buckets[0].adaptive.is_some(), "{name}");
+        }
+        assert!(by_name("steady").unwrap().upstream.is_none());
     }
 
     #[test]

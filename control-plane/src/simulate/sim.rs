@@ -7,6 +7,12 @@
 //! network is simulated: reports arrive instantly, directive batches after
 //! the push delay. Requests of a bucket with tenants are counted, directed
 //! and paced per (bucket, tenant) cell, as the filter does.
+//!
+//! In a scenario with an upstream, admitted requests go to the modelled
+//! service ([`Upstream`]); each proxy follows every fourth response (the
+//! filter's default sampling) into the filter's real [`ResponseSampler`],
+//! reports it, and the control plane moves the adaptive limits on the
+//! fleet's signals through the real [`AdaptiveLimits`] before deciding.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -15,21 +21,26 @@ use rand::{Rng, SeedableRng};
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_core::decision::Verdict;
 use sluice_core::{DropThreshold, Priority, proxy_cap};
-use sluice_filter::agent::TICK_MS;
+use sluice_filter::agent::{DEFAULT_UPSTREAM_SAMPLE_EVERY, TICK_MS};
 use sluice_filter::cell::key_of;
 use sluice_filter::counters::{BucketCounters, Outcome};
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::pacing::{DecisionMode, Pacer};
+use sluice_filter::upstream::ResponseSampler;
 use sluice_proto::v1::{Directive, DirectiveBatch, Report};
 
 use crate::config::limits::{LimitRule, LimitTable, Selector};
 use crate::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
+use crate::control::adaptive::AdaptiveLimits;
+use crate::control::adaptive::spec::AdaptiveSpecs;
 use crate::control::controller::{Controller, Proportional};
 use crate::control::estimator::Tracking;
+use crate::fleet::health::HealthWindow;
 use crate::fleet::{Fleet, StreamId};
 use crate::types::{InvalidLimit, LimitRps};
 
 use super::scenario::{Arrivals, Scenario};
+use super::upstream::Upstream;
 
 /// Width of one slot of the recorded trace.
 pub const SLOT_MS: u64 = 100;
@@ -47,7 +58,7 @@ const EPOCH: u64 = 1;
 const POISSON_CHUNK: f64 = 30.0;
 
 /// Fleet-wide counts of one bucket, per [`SLOT_MS`] slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BucketTrace {
     /// Bucket key.
     pub name: String,
@@ -57,6 +68,23 @@ pub struct BucketTrace {
     pub admitted: Vec<u64>,
     /// Per tenant of the scenario's bucket, in scenario order.
     pub tenants: Vec<TenantTrace>,
+    /// An adaptive bucket's limit in force at the end of each slot; empty
+    /// for a fixed limit.
+    pub limit_rps: Vec<f64>,
+}
+
+/// What the upstream of an adaptive scenario did, per [`SLOT_MS`] slot (by
+/// when each response reached its proxy), over every bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTrace {
+    /// Its capacity at the end of each slot.
+    pub capacity_rps: Vec<f64>,
+    /// Responses that were not 5xx: the goodput.
+    pub ok: Vec<u64>,
+    /// 5xx responses.
+    pub errors: Vec<u64>,
+    /// Every response's latency, in microseconds.
+    pub latency_us: Vec<Vec<u64>>,
 }
 
 /// Fleet-wide counts of one tenant of a bucket, per [`SLOT_MS`] slot.
@@ -71,10 +99,12 @@ pub struct TenantTrace {
 }
 
 /// What a run recorded, one entry per bucket in scenario order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Trace {
     /// Per-bucket counts.
     pub buckets: Vec<BucketTrace>,
+    /// The upstream's answers, when the scenario has one.
+    pub upstream: Option<UpstreamTrace>,
     /// Directive batches the controller pushed.
     pub batches_pushed: u64,
 }
@@ -101,6 +131,9 @@ pub enum SimError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The buckets' adaptive specs do not go together.
+    #[error("adaptive limits: {0}")]
+    Adaptive(String),
 }
 
 /// Which controller and which per-request decision a run uses.
@@ -188,6 +221,8 @@ struct SimProxy {
     pacer: Pacer,
     next_tick_ms: u64,
     counters: BucketCounters,
+    /// The responses it follows and their signals until the next report.
+    responses: ResponseSampler,
     rng: SmallRng,
     next_report_ms: u64,
     last_report_ms: u64,
@@ -233,8 +268,14 @@ fn run_with(
     let policy = Policy {
         limits: limit_table(scenario)?,
         tenants: tenants(scenario)?,
+        adaptive: adaptive_specs(scenario)?,
         ..Policy::default()
     };
+    let mut upstream = scenario.upstream.clone().map(Upstream::new);
+    let mut health = HealthWindow::default();
+    let mut adaptive = AdaptiveLimits::default();
+    // Each bucket's limit in force, as the trace records it.
+    let mut limits_in_force: Vec<f64> = scenario.buckets.iter().map(|b| b.limit_rps).collect();
     // Per bucket: each tenant's cell key and its share of the bucket's
     // requests, and the running credit that splits them exactly in those
     // shares (smooth weighted round robin: no noise beyond the arrivals').
@@ -295,8 +336,19 @@ fn run_with(
                         admitted: vec![0; slots],
                     })
                     .collect(),
+                limit_rps: if bucket.adaptive.is_some() {
+                    vec![0.0; slots]
+                } else {
+                    Vec::new()
+                },
             })
             .collect(),
+        upstream: scenario.upstream.as_ref().map(|_| UpstreamTrace {
+            capacity_rps: vec![0.0; slots],
+            ok: vec![0; slots],
+            errors: vec![0; slots],
+            latency_us: vec![Vec::new(); slots],
+        }),
         batches_pushed: 0,
     };
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
@@ -373,6 +425,14 @@ fn run_with(
         }
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
+        if let Some(upstream) = upstream.as_mut() {
+            respond(upstream, scenario, &mut proxies, &mut trace, t_ms, slot);
+        }
+        for (recorded, limit) in trace.buckets.iter_mut().zip(&limits_in_force) {
+            if let Some(in_force) = recorded.limit_rps.get_mut(slot) {
+                *in_force = *limit;
+            }
+        }
         for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
             let (
                 Some(weights),
@@ -430,6 +490,9 @@ fn run_with(
                         admitted
                     }
                 };
+                if admitted && let Some(upstream) = upstream.as_mut() {
+                    upstream.serve(t_ms, proxy_index, bucket_index);
+                }
                 let tenant_trace = tenant.and_then(|t| recorded.tenants.get_mut(t));
                 for (offered, admitted_slots) in [(&mut recorded.offered, &mut recorded.admitted)]
                     .into_iter()
@@ -485,8 +548,9 @@ fn run_with(
                     window_ms: t_ms - proxy.last_report_ms,
                     directive_age_ms: None,
                     buckets: proxy.counters.drain(),
-                    upstream: Vec::new(),
+                    upstream: proxy.responses.signals.drain(),
                 };
+                health.add(&report.upstream);
                 proxy.sequence += 1;
                 proxy.last_report_ms = t_ms;
                 proxy.next_report_ms = t_ms + scenario.report_interval_ms;
@@ -498,7 +562,19 @@ fn run_with(
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
             let load = fleet.tick();
-            let decision = controller.decide(&load, &policy);
+            let adapted = adaptive.adapt(&policy, &health.take(), |bucket| {
+                load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
+            });
+            for status in adaptive.status() {
+                let index = scenario
+                    .buckets
+                    .iter()
+                    .position(|b| b.name == status.bucket);
+                if let Some(limit) = index.and_then(|i| limits_in_force.get_mut(i)) {
+                    *limit = status.limit_rps;
+                }
+            }
+            let decision = controller.decide(&load, adapted.as_ref().unwrap_or(&policy));
             snapshot = controller.snapshot();
             if !decision.changed.is_empty() {
                 version += 1;
@@ -530,6 +606,63 @@ fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
         })
         .collect::<Result<Vec<_>, SimError>>()?;
     Ok(LimitTable::from_rules(None, rules))
+}
+
+/// The adaptive buckets' specs.
+fn adaptive_specs(scenario: &Scenario) -> Result<AdaptiveSpecs, SimError> {
+    let specs: Vec<_> = scenario
+        .buckets
+        .iter()
+        .filter_map(|bucket| bucket.adaptive.clone())
+        .collect();
+    AdaptiveSpecs::try_from(specs).map_err(|err| SimError::Adaptive(err.to_string()))
+}
+
+/// Hands every response due by `t_ms` back to its proxy, which follows one
+/// in [`DEFAULT_UPSTREAM_SAMPLE_EVERY`] into its signals (the filter picks
+/// at admission; picking at the response is the same one in four), and
+/// records them all in the trace.
+fn respond(
+    upstream: &mut Upstream,
+    scenario: &Scenario,
+    proxies: &mut [SimProxy],
+    trace: &mut Trace,
+    t_ms: u64,
+    slot: usize,
+) {
+    let recorded = trace.upstream.as_mut();
+    let mut recorded = recorded.filter(|r| slot < r.ok.len());
+    if let Some(recorded) = recorded.as_mut()
+        && let Some(capacity) = recorded.capacity_rps.get_mut(slot)
+    {
+        *capacity = upstream.capacity_at(t_ms);
+    }
+    while let Some(response) = upstream.next_due(t_ms) {
+        if let Some(recorded) = recorded.as_mut() {
+            let count = if response.is_error() {
+                recorded.errors.get_mut(slot)
+            } else {
+                recorded.ok.get_mut(slot)
+            };
+            if let Some(count) = count {
+                *count += 1;
+            }
+            if let Some(latencies) = recorded.latency_us.get_mut(slot) {
+                latencies.push(response.latency_us);
+            }
+        }
+        let bucket = scenario.buckets.get(response.bucket);
+        if let (Some(proxy), Some(bucket)) = (proxies.get_mut(response.proxy), bucket)
+            && proxy.connected
+            && proxy.responses.pick()
+        {
+            proxy.responses.signals.observe(
+                &bucket.name,
+                response.status,
+                Some(response.latency_us),
+            );
+        }
+    }
 }
 
 /// Tenant policies of every bucket's tenants, as a tenants config would
@@ -586,6 +719,7 @@ fn new_proxy(scenario: &Scenario, seed: u64, index: usize, variant: Variant) -> 
         pacer: Pacer::new(variant.decision, variant.allowance, TICK_MS, MAX_BUCKETS),
         next_tick_ms: phase % TICK_MS,
         counters: BucketCounters::new(MAX_BUCKETS),
+        responses: ResponseSampler::new(DEFAULT_UPSTREAM_SAMPLE_EVERY),
         rng,
         next_report_ms: phase,
         last_report_ms: 0,

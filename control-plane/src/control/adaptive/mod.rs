@@ -14,25 +14,33 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::config::limits::LimitTable;
+use crate::config::policy::Policy;
 use crate::fleet::health::UpstreamHealth;
 use crate::types::LimitRps;
 use algorithm::{Verdict, next_limit};
 use spec::{AdaptiveSpec, AdaptiveSpecs, Algorithm, Signal};
 
-/// Fewest sampled responses in an interval for its signal to count: fewer
-/// say nothing (one slow response is not congestion).
+/// Fewest sampled responses for a signal to count: fewer say nothing (one
+/// slow response is not congestion). A bucket with fewer in an interval
+/// keeps them and is judged once enough have come in over several.
 pub const MIN_SAMPLES: u64 = 10;
+/// Most intervals a bucket's sparse samples are pooled over before they
+/// are dropped as too old to say anything about the upstream now.
+const MAX_POOLED_INTERVALS: u32 = 20;
 /// A bucket uses its limit when its offered rate reaches this share of it;
 /// only then does a healthy signal raise the limit.
 const IN_USE: f64 = 0.9;
 /// A move larger than this share of the limit is logged.
 const LOGGED_MOVE: f64 = 0.2;
 /// After AIMD lowers a limit, this many intervals pass before it lowers it
-/// again: the signal of the interval that follows a decrease still shows
-/// the traffic of the old limit (directives reach the proxies and their
-/// reports come back one or two intervals later), and decreasing on it
-/// again would overshoot far below the capacity.
-const DECREASE_COOLDOWN: u32 = 2;
+/// again: the signals of the intervals that follow a decrease still show
+/// the traffic of the old limit (directives reach the proxies, the queue
+/// the old limit built drains, and the reports of its responses come back
+/// up to three intervals later), and decreasing on them again would
+/// overshoot far below the capacity. The simulator's `adaptive-aimd`
+/// measured it: with two intervals, a halved capacity drew a second
+/// decrease to 0.69 of it; with three, the limit stays above 0.81.
+const DECREASE_COOLDOWN: u32 = 3;
 
 /// Where one adaptive bucket stands.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -66,6 +74,35 @@ struct BucketState {
     error_ratio: Option<f64>,
     /// Intervals left before AIMD may lower the limit again.
     cooldown: u32,
+    /// Samples of the last intervals that were too few to judge on.
+    pooled: UpstreamHealth,
+    /// Intervals `pooled` covers.
+    pooled_intervals: u32,
+}
+
+impl BucketState {
+    /// This interval's samples, with the ones pooled before when there
+    /// were too few: `None` until there are [`MIN_SAMPLES`]. Pooling is
+    /// what lets a limit at a low rate move at all: at 50 rps, 500 ms
+    /// intervals and one response in four sampled, no single interval has
+    /// ten, and without it a limit pushed to its floor would never rise
+    /// again.
+    fn samples(&mut self, health: Option<&UpstreamHealth>) -> Option<UpstreamHealth> {
+        if let Some(health) = health {
+            self.pooled.absorb(health);
+        }
+        self.pooled_intervals += 1;
+        if self.pooled.responses >= MIN_SAMPLES {
+            self.pooled_intervals = 0;
+            Some(std::mem::take(&mut self.pooled))
+        } else {
+            if self.pooled_intervals >= MAX_POOLED_INTERVALS {
+                self.pooled = UpstreamHealth::default();
+                self.pooled_intervals = 0;
+            }
+            None
+        }
+    }
 }
 
 /// Every adaptive bucket's current limit.
@@ -139,12 +176,15 @@ impl AdaptiveLimits {
                     p99_ms: None,
                     error_ratio: None,
                     cooldown: 0,
+                    pooled: UpstreamHealth::default(),
+                    pooled_intervals: 0,
                 });
             if state.spec != *spec {
                 state.spec = spec.clone();
                 state.limit = spec.bound(state.limit);
             }
-            let (verdict, p99_ms, error_ratio) = judge(spec, health.get(&spec.bucket));
+            let samples = state.samples(health.get(&spec.bucket));
+            let (verdict, p99_ms, error_ratio) = judge(spec, samples.as_ref());
             let in_use = offered(&spec.bucket) >= IN_USE * state.limit;
             let before = state.limit;
             let cooling = spec.algorithm == Algorithm::Aimd
@@ -178,6 +218,31 @@ impl AdaptiveLimits {
                 );
             }
         }
+    }
+
+    /// One control interval of `policy`'s adaptive buckets on the fleet's
+    /// `health`, `offered` being each bucket's fleet offered rate: `policy`
+    /// with the adaptive limits in place of the configured ones, or `None`
+    /// when no bucket is (or was) adaptive. The control loop, the what-if
+    /// replay and the simulator all move the limits through here.
+    pub fn adapt(
+        &mut self,
+        policy: &Policy,
+        health: &HashMap<String, UpstreamHealth>,
+        offered: impl Fn(&str) -> f64,
+    ) -> Option<Policy> {
+        if policy.adaptive.is_empty() && self.is_empty() {
+            return None;
+        }
+        self.step(
+            &policy.adaptive,
+            |bucket| policy.limits.limit_for(bucket).map(|l| l.get()),
+            health,
+            offered,
+        );
+        let mut adapted = policy.clone();
+        self.apply(&mut adapted.limits);
+        Some(adapted)
     }
 
     /// Puts every adaptive limit in `limits` in place of the configured
