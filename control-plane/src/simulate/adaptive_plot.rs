@@ -8,7 +8,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::adaptive::quantile;
-use super::plot::{COLOURS, rates};
+use super::plot::{COLOURS, GREY, legend, line, points, rates};
 use super::scenario::Scenario;
 use super::sim::{SLOT_MS, Trace, UpstreamTrace};
 
@@ -90,15 +90,6 @@ pub fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
     let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let (upper, lower) = root.split_vertically(400);
-    let time = |slot: usize| ((slot as u64 + 1) * SLOT_MS) as f64 / 1_000.0;
-    let points = |values: &[f64]| -> Vec<(f64, f64)> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(s, v)| (time(s), *v))
-            .collect()
-    };
-
     let mut rates_chart = ChartBuilder::on(&upper)
         .caption(
             format!(
@@ -121,43 +112,26 @@ pub fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
         .y_desc("requests/s")
         .draw()
         .map_err(|e| e.to_string())?;
-    let grey = RGBColor(127, 127, 127);
     if let Some((_, trace)) = runs.first()
         && let Some(upstream) = &trace.upstream
     {
-        rates_chart
-            .draw_series(LineSeries::new(
-                points(&upstream.capacity_rps),
-                grey.stroke_width(2),
-            ))
-            .map_err(|e| e.to_string())?
-            .label("upstream capacity")
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey));
+        let capacity = points(&upstream.capacity_rps);
+        let label = "upstream capacity".to_owned();
+        line(&mut rates_chart, capacity, GREY.stroke_width(2), label)?;
     }
     for ((variant, trace), colour) in runs.iter().zip(COLOURS.iter().cycle()) {
-        let colour = *colour;
         if let Some(bucket) = trace.buckets.get(spec_index) {
-            rates_chart
-                .draw_series(LineSeries::new(points(&bucket.limit_rps), colour.mix(0.5)))
-                .map_err(|e| e.to_string())?
-                .label(format!("limit ({variant})"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.mix(0.5)));
+            let limit = points(&bucket.limit_rps);
+            let label = format!("limit ({variant})");
+            line(&mut rates_chart, limit, colour.mix(0.5).into(), label)?;
         }
         if let Some(upstream) = &trace.upstream {
-            rates_chart
-                .draw_series(LineSeries::new(points(&rates(&upstream.ok)), colour))
-                .map_err(|e| e.to_string())?
-                .label(format!("goodput ({variant})"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+            let goodput = points(&rates(&upstream.ok));
+            let label = format!("goodput ({variant})");
+            line(&mut rates_chart, goodput, colour.into(), label)?;
         }
     }
-    rates_chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    legend(&mut rates_chart)?;
 
     let p99_series: Vec<(&str, Vec<f64>)> = runs
         .iter()
@@ -180,28 +154,21 @@ pub fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
         .y_desc("p99 over 1 s (ms)")
         .draw()
         .map_err(|e| e.to_string())?;
-    latency_chart
-        .draw_series(LineSeries::new(
-            vec![(0.0, target), (seconds, target)],
-            grey.stroke_width(2),
-        ))
-        .map_err(|e| e.to_string())?
-        .label("target")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey));
+    let target_line = vec![(0.0, target), (seconds, target)];
+    line(
+        &mut latency_chart,
+        target_line,
+        GREY.stroke_width(2),
+        "target".to_owned(),
+    )?;
     for ((variant, p99), colour) in p99_series.iter().zip(COLOURS.iter().cycle()) {
-        let colour = *colour;
-        latency_chart
-            .draw_series(LineSeries::new(points(p99), colour))
-            .map_err(|e| e.to_string())?
-            .label(format!("p99 ({variant})"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        line(
+            &mut latency_chart,
+            points(p99),
+            colour.into(),
+            format!("p99 ({variant})"),
+        )?;
     }
-    latency_chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    legend(&mut latency_chart)?;
     root.present().map_err(|e| e.to_string())
 }

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::adaptive_plot;
@@ -89,6 +90,9 @@ pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
     })
 }
 
+/// The colour of limits, capacities and targets.
+pub(super) const GREY: RGBColor = RGBColor(127, 127, 127);
+
 /// One colour per variant, in run order.
 pub(super) const COLOURS: [RGBColor; 4] = [
     RGBColor(214, 39, 40),
@@ -96,6 +100,45 @@ pub(super) const COLOURS: [RGBColor; 4] = [
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
 ];
+
+/// A chart of the plots: seconds against a value.
+pub(super) type Chart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws one labelled line on `chart`.
+pub(super) fn line(
+    chart: &mut Chart<'_, '_>,
+    points: Vec<(f64, f64)>,
+    style: ShapeStyle,
+    label: String,
+) -> Result<(), String> {
+    chart
+        .draw_series(LineSeries::new(points, style))
+        .map_err(|e| e.to_string())?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+    Ok(())
+}
+
+/// Draws `chart`'s legend in its upper right corner.
+pub(super) fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
+/// The points of per-slot `values`, at each slot's end in seconds.
+pub(super) fn points(values: &[f64]) -> Vec<(f64, f64)> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(slot, v)| (((slot as u64 + 1) * SLOT_MS) as f64 / 1000.0, *v))
+        .collect()
+}
 
 fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), String> {
     let (Some(spec), Some((_, first))) = (scenario.buckets.first(), runs.first()) else {
@@ -128,45 +171,32 @@ fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), 
         .draw()
         .map_err(|e| e.to_string())?;
 
-    let points = |values: &[f64]| -> Vec<(f64, f64)> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(slot, v)| (((slot as u64 + 1) * SLOT_MS) as f64 / 1000.0, *v))
-            .collect()
-    };
-    chart
-        .draw_series(LineSeries::new(points(&offered), &BLACK))
-        .map_err(|e| e.to_string())?
-        .label("offered")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    line(
+        &mut chart,
+        points(&offered),
+        BLACK.into(),
+        "offered".to_owned(),
+    )?;
     let limit = spec.limit_rps;
-    chart
-        .draw_series(LineSeries::new(
-            vec![(0.0, limit), (seconds, limit)],
-            ShapeStyle::from(&RGBColor(127, 127, 127)).stroke_width(2),
-        ))
-        .map_err(|e| e.to_string())?
-        .label("limit")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(127, 127, 127)));
+    line(
+        &mut chart,
+        vec![(0.0, limit), (seconds, limit)],
+        GREY.stroke_width(2),
+        "limit".to_owned(),
+    )?;
     for ((variant, trace), colour) in runs.iter().zip(COLOURS.iter().cycle()) {
         let Some(bucket) = trace.buckets.first() else {
             continue;
         };
-        let colour = *colour;
-        chart
-            .draw_series(LineSeries::new(points(&rates(&bucket.admitted)), colour))
-            .map_err(|e| e.to_string())?
-            .label(format!("admitted ({variant})"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        let admitted = points(&rates(&bucket.admitted));
+        line(
+            &mut chart,
+            admitted,
+            colour.into(),
+            format!("admitted ({variant})"),
+        )?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    legend(&mut chart)?;
     root.present().map_err(|e| e.to_string())
 }
 
