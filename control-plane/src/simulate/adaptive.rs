@@ -184,11 +184,12 @@ mod tests {
     /// and swings no further than docs/adaptive.md says.
     #[test]
     fn the_limit_finds_the_capacity_and_follows_it() {
-        // Seed 1 (seeds 1-3 alike): AIMD found the capacity in 3.6-4.6 s
-        // going down and 10-13 s coming back up (+20 rps per interval);
-        // the gradient 1.6-2.1 s and 26 s (it climbs by a smoothed
-        // square root of the limit). Settled means 0.90-0.94 of the
-        // capacity, swings 0.77-1.08.
+        // Seeds 1-3: AIMD found the capacity in 2.6-7.1 s going down (from
+        // 1000 to 500 it needs four decreases by 0.8, three intervals
+        // apart) and 10.6-12.6 s coming back up (+20 rps per interval);
+        // the gradient 2.1 s and 25-28 s (it climbs by a smoothed square
+        // root of the limit). Settled means 0.89-0.97 of the capacity
+        // (seed 1: 0.91-0.97), ranges within 0.80-1.06.
         for (name, up_within_ms) in [("adaptive-aimd", 15_000), ("adaptive-gradient", 35_000)] {
             let (metrics, _) = measured(&scenario::by_name(name).unwrap());
             assert_eq!(metrics.phases.len(), 3, "{name}");
@@ -196,7 +197,7 @@ mod tests {
                 let within_ms = if phase.from_ms == scenario::CAPACITY_RESTORED_MS {
                     up_within_ms
                 } else {
-                    6_000
+                    8_000
                 };
                 let context = format!("{name}: {phase:?}");
                 assert!(

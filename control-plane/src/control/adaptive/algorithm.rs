@@ -10,6 +10,9 @@ pub enum Verdict {
     NoSignal,
     /// Within target.
     Healthy,
+    /// Within target but close to it: the upstream is at its capacity, so
+    /// the limit holds (raising it would only build the upstream's queue).
+    NearTarget,
     /// Over target; `pressure` is how far (the target over the observed
     /// value, in (0, 1): lower is worse).
     Congested {
@@ -25,7 +28,7 @@ pub enum Verdict {
 /// a healthy signal at low load says nothing about higher load).
 pub fn next_limit(spec: &AdaptiveSpec, limit: f64, verdict: &Verdict, in_use: bool) -> f64 {
     let next = match (spec.algorithm, verdict) {
-        (_, Verdict::NoSignal) => limit,
+        (_, Verdict::NoSignal | Verdict::NearTarget) => limit,
         (_, Verdict::Healthy) if !in_use => limit,
         (Algorithm::Aimd, Verdict::Healthy) => limit + spec.increase_rps,
         (Algorithm::Aimd, Verdict::Congested { .. }) => limit * spec.decrease_factor,
@@ -76,6 +79,7 @@ mod tests {
         for algorithm in [Algorithm::Aimd, Algorithm::Gradient] {
             let spec = spec(algorithm);
             assert_eq!(next_limit(&spec, 500.0, &Verdict::NoSignal, true), 500.0);
+            assert_eq!(next_limit(&spec, 500.0, &Verdict::NearTarget, true), 500.0);
             assert_eq!(next_limit(&spec, 500.0, &Verdict::Healthy, false), 500.0);
             assert!(next_limit(&spec, 500.0, &Verdict::Healthy, true) > 500.0);
             assert!(next_limit(&spec, 500.0, &congested(0.5), true) < 500.0);
@@ -88,7 +92,7 @@ mod tests {
         fn the_limit_never_leaves_its_bounds(
             gradient in any::<bool>(),
             start in -1e12f64..1e12,
-            steps in prop::collection::vec((0u8..3, -1.0f64..2.0, any::<bool>()), 1..200),
+            steps in prop::collection::vec((0u8..4, -1.0f64..2.0, any::<bool>()), 1..200),
         ) {
             let spec = spec(if gradient { Algorithm::Gradient } else { Algorithm::Aimd });
             let mut limit = spec.bound(start);
@@ -96,6 +100,7 @@ mod tests {
                 let verdict = match kind {
                     0 => Verdict::NoSignal,
                     1 => Verdict::Healthy,
+                    2 => Verdict::NearTarget,
                     _ => congested(pressure),
                 };
                 limit = next_limit(&spec, limit, &verdict, in_use);

@@ -241,3 +241,34 @@ fn errors_alone_say_congested() {
     };
     assert_eq!(judge(spec, Some(&fine)).0, Verdict::Healthy);
 }
+
+#[test]
+fn a_p99_close_to_the_target_holds_the_limit() {
+    let specs = specs("aimd");
+    let spec = specs.iter().next().unwrap();
+    let at = |latency_ms: u64| {
+        let mut latency = LatencyHistogram::default();
+        for _ in 0..100 {
+            latency.record(latency_ms * 1_000);
+        }
+        UpstreamHealth {
+            responses: 100,
+            errors: 0,
+            latency,
+        }
+    };
+    // The target is 100 ms: 50 ms is healthy, 85 ms is near it (the
+    // upstream is at its capacity), 150 ms is over it.
+    assert_eq!(judge(spec, Some(&at(50))).0, Verdict::Healthy);
+    assert_eq!(judge(spec, Some(&at(85))).0, Verdict::NearTarget);
+    assert!(matches!(
+        judge(spec, Some(&at(150))).0,
+        Verdict::Congested { .. }
+    ));
+    let mut limits = AdaptiveLimits::default();
+    let near = HashMap::from([("api".to_owned(), at(85))]);
+    limits.step(&specs, |_| Some(1_000.0), &near, |_| 1e9);
+    let status = &limits.status()[0];
+    assert_eq!(status.limit_rps, 1_000.0);
+    assert!(status.reason.contains("near target"), "{status:?}");
+}
