@@ -152,7 +152,9 @@ pub struct ServeArgs {
     /// NEAR_LIMIT_RATIO); between 0 and 1.
     #[arg(long, value_name = "RATIO", default_value = "0.8", value_parser = parse_near_limit_ratio)]
     pub quota_near_limit_ratio: crate::quotas::NearLimitRatio,
-    /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS). Every
+    /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS), or one
+    /// node of a Redis Cluster, `redis+cluster://HOST:PORT` (or
+    /// `rediss+cluster://…`). Every
     /// `sluice serve` given the same store is a replica of one control
     /// plane: they add up their proxies' load there, one of them (the
     /// leader) decides, and all push its directives; the quotas' counters

@@ -2,7 +2,7 @@
 //! store: no persistence, its files in the test's folder, stopped with the
 //! test (its log printed when the test fails), and killable and
 //! restartable on the same port for outage tests; optionally TLS-only with
-//! a password.
+//! a password. [`RedisCluster`] runs several as one Redis Cluster.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -176,6 +176,120 @@ impl RedisServer {
     pub fn print_log(&self) {
         self.guard.print_log();
     }
+}
+
+/// Slots of a Redis Cluster.
+const CLUSTER_SLOTS: usize = 16_384;
+
+/// A Redis Cluster of masters (no replicas) on ephemeral loopback ports,
+/// the slots split evenly between them, each node's files in its own
+/// folder; stopped with the test.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes; node `i` serves the `i`-th equal range of slots.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `nodes` nodes in `dir`, gives each its slots, introduces them
+    /// to each other and waits until every node reports the cluster ok.
+    pub async fn start(dir: &Path, nodes: usize) -> Result<Self> {
+        let mut servers = Vec::with_capacity(nodes);
+        for index in 0..nodes {
+            let args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ];
+            let extra = Extra {
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
+                tls: false,
+            };
+            servers.push(RedisServer::start_with(&dir.join(format!("node-{index}")), extra).await?);
+        }
+        let cluster = Self { nodes: servers };
+        for (index, node) in cluster.nodes.iter().enumerate() {
+            let first = index * CLUSTER_SLOTS / nodes;
+            let last = (index + 1) * CLUSTER_SLOTS / nodes - 1;
+            let _: () = command(node.addr(), |c| {
+                c.arg("CLUSTER").arg("ADDSLOTSRANGE").arg(first).arg(last);
+            })
+            .await
+            .with_context(|| format!("cannot give slots {first}-{last} to {}", node.addr()))?;
+        }
+        if let Some((first, others)) = cluster.nodes.split_first() {
+            for node in others {
+                let _: () = command(first.addr(), |c| {
+                    c.arg("CLUSTER").arg("MEET").arg("127.0.0.1").arg(node.port);
+                })
+                .await
+                .context("CLUSTER MEET failed")?;
+            }
+        }
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let mut ready = true;
+            for node in &cluster.nodes {
+                let info: String = command(node.addr(), |c| {
+                    c.arg("CLUSTER").arg("INFO");
+                })
+                .await?;
+                ready &= info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{nodes}"));
+            }
+            if ready {
+                return Ok(cluster);
+            }
+            if Instant::now() > deadline {
+                cluster.print_logs();
+                bail!("the {nodes}-node Redis Cluster did not come up within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `redis+cluster://127.0.0.1:PORT` of the first node: the client finds
+    /// the others from it.
+    pub fn url(&self) -> String {
+        let port = self.nodes.first().map_or(0, |node| node.port);
+        format!("redis+cluster://127.0.0.1:{port}")
+    }
+
+    /// How many keys each node holds (`DBSIZE`), in node order.
+    pub async fn keys_per_node(&self) -> Result<Vec<u64>> {
+        let mut sizes = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            sizes.push(
+                command(node.addr(), |c| {
+                    c.arg("DBSIZE");
+                })
+                .await?,
+            );
+        }
+        Ok(sizes)
+    }
+
+    /// Prints every node's log tail.
+    pub fn print_logs(&self) {
+        for node in &self.nodes {
+            node.print_log();
+        }
+    }
+}
+
+/// One command to the server at `addr`, built by `build`.
+async fn command<T: redis::FromRedisValue>(
+    addr: SocketAddr,
+    build: impl FnOnce(&mut redis::Cmd),
+) -> Result<T> {
+    let client = redis::Client::open(format!("redis://{addr}/"))?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let mut cmd = redis::Cmd::new();
+    build(&mut cmd);
+    Ok(cmd.query_async(&mut connection).await?)
 }
 
 fn free_port() -> Result<u16> {

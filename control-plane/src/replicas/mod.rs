@@ -161,7 +161,7 @@ pub struct Shared {
 pub struct Replica {
     /// This replica's own connection, bounded by its call timeout rather
     /// than the request bound of the shared one.
-    connection: redis::aio::ConnectionManager,
+    connection: crate::store::StoreConnection,
     keys: Keys,
     options: ReplicaOptions,
     acquire: Script,

@@ -16,7 +16,8 @@ pub struct ConfigArgs {
     /// What to do.
     #[command(subcommand)]
     pub command: ConfigCommand,
-    /// The shared store: `redis://HOST:PORT[/DB]` or `rediss://…`.
+    /// The shared store: `redis://HOST:PORT[/DB]`, `rediss://…`, or one
+    /// node of a Redis Cluster (`redis+cluster://HOST:PORT`).
     #[arg(long, value_name = "URL", global = true)]
     pub store: Option<String>,
     /// File holding the store's password (else SLUICE_STORE_PASSWORD).

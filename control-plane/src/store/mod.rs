@@ -1,7 +1,9 @@
 //! The shared store's connection settings.
 //!
 //! `sluice serve --store redis://HOST:PORT[/DB]` (or `rediss://` for TLS)
-//! names a Redis server that several control-plane processes can share.
+//! names a Redis server that several control-plane processes can share;
+//! `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names one node of a
+//! Redis Cluster instead ([`connection`]).
 //! Today it holds the exact quotas' counters
 //! ([`crate::quotas::redis_store`]); what else the fleet shares (counts,
 //! directives, configuration) is meant to use the same [`Store`] handle
@@ -11,14 +13,17 @@
 //! variable `SLUICE_STORE_PASSWORD` (or the URL itself); the URL is only
 //! ever shown with its password redacted.
 
+pub mod connection;
 pub mod url;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, IntoConnectionInfo};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
+pub use connection::StoreConnection;
 pub use url::{StoreSetting, StoreUrl, UrlError};
 
 /// Default bound on one store call on a request path.
@@ -170,9 +175,82 @@ fn read_password(path: &Path) -> Result<String, StoreError> {
 #[derive(Clone)]
 pub struct Store {
     url: StoreUrl,
-    client: Client,
-    connection: ConnectionManager,
+    client: StoreClient,
+    connection: StoreConnection,
     timeout: Duration,
+}
+
+/// What opens connections: to one server, or to a cluster's nodes.
+#[derive(Clone)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per store handle, built once at start"
+)]
+enum StoreClient {
+    Single(Client),
+    Cluster(ClusterClient),
+}
+
+impl StoreClient {
+    /// A connection whose calls fail past `response_timeout`.
+    async fn connect(
+        &self,
+        response_timeout: Duration,
+    ) -> Result<StoreConnection, redis::RedisError> {
+        let response_timeout = response_timeout.max(Duration::from_millis(1));
+        match self {
+            Self::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(response_timeout))
+                    // Reconnects are retried in the background; callers see
+                    // errors (and the failure policy) meanwhile, never a wait.
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                ConnectionManager::new_with_config(client.clone(), config)
+                    .await
+                    .map(StoreConnection::Single)
+            }
+            Self::Cluster(client) => {
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(CONNECT_TIMEOUT)
+                    .set_response_timeout(response_timeout);
+                client
+                    .get_async_connection_with_config(config)
+                    .await
+                    .map(StoreConnection::Cluster)
+            }
+        }
+    }
+}
+
+/// The client for `url`: credentials, TLS files and, for a cluster, the
+/// node the others are found from.
+fn client_for(
+    url: &StoreUrl,
+    info: ConnectionInfo,
+    certificates: Option<TlsCertificates>,
+) -> Result<StoreClient, redis::RedisError> {
+    if !url.cluster {
+        return match certificates {
+            None => Client::open(info),
+            Some(certificates) => Client::build_with_tls(info, certificates),
+        }
+        .map(StoreClient::Single);
+    }
+    let mut builder = ClusterClientBuilder::new(vec![info])
+        // A call is retried on another node only within its own bound.
+        .retries(1);
+    if let Some(user) = &url.username {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &url.password {
+        builder = builder.password(password);
+    }
+    if let Some(certificates) = certificates {
+        builder = builder.certs(certificates);
+    }
+    builder.build().map(StoreClient::Cluster)
 }
 
 impl std::fmt::Debug for Store {
@@ -205,8 +283,8 @@ impl Store {
             settings = settings.set_password(password);
         }
         redis_settings = redis_settings.set_redis_settings(settings);
-        let client = if options.tls_ca.is_none() && options.tls_client.is_none() {
-            Client::open(redis_settings)
+        let certificates = if options.tls_ca.is_none() && options.tls_client.is_none() {
+            None
         } else {
             let read = |path: &PathBuf| {
                 std::fs::read(path).map_err(|source| StoreError::CaFile {
@@ -222,28 +300,19 @@ impl Store {
                 }),
                 None => None,
             };
-            Client::build_with_tls(
-                redis_settings,
-                redis::TlsCertificates {
-                    client_tls,
-                    root_cert,
-                },
-            )
-        }
-        .map_err(|err| fail(err.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            // The shared connection answers requests' quota checks: a call
-            // past `--store-timeout-ms` fails (and the connection notices a
-            // dead server at once). Callers with a longer bound take their
-            // own connection ([`Store::connection_bounded`]).
-            .set_response_timeout(Some(options.timeout.max(Duration::from_millis(1))))
-            // Reconnects are retried in the background; callers see errors
-            // (and the failure policy) meanwhile, never a wait.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
+            Some(TlsCertificates {
+                client_tls,
+                root_cert,
+            })
+        };
+        let client =
+            client_for(url, redis_settings, certificates).map_err(|err| fail(err.to_string()))?;
+        // The shared connection answers requests' quota checks: a call past
+        // `--store-timeout-ms` fails (and the connection notices a dead
+        // server at once). Callers with a longer bound take their own
+        // connection ([`Store::connection_bounded`]).
         let connect = async {
-            let mut connection = ConnectionManager::new_with_config(client.clone(), config).await?;
+            let mut connection = client.connect(options.timeout).await?;
             redis::cmd("PING")
                 .query_async::<String>(&mut connection)
                 .await?;
@@ -253,7 +322,7 @@ impl Store {
             .await
             .map_err(|_| fail(format!("no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|err| fail(err.to_string()))?;
-        tracing::info!(store = %url, timeout_ms = options.timeout.as_millis(), "store connected");
+        tracing::info!(store = %url, cluster = url.cluster, timeout_ms = options.timeout.as_millis(), "store connected");
         Ok(Self {
             url: url.clone(),
             client,
@@ -268,13 +337,8 @@ impl Store {
     pub async fn connection_bounded(
         &self,
         timeout: Duration,
-    ) -> Result<ConnectionManager, redis::RedisError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(timeout.max(Duration::from_millis(1))))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        ConnectionManager::new_with_config(self.client.clone(), config).await
+    ) -> Result<StoreConnection, redis::RedisError> {
+        self.client.connect(timeout).await
     }
 
     /// The URL, its password redacted when shown.
@@ -288,7 +352,7 @@ impl Store {
     }
 
     /// A handle on the connection (clones share it).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> StoreConnection {
         self.connection.clone()
     }
 }

@@ -1,6 +1,8 @@
-//! `--store` URLs: `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]` and the same
-//! with `rediss://` for TLS. Parsed here (not by the client) so that every
-//! error and every log line shows the URL with its password redacted.
+//! `--store` URLs: `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]`, the same
+//! with `rediss://` for TLS, and `redis+cluster://` / `rediss+cluster://`
+//! for one node of a Redis Cluster (the client finds the others from it).
+//! Parsed here (not by the client) so that every error and every log line
+//! shows the URL with its password redacted.
 
 use std::fmt;
 
@@ -13,6 +15,8 @@ pub struct StoreUrl {
     /// `rediss://`: TLS, with the server certificate checked against the
     /// system's roots.
     pub tls: bool,
+    /// `…+cluster://`: a node of a Redis Cluster, the rest found from it.
+    pub cluster: bool,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
     /// TCP port.
@@ -43,13 +47,18 @@ impl StoreUrl {
             url: redact(text),
             reason,
         };
-        let (tls, rest) = if let Some(rest) = text.strip_prefix("redis://") {
-            (false, rest)
-        } else if let Some(rest) = text.strip_prefix("rediss://") {
-            (true, rest)
-        } else {
+        let schemes = [
+            ("redis://", false, false),
+            ("rediss://", true, false),
+            ("redis+cluster://", false, true),
+            ("rediss+cluster://", true, true),
+        ];
+        let Some((tls, cluster, rest)) = schemes.iter().find_map(|(scheme, tls, cluster)| {
+            text.strip_prefix(scheme).map(|rest| (*tls, *cluster, rest))
+        }) else {
             return Err(fail(
-                "expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]",
+                "expected redis://HOST:PORT[/DB], rediss://HOST:PORT[/DB], \
+                 redis+cluster://HOST:PORT or rediss+cluster://HOST:PORT",
             ));
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -93,8 +102,12 @@ impl StoreUrl {
                 .filter(|db| *db >= 0)
                 .ok_or_else(|| fail("the database after / is not a number"))?
         };
+        if cluster && db != 0 {
+            return Err(fail("a Redis Cluster has only database 0"));
+        }
         Ok(Self {
             tls,
+            cluster,
             host: host.to_owned(),
             port,
             db,
@@ -104,7 +117,12 @@ impl StoreUrl {
     }
 
     fn scheme(&self) -> &'static str {
-        if self.tls { "rediss" } else { "redis" }
+        match (self.tls, self.cluster) {
+            (false, false) => "redis",
+            (true, false) => "rediss",
+            (false, true) => "redis+cluster",
+            (true, true) => "rediss+cluster",
+        }
     }
 
     /// The URL without any credentials, for the client library (which is
@@ -112,7 +130,7 @@ impl StoreUrl {
     pub fn without_credentials(&self) -> String {
         format!(
             "{}://{}:{}/{}",
-            self.scheme(),
+            if self.tls { "rediss" } else { "redis" },
             bracket(&self.host),
             self.port,
             self.db
@@ -190,6 +208,21 @@ mod tests {
         let url = StoreUrl::parse("redis://[::1]:7000").unwrap();
         assert_eq!(url.host, "::1");
         assert_eq!(url.to_string(), "redis://[::1]:7000/0");
+    }
+
+    #[test]
+    fn cluster_urls_name_one_node_of_database_0() {
+        let url = StoreUrl::parse("redis+cluster://10.0.0.1:7000").unwrap();
+        assert!(url.cluster && !url.tls);
+        assert_eq!(url.to_string(), "redis+cluster://10.0.0.1:7000/0");
+        assert_eq!(url.without_credentials(), "redis://10.0.0.1:7000/0");
+        let url = StoreUrl::parse("rediss+cluster://u:pw@cache:7000/0").unwrap();
+        assert!(url.cluster && url.tls);
+        assert_eq!(url.to_string(), "rediss+cluster://u:***@cache:7000/0");
+        let err = StoreUrl::parse("redis+cluster://:pw@h:7000/3").unwrap_err();
+        assert_eq!(err.reason, "a Redis Cluster has only database 0");
+        assert!(!err.to_string().contains("pw@"), "{err}");
+        assert!(StoreUrl::parse("redis+sentinel://h:1").is_err());
     }
 
     #[test]
