@@ -154,7 +154,8 @@ pub struct ServeArgs {
     pub quota_near_limit_ratio: crate::quotas::NearLimitRatio,
     /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS), or one
     /// node of a Redis Cluster, `redis+cluster://HOST:PORT` (or
-    /// `rediss+cluster://…`). Every
+    /// `rediss+cluster://…`), or the sentinels of a master,
+    /// `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER[/DB]`. Every
     /// `sluice serve` given the same store is a replica of one control
     /// plane: they add up their proxies' load there, one of them (the
     /// leader) decides, and all push its directives; the quotas' counters

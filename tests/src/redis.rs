@@ -39,6 +39,9 @@ pub struct RedisServer {
 /// What a server adds to the plain-text default.
 #[derive(Debug, Clone, Default)]
 struct Extra {
+    /// A configuration file, the first argument (a sentinel needs one it
+    /// can rewrite).
+    config_file: Option<PathBuf>,
     /// Arguments after the common ones.
     args: Vec<String>,
     /// The port speaks TLS (readiness is read from the log, not a PING).
@@ -82,7 +85,15 @@ impl RedisServer {
             "--requirepass".to_owned(),
             password.to_owned(),
         ];
-        Self::start_with(dir, Extra { args, tls: true }).await
+        Self::start_with(
+            dir,
+            Extra {
+                args,
+                tls: true,
+                config_file: None,
+            },
+        )
+        .await
     }
 
     async fn start_with(dir: &Path, extra: Extra) -> Result<Self> {
@@ -206,7 +217,7 @@ impl RedisCluster {
             ];
             let extra = Extra {
                 args: args.iter().map(|a| (*a).to_owned()).collect(),
-                tls: false,
+                ..Extra::default()
             };
             servers.push(RedisServer::start_with(&dir.join(format!("node-{index}")), extra).await?);
         }
@@ -280,6 +291,118 @@ impl RedisCluster {
     }
 }
 
+/// A master, one replica of it and one Redis Sentinel watching them (a
+/// quorum of one, 1 s to call the master down), each on an ephemeral
+/// loopback port; stopped with the test.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    /// The master at start.
+    pub master: RedisServer,
+    /// Its replica, the master after a failover.
+    pub replica: RedisServer,
+    /// The sentinel.
+    pub sentinel: RedisServer,
+}
+
+/// The master's name in the sentinel.
+pub const SENTINEL_SERVICE: &str = "main";
+
+impl RedisSentinel {
+    /// Starts the three in `dir` and waits until the replica is in sync
+    /// and the sentinel knows it.
+    pub async fn start(dir: &Path) -> Result<Self> {
+        let master = RedisServer::start(&dir.join("master")).await?;
+        let replica = RedisServer::start_with(
+            &dir.join("replica"),
+            Extra {
+                args: vec![
+                    "--replicaof".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    master.port.to_string(),
+                ],
+                ..Extra::default()
+            },
+        )
+        .await?;
+        let sentinel_dir = dir.join("sentinel");
+        std::fs::create_dir_all(&sentinel_dir)?;
+        let config = sentinel_dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
+                master.port
+            ),
+        )?;
+        let sentinel = RedisServer::start_with(
+            &sentinel_dir,
+            Extra {
+                config_file: Some(config),
+                args: vec!["--sentinel".to_owned()],
+                ..Extra::default()
+            },
+        )
+        .await?;
+        let set = Self {
+            master,
+            replica,
+            sentinel,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let info: String = command(set.replica.addr(), |c| {
+                c.arg("INFO").arg("replication");
+            })
+            .await?;
+            let replicas: Vec<redis::Value> = command(set.sentinel.addr(), |c| {
+                c.arg("SENTINEL").arg("REPLICAS").arg(SENTINEL_SERVICE);
+            })
+            .await?;
+            if info.contains("master_link_status:up") && !replicas.is_empty() {
+                return Ok(set);
+            }
+            if Instant::now() > deadline {
+                set.print_logs();
+                bail!("the replica or the sentinel did not come up within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:PORT/main`.
+    pub fn url(&self) -> String {
+        format!(
+            "redis+sentinel://127.0.0.1:{}/{SENTINEL_SERVICE}",
+            self.sentinel.port
+        )
+    }
+
+    /// The master's port as the sentinel names it now.
+    pub async fn master_port(&self) -> Result<u16> {
+        let (_, port): (String, u16) = command(self.sentinel.addr(), |c| {
+            c.arg("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(SENTINEL_SERVICE);
+        })
+        .await?;
+        Ok(port)
+    }
+
+    /// The replica's port.
+    pub fn replica_port(&self) -> u16 {
+        self.replica.port
+    }
+
+    /// Prints the three logs' tails.
+    pub fn print_logs(&self) {
+        self.master.print_log();
+        self.replica.print_log();
+        self.sentinel.print_log();
+    }
+}
+
 /// One command to the server at `addr`, built by `build`.
 async fn command<T: redis::FromRedisValue>(
     addr: SocketAddr,
@@ -305,6 +428,9 @@ async fn spawn(
     extra: &Extra,
 ) -> Result<ChildGuard> {
     let mut command = Command::new(binary);
+    if let Some(file) = &extra.config_file {
+        command.arg(file);
+    }
     if extra.tls {
         command.args(["--port", "0", "--tls-port", &port.to_string()]);
     } else {

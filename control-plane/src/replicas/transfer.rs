@@ -17,7 +17,8 @@ pub struct ConfigArgs {
     #[command(subcommand)]
     pub command: ConfigCommand,
     /// The shared store: `redis://HOST:PORT[/DB]`, `rediss://…`, or one
-    /// node of a Redis Cluster (`redis+cluster://HOST:PORT`).
+    /// node of a Redis Cluster (`redis+cluster://HOST:PORT`), or the
+    /// sentinels of a master (`redis+sentinel://HOST:PORT/MASTER`).
     #[arg(long, value_name = "URL", global = true)]
     pub store: Option<String>,
     /// File holding the store's password (else SLUICE_STORE_PASSWORD).

@@ -8,6 +8,8 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use super::sentinel::SentinelConnection;
+
 /// A connection to the store; cheap to clone (clones share it).
 #[derive(Clone)]
 pub enum StoreConnection {
@@ -16,6 +18,8 @@ pub enum StoreConnection {
     /// A Redis Cluster: the client follows the slots and reconnects to
     /// each node by itself.
     Cluster(ClusterConnection),
+    /// The master Redis Sentinel names, followed across failovers.
+    Sentinel(SentinelConnection),
 }
 
 impl ConnectionLike for StoreConnection {
@@ -23,6 +27,7 @@ impl ConnectionLike for StoreConnection {
         match self {
             Self::Single(connection) => connection.req_packed_command(cmd),
             Self::Cluster(connection) => connection.req_packed_command(cmd),
+            Self::Sentinel(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -35,6 +40,7 @@ impl ConnectionLike for StoreConnection {
         match self {
             Self::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
             Self::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(connection) => connection.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -42,6 +48,7 @@ impl ConnectionLike for StoreConnection {
         match self {
             Self::Single(connection) => connection.get_db(),
             Self::Cluster(connection) => connection.get_db(),
+            Self::Sentinel(connection) => connection.get_db(),
         }
     }
 }
@@ -51,6 +58,7 @@ impl std::fmt::Debug for StoreConnection {
         f.write_str(match self {
             Self::Single(_) => "StoreConnection::Single",
             Self::Cluster(_) => "StoreConnection::Cluster",
+            Self::Sentinel(_) => "StoreConnection::Sentinel",
         })
     }
 }

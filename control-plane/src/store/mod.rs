@@ -3,7 +3,9 @@
 //! `sluice serve --store redis://HOST:PORT[/DB]` (or `rediss://` for TLS)
 //! names a Redis server that several control-plane processes can share;
 //! `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names one node of a
-//! Redis Cluster instead ([`connection`]).
+//! Redis Cluster instead ([`connection`]), and
+//! `redis+sentinel://HOST:PORT[,…]/MASTER` the sentinels of a master
+//! ([`sentinel`]).
 //! Today it holds the exact quotas' counters
 //! ([`crate::quotas::redis_store`]); what else the fleet shares (counts,
 //! directives, configuration) is meant to use the same [`Store`] handle
@@ -14,6 +16,7 @@
 //! ever shown with its password redacted.
 
 pub mod connection;
+pub mod sentinel;
 pub mod url;
 
 use std::path::{Path, PathBuf};
@@ -189,6 +192,7 @@ pub struct Store {
 enum StoreClient {
     Single(Client),
     Cluster(ClusterClient),
+    Sentinel(sentinel::SentinelSettings),
 }
 
 impl StoreClient {
@@ -198,18 +202,21 @@ impl StoreClient {
         response_timeout: Duration,
     ) -> Result<StoreConnection, redis::RedisError> {
         let response_timeout = response_timeout.max(Duration::from_millis(1));
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(response_timeout))
+            // Reconnects are retried in the background; callers see errors
+            // (and the failure policy) meanwhile, never a wait.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
         match self {
-            Self::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(response_timeout))
-                    // Reconnects are retried in the background; callers see
-                    // errors (and the failure policy) meanwhile, never a wait.
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500));
-                ConnectionManager::new_with_config(client.clone(), config)
+            Self::Single(client) => ConnectionManager::new_with_config(client.clone(), config)
+                .await
+                .map(StoreConnection::Single),
+            Self::Sentinel(settings) => {
+                sentinel::SentinelConnection::connect(settings.clone(), config)
                     .await
-                    .map(StoreConnection::Single)
+                    .map(StoreConnection::Sentinel)
             }
             Self::Cluster(client) => {
                 let config = ClusterConfig::new()
@@ -231,7 +238,15 @@ fn client_for(
     info: ConnectionInfo,
     certificates: Option<TlsCertificates>,
 ) -> Result<StoreClient, redis::RedisError> {
-    if !url.cluster {
+    if let url::Topology::Sentinel { service, .. } = &url.topology {
+        // The sentinel scheme has no TLS form, so there are no certificates.
+        return Ok(StoreClient::Sentinel(sentinel::SentinelSettings {
+            sentinels: url.sentinels(),
+            service: service.clone(),
+            master: info.redis_settings().clone().set_db(url.db),
+        }));
+    }
+    if !url.is_cluster() {
         return match certificates {
             None => Client::open(info),
             Some(certificates) => Client::build_with_tls(info, certificates),
@@ -322,7 +337,7 @@ impl Store {
             .await
             .map_err(|_| fail(format!("no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|err| fail(err.to_string()))?;
-        tracing::info!(store = %url, cluster = url.cluster, timeout_ms = options.timeout.as_millis(), "store connected");
+        tracing::info!(store = %url, cluster = url.is_cluster(), timeout_ms = options.timeout.as_millis(), "store connected");
         Ok(Self {
             url: url.clone(),
             client,

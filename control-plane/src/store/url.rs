@@ -1,6 +1,8 @@
 //! `--store` URLs: `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]`, the same
-//! with `rediss://` for TLS, and `redis+cluster://` / `rediss+cluster://`
-//! for one node of a Redis Cluster (the client finds the others from it).
+//! with `rediss://` for TLS, `redis+cluster://` / `rediss+cluster://` for
+//! one node of a Redis Cluster (the client finds the others from it), and
+//! `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER[/DB]` for the master
+//! that Redis Sentinels name.
 //! Parsed here (not by the client) so that every error and every log line
 //! shows the URL with its password redacted.
 
@@ -15,8 +17,8 @@ pub struct StoreUrl {
     /// `rediss://`: TLS, with the server certificate checked against the
     /// system's roots.
     pub tls: bool,
-    /// `…+cluster://`: a node of a Redis Cluster, the rest found from it.
-    pub cluster: bool,
+    /// What the host names: one server, a cluster node, or a sentinel.
+    pub topology: Topology,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
     /// TCP port.
@@ -30,6 +32,25 @@ pub struct StoreUrl {
     pub password: Option<String>,
 }
 
+/// What a store URL's host is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// `redis://`, `rediss://`: the server itself.
+    Single,
+    /// `redis+cluster://`, `rediss+cluster://`: one node of a Redis
+    /// Cluster; the client finds the others from it.
+    Cluster,
+    /// `redis+sentinel://`: a Redis Sentinel (the first of several) that
+    /// names the current master of `service`; the credentials and the
+    /// database are the master's.
+    Sentinel {
+        /// The master's name in the sentinels' configuration.
+        service: String,
+        /// The other sentinels, tried in order when one does not answer.
+        more_sentinels: Vec<(String, u16)>,
+    },
+}
+
 /// Why a `--store` URL does not parse; shown with the redacted URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("store URL {url}: {reason}")]
@@ -40,6 +61,22 @@ pub struct UrlError {
     pub reason: &'static str,
 }
 
+/// The schemes, whether they use TLS, and what their host is.
+const SCHEMES: [(&str, bool, Kind); 5] = [
+    ("redis://", false, Kind::Single),
+    ("rediss://", true, Kind::Single),
+    ("redis+cluster://", false, Kind::Cluster),
+    ("rediss+cluster://", true, Kind::Cluster),
+    ("redis+sentinel://", false, Kind::Sentinel),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
 impl StoreUrl {
     /// Parses `text`.
     pub fn parse(text: &str) -> Result<Self, UrlError> {
@@ -47,23 +84,18 @@ impl StoreUrl {
             url: redact(text),
             reason,
         };
-        let schemes = [
-            ("redis://", false, false),
-            ("rediss://", true, false),
-            ("redis+cluster://", false, true),
-            ("rediss+cluster://", true, true),
-        ];
-        let Some((tls, cluster, rest)) = schemes.iter().find_map(|(scheme, tls, cluster)| {
-            text.strip_prefix(scheme).map(|rest| (*tls, *cluster, rest))
+        let Some((tls, kind, rest)) = SCHEMES.iter().find_map(|(scheme, tls, kind)| {
+            text.strip_prefix(scheme).map(|rest| (*tls, *kind, rest))
         }) else {
             return Err(fail(
                 "expected redis://HOST:PORT[/DB], rediss://HOST:PORT[/DB], \
-                 redis+cluster://HOST:PORT or rediss+cluster://HOST:PORT",
+                 redis+cluster://HOST:PORT, rediss+cluster://HOST:PORT or \
+                 redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]",
             ));
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
         let (username, password) = match userinfo {
@@ -76,39 +108,51 @@ impl StoreUrl {
                 ((!user.is_empty()).then(|| user.to_owned()), password)
             }
         };
-        let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
-            let (host, port) = bracketed
-                .split_once("]:")
-                .ok_or_else(|| fail("expected [IPv6]:PORT"))?;
-            (host, port)
-        } else {
-            hostport
-                .rsplit_once(':')
-                .ok_or_else(|| fail("expected HOST:PORT (the port is required)"))?
+        let mut hosts = hosts
+            .split(',')
+            .map(|hostport| host_and_port(hostport).map_err(fail))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
+        let Some((host, port)) = hosts.next() else {
+            return Err(fail("expected HOST:PORT (the port is required)"));
         };
-        if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
-            return Err(fail("the host is empty or not a host name"));
+        let more_hosts: Vec<(String, u16)> = hosts.collect();
+        if kind != Kind::Sentinel && !more_hosts.is_empty() {
+            return Err(fail("several hosts are for redis+sentinel:// only"));
         }
-        let port = port
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| fail("the port is not a number from 1 to 65535"))?;
-        let db = if path.is_empty() {
+        let (service, db_text) = if kind == Kind::Sentinel {
+            let (service, db) = path.split_once('/').unwrap_or((path, ""));
+            if service.is_empty() {
+                return Err(fail("expected /MASTER, the master's name in the sentinels"));
+            }
+            (Some(service.to_owned()), db)
+        } else {
+            (None, path)
+        };
+        let db = if db_text.is_empty() {
             0
         } else {
-            path.parse::<i64>()
+            db_text
+                .parse::<i64>()
                 .ok()
                 .filter(|db| *db >= 0)
                 .ok_or_else(|| fail("the database after / is not a number"))?
         };
-        if cluster && db != 0 {
-            return Err(fail("a Redis Cluster has only database 0"));
-        }
+        let topology = match (kind, service) {
+            (Kind::Cluster, _) if db != 0 => {
+                return Err(fail("a Redis Cluster has only database 0"));
+            }
+            (Kind::Cluster, _) => Topology::Cluster,
+            (Kind::Sentinel, Some(service)) => Topology::Sentinel {
+                service,
+                more_sentinels: more_hosts,
+            },
+            _ => Topology::Single,
+        };
         Ok(Self {
             tls,
-            cluster,
-            host: host.to_owned(),
+            topology,
+            host,
             port,
             db,
             username,
@@ -116,26 +160,68 @@ impl StoreUrl {
         })
     }
 
+    /// Whether it names a Redis Cluster node.
+    pub fn is_cluster(&self) -> bool {
+        self.topology == Topology::Cluster
+    }
+
     fn scheme(&self) -> &'static str {
-        match (self.tls, self.cluster) {
-            (false, false) => "redis",
-            (true, false) => "rediss",
-            (false, true) => "redis+cluster",
-            (true, true) => "rediss+cluster",
+        match (self.tls, &self.topology) {
+            (false, Topology::Single) => "redis",
+            (true, Topology::Single) => "rediss",
+            (false, Topology::Cluster) => "redis+cluster",
+            (true, Topology::Cluster) => "rediss+cluster",
+            (_, Topology::Sentinel { .. }) => "redis+sentinel",
         }
     }
 
     /// The URL without any credentials, for the client library (which is
-    /// handed the credentials separately).
+    /// handed the credentials separately): the server, or the first
+    /// sentinel.
     pub fn without_credentials(&self) -> String {
         format!(
             "{}://{}:{}/{}",
             if self.tls { "rediss" } else { "redis" },
             bracket(&self.host),
             self.port,
-            self.db
+            match self.topology {
+                Topology::Sentinel { .. } => 0,
+                _ => self.db,
+            }
         )
     }
+
+    /// Every sentinel's URL (no credentials), in order; empty unless
+    /// [`Topology::Sentinel`].
+    pub fn sentinels(&self) -> Vec<String> {
+        let Topology::Sentinel { more_sentinels, .. } = &self.topology else {
+            return Vec::new();
+        };
+        std::iter::once((self.host.as_str(), self.port))
+            .chain(more_sentinels.iter().map(|(h, p)| (h.as_str(), *p)))
+            .map(|(host, port)| format!("redis://{}:{port}", bracket(host)))
+            .collect()
+    }
+}
+
+/// `HOST:PORT` or `[IPv6]:PORT`.
+fn host_and_port(hostport: &str) -> Result<(String, u16), &'static str> {
+    let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
+        bracketed.split_once("]:").ok_or("expected [IPv6]:PORT")?
+    } else {
+        hostport
+            .rsplit_once(':')
+            .ok_or("expected HOST:PORT (the port is required)")?
+    };
+    if host.is_empty() || host.contains(['/', '?', '#', ' ']) {
+        return Err("the host is empty or not a host name");
+    }
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or("the port is not a number from 1 to 65535")?;
+    Ok((host.to_owned(), port))
 }
 
 /// Shows the URL with its password redacted.
@@ -148,7 +234,18 @@ impl fmt::Display for StoreUrl {
             (Some(user), None) => write!(f, "{user}@")?,
             (None, None) => {}
         }
-        write!(f, "{}:{}/{}", bracket(&self.host), self.port, self.db)
+        write!(f, "{}:{}", bracket(&self.host), self.port)?;
+        if let Topology::Sentinel {
+            service,
+            more_sentinels,
+        } = &self.topology
+        {
+            for (host, port) in more_sentinels {
+                write!(f, ",{}:{port}", bracket(host))?;
+            }
+            write!(f, "/{service}")?;
+        }
+        write!(f, "/{}", self.db)
     }
 }
 
@@ -213,16 +310,39 @@ mod tests {
     #[test]
     fn cluster_urls_name_one_node_of_database_0() {
         let url = StoreUrl::parse("redis+cluster://10.0.0.1:7000").unwrap();
-        assert!(url.cluster && !url.tls);
+        assert!(url.is_cluster() && !url.tls);
         assert_eq!(url.to_string(), "redis+cluster://10.0.0.1:7000/0");
         assert_eq!(url.without_credentials(), "redis://10.0.0.1:7000/0");
         let url = StoreUrl::parse("rediss+cluster://u:pw@cache:7000/0").unwrap();
-        assert!(url.cluster && url.tls);
+        assert!(url.is_cluster() && url.tls);
         assert_eq!(url.to_string(), "rediss+cluster://u:***@cache:7000/0");
         let err = StoreUrl::parse("redis+cluster://:pw@h:7000/3").unwrap_err();
         assert_eq!(err.reason, "a Redis Cluster has only database 0");
         assert!(!err.to_string().contains("pw@"), "{err}");
         assert!(StoreUrl::parse("redis+sentinel://h:1").is_err());
+        assert!(StoreUrl::parse("redis://h:1,h:2").is_err());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let url = StoreUrl::parse("redis+sentinel://:pw@s1:26379,[::1]:26380/main/2").unwrap();
+        assert_eq!(
+            url.topology,
+            Topology::Sentinel {
+                service: "main".to_owned(),
+                more_sentinels: vec![("::1".to_owned(), 26380)],
+            }
+        );
+        assert_eq!(url.db, 2);
+        assert_eq!(
+            url.to_string(),
+            "redis+sentinel://:***@s1:26379,[::1]:26380/main/2"
+        );
+        assert_eq!(url.sentinels(), ["redis://s1:26379", "redis://[::1]:26380"]);
+        let err = StoreUrl::parse("redis+sentinel://s1:26379").unwrap_err();
+        assert!(err.reason.contains("/MASTER"), "{err}");
+        let err = StoreUrl::parse("redis+sentinel://s1:26379,s2/main").unwrap_err();
+        assert!(err.reason.contains("HOST:PORT"), "{err}");
     }
 
     #[test]

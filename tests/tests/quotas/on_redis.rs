@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use sluice_integration_tests::certs::{self, DevCerts};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::quotas::{self, Store};
-use sluice_integration_tests::redis::{RedisCluster, RedisServer};
+use sluice_integration_tests::redis::{RedisCluster, RedisSentinel, RedisServer};
 use sluice_integration_tests::replicas;
 use tonic::transport::Channel;
 
@@ -179,6 +179,68 @@ async fn two_control_planes_admit_exactly_the_quota(
         last = Some((a, b));
     }
     last.expect("three algorithms ran")
+}
+
+/// Behind Redis Sentinel (`redis+sentinel://`): the master is killed, the
+/// sentinel promotes its replica, and the control plane follows it. Every
+/// call meanwhile is answered at once by the failure policy; counting
+/// resumes on the new master within seconds, with the counts the replica
+/// had copied, and the control plane (a replica of its fleet on the same
+/// store) leads again there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_to_the_new_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisSentinel::start(dir.path()).await.unwrap();
+    let cp = start(dir.path(), "sentinel", "fixed_window", &redis.url(), &[]).await;
+    let mut client = connect(cp.grpc_addr()).await;
+    let counted = ask(&mut client, "failover").await;
+    assert_eq!(error_header(&counted), None, "{counted:?}");
+    assert!(counted.statuses[0].current_limit.is_some(), "{counted:?}");
+    replicas::wait_for_leader(&[&cp], Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    redis.master.kill().unwrap();
+    let killed = Instant::now();
+    let bound = Duration::from_millis(50 + 250);
+    let mut slowest = Duration::ZERO;
+    let mut failed = 0;
+    let recovered = loop {
+        let asked = Instant::now();
+        let answer = ask(&mut client, "failover").await;
+        slowest = slowest.max(asked.elapsed());
+        assert_eq!(answer.overall_code, OK, "{answer:?}");
+        if error_header(&answer).is_none() {
+            break killed.elapsed();
+        }
+        failed += 1;
+        if killed.elapsed() > Duration::from_secs(20) {
+            redis.print_logs();
+            cp.print_log();
+            panic!("no new master followed within 20 s ({failed} calls failed open)");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let master = redis.master_port().await.unwrap();
+    println!(
+        "counting again {recovered:?} after the master was killed ({failed} calls answered by \
+         the failure policy meanwhile, the slowest in {slowest:?}); master now on {master}"
+    );
+    assert_eq!(
+        master,
+        redis.replica_port(),
+        "the sentinel promoted the replica"
+    );
+    assert!(failed > 0, "the kill was noticed");
+    assert!(slowest <= bound, "a call took {slowest:?}");
+    replicas::wait_for_leader(&[&cp], Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|err| {
+            cp.print_log();
+            panic!("{err:#}")
+        });
+    let log = std::fs::read_to_string(cp.log_path()).unwrap();
+    assert!(log.contains("store master moved"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,204 @@
+//! A store behind Redis Sentinel: the master's address is asked of the
+//! sentinels at start, and again (in the background) whenever a call fails
+//! the way a failover makes calls fail: the old master gone (I/O errors,
+//! refused connections, timeouts) or demoted to a replica (`READONLY`).
+//! Until the new master is found, calls fail and their callers apply their
+//! failure policy, as for a single server that is down.
+
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+/// Where the sentinels are and what they are asked.
+#[derive(Clone, Debug)]
+pub struct SentinelSettings {
+    /// Every sentinel's URL, tried in order.
+    pub sentinels: Vec<String>,
+    /// The master's name in the sentinels' configuration.
+    pub service: String,
+    /// The master's credentials and database.
+    pub master: redis::RedisConnectionInfo,
+}
+
+/// A connection to the current master; cheap to clone (clones share it
+/// and see the same master).
+#[derive(Clone)]
+pub struct SentinelConnection {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    settings: SentinelSettings,
+    config: ConnectionManagerConfig,
+    /// The master's address (as the sentinels name it) and a connection to
+    /// it.
+    current: RwLock<(String, ConnectionManager)>,
+    /// The lookup under way, if any: failures meanwhile start no other.
+    lookup: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(lookup) = self
+            .lookup
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            lookup.abort();
+        }
+    }
+}
+
+impl SentinelConnection {
+    /// Asks the sentinels for the master and connects to it.
+    pub async fn connect(
+        settings: SentinelSettings,
+        config: ConnectionManagerConfig,
+    ) -> RedisResult<Self> {
+        let (address, connection) = master(&settings, &config).await?;
+        tracing::info!(service = %settings.service, master = %address, "store master found by the sentinels");
+        Ok(Self {
+            shared: Arc::new(Shared {
+                settings,
+                config,
+                current: RwLock::new((address, connection)),
+                lookup: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The connection to the master as last found.
+    fn current(&self) -> ConnectionManager {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
+    /// After a failed call: looks the master up again if the failure says
+    /// it may have moved (one lookup at a time, in the background).
+    fn after(&self, error: &RedisError) {
+        let moved = error.is_io_error()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.is_timeout()
+            || error.code() == Some("READONLY");
+        if !moved {
+            return;
+        }
+        let mut lookup = self
+            .shared
+            .lookup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if lookup.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        *lookup = Some(tokio::spawn(async move { shared.look_up().await }));
+    }
+}
+
+impl Shared {
+    async fn look_up(&self) {
+        // Sentinels take a moment to agree on a new master: a few tries,
+        // a little apart, within a bounded time.
+        for _ in 0..LOOKUP_ATTEMPTS {
+            match master(&self.settings, &self.config).await {
+                Ok((address, connection)) => {
+                    let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+                    if current.0 != address {
+                        tracing::warn!(service = %self.settings.service, from = %current.0, to = %address, "store master moved: following it");
+                        *current = (address, connection);
+                    }
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(service = %self.settings.service, %err, "the sentinels name no reachable master yet");
+                }
+            }
+            tokio::time::sleep(LOOKUP_PAUSE).await;
+        }
+    }
+}
+
+/// Lookups after one failed call.
+const LOOKUP_ATTEMPTS: u32 = 20;
+/// Between two lookups.
+const LOOKUP_PAUSE: Duration = Duration::from_millis(250);
+
+/// The master the sentinels name now, and a connection to it, within
+/// [`LOOKUP_TIMEOUT`].
+async fn master(
+    settings: &SentinelSettings,
+    config: &ConnectionManagerConfig,
+) -> RedisResult<(String, ConnectionManager)> {
+    tokio::time::timeout(LOOKUP_TIMEOUT, ask_sentinels(settings, config))
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "no sentinel named a reachable master in time",
+            )))
+        })
+}
+
+/// Bound on one lookup (the sentinels, then the master).
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn ask_sentinels(
+    settings: &SentinelSettings,
+    config: &ConnectionManagerConfig,
+) -> RedisResult<(String, ConnectionManager)> {
+    let mut sentinel = Sentinel::build(settings.sentinels.clone())?;
+    let node =
+        SentinelNodeConnectionInfo::default().set_redis_connection_info(settings.master.clone());
+    let client = sentinel
+        .async_master_for(&settings.service, Some(&node))
+        .await?;
+    let address = client.get_connection_info().addr().to_string();
+    let connection = ConnectionManager::new_with_config(client, config.clone()).await?;
+    Ok((address, connection))
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.current().req_packed_command(cmd).await;
+            if let Err(error) = &result {
+                self.after(error);
+            }
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self
+                .current()
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            if let Err(error) = &result {
+                self.after(error);
+            }
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.settings.master.db()
+    }
+}
