@@ -6,6 +6,7 @@
 pub mod control;
 pub mod e2e;
 pub mod fleet;
+pub mod limitador_rls;
 pub mod rls;
 pub mod upstream;
 

@@ -13,8 +13,12 @@
 //! after a one-second warm-up, each call one descriptor `("tenant", t)` of
 //! 1,000 tenants in turn, whose quota it never exhausts. The control plane
 //! is `SLUICE_BIN` (the release build under `just bench-rls`); its CPU time
-//! is read from `/proc` around the measured calls (Redis's too). Writes its section of
-//! BENCHMARKS.md unless `--output -`.
+//! is read from `/proc` around the measured calls (Redis's too). In the
+//! same run, two reference points behind the same client: the minimal
+//! always-OK service (the cost of the gRPC call alone) and Kuadrant's
+//! `limitador` library in memory behind that same minimal service
+//! ([`sluice_benches::limitador_rls`]), each a `bench_service` process.
+//! Writes its section of BENCHMARKS.md unless `--output -`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
+use sluice_benches::e2e::service::{Service, ServiceProcess};
 use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
 use sluice_integration_tests::paths;
@@ -69,6 +74,7 @@ fn options() -> Result<Options> {
 
 /// What one algorithm's run measured.
 struct Measured {
+    service: &'static str,
     store: &'static str,
     algorithm: &'static str,
     calls_per_s: f64,
@@ -117,41 +123,33 @@ async fn run() -> Result<()> {
             let mut control_plane =
                 ControlPlaneProcess::start_with(work.path(), &name, "limits: []\n", &extra).await?;
             let grpc = control_plane.addrs().grpc;
-            let client = RateLimitServiceClient::connect(format!("http://{grpc}")).await?;
-            drive(&client, options.rate, Duration::from_secs(1)).await;
-            let before = measure::cpu_time(control_plane.pid(), ticks)?;
-            let redis_before = measure::cpu_time(redis.pid(), ticks)?;
-            let (mut latencies, skipped, errors, elapsed) =
-                drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
-            let after = measure::cpu_time(control_plane.pid(), ticks)?;
-            let redis_after = measure::cpu_time(redis.pid(), ticks)?;
+            let redis_pid = url.map(|_| redis.pid());
+            let row = measure_service(
+                ("sluice serve --quotas", store, algorithm),
+                grpc,
+                (control_plane.pid(), redis_pid),
+                &options,
+                ticks,
+            )
+            .await?;
             control_plane.shutdown()?;
-            let calls = latencies.len() as f64;
-            let (p50, _, _) = stats::summary(&mut latencies);
-            let p99 = stats::quantile(&latencies, 0.99);
-            let per_call = |cpu: Duration| cpu.as_secs_f64() * 1e6 / calls.max(1.0);
-            let row = Measured {
-                store,
-                algorithm,
-                calls_per_s: calls / elapsed.as_secs_f64(),
-                cpu_us_per_call: per_call(after.saturating_sub(before)),
-                redis_cpu_us_per_call: url
-                    .map(|_| per_call(redis_after.saturating_sub(redis_before))),
-                p50_us: p50,
-                p99_us: p99,
-                skipped,
-                errors,
-            };
-            eprintln!(
-                "{store} {algorithm}: {:.0} calls/s, {:.1} µs CPU/call (Redis {:.1}), p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
-                row.calls_per_s,
-                row.cpu_us_per_call,
-                row.redis_cpu_us_per_call.unwrap_or(0.0),
-                row.p50_us,
-                row.p99_us
-            );
             rows.push(row);
         }
+    }
+    for (service, name, algorithm) in [
+        (Service::RateLimit, "always OK (the gRPC call alone)", "–"),
+        (Service::Limitador, "limitador 0.14 library", "fixed_window"),
+    ] {
+        let process = ServiceProcess::start(service, work.path()).await?;
+        let row = measure_service(
+            (name, "memory", algorithm),
+            process.addr(),
+            (process.pid(), None),
+            &options,
+            ticks,
+        )
+        .await?;
+        rows.push(row);
     }
     let section = markdown(&options, &rows, &Machine::probe(&paths::sluice_bin()?));
     print!("{section}");
@@ -163,6 +161,52 @@ async fn run() -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Drives the service at `addr` for a second of warm-up, then for
+/// `options.seconds`, reading the CPU time of `pids` (the service and, if
+/// any, Redis) around the measured calls.
+async fn measure_service(
+    (service, store, algorithm): (&'static str, &'static str, &'static str),
+    addr: std::net::SocketAddr,
+    (pid, redis_pid): (u32, Option<u32>),
+    options: &Options,
+    ticks: u64,
+) -> Result<Measured> {
+    let client = RateLimitServiceClient::connect(format!("http://{addr}")).await?;
+    drive(&client, options.rate, Duration::from_secs(1)).await;
+    let cpu = |pid: Option<u32>| pid.map(|pid| measure::cpu_time(pid, ticks)).transpose();
+    let (before, redis_before) = (cpu(Some(pid))?, cpu(redis_pid)?);
+    let (mut latencies, skipped, errors, elapsed) =
+        drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
+    let (after, redis_after) = (cpu(Some(pid))?, cpu(redis_pid)?);
+    let calls = latencies.len() as f64;
+    let (p50, _, _) = stats::summary(&mut latencies);
+    let p99 = stats::quantile(&latencies, 0.99);
+    let per_call = |before: Option<Duration>, after: Option<Duration>| {
+        Some(after?.saturating_sub(before?).as_secs_f64() * 1e6 / calls.max(1.0))
+    };
+    let row = Measured {
+        service,
+        store,
+        algorithm,
+        calls_per_s: calls / elapsed.as_secs_f64(),
+        cpu_us_per_call: per_call(before, after).unwrap_or(0.0),
+        redis_cpu_us_per_call: per_call(redis_before, redis_after),
+        p50_us: p50,
+        p99_us: p99,
+        skipped,
+        errors,
+    };
+    eprintln!(
+        "{service}, {store}, {algorithm}: {:.0} calls/s, {:.1} µs CPU/call (Redis {:.1}), p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
+        row.calls_per_s,
+        row.cpu_us_per_call,
+        row.redis_cpu_us_per_call.unwrap_or(0.0),
+        row.p50_us,
+        row.p99_us
+    );
+    Ok(row)
 }
 
 /// Sends `rate` calls per second for `duration`; returns the latencies in
@@ -227,13 +271,14 @@ async fn drive(
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
     let mut text = String::from("## Rate limit service (exact quotas)\n\n");
     text.push_str(&format!(
-        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); the control plane's and Redis's CPU from `/proc`, latency at the client, which shares the machine with both.\n\n",
+        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them.\n\n",
         options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model
     ));
-    text.push_str("| store | algorithm | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    text.push_str("| service | store | algorithm | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for row in rows {
         text.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.0} | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.0} | {} | {} |\n",
+            row.service,
             row.store,
             row.algorithm,
             row.calls_per_s,

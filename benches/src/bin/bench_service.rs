@@ -3,11 +3,14 @@
 //! the load client's.
 //!
 //! ```text
-//! bench_service rls|upstream --ready-file PATH
+//! bench_service rls|upstream|limitador --ready-file PATH
 //! ```
 //!
 //! - `rls`: Envoy's rate limit service API answering OK ([`sluice_benches::rls`]);
-//! - `upstream`: an HTTP/1.1 server answering `200 ok` ([`sluice_benches::upstream`]).
+//! - `upstream`: an HTTP/1.1 server answering `200 ok` ([`sluice_benches::upstream`]);
+//! - `limitador`: the rate limit service API over Kuadrant's `limitador`
+//!   library in memory, domain `bench`, a counter per `tenant`
+//!   ([`sluice_benches::limitador_rls`]).
 //!
 //! Listens on an ephemeral loopback port, writes `host:port` to the ready
 //! file (atomically, by rename) and serves until SIGTERM or SIGINT.
@@ -15,7 +18,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use sluice_benches::{rls, upstream};
+use sluice_benches::{limitador_rls, rls, upstream};
 use tokio::signal::unix::{SignalKind, signal};
 
 // One thread: one core's worth of work at most, like one replica.
@@ -34,7 +37,7 @@ async fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (kind, ready) = match (args.next(), args.next().as_deref(), args.next()) {
         (Some(kind), Some("--ready-file"), Some(path)) => (kind, std::path::PathBuf::from(path)),
-        _ => bail!("usage: bench_service rls|upstream --ready-file PATH"),
+        _ => bail!("usage: bench_service rls|upstream|limitador --ready-file PATH"),
     };
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
@@ -56,6 +59,7 @@ async fn run() -> Result<()> {
     match kind.as_str() {
         "rls" => rls::serve(listener, shutdown).await,
         "upstream" => upstream::serve(listener, shutdown).await,
-        other => bail!("unknown service {other:?}: rls or upstream"),
+        "limitador" => limitador_rls::serve("bench", listener, shutdown).await,
+        other => bail!("unknown service {other:?}: rls, upstream or limitador"),
     }
 }

@@ -21,6 +21,9 @@ pub enum Service {
     RateLimit,
     /// An HTTP/1.1 upstream answering `200 ok` (the upstream variants).
     Upstream,
+    /// Kuadrant's `limitador` library behind the same rate limit service
+    /// (`bench_rls`'s reference point).
+    Limitador,
 }
 
 impl Service {
@@ -28,6 +31,7 @@ impl Service {
         match self {
             Service::RateLimit => "rls",
             Service::Upstream => "upstream",
+            Service::Limitador => "limitador",
         }
     }
 }
