@@ -89,7 +89,6 @@ impl RateLimitService for LimitadorService {
             statuses: vec![
                 DescriptorStatus {
                     code: code.into(),
-                    ..DescriptorStatus::default()
                 };
                 request.descriptors.len()
             ],
