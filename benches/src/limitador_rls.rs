@@ -86,12 +86,7 @@ impl RateLimitService for LimitadorService {
         };
         Ok(Response::new(RateLimitResponse {
             overall_code: code.into(),
-            statuses: vec![
-                DescriptorStatus {
-                    code: code.into(),
-                };
-                request.descriptors.len()
-            ],
+            statuses: vec![DescriptorStatus { code: code.into() }; request.descriptors.len()],
         }))
     }
 }
