@@ -145,6 +145,10 @@ fn shared_table(c: &mut Criterion) {
     group.bench_function("reread_10k_cells_reuse", |b| {
         b.iter(|| black_box(DirectiveTable::decode_replacing(black_box(&bytes), &held)));
     });
+    // What the leader pays to write the table after each change.
+    group.bench_function("write_10k_cells", |b| {
+        b.iter(|| black_box(black_box(&written).encode()));
+    });
     group.finish();
 }
 

@@ -28,6 +28,9 @@ use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::sync::Arc;
 use thiserror::Error;
 
+/// `DirectiveBatch.directives`' field number (`proto/sluice/v1/sluice.proto`).
+const DIRECTIVES_FIELD: u32 = 4;
+
 /// Where the directives came from: the control plane's process (`epoch`)
 /// and its batch counter (`version`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -496,21 +499,33 @@ impl DirectiveTable {
 
     /// The shared form: a `DirectiveBatch` holding the whole table (mode
     /// policy and TTL included), cells sorted so equal tables encode to
-    /// equal bytes.
+    /// equal bytes. The directives are encoded from the table in place (a
+    /// batch's other fields first, then each directive as its repeated
+    /// field): the leader writes this on every change, and copying every
+    /// directive into a batch first cost more than encoding it.
     pub fn encode(&self) -> Vec<u8> {
-        let mut directives: Vec<Directive> = self.entries.iter().map(|e| e.wire.clone()).collect();
-        directives.sort_by(|a, b| {
+        let mut directives: Vec<&Directive> = self.entries.iter().map(|e| &e.wire).collect();
+        directives.sort_unstable_by(|a, b| {
             (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
         });
-        DirectiveBatch {
+        let header = DirectiveBatch {
             epoch: self.provenance.epoch,
             version: self.provenance.version,
             issued_at_unix_ms: self.provenance.issued_at_unix_ms,
-            directives,
+            directives: Vec::new(),
             ttl_ms: self.ttl_ms,
             modes: self.modes.to_policy(),
+        };
+        let body: usize = directives
+            .iter()
+            .map(|d| prost::encoding::message::encoded_len(DIRECTIVES_FIELD, *d))
+            .sum();
+        let mut bytes = Vec::with_capacity(header.encoded_len() + body);
+        header.encode_raw(&mut bytes);
+        for directive in directives {
+            prost::encoding::message::encode(DIRECTIVES_FIELD, directive, &mut bytes);
         }
-        .encode_to_vec()
+        bytes
     }
 
     /// Rebuilds a table from its shared form, validating every entry again

@@ -259,6 +259,17 @@ fn encode_decode_round_trips() {
         }
     );
     assert_eq!(decoded.encode(), bytes);
+    // The bytes are a `DirectiveBatch` any protobuf reader takes: the
+    // table's fields and its directives sorted by cell.
+    let read = DirectiveBatch::decode(bytes.as_slice()).unwrap();
+    assert_eq!((read.epoch, read.version, read.ttl_ms), (3, 9, 5000));
+    assert_eq!(read.modes, table.modes().to_policy());
+    let cells: Vec<(&str, &str)> = read
+        .directives
+        .iter()
+        .map(|d| (d.bucket.as_str(), d.tenant.as_str()))
+        .collect();
+    assert_eq!(cells, [("a", ""), ("a", "t"), ("b", "")]);
 }
 
 #[test]
