@@ -61,7 +61,8 @@ impl SentinelConnection {
         settings: SentinelSettings,
         config: ConnectionManagerConfig,
     ) -> RedisResult<Self> {
-        let (address, connection) = master(&settings, &config).await?;
+        let (address, client) = find_master(&settings).await?;
+        let connection = connect(client, &config).await?;
         tracing::info!(service = %settings.service, master = %address, "store master found by the sentinels");
         Ok(Self {
             shared: Arc::new(Shared {
@@ -112,21 +113,31 @@ impl Shared {
         // Sentinels take a moment to agree on a new master: a few tries,
         // a little apart, within a bounded time.
         for _ in 0..LOOKUP_ATTEMPTS {
-            match master(&self.settings, &self.config).await {
-                Ok((address, connection)) => {
-                    let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-                    if current.0 != address {
-                        tracing::warn!(service = %self.settings.service, from = %current.0, to = %address, "store master moved: following it");
-                        *current = (address, connection);
-                    }
-                    return;
-                }
+            match self.follow().await {
+                Ok(()) => return,
                 Err(err) => {
                     tracing::warn!(service = %self.settings.service, %err, "the sentinels name no reachable master yet");
                 }
             }
             tokio::time::sleep(LOOKUP_PAUSE).await;
         }
+    }
+
+    /// Asks the sentinels once; connects to the master they name only if
+    /// it is not the one in use (a slow master is not replaced by itself).
+    async fn follow(&self) -> RedisResult<()> {
+        let (address, client) = find_master(&self.settings).await?;
+        let from = {
+            let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+            if current.0 == address {
+                return Ok(());
+            }
+            current.0.clone()
+        };
+        let connection = connect(client, &self.config).await?;
+        tracing::warn!(service = %self.settings.service, %from, to = %address, "store master moved: following it");
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = (address, connection);
+        Ok(())
     }
 }
 
@@ -135,38 +146,42 @@ const LOOKUP_ATTEMPTS: u32 = 20;
 /// Between two lookups.
 const LOOKUP_PAUSE: Duration = Duration::from_millis(250);
 
-/// The master the sentinels name now, and a connection to it, within
-/// [`LOOKUP_TIMEOUT`].
-async fn master(
-    settings: &SentinelSettings,
-    config: &ConnectionManagerConfig,
-) -> RedisResult<(String, ConnectionManager)> {
-    tokio::time::timeout(LOOKUP_TIMEOUT, ask_sentinels(settings, config))
-        .await
-        .unwrap_or_else(|_| {
-            Err(RedisError::from((
-                redis::ErrorKind::Io,
-                "no sentinel named a reachable master in time",
-            )))
-        })
-}
-
-/// Bound on one lookup (the sentinels, then the master).
+/// Bound on asking the sentinels (who check the master they name answers
+/// as one), and on connecting to it.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn ask_sentinels(
-    settings: &SentinelSettings,
-    config: &ConnectionManagerConfig,
-) -> RedisResult<(String, ConnectionManager)> {
-    let mut sentinel = Sentinel::build(settings.sentinels.clone())?;
-    let node =
-        SentinelNodeConnectionInfo::default().set_redis_connection_info(settings.master.clone());
-    let client = sentinel
-        .async_master_for(&settings.service, Some(&node))
-        .await?;
+fn too_slow(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::Io, what))
+}
+
+/// The master the sentinels name now: its address and a client for it.
+async fn find_master(settings: &SentinelSettings) -> RedisResult<(String, redis::Client)> {
+    let ask = async {
+        let mut sentinel = Sentinel::build(settings.sentinels.clone())?;
+        let node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(settings.master.clone());
+        sentinel
+            .async_master_for(&settings.service, Some(&node))
+            .await
+    };
+    let client = tokio::time::timeout(LOOKUP_TIMEOUT, ask)
+        .await
+        .map_err(|_| too_slow("no sentinel named a reachable master in time"))??;
     let address = client.get_connection_info().addr().to_string();
-    let connection = ConnectionManager::new_with_config(client, config.clone()).await?;
-    Ok((address, connection))
+    Ok((address, client))
+}
+
+/// A reconnecting connection to `client`'s server.
+async fn connect(
+    client: redis::Client,
+    config: &ConnectionManagerConfig,
+) -> RedisResult<ConnectionManager> {
+    tokio::time::timeout(
+        LOOKUP_TIMEOUT,
+        ConnectionManager::new_with_config(client, config.clone()),
+    )
+    .await
+    .map_err(|_| too_slow("the master did not accept a connection in time"))?
 }
 
 impl ConnectionLike for SentinelConnection {
