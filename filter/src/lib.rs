@@ -44,7 +44,8 @@ pub mod upstream;
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 mod host;
 
-#[cfg(test)]
-mod fake_host;
+/// In-memory hosts: the agent outside Envoy, in tests and the simulator.
+#[cfg(any(test, feature = "testing"))]
+pub mod fake_host;
 #[cfg(test)]
 mod fake_request;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use super::proxy::ProxyModel;
 use super::sim::Variant;
 use super::{adaptive, metrics, plot, report, scenario, sim};
 
@@ -32,6 +33,16 @@ pub struct SimulateArgs {
     /// rates) when a scenario has tenants.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// What each simulated proxy runs: `parts` (the filter's directive
+    /// table, pacer and counters, reporting every report interval exactly:
+    /// the published table) or `agent` (the filter's whole agent on an
+    /// in-memory host: its own ticks, report windows, lease and fallback).
+    #[arg(long, value_name = "MODEL", default_value = "parts", value_parser = parse_proxy_model)]
+    pub proxy: ProxyModel,
+}
+
+fn parse_proxy_model(value: &str) -> Result<ProxyModel, String> {
+    ProxyModel::by_name(value).ok_or_else(|| "unknown proxy model; one of: parts, agent".to_owned())
 }
 
 fn parse_variant(value: &str) -> Result<String, String> {
@@ -79,7 +90,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
     for scenario in &scenarios {
         let mut traces = Vec::new();
         for &variant in &variants {
-            let trace = match sim::run_variant(scenario, args.seed, variant) {
+            let trace = match sim::run_model(scenario, args.seed, variant, args.proxy) {
                 Ok(trace) => trace,
                 Err(err) => {
                     eprintln!("sluice: scenario {}: {err}", scenario.name);

@@ -1,33 +1,29 @@
 //! The event loop: proxies, the fleet and the controller on a simulated
 //! clock that advances in 1 ms steps.
 //!
-//! Every proxy holds the filter's real [`DirectiveTable`] and
-//! [`BucketCounters`] and flips the filter's real coin ([`decide`]); the
+//! Every proxy is the filter's own agent ([`SimProxy`]): its request path,
+//! ticks, report windows, directive table, allowances and fallback; the
 //! control plane side is the real [`Fleet`] and [`Controller`]. Only the
-//! network is simulated: reports arrive instantly, directive batches after
-//! the push delay. Requests of a bucket with tenants are counted, directed
-//! and paced per (bucket, tenant) cell, as the filter does.
+//! network is simulated: reports arrive as the agent sends them, directive
+//! batches (and a heartbeat every second, as `sluice serve` sends) after the
+//! push delay. Requests of a bucket with tenants are decided per (bucket,
+//! tenant) cell, as the filter does.
 //!
 //! In a scenario with an upstream, admitted requests go to the modelled
-//! service ([`Upstream`]); each proxy follows every fourth response (the
-//! filter's default sampling) into the filter's real [`ResponseSampler`],
-//! reports it, and the control plane moves the adaptive limits on the
-//! fleet's signals through the real [`AdaptiveLimits`] before deciding.
+//! service ([`Upstream`]); the agent picks the responses it follows (one in
+//! four, the filter's default) and reports their signals, and the control
+//! plane moves the adaptive limits on the fleet's signals through the real
+//! [`AdaptiveLimits`] before deciding.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_core::Priority;
 use sluice_core::allowance::{AllowanceSettings, Engage};
-use sluice_core::decision::Verdict;
-use sluice_core::{DropThreshold, Priority, proxy_cap};
-use sluice_filter::agent::{DEFAULT_UPSTREAM_SAMPLE_EVERY, TICK_MS};
 use sluice_filter::cell::key_of;
-use sluice_filter::counters::{BucketCounters, Outcome};
-use sluice_filter::directives::DirectiveTable;
-use sluice_filter::pacing::{DecisionMode, Pacer};
-use sluice_filter::upstream::ResponseSampler;
-use sluice_proto::v1::{Directive, DirectiveBatch, Report};
+use sluice_filter::pacing::DecisionMode;
+use sluice_proto::v1::{Directive, DirectiveBatch, ProxyMessage, proxy_message};
 
 use crate::config::limits::{LimitRule, LimitTable, Selector};
 use crate::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
@@ -39,6 +35,7 @@ use crate::fleet::health::HealthWindow;
 use crate::fleet::{Fleet, StreamId};
 use crate::types::{InvalidLimit, LimitRps};
 
+use super::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS, PartsProxy, ProxyModel, SimProxy};
 use super::scenario::{Arrivals, Scenario};
 use super::upstream::Upstream;
 
@@ -52,6 +49,10 @@ const MAX_BUCKETS: usize = 10_000;
 /// Epoch stamped on simulated batches; any constant will do since the
 /// simulated control plane never restarts.
 const EPOCH: u64 = 1;
+
+/// The longest time without a batch on a stream: `sluice serve`'s
+/// heartbeat.
+const HEARTBEAT_MS: u64 = 1_000;
 
 /// Above this mean, a Poisson draw is split into several smaller ones:
 /// Knuth's method underflows `exp(-λ)` for large λ.
@@ -213,36 +214,83 @@ impl Variant {
     }
 }
 
-/// One simulated Envoy (its leader VM and workers folded into one).
-struct SimProxy {
-    id: String,
-    stream: StreamId,
-    table: DirectiveTable,
-    pacer: Pacer,
-    next_tick_ms: u64,
-    counters: BucketCounters,
-    /// The responses it follows and their signals until the next report.
-    responses: ResponseSampler,
-    rng: SmallRng,
-    next_report_ms: u64,
-    last_report_ms: u64,
-    sequence: u64,
-    connected: bool,
+/// A proxy and what the control plane knows of it.
+struct Member {
+    proxy: SimProxy,
+    /// In rotation now.
+    up: bool,
+    /// Its stream once it said hello: the agent's token, the fleet's id.
+    stream: Option<(u32, StreamId)>,
 }
 
 /// Where a batch goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Recipient {
-    /// Every connected proxy: a delta broadcast.
+    /// Every proxy with a stream: a delta broadcast or a heartbeat.
     All,
-    /// One proxy: the snapshot a newly connected stream receives.
-    Proxy(usize),
+    /// One proxy's stream (its index and token): the snapshot a newly
+    /// connected stream receives.
+    Stream(usize, u32),
 }
 
 struct InFlight {
     due_ms: u64,
     recipient: Recipient,
     batch: DirectiveBatch,
+    heartbeat: bool,
+}
+
+/// The control plane's side of the proxies' streams.
+struct Reception<'a> {
+    fleet: &'a mut Fleet,
+    health: &'a mut HealthWindow,
+    in_flight: &'a mut VecDeque<InFlight>,
+    next_stream: &'a mut u64,
+    push_delay_ms: u64,
+    version: u64,
+    snapshot: &'a [Directive],
+}
+
+impl Reception<'_> {
+    /// What proxy `index` sent at `t_ms`: a hello opens its stream at the
+    /// fleet and brings the snapshot; reports go to the fleet.
+    fn receive(
+        &mut self,
+        index: usize,
+        member: &mut Member,
+        sent: &mut Vec<(u32, ProxyMessage)>,
+        t_ms: u64,
+    ) {
+        for (token, message) in sent.drain(..) {
+            match message.kind {
+                Some(proxy_message::Kind::Hello(hello)) => {
+                    if let Some((_, previous)) = member.stream.take() {
+                        self.fleet.disconnect(member.proxy.id(), previous);
+                    }
+                    *self.next_stream += 1;
+                    let stream = StreamId(*self.next_stream);
+                    self.fleet
+                        .connect(&hello.proxy_id, hello.instance_id, stream);
+                    member.stream = Some((token, stream));
+                    self.in_flight.push_back(InFlight {
+                        due_ms: t_ms + self.push_delay_ms,
+                        recipient: Recipient::Stream(index, token),
+                        batch: batch(self.version, t_ms, self.snapshot.to_vec()),
+                        heartbeat: false,
+                    });
+                }
+                Some(proxy_message::Kind::Report(report)) => {
+                    let Some((_, stream)) = member.stream.filter(|(t, _)| *t == token) else {
+                        continue;
+                    };
+                    self.health.add(&report.upstream);
+                    // A rejected report is lost, as on the wire.
+                    let _ = self.fleet.report(member.proxy.id(), stream, &report);
+                }
+                None => {}
+            }
+        }
+    }
 }
 
 /// Runs `scenario` with the baseline (proportional policy, coin flips).
@@ -251,17 +299,22 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
     run_variant(scenario, seed, Variant::BASELINE)
 }
 
-/// Runs `scenario` with `variant`'s policy and decision.
+/// Runs `scenario` with `variant`'s policy and decision on the default
+/// proxy model.
+#[cfg(test)]
 pub fn run_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<Trace, SimError> {
-    run_with(scenario, seed, variant.controller(), variant)
+    run_model(scenario, seed, variant, ProxyModel::default())
 }
 
-fn run_with(
+/// Runs `scenario` with `variant`'s policy and decision on proxies of
+/// `model`.
+pub fn run_model(
     scenario: &Scenario,
     seed: u64,
-    mut controller: Controller,
     variant: Variant,
+    model: ProxyModel,
 ) -> Result<Trace, SimError> {
+    let mut controller = variant.controller();
     if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
         return Err(SimError::ZeroInterval);
     }
@@ -276,26 +329,9 @@ fn run_with(
     let mut adaptive = AdaptiveLimits::default();
     // Each bucket's limit in force, as the trace records it.
     let mut limits_in_force: Vec<f64> = scenario.buckets.iter().map(|b| b.limit_rps).collect();
-    // Per bucket: each tenant's cell key and its share of the bucket's
-    // requests, and the running credit that splits them exactly in those
-    // shares (smooth weighted round robin: no noise beyond the arrivals').
-    let cell_keys: Vec<Vec<String>> = scenario
-        .buckets
-        .iter()
-        .map(|bucket| {
-            bucket
-                .tenants
-                .iter()
-                .map(|t| key_of(&bucket.name, &t.name, Priority::Unspecified))
-                .collect()
-        })
-        .collect();
-    // A bucket-wide cell's key, as the filter's pacer knows it.
-    let plain_keys: Vec<String> = scenario
-        .buckets
-        .iter()
-        .map(|bucket| key_of(&bucket.name, "", Priority::Unspecified))
-        .collect();
+    // Per bucket: each tenant's share of the bucket's requests, and the
+    // running credit that splits them exactly in those shares (smooth
+    // weighted round robin: no noise beyond the arrivals').
     let tenant_shares: Vec<Vec<f64>> = scenario
         .buckets
         .iter()
@@ -314,9 +350,15 @@ fn run_with(
     // Arrivals draw from their own generator so that changing a proxy's
     // decisions never changes the traffic it is offered.
     let mut arrival_rng = SmallRng::seed_from_u64(seed);
-    let mut proxies: Vec<SimProxy> = (0..scenario.proxies.len())
-        .map(|index| new_proxy(scenario, seed, index, variant))
+    let mut proxies: Vec<Member> = (0..scenario.proxies.len())
+        .map(|index| Member {
+            proxy: new_proxy(scenario, seed, index, variant, model),
+            up: false,
+            stream: None,
+        })
         .collect();
+    let mut sent = Vec::new();
+    let mut last_push_ms = 0;
     let mut accumulators = vec![vec![0.0_f64; proxies.len()]; scenario.buckets.len()];
     let slots = usize::try_from(scenario.duration_ms.div_ceil(SLOT_MS)).unwrap_or(0);
     let mut trace = Trace {
@@ -364,33 +406,29 @@ fn run_with(
         deliver(&mut in_flight, &mut proxies, t_ms);
 
         let mut membership_changed = t_ms == 0;
-        for (index, (membership, proxy)) in scenario.proxies.iter().zip(&mut proxies).enumerate() {
+        for (membership, member) in scenario.proxies.iter().zip(&mut proxies) {
             let should_be_up = membership.is_up(t_ms);
-            if should_be_up && !proxy.connected {
-                next_stream += 1;
-                proxy.stream = StreamId(next_stream);
-                fleet.connect(&proxy.id, next_stream, proxy.stream);
-                proxy.connected = true;
-                proxy.last_report_ms = t_ms;
-                proxy.next_report_ms = t_ms + proxy.next_report_ms.min(scenario.report_interval_ms);
-                in_flight.push_back(InFlight {
-                    due_ms: t_ms + scenario.push_delay_ms,
-                    recipient: Recipient::Proxy(index),
-                    batch: batch(version, t_ms, snapshot.clone()),
-                });
+            if should_be_up && !member.up {
+                // The proxies up from the start tick first at random times;
+                // one that joins later is a new Envoy starting now.
+                if t_ms > 0 {
+                    member.proxy.restart(t_ms);
+                }
+                member.up = true;
                 membership_changed = true;
-            } else if !should_be_up && proxy.connected {
+            } else if !should_be_up && member.up {
                 // A proxy taken out of rotation loses its partial window,
                 // as an Envoy that is shut down does.
-                fleet.disconnect(&proxy.id, proxy.stream);
-                proxy.connected = false;
-                proxy.counters.drain();
+                if let Some((_, stream)) = member.stream.take() {
+                    fleet.disconnect(member.proxy.id(), stream);
+                }
+                member.up = false;
                 membership_changed = true;
             }
         }
         if membership_changed {
             up = (0..proxies.len())
-                .filter(|&index| proxies.get(index).is_some_and(|p| p.connected))
+                .filter(|&index| proxies.get(index).is_some_and(|p| p.up))
                 .collect();
             cumulative = scenario
                 .buckets
@@ -407,21 +445,18 @@ fn run_with(
                 .collect();
         }
 
-        // Each VM's 100 ms tick: the pacer's clock and rate windows.
-        for proxy in proxies.iter_mut().filter(|p| p.connected) {
-            if t_ms >= proxy.next_tick_ms {
-                proxy.next_tick_ms = t_ms + TICK_MS;
-                let names = scenario
-                    .buckets
-                    .iter()
-                    .zip(&cell_keys)
-                    .zip(&plain_keys)
-                    .flat_map(|((_, keys), plain)| {
-                        let plain = keys.is_empty().then_some(plain.as_str());
-                        plain.into_iter().chain(keys.iter().map(String::as_str))
-                    });
-                proxy.pacer.on_tick(t_ms, names, &mut proxy.rng);
+        for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
+            member.proxy.tick(t_ms, &mut sent);
+            Reception {
+                fleet: &mut fleet,
+                health: &mut health,
+                in_flight: &mut in_flight,
+                next_stream: &mut next_stream,
+                push_delay_ms: scenario.push_delay_ms,
+                version,
+                snapshot: &snapshot,
             }
+            .receive(index, member, &mut sent, t_ms);
         }
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
@@ -434,22 +469,12 @@ fn run_with(
             }
         }
         for (bucket_index, bucket) in scenario.buckets.iter().enumerate() {
-            let (
-                Some(weights),
-                Some(recorded),
-                Some(keys),
-                Some(plain_key),
-                Some(shares),
-                Some(credit),
-            ) = (
+            let (Some(weights), Some(recorded), Some(shares), Some(credit)) = (
                 cumulative.get(bucket_index),
                 trace.buckets.get_mut(bucket_index),
-                cell_keys.get(bucket_index),
-                plain_keys.get(bucket_index),
                 tenant_shares.get(bucket_index),
                 tenant_credit.get_mut(bucket_index),
-            )
-            else {
+            ) else {
                 continue;
             };
             let Some(&total_weight) = weights.last() else {
@@ -460,38 +485,17 @@ fn run_with(
             }
             let per_ms = bucket.load.rps_at(t_ms) / 1000.0;
             let mut offer = |proxy_index: usize| {
-                let Some(proxy) = proxies.get_mut(proxy_index) else {
+                let Some(member) = proxies.get_mut(proxy_index) else {
                     return;
                 };
                 let tenant = pick_tenant(shares, credit);
-                let admitted = match tenant.and_then(|t| keys.get(t)) {
-                    None => {
-                        let threshold = proxy.table.threshold(&bucket.name);
-                        let admitted = proxy.pacer.decide(plain_key, threshold, &mut proxy.rng)
-                            == Verdict::Admit;
-                        proxy.counters.record(&bucket.name, admitted);
-                        admitted
-                    }
-                    Some(key) => {
-                        // The exact cell's directive, else the bucket's.
-                        let threshold = proxy
-                            .table
-                            .find(Some(key), &bucket.name)
-                            .and_then(|index| proxy.table.entry_mut(index))
-                            .map_or(DropThreshold::NEVER, |entry| entry.directive.threshold);
-                        let admitted =
-                            proxy.pacer.decide(key, threshold, &mut proxy.rng) == Verdict::Admit;
-                        let outcome = if admitted {
-                            Outcome::Admitted
-                        } else {
-                            Outcome::Dropped
-                        };
-                        proxy.counters.record_cell(key, outcome, true);
-                        admitted
-                    }
-                };
+                let tenant_name = tenant
+                    .and_then(|t| bucket.tenants.get(t))
+                    .map_or("", |t| t.name.as_str());
+                let admitted = member.proxy.admit(&bucket.name, tenant_name);
                 if admitted && let Some(upstream) = upstream.as_mut() {
-                    upstream.serve(t_ms, proxy_index, bucket_index);
+                    let followed = member.proxy.follows_response();
+                    upstream.serve(t_ms, proxy_index, bucket_index, followed);
                 }
                 let tenant_trace = tenant.and_then(|t| recorded.tenants.get_mut(t));
                 for (offered, admitted_slots) in [(&mut recorded.offered, &mut recorded.admitted)]
@@ -541,23 +545,18 @@ fn run_with(
             }
         }
 
-        for proxy in proxies.iter_mut().filter(|p| p.connected) {
-            if t_ms >= proxy.next_report_ms {
-                let report = Report {
-                    sequence: proxy.sequence,
-                    window_ms: t_ms - proxy.last_report_ms,
-                    directive_age_ms: None,
-                    buckets: proxy.counters.drain(),
-                    upstream: proxy.responses.signals.drain(),
-                };
-                health.add(&report.upstream);
-                proxy.sequence += 1;
-                proxy.last_report_ms = t_ms;
-                proxy.next_report_ms = t_ms + scenario.report_interval_ms;
-                // Only an empty window is rejected, and windows here are
-                // never empty; a rejected report is lost, as on the wire.
-                let _ = fleet.report(&proxy.id, proxy.stream, &report);
+        for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
+            member.proxy.after_requests(t_ms, &mut sent);
+            Reception {
+                fleet: &mut fleet,
+                health: &mut health,
+                in_flight: &mut in_flight,
+                next_stream: &mut next_stream,
+                push_delay_ms: scenario.push_delay_ms,
+                version,
+                snapshot: &snapshot,
             }
+            .receive(index, member, &mut sent, t_ms);
         }
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
@@ -579,12 +578,23 @@ fn run_with(
             if !decision.changed.is_empty() {
                 version += 1;
                 trace.batches_pushed += 1;
+                last_push_ms = t_ms;
                 in_flight.push_back(InFlight {
                     due_ms: t_ms + scenario.push_delay_ms,
                     recipient: Recipient::All,
                     batch: batch(version, t_ms, decision.changed),
+                    heartbeat: false,
                 });
             }
+        }
+        if t_ms >= last_push_ms + HEARTBEAT_MS {
+            last_push_ms = t_ms;
+            in_flight.push_back(InFlight {
+                due_ms: t_ms + scenario.push_delay_ms,
+                recipient: Recipient::All,
+                batch: batch(version, t_ms, Vec::new()),
+                heartbeat: true,
+            });
         }
     }
     Ok(trace)
@@ -618,14 +628,13 @@ fn adaptive_specs(scenario: &Scenario) -> Result<AdaptiveSpecs, SimError> {
     AdaptiveSpecs::try_from(specs).map_err(|err| SimError::Adaptive(err.to_string()))
 }
 
-/// Hands every response due by `t_ms` back to its proxy, which follows one
-/// in [`DEFAULT_UPSTREAM_SAMPLE_EVERY`] into its signals (the filter picks
-/// at admission; picking at the response is the same one in four), and
-/// records them all in the trace.
+/// Hands every response due by `t_ms` back to its proxy, which observes
+/// those it chose to follow at admission, and records them all in the
+/// trace.
 fn respond(
     upstream: &mut Upstream,
     scenario: &Scenario,
-    proxies: &mut [SimProxy],
+    proxies: &mut [Member],
     trace: &mut Trace,
     t_ms: u64,
     slot: usize,
@@ -652,15 +661,13 @@ fn respond(
             }
         }
         let bucket = scenario.buckets.get(response.bucket);
-        if let (Some(proxy), Some(bucket)) = (proxies.get_mut(response.proxy), bucket)
-            && proxy.connected
-            && proxy.responses.pick()
+        if let (Some(member), Some(bucket)) = (proxies.get_mut(response.proxy), bucket)
+            && member.up
+            && response.followed
         {
-            proxy.responses.signals.observe(
-                &bucket.name,
-                response.status,
-                Some(response.latency_us),
-            );
+            member
+                .proxy
+                .observe_response(&bucket.name, response.status, response.latency_us);
         }
     }
 }
@@ -703,28 +710,58 @@ fn pick_tenant(shares: &[f64], credit: &mut [f64]) -> Option<usize> {
     Some(pick)
 }
 
-fn new_proxy(scenario: &Scenario, seed: u64, index: usize, variant: Variant) -> SimProxy {
+fn new_proxy(
+    scenario: &Scenario,
+    seed: u64,
+    index: usize,
+    variant: Variant,
+    model: ProxyModel,
+) -> SimProxy {
+    let id = format!("proxy-{index:02}");
     let index = index as u64;
     // Distinct, reproducible streams per proxy (the golden-ratio increment
     // keeps neighbouring seeds far apart).
     let mut rng = SmallRng::seed_from_u64(seed ^ (index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    // Real proxies start at random times, so their report windows are not
-    // aligned with each other or with the control interval; the phase is
-    // kept in `next_report_ms` until the proxy connects.
+    // Real proxies start at random times, so their ticks and report
+    // windows are not aligned with each other or with the control interval.
     let phase = 1 + rng.next_u64() % scenario.report_interval_ms.max(1);
-    SimProxy {
-        id: format!("proxy-{index:02}"),
-        stream: StreamId(0),
-        table: DirectiveTable::new(MAX_BUCKETS),
-        pacer: Pacer::new(variant.decision, variant.allowance, TICK_MS, MAX_BUCKETS),
-        next_tick_ms: phase % TICK_MS,
-        counters: BucketCounters::new(MAX_BUCKETS),
-        responses: ResponseSampler::new(DEFAULT_UPSTREAM_SAMPLE_EVERY),
-        rng,
-        next_report_ms: phase,
-        last_report_ms: 0,
-        sequence: 0,
-        connected: false,
+    match model {
+        ProxyModel::Parts => {
+            let cells = scenario
+                .buckets
+                .iter()
+                .flat_map(|bucket| {
+                    let plain = bucket
+                        .tenants
+                        .is_empty()
+                        .then(|| key_of(&bucket.name, "", Priority::Unspecified));
+                    plain.into_iter().chain(
+                        bucket
+                            .tenants
+                            .iter()
+                            .map(|t| key_of(&bucket.name, &t.name, Priority::Unspecified)),
+                    )
+                })
+                .collect();
+            SimProxy::Parts(Box::new(PartsProxy::new(
+                id,
+                (variant.decision, variant.allowance),
+                MAX_BUCKETS,
+                scenario.report_interval_ms,
+                cells,
+                rng,
+                phase,
+            )))
+        }
+        ProxyModel::Agent => {
+            let settings = proxy::settings(&id, |settings| {
+                settings.report_interval_ms = scenario.report_interval_ms;
+                settings.max_buckets = MAX_BUCKETS;
+                settings.decision = variant.decision;
+                settings.allowance = variant.allowance;
+            });
+            SimProxy::Agent(Box::new(AgentProxy::new(settings, rng.next_u64(), phase)))
+        }
     }
 }
 
@@ -732,47 +769,40 @@ fn batch(version: u64, t_ms: u64, directives: Vec<Directive>) -> DirectiveBatch 
     DirectiveBatch {
         epoch: EPOCH,
         version,
-        issued_at_unix_ms: t_ms,
+        issued_at_unix_ms: CLOCK_ORIGIN_MS + t_ms,
         directives,
         ..Default::default()
     }
 }
 
-/// Applies every batch due by `t_ms`, in the order they were sent.
-fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [SimProxy], t_ms: u64) {
+/// Hands every batch due by `t_ms` to its proxies, in the order they were
+/// sent.
+fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [Member], t_ms: u64) {
     while in_flight.front().is_some_and(|f| f.due_ms <= t_ms) {
         let Some(InFlight {
-            recipient, batch, ..
+            recipient,
+            batch,
+            heartbeat,
+            ..
         }) = in_flight.pop_front()
         else {
             break;
         };
         match recipient {
             Recipient::All => {
-                for proxy in proxies.iter_mut().filter(|p| p.connected) {
-                    let mut batch = batch.clone();
-                    proxy_cap::resolve_batch(&mut batch, &proxy.id);
-                    proxy.table.merge(batch);
-                    pace_directives(proxy);
+                for member in proxies.iter_mut().filter(|m| m.up) {
+                    if let Some((token, _)) = member.stream {
+                        member.proxy.deliver(token, batch.clone(), heartbeat, t_ms);
+                    }
                 }
             }
-            Recipient::Proxy(index) => {
-                if let Some(proxy) = proxies.get_mut(index).filter(|p| p.connected) {
-                    let mut batch = batch;
-                    proxy_cap::resolve_batch(&mut batch, &proxy.id);
-                    proxy.table.merge(batch);
-                    pace_directives(proxy);
+            Recipient::Stream(index, token) => {
+                if let Some(member) = proxies.get_mut(index).filter(|m| m.up) {
+                    member.proxy.deliver(token, batch, heartbeat, t_ms);
                 }
             }
         }
     }
-}
-
-/// Reconciles every cell's allowance with the merged table, as the
-/// filter's VMs do when their table changes.
-fn pace_directives(proxy: &mut SimProxy) {
-    let table = &proxy.table;
-    proxy.pacer.resolve_all(|key| table.rates_for_cell(key));
 }
 
 /// Uniform in `[0, 1)` from the top 53 bits.

@@ -41,6 +41,8 @@ pub struct Response {
     pub bucket: usize,
     /// HTTP status.
     pub status: u32,
+    /// Whether the proxy follows this response into its signals.
+    pub followed: bool,
     /// From the request to the response.
     pub latency_us: u64,
 }
@@ -81,8 +83,8 @@ impl Upstream {
 
     /// A request `proxy` admitted at `t_ms`: queued behind the work
     /// accepted before it, or answered 503 at once if it would wait longer
-    /// than the bound.
-    pub fn serve(&mut self, t_ms: u64, proxy: usize, bucket: usize) {
+    /// than the bound. `followed`: the proxy follows its response.
+    pub fn serve(&mut self, t_ms: u64, proxy: usize, bucket: usize, followed: bool) {
         let now = t_ms as f64;
         let service_ms = 1_000.0 / self.capacity_at(t_ms).max(MIN_CAPACITY_RPS);
         let start = self.busy_until_ms.max(now);
@@ -100,6 +102,7 @@ impl Upstream {
             proxy,
             bucket,
             status,
+            followed,
             latency_us: (latency_ms * 1_000.0).round() as u64,
         }));
     }
@@ -134,7 +137,7 @@ mod tests {
         let mut upstream = upstream(100.0);
         // One request every 20 ms to a service taking 10 ms each.
         for t_ms in (0..1_000).step_by(20) {
-            upstream.serve(t_ms, 0, 0);
+            upstream.serve(t_ms, 0, 0, false);
         }
         let responses = drain(&mut upstream, 2_000);
         assert_eq!(responses.len(), 50);
@@ -151,7 +154,7 @@ mod tests {
         // each (the one served at once and 20 behind it), the rest are
         // refused.
         for _ in 0..1_000 {
-            upstream.serve(0, 0, 0);
+            upstream.serve(0, 0, 0, false);
         }
         let responses = drain(&mut upstream, 10_000);
         let ok: Vec<&Response> = responses.iter().filter(|r| !r.is_error()).collect();
@@ -170,7 +173,7 @@ mod tests {
     #[test]
     fn nothing_is_due_before_its_time() {
         let mut upstream = upstream(100.0);
-        upstream.serve(0, 3, 1);
+        upstream.serve(0, 3, 1, true);
         assert_eq!(upstream.next_due(14), None);
         let response = upstream.next_due(15).unwrap();
         assert_eq!((response.proxy, response.bucket), (3, 1));
