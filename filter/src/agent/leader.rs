@@ -80,15 +80,15 @@ impl Agent {
 
     pub(super) fn lead(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
         if self.settings.allowance.is_some() {
-            let directives = &self.directives;
-            for (key, offered) in self.local.offered_by_key() {
+            let directives = &self.path.directives;
+            for (key, offered) in self.path.local.offered_by_key() {
                 if directives.covers(key) {
                     leadership.process.add(key, self.vm_id, offered);
                 }
             }
         }
-        leadership.windows.add_own(&mut self.local, now_ms);
-        leadership.upstream.absorb(&mut self.responses.signals);
+        leadership.windows.add_own(&mut self.path.local, now_ms);
+        leadership.upstream.absorb(&mut self.path.responses.signals);
         self.drain_queue(host, leadership, now_ms);
         self.publish_process_rates(host, leadership, now_ms);
         self.publish_workers(host, leadership, now_ms);
@@ -191,7 +191,7 @@ impl Agent {
                         leadership
                             .upstream
                             .merge_wire(std::mem::take(&mut handoff.upstream));
-                        let directives = &self.directives;
+                        let directives = &self.path.directives;
                         if self.settings.allowance.is_some() {
                             for count in &handoff.counts {
                                 let key = key_of(
@@ -247,7 +247,7 @@ impl Agent {
             proxy_id: self.settings.proxy_id.clone(),
             instance_id: self.instance_id(host),
             zone: self.settings.zone.clone(),
-            known_proxies: self.directives.known_proxies(),
+            known_proxies: self.path.directives.known_proxies(),
         };
         let message = ProxyMessage {
             kind: Some(proxy_message::Kind::Hello(hello)),
@@ -362,19 +362,19 @@ impl Agent {
         // The table every VM reads holds the ratios this proxy applies: a
         // proxy whose rate counted only in part admits that part.
         sluice_core::proxy_cap::resolve_batch(&mut batch, &self.settings.proxy_id);
-        let previous_epoch = self.directives.provenance().epoch;
-        let changes = self.directives.changes_with(&batch);
+        let previous_epoch = self.path.directives.provenance().epoch;
+        let changes = self.path.directives.changes_with(&batch);
         let ttl_ms = batch.ttl_ms;
-        let outcome = self.directives.merge(batch);
+        let outcome = self.path.directives.merge(batch);
         if changes {
-            self.pace_directives();
+            self.path.pace_directives();
         }
         self.metrics.add(Counter::DirectiveBatches, 1);
         self.metrics.add(
             Counter::DirectivesRejected,
             u64::try_from(outcome.rejected).unwrap_or(u64::MAX),
         );
-        let provenance = self.directives.provenance();
+        let provenance = self.path.directives.provenance();
         let level = if outcome.rejected > 0 {
             LogLevel::Warn
         } else if provenance.epoch != previous_epoch {
@@ -390,8 +390,8 @@ impl Agent {
                 provenance.version,
                 outcome.applied,
                 outcome.rejected,
-                self.directives.len(),
-                self.directives.shedding()
+                self.path.directives.len(),
+                self.path.directives.shedding()
             ),
         );
         let stored = host
@@ -407,7 +407,8 @@ impl Agent {
         // shared one: write it whenever the sequence is not its own.
         if changes || self.sync.directives_sequence != stored.map(|meta| meta.sequence) {
             sequence = sequence.wrapping_add(1);
-            if let Err(err) = host.set_shared_data(DIRECTIVES_KEY, &self.directives.encode(), None)
+            if let Err(err) =
+                host.set_shared_data(DIRECTIVES_KEY, &self.path.directives.encode(), None)
             {
                 host.log(
                     LogLevel::Warn,

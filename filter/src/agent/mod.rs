@@ -25,39 +25,40 @@
 //! Metrics ([`crate::metrics`]) are counted in plain fields and flushed on
 //! the slow tick; the leader alone records the process-wide gauges.
 //!
-//! The code and the state follow the three roles: the request path here
-//! (the table, the pacer, the counters), keeping in step with the process
-//! in `sync.rs` (`VmSync`), and the stream in `leader.rs` (`Leadership`,
-//! which only the leader has). What they exchange is [`crate::shared`].
+//! The code and the state follow the three roles: the request path in
+//! `request_path.rs` (`RequestPath`: the table, the pacer, the counters and
+//! the decision), keeping in step with the process in `sync.rs` (`VmSync`),
+//! and the stream in `leader.rs` (`Leadership`, which only the leader has).
+//! `Agent` holds one of each and the VM's identity, PRNG and metrics; what
+//! the VMs exchange is [`crate::shared`].
 
 mod leader;
+mod request_path;
 mod sync;
 
+use request_path::RequestPath;
 use sync::VmSync;
 
-use crate::audit::{LastDecision, Undirected};
+use crate::audit::LastDecision;
 use crate::bucket_key::RequestAttributes;
-use crate::cell::CellKeyBuf;
 use crate::classify::Classifier;
-use crate::counters::{BucketCounters, Outcome};
-use crate::decision::decide_cell;
+use crate::counters::Outcome;
 use crate::directives::DirectiveTable;
 
 use crate::host_api::{Host, LogLevel};
 use crate::lease::LEASE_TTL_TICKS;
 use crate::metrics::{Counter, Gauge, Metrics};
-use crate::new_cells::{NewBucketPolicy, NewCells};
-use crate::pacing::{DecisionMode, Pacer};
+use crate::new_cells::NewBucketPolicy;
+use crate::pacing::DecisionMode;
 use crate::process_rates::ProcessRates;
 use crate::reject::{RejectResponse, ResponseSettings};
 use crate::report_window::ReportWindows;
 use crate::stream::ControlStream;
-use crate::upstream::{ResponseSampler, UpstreamSignals};
+use crate::upstream::UpstreamSignals;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sluice_core::DropReason;
 use sluice_core::allowance::AllowanceSettings;
-use sluice_core::decision::{Fallback, Local, Regime, Verdict};
+use sluice_core::decision::{Fallback, Regime, Verdict};
 use std::sync::Arc;
 
 /// The slow cadence: lease, hand-offs, reports, metrics.
@@ -167,31 +168,14 @@ pub struct Agent {
     /// Identifies this VM in the lease and its hand-offs.
     vm_id: u64,
     rng: SmallRng,
-    /// Requests counted on this VM and not yet handed on.
-    local: BucketCounters,
-    directives: DirectiveTable,
-    /// Per-cell decision state: credit balances and local allowances.
-    pacer: Pacer,
-    /// When the pacer's next 100 ms window closes.
-    pacer_due_ms: Option<u64>,
-    new_cells: NewCells,
+    /// What the request path reads and writes.
+    path: RequestPath,
     /// How this VM keeps in step with the rest of the process.
     sync: VmSync,
-    regime: Regime,
-    /// The request's cell, built in reused buffers.
-    cell: CellKeyBuf,
-    /// The VM's clock as of its last tick (the request path reads no clock).
-    clock_ms: u64,
     role: Role,
     untracked: u64,
     last_overflow_log_ms: Option<u64>,
     metrics: Metrics,
-    /// The last request's decision, for its record.
-    last: LastDecision,
-    /// The reused buffer of [`Agent::last_record`].
-    record: String,
-    /// Admitted requests followed to their responses, and what they said.
-    responses: ResponseSampler,
 }
 
 #[derive(Debug)]
@@ -221,40 +205,16 @@ impl Agent {
     pub fn new(settings: AgentSettings, seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
         let vm_id = rng.next_u64();
-        let settings_sample_every = settings.upstream_sample_every;
         Self {
-            local: BucketCounters::new(settings.max_buckets),
-            directives: DirectiveTable::with_settings(
-                settings.max_buckets,
-                Arc::clone(&settings.responses),
-                &settings.proxy_id,
-            ),
-            pacer: Pacer::new(
-                settings.decision,
-                settings.allowance,
-                TICK_MS,
-                settings.max_buckets,
-            ),
-            pacer_due_ms: None,
-            new_cells: NewCells::new(
-                settings.new_bucket,
-                settings.max_buckets,
-                Arc::clone(&settings.responses),
-            ),
+            path: RequestPath::new(&settings),
             sync: VmSync::new(settings.directive_ttl_ms),
             settings,
             vm_id,
             rng,
-            regime: Regime::Fresh,
-            cell: CellKeyBuf::default(),
-            clock_ms: 0,
             role: Role::Follower,
             untracked: 0,
             last_overflow_log_ms: None,
             metrics: Metrics::default(),
-            last: LastDecision::default(),
-            record: String::new(),
-            responses: ResponseSampler::new(settings_sample_every),
         }
     }
 
@@ -266,7 +226,7 @@ impl Agent {
         classifier: &Classifier,
         request: &impl RequestAttributes,
     ) -> Decision {
-        classifier.classify_into(request, &mut self.cell);
+        classifier.classify_into(request, &mut self.path.cell);
         self.decide_current()
     }
 
@@ -275,24 +235,27 @@ impl Agent {
     /// `upstream_sample_every` (the host then notes when the request
     /// started and calls [`Agent::observe_response`]).
     pub fn follow_response(&mut self) -> Option<String> {
-        if self.last.outcome == Outcome::Dropped || !self.responses.pick() {
+        if self.path.last.outcome == Outcome::Dropped || !self.path.responses.pick() {
             return None;
         }
-        Some(self.cell.bucket.clone())
+        Some(self.path.cell.bucket.clone())
     }
 
     /// The response to a followed request of `bucket`: its HTTP `status`,
     /// `latency_us` after the request headers (`None`: not measured).
     pub fn observe_response(&mut self, bucket: &str, status: u32, latency_us: Option<u64>) {
-        self.responses.signals.observe(bucket, status, latency_us);
+        self.path
+            .responses
+            .signals
+            .observe(bucket, status, latency_us);
     }
 
     /// Decides a request of a bucket without tenant or priority.
     pub fn admit(&mut self, bucket: &str) -> Verdict {
-        self.cell.bucket.clear();
-        self.cell.bucket.push_str(bucket);
-        self.cell.tenant.clear();
-        self.cell.priority = Default::default();
+        self.path.cell.bucket.clear();
+        self.path.cell.bucket.push_str(bucket);
+        self.path.cell.tenant.clear();
+        self.path.cell.priority = Default::default();
         match self.decide_current() {
             Decision::Admit => Verdict::Admit,
             Decision::Reject(_) => Verdict::Drop,
@@ -306,134 +269,46 @@ impl Agent {
         tenant: &str,
         priority: sluice_core::Priority,
     ) -> Decision {
-        self.cell.bucket.clear();
-        self.cell.bucket.push_str(bucket);
-        self.cell.tenant.clear();
-        self.cell.tenant.push_str(tenant);
-        self.cell.priority = priority;
+        self.path.cell.bucket.clear();
+        self.path.cell.bucket.push_str(bucket);
+        self.path.cell.tenant.clear();
+        self.path.cell.tenant.push_str(tenant);
+        self.path.cell.priority = priority;
         self.decide_current()
     }
 
     fn decide_current(&mut self) -> Decision {
-        let wide = self.cell.is_bucket_wide();
-        let (exact, bucket) = self.cell.keys();
-        let local = Local {
-            now_ms: self.clock_ms,
-            workers: self.sync.workers,
-        };
-        // A cell counted earlier in this window remembers its directive:
-        // one probe (the counter's) instead of one or two more.
-        let generation = self.directives.generation();
-        let mut slot = self.local.slot_mut(exact);
-        let found = match slot.as_deref().and_then(|slot| slot.directive(generation)) {
-            Some(found) => found,
-            None => {
-                let found = self.directives.find((!wide).then_some(exact), bucket);
-                if let Some(slot) = slot.as_deref_mut() {
-                    slot.remember(generation, found);
-                }
-                found
-            }
-        };
-        let mut drop_ratio = 0.0;
-        let mut new_bucket = false;
-        let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
-            Some(entry) => {
-                drop_ratio = entry.directive.drop_ratio.get();
-                let verdict = decide_cell(
-                    entry,
-                    self.regime,
-                    local,
-                    &mut self.pacer,
-                    exact,
-                    &mut self.rng,
-                );
-                match verdict {
-                    None => (None, false, None),
-                    Some(reason) => {
-                        let response = if reason == DropReason::FallbackLimit {
-                            &entry.fallback_response
-                        } else {
-                            &entry.response
-                        };
-                        (Some(reason), entry.enforce, Some(Arc::clone(response)))
-                    }
-                }
-            }
-            None => {
-                let verdict = self.new_cells.decide(
-                    exact,
-                    local.now_ms,
-                    local.workers,
-                    self.sync.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
-                );
-                new_bucket = self.new_cells.last_was_new();
-                match verdict {
-                    None => (None, false, None),
-                    Some((reason, response)) => (
-                        Some(reason),
-                        self.directives.modes().enforces_local(),
-                        Some(response),
-                    ),
-                }
-            }
-        };
-        let (outcome, decision) = match (reason, response) {
-            (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
-            (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
-            (None, _) => (Outcome::Admitted, Decision::Admit),
-        };
-        match slot {
-            Some(slot) => slot.count(outcome),
-            None => self.local.record_cell(exact, outcome, found.is_some()),
-        }
-        self.metrics.count_decision(outcome, reason);
-        self.last = LastDecision {
-            outcome,
-            reason,
-            drop_ratio,
-            undirected: if self.sync.freshness.received_at_ms.is_none() {
-                Some(Undirected::NoDirectives)
-            } else if matches!(self.regime, Regime::Stale(_)) {
-                Some(Undirected::Fallback)
-            } else if new_bucket {
-                Some(Undirected::NewBucket)
-            } else {
-                None
-            },
-            version: self.directives.provenance().version,
-            age_ms: self.sync.freshness.age_ms(self.clock_ms),
-        };
-        decision
+        self.path
+            .decide(&self.sync, &mut self.metrics, &mut self.rng)
     }
 
     /// What the last request's decision was, for its record and the
     /// upstream header.
     pub fn last_decision(&self) -> &LastDecision {
-        &self.last
+        &self.path.last
     }
 
     /// The last request's record ([`crate::audit`]), written into a buffer
     /// the VM reuses.
     pub fn last_record(&mut self) -> &str {
-        self.last.write(
-            &mut self.record,
-            &self.cell.bucket,
-            &self.cell.tenant,
-            self.cell.priority,
+        self.path.last.write(
+            &mut self.path.record,
+            &self.path.cell.bucket,
+            &self.path.cell.tenant,
+            self.path.cell.priority,
         );
-        &self.record
+        &self.path.record
     }
 
     /// Replaces the directive table, as if it had arrived fresh at the last
     /// tick: for simulations and benchmarks, which have no host. Envoy's
     /// VMs take the table from shared data.
     pub fn load_directives(&mut self, mut table: DirectiveTable) {
-        table.adopt_state(&mut self.directives);
-        self.directives = table;
-        self.pace_directives();
-        self.sync.freshness.received_at_ms = Some(self.clock_ms);
-        self.regime = Regime::Fresh;
+        table.adopt_state(&mut self.path.directives);
+        self.path.directives = table;
+        self.path.pace_directives();
+        self.sync.freshness.received_at_ms = Some(self.path.clock_ms);
+        self.path.regime = Regime::Fresh;
     }
 
     /// Whether this VM currently owns the control-plane stream.
@@ -448,12 +323,12 @@ impl Agent {
 
     /// The directives this VM enforces.
     pub fn directives(&self) -> &DirectiveTable {
-        &self.directives
+        &self.path.directives
     }
 
     /// Whether the configured fallback applies (directives past their TTL).
     pub fn in_fallback(&self) -> bool {
-        matches!(self.regime, Regime::Stale(_))
+        matches!(self.path.regime, Regime::Stale(_))
     }
 
     /// VMs of this proxy sharing local limits, as last published.
@@ -464,8 +339,8 @@ impl Agent {
     /// Runs one tick at `now_ms` (Unix milliseconds): the directive check
     /// always, the rest when a slow tick is due.
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
-        self.clock_ms = now_ms;
-        self.close_pacer_window(now_ms);
+        self.path.clock_ms = now_ms;
+        self.path.close_pacer_window(now_ms, &mut self.rng);
         self.poll_directives(host, now_ms);
         let slow_due = self
             .sync
@@ -474,42 +349,6 @@ impl Agent {
         if slow_due {
             self.slow_tick(host, now_ms);
         }
-    }
-
-    /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever
-    /// the tick period, so its per-window counts are rates. Counts are
-    /// taken before the slow tick hands them on.
-    fn close_pacer_window(&mut self, now_ms: u64) {
-        self.pacer.advance_clock(now_ms);
-        let due = *self.pacer_due_ms.get_or_insert(now_ms);
-        if now_ms < due {
-            return;
-        }
-        let directives = &self.directives;
-        self.pacer.on_tick_with(
-            now_ms,
-            self.local.buckets(),
-            |key| directives.covers(key),
-            &mut self.rng,
-        );
-        self.pacer.resolve_new(|key| directives.rates_for_cell(key));
-        self.pacer.rescale_caps();
-        // After a stall, restart the cadence rather than closing a burst of
-        // empty windows.
-        let next = due.saturating_add(TICK_MS);
-        self.pacer_due_ms = Some(if next <= now_ms {
-            now_ms.saturating_add(TICK_MS)
-        } else {
-            next
-        });
-    }
-
-    /// Lets the pacer derive allowances of cells whose directive changed.
-    fn pace_directives(&mut self) {
-        let directives = &self.directives;
-        self.pacer.resolve_all(|key| directives.rates_for_cell(key));
-        self.pacer
-            .budgets_for_directives(|key| directives.rates_for_cell(key));
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
@@ -545,8 +384,8 @@ impl Agent {
             self.metrics.flush(host, &[]);
             return;
         }
-        let cells = u64::try_from(self.directives.len()).unwrap_or(u64::MAX);
-        let shedding = u64::try_from(self.directives.shedding()).unwrap_or(u64::MAX);
+        let cells = u64::try_from(self.path.directives.len()).unwrap_or(u64::MAX);
+        let shedding = u64::try_from(self.path.directives.shedding()).unwrap_or(u64::MAX);
         self.metrics.flush(
             host,
             &[
@@ -567,7 +406,7 @@ impl Agent {
     }
 
     fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
-        let mut untracked = self.local.take_untracked();
+        let mut untracked = self.path.local.take_untracked();
         if let Role::Leader(leadership) = &mut self.role {
             untracked = untracked.saturating_add(leadership.windows.take_untracked());
         }

@@ -142,7 +142,10 @@ impl Agent {
             host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
         }
         // Keep the windows' counts: they go to the next leader.
-        leadership.windows.drain_all().move_into(&mut self.local);
+        leadership
+            .windows
+            .drain_all()
+            .move_into(&mut self.path.local);
     }
 
     /// The short-tick check: one small read; the table only if it changed.
@@ -164,11 +167,12 @@ impl Agent {
             }
             self.sync.freshness.received_at_ms = Some(meta.received_at_ms);
             self.sync.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
-            self.pacer.set_control_plane_lost(
+            self.path.pacer.set_control_plane_lost(
                 meta.stream_lost || self.sync.freshness.age_ms(now_ms) > LOST_AFTER_MS,
             );
-            let directives = &self.directives;
-            self.pacer
+            let directives = &self.path.directives;
+            self.path
+                .pacer
                 .freeze_budgets(|key| directives.rates_for_cell(key));
         }
         self.update_regime(host, now_ms);
@@ -186,7 +190,7 @@ impl Agent {
         // Remember the sequence even if decoding fails, so a bad blob costs
         // one warning rather than one per tick; the last good table stays.
         self.sync.directives_sequence = Some(sequence);
-        match DirectiveTable::decode_replacing(&value.bytes, &self.directives) {
+        match DirectiveTable::decode_replacing(&value.bytes, &self.path.directives) {
             Ok((mut table, outcome)) => {
                 if outcome.rejected > 0 {
                     host.log(
@@ -197,9 +201,9 @@ impl Agent {
                         ),
                     );
                 }
-                table.adopt_state(&mut self.directives);
-                self.directives = table;
-                self.pace_directives();
+                table.adopt_state(&mut self.path.directives);
+                self.path.directives = table;
+                self.path.pace_directives();
             }
             Err(err) => host.log(
                 LogLevel::Warn,
@@ -212,11 +216,11 @@ impl Agent {
     /// transition once for the process.
     pub(super) fn update_regime(&mut self, host: &mut impl Host, now_ms: u64) {
         let regime = self.sync.freshness.regime(now_ms, self.settings.fallback);
-        if regime == self.regime {
+        if regime == self.path.regime {
             return;
         }
-        let was_stale = matches!(self.regime, Regime::Stale(_));
-        self.regime = regime;
+        let was_stale = matches!(self.path.regime, Regime::Stale(_));
+        self.path.regime = regime;
         let stale = matches!(regime, Regime::Stale(_));
         if stale == was_stale {
             return;
@@ -256,7 +260,9 @@ impl Agent {
             return;
         };
         let from_ms = self.sync.handoff_from_ms.unwrap_or(now_ms);
-        if self.local.is_empty() && self.responses.signals.is_empty() && !self.sync.handed_off_last
+        if self.path.local.is_empty()
+            && self.path.responses.signals.is_empty()
+            && !self.sync.handed_off_last
         {
             // Nothing counted since `now_ms`: the next span starts here.
             self.sync.handoff_from_ms = Some(now_ms);
@@ -266,14 +272,15 @@ impl Agent {
             source: self.vm_id,
             start_ms: from_ms,
             end_ms: now_ms,
-            counts: self.local.drain(),
-            upstream: self.responses.signals.drain(),
+            counts: self.path.local.drain(),
+            upstream: self.path.responses.signals.drain(),
         };
         let had_counts = !handoff.counts.is_empty();
         if let Err(err) = host.enqueue_shared_queue(queue_id, &handoff.encode()) {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
-            let directives = &self.directives;
-            self.local
+            let directives = &self.path.directives;
+            self.path
+                .local
                 .merge(handoff.counts, |key| directives.covers(key));
             return;
         }
@@ -293,9 +300,10 @@ impl Agent {
         if let Ok(Some(value)) = host.get_shared_data(PROCESS_RATES_KEY)
             && let Some(shares) = shared::process_rates::shares_of(&value.bytes, self.vm_id)
         {
-            self.pacer.set_process_shares(shares);
-            let directives = &self.directives;
-            self.pacer
+            self.path.pacer.set_process_shares(shares);
+            let directives = &self.path.directives;
+            self.path
+                .pacer
                 .budgets_for_new_cells(|key| directives.rates_for_cell(key));
         }
     }

@@ -144,7 +144,7 @@ fn requests_are_classified_into_their_cells() {
         agent.admit_request(&config.classifier, &anonymous),
         Decision::Admit
     );
-    let mut cells = agent.local.clone().drain();
+    let mut cells = agent.path.local.clone().drain();
     cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
     let seen: Vec<(&str, i32, u64, u64)> = cells
         .iter()
@@ -630,15 +630,25 @@ fn a_closed_stream_engages_allowances_that_wait_for_it_on_every_vm() {
     fleet.ticks(2);
     fleet.push_batch(batch(vec![cell("api", "", Priority::Unspecified, 0.5)]));
     fleet.tick();
-    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+    assert!(
+        fleet
+            .vms
+            .iter()
+            .all(|(_, vm)| !vm.path.pacer.caps_engaged())
+    );
     fleet.server_closes(14);
     fleet.tick();
-    assert!(fleet.vms.iter().all(|(_, vm)| vm.pacer.caps_engaged()));
+    assert!(fleet.vms.iter().all(|(_, vm)| vm.path.pacer.caps_engaged()));
     // The next batch (after the reconnect) disengages them again.
     fleet.ticks(40);
     fleet.push_batch(batch(vec![]));
     fleet.tick();
-    assert!(fleet.vms.iter().all(|(_, vm)| !vm.pacer.caps_engaged()));
+    assert!(
+        fleet
+            .vms
+            .iter()
+            .all(|(_, vm)| !vm.path.pacer.caps_engaged())
+    );
 }
 
 #[test]
@@ -656,9 +666,9 @@ fn a_silent_control_plane_engages_them_after_a_while() {
     fleet.ticks(2);
     fleet.push_batch(batch(vec![]));
     fleet.ticks(24);
-    assert!(!fleet.vms[0].1.pacer.caps_engaged());
+    assert!(!fleet.vms[0].1.path.pacer.caps_engaged());
     fleet.ticks(2);
-    assert!(fleet.vms[0].1.pacer.caps_engaged());
+    assert!(fleet.vms[0].1.path.pacer.caps_engaged());
 }
 
 /// Two serving VMs (a third leads and serves nothing, like a main-thread
@@ -773,9 +783,12 @@ fn a_proxy_the_control_plane_counted_in_part_applies_its_own_ratio_on_every_vm()
     for (_, agent) in &fleet.vms {
         // Half of this proxy's rate counted: it admits half of what the
         // ratio admits, 0.25 instead of 0.5.
-        let hot = agent.directives.drop_ratio("hot").unwrap().get();
+        let hot = agent.path.directives.drop_ratio("hot").unwrap().get();
         assert!((hot - 0.75).abs() < 1e-12, "{hot}");
         // Another proxy's entry: the ratio as sent.
-        assert_eq!(agent.directives.drop_ratio("other").unwrap().get(), 0.5);
+        assert_eq!(
+            agent.path.directives.drop_ratio("other").unwrap().get(),
+            0.5
+        );
     }
 }
