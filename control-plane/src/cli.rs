@@ -181,6 +181,12 @@ pub struct ServeArgs {
     /// File holding the store's password (a trailing newline is ignored).
     #[arg(long, value_name = "FILE")]
     pub store_password_file: Option<PathBuf>,
+    /// With a `redis[s]+sentinel://` store whose sentinels require a
+    /// password (`requirepass` in sentinel.conf): the file holding it, else
+    /// the environment variable SLUICE_STORE_SENTINEL_PASSWORD. The URL's
+    /// credentials are the master's.
+    #[arg(long, value_name = "FILE")]
+    pub store_sentinel_password_file: Option<PathBuf>,
     /// Longest wait for the store while answering a request, in
     /// milliseconds; past it the failure policy answers.
     #[arg(long, value_name = "MS", default_value_t = crate::store::DEFAULT_TIMEOUT.as_millis() as u64,
@@ -383,10 +389,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         && (args.replica_id.is_some()
             || args.store_tls_ca.is_some()
             || args.store_tls_cert.is_some()
-            || args.store_password_file.is_some())
+            || args.store_password_file.is_some()
+            || args.store_sentinel_password_file.is_some())
     {
         return Err(ServeError::SharedConfig(
-            "--replica-id, --store-tls-ca, --store-tls-cert and --store-password-file need a store (--store or `store:` in the limits file)".to_owned(),
+            "--replica-id, --store-tls-ca, --store-tls-cert, --store-password-file and --store-sentinel-password-file need a store (--store or `store:` in the limits file)".to_owned(),
         ));
     }
     let store = match &store_url {
@@ -582,7 +589,8 @@ async fn connect_store(
         std::time::Duration::from_millis(args.store_timeout_ms),
     )?
     .with_tls_ca(args.store_tls_ca.clone())?
-    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?;
+    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?
+    .with_sentinel_password(args.store_sentinel_password_file.as_deref())?;
     crate::store::Store::connect(&options).await
 }
 

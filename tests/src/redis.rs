@@ -72,28 +72,20 @@ impl RedisServer {
         password: &str,
         client_certs: bool,
     ) -> Result<Self> {
-        let file = |name| certs.path(name).display().to_string();
-        let args = vec![
-            "--tls-cert-file".to_owned(),
-            file(certs::SERVER_CERT),
-            "--tls-key-file".to_owned(),
-            file(certs::SERVER_KEY),
-            "--tls-ca-cert-file".to_owned(),
-            file(certs::CA),
-            "--tls-auth-clients".to_owned(),
-            if client_certs { "yes" } else { "no" }.to_owned(),
-            "--requirepass".to_owned(),
-            password.to_owned(),
-        ];
         Self::start_with(
             dir,
             Extra {
-                args,
+                args: tls_args(certs, password, client_certs),
                 tls: true,
                 config_file: None,
             },
         )
         .await
+    }
+
+    /// Its log's last lines.
+    fn log_tail(&self) -> String {
+        self.guard.log_tail()
     }
 
     async fn start_with(dir: &Path, extra: Extra) -> Result<Self> {
@@ -371,6 +363,95 @@ impl RedisSentinel {
         }
     }
 
+    /// As [`Self::start`], every server speaking only TLS with `certs`'
+    /// server certificate: the master and its replica require `password`,
+    /// the sentinel `sentinel_password` (and knows the master's). Readiness
+    /// is read from the logs (the plain-text probes cannot speak TLS).
+    pub async fn start_tls(
+        dir: &Path,
+        certs: &DevCerts,
+        password: &str,
+        sentinel_password: &str,
+    ) -> Result<Self> {
+        let master = RedisServer::start_tls(&dir.join("master"), certs, password).await?;
+        let mut replica_args = tls_args(certs, password, false);
+        replica_args.extend(
+            [
+                "--replicaof",
+                "127.0.0.1",
+                &master.port.to_string(),
+                "--masterauth",
+                password,
+                "--tls-replication",
+                "yes",
+            ]
+            .map(str::to_owned),
+        );
+        let replica = RedisServer::start_with(
+            &dir.join("replica"),
+            Extra {
+                args: replica_args,
+                tls: true,
+                config_file: None,
+            },
+        )
+        .await?;
+        let sentinel_dir = dir.join("sentinel");
+        std::fs::create_dir_all(&sentinel_dir)?;
+        let config = sentinel_dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\n\
+                 sentinel auth-pass {SENTINEL_SERVICE} {password}\n\
+                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
+                master.port
+            ),
+        )?;
+        let mut sentinel_args = tls_args(certs, sentinel_password, false);
+        sentinel_args.extend(["--tls-replication", "yes", "--sentinel"].map(str::to_owned));
+        let sentinel = RedisServer::start_with(
+            &sentinel_dir,
+            Extra {
+                config_file: Some(config),
+                args: sentinel_args,
+                tls: true,
+            },
+        )
+        .await?;
+        let set = Self {
+            master,
+            replica,
+            sentinel,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let synced = set
+                .replica
+                .log_tail()
+                .contains("MASTER <-> REPLICA sync: Finished with success");
+            let known = set.sentinel.log_tail().contains("+slave slave");
+            if synced && known {
+                return Ok(set);
+            }
+            if Instant::now() > deadline {
+                set.print_logs();
+                bail!("the TLS replica or sentinel did not come up within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `rediss+sentinel://localhost:PORT/main`, for a set from
+    /// [`Self::start_tls`] (the name on the test certificate).
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss+sentinel://localhost:{}/{SENTINEL_SERVICE}",
+            self.sentinel.port
+        )
+    }
+
     /// `redis+sentinel://127.0.0.1:PORT/main`.
     pub fn url(&self) -> String {
         format!(
@@ -401,6 +482,25 @@ impl RedisSentinel {
         self.replica.print_log();
         self.sentinel.print_log();
     }
+}
+
+/// The arguments of a server that speaks only TLS with `certs`' server
+/// certificate and requires `password` (and, with `client_certs`, a client
+/// certificate `certs`' CA signed).
+fn tls_args(certs: &DevCerts, password: &str, client_certs: bool) -> Vec<String> {
+    let file = |name| certs.path(name).display().to_string();
+    vec![
+        "--tls-cert-file".to_owned(),
+        file(certs::SERVER_CERT),
+        "--tls-key-file".to_owned(),
+        file(certs::SERVER_KEY),
+        "--tls-ca-cert-file".to_owned(),
+        file(certs::CA),
+        "--tls-auth-clients".to_owned(),
+        if client_certs { "yes" } else { "no" }.to_owned(),
+        "--requirepass".to_owned(),
+        password.to_owned(),
+    ]
 }
 
 /// One command to the server at `addr`, built by `build`.
@@ -455,7 +555,9 @@ async fn spawn(
             );
         }
         let ready = if extra.tls {
-            guard.log_tail().contains("Ready to accept connections")
+            // A sentinel logs no "ready" line: it is up once it monitors.
+            let log = guard.log_tail();
+            log.contains("Ready to accept connections") || log.contains("+monitor master")
         } else {
             ping(port)
         };

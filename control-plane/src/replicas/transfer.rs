@@ -18,12 +18,16 @@ pub struct ConfigArgs {
     pub command: ConfigCommand,
     /// The shared store: `redis://HOST:PORT[/DB]`, `rediss://…`, or one
     /// node of a Redis Cluster (`redis+cluster://HOST:PORT`), or the
-    /// sentinels of a master (`redis+sentinel://HOST:PORT/MASTER`).
+    /// sentinels of a master (`redis[s]+sentinel://HOST:PORT/MASTER`).
     #[arg(long, value_name = "URL", global = true)]
     pub store: Option<String>,
     /// File holding the store's password (else SLUICE_STORE_PASSWORD).
     #[arg(long, value_name = "FILE", global = true)]
     pub store_password_file: Option<PathBuf>,
+    /// With sentinels that require a password: the file holding it (else
+    /// SLUICE_STORE_SENTINEL_PASSWORD).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub store_sentinel_password_file: Option<PathBuf>,
     /// With a `rediss://` store: trust this CA (PEM).
     #[arg(long, value_name = "FILE", global = true)]
     pub store_tls_ca: Option<PathBuf>,
@@ -93,7 +97,8 @@ pub async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
         crate::store::DEFAULT_TIMEOUT,
     )?
     .with_tls_ca(args.store_tls_ca.clone())?
-    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?;
+    .with_tls_client(args.store_tls_cert.clone(), args.store_tls_key.clone())?
+    .with_sentinel_password(args.store_sentinel_password_file.as_deref())?;
     let shared = SharedConfig::new(Store::connect(&options).await?);
     match &args.command {
         ConfigCommand::Export { output } => export(&shared, output.as_deref()).await,

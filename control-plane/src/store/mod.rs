@@ -4,8 +4,8 @@
 //! names a Redis server that several control-plane processes can share;
 //! `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names one node of a
 //! Redis Cluster instead ([`connection`]), and
-//! `redis+sentinel://HOST:PORT[,…]/MASTER` the sentinels of a master
-//! ([`sentinel`]).
+//! `redis+sentinel://HOST:PORT[,…]/MASTER` (or `rediss+sentinel://`) the
+//! sentinels of a master ([`sentinel`]).
 //! Today it holds the exact quotas' counters
 //! ([`crate::quotas::redis_store`]); what else the fleet shares (counts,
 //! directives, configuration) is meant to use the same [`Store`] handle
@@ -35,6 +35,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Environment variable holding the store's password.
 pub const PASSWORD_ENV: &str = "SLUICE_STORE_PASSWORD";
+/// Environment variable holding the sentinels' own password (their
+/// `requirepass`), for a `redis[s]+sentinel://` store.
+pub const SENTINEL_PASSWORD_ENV: &str = "SLUICE_STORE_SENTINEL_PASSWORD";
 
 /// How to reach the store.
 #[derive(Debug, Clone)]
@@ -48,6 +51,9 @@ pub struct StoreOptions {
     /// `rediss://` only: present this client certificate and key (PEM),
     /// for a server that authenticates clients (`tls-auth-clients yes`).
     pub tls_client: Option<ClientCert>,
+    /// `redis[s]+sentinel://` only: the sentinels' own password (the URL's
+    /// credentials are the master's).
+    pub sentinel_password: Option<String>,
 }
 
 /// A client certificate and its private key (PEM files).
@@ -85,6 +91,15 @@ pub enum StoreError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// `--store-sentinel-password-file` with a store that is not behind
+    /// sentinels.
+    #[error(
+        "--store-sentinel-password-file needs a redis+sentinel:// or rediss+sentinel:// store URL, not {url}"
+    )]
+    SentinelPasswordWithoutSentinel {
+        /// The redacted URL.
+        url: String,
     },
     /// `--store-password-file` cannot be read.
     #[error("store password file {path}: {source}")]
@@ -125,7 +140,28 @@ impl StoreOptions {
             timeout,
             tls_ca: None,
             tls_client: None,
+            sentinel_password: None,
         })
+    }
+
+    /// The sentinels' password for a `redis[s]+sentinel://` store: from
+    /// `file`, else from `SLUICE_STORE_SENTINEL_PASSWORD`. A file given for
+    /// another kind of store is an error; the variable is then ignored.
+    pub fn with_sentinel_password(mut self, file: Option<&Path>) -> Result<Self, StoreError> {
+        let sentinel = matches!(self.url.topology, url::Topology::Sentinel { .. });
+        self.sentinel_password = match file {
+            Some(_) if !sentinel => {
+                return Err(StoreError::SentinelPasswordWithoutSentinel {
+                    url: self.url.to_string(),
+                });
+            }
+            Some(path) => Some(read_password(path)?),
+            None if sentinel => std::env::var(SENTINEL_PASSWORD_ENV)
+                .ok()
+                .filter(|p| !p.is_empty()),
+            None => None,
+        };
+        Ok(self)
     }
 
     /// Presents a client certificate to a `rediss://` store; `cert` and
@@ -161,6 +197,21 @@ impl StoreOptions {
         }
         self.tls_ca = ca;
         Ok(self)
+    }
+}
+
+/// The client's message, with where to look when sentinels refused it:
+/// their password is not the master's.
+fn explain(url: &StoreUrl, err: &redis::RedisError) -> String {
+    let refused = matches!(err.code(), Some("NOAUTH" | "WRONGPASS"))
+        || err.kind() == redis::ErrorKind::AuthenticationFailed;
+    if refused && matches!(url.topology, url::Topology::Sentinel { .. }) {
+        format!(
+            "{err} (the URL's credentials are the master's; the sentinels' own password \
+             comes from --store-sentinel-password-file or {SENTINEL_PASSWORD_ENV})"
+        )
+    } else {
+        err.to_string()
     }
 }
 
@@ -237,11 +288,14 @@ fn client_for(
     url: &StoreUrl,
     info: ConnectionInfo,
     certificates: Option<TlsCertificates>,
+    sentinel_password: Option<&str>,
 ) -> Result<StoreClient, redis::RedisError> {
     if let url::Topology::Sentinel { service, .. } = &url.topology {
-        // The sentinel scheme has no TLS form, so there are no certificates.
         return Ok(StoreClient::Sentinel(sentinel::SentinelSettings {
             sentinels: url.sentinels(),
+            tls: url.tls,
+            certificates,
+            sentinel_password: sentinel_password.map(str::to_owned),
             service: service.clone(),
             master: info.redis_settings().clone().set_db(url.db),
         }));
@@ -320,8 +374,13 @@ impl Store {
                 root_cert,
             })
         };
-        let client =
-            client_for(url, redis_settings, certificates).map_err(|err| fail(err.to_string()))?;
+        let client = client_for(
+            url,
+            redis_settings,
+            certificates,
+            options.sentinel_password.as_deref(),
+        )
+        .map_err(|err| fail(err.to_string()))?;
         // The shared connection answers requests' quota checks: a call past
         // `--store-timeout-ms` fails (and the connection notices a dead
         // server at once). Callers with a longer bound take their own
@@ -336,7 +395,7 @@ impl Store {
         let connection = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| fail(format!("no answer within {CONNECT_TIMEOUT:?}")))?
-            .map_err(|err| fail(err.to_string()))?;
+            .map_err(|err| fail(explain(url, &err)))?;
         tracing::info!(store = %url, cluster = url.is_cluster(), timeout_ms = options.timeout.as_millis(), "store connected");
         Ok(Self {
             url: url.clone(),
@@ -397,6 +456,24 @@ mod tests {
         assert!(err.to_string().contains("needs a rediss://"), "{err}");
         let tls = StoreOptions::from_args("rediss://h:1", None, DEFAULT_TIMEOUT).unwrap();
         assert!(tls.with_tls_ca(Some("ca.pem".into())).is_ok());
+    }
+
+    #[test]
+    fn a_sentinel_password_is_for_sentinels_only() {
+        let file =
+            std::env::temp_dir().join(format!("sluice-sentinel-password-{}", std::process::id()));
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let plain = StoreOptions::from_args("redis://h:1", None, DEFAULT_TIMEOUT).unwrap();
+        let err = plain.with_sentinel_password(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("redis+sentinel://"), "{err}");
+        for url in ["redis+sentinel://h:1/main", "rediss+sentinel://h:1/main"] {
+            let options = StoreOptions::from_args(url, None, DEFAULT_TIMEOUT)
+                .unwrap()
+                .with_sentinel_password(Some(&file))
+                .unwrap();
+            assert_eq!(options.sentinel_password.as_deref(), Some("s3cret"));
+        }
+        std::fs::remove_file(&file).unwrap();
     }
 
     #[test]

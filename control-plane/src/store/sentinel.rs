@@ -11,18 +11,39 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, RedisResult, TlsCertificates, TlsMode,
+    Value,
+};
 
 /// Where the sentinels are and what they are asked.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SentinelSettings {
-    /// Every sentinel's URL, tried in order.
-    pub sentinels: Vec<String>,
+    /// Every sentinel's host and port, tried in order.
+    pub sentinels: Vec<(String, u16)>,
+    /// TLS to the sentinels and to the master (`rediss+sentinel://`).
+    pub tls: bool,
+    /// The CA to trust and the client certificate to present, to the
+    /// sentinels and the master alike; `None`: the system's roots.
+    pub certificates: Option<TlsCertificates>,
+    /// The sentinels' own password (their `requirepass`), if they have one.
+    pub sentinel_password: Option<String>,
     /// The master's name in the sentinels' configuration.
     pub service: String,
     /// The master's credentials and database.
     pub master: redis::RedisConnectionInfo,
+}
+
+/// Shows no password and no certificate.
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("sentinels", &self.sentinels)
+            .field("tls", &self.tls)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A connection to the current master; cheap to clone (clones share it
@@ -157,12 +178,42 @@ fn too_slow(what: &'static str) -> RedisError {
 /// The master the sentinels name now: its address and a client for it.
 async fn find_master(settings: &SentinelSettings) -> RedisResult<(String, redis::Client)> {
     let ask = async {
-        let mut sentinel = Sentinel::build(settings.sentinels.clone())?;
-        let node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(settings.master.clone());
-        sentinel
-            .async_master_for(&settings.service, Some(&node))
-            .await
+        let sentinels = settings.sentinels.iter().map(|(host, port)| {
+            if settings.tls {
+                ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: false,
+                    tls_params: None,
+                }
+            } else {
+                ConnectionAddr::Tcp(host.clone(), *port)
+            }
+        });
+        let master = &settings.master;
+        let mut builder =
+            SentinelClientBuilder::new(sentinels, &settings.service, SentinelServerType::Master)?
+                .set_client_to_redis_db(master.db());
+        if let Some(user) = master.username() {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = master.password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(password) = &settings.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if settings.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            if let Some(certificates) = &settings.certificates {
+                builder = builder
+                    .set_client_to_redis_certificates(certificates.clone())
+                    .set_client_to_sentinel_certificates(certificates.clone());
+            }
+        }
+        builder.build()?.async_get_client().await
     };
     let client = tokio::time::timeout(LOOKUP_TIMEOUT, ask)
         .await

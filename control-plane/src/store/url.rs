@@ -2,7 +2,8 @@
 //! with `rediss://` for TLS, `redis+cluster://` / `rediss+cluster://` for
 //! one node of a Redis Cluster (the client finds the others from it), and
 //! `redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER[/DB]` for the master
-//! that Redis Sentinels name.
+//! that Redis Sentinels name (`rediss+sentinel://`: TLS to the sentinels
+//! and to the master).
 //! Parsed here (not by the client) so that every error and every log line
 //! shows the URL with its password redacted.
 
@@ -40,9 +41,10 @@ pub enum Topology {
     /// `redis+cluster://`, `rediss+cluster://`: one node of a Redis
     /// Cluster; the client finds the others from it.
     Cluster,
-    /// `redis+sentinel://`: a Redis Sentinel (the first of several) that
-    /// names the current master of `service`; the credentials and the
-    /// database are the master's.
+    /// `redis+sentinel://`, `rediss+sentinel://`: a Redis Sentinel (the
+    /// first of several) that names the current master of `service`; the
+    /// credentials and the database are the master's (the sentinels' own
+    /// password is `--store-sentinel-password-file`).
     Sentinel {
         /// The master's name in the sentinels' configuration.
         service: String,
@@ -62,12 +64,13 @@ pub struct UrlError {
 }
 
 /// The schemes, whether they use TLS, and what their host is.
-const SCHEMES: [(&str, bool, Kind); 5] = [
+const SCHEMES: [(&str, bool, Kind); 6] = [
     ("redis://", false, Kind::Single),
     ("rediss://", true, Kind::Single),
     ("redis+cluster://", false, Kind::Cluster),
     ("rediss+cluster://", true, Kind::Cluster),
     ("redis+sentinel://", false, Kind::Sentinel),
+    ("rediss+sentinel://", true, Kind::Sentinel),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +93,7 @@ impl StoreUrl {
             return Err(fail(
                 "expected redis://HOST:PORT[/DB], rediss://HOST:PORT[/DB], \
                  redis+cluster://HOST:PORT, rediss+cluster://HOST:PORT or \
-                 redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]",
+                 redis[s]+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]",
             ));
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -171,7 +174,8 @@ impl StoreUrl {
             (true, Topology::Single) => "rediss",
             (false, Topology::Cluster) => "redis+cluster",
             (true, Topology::Cluster) => "rediss+cluster",
-            (_, Topology::Sentinel { .. }) => "redis+sentinel",
+            (false, Topology::Sentinel { .. }) => "redis+sentinel",
+            (true, Topology::Sentinel { .. }) => "rediss+sentinel",
         }
     }
 
@@ -191,15 +195,14 @@ impl StoreUrl {
         )
     }
 
-    /// Every sentinel's URL (no credentials), in order; empty unless
+    /// Every sentinel's host and port, in order; empty unless
     /// [`Topology::Sentinel`].
-    pub fn sentinels(&self) -> Vec<String> {
+    pub fn sentinels(&self) -> Vec<(String, u16)> {
         let Topology::Sentinel { more_sentinels, .. } = &self.topology else {
             return Vec::new();
         };
-        std::iter::once((self.host.as_str(), self.port))
-            .chain(more_sentinels.iter().map(|(h, p)| (h.as_str(), *p)))
-            .map(|(host, port)| format!("redis://{}:{port}", bracket(host)))
+        std::iter::once((self.host.clone(), self.port))
+            .chain(more_sentinels.iter().cloned())
             .collect()
     }
 }
@@ -338,7 +341,14 @@ mod tests {
             url.to_string(),
             "redis+sentinel://:***@s1:26379,[::1]:26380/main/2"
         );
-        assert_eq!(url.sentinels(), ["redis://s1:26379", "redis://[::1]:26380"]);
+        assert!(!url.tls);
+        assert_eq!(
+            url.sentinels(),
+            [("s1".to_owned(), 26379), ("::1".to_owned(), 26380)]
+        );
+        let tls = StoreUrl::parse("rediss+sentinel://s1:26379/main").unwrap();
+        assert!(tls.tls);
+        assert_eq!(tls.to_string(), "rediss+sentinel://s1:26379/main/0");
         let err = StoreUrl::parse("redis+sentinel://s1:26379").unwrap_err();
         assert!(err.reason.contains("/MASTER"), "{err}");
         let err = StoreUrl::parse("redis+sentinel://s1:26379,s2/main").unwrap_err();

@@ -386,6 +386,91 @@ async fn a_tls_store_with_a_password_counts_and_an_untrusted_one_is_refused() {
     assert!(!log.contains(password), "{log}");
 }
 
+/// Behind sentinels that speak only TLS and require a password of their
+/// own (`rediss+sentinel://`, `--store-sentinel-password-file`), the
+/// master's password in `--store-password-file`: the control plane finds
+/// the master and counts there. Without the sentinels' password it does not
+/// start, and its log says why without showing either password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sentinels_with_a_password_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let (password, sentinel_password) = ("s3cret-master", "s3cret-sentinel");
+    let redis = RedisSentinel::start_tls(dir.path(), &certs, password, sentinel_password)
+        .await
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{text}\n")).unwrap();
+        path.display().to_string()
+    };
+    let password_arg = write("store-password", password);
+    let sentinel_password_arg = write("sentinel-password", sentinel_password);
+    let ca = certs.path(certs::CA).display().to_string();
+    let args = [
+        "--store-tls-ca",
+        ca.as_str(),
+        "--store-password-file",
+        password_arg.as_str(),
+        "--store-sentinel-password-file",
+        sentinel_password_arg.as_str(),
+    ];
+    let cp = start(
+        dir.path(),
+        "tls-sentinel",
+        "fixed_window",
+        &redis.tls_url(),
+        &args,
+    )
+    .await;
+    let mut client = connect(cp.grpc_addr()).await;
+    let mut counted = false;
+    for attempt in 0..3 {
+        let tenant = format!("tls-sentinel-{attempt}");
+        let second = unix_ms() / 1_000;
+        ask(&mut client, &tenant).await;
+        let answer = ask(&mut client, &tenant).await;
+        assert_eq!(error_header(&answer), None, "{answer:?}");
+        if unix_ms() / 1_000 == second {
+            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
+            counted = true;
+            break;
+        }
+    }
+    assert!(counted, "no pair of calls fitted in one second");
+
+    // The sentinels refuse a client without their password: no start.
+    let options =
+        ControlPlaneOptions::new("limits: []\n", &dir.path().join("no-sentinel-password"))
+            .args(args[..4].iter().map(|a| (*a).to_owned()));
+    let refused = quotas::control_plane(
+        &dir.path().join("no-sentinel-password"),
+        options,
+        PER_TENANT,
+        None,
+        Store::Redis(&redis.tls_url()),
+    )
+    .await;
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exited"), "{err}");
+    let log = std::fs::read_to_string(dir.path().join("no-sentinel-password/sluice.log")).unwrap();
+    assert!(
+        log.contains("cannot connect to the store at rediss+sentinel://"),
+        "{log}"
+    );
+    assert!(log.contains("--store-sentinel-password-file"), "{log}");
+    assert!(
+        !log.contains(password) && !log.contains(sentinel_password),
+        "{log}"
+    );
+    println!(
+        "{}",
+        log.lines()
+            .find(|l| l.contains("cannot connect"))
+            .unwrap_or_default()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_authenticates_clients_takes_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
