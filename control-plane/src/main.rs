@@ -1,4 +1,7 @@
 //! `sluice`: the Sluice control plane binary.
+// The CLI's nested futures take rustc past its default query depth (128)
+// while laying them out in release builds.
+#![recursion_limit = "256"]
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -39,6 +39,19 @@ pub struct SimulateArgs {
     /// in-memory host: its own ticks, report windows, lease and fallback).
     #[arg(long, value_name = "MODEL", default_value = "parts", value_parser = parse_proxy_model)]
     pub proxy: ProxyModel,
+    /// With `--proxy agent`: worker threads (VMs) per Envoy; requests go
+    /// over a few client connections, each on one worker and replaced
+    /// after a while, as Envoy balances connections.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_workers)]
+    pub workers: u32,
+}
+
+fn parse_workers(value: &str) -> Result<u32, String> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=64).contains(n))
+        .ok_or_else(|| "expected a number of workers from 1 to 64".to_owned())
 }
 
 fn parse_proxy_model(value: &str) -> Result<ProxyModel, String> {
@@ -85,12 +98,22 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         eprintln!("sluice: cannot create {}: {err}", dir.display());
         return ExitCode::FAILURE;
     }
+    let model = match args.proxy {
+        ProxyModel::Agent { .. } => ProxyModel::Agent {
+            workers: args.workers as usize,
+        },
+        ProxyModel::Parts if args.workers > 1 => {
+            eprintln!("sluice: --workers needs --proxy agent");
+            return ExitCode::FAILURE;
+        }
+        parts => parts,
+    };
     let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
     let mut adaptive_rows = Vec::new();
     for scenario in &scenarios {
         let mut traces = Vec::new();
         for &variant in &variants {
-            let trace = match sim::run_model(scenario, args.seed, variant, args.proxy) {
+            let trace = match sim::run_model(scenario, args.seed, variant, model) {
                 Ok(trace) => trace,
                 Err(err) => {
                     eprintln!("sluice: scenario {}: {err}", scenario.name);

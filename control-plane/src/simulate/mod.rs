@@ -175,7 +175,7 @@ mod tests {
     /// docs/accuracy.md, "What the table leaves out").
     #[test]
     fn the_filters_agent_holds_the_limits() {
-        let agent = proxy::ProxyModel::Agent;
+        let agent = proxy::ProxyModel::Agent { workers: 1 };
         let steady = evaluate_model(&scenario("steady"), 1, Variant::IMPROVED, agent).unwrap();
         assert!(steady.admitted_within_offered);
         let error = steady.error_p95_1s.unwrap();
@@ -195,10 +195,29 @@ mod tests {
         }
     }
 
+    /// Several workers per Envoy: every VM an agent, requests spread over
+    /// connections that move between workers. The bounds are what seed 1
+    /// measured with some margin; they keep the model running, not the
+    /// accuracy the issue asks for with four workers (docs/accuracy.md,
+    /// "Several workers per Envoy").
+    #[test]
+    fn the_filters_agents_on_several_workers_hold_the_limit() {
+        let steady = scenario("steady");
+        for (workers, bound) in [(2, 0.05), (4, 0.10)] {
+            let model = proxy::ProxyModel::Agent { workers };
+            let metrics = evaluate_model(&steady, 1, Variant::IMPROVED, model).unwrap();
+            assert!(metrics.admitted_within_offered);
+            let error = metrics.error_p95_1s.unwrap();
+            assert!(error <= bound, "{workers} workers: p95 error {error}");
+            let utilisation = metrics.utilisation.unwrap();
+            assert!((0.97..=1.03).contains(&utilisation), "{utilisation}");
+        }
+    }
+
     #[test]
     fn the_agent_model_is_reproducible() {
         let steady = scenario("steady").truncated(6_000);
-        let agent = proxy::ProxyModel::Agent;
+        let agent = proxy::ProxyModel::Agent { workers: 1 };
         let run = |seed| sim::run_model(&steady, seed, Variant::IMPROVED, agent).unwrap();
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43), "the seed matters");

@@ -661,13 +661,16 @@ fn respond(
             }
         }
         let bucket = scenario.buckets.get(response.bucket);
-        if let (Some(member), Some(bucket)) = (proxies.get_mut(response.proxy), bucket)
+        if let (Some(member), Some(bucket), Some(worker)) =
+            (proxies.get_mut(response.proxy), bucket, response.followed)
             && member.up
-            && response.followed
         {
-            member
-                .proxy
-                .observe_response(&bucket.name, response.status, response.latency_us);
+            member.proxy.observe_response(
+                worker,
+                &bucket.name,
+                response.status,
+                response.latency_us,
+            );
         }
     }
 }
@@ -753,14 +756,19 @@ fn new_proxy(
                 phase,
             )))
         }
-        ProxyModel::Agent => {
+        ProxyModel::Agent { workers } => {
             let settings = proxy::settings(&id, |settings| {
                 settings.report_interval_ms = scenario.report_interval_ms;
                 settings.max_buckets = MAX_BUCKETS;
                 settings.decision = variant.decision;
                 settings.allowance = variant.allowance;
             });
-            SimProxy::Agent(Box::new(AgentProxy::new(settings, rng.next_u64(), phase)))
+            SimProxy::Agent(Box::new(AgentProxy::new(
+                settings,
+                rng.next_u64(),
+                workers,
+                phase,
+            )))
         }
     }
 }

@@ -41,8 +41,9 @@ pub struct Response {
     pub bucket: usize,
     /// HTTP status.
     pub status: u32,
-    /// Whether the proxy follows this response into its signals.
-    pub followed: bool,
+    /// The proxy's worker that follows this response into its signals,
+    /// if one does.
+    pub followed: Option<usize>,
     /// From the request to the response.
     pub latency_us: u64,
 }
@@ -83,8 +84,9 @@ impl Upstream {
 
     /// A request `proxy` admitted at `t_ms`: queued behind the work
     /// accepted before it, or answered 503 at once if it would wait longer
-    /// than the bound. `followed`: the proxy follows its response.
-    pub fn serve(&mut self, t_ms: u64, proxy: usize, bucket: usize, followed: bool) {
+    /// than the bound. `followed`: the proxy's worker that follows its
+    /// response.
+    pub fn serve(&mut self, t_ms: u64, proxy: usize, bucket: usize, followed: Option<usize>) {
         let now = t_ms as f64;
         let service_ms = 1_000.0 / self.capacity_at(t_ms).max(MIN_CAPACITY_RPS);
         let start = self.busy_until_ms.max(now);
@@ -137,7 +139,7 @@ mod tests {
         let mut upstream = upstream(100.0);
         // One request every 20 ms to a service taking 10 ms each.
         for t_ms in (0..1_000).step_by(20) {
-            upstream.serve(t_ms, 0, 0, false);
+            upstream.serve(t_ms, 0, 0, None);
         }
         let responses = drain(&mut upstream, 2_000);
         assert_eq!(responses.len(), 50);
@@ -154,7 +156,7 @@ mod tests {
         // each (the one served at once and 20 behind it), the rest are
         // refused.
         for _ in 0..1_000 {
-            upstream.serve(0, 0, 0, false);
+            upstream.serve(0, 0, 0, None);
         }
         let responses = drain(&mut upstream, 10_000);
         let ok: Vec<&Response> = responses.iter().filter(|r| !r.is_error()).collect();
@@ -173,7 +175,7 @@ mod tests {
     #[test]
     fn nothing_is_due_before_its_time() {
         let mut upstream = upstream(100.0);
-        upstream.serve(0, 3, 1, true);
+        upstream.serve(0, 3, 1, Some(0));
         assert_eq!(upstream.next_due(14), None);
         let response = upstream.next_due(15).unwrap();
         assert_eq!((response.proxy, response.bucket), (3, 1));

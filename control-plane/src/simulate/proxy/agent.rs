@@ -1,53 +1,85 @@
-//! One simulated Envoy: the filter's own [`Agent`] on an in-memory host,
-//! ticked on the simulated clock, its control-plane stream carried by the
-//! simulator.
+//! One simulated Envoy: the filter's own [`Agent`] in each of its workers'
+//! VMs, on in-memory hosts that share one process (shared data, queues,
+//! streams), ticked on the simulated clock, its control-plane stream
+//! carried by the simulator.
 //!
-//! The agent runs exactly as in Envoy (one VM, which serves requests and
-//! leads): it takes the lease, opens the stream and says hello, closes its
-//! report windows on its own ticks, applies batches, derives allowances and
-//! falls back when its directives age. The simulator only moves its
-//! messages: what it sent on the stream after each tick, and the batches
-//! due to it.
+//! The agents run exactly as in Envoy: they elect a leader through the
+//! lease, which opens the stream and says hello, collects the other VMs'
+//! hand-offs, closes report windows on its own ticks and publishes the
+//! table, the process rates and the worker count; every VM decides its own
+//! requests, derives allowances and falls back when its directives age.
+//! Envoy balances connections, not requests, over its workers: the
+//! clients' requests go over a few connections, each pinned to a worker,
+//! and a connection that has carried its share is replaced by one on a
+//! random worker. The simulator only moves messages: what the VMs sent on
+//! their streams after each tick, and the batches due to them.
 
 use prost::Message;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use sluice_core::Priority;
 use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_DIRECTIVE_POLL_MS, Decision};
 use sluice_filter::fake_host::{FakeHost, FakeProcess};
 use sluice_proto::v1::{ControlMessage, DirectiveBatch, ProxyMessage, control_message};
 
-/// The Envoy cluster the agent opens its stream on; any name will do.
+/// The Envoy cluster the agents open their stream on; any name will do.
 const CLUSTER: &str = "sluice-control-plane";
 
 /// Where the simulated clock starts on the agent's (Unix) clock: a time
 /// well after 1970, so nothing in the agent reads its first ticks as unset.
 pub const CLOCK_ORIGIN_MS: u64 = 1_800_000_000_000;
 
-/// A simulated Envoy process with one VM.
+/// Client connections to one Envoy (each pinned to a worker).
+const CONNECTIONS: usize = 8;
+/// Requests a connection carries before the client replaces it.
+const REQUESTS_PER_CONNECTION: u32 = 200;
+
+/// A simulated Envoy process with one VM per worker.
 pub struct AgentProxy {
     /// Its `proxy_id`.
     id: String,
     settings: AgentSettings,
     seed: u64,
+    workers: usize,
     /// Starts so far: each one is a new Envoy process.
     starts: u64,
+    vms: Vec<Vm>,
+    /// The clients' connections: the worker each is on, and the requests
+    /// it still carries.
+    connections: Vec<(usize, u32)>,
+    next_connection: usize,
+    /// Draws the worker of a new connection.
+    rng: SmallRng,
+    /// The worker whose VM decided the last request.
+    last_vm: usize,
+}
+
+/// One worker's VM.
+struct Vm {
     agent: Agent,
     host: FakeHost,
     next_tick_ms: u64,
 }
 
 impl AgentProxy {
-    /// A proxy whose first tick comes at `first_tick_ms`.
-    pub fn new(settings: AgentSettings, seed: u64, first_tick_ms: u64) -> Self {
-        let (agent, host) = start(&settings, seed);
-        Self {
+    /// A proxy of `workers` VMs (at least one) whose first tick comes at
+    /// `first_tick_ms`.
+    pub fn new(settings: AgentSettings, seed: u64, workers: usize, first_tick_ms: u64) -> Self {
+        let workers = workers.max(1);
+        let mut proxy = Self {
             id: settings.proxy_id.clone(),
             settings,
             seed,
-            starts: 1,
-            agent,
-            host,
-            next_tick_ms: first_tick_ms,
-        }
+            workers,
+            starts: 0,
+            vms: Vec::new(),
+            connections: Vec::new(),
+            next_connection: 0,
+            rng: SmallRng::seed_from_u64(seed),
+            last_vm: 0,
+        };
+        proxy.start(first_tick_ms);
+        proxy
     }
 
     /// Its `proxy_id`.
@@ -59,23 +91,47 @@ impl AgentProxy {
     /// reported yet, directives and the stream are gone, as when an Envoy
     /// leaves rotation and comes back.
     pub fn restart(&mut self, t_ms: u64) {
-        let seed = self.seed ^ self.starts.wrapping_mul(0xA24B_AED4_963E_E407);
-        self.starts += 1;
-        (self.agent, self.host) = start(&self.settings, seed);
-        self.next_tick_ms = t_ms;
+        self.start(t_ms);
     }
 
-    /// Runs the agent's tick if one is due at `t_ms`, then hands over what
-    /// it sent on its streams since, with each stream's token.
+    fn start(&mut self, first_tick_ms: u64) {
+        let seed = self.seed ^ self.starts.wrapping_mul(0xA24B_AED4_963E_E407);
+        self.starts += 1;
+        self.rng = SmallRng::seed_from_u64(seed);
+        let process = FakeProcess::new(CLUSTER);
+        self.vms = (0..self.workers)
+            .map(|vm| Vm {
+                agent: Agent::new(self.settings.clone(), self.rng.next_u64()),
+                host: FakeHost {
+                    vm,
+                    process: process.clone(),
+                },
+                // Each worker's timer runs at its own phase.
+                next_tick_ms: first_tick_ms
+                    + self.rng.next_u64() % DEFAULT_DIRECTIVE_POLL_MS * u64::from(vm > 0),
+            })
+            .collect();
+        self.connections = (0..CONNECTIONS)
+            .map(|_| (pick_worker(&mut self.rng, self.workers), 0))
+            .collect();
+        self.next_connection = 0;
+    }
+
+    /// Runs the ticks due at `t_ms`, then hands over what the VMs sent on
+    /// their streams since, with each stream's token.
     pub fn tick(&mut self, t_ms: u64, sent: &mut Vec<(u32, ProxyMessage)>) {
-        if t_ms < self.next_tick_ms {
-            return;
+        for vm in &mut self.vms {
+            if t_ms < vm.next_tick_ms {
+                continue;
+            }
+            vm.next_tick_ms = t_ms + DEFAULT_DIRECTIVE_POLL_MS;
+            vm.agent.on_tick(&mut vm.host, CLOCK_ORIGIN_MS + t_ms);
         }
-        self.next_tick_ms = t_ms + DEFAULT_DIRECTIVE_POLL_MS;
-        self.agent.on_tick(&mut self.host, CLOCK_ORIGIN_MS + t_ms);
-        let mut process = self.host.process.borrow_mut();
-        // Nobody reads the logs and metrics of a simulated VM: keep its
-        // memory flat over long runs.
+        let Some(vm) = self.vms.first() else {
+            return;
+        };
+        let mut process = vm.host.process.borrow_mut();
+        // Nobody reads the logs of a simulated VM: keep memory flat.
         process.logs.clear();
         for (&token, stream) in &mut process.streams {
             for bytes in stream.sent.drain(..) {
@@ -87,54 +143,74 @@ impl AgentProxy {
         }
     }
 
-    /// Hands `batch` to the agent as a message on stream `token`; nothing
-    /// when the agent has closed that stream since.
+    /// Hands `batch` to the VM that opened stream `token`; nothing when it
+    /// has closed that stream since.
     pub fn deliver(&mut self, token: u32, batch: DirectiveBatch, t_ms: u64) {
-        let open = self
-            .host
-            .process
-            .borrow()
-            .streams
-            .get(&token)
-            .is_some_and(|stream| stream.open);
-        if !open {
+        let owner = self.vms.first().and_then(|vm| {
+            let process = vm.host.process.borrow();
+            process
+                .streams
+                .get(&token)
+                .filter(|stream| stream.open)
+                .map(|stream| stream.vm)
+        });
+        let Some(vm) = owner.and_then(|owner| self.vms.get_mut(owner)) else {
             return;
-        }
+        };
         let message = ControlMessage {
             kind: Some(control_message::Kind::Directives(batch)),
         };
-        self.agent.on_stream_message(
-            &mut self.host,
+        vm.agent.on_stream_message(
+            &mut vm.host,
             token,
             &message.encode_to_vec(),
             CLOCK_ORIGIN_MS + t_ms,
         );
     }
 
-    /// Decides a request of `bucket` for `tenant` (empty: none), as the
-    /// filter's request path does; true when admitted.
+    /// Decides a request of `bucket` for `tenant` (empty: none) on the
+    /// worker of the next connection, as the filter's request path does;
+    /// true when admitted.
     pub fn admit(&mut self, bucket: &str, tenant: &str) -> bool {
-        self.agent.admit_cell(bucket, tenant, Priority::Unspecified) == Decision::Admit
+        let index = self.next_connection % self.connections.len().max(1);
+        self.next_connection = self.next_connection.wrapping_add(1);
+        let worker = match self.connections.get_mut(index) {
+            Some((worker, carried)) => {
+                *carried += 1;
+                let on = *worker;
+                if *carried >= REQUESTS_PER_CONNECTION {
+                    *worker = pick_worker(&mut self.rng, self.workers);
+                    *carried = 0;
+                }
+                on
+            }
+            None => 0,
+        };
+        self.last_vm = worker;
+        self.vms.get_mut(worker).is_some_and(|vm| {
+            vm.agent.admit_cell(bucket, tenant, Priority::Unspecified) == Decision::Admit
+        })
     }
 
-    /// After an admitted request: whether the agent follows its response.
-    pub fn follows_response(&mut self) -> bool {
-        self.agent.follow_response().is_some()
+    /// After an admitted request: the worker that follows its response, if
+    /// it does.
+    pub fn follows_response(&mut self) -> Option<usize> {
+        let worker = self.last_vm;
+        let vm = self.vms.get_mut(worker)?;
+        vm.agent.follow_response().map(|_| worker)
     }
 
-    /// The response to a followed request of `bucket`.
-    pub fn observe_response(&mut self, bucket: &str, status: u32, latency_us: u64) {
-        self.agent
-            .observe_response(bucket, status, Some(latency_us));
+    /// The response to a request of `bucket` that `worker` followed.
+    pub fn observe_response(&mut self, worker: usize, bucket: &str, status: u32, latency_us: u64) {
+        if let Some(vm) = self.vms.get_mut(worker) {
+            vm.agent.observe_response(bucket, status, Some(latency_us));
+        }
     }
 }
 
-fn start(settings: &AgentSettings, seed: u64) -> (Agent, FakeHost) {
-    let host = FakeHost {
-        vm: 0,
-        process: FakeProcess::new(CLUSTER),
-    };
-    (Agent::new(settings.clone(), seed), host)
+/// A worker for a new connection, uniformly.
+fn pick_worker(rng: &mut SmallRng, workers: usize) -> usize {
+    usize::try_from(rng.next_u64() % workers.max(1) as u64).unwrap_or(0)
 }
 
 /// The agent's settings for a simulated proxy: its cluster, and every

@@ -17,8 +17,12 @@ pub enum ProxyModel {
     /// `report_interval_ms` exactly.
     #[default]
     Parts,
-    /// The filter's [`sluice_filter::agent::Agent`] on an in-memory host.
-    Agent,
+    /// The filter's [`sluice_filter::agent::Agent`] in each of `workers`
+    /// VMs on in-memory hosts of one process.
+    Agent {
+        /// Worker threads (VMs) per Envoy.
+        workers: usize,
+    },
 }
 
 impl ProxyModel {
@@ -26,7 +30,7 @@ impl ProxyModel {
     pub fn by_name(name: &str) -> Option<Self> {
         match name {
             "parts" => Some(Self::Parts),
-            "agent" => Some(Self::Agent),
+            "agent" => Some(Self::Agent { workers: 1 }),
             _ => None,
         }
     }
@@ -93,19 +97,20 @@ impl SimProxy {
         }
     }
 
-    /// After an admitted request: whether its response may be followed.
-    pub fn follows_response(&mut self) -> bool {
+    /// After an admitted request: the worker that may follow its
+    /// response, if any.
+    pub fn follows_response(&mut self) -> Option<usize> {
         match self {
             Self::Parts(proxy) => proxy.follows_response(),
             Self::Agent(proxy) => proxy.follows_response(),
         }
     }
 
-    /// The response to a followed request of `bucket`.
-    pub fn observe_response(&mut self, bucket: &str, status: u32, latency_us: u64) {
+    /// The response to a request of `bucket` that `worker` followed.
+    pub fn observe_response(&mut self, worker: usize, bucket: &str, status: u32, latency_us: u64) {
         match self {
             Self::Parts(proxy) => proxy.observe_response(bucket, status, latency_us),
-            Self::Agent(proxy) => proxy.observe_response(bucket, status, latency_us),
+            Self::Agent(proxy) => proxy.observe_response(worker, bucket, status, latency_us),
         }
     }
 }

@@ -173,8 +173,8 @@ impl PartsProxy {
 
     /// Every response may be followed: the model picks one in four when
     /// it arrives (the same one in four as at admission).
-    pub fn follows_response(&mut self) -> bool {
-        true
+    pub fn follows_response(&mut self) -> Option<usize> {
+        Some(0)
     }
 
     /// A response of `bucket`, followed if it is the one in four.
