@@ -425,22 +425,25 @@ impl RedisSentinel {
             replica,
             sentinel,
         };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let synced = set
-                .replica
-                .log_tail()
-                .contains("MASTER <-> REPLICA sync: Finished with success");
-            let known = set.sentinel.log_tail().contains("+slave slave");
-            if synced && known {
-                return Ok(set);
-            }
-            if Instant::now() > deadline {
-                set.print_logs();
-                bail!("the TLS replica or sentinel did not come up within {START_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let ready = crate::wait::until(
+            "the TLS replica in sync and the sentinel knowing it",
+            START_TIMEOUT,
+            Duration::from_millis(100),
+            || {
+                let synced = set
+                    .replica
+                    .log_tail()
+                    .contains("MASTER <-> REPLICA sync: Finished with success");
+                let known = set.sentinel.log_tail().contains("+slave slave");
+                async move { Ok((synced && known).then_some(())) }
+            },
+        )
+        .await;
+        if let Err(err) = ready {
+            set.print_logs();
+            return Err(err);
         }
+        Ok(set)
     }
 
     /// `rediss+sentinel://localhost:PORT/main`, for a set from

@@ -252,6 +252,21 @@ struct Reception<'a> {
 }
 
 impl Reception<'_> {
+    /// Runs `step` (a tick, or what follows the millisecond's requests) on
+    /// every proxy in rotation and receives what each sent.
+    fn exchange(
+        &mut self,
+        proxies: &mut [Member],
+        sent: &mut Vec<(u32, ProxyMessage)>,
+        t_ms: u64,
+        step: fn(&mut SimProxy, u64, &mut Vec<(u32, ProxyMessage)>),
+    ) {
+        for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
+            step(&mut member.proxy, t_ms, sent);
+            self.receive(index, member, sent, t_ms);
+        }
+    }
+
     /// What proxy `index` sent at `t_ms`: a hello opens its stream at the
     /// fleet and brings the snapshot; reports go to the fleet.
     fn receive(
@@ -445,19 +460,16 @@ pub fn run_model(
                 .collect();
         }
 
-        for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
-            member.proxy.tick(t_ms, &mut sent);
-            Reception {
-                fleet: &mut fleet,
-                health: &mut health,
-                in_flight: &mut in_flight,
-                next_stream: &mut next_stream,
-                push_delay_ms: scenario.push_delay_ms,
-                version,
-                snapshot: &snapshot,
-            }
-            .receive(index, member, &mut sent, t_ms);
-        }
+        let mut reception = Reception {
+            fleet: &mut fleet,
+            health: &mut health,
+            in_flight: &mut in_flight,
+            next_stream: &mut next_stream,
+            push_delay_ms: scenario.push_delay_ms,
+            version,
+            snapshot: &snapshot,
+        };
+        reception.exchange(&mut proxies, &mut sent, t_ms, SimProxy::tick);
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         if let Some(upstream) = upstream.as_mut() {
@@ -545,19 +557,7 @@ pub fn run_model(
             }
         }
 
-        for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
-            member.proxy.after_requests(t_ms, &mut sent);
-            Reception {
-                fleet: &mut fleet,
-                health: &mut health,
-                in_flight: &mut in_flight,
-                next_stream: &mut next_stream,
-                push_delay_ms: scenario.push_delay_ms,
-                version,
-                snapshot: &snapshot,
-            }
-            .receive(index, member, &mut sent, t_ms);
-        }
+        reception.exchange(&mut proxies, &mut sent, t_ms, SimProxy::after_requests);
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
             let load = fleet.tick();

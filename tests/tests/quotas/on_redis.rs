@@ -47,6 +47,41 @@ fn error_header(response: &RateLimitResponse) -> Option<&str> {
         .map(|h| h.value.as_str())
 }
 
+/// Two calls for a new tenant within one second (a few tries): the
+/// second is counted in Redis and leaves 98 of 100.
+async fn counts_two_calls(client: &mut RateLimitServiceClient<Channel>, prefix: &str) {
+    for attempt in 0..3 {
+        let tenant = format!("{prefix}-{attempt}");
+        let second = unix_ms() / 1_000;
+        ask(client, &tenant).await;
+        let answer = ask(client, &tenant).await;
+        assert_eq!(error_header(&answer), None, "{answer:?}");
+        if unix_ms() / 1_000 == second {
+            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
+            return;
+        }
+    }
+    panic!("no pair of calls fitted in one second");
+}
+
+/// Starts a control plane on `url` with `args` that must refuse to
+/// start; its log.
+async fn refused_start(dir: &std::path::Path, name: &str, url: &str, args: &[&str]) -> String {
+    let options = ControlPlaneOptions::new("limits: []\n", &dir.join(name))
+        .args(args.iter().map(|a| (*a).to_owned()));
+    let refused = quotas::control_plane(
+        &dir.join(name),
+        options,
+        PER_TENANT,
+        None,
+        Store::Redis(url),
+    )
+    .await;
+    let err = format!("{:#}", refused.unwrap_err());
+    assert!(err.contains("exited"), "{err}");
+    std::fs::read_to_string(dir.join(name).join("sluice.log")).unwrap()
+}
+
 async fn start(
     dir: &std::path::Path,
     name: &str,
@@ -352,31 +387,15 @@ async fn a_tls_store_with_a_password_counts_and_an_untrusted_one_is_refused() {
     ];
     let control_plane = start(dir.path(), "tls", "fixed_window", &redis.url(), &trusted).await;
     let mut client = connect(control_plane.grpc_addr()).await;
-    for attempt in 0..3 {
-        let tenant = format!("tls-{attempt}");
-        let second = unix_ms() / 1_000;
-        ask(&mut client, &tenant).await;
-        let answer = ask(&mut client, &tenant).await;
-        assert_eq!(error_header(&answer), None, "{answer:?}");
-        if unix_ms() / 1_000 == second {
-            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
-            break;
-        }
-    }
+    counts_two_calls(&mut client, "tls").await;
     // The system's roots do not know the test CA: no start.
-    let options = ControlPlaneOptions::new("limits: []\n", &dir.path().join("untrusted"))
-        .args(["--store-password-file".to_owned(), password_arg.clone()]);
-    let refused = quotas::control_plane(
-        &dir.path().join("untrusted"),
-        options,
-        PER_TENANT,
-        None,
-        Store::Redis(&redis.url()),
+    let log = refused_start(
+        dir.path(),
+        "untrusted",
+        &redis.url(),
+        &["--store-password-file", password_arg.as_str()],
     )
     .await;
-    let err = format!("{:#}", refused.unwrap_err());
-    assert!(err.contains("exited"), "{err}");
-    let log = std::fs::read_to_string(dir.path().join("untrusted/sluice.log")).unwrap();
     let expected = format!(
         "cannot connect to the store at {}",
         redis.url().replace("localhost", ":***@localhost")
@@ -424,36 +443,16 @@ async fn tls_sentinels_with_a_password_of_their_own() {
     )
     .await;
     let mut client = connect(cp.grpc_addr()).await;
-    let mut counted = false;
-    for attempt in 0..3 {
-        let tenant = format!("tls-sentinel-{attempt}");
-        let second = unix_ms() / 1_000;
-        ask(&mut client, &tenant).await;
-        let answer = ask(&mut client, &tenant).await;
-        assert_eq!(error_header(&answer), None, "{answer:?}");
-        if unix_ms() / 1_000 == second {
-            assert_eq!(answer.statuses[0].limit_remaining, 98, "{answer:?}");
-            counted = true;
-            break;
-        }
-    }
-    assert!(counted, "no pair of calls fitted in one second");
+    counts_two_calls(&mut client, "tls-sentinel").await;
 
     // The sentinels refuse a client without their password: no start.
-    let options =
-        ControlPlaneOptions::new("limits: []\n", &dir.path().join("no-sentinel-password"))
-            .args(args[..4].iter().map(|a| (*a).to_owned()));
-    let refused = quotas::control_plane(
-        &dir.path().join("no-sentinel-password"),
-        options,
-        PER_TENANT,
-        None,
-        Store::Redis(&redis.tls_url()),
+    let log = refused_start(
+        dir.path(),
+        "no-sentinel-password",
+        &redis.tls_url(),
+        &args[..4],
     )
     .await;
-    let err = format!("{:#}", refused.unwrap_err());
-    assert!(err.contains("exited"), "{err}");
-    let log = std::fs::read_to_string(dir.path().join("no-sentinel-password/sluice.log")).unwrap();
     assert!(
         log.contains("cannot connect to the store at rediss+sentinel://"),
         "{log}"
@@ -505,23 +504,18 @@ async fn a_store_that_authenticates_clients_takes_a_client_certificate() {
     assert_eq!(answer.overall_code, 1, "{answer:?}");
 
     // Without a client certificate the server closes the handshake: no start.
-    let options = ControlPlaneOptions::new("limits: []\n", &dir.path().join("no-cert")).args([
-        "--store-tls-ca".to_owned(),
-        ca.clone(),
-        "--store-password-file".to_owned(),
-        password_arg.clone(),
-    ]);
-    let refused = quotas::control_plane(
-        &dir.path().join("no-cert"),
-        options,
-        PER_TENANT,
-        None,
-        Store::Redis(&redis.url()),
+    let log = refused_start(
+        dir.path(),
+        "no-cert",
+        &redis.url(),
+        &[
+            "--store-tls-ca",
+            ca.as_str(),
+            "--store-password-file",
+            password_arg.as_str(),
+        ],
     )
     .await;
-    let err = format!("{:#}", refused.unwrap_err());
-    assert!(err.contains("exited"), "{err}");
-    let log = std::fs::read_to_string(dir.path().join("no-cert/sluice.log")).unwrap();
     assert!(log.contains("cannot connect to the store"), "{log}");
     assert!(!log.contains(password), "{log}");
 }
