@@ -32,6 +32,8 @@ pub struct ControlPlaneOptions {
     pub name: String,
     /// More `sluice serve` arguments (e.g. TLS files).
     pub extra_args: Vec<String>,
+    /// `RUST_LOG` for the process; `None`: the environment's, else `info`.
+    pub log_level: Option<String>,
 }
 
 impl ControlPlaneOptions {
@@ -45,7 +47,23 @@ impl ControlPlaneOptions {
             work_dir: work_dir.to_path_buf(),
             name: "sluice".to_owned(),
             extra_args: Vec::new(),
+            log_level: None,
         }
+    }
+
+    /// Names the process (its log, ready and limits files).
+    #[must_use]
+    pub fn named(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.name);
+        self
+    }
+
+    /// Sets the process's `RUST_LOG` (benchmarks log at `warn`, so that
+    /// logging costs no CPU they measure).
+    #[must_use]
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = Some(level.to_owned());
+        self
     }
 
     /// Uses an existing limits file instead of writing one.
@@ -229,7 +247,10 @@ async fn spawn(options: &ControlPlaneOptions, start: u32) -> Result<(ChildGuard,
         .arg(&ready)
         .env(
             "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+            options
+                .log_level
+                .clone()
+                .unwrap_or_else(|| std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned())),
         );
     if let Some(ms) = options.control_interval_ms {
         command.arg("--control-interval-ms").arg(ms.to_string());

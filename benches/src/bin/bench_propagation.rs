@@ -35,9 +35,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use sluice_benches::e2e::measure::Machine;
 use sluice_benches::e2e::report;
-use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
 use sluice_benches::fleet::stream::{Fleet, FleetSpec, Received};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions, Rewrite, load_repo_config, rewrite};
 use sluice_integration_tests::paths;
 use tokio::net::TcpStream;
@@ -126,7 +126,7 @@ async fn run() -> Result<()> {
 }
 
 /// Flips the limit: even events set it to 0 (drop ratio 1), odd ones lift it.
-async fn flip(cp: &ControlPlaneProcess, event: usize) -> Result<f64> {
+async fn flip(cp: &ControlPlane, event: usize) -> Result<f64> {
     if event.is_multiple_of(2) {
         cp.admin().put_limit(BUCKET, 0.0).await?;
         Ok(1.0)
@@ -181,8 +181,13 @@ async fn wait_all(
 }
 
 async fn simulated(options: &Options, work: &std::path::Path) -> Result<Latencies> {
-    let cp = ControlPlaneProcess::start(work, "sluice-simulated", LIMITS).await?;
-    let (fleet, mut events) = Fleet::start(&spec(options.streams, "sim", true), cp.addrs().grpc);
+    let cp = ControlPlane::start(
+        ControlPlaneOptions::new(LIMITS, work)
+            .named("sluice-simulated")
+            .log_level("warn"),
+    )
+    .await?;
+    let (fleet, mut events) = Fleet::start(&spec(options.streams, "sim", true), cp.grpc_addr());
     let result = async {
         // The bucket is new: its first directive (ratio 0) reaches everyone.
         wait_all(&mut events, options.streams, 0.0, true).await?;
@@ -217,14 +222,19 @@ struct Probe {
 }
 
 async fn real_envoy(options: &Options, work: &std::path::Path) -> Result<Latencies> {
-    let cp = ControlPlaneProcess::start(work, "sluice-envoy", LIMITS).await?;
+    let cp = ControlPlane::start(
+        ControlPlaneOptions::new(LIMITS, work)
+            .named("sluice-envoy")
+            .log_level("warn"),
+    )
+    .await?;
     let mut config = load_repo_config("demo-a.yaml")?;
-    let rw = Rewrite::for_test(cp.addrs().grpc, json!({"proxy_id": "propagation-envoy"}))?;
+    let rw = Rewrite::for_test(cp.grpc_addr(), json!({"proxy_id": "propagation-envoy"}))?;
     rewrite(&mut config, &rw)?;
     let mut envoy_options = EnvoyOptions::new("propagation-envoy", work);
     envoy_options.log_level = "warn".to_owned();
     let mut envoy = Envoy::start(&config, &envoy_options).await?;
-    let (listener, mut events) = Fleet::start(&spec(1, "listener", false), cp.addrs().grpc);
+    let (listener, mut events) = Fleet::start(&spec(1, "listener", false), cp.grpc_addr());
     let (probes_tx, mut probes) = mpsc::unbounded_channel();
     let prober = tokio::spawn(probe(envoy.listener_addr(), probes_tx));
     let result = async {
@@ -337,7 +347,7 @@ fn markdown(options: &Options, mut simulated: Latencies, mut envoy: Latencies) -
          first 200 after it is lifted); the time is that answer's arrival at the \
          prober. This includes everything above plus Envoy's gRPC client, the \
          leader VM writing shared data, the worker VM picking it up on its next \
-         100 ms tick unless it is the leader, and up to 1 ms of probe spacing.\n\n\
+         20 ms directive poll unless it is the leader, and up to 1 ms of probe spacing.\n\n\
          | proxies | events | p50 ms | p99 ms | max ms | target p99 <= {target} ms |\n\
          | --- | ---: | ---: | ---: | ---: | --- |\n\
          | {streams} simulated, every (proxy, event) | {events} | {sim_p50:.1} | {sim_p99:.1} | {sim_max:.1} | {v1} |\n\

@@ -32,8 +32,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
 use sluice_benches::e2e::service::{Service, ServiceProcess};
-use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::paths;
 use sluice_integration_tests::redis::RedisServer;
 use tokio::sync::Semaphore;
@@ -120,9 +120,14 @@ async fn run() -> Result<()> {
                 extra.extend(["--store".to_owned(), url.to_owned()]);
             }
             let name = format!("{store}-{algorithm}");
-            let mut control_plane =
-                ControlPlaneProcess::start_with(work.path(), &name, "limits: []\n", &extra).await?;
-            let grpc = control_plane.addrs().grpc;
+            let mut control_plane = ControlPlane::start(
+                ControlPlaneOptions::new("limits: []\n", work.path())
+                    .named(&name)
+                    .log_level("warn")
+                    .args(extra),
+            )
+            .await?;
+            let grpc = control_plane.grpc_addr();
             let redis_pid = url.map(|_| redis.pid());
             let row = measure_service(
                 ("sluice serve --quotas", store, algorithm),

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
-use sluice_benches::fleet::control_plane::ControlPlaneProcess;
 use sluice_benches::fleet::stats;
 use sluice_benches::fleet::stream::{Fleet, FleetCounters, FleetSpec, LoadFn};
+use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::paths;
 use sluice_integration_tests::prometheus::Exposition;
 use sluice_integration_tests::redis::RedisServer;
@@ -204,11 +204,11 @@ async fn run() -> Result<()> {
             None => Vec::new(),
         };
         replicas.push(
-            ControlPlaneProcess::start_with(
-                work.path(),
-                &format!("sluice-soak-r{index}"),
-                &limits,
-                &extra,
+            ControlPlane::start(
+                ControlPlaneOptions::new(&limits, work.path())
+                    .named(&format!("sluice-soak-r{index}"))
+                    .log_level("warn")
+                    .args(extra),
             )
             .await?,
         );
@@ -249,7 +249,7 @@ async fn run() -> Result<()> {
             load: Arc::clone(&load),
             watch: None,
         };
-        let (fleet, mut received) = Fleet::start(&spec, replica.addrs().grpc);
+        let (fleet, mut received) = Fleet::start(&spec, replica.grpc_addr());
         fleets.push(fleet);
         let merged = merged.clone();
         forwarders.spawn(async move {
@@ -275,7 +275,7 @@ async fn run() -> Result<()> {
     let mut directives = 0_u64;
     let mut sample_at = tokio::time::Instant::now();
     let end = tokio::time::Instant::now() + options.duration;
-    let replica_pids: Vec<u32> = replicas.iter().map(ControlPlaneProcess::pid).collect();
+    let replica_pids: Vec<u32> = replicas.iter().map(ControlPlane::pid).collect();
     let redis_pid = store
         .as_ref()
         .and_then(|s| s.server.as_ref())
@@ -343,7 +343,7 @@ async fn run() -> Result<()> {
     let own_cpu_after = measure::cpu_time(std::process::id(), ticks)?;
     let mut metrics = Vec::with_capacity(replicas.len());
     for replica in &replicas {
-        metrics.push(replica.metrics().await);
+        metrics.push(replica.admin().metrics().await);
     }
     let reports_sent = counter(&fleets, |c| &c.reports);
     let stream_errors = counter(&fleets, |c| &c.errors);

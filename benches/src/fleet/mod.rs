@@ -1,7 +1,8 @@
 //! Simulated proxies against the real control plane, shared by the
 //! propagation benchmark (`bench_propagation`) and the soak test (`soak`).
 //!
-//! - [`control_plane`]: `sluice serve` as a child process with its pid, for
+//! - `sluice serve` itself is the integration tests' harness
+//!   (`sluice_integration_tests::control_plane`), whose pid gives the
 //!   `/proc` readings.
 //! - [`stream`]: one simulated filter stream per tonic client and HTTP/2
 //!   connection, speaking `sluice.v1.DirectiveService/Stream` like the
@@ -9,6 +10,5 @@
 //!   when each directive batch arrives.
 //! - [`stats`]: quantiles and the `/metrics` push-latency histogram.
 
-pub mod control_plane;
 pub mod stats;
 pub mod stream;
