@@ -35,6 +35,41 @@ async fn decisions(envoy: &Envoy, result: &str) -> u64 {
         .sum()
 }
 
+/// Waits (at most 10 s) until `envoy` applies a mode change: with
+/// `enforced`, until it counts new drops; otherwise until it counts new
+/// shadow drops and no new drop over 300 ms.
+async fn wait_for_mode(envoy: &Envoy, enforced: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut drops = decisions(envoy, "drop").await;
+    let mut shadow = decisions(envoy, "shadow_drop").await;
+    let mut quiet_since = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (now_drops, now_shadow) = (
+            decisions(envoy, "drop").await,
+            decisions(envoy, "shadow_drop").await,
+        );
+        let applied = if enforced {
+            now_drops > drops
+        } else {
+            if now_drops > drops || now_shadow == shadow {
+                quiet_since = None;
+            } else {
+                quiet_since.get_or_insert_with(tokio::time::Instant::now);
+            }
+            quiet_since.is_some_and(|since| since.elapsed() >= Duration::from_millis(300))
+        };
+        if applied {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Envoy did not apply the mode (enforce: {enforced}) within 10 s"
+        );
+        (drops, shadow) = (now_drops, now_shadow);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_get_their_weighted_fair_shares() {
     let limits = "\
@@ -152,7 +187,7 @@ modes:
     let envoy = &fleet.envoys[0];
     let admin = fleet.control_plane.admin().clone();
     let url = fleet.url(0).unwrap();
-    let duration = Duration::from_secs(24);
+    let duration = Duration::from_secs(21);
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &url, "acme", 300.0)],
         duration,
@@ -184,8 +219,11 @@ modes:
         )
         .await
         .unwrap();
-    let enforce_from = load.elapsed().as_secs_f64() + 2.0;
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Measured from when the Envoy enforces, not from a guess of the
+    // propagation time.
+    wait_for_mode(envoy, true).await;
+    let enforce_from = load.elapsed().as_secs_f64() + 0.5;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let enforce_window = Window::secs(enforce_from, load.elapsed().as_secs_f64());
 
     // Kill switch: back to shadow everywhere within one push.
@@ -193,15 +231,18 @@ modes:
         .send(Method::PUT, "/v1/kill-switch", None)
         .await
         .unwrap();
-    let killed_from = load.elapsed().as_secs_f64() + 1.0;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    wait_for_mode(envoy, false).await;
+    // Answers already on their way when the mode changed.
+    let killed_from = load.elapsed().as_secs_f64() + 0.2;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let killed_window = Window::secs(killed_from, load.elapsed().as_secs_f64());
     // Off again: the previous modes (enforce) return.
     admin
         .send(Method::DELETE, "/v1/kill-switch", None)
         .await
         .unwrap();
-    let restored_from = load.elapsed().as_secs_f64() + 1.0;
+    wait_for_mode(envoy, true).await;
+    let restored_from = load.elapsed().as_secs_f64();
     let result = load.finish().await.unwrap();
     let restored_window = Window::secs(restored_from, duration.as_secs_f64());
 
