@@ -316,18 +316,7 @@ impl RedisSentinel {
             },
         )
         .await?;
-        let sentinel_dir = dir.join("sentinel");
-        std::fs::create_dir_all(&sentinel_dir)?;
-        let config = sentinel_dir.join("sentinel.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\n\
-                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
-                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
-                master.port
-            ),
-        )?;
+        let (sentinel_dir, config) = sentinel_config(dir, master.port, None)?;
         let sentinel = RedisServer::start_with(
             &sentinel_dir,
             Extra {
@@ -396,19 +385,7 @@ impl RedisSentinel {
             },
         )
         .await?;
-        let sentinel_dir = dir.join("sentinel");
-        std::fs::create_dir_all(&sentinel_dir)?;
-        let config = sentinel_dir.join("sentinel.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\n\
-                 sentinel auth-pass {SENTINEL_SERVICE} {password}\n\
-                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
-                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
-                master.port
-            ),
-        )?;
+        let (sentinel_dir, config) = sentinel_config(dir, master.port, Some(password))?;
         let mut sentinel_args = tls_args(certs, sentinel_password, false);
         sentinel_args.extend(["--tls-replication", "yes", "--sentinel"].map(str::to_owned));
         let sentinel = RedisServer::start_with(
@@ -485,6 +462,32 @@ impl RedisSentinel {
         self.replica.print_log();
         self.sentinel.print_log();
     }
+}
+
+/// Writes the sentinel's configuration under `dir`: it monitors the master
+/// on `master_port` (with `password`, if it has one), quorum 1, down after
+/// 1 s. Returns the sentinel's directory and the file.
+fn sentinel_config(
+    dir: &Path,
+    master_port: u16,
+    password: Option<&str>,
+) -> Result<(PathBuf, PathBuf)> {
+    let sentinel_dir = dir.join("sentinel");
+    std::fs::create_dir_all(&sentinel_dir)?;
+    let config = sentinel_dir.join("sentinel.conf");
+    let auth = password.map_or(String::new(), |password| {
+        format!("sentinel auth-pass {SENTINEL_SERVICE} {password}\n")
+    });
+    std::fs::write(
+        &config,
+        format!(
+            "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {master_port} 1\n\
+             {auth}\
+             sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+             sentinel failover-timeout {SENTINEL_SERVICE} 3000\n"
+        ),
+    )?;
+    Ok((sentinel_dir, config))
 }
 
 /// The arguments of a server that speaks only TLS with `certs`' server
