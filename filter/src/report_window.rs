@@ -83,8 +83,7 @@ impl ReportWindows {
         self.current_start_ms
     }
 
-    /// Whether a closed window waits to be sent (for the property tests).
-    #[cfg(all(test, not(target_arch = "wasm32")))]
+    /// Whether a closed window waits to be sent.
     pub fn is_closing(&self) -> bool {
         self.closing.is_some()
     }

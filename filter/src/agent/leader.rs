@@ -10,7 +10,7 @@ use crate::host_api::{Host, LogLevel};
 use crate::metrics::Counter;
 use crate::shared::{
     DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, INSTANCE_ID_KEY, InstanceId,
-    PROCESS_RATES_KEY, WORKERS_KEY, WorkerCount,
+    PROCESS_RATES_KEY, WINDOW_END_KEY, WORKERS_KEY, WindowEnd, WorkerCount,
 };
 use crate::stream::Reconnect;
 use prost::Message;
@@ -79,6 +79,21 @@ impl Agent {
     }
 
     pub(super) fn lead(&mut self, host: &mut impl Host, leadership: &mut Leadership, now_ms: u64) {
+        self.absorb_own_counts(leadership, now_ms);
+        leadership.upstream.absorb(&mut self.path.responses.signals);
+        self.drain_queue(host, leadership, now_ms);
+        self.publish_process_rates(host, leadership, now_ms);
+        self.publish_workers(host, leadership, now_ms);
+        self.abandon_silent_stream(host, leadership, now_ms);
+        if leadership.stream.should_open(now_ms) {
+            self.open_stream(host, leadership, now_ms);
+        }
+        self.report_due_window(host, leadership, now_ms);
+    }
+
+    /// The leader's own counts up to `now_ms` into the report window (and,
+    /// with allowances, into the process's rates).
+    fn absorb_own_counts(&mut self, leadership: &mut Leadership, now_ms: u64) {
         if self.settings.allowance.is_some() {
             let directives = &self.path.directives;
             for (key, offered) in self.path.local.offered_by_key() {
@@ -88,18 +103,38 @@ impl Agent {
             }
         }
         leadership.windows.add_own(&mut self.path.local, now_ms);
-        leadership.upstream.absorb(&mut self.path.responses.signals);
-        self.drain_queue(host, leadership, now_ms);
-        self.publish_process_rates(host, leadership, now_ms);
-        self.publish_workers(host, leadership, now_ms);
-        self.abandon_silent_stream(host, leadership, now_ms);
-        if leadership.stream.should_open(now_ms) {
-            self.open_stream(host, leadership, now_ms);
-        }
+    }
+
+    /// Closes the report window once it is due and sends the closed one
+    /// once it is ready. Runs on every tick, not only on slow ones: with a
+    /// 20 ms poll a slow tick comes every 80 ms, and a 250 ms window that
+    /// waited for one lasted 320 ms, so the control plane heard of a change
+    /// later and saw one window in some control intervals and two in
+    /// others.
+    pub(super) fn report_due_window(
+        &mut self,
+        host: &mut impl Host,
+        leadership: &mut Leadership,
+        now_ms: u64,
+    ) {
         if now_ms.saturating_sub(leadership.windows.current_start_ms())
             >= self.settings.report_interval_ms
         {
+            self.absorb_own_counts(leadership, now_ms);
             leadership.windows.close(now_ms);
+            if let Err(err) =
+                host.set_shared_data(WINDOW_END_KEY, &WindowEnd(now_ms).encode(), None)
+            {
+                host.log(
+                    LogLevel::Debug,
+                    &format!("cannot publish the window's end: {err}"),
+                );
+            }
+        }
+        if leadership.windows.is_closing() {
+            // The followers' hand-offs past the window's end, on the short
+            // tick after they saw it closed.
+            self.drain_queue(host, leadership, now_ms);
         }
         if let Some(ready) = leadership.windows.take_ready(now_ms) {
             self.send_report(host, leadership, ready.window_ms, ready.counts, now_ms);

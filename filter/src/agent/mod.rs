@@ -15,8 +15,11 @@
 //!    bounded by `max_buckets`); the leader aligns them to its report
 //!    windows ([`crate::report_window`]);
 //! 3. leader only: keep the control-plane stream open (reconnecting with
-//!    backoff), send one `Report` per report window, publish how many VMs
-//!    serve requests.
+//!    backoff), publish how many VMs serve requests.
+//!
+//! The leader closes its report window on the first tick at or after the
+//! window's end, short or slow, and sends it once every VM has handed off
+//! past that end.
 //!
 //! The leader merges every `DirectiveBatch` it receives into its table,
 //! writes the table to shared data when it changed, and stamps the batch's
@@ -61,7 +64,7 @@ use sluice_core::allowance::AllowanceSettings;
 use sluice_core::decision::{Fallback, Regime, Verdict};
 use std::sync::Arc;
 
-/// The slow cadence: lease, hand-offs, reports, metrics.
+/// The slow cadence: lease, hand-offs, metrics.
 pub const TICK_MS: u64 = 100;
 /// Default short tick: how often every VM checks for a new directive table.
 pub const DEFAULT_DIRECTIVE_POLL_MS: u64 = 20;
@@ -337,7 +340,8 @@ impl Agent {
     }
 
     /// Runs one tick at `now_ms` (Unix milliseconds): the directive check
-    /// always, the rest when a slow tick is due.
+    /// and the leader's report window always, the rest when a slow tick is
+    /// due.
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
         self.path.clock_ms = now_ms;
         self.path.close_pacer_window(now_ms, &mut self.rng);
@@ -348,6 +352,14 @@ impl Agent {
             .is_none_or(|last| now_ms.saturating_sub(last) >= SLOW_TICK_DUE_MS);
         if slow_due {
             self.slow_tick(host, now_ms);
+            return;
+        }
+        match std::mem::replace(&mut self.role, Role::Follower) {
+            Role::Leader(mut leadership) => {
+                self.report_due_window(host, &mut leadership, now_ms);
+                self.role = Role::Leader(leadership);
+            }
+            Role::Follower => self.hand_off_for_closed_window(host, now_ms),
         }
     }
 
@@ -360,6 +372,7 @@ impl Agent {
         self.sync.last_slow_ms = Some(now_ms);
         self.ensure_queue(host);
         let leader_alive = self.run_lease(host, now_ms);
+        self.sync.leader_alive = leader_alive;
         match std::mem::replace(&mut self.role, Role::Follower) {
             Role::Leader(mut leadership) => {
                 self.lead(host, &mut leadership, now_ms);

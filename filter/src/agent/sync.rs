@@ -13,7 +13,7 @@ use crate::report_window::ReportWindows;
 use crate::shared;
 use crate::shared::{
     COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, LEASE_KEY, Lease,
-    PROCESS_RATES_KEY, WORKERS_KEY, WorkerCount,
+    PROCESS_RATES_KEY, WINDOW_END_KEY, WORKERS_KEY, WindowEnd, WorkerCount,
 };
 use crate::stream::ControlStream;
 use crate::upstream::UpstreamSignals;
@@ -32,6 +32,9 @@ pub(super) struct VmSync {
     /// End of the span the next hand-off starts at.
     pub(super) handoff_from_ms: Option<u64>,
     pub(super) handed_off_last: bool,
+    /// Whether a leader held a live lease at the last slow tick (someone
+    /// drains the queue).
+    pub(super) leader_alive: bool,
     /// VMs serving requests, as the leader last published it.
     pub(super) workers: u32,
     pub(super) queue_id: Option<u32>,
@@ -49,6 +52,7 @@ impl VmSync {
             last_slow_ms: None,
             handoff_from_ms: None,
             handed_off_last: false,
+            leader_alive: false,
             workers: 1,
             queue_id: None,
         }
@@ -256,6 +260,13 @@ impl Agent {
     }
 
     pub(super) fn hand_counts_to_leader(&mut self, host: &mut impl Host, now_ms: u64) {
+        let owed = self.owes_closed_window(host);
+        self.hand_off(host, now_ms, owed);
+    }
+
+    /// Enqueues the counts since the last hand-off; with nothing counted,
+    /// only if `even_empty` or the last hand-off had counts.
+    fn hand_off(&mut self, host: &mut impl Host, now_ms: u64, even_empty: bool) {
         let Some(queue_id) = self.sync.queue_id else {
             return;
         };
@@ -263,6 +274,7 @@ impl Agent {
         if self.path.local.is_empty()
             && self.path.responses.signals.is_empty()
             && !self.sync.handed_off_last
+            && !even_empty
         {
             // Nothing counted since `now_ms`: the next span starts here.
             self.sync.handoff_from_ms = Some(now_ms);
@@ -288,6 +300,33 @@ impl Agent {
         // One empty hand-off after traffic tells the leader this VM is
         // idle, so it need not wait for it at the next window's end.
         self.sync.handed_off_last = had_counts;
+    }
+
+    /// Hands the counts over at once when the leader closed a report
+    /// window this VM has not handed off past: the window is sent when
+    /// every VM has, and waiting for the next slow tick (every 80 ms with a
+    /// 20 ms poll) delayed each report, and the control plane's view of a
+    /// step, by up to that long.
+    pub(super) fn hand_off_for_closed_window(&mut self, host: &mut impl Host, now_ms: u64) {
+        if self.owes_closed_window(host) {
+            self.hand_off(host, now_ms, true);
+        }
+    }
+
+    /// Whether the leader closed a report window this VM has not handed
+    /// off past. Then it hands off even with nothing counted: the leader
+    /// waits for every VM that handed off recently, and an idle one would
+    /// keep it waiting.
+    fn owes_closed_window(&self, host: &impl Host) -> bool {
+        if !self.sync.leader_alive {
+            return false;
+        }
+        let Ok(Some(value)) = host.get_shared_data(WINDOW_END_KEY) else {
+            return false;
+        };
+        WindowEnd::decode(&value.bytes).is_some_and(|WindowEnd(end_ms)| {
+            self.sync.handoff_from_ms.is_some_and(|from| from < end_ms)
+        })
     }
 
     /// This VM's share of each limited cell's process traffic, as the

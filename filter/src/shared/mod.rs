@@ -10,6 +10,7 @@
 //! | [`DIRECTIVES_META_KEY`] | the leader | every VM, each short tick | [`DirectivesMeta`] |
 //! | [`WORKERS_KEY`] | the leader | every VM, each slow tick | [`WorkerCount`] |
 //! | [`PROCESS_RATES_KEY`] | the leader | every VM, each slow tick | [`process_rates`] |
+//! | [`WINDOW_END_KEY`] | the leader | every follower, each short tick | [`WindowEnd`] |
 //! | [`COUNTS_QUEUE`] (a queue) | every follower | the leader | [`Handoff`] |
 //!
 //! The version in a key's name is its record's layout version. VMs of two
@@ -24,12 +25,14 @@ mod handoff;
 mod instance_id;
 mod lease;
 pub mod process_rates;
+mod window_end;
 mod worker_count;
 
 pub use directives_meta::DirectivesMeta;
 pub use handoff::Handoff;
 pub use instance_id::InstanceId;
 pub use lease::Lease;
+pub use window_end::WindowEnd;
 pub use worker_count::WorkerCount;
 
 /// The directive table (an encoded `DirectiveBatch`), written by the leader.
@@ -50,3 +53,7 @@ pub const COUNTS_QUEUE: &str = "sluice.v2.counts";
 /// The process's offered rate per limited cell over the last second
 /// ([`process_rates`]), written by the leader on every slow tick.
 pub const PROCESS_RATES_KEY: &str = "sluice.v1.process_rates";
+/// When the leader closed its last report window ([`WindowEnd`]): a
+/// follower that has not handed off past it does so on its next short
+/// tick.
+pub const WINDOW_END_KEY: &str = "sluice.v1.window_end";

@@ -10,7 +10,9 @@ use super::*;
 use crate::fake_host::{FakeHost, FakeProcess};
 use crate::host_api::{HostError, LogLevel};
 use crate::shared::DirectivesMeta;
-use crate::shared::{COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY};
+use crate::shared::{
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, WINDOW_END_KEY, WindowEnd,
+};
 use prost::Message;
 use sluice_core::Priority;
 use sluice_proto::v1::{
@@ -71,6 +73,18 @@ impl Fleet {
         for vm in which {
             let (host, agent) = &mut self.vms[*vm];
             agent.on_tick(host, self.now_ms);
+        }
+    }
+
+    /// Ticks every VM `n` times, `step_ms` apart (Envoy's directive poll),
+    /// each VM at its own offset within the step as workers' timers are.
+    fn ticks_every(&mut self, step_ms: u64, n: usize) {
+        let vms = self.vms.len() as u64;
+        for _ in 0..n {
+            self.now_ms += step_ms;
+            for (index, (host, agent)) in self.vms.iter_mut().enumerate() {
+                agent.on_tick(host, self.now_ms + index as u64 * step_ms / vms);
+            }
         }
     }
 
@@ -270,6 +284,73 @@ fn reports_add_up_the_counts_of_every_vm() {
             .flat_map(|r| &r.buckets)
             .all(|c| c.offered > 0)
     );
+}
+
+/// With the default 20 ms poll the slow tick comes every 80 ms; a report
+/// window still closes on the first tick after its 250 ms, not on the slow
+/// tick at 320 ms, and no count is lost on the way.
+#[test]
+fn report_windows_last_the_interval_between_slow_ticks() {
+    let mut fleet = Fleet::new(2);
+    fleet.ticks_every(20, 10);
+    let (token, _) = fleet.the_stream();
+    fleet.push(1, 1, &[("acme", 1.0)]);
+    fleet.ticks_every(20, 1);
+    let already = fleet.reports(token).len();
+    for _ in 0..100 {
+        for vm in 0..2 {
+            fleet.admit_n(vm, "acme", 3);
+        }
+        fleet.ticks_every(20, 1);
+    }
+    // Long enough for the followers' last hand-off and its window.
+    fleet.ticks_every(20, 40);
+    let reports: Vec<Report> = fleet.reports(token).into_iter().skip(already).collect();
+    assert!(reports.len() >= 8, "{reports:?}");
+    let windows: Vec<u64> = reports.iter().map(|r| r.window_ms).collect();
+    assert!(
+        windows.iter().all(|&w| (250..=260).contains(&w)),
+        "{windows:?}"
+    );
+    assert_eq!(total(&reports, "acme"), (600, 0));
+}
+
+/// Followers hand their counts over on the short tick after the leader
+/// closed a window (an idle one too), so every report leaves within two
+/// short ticks of its window's end, not at the followers' next slow tick.
+#[test]
+fn reports_leave_within_two_short_ticks_of_their_window() {
+    let mut fleet = Fleet::new(3);
+    fleet.ticks_every(20, 10);
+    let (token, _) = fleet.the_stream();
+    fleet.push(1, 1, &[("acme", 1.0)]);
+    let mut sent = fleet.reports(token).len();
+    let mut closed_at = None;
+    let mut delays = Vec::new();
+    for tick in 0..150 {
+        for vm in 0..2 {
+            fleet.admit_n(vm, "acme", 2);
+        }
+        // VM 2 is mostly idle, so its slow ticks often have nothing to
+        // hand off: the leader must not wait for it.
+        if tick % 17 == 0 {
+            fleet.admit_n(2, "acme", 1);
+        }
+        fleet.ticks_every(20, 1);
+        let end = fleet.process.borrow().get(WINDOW_END_KEY);
+        if let Some(WindowEnd(end_ms)) = end.and_then(|v| WindowEnd::decode(&v.bytes))
+            && closed_at != Some(end_ms)
+        {
+            closed_at = Some(end_ms);
+        }
+        let now_sent = fleet.reports(token).len();
+        if now_sent > sent {
+            delays.push(fleet.now_ms - closed_at.unwrap_or(0));
+            sent = now_sent;
+        }
+    }
+    assert!(delays.len() >= 10, "{delays:?}");
+    assert!(delays.iter().all(|&d| d <= 40), "{delays:?}");
 }
 
 /// Every VM follows one admitted request in `upstream_sample_every` to its
