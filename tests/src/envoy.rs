@@ -418,6 +418,9 @@ pub struct EnvoyOptions {
     pub concurrency: u32,
     /// `-l` log level.
     pub log_level: String,
+    /// `--file-flush-interval-msec`: how often Envoy writes file access
+    /// logs out; `None` keeps Envoy's 10 s.
+    pub file_flush_interval: Option<Duration>,
 }
 
 impl EnvoyOptions {
@@ -428,6 +431,7 @@ impl EnvoyOptions {
             work_dir: work_dir.to_path_buf(),
             concurrency: 2,
             log_level: "info".to_owned(),
+            file_flush_interval: None,
         }
     }
 }
@@ -471,6 +475,11 @@ impl Envoy {
             .arg("-l")
             .arg(&options.log_level)
             .current_dir(paths::workspace_root()?);
+        if let Some(interval) = options.file_flush_interval {
+            command
+                .arg("--file-flush-interval-msec")
+                .arg(interval.as_millis().to_string());
+        }
         if let Some(dir) = native_module_dir() {
             command.env(MODULE_SEARCH_PATH, dir);
         }
@@ -537,6 +546,24 @@ impl Envoy {
             .with_context(|| format!("GET {url}"))?;
         response.text().await.with_context(|| format!("GET {url}"))
     }
+
+    /// The sum of the filter's decision counters for `result` (`pass`,
+    /// `drop`, `shadow_drop`, …) over every reason.
+    pub async fn decisions(&self, result: &str) -> Result<u64> {
+        let text = self.stats("sluice.result=").await?;
+        Ok(decisions_in(&text, result))
+    }
+}
+
+/// The sum of the `sluice.result=<result>.…` counters in an admin `/stats`
+/// text (`shadow_drop` is not counted as `drop`).
+pub fn decisions_in(stats: &str, result: &str) -> u64 {
+    let prefix = format!("sluice.result={result}.");
+    stats
+        .lines()
+        .filter(|line| line.contains(&prefix))
+        .filter_map(|line| line.rsplit(": ").next()?.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// Starts Envoy on `envoy/demo-a.yaml` with `patch` merged into the
@@ -818,6 +845,18 @@ mod tests {
             patch_json_object(r#"{"a":1}"#, &patch).unwrap(),
             r#"{"a":1}"#
         );
+    }
+
+    #[test]
+    fn decisions_sum_one_result_over_its_reasons() {
+        let stats = "sluice.result=drop.reason=cluster_overload.decisions: 7\n\
+                     sluice.result=drop.reason=new_bucket_limit.decisions: 2\n\
+                     sluice.result=shadow_drop.reason=cluster_overload.decisions: 5\n\
+                     sluice.result=pass.reason=none.decisions: 11\n";
+        assert_eq!(decisions_in(stats, "drop"), 9);
+        assert_eq!(decisions_in(stats, "shadow_drop"), 5);
+        assert_eq!(decisions_in(stats, "pass"), 11);
+        assert_eq!(decisions_in(stats, "tenant"), 0);
     }
 
     #[test]
