@@ -19,7 +19,8 @@ use std::time::Duration;
 use serde_json::json;
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec};
+use sluice_integration_tests::load::{Counts, LoadPlan, LoadRun, StreamSpec};
+use sluice_integration_tests::wait;
 
 const LIMITS: &str = r#"
 limits:
@@ -35,10 +36,14 @@ async fn start(control_plane: SocketAddr, dir: &Path, log: &Path) -> Envoy {
     envoy::rewrite(&mut config, &rewrite).unwrap();
     let hcm = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     hcm["access_log"][0]["typed_config"]["path"] = log.display().to_string().into();
-    Envoy::start(&config, &EnvoyOptions::new("envoy", dir))
-        .await
-        .unwrap()
+    let mut options = EnvoyOptions::new("envoy", dir);
+    // Envoy's default of 10 s would be most of each test.
+    options.file_flush_interval = Some(LOG_FLUSH_INTERVAL);
+    Envoy::start(&config, &options).await.unwrap()
 }
+
+/// How often the Envoys under test write their access log out.
+const LOG_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 
 async fn get(envoy: &Envoy, tenant: &str) -> u16 {
     reqwest::Client::new()
@@ -51,19 +56,31 @@ async fn get(envoy: &Envoy, tenant: &str) -> u16 {
         .as_u16()
 }
 
-/// The access log's lines, once Envoy has flushed them (it writes in the
-/// background, about every second).
+fn read_lines(log: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// The access log's lines, once Envoy has flushed at least `at_least` of
+/// them (it writes in the background, every [`LOG_FLUSH_INTERVAL`]), or
+/// those there are after 10 s.
 async fn lines(log: &Path, at_least: usize) -> Vec<String> {
-    let mut lines = Vec::new();
-    for _ in 0..50 {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        lines = text.lines().map(str::to_owned).collect();
-        if lines.len() >= at_least {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    lines
+    let flushed = wait::until(
+        "the access log's lines",
+        Duration::from_secs(10),
+        LOG_FLUSH_INTERVAL / 2,
+        || async move {
+            let lines = read_lines(log);
+            Ok((lines.len() >= at_least).then_some(lines))
+        },
+    )
+    .await;
+    flushed.unwrap_or_else(|_| read_lines(log))
+}
+
+/// The requests of `counts` that got an answer, so have an access log line.
+fn answered(counts: Counts) -> usize {
+    usize::try_from(counts.sent - counts.errors).unwrap()
 }
 
 /// The `key=value` fields of a record line (after its status).
@@ -91,7 +108,9 @@ async fn pass_and_drop_are_explained_in_the_access_log() {
     ))
     .unwrap();
     let result = load.finish().await.unwrap();
-    let lines = lines(&log, 300).await;
+    let logged = answered(result.tenant_counts(whole(), "acme"))
+        + answered(result.tenant_counts(whole(), "free"));
+    let lines = lines(&log, logged.max(300)).await;
     let text = lines.join("\n");
     assert!(lines.len() >= 300, "{} lines:\n{text}", lines.len());
 
@@ -194,16 +213,45 @@ async fn shadow_drops_and_the_fallback_are_explained_in_the_access_log() {
     .unwrap();
     let log = dir.path().join("access.log");
     let envoy = start(control_plane.grpc_addr(), dir.path(), &log).await;
+    // Long enough for both waits below; stopped once they are over.
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 100.0)],
-        Duration::from_secs(6),
+        Duration::from_secs(10),
     ))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The control plane dies once its shadow directive decides requests, so
+    // the log has shadow drops before the fallback's decisions.
+    let envoy = &envoy;
+    wait::until(
+        "the Envoy to shadow-drop acme",
+        Duration::from_secs(3),
+        Duration::from_millis(50),
+        || async move { Ok((envoy.decisions("shadow_drop").await? > 0).then_some(())) },
+    )
+    .await
+    .unwrap();
     control_plane.kill().unwrap();
+    let log_ref = log.as_path();
+    let fallback_logged = wait::until(
+        "a decision of the fallback in the access log",
+        Duration::from_secs(3) + LOG_FLUSH_INTERVAL * 5,
+        LOG_FLUSH_INTERVAL,
+        || async move {
+            let lines = read_lines(log_ref);
+            Ok(lines
+                .iter()
+                .any(|line| field(line, "source") == Some("fallback"))
+                .then_some(()))
+        },
+    )
+    .await;
+    load.stop();
     let result = load.finish().await.unwrap();
-    let lines = lines(&log, 500).await;
+    let lines = lines(&log, answered(result.tenant_counts(whole(), "acme"))).await;
     let text = lines.join("\n");
+    if let Err(err) = fallback_logged {
+        panic!("{err:#}\n{text}");
+    }
     assert_eq!(
         result.tenant_counts(whole(), "acme").limited,
         0,
