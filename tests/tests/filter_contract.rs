@@ -47,22 +47,17 @@ fn dead_port() -> SocketAddr {
         .unwrap()
 }
 
-/// The first 429 among up to `tries` requests for `tenant`.
-async fn first_429(url: &str, tenant: &str, tries: usize) -> Option<reqwest::Response> {
-    let client = reqwest::Client::new();
-    for _ in 0..tries {
-        let response = client
-            .get(format!("{url}/"))
-            .header("x-tenant", tenant)
-            .send()
-            .await
-            .unwrap();
-        if response.status() == 429 {
-            return Some(response);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    None
+/// Sends requests for `tenant` one after another until one is answered
+/// 429 (returned), for at most `timeout`.
+async fn first_429(url: &str, tenant: &str, timeout: Duration) -> Option<reqwest::Response> {
+    let client = &reqwest::Client::new();
+    let url = &format!("{url}/");
+    wait::until("a 429", timeout, Duration::from_millis(5), || async move {
+        let response = client.get(url).header("x-tenant", tenant).send().await?;
+        Ok((response.status() == 429).then_some(response))
+    })
+    .await
+    .ok()
 }
 
 fn header(response: &reqwest::Response, name: &str) -> Option<String> {
@@ -107,8 +102,10 @@ async fn a_limited_bucket_gets_the_full_429_contract_on(data_plane: DataPlane) {
         Duration::from_secs(4),
     ))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let response = first_429(&url, "limited", 200).await;
+    // The first 429 comes with the first directive; the load is only there
+    // to make the control plane shed the bucket.
+    let response = first_429(&url, "limited", Duration::from_secs(4)).await;
+    load.stop();
     let result = load.finish().await.unwrap();
     println!("{}", result.summary(Window::secs(0.0, 4.0)));
     let response = response.expect("no 429 at 7x the limit");
@@ -180,7 +177,7 @@ async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: 
     ))
     .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let response = first_429(&url, "fresh", 200).await;
+    let response = first_429(&url, "fresh", Duration::from_secs(2)).await;
     let result = load.finish().await.unwrap();
     let steady = Window::secs(2.0, duration.as_secs_f64());
     let summary = result.summary(Window::secs(0.0, duration.as_secs_f64()));
@@ -250,17 +247,26 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
     )
     .await;
     let url = envoy.base_url();
-    let duration = Duration::from_secs(9);
+    // Long enough for the waits; stopped 6 s after the kill.
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &url, "acme", 120.0)],
-        duration,
+        Duration::from_secs(15),
     ))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    control_plane.kill().unwrap();
-    let killed_at = load.elapsed().as_secs_f64();
-
     let envoy_ref = &envoy;
+    // The control plane dies once the filter enforces its directives, so
+    // there are directives to outlive.
+    wait::until(
+        "the filter to drop by its directives",
+        Duration::from_secs(3),
+        Duration::from_millis(50),
+        || async move { Ok((envoy_ref.decisions("drop").await? > 0).then_some(())) },
+    )
+    .await
+    .unwrap();
+    control_plane.kill().unwrap();
+    let killed_at = load.elapsed();
+
     wait::until(
         "the filter to report its fallback",
         Duration::from_secs(5),
@@ -272,10 +278,19 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
     )
     .await
     .unwrap();
-    let response = first_429(&url, "acme", 200).await;
+    let response = first_429(&url, "acme", Duration::from_secs(2)).await;
+    tokio::time::sleep((killed_at + Duration::from_secs(6)).saturating_sub(load.elapsed())).await;
+    load.stop();
+    let stopped_at = load.elapsed();
     let result = load.finish().await.unwrap();
-    let after = Window::secs(killed_at + 2.5, duration.as_secs_f64());
-    let summary = result.summary(Window::secs(0.0, duration.as_secs_f64()));
+    let after = Window {
+        from: killed_at + Duration::from_millis(2500),
+        to: stopped_at,
+    };
+    let summary = result.summary(Window {
+        from: Duration::ZERO,
+        to: stopped_at,
+    });
     println!("{summary}");
     let counts = result.tenant_counts(after, "acme");
     assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
