@@ -300,6 +300,10 @@ async fn a_certificate_cannot_claim_or_take_over_another_identitys_proxy_id() {
     let after = shed("the real proxy's reports to keep shedding acme").await;
     let proxies = admin.proxies().await.unwrap();
     let exposition = control_plane.admin().metrics().await.unwrap();
+    // The load ends once every check above is done, with at least a second
+    // of it in the window below.
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
     let report = format!(
         "refused: {refused:?}\ntaken: {taken:?}\naccepted: {accepted:?}\nproxies: {proxies:?}"
