@@ -18,6 +18,7 @@ use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::rlqs;
+use sluice_integration_tests::wait;
 
 const LIMITS: &str = r#"
 limits:
@@ -48,7 +49,8 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
     ] {
         envoys.push(rlqs::start(grpc, proxy_id, name, dir.path()).await.unwrap());
     }
-    let duration = Duration::from_secs(32);
+    // An upper bound: the load stops 10 s after the new assignments leave.
+    let duration = Duration::from_secs(34);
     // 600 rps, 4× the limit: 60 / 30 / 10 %.
     let streams = envoys
         .iter()
@@ -86,11 +88,18 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
         );
     }
     let pushed_after = started.elapsed() - changed_at;
+    // Measured for 9 s from a second after the new assignments left.
+    let pushed_at = load.elapsed();
+    let after = Window {
+        from: pushed_at + Duration::from_secs(1),
+        to: pushed_at + Duration::from_secs(10),
+    };
+    tokio::time::sleep(after.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
     let buckets_after = control_plane.admin().buckets().await.unwrap();
 
     let before = Window::secs(12.0, 20.0);
-    let after = Window::secs(23.0, duration.as_secs_f64());
     let summary = format!(
         "{}{}control plane at 20 s: {buckets_before:?}\nat the end: {buckets_after:?}\nassignments pushed {pushed_after:?} after the change\n{}",
         result.summary(before),
@@ -177,10 +186,11 @@ async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() {
     let dir = tempfile::tempdir().unwrap();
-    // A 3 s TTL: assignments expire during the outage, and Envoy's
-    // `expired_assignment_behavior` (each Envoy's static share, 75 rps)
-    // must hold until the new control plane assigns again.
-    let limits = format!("directive_ttl_ms: 3000\n{LIMITS}");
+    // The shortest TTL, 1 s: assignments expire early in the outage, and
+    // Envoy's `expired_assignment_behavior` (each Envoy's static share,
+    // 75 rps) must hold for most of it and until the new control plane
+    // assigns again.
+    let limits = format!("directive_ttl_ms: 1000\n{LIMITS}");
     let mut control_plane =
         ControlPlane::start(ControlPlaneOptions::new(&limits, dir.path()).control_interval_ms(200))
             .await
@@ -192,7 +202,11 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
     let b = rlqs::start_with_fallback(grpc, "rlqs-b", "rlqs-b", dir.path(), 75)
         .await
         .unwrap();
-    let duration = Duration::from_secs(34);
+    // Killed at 12 s (two reports in), down for 5 s (4 s of it past the
+    // TTL), then measured for 12 s after the restart.
+    let outage_length = Duration::from_secs(5);
+    let measured_after = Duration::from_secs(12);
+    let duration = Duration::from_secs(12) + outage_length + measured_after;
     let load = LoadRun::start(LoadPlan::new(
         vec![
             StreamSpec::new("a/acme", &a.base_url(), "acme", 450.0),
@@ -204,7 +218,7 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
     tokio::time::sleep(Duration::from_secs(12).saturating_sub(load.elapsed())).await;
     control_plane.kill().unwrap();
     let killed_at = load.elapsed();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(outage_length).await;
     let restart_at = load.elapsed();
     control_plane.restart().await.unwrap();
     let reconnected = control_plane
@@ -217,6 +231,9 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
             |b| (b.proxies_reporting == 2).then_some(()),
         )
         .await;
+    tokio::time::sleep((restart_at + measured_after).saturating_sub(load.elapsed())).await;
+    load.stop();
+    let stopped_at = load.elapsed().min(duration);
     let result = load.finish().await.unwrap();
 
     let before = Window::secs(7.0, killed_at.as_secs_f64());
@@ -226,7 +243,7 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
     };
     let after = Window {
         from: restart_at,
-        to: duration,
+        to: stopped_at,
     };
     let summary = format!(
         "{}{}{}killed at {killed_at:?}, restarted at {restart_at:?}\n{}",
@@ -239,7 +256,7 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
     let admitted = |window| rate(result.tenant_counts(window, "acme").ok, window);
     let (before_rps, outage_rps, after_rps) = (admitted(before), admitted(outage), admitted(after));
     // Every second after the restart, too: no step.
-    let worst_second = (restart_at.as_secs()..duration.as_secs())
+    let worst_second = (restart_at.as_secs()..stopped_at.as_secs())
         .map(|s| admitted(Window::secs(s as f64, s as f64 + 1.0)))
         .fold(0.0_f64, f64::max);
     let ok = reconnected.is_ok()
@@ -354,9 +371,43 @@ async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
         .map(|i| rogue::usage(&format!("flood-{i}"), 5, 1))
         .collect();
     let (_flood, flood_first) = rogue::send(grpc, "rogue-b", vec![flood]).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let exposition = control_plane.admin().metrics().await.unwrap();
-    let buckets = control_plane.admin().buckets().await.unwrap();
+    // Read once every usage is counted and acme is in the fleet sum, within
+    // the second the checks below always had.
+    let admin = control_plane.admin();
+    let counted = wait::until(
+        "the refused usages counted and acme tracked",
+        Duration::from_secs(1),
+        Duration::from_millis(50),
+        || async move {
+            let exposition = admin.metrics().await?;
+            let buckets = admin.buckets().await?;
+            let counted = sample(
+                &exposition,
+                r#"sluice_rlqs_usages_refused_total{reason="over_cap"}"#,
+            ) >= 50_000.0
+                && sample(
+                    &exposition,
+                    r#"sluice_rlqs_usages_refused_total{reason="no_bucket"}"#,
+                ) >= 1.0
+                && sample(
+                    &exposition,
+                    r#"sluice_rlqs_usages_refused_total{reason="negative_elapsed"}"#,
+                ) >= 1.0;
+            Ok((counted && buckets.bucket("acme").is_some()).then_some((exposition, buckets)))
+        },
+    )
+    .await;
+    // Past the second, the checks below say what is missing.
+    let (exposition, buckets) = match counted {
+        Ok(read) => read,
+        Err(err) => {
+            println!("{err:#}");
+            (
+                admin.metrics().await.unwrap(),
+                admin.buckets().await.unwrap(),
+            )
+        }
+    };
     let healthy = control_plane.admin().healthy().await.unwrap();
     let summary = format!("first answers: {first:?} / {flood_first:?}\n");
     let refused = |reason: &str| {
