@@ -444,6 +444,29 @@ impl AdminClient {
         .await
     }
 
+    /// Polls `GET /v1/buckets` until `proxies` proxies report `bucket` and
+    /// it is admitted within `tolerance` (a fraction) of `limit_rps`: the
+    /// fleet has converged on the limit. Fails after `timeout`.
+    pub async fn wait_for_convergence(
+        &self,
+        bucket: &str,
+        limit_rps: f64,
+        tolerance: f64,
+        proxies: u32,
+        timeout: Duration,
+    ) -> Result<BucketStatus> {
+        let what = format!(
+            "{proxies} proxies to report {bucket} admitted at {limit_rps} rps ± {:.0} %",
+            tolerance * 100.0
+        );
+        self.wait_for_bucket(bucket, &what, timeout, Duration::from_millis(100), |b| {
+            (b.proxies_reporting == proxies
+                && crate::load::within(b.admitted_rps, limit_rps, tolerance))
+            .then(|| b.clone())
+        })
+        .await
+    }
+
     /// `GET /v1/adaptive`: every adaptive bucket's limit and why it moved.
     pub async fn adaptive(&self) -> Result<serde_json::Value> {
         self.get_json("/v1/adaptive").await
