@@ -34,7 +34,8 @@ async fn two_envoys_converge_to_the_fleet_limit_on(data_plane: DataPlane) {
     let fleet = Fleet::start(FleetOptions::new(LIMITS, 2).with_data_plane(data_plane))
         .await
         .unwrap();
-    let duration = Duration::from_secs(9);
+    // An upper bound: the load stops after the window below.
+    let duration = Duration::from_secs(10);
     let load = LoadRun::start(LoadPlan::new(
         vec![
             StreamSpec::new("A/acme", &fleet.url(0).unwrap(), "acme", 450.0),
@@ -43,17 +44,31 @@ async fn two_envoys_converge_to_the_fleet_limit_on(data_plane: DataPlane) {
         duration,
     ))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let buckets = fleet.control_plane.admin().buckets().await.unwrap();
+    // Measured for 5 s from a second after the control plane sees the fleet
+    // admit the limit, which it must within the 4 s the window used to
+    // start at.
+    let admin = fleet.control_plane.admin();
+    let converged = admin
+        .wait_for_convergence("acme", 200.0, 0.10, 2, Duration::from_secs(4))
+        .await;
+    let converged_at = load.elapsed();
+    let window = Window {
+        from: converged_at + Duration::from_secs(1),
+        to: converged_at + Duration::from_secs(6),
+    };
+    tokio::time::sleep((window.from + Duration::from_secs(1)).saturating_sub(load.elapsed())).await;
+    let buckets = admin.buckets().await.unwrap();
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
 
-    let window = Window::secs(4.0, duration.as_secs_f64());
     let summary = format!(
-        "{}control plane at 5s: {buckets:?}\n{}",
+        "converged at {converged_at:?}: {converged:?}\n{}control plane 1 s into the window: {buckets:?}\n{}",
         result.summary(window),
         result.timeline(Duration::from_millis(500))
     );
     println!("{summary}");
+    converged.unwrap();
 
     let fleet_counts = result.tenant_counts(window, "acme");
     assert_eq!(
