@@ -20,7 +20,9 @@
 use std::time::Duration;
 
 use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
+use sluice_integration_tests::control_plane::{
+    AdminClient, ControlPlane, ControlPlaneOptions, sample,
+};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::fake_proxy::ClientTls;
 use sluice_integration_tests::fake_proxy::FakeProxy;
@@ -32,6 +34,26 @@ limits:
   - bucket: "acme"
     limit_rps: 150
 "#;
+
+/// Where the measured window's control-plane view is read (its middle).
+const SNAPSHOT_INTO_WINDOW: Duration = Duration::from_secs(4);
+
+/// The 8 s measured from a second after the control plane sees the fleet
+/// admit acme's limit, which it must within the 4 s the window used to
+/// start at; and how the wait went, for the summary.
+async fn window_after_convergence(admin: &AdminClient, load: &LoadRun) -> (Window, String) {
+    let converged = admin
+        .wait_for_convergence("acme", 150.0, 0.10, 3, Duration::from_secs(4))
+        .await;
+    let converged_at = load.elapsed();
+    let report = format!("converged at {converged_at:?}: {converged:?}\n");
+    converged.unwrap_or_else(|err| panic!("{err:#}"));
+    let window = Window {
+        from: converged_at + Duration::from_secs(1),
+        to: converged_at + Duration::from_secs(9),
+    };
+    (window, report)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
@@ -56,7 +78,8 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
                 .unwrap(),
         );
     }
-    let duration = Duration::from_secs(12);
+    // An upper bound: the load stops after the window below.
+    let duration = Duration::from_secs(13);
     // 4× the limit, evenly over three Envoys.
     let streams = envoys
         .iter()
@@ -85,15 +108,17 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
             ..BucketCount::default()
         }],
     );
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (window, converged) = window_after_convergence(control_plane.admin(), &load).await;
+    tokio::time::sleep((window.from + SNAPSHOT_INTO_WINDOW).saturating_sub(load.elapsed())).await;
     let buckets = control_plane.admin().buckets().await.unwrap();
     let exposition = control_plane.admin().metrics().await.unwrap();
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
     drop(rogue);
 
-    let window = Window::secs(4.0, duration.as_secs_f64());
     let summary = format!(
-        "{}control plane at 8s: {buckets:?}\n{}",
+        "{converged}{}control plane {SNAPSHOT_INTO_WINDOW:?} into the window: {buckets:?}\n{}",
         result.summary(window),
         result.timeline(Duration::from_millis(500))
     );
@@ -172,7 +197,8 @@ async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
                 .unwrap(),
         );
     }
-    let duration = Duration::from_secs(12);
+    // An upper bound: the load stops after the window below.
+    let duration = Duration::from_secs(13);
     // 440 rps, 2.9× the limit; edge-c carries 360 of it, 9× the median
     // Envoy's 40, so the cap (4× the median) counts 160 of it. Applied to
     // edge-c's whole rate, the ratio computed from the counted 240 rps
@@ -186,13 +212,15 @@ async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
         })
         .collect();
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (window, converged) = window_after_convergence(control_plane.admin(), &load).await;
+    tokio::time::sleep((window.from + SNAPSHOT_INTO_WINDOW).saturating_sub(load.elapsed())).await;
     let buckets = control_plane.admin().buckets().await.unwrap();
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
 
-    let window = Window::secs(4.0, duration.as_secs_f64());
     let summary = format!(
-        "{}control plane at 8s: {buckets:?}\n{}",
+        "{converged}{}control plane {SNAPSHOT_INTO_WINDOW:?} into the window: {buckets:?}\n{}",
         result.summary(window),
         result.timeline(Duration::from_millis(500))
     );
