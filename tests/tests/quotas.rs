@@ -20,6 +20,7 @@ use sluice_integration_tests::control_plane::{ControlPlaneOptions, sample};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::quotas::{self, Store};
 use sluice_integration_tests::redis::RedisServer;
+use sluice_integration_tests::wait;
 
 const QUOTAS: &str = r#"
 domain: api
@@ -297,7 +298,19 @@ async fn the_limits_files_quotas_section_is_served_and_reloaded() {
 
     // An invalid edit is logged and changes nothing.
     std::fs::write(&limits, "limits: []\nquotas:\n  - bucket: checkout\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log_path = dir.path().join("sluice.log");
+    let log_path = log_path.as_path();
+    wait::until(
+        "the invalid edit to be logged",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async move {
+            let log = std::fs::read_to_string(log_path)?;
+            Ok(log.contains("quotas[0]").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     let still = client::ask(grpc, "sluice", both("gold")).await.unwrap();
     assert_eq!(remaining(&still)[1], 3, "{still:?}");
     // A valid one applies within a poll.
@@ -443,6 +456,7 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
     for id in ["layer-a", "layer-b", "layer-c"] {
         envoys.push(quotas::start(grpc, id, dir.path()).await.unwrap());
     }
+    // An upper bound: the load stops after the measured 5 s.
     let duration = Duration::from_secs(10);
     // 10× the quota.
     let streams = envoys
@@ -451,13 +465,22 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
         .map(|(i, e)| StreamSpec::new(&format!("{i}"), &e.base_url(), "layered", 1_000.0 / 3.0))
         .collect();
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
-    tokio::time::sleep(Duration::from_secs(4).saturating_sub(load.elapsed())).await;
+    // Measured from a second after the control plane sees the statistical
+    // layer pass its limit, which it must within the 4 s the measure
+    // started at before.
+    control_plane
+        .admin()
+        .wait_for_convergence("layered", 110.0, 0.10, 3, Duration::from_secs(4))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let series = r#"sluice_quota_hits_total{key="api.tenant_layered"}"#;
     let calls_before = sample(&control_plane.admin().metrics().await.unwrap(), series);
     let from = load.elapsed();
-    tokio::time::sleep(Duration::from_secs(9).saturating_sub(load.elapsed())).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let calls_after = sample(&control_plane.admin().metrics().await.unwrap(), series);
     let to = load.elapsed();
+    load.stop();
     let result = load.finish().await.unwrap();
 
     let window = Window { from, to };
