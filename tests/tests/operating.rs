@@ -26,13 +26,9 @@ fn tenant_filter() -> serde_json::Value {
     })
 }
 
-/// The sum of the filter's decision counters whose name contains `result`.
+/// The filter's decisions for `result`, over every reason.
 async fn decisions(envoy: &Envoy, result: &str) -> u64 {
-    let text = envoy.stats("sluice.result=").await.unwrap();
-    text.lines()
-        .filter(|line| line.contains(&format!("result={result}.")))
-        .filter_map(|line| line.rsplit(": ").next()?.trim().parse::<u64>().ok())
-        .sum()
+    envoy.decisions(result).await.unwrap()
 }
 
 /// Waits (at most 10 s) until `envoy` applies a mode change: with
@@ -187,7 +183,8 @@ modes:
     let envoy = &fleet.envoys[0];
     let admin = fleet.control_plane.admin().clone();
     let url = fleet.url(0).unwrap();
-    let duration = Duration::from_secs(21);
+    // An upper bound: the load stops a second after enforcement returns.
+    let duration = Duration::from_secs(25);
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &url, "acme", 300.0)],
         duration,
@@ -242,9 +239,15 @@ modes:
         .await
         .unwrap();
     wait_for_mode(envoy, true).await;
-    let restored_from = load.elapsed().as_secs_f64();
+    // Enforcement is back once it drops again: a second of it shows it.
+    let restored_from = load.elapsed();
+    let restored_window = Window {
+        from: restored_from,
+        to: restored_from + Duration::from_secs(1),
+    };
+    tokio::time::sleep(restored_window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
-    let restored_window = Window::secs(restored_from, duration.as_secs_f64());
 
     let summary = format!(
         "shadow share {shadow_share:.3}\nshadow: {}enforce: {}kill switch: {}restored: {}",
