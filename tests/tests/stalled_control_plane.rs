@@ -15,6 +15,7 @@ use serde_json::json;
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::stalled::StalledControlPlane;
+use sluice_integration_tests::wait;
 
 /// Distinct buckets per second of load, so every report is sizeable.
 const TENANTS: usize = 200;
@@ -35,7 +36,8 @@ async fn a_stalled_control_plane_harms_no_request() {
         json!({
             "proxy_id": "stalled-test",
             "report_interval_ms": 100,
-            "stream_idle_timeout_ms": 3000,
+            // The shortest allowed: the filter gives up soonest.
+            "stream_idle_timeout_ms": 2000,
         }),
     )
     .unwrap();
@@ -48,13 +50,24 @@ async fn a_stalled_control_plane_harms_no_request() {
     let streams: Vec<StreamSpec> = (0..TENANTS)
         .map(|i| StreamSpec::new(&format!("t{i}"), &url, &format!("tenant-{i}"), 2.0))
         .collect();
+    // An upper bound: the load stops once the heap is measured.
     let duration = Duration::from_secs(16);
     let load = LoadRun::start(LoadPlan::new(streams, duration)).unwrap();
 
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The heap is measured from the filter's first reconnect (every
+    // bucket is known by then, and the first silent stream let go of)
+    // over 11 s of reports that cannot be delivered.
+    let reconnected = wait::until(
+        "the filter to give up on the silent stream and reconnect",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async { Ok((stalled.streams_opened() >= 2).then_some(())) },
+    )
+    .await;
     let early = allocated_bytes(&envoy).await;
     tokio::time::sleep(Duration::from_secs(11)).await;
     let late = allocated_bytes(&envoy).await;
+    load.stop();
     let result = load.finish().await.unwrap();
 
     let whole = Window::secs(0.0, 3600.0);
@@ -70,15 +83,14 @@ async fn a_stalled_control_plane_harms_no_request() {
         stalled.streams_opened()
     );
     println!("{summary}");
-    if bad > 0 || stalled.streams_opened() < 2 {
+    if bad > 0 || reconnected.is_err() {
         envoy.print_log();
     }
     assert!(ok > 0, "{summary}");
     assert_eq!(bad, 0, "every request passes untouched: {summary}");
-    assert!(
-        stalled.streams_opened() >= 2,
-        "the filter gives up on the silent stream and reconnects: {summary}"
-    );
+    if let Err(err) = reconnected {
+        panic!("{err:#}: {summary}");
+    }
     // Reports to nowhere must not pile up: ~11 s of them at 200 buckets is
     // megabytes if nothing lets go of them.
     assert!(
