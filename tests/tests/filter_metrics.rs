@@ -60,6 +60,7 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
         .unwrap();
     let envoy = &fleet.envoys[0];
     let url = fleet.url(0).unwrap();
+    // An upper bound: the load stops once the page is read during it.
     let duration = Duration::from_secs(5);
     let load = LoadRun::start(LoadPlan::new(
         vec![
@@ -74,6 +75,8 @@ async fn prometheus_shows_tagged_decisions_that_match_the_responses_on(data_plan
     // pushes a batch every few control intervals, so the newest is young.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let during = prometheus(envoy).await;
+    // What follows compares counts, whatever the load's length.
+    load.stop();
     let result = load.finish().await.unwrap();
 
     let whole = Window::secs(0.0, 3600.0);
