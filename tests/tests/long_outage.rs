@@ -64,13 +64,25 @@ async fn an_outage_on_the_last_directives_then_the_fallback() {
     options.concurrency = 1;
     let envoy = Envoy::start(&config, &options).await.unwrap();
 
+    // An upper bound: the load stops after the fallback's 8 s below.
     let duration = Duration::from_secs(TTL_S + 14);
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 400.0)],
         duration,
     ))
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The control plane dies a second after it sees the Envoy admit the
+    // limit (which it must within the 4 s it used to die at), so the last
+    // directives are settled ones.
+    let converged = control_plane
+        .admin()
+        .wait_for_convergence("acme", 200.0, 0.05, 1, Duration::from_secs(4))
+        .await;
+    if let Err(err) = converged {
+        control_plane.print_log();
+        panic!("{err:#}");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     control_plane.kill().unwrap();
     let killed_at = load.elapsed();
 
@@ -82,15 +94,17 @@ async fn an_outage_on_the_last_directives_then_the_fallback() {
     tokio::time::sleep((killed_at + Duration::from_secs(TTL_S + 2)).saturating_sub(load.elapsed()))
         .await;
     let after_ttl = fallback_active(&envoy).await;
+    let fallback = Window {
+        from: killed_at + Duration::from_secs(TTL_S + 2),
+        to: (killed_at + Duration::from_secs(TTL_S + 10)).min(duration),
+    };
+    tokio::time::sleep(fallback.to.saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
 
     let held = Window {
         from: killed_at + Duration::from_secs(1),
         to: killed_at + Duration::from_secs(HELD_S),
-    };
-    let fallback = Window {
-        from: killed_at + Duration::from_secs(TTL_S + 2),
-        to: duration,
     };
     let summary = format!(
         "killed at {killed_at:?}; fallback active at +{HELD_S} s: {before_ttl:?}, after the TTL: {after_ttl:?}\n\
