@@ -70,6 +70,10 @@ async fn directives_flow_over_mutual_tls() {
             |b| (b.drop_ratio > 0.3).then_some(b.proxies_reporting),
         )
         .await;
+    // The load ends once the control plane sheds, with at least a second
+    // of it in the window below.
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(load.elapsed())).await;
+    load.stop();
     let result = load.finish().await.unwrap();
     if shed.is_err() {
         control_plane.print_log();
