@@ -14,6 +14,11 @@
 //! its current share of it ([`crate::pacing::Pacer::rescale_caps`]).
 //! Shares come from the leader's one view of every source, so they lag
 //! alike and add up to one.
+//! Each source's rate is its counts over the time its hand-offs covered
+//! ([`ProcessRates::add_span`]), not over the leader's slots: a follower
+//! hands off on its slow ticks and again when a report window closes, so a
+//! slot may hold one, two or no hand-off of it, and counts over slot time
+//! swung a share by a hand-off's worth.
 //! The published form is [`crate::shared::process_rates`].
 
 use crate::fast_map::{self, FastMap};
@@ -42,6 +47,8 @@ struct Cell {
 #[derive(Debug)]
 pub struct ProcessRates {
     cells: FastMap<String, Cell>,
+    /// Per source, the time its counts covered in each slot.
+    covered_ms: FastMap<u64, Slots>,
     spans_ms: [u64; SLOTS],
     /// The open slot.
     current: usize,
@@ -54,6 +61,7 @@ impl ProcessRates {
     pub fn new(max_cells: usize) -> Self {
         Self {
             cells: fast_map::new(),
+            covered_ms: fast_map::new(),
             spans_ms: [0; SLOTS],
             current: 0,
             closed_at_ms: None,
@@ -89,6 +97,23 @@ impl ProcessRates {
         }
     }
 
+    /// Records that `source`'s counts added in the open slot (one
+    /// hand-off, or the leader's own since it last added them) cover
+    /// `span_ms`. A source with no span recorded is measured over the
+    /// slots' own time.
+    pub fn add_span(&mut self, source: u64, span_ms: u64) {
+        if span_ms == 0
+            || (!self.covered_ms.contains_key(&source) && self.covered_ms.len() >= MAX_SOURCES)
+        {
+            return;
+        }
+        let current = self.current;
+        let covered = self.covered_ms.entry(source).or_insert([0; SLOTS]);
+        if let Some(slot) = covered.get_mut(current) {
+            *slot = slot.saturating_add(span_ms);
+        }
+    }
+
     /// Closes the open slot at `now_ms` and opens the next (the oldest
     /// leaves the window); sources and cells with no count left are
     /// forgotten.
@@ -106,6 +131,12 @@ impl ProcessRates {
         if let Some(slot) = self.spans_ms.get_mut(current) {
             *slot = 0;
         }
+        self.covered_ms.retain(|_, covered| {
+            if let Some(slot) = covered.get_mut(current) {
+                *slot = 0;
+            }
+            covered.iter().any(|&ms| ms > 0)
+        });
         self.cells.retain(|_, cell| {
             cell.slots_seen = cell.slots_seen.saturating_add(1);
             cell.sources.retain_mut(|(_, slots)| {
@@ -118,14 +149,25 @@ impl ProcessRates {
         });
     }
 
-    fn rate(&self, slots: &Slots, span_ms: u64) -> f64 {
-        let requests: u64 = slots
+    /// The sum of the closed slots.
+    fn closed(&self, slots: &Slots) -> u64 {
+        slots
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != self.current)
-            .map(|(_, count)| *count)
-            .sum();
-        requests as f64 * 1000.0 / span_ms as f64
+            .map(|(_, value)| *value)
+            .sum()
+    }
+
+    /// `source`'s rate from its `slots` of counts: over the time its counts
+    /// covered, else over the slots' `span_ms`.
+    fn rate(&self, source: u64, slots: &Slots, span_ms: u64) -> f64 {
+        let covered = self
+            .covered_ms
+            .get(&source)
+            .map_or(0, |covered| self.closed(covered));
+        let span_ms = if covered > 0 { covered } else { span_ms };
+        self.closed(slots) as f64 * 1000.0 / span_ms as f64
     }
 
     #[cfg(test)]
@@ -139,7 +181,7 @@ impl ProcessRates {
             .sources
             .iter()
             .find(|(id, _)| *id == source)?;
-        (span > 0).then(|| self.rate(slots, span))
+        (span > 0).then(|| self.rate(source, slots, span))
     }
 
     /// The published form: every cell's per-source rates (at most
@@ -152,7 +194,7 @@ impl ProcessRates {
                 let rates = cell
                     .sources
                     .iter()
-                    .map(|(source, slots)| (*source, self.rate(slots, span)));
+                    .map(|(source, slots)| (*source, self.rate(*source, slots, span)));
                 written.push(key, cell.slots_seen >= SLOTS - 1, rates);
             }
         }
@@ -166,6 +208,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// Without spans recorded (as here), a source is measured over the
+    /// slots' own time.
     #[test]
     fn the_rate_covers_the_closed_slots() {
         let mut rates = ProcessRates::new(10);
@@ -178,6 +222,30 @@ mod tests {
         assert!((rate - 100.0).abs() < 1e-9, "{rate}");
         assert_eq!(rates.rate_rps("a", 2), None);
         assert_eq!(rates.rate_rps("b", 1), None);
+    }
+
+    #[test]
+    fn a_source_is_measured_over_the_time_its_hand_offs_covered() {
+        let mut rates = ProcessRates::new(10);
+        // 100 rps handed off in 80 ms spans (8 requests each), landing in
+        // the leader's 100 ms slots as they come: eleven spans in the ten
+        // slots the rate covers, so 880 ms of traffic in 1 s of slots.
+        for tick in 0..11_u64 {
+            let handoffs = if tick == 0 {
+                0
+            } else if tick == 5 {
+                2
+            } else {
+                1
+            };
+            for _ in 0..handoffs {
+                rates.add("a", 1, 8);
+                rates.add_span(1, 80);
+            }
+            rates.close_slot(1_000 + tick * 100);
+        }
+        let rate = rates.rate_rps("a", 1).unwrap_or_default();
+        assert!((rate - 100.0).abs() < 1e-9, "{rate}");
     }
 
     #[test]

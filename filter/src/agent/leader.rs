@@ -95,6 +95,10 @@ impl Agent {
     /// with allowances, into the process's rates).
     fn absorb_own_counts(&mut self, leadership: &mut Leadership, now_ms: u64) {
         if self.settings.allowance.is_some() {
+            let counted_from_ms = std::mem::replace(&mut leadership.own_counted_from_ms, now_ms);
+            leadership
+                .process
+                .add_span(self.vm_id, now_ms.saturating_sub(counted_from_ms));
             let directives = &self.path.directives;
             for (key, offered) in self.path.local.offered_by_key() {
                 if directives.covers(key) {
@@ -228,6 +232,10 @@ impl Agent {
                             .merge_wire(std::mem::take(&mut handoff.upstream));
                         let directives = &self.path.directives;
                         if self.settings.allowance.is_some() {
+                            leadership.process.add_span(
+                                handoff.source,
+                                handoff.end_ms.saturating_sub(handoff.start_ms),
+                            );
                             for count in &handoff.counts {
                                 let key = key_of(
                                     &count.bucket,

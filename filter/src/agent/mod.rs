@@ -198,6 +198,9 @@ struct Leadership {
     /// The process's recent offered rate per limited cell, published for
     /// the allowance ([`crate::process_rates`]).
     process: ProcessRates,
+    /// Since when the leader's own counts have not been added to
+    /// `process`.
+    own_counted_from_ms: u64,
     /// The process's upstream signals since the last report.
     upstream: UpstreamSignals,
 }

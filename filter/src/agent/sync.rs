@@ -128,6 +128,7 @@ impl Agent {
             windows: ReportWindows::new(self.settings.max_buckets, now_ms),
             published_workers: None,
             process: ProcessRates::new(self.settings.max_buckets),
+            own_counted_from_ms: now_ms,
             upstream: UpstreamSignals::default(),
         }));
     }
