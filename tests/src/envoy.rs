@@ -553,6 +553,19 @@ impl Envoy {
         let text = self.stats("sluice.result=").await?;
         Ok(decisions_in(&text, result))
     }
+
+    /// Polls the filter's counters until it has decided at least one
+    /// request with `result` (its directives have arrived and decide);
+    /// fails after `timeout`.
+    pub async fn wait_for_decision(&self, result: &str, timeout: Duration) -> Result<()> {
+        crate::wait::until(
+            &format!("the filter to decide a request with result {result}"),
+            timeout,
+            Duration::from_millis(50),
+            || async move { Ok((self.decisions(result).await? > 0).then_some(())) },
+        )
+        .await
+    }
 }
 
 /// The sum of the `sluice.result=<result>.…` counters in an admin `/stats`

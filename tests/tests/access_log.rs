@@ -221,15 +221,10 @@ async fn shadow_drops_and_the_fallback_are_explained_in_the_access_log() {
     .unwrap();
     // The control plane dies once its shadow directive decides requests, so
     // the log has shadow drops before the fallback's decisions.
-    let envoy = &envoy;
-    wait::until(
-        "the Envoy to shadow-drop acme",
-        Duration::from_secs(3),
-        Duration::from_millis(50),
-        || async move { Ok((envoy.decisions("shadow_drop").await? > 0).then_some(())) },
-    )
-    .await
-    .unwrap();
+    envoy
+        .wait_for_decision("shadow_drop", Duration::from_secs(3))
+        .await
+        .unwrap();
     control_plane.kill().unwrap();
     let log_ref = log.as_path();
     let fallback_logged = wait::until(

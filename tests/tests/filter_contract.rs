@@ -256,14 +256,10 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
     let envoy_ref = &envoy;
     // The control plane dies once the filter enforces its directives, so
     // there are directives to outlive.
-    wait::until(
-        "the filter to drop by its directives",
-        Duration::from_secs(3),
-        Duration::from_millis(50),
-        || async move { Ok((envoy_ref.decisions("drop").await? > 0).then_some(())) },
-    )
-    .await
-    .unwrap();
+    envoy_ref
+        .wait_for_decision("drop", Duration::from_secs(3))
+        .await
+        .unwrap();
     control_plane.kill().unwrap();
     let killed_at = load.elapsed();
 
