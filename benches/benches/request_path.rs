@@ -2,14 +2,16 @@
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
 //! request), also for a tenant's cell among 10k; following a response
-//! for the upstream signals; bucket-key derivation; and a VM re-reading a
+//! for the upstream signals, and for the members of an aggregate pattern;
+//! bucket-key derivation; and a VM re-reading a
 //! 10k-cell shared table after one cell changed.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sluice_benches::{
-    Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_tenant_agent,
+    Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_aggregate_agent,
+    warm_tenant_agent,
 };
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
@@ -78,6 +80,19 @@ fn decision(c: &mut Criterion) {
             next = (next + 1) % tenants.len();
             let tenant = tenants.get(next).map_or("", String::as_str);
             agent.admit_cell("api", black_box(tenant), Priority::BestEffort)
+        })
+    });
+    // An aggregate pattern (`free-*`) and 10k distinct members: the glob
+    // match and the copy of the pattern's name into the cell, then the
+    // one cell's path.
+    let members: Vec<String> = (0..10_000).map(|i| format!("free-{i:05}")).collect();
+    let mut agent = warm_aggregate_agent(&members, 0.5);
+    let mut next = 0usize;
+    group.bench_function("agent_aggregate_of_10k_members", |b| {
+        b.iter(|| {
+            next = (next + 1) % members.len();
+            let member = members.get(next).map_or("", String::as_str);
+            agent.admit(black_box(member))
         })
     });
     group.finish();

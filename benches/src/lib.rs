@@ -180,6 +180,38 @@ pub fn warm_agent(buckets: &[String], drop_ratio: f64) -> Agent {
     warm_agent_following(buckets, drop_ratio, DEFAULT_UPSTREAM_SAMPLE_EVERY)
 }
 
+/// A warm agent whose one directive is for the aggregate pattern `free-*`
+/// (pushed with it), so every bucket `free-<anything>` is decided as
+/// `free-*`: a flood of distinct members is one cell.
+pub fn warm_aggregate_agent(members: &[String], drop_ratio: f64) -> Agent {
+    let mut agent = Agent::new(
+        AgentSettings {
+            max_buckets: 16,
+            ..bench_settings()
+        },
+        7,
+    );
+    let mut table = DirectiveTable::new(16);
+    table.merge(DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        directives: vec![Directive {
+            bucket: "free-*".into(),
+            drop_ratio,
+            limit_rps: 100.0,
+            ..Default::default()
+        }],
+        aggregate_patterns: vec!["free-*".into()],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    for member in members {
+        agent.admit(member);
+    }
+    agent.on_tick(&mut QuietHost, 1_000);
+    agent
+}
+
 /// [`warm_agent`] following one admitted request in `sample_every` to its
 /// response for the upstream signals.
 pub fn warm_agent_following(buckets: &[String], drop_ratio: f64, sample_every: u32) -> Agent {

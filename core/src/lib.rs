@@ -12,6 +12,7 @@ pub mod credit;
 pub mod decision;
 mod drop_ratio;
 pub mod gcra;
+pub mod glob;
 mod keys;
 mod priority;
 pub mod proxy_cap;

@@ -21,6 +21,7 @@ use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use prost::Message;
 use sluice_core::allowance::DirectiveRates;
 use sluice_core::gcra::Gcra;
+use sluice_core::glob::{Glob, MAX_AGGREGATE_PATTERNS};
 use sluice_core::{
     DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, Priority,
 };
@@ -145,6 +146,9 @@ pub struct DirectiveTable {
     provenance: Provenance,
     modes: ModeSettings,
     ttl_ms: u64,
+    /// Globs whose matching buckets are counted as the one bucket the
+    /// pattern names, first match first.
+    aggregates: Vec<Glob>,
     max_entries: usize,
     responses: Arc<ResponseSettings>,
     proxy_id: Arc<str>,
@@ -181,6 +185,7 @@ impl DirectiveTable {
             provenance: Provenance::default(),
             modes: ModeSettings::default(),
             ttl_ms: 0,
+            aggregates: Vec::new(),
             max_entries,
             responses,
             proxy_id: Arc::from(proxy_id),
@@ -307,6 +312,20 @@ impl DirectiveTable {
         self.ttl_ms
     }
 
+    /// The aggregate pattern `bucket` is counted under, if one matches: the
+    /// bucket a request of `bucket` is decided and counted as. No pattern
+    /// (the common case) costs one length check.
+    #[inline]
+    pub fn aggregate_of(&self, bucket: &str) -> Option<&str> {
+        if self.aggregates.is_empty() {
+            return None;
+        }
+        self.aggregates
+            .iter()
+            .find(|glob| glob.matches(bucket))
+            .map(Glob::as_str)
+    }
+
     /// Merges a batch: named cells take the new directive (keeping their
     /// state), others keep theirs; the batch's mode policy and TTL replace
     /// the previous ones (an absent policy means "enforce, no kill
@@ -327,6 +346,10 @@ impl DirectiveTable {
             issued_at_unix_ms: batch.issued_at_unix_ms,
         };
         self.ttl_ms = batch.ttl_ms;
+        let mut outcome = MergeOutcome::default();
+        let (aggregates, refused) = valid_aggregates(&batch.aggregate_patterns);
+        self.aggregates = aggregates;
+        outcome.rejected += refused;
         let modes = ModeSettings::from_policy(batch.modes.as_ref(), &self.proxy_id);
         if modes != self.modes {
             self.modes = modes;
@@ -334,7 +357,6 @@ impl DirectiveTable {
                 entry.enforce = modes.enforces(entry.directive.mode);
             }
         }
-        let mut outcome = MergeOutcome::default();
         for directive in batch.directives {
             if self.apply(directive, previous) {
                 outcome.applied += 1;
@@ -346,10 +368,11 @@ impl DirectiveTable {
     }
 
     /// Whether merging `batch` would change more than freshness: it names
-    /// directives, or its mode policy or TTL differ.
+    /// directives, or its mode policy, TTL or aggregate patterns differ.
     pub fn changes_with(&self, batch: &DirectiveBatch) -> bool {
         !batch.directives.is_empty()
             || batch.ttl_ms != self.ttl_ms
+            || valid_aggregates(&batch.aggregate_patterns).0 != self.aggregates
             || ModeSettings::from_policy(batch.modes.as_ref(), &self.proxy_id) != self.modes
     }
 
@@ -515,6 +538,11 @@ impl DirectiveTable {
             directives: Vec::new(),
             ttl_ms: self.ttl_ms,
             modes: self.modes.to_policy(),
+            aggregate_patterns: self
+                .aggregates
+                .iter()
+                .map(|glob| glob.as_str().to_owned())
+                .collect(),
         };
         let body: usize = directives
             .iter()
@@ -563,6 +591,20 @@ impl DirectiveTable {
             &self.proxy_id,
         )
     }
+}
+
+/// The aggregate patterns of a batch a table may hold: the first
+/// [`MAX_AGGREGATE_PATTERNS`] of 1 to [`MAX_BUCKET_KEY_BYTES`] bytes; and
+/// how many were refused.
+fn valid_aggregates(patterns: &[String]) -> (Vec<Glob>, usize) {
+    let valid: Vec<Glob> = patterns
+        .iter()
+        .filter(|pattern| (1..=MAX_BUCKET_KEY_BYTES).contains(&pattern.len()))
+        .take(MAX_AGGREGATE_PATTERNS)
+        .map(|pattern| Glob::new(pattern.as_str()))
+        .collect();
+    let refused = patterns.len() - valid.len();
+    (valid, refused)
 }
 
 /// Whether a cell's 429s, rendered for `old`, are the ones `new` needs:

@@ -273,6 +273,44 @@ fn encode_decode_round_trips() {
 }
 
 #[test]
+fn aggregate_patterns_are_validated_kept_and_shared() {
+    let mut table = DirectiveTable::new(100);
+    assert_eq!(table.aggregate_of("free-a"), None);
+    let mut b = batch(1, 1, vec![directive("free-*", 0.5)]);
+    let too_long = format!("{}*", "x".repeat(MAX_BUCKET_KEY_BYTES));
+    b.aggregate_patterns = vec!["free-*".into(), String::new(), too_long, "*-eu".into()];
+    let generation = table.generation();
+    assert!(table.changes_with(&b));
+    let outcome = table.merge(b.clone());
+    assert_eq!(outcome.rejected, 2, "the empty and the oversized pattern");
+    assert_ne!(table.generation(), generation);
+    // First match first; the pattern's own name matches itself.
+    assert_eq!(table.aggregate_of("free-a"), Some("free-*"));
+    assert_eq!(table.aggregate_of("free-eu"), Some("free-*"));
+    assert_eq!(table.aggregate_of("paid-eu"), Some("*-eu"));
+    assert_eq!(table.aggregate_of("free-*"), Some("free-*"));
+    assert_eq!(table.aggregate_of("paid"), None);
+    // Other VMs read them from the shared form.
+    let (decoded, _) = DirectiveTable::decode(&table.encode(), 100).unwrap();
+    assert_eq!(decoded.aggregate_of("free-a"), Some("free-*"));
+    // A batch with the same patterns changes nothing; without them, it
+    // takes them away (each batch carries the list, as the modes).
+    b.directives.clear();
+    assert!(!table.changes_with(&b));
+    b.aggregate_patterns.clear();
+    assert!(table.changes_with(&b));
+    table.merge(b);
+    assert_eq!(table.aggregate_of("free-a"), None);
+
+    let mut many = batch(1, 2, Vec::new());
+    many.aggregate_patterns = (0..40).map(|i| format!("p{i}-*")).collect();
+    let outcome = table.merge(many);
+    assert_eq!(outcome.rejected, 40 - MAX_AGGREGATE_PATTERNS);
+    assert_eq!(table.aggregate_of("p31-x"), Some("p31-*"));
+    assert_eq!(table.aggregate_of("p32-x"), None);
+}
+
+#[test]
 fn state_is_adopted_across_rebuilds() {
     let mut old = DirectiveTable::new(100);
     old.merge(batch(

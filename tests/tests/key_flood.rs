@@ -7,7 +7,9 @@
 //! limit throughout: unlimited buckets get no
 //! directive (the directive table holds only the limited one) and never
 //! take the slots kept for cells with a directive in the counters and the
-//! pacer. The overflow is visible in `sluice.requests_uncounted`.
+//! pacer. The overflow is visible in `sluice.requests_uncounted`. The same
+//! holds for an aggregate pattern whose members are all distinct: the
+//! filters count them as the one bucket the pattern names.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -24,6 +26,8 @@ use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate
 const LIMITS: &str = r#"
 limits:
   - bucket: "limited"
+    limit_rps: 100
+  - aggregate_pattern: "free-*"
     limit_rps: 100
 "#;
 const LIMIT_RPS: f64 = 100.0;
@@ -45,9 +49,24 @@ async fn stat(envoy: &Envoy, name: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// What is offered 4× its limit beside the flood.
+#[derive(Debug, Clone, Copy)]
+enum Limited {
+    /// The bucket `limited`.
+    Bucket,
+    /// Buckets `free-<n>`, each sent once, of the aggregate pattern
+    /// `free-*`.
+    DistinctMembers,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_flood_does_not_lift_a_limited_bucket() {
-    flood(Some(MAX_BUCKETS), FLOOD_RPS).await;
+    flood(Some(MAX_BUCKETS), FLOOD_RPS, Limited::Bucket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregate_pattern_of_distinct_members_holds_its_limit_in_a_flood() {
+    flood(Some(MAX_BUCKETS), FLOOD_RPS, Limited::DistinctMembers).await;
 }
 
 /// The filter's default `max_buckets` (10,000) under the largest flood
@@ -61,12 +80,12 @@ async fn a_key_flood_at_the_default_max_buckets() {
         .ok()
         .and_then(|rps| rps.parse().ok())
         .unwrap_or(3_000.0);
-    flood(None, flood_rps).await;
+    flood(None, flood_rps, Limited::Bucket).await;
 }
 
-/// A flood of `flood_rps` one-off keys beside the limited bucket, with
+/// A flood of `flood_rps` one-off keys beside the `limited` load, with
 /// `max_buckets` (`None`: the filter's default, 10,000).
-async fn flood(max_buckets: Option<u64>, flood_rps: f64) {
+async fn flood(max_buckets: Option<u64>, flood_rps: f64, limited: Limited) {
     let mut options = FleetOptions::new(LIMITS, 1);
     // Otherwise the filter's defaults (credit decision, allowance on).
     if let Some(max_buckets) = max_buckets {
@@ -87,12 +106,21 @@ async fn flood(max_buckets: Option<u64>, flood_rps: f64) {
     plan.max_in_flight = 1024;
     let flood_run = LoadRun::start(plan).unwrap();
     tokio::time::sleep(Duration::from_secs(FLOOD_LEAD_S)).await;
-    let run = LoadRun::start(LoadPlan::new(
-        vec![StreamSpec::new("limited", &url, "limited", 4.0 * LIMIT_RPS)],
-        Duration::from_secs(RUN_S),
-    ))
-    .unwrap();
-    // The directive table mid-run: the limited bucket only.
+    // Requests are told apart by their tenant header's value (its prefix
+    // for distinct keys).
+    let (stream, tenant) = match limited {
+        Limited::Bucket => (
+            StreamSpec::new("limited", &url, "limited", 4.0 * LIMIT_RPS),
+            "limited",
+        ),
+        Limited::DistinctMembers => (
+            StreamSpec::unique("limited", &url, "free", 4.0 * LIMIT_RPS),
+            "free",
+        ),
+    };
+    let run = LoadRun::start(LoadPlan::new(vec![stream], Duration::from_secs(RUN_S))).unwrap();
+    // The directive table mid-run: the limited bucket (or the pattern's
+    // one cell) only.
     tokio::time::sleep(Duration::from_secs(RUN_S / 2)).await;
     let directive_cells = stat(&fleet.envoys[0], "sluice.directive_cells").await;
     // The control plane's state and its scrape, mid-flood.
@@ -116,15 +144,12 @@ async fn flood(max_buckets: Option<u64>, flood_rps: f64) {
     let mut from = SETTLE_S;
     while from + WINDOW_S <= RUN_S as f64 + 1e-9 {
         let window = Window::secs(from, from + WINDOW_S);
-        windows.push((
-            from,
-            rate(result.tenant_counts(window, "limited").ok, window),
-        ));
+        windows.push((from, rate(result.tenant_counts(window, tenant).ok, window)));
         from += WINDOW_S;
     }
-    let overall = rate(result.tenant_counts(whole, "limited").ok, whole);
+    let overall = rate(result.tenant_counts(whole, tenant).ok, whole);
     let summary = format!(
-        "limited: {overall:.1} rps admitted over {SETTLE_S}-{RUN_S} s (limit {LIMIT_RPS}); \
+        "{limited:?}: {overall:.1} rps admitted over {SETTLE_S}-{RUN_S} s (limit {LIMIT_RPS}); \
          {WINDOW_S} s windows: {windows:.1?}\n\
          flood: {} sent, {} ok, {} errors, {} skipped\n\
          directive cells mid-run: {directive_cells:?}; requests uncounted: {uncounted:?}\n\

@@ -1,57 +1,14 @@
 //! Which limit applies to a bucket: exact key, then glob patterns in order,
-//! then the default.
+//! then the default. An aggregate pattern is one cell: the filters count
+//! every bucket it matches under the pattern itself, and that cell takes the
+//! pattern's limit.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::types::LimitRps;
-
-/// A glob where `*` matches any run of characters (including none and
-/// including separators); every other character matches itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Glob {
-    source: String,
-}
-
-impl Glob {
-    /// Any string is a valid pattern.
-    pub fn new(pattern: impl Into<String>) -> Self {
-        Self {
-            source: pattern.into(),
-        }
-    }
-
-    /// The pattern as written.
-    pub fn as_str(&self) -> &str {
-        &self.source
-    }
-
-    /// Whether `text` matches the whole pattern.
-    pub fn matches(&self, text: &str) -> bool {
-        let mut parts = self.source.split('*');
-        // `split` always yields at least one item; no `*` means an exact match.
-        let Some(first) = parts.next() else {
-            return text.is_empty();
-        };
-        let Some(mut rest) = text.strip_prefix(first) else {
-            return false;
-        };
-        let mut middle: Vec<&str> = parts.collect();
-        let Some(last) = middle.pop() else {
-            return rest.is_empty();
-        };
-        // Taking each middle literal at its leftmost occurrence is optimal:
-        // it leaves the longest possible remainder for what follows.
-        for literal in middle {
-            match rest.find(literal) {
-                Some(at) => rest = rest.get(at + literal.len()..).unwrap_or_default(),
-                None => return false,
-            }
-        }
-        rest.ends_with(last)
-    }
-}
+pub use sluice_core::glob::Glob;
 
 /// One configured limit, as listed by `GET /v1/limits`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -59,8 +16,11 @@ impl Glob {
 pub enum Selector {
     /// An exact bucket key.
     Bucket(String),
-    /// A glob over bucket keys.
+    /// A glob over bucket keys; each matching bucket has the limit.
     Pattern(String),
+    /// A glob over bucket keys whose matching buckets share the limit: the
+    /// filters count them all as one bucket named by the pattern.
+    AggregatePattern(String),
 }
 
 /// A limit rule: a selector and its limit.
@@ -79,6 +39,8 @@ pub struct LimitTable {
     default: Option<LimitRps>,
     exact: BTreeMap<String, LimitRps>,
     patterns: Vec<(Glob, LimitRps)>,
+    /// The aggregate patterns among `patterns`, in file order.
+    aggregates: Vec<String>,
 }
 
 impl LimitTable {
@@ -104,6 +66,10 @@ impl LimitTable {
                 Selector::Pattern(pattern) => {
                     table.patterns.push((Glob::new(pattern), rule.limit_rps))
                 }
+                Selector::AggregatePattern(pattern) => {
+                    table.aggregates.push(pattern.clone());
+                    table.patterns.push((Glob::new(pattern), rule.limit_rps))
+                }
             }
         }
         table
@@ -114,11 +80,28 @@ impl LimitTable {
         if let Some(limit) = self.exact.get(bucket) {
             return Some(*limit);
         }
+        // The cell an aggregate pattern's buckets are counted in is named by
+        // the pattern: it takes that rule even when an earlier pattern
+        // would match the name too.
+        if self.aggregates.iter().any(|pattern| pattern == bucket)
+            && let Some((_, limit)) = self
+                .patterns
+                .iter()
+                .find(|(glob, _)| glob.as_str() == bucket)
+        {
+            return Some(*limit);
+        }
         self.patterns
             .iter()
             .find(|(glob, _)| glob.matches(bucket))
             .map(|(_, limit)| *limit)
             .or(self.default)
+    }
+
+    /// The aggregate patterns, in file order: what the filters are told to
+    /// count as one bucket each.
+    pub fn aggregate_patterns(&self) -> &[String] {
+        &self.aggregates
     }
 
     /// The default for buckets no rule names.
@@ -142,9 +125,16 @@ impl LimitTable {
             selector: Selector::Bucket(bucket.clone()),
             limit_rps: *limit,
         });
-        let patterns = self.patterns.iter().map(|(glob, limit)| LimitRule {
-            selector: Selector::Pattern(glob.as_str().to_owned()),
-            limit_rps: *limit,
+        let patterns = self.patterns.iter().map(|(glob, limit)| {
+            let pattern = glob.as_str().to_owned();
+            LimitRule {
+                selector: if self.aggregates.contains(&pattern) {
+                    Selector::AggregatePattern(pattern)
+                } else {
+                    Selector::Pattern(pattern)
+                },
+                limit_rps: *limit,
+            }
         });
         exact.chain(patterns).collect()
     }
@@ -156,36 +146,6 @@ mod tests {
 
     fn limit(rps: f64) -> LimitRps {
         LimitRps::new(rps).unwrap()
-    }
-
-    #[test]
-    fn glob_matching() {
-        let cases = [
-            ("acme", "acme", true),
-            ("acme", "acme2", false),
-            ("free-*", "free-", true),
-            ("free-*", "free-abc/def", true),
-            ("free-*", "xfree-a", false),
-            ("*-eu", "a-eu", true),
-            ("*-eu", "a-eu-x", false),
-            ("*", "", true),
-            ("*", "anything", true),
-            ("a*b*c", "abc", true),
-            ("a*b*c", "axxbyyc", true),
-            ("a*b*c", "axxcyyb", false),
-            ("a*a", "a", false),
-            ("a*a", "aa", true),
-            ("**", "x", true),
-            ("", "", true),
-            ("", "x", false),
-        ];
-        for (pattern, text, expected) in cases {
-            assert_eq!(
-                Glob::new(pattern).matches(text),
-                expected,
-                "{pattern:?} vs {text:?}"
-            );
-        }
     }
 
     #[test]
@@ -225,6 +185,37 @@ mod tests {
         );
         assert_eq!(table.limit_for("free-eu-1"), Some(limit(50.0)));
         assert_eq!(table.limit_for("paid"), None, "no default means unlimited");
+    }
+
+    #[test]
+    fn an_aggregate_patterns_cell_takes_its_rule() {
+        let table = LimitTable::from_rules(
+            None,
+            [
+                LimitRule {
+                    selector: Selector::Pattern("f*".into()),
+                    limit_rps: limit(5.0),
+                },
+                LimitRule {
+                    selector: Selector::AggregatePattern("free-*".into()),
+                    limit_rps: limit(100.0),
+                },
+            ],
+        );
+        assert_eq!(table.aggregate_patterns(), ["free-*".to_owned()]);
+        // The pattern's own cell, although `f*` comes first and matches it.
+        assert_eq!(table.limit_for("free-*"), Some(limit(100.0)));
+        // A member counted on its own (a filter that has not heard of the
+        // pattern yet) still meets the patterns in file order.
+        assert_eq!(table.limit_for("free-a"), Some(limit(5.0)));
+        let json = serde_json::to_value(table.rules()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"pattern": "f*", "limit_rps": 5.0},
+                {"aggregate_pattern": "free-*", "limit_rps": 100.0},
+            ])
+        );
     }
 
     #[test]

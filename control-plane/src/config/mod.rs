@@ -217,12 +217,27 @@ impl<'de> Deserialize<'de> for Rules {
                 // silently shadowed.
                 let mut seen: HashMap<Selector, usize> = HashMap::new();
                 let mut rules = Vec::new();
+                let mut aggregates = 0;
                 while let Some(RawRule(rule)) = seq.next_element()? {
                     let index = rules.len();
-                    if let Some(first) = seen.insert(rule.selector.clone(), index) {
+                    // A pattern is one entry, aggregate or not.
+                    let key = match &rule.selector {
+                        Selector::AggregatePattern(name) => {
+                            aggregates += 1;
+                            if aggregates > MAX_AGGREGATE_PATTERNS {
+                                return Err(de::Error::custom(format!(
+                                    "more than {MAX_AGGREGATE_PATTERNS} aggregate patterns (entry [{index}])"
+                                )));
+                            }
+                            Selector::Pattern(name.clone())
+                        }
+                        selector => selector.clone(),
+                    };
+                    if let Some(first) = seen.insert(key, index) {
                         let (kind, name) = match &rule.selector {
                             Selector::Bucket(name) => ("bucket", name),
                             Selector::Pattern(name) => ("pattern", name),
+                            Selector::AggregatePattern(name) => ("aggregate_pattern", name),
                         };
                         return Err(de::Error::custom(format!(
                             "duplicate {kind} {name:?} in entries [{first}] and [{index}]"
@@ -238,7 +253,15 @@ impl<'de> Deserialize<'de> for Rules {
     }
 }
 
-/// One list entry: exactly one of `bucket` or `pattern`, and `limit_rps`.
+/// Aggregate patterns a limits file may hold: the filters match each
+/// request's bucket against every one of them.
+pub use sluice_core::glob::MAX_AGGREGATE_PATTERNS;
+
+/// What a limit entry names exactly one of.
+const ONE_SELECTOR: &str = "needs exactly one of `bucket`, `pattern` or `aggregate_pattern`";
+
+/// One list entry: exactly one of `bucket`, `pattern` or
+/// `aggregate_pattern`, and `limit_rps`.
 ///
 /// A hand-written map visitor rather than a derive plus a check afterwards:
 /// errors raised inside `visit_map` are positioned at the entry itself.
@@ -250,6 +273,7 @@ struct RawRule(LimitRule);
 enum RuleField {
     Bucket,
     Pattern,
+    AggregatePattern,
     LimitRps,
 }
 
@@ -261,7 +285,9 @@ impl<'de> Deserialize<'de> for RawRule {
             type Value = RawRule;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map with `bucket` or `pattern`, and `limit_rps`")
+                f.write_str(
+                    "a map with `bucket`, `pattern` or `aggregate_pattern`, and `limit_rps`",
+                )
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRule, A::Error> {
@@ -269,10 +295,10 @@ impl<'de> Deserialize<'de> for RawRule {
                 let mut limit_rps = None;
                 while let Some(field) = map.next_key::<RuleField>()? {
                     match field {
-                        RuleField::Bucket | RuleField::Pattern if selector.is_some() => {
-                            return Err(de::Error::custom(
-                                "needs exactly one of `bucket` or `pattern`",
-                            ));
+                        RuleField::Bucket | RuleField::Pattern | RuleField::AggregatePattern
+                            if selector.is_some() =>
+                        {
+                            return Err(de::Error::custom(ONE_SELECTOR));
                         }
                         RuleField::Bucket => {
                             let BucketName(name) = map.next_value()?;
@@ -282,15 +308,17 @@ impl<'de> Deserialize<'de> for RawRule {
                             let BucketName(name) = map.next_value()?;
                             selector = Some(Selector::Pattern(name));
                         }
+                        RuleField::AggregatePattern => {
+                            let BucketName(name) = map.next_value()?;
+                            selector = Some(Selector::AggregatePattern(name));
+                        }
                         RuleField::LimitRps if limit_rps.is_some() => {
                             return Err(de::Error::duplicate_field("limit_rps"));
                         }
                         RuleField::LimitRps => limit_rps = Some(map.next_value()?),
                     }
                 }
-                let selector = selector.ok_or_else(|| {
-                    de::Error::custom("needs exactly one of `bucket` or `pattern`")
-                })?;
+                let selector = selector.ok_or_else(|| de::Error::custom(ONE_SELECTOR))?;
                 let limit_rps = limit_rps.ok_or_else(|| de::Error::missing_field("limit_rps"))?;
                 Ok(RawRule(LimitRule {
                     selector,
@@ -299,7 +327,11 @@ impl<'de> Deserialize<'de> for RawRule {
             }
         }
 
-        deserializer.deserialize_struct("limit", &["bucket", "pattern", "limit_rps"], RuleVisitor)
+        deserializer.deserialize_struct(
+            "limit",
+            &["bucket", "pattern", "aggregate_pattern", "limit_rps"],
+            RuleVisitor,
+        )
     }
 }
 
@@ -516,7 +548,10 @@ limits:
     fn entry_needs_exactly_one_selector() {
         let err = invalid("limits:\n  - limit_rps: 1\n");
         assert_eq!(err.field, "limits[0]");
-        assert_eq!(err.message, "needs exactly one of `bucket` or `pattern`");
+        assert_eq!(
+            err.message,
+            "needs exactly one of `bucket`, `pattern` or `aggregate_pattern`"
+        );
         assert_eq!(err.location.map(|(line, _)| line), Some(2), "{err}");
 
         let err = invalid("limits:\n  - bucket: a\n    pattern: b*\n    limit_rps: 1\n");
@@ -526,6 +561,43 @@ limits:
         assert_eq!(
             err.to_string(),
             "limits.yaml:2:13: limits[0].bucket: must not be empty"
+        );
+    }
+
+    #[test]
+    fn aggregate_patterns_parse_and_are_bounded() {
+        let config = Config::from_yaml(
+            "limits:\n  - aggregate_pattern: \"free-*\"\n    limit_rps: 100\n  - pattern: \"paid-*\"\n    limit_rps: 5\n",
+            "limits.yaml",
+        )
+        .unwrap();
+        let table = config.limit_table();
+        assert_eq!(table.aggregate_patterns(), ["free-*".to_owned()]);
+        assert_eq!(table.limit_for("free-*").unwrap().get(), 100.0);
+
+        let err =
+            invalid("limits:\n  - aggregate_pattern: a*\n    pattern: b*\n    limit_rps: 1\n");
+        assert_eq!(err.field, "limits[0]");
+        assert_eq!(err.message, ONE_SELECTOR);
+
+        let err = invalid(
+            "limits:\n  - pattern: a*\n    limit_rps: 1\n  - aggregate_pattern: a*\n    limit_rps: 2\n",
+        );
+        assert!(
+            err.message
+                .contains("duplicate aggregate_pattern \"a*\" in entries [0] and [1]"),
+            "{}",
+            err.message
+        );
+
+        let many: String = (0..=MAX_AGGREGATE_PATTERNS)
+            .map(|i| format!("  - aggregate_pattern: \"p{i}-*\"\n    limit_rps: 1\n"))
+            .collect();
+        let err = invalid(&format!("limits:\n{many}"));
+        assert!(
+            err.message.contains("more than 32 aggregate patterns"),
+            "{}",
+            err.message
         );
     }
 

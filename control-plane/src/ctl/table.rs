@@ -223,9 +223,14 @@ pub fn limits(reply: &Value) -> String {
         .into_iter()
         .flatten()
     {
-        let (kind, key) = match (rule.get("bucket"), rule.get("pattern")) {
-            (Some(bucket), _) => ("bucket", cell(Some(bucket))),
-            (None, pattern) => ("pattern", cell(pattern)),
+        let (kind, key) = match (
+            rule.get("bucket"),
+            rule.get("pattern"),
+            rule.get("aggregate_pattern"),
+        ) {
+            (Some(bucket), _, _) => ("bucket", cell(Some(bucket))),
+            (None, None, Some(aggregate)) => ("aggregate_pattern", cell(Some(aggregate))),
+            (None, pattern, _) => ("pattern", cell(pattern)),
         };
         let overridden = (kind == "bucket")
             .then(|| overrides.and_then(|o| o.get(&key)))
@@ -397,6 +402,33 @@ mod tests {
         );
         assert_eq!(rows[1], ["envoy-a", "eu-1", "true", "120", "340", "3", "7"]);
         assert_eq!(rows[2], ["envoy-b", "true", "80", "-", "0", "9"], "{text}");
+    }
+
+    #[test]
+    fn limits_name_each_rules_kind() {
+        let text = limits(&json!({"default_limit_rps": null, "limits": [
+            {"bucket": "acme", "limit_rps": 200.0},
+            {"pattern": "free-*", "limit_rps": 50.0},
+            {"aggregate_pattern": "trial-*", "limit_rps": 100.0},
+        ], "overrides": {}}));
+        let kinds: Vec<(&str, &str)> = text
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                Some((words.next()?, words.next()?))
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("default", "*"),
+                ("bucket", "acme"),
+                ("pattern", "free-*"),
+                ("aggregate_pattern", "trial-*"),
+            ],
+            "{text}"
+        );
     }
 
     #[test]

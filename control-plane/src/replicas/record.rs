@@ -105,6 +105,7 @@ impl Record {
             directives: self.directives.values().cloned().collect(),
             ttl_ms: 0,
             modes: Some(self.modes),
+            aggregate_patterns: Vec::new(),
         }
         .encode_to_vec()
     }

@@ -85,6 +85,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
         changed: decision.changed,
         retired: decision.retired,
         modes,
+        aggregate_patterns: aggregate_patterns(state),
     });
     record(state, published, changed);
     metrics.control_tick(started.elapsed());
@@ -112,10 +113,19 @@ pub fn keep_alive(state: &AppState) {
     heartbeat_with(state, modes);
 }
 
-/// A heartbeat (or a change to `modes`) if one is due.
+/// The limits' aggregate patterns, pushed with every batch. A replica
+/// pushes its own (every replica reads the same limits file, and the
+/// patterns never depend on the load), not the leader's.
+fn aggregate_patterns(state: &AppState) -> Vec<String> {
+    state.policy().limits.aggregate_patterns().to_vec()
+}
+
+/// A heartbeat (or a change to `modes` or the aggregate patterns) if one
+/// is due.
 fn heartbeat_with(state: &AppState, modes: ModePolicy) {
     let published = state.publisher().publish(Update {
         modes,
+        aggregate_patterns: aggregate_patterns(state),
         ..Update::default()
     });
     record(state, published, 0);
@@ -226,9 +236,11 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     if replica.table().fence > 0 {
         let table = replica.table();
         let changed = table.len();
-        let published = state
-            .publisher()
-            .publish_table(table.directives(), table.modes);
+        let published = state.publisher().publish_table(
+            table.directives(),
+            table.modes,
+            aggregate_patterns(state),
+        );
         record(state, published, changed);
     } else {
         // No leader has written a table yet: this replica's own modes.

@@ -72,6 +72,7 @@ struct Inner {
     version: u64,
     snapshot: HashMap<DirectiveKey, Directive>,
     modes: ModePolicy,
+    aggregate_patterns: Vec<String>,
     /// When the last batch was broadcast.
     last_sent: Instant,
     sender: broadcast::Sender<Arc<Outgoing>>,
@@ -86,6 +87,8 @@ pub struct Update {
     pub retired: Vec<RetiredCell>,
     /// The mode policy in force.
     pub modes: ModePolicy,
+    /// The limits' aggregate patterns, in file order.
+    pub aggregate_patterns: Vec<String>,
 }
 
 /// What [`Publisher::publish`] broadcast.
@@ -121,6 +124,7 @@ impl Publisher {
                 version: 1,
                 snapshot: HashMap::new(),
                 modes,
+                aggregate_patterns: Vec::new(),
                 last_sent: Instant::now(),
                 sender,
             })),
@@ -151,6 +155,7 @@ impl Publisher {
             changed,
             retired,
             modes,
+            aggregate_patterns,
         } = update;
         let mut inner = self.lock();
         for directive in &changed {
@@ -170,8 +175,10 @@ impl Publisher {
                 priority: cell.priority.to_wire() as i32,
             });
         }
-        let modes_changed = inner.modes != modes;
+        // The patterns travel with the modes: a change to either is a delta.
+        let modes_changed = inner.modes != modes || inner.aggregate_patterns != aggregate_patterns;
         inner.modes = modes;
+        inner.aggregate_patterns = aggregate_patterns;
         let heartbeat = now.saturating_duration_since(inner.last_sent) >= self.heartbeat_every;
         if changed.is_empty() && !modes_changed && !heartbeat {
             return Published::Nothing;
@@ -180,7 +187,7 @@ impl Publisher {
         inner.version += 1;
         inner.last_sent = now;
         let batch = Arc::new(Outgoing {
-            batch: self.batch(inner.version, changed, &inner.modes),
+            batch: self.batch(inner.version, changed, &inner),
             decided_at: Some(now),
         });
         // An error only means no stream is open right now; the snapshot
@@ -205,6 +212,7 @@ impl Publisher {
         &self,
         table: impl IntoIterator<Item = &'a Directive>,
         modes: ModePolicy,
+        aggregate_patterns: Vec<String>,
     ) -> Published {
         let update = {
             let inner = self.lock();
@@ -230,6 +238,7 @@ impl Publisher {
                 changed,
                 retired: Vec::new(),
                 modes,
+                aggregate_patterns,
             }
         };
         self.publish(update)
@@ -251,23 +260,21 @@ impl Publisher {
         let mut directives: Vec<(&DirectiveKey, &Directive)> = inner.snapshot.iter().collect();
         directives.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let directives = directives.into_iter().map(|(_, d)| d.clone()).collect();
-        let snapshot = self.batch(inner.version, directives, &inner.modes);
+        let snapshot = self.batch(inner.version, directives, &inner);
         (snapshot, inner.sender.subscribe())
     }
 
-    fn batch(
-        &self,
-        version: u64,
-        directives: Vec<Directive>,
-        modes: &ModePolicy,
-    ) -> DirectiveBatch {
+    /// A batch of `directives` with what every batch carries (the TTL,
+    /// the modes and the aggregate patterns in `inner`).
+    fn batch(&self, version: u64, directives: Vec<Directive>, inner: &Inner) -> DirectiveBatch {
         DirectiveBatch {
             epoch: self.epoch,
             version,
             issued_at_unix_ms: unix_ms(SystemTime::now()),
             directives,
             ttl_ms: self.ttl_ms,
-            modes: Some(*modes),
+            modes: Some(inner.modes),
+            aggregate_patterns: inner.aggregate_patterns.clone(),
         }
     }
 
@@ -404,6 +411,7 @@ mod tests {
                 priority: Priority::Bulk,
             }],
             modes: ModePolicy::default(),
+            aggregate_patterns: Vec::new(),
         });
         let (snapshot, _) = publisher.subscribe();
         assert_eq!(snapshot.directives, [directive("b", 0.0)]);
@@ -431,6 +439,43 @@ mod tests {
         assert_eq!(batch.batch.modes, Some(kill));
         assert_eq!(publisher.publish_at(update, now), Published::Nothing);
         assert_eq!(publisher.subscribe().0.modes, Some(kill));
+    }
+
+    #[tokio::test]
+    async fn aggregate_patterns_travel_with_every_batch() {
+        let publisher = publisher();
+        let (_, mut subscription) = publisher.subscribe();
+        let now = Instant::now();
+        let update = Update {
+            aggregate_patterns: vec!["free-*".into()],
+            ..Update::default()
+        };
+        assert!(matches!(
+            publisher.publish_at(update.clone(), now),
+            Published::Delta { .. }
+        ));
+        let batch = subscription.next().await.unwrap();
+        assert_eq!(batch.batch.aggregate_patterns, ["free-*"]);
+        assert_eq!(publisher.publish_at(update, now), Published::Nothing);
+        // A new stream's snapshot and every later delta carry them too.
+        assert_eq!(publisher.subscribe().0.aggregate_patterns, ["free-*"]);
+        publisher.publish_at(
+            Update {
+                changed: vec![directive("a", 0.5)],
+                aggregate_patterns: vec!["free-*".into()],
+                ..Update::default()
+            },
+            now,
+        );
+        let batch = subscription.next().await.unwrap();
+        assert_eq!(batch.batch.aggregate_patterns, ["free-*"]);
+        // Taking the pattern out of the limits is a change of its own.
+        assert!(matches!(
+            publisher.publish_at(Update::default(), now),
+            Published::Delta { .. }
+        ));
+        let batch = subscription.next().await.unwrap();
+        assert!(batch.batch.aggregate_patterns.is_empty());
     }
 
     #[tokio::test]
@@ -499,7 +544,7 @@ mod tests {
         publisher.publish(changed(vec![directive("a", 0.5), directive("b", 0.2)]));
         let (_, mut subscription) = publisher.subscribe();
         let table = [directive("a", 0.5), directive("c", 0.1)];
-        let published = publisher.publish_table(table.iter(), ModePolicy::default());
+        let published = publisher.publish_table(table.iter(), ModePolicy::default(), Vec::new());
         assert!(
             matches!(published, Published::Delta { .. }),
             "{published:?}"
@@ -523,7 +568,7 @@ mod tests {
         held.sort_unstable();
         assert_eq!(held, ["a", "c"]);
         // The same table again changes nothing.
-        let again = publisher.publish_table(table.iter(), ModePolicy::default());
+        let again = publisher.publish_table(table.iter(), ModePolicy::default(), Vec::new());
         assert!(matches!(again, Published::Nothing), "{again:?}");
     }
 }

@@ -82,6 +82,12 @@ impl RequestPath {
         metrics: &mut Metrics,
         rng: &mut SmallRng,
     ) -> Decision {
+        // A bucket an aggregate pattern matches is decided and counted as
+        // the bucket the pattern names.
+        if let Some(pattern) = self.directives.aggregate_of(&self.cell.bucket) {
+            self.cell.bucket.clear();
+            self.cell.bucket.push_str(pattern);
+        }
         let wide = self.cell.is_bucket_wide();
         let (exact, bucket) = self.cell.keys();
         let local = Local {

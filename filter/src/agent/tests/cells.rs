@@ -191,6 +191,54 @@ fn the_exact_cell_wins_then_the_bucket_wide_directive() {
 }
 
 #[test]
+fn an_aggregate_patterns_buckets_are_one_cell_on_every_vm() {
+    let mut fleet = Fleet::new(2);
+    fleet.ticks(2);
+    let (token, _) = fleet.the_stream();
+    fleet.push_batch(DirectiveBatch {
+        aggregate_patterns: vec!["free-*".into()],
+        ..batch(vec![cell("free-*", "", Priority::Unspecified, 1.0)])
+    });
+    fleet.tick();
+    for vm in 0..2 {
+        // Every member meets the pattern's directive, on every VM.
+        for member in ["free-a", "free-b", "free-c"] {
+            let (rejected, response) =
+                fleet.cell_decisions(vm, (member, "", Priority::Unspecified), 5);
+            assert_eq!(rejected, 5, "{member} on VM {vm}");
+            assert!(response.is_some());
+        }
+        assert_eq!(
+            fleet.vms[vm].1.last_decision().reason,
+            Some(DropReason::ClusterOverload)
+        );
+        assert_eq!(
+            fleet
+                .cell_decisions(vm, ("paid", "", Priority::Unspecified), 5)
+                .0,
+            0
+        );
+    }
+    fleet.ticks(6);
+    let mut buckets: Vec<(String, u64)> = fleet
+        .reports(token)
+        .into_iter()
+        .flat_map(|r| r.buckets)
+        .map(|c| (c.bucket, c.offered))
+        .collect();
+    buckets.sort();
+    let mut merged: Vec<(String, u64)> = Vec::new();
+    for (bucket, offered) in buckets {
+        match merged.last_mut() {
+            Some((last, sum)) if *last == bucket => *sum += offered,
+            _ => merged.push((bucket, offered)),
+        }
+    }
+    // One cell for the pattern, none per member.
+    assert_eq!(merged, [("free-*".to_owned(), 30), ("paid".to_owned(), 10)]);
+}
+
+#[test]
 fn reports_carry_counts_per_cell() {
     let mut fleet = Fleet::new(2);
     fleet.ticks(2);
