@@ -97,16 +97,27 @@ struct Pushed {
     retry_after_ms: u64,
     burst: f64,
     /// The cell's fleet offered rate the ratio came from: proxies derive
-    /// their local allowance from it. Not a reason to push on its own.
+    /// their local allowance from it. A reason to push on its own only
+    /// when it grew by [`OFFERED_GROWTH`] under the limit.
     offered_rps: f64,
 }
+
+/// Under its limit (drop ratio 0) a cell's proxies cap themselves at their
+/// rate at the last push times `limit / offered_rps`: an offered rate that
+/// grew by more than this fraction since is pushed again, so the caps follow
+/// a load climbing towards the limit instead of binding below it.
+pub const OFFERED_GROWTH: f64 = 0.1;
 
 impl Pushed {
     fn differs_from(&self, next: &Self) -> bool {
         let share_moved = (self.share_rps - next.share_rps).abs()
             > CHANGE_THRESHOLD * self.share_rps.abs().max(next.share_rps.abs());
+        let offered_grew = next.drop_ratio.get() == 0.0
+            && next.limit.is_some()
+            && next.offered_rps > self.offered_rps * (1.0 + OFFERED_GROWTH);
         (self.drop_ratio.get() - next.drop_ratio.get()).abs() > CHANGE_THRESHOLD
             || share_moved
+            || offered_grew
             || self.limit != next.limit
             || self.mode != next.mode
             || self.reason != next.reason

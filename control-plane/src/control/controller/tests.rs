@@ -575,6 +575,42 @@ fn small_changes_are_not_pushed_but_accumulate() {
 }
 
 #[test]
+fn an_offered_rate_climbing_under_the_limit_is_pushed_each_tenth() {
+    let limits = table(&[("acme", 1000.0)]);
+    let mut controller = Controller::default();
+    let first = controller.tick(&load(&[("acme", 500.0)]), &limits);
+    assert_eq!(first.changed[0].offered_rps, 500.0);
+    // Proxies cap themselves at their rate times limit / 500: up to 10 %
+    // more is noise, and falling is never a reason.
+    for offered in [540.0, 550.0, 300.0, 520.0] {
+        let decision = controller.tick(&load(&[("acme", offered)]), &limits);
+        assert!(decision.changed.is_empty(), "{offered} rps pushed");
+    }
+    // Grown by more than a tenth since the push: the caps need it.
+    let decision = controller.tick(&load(&[("acme", 551.0)]), &limits);
+    assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
+    assert_eq!(decision.changed[0].offered_rps, 551.0);
+    // Measured from that push now.
+    assert!(
+        controller
+            .tick(&load(&[("acme", 600.0)]), &limits)
+            .changed
+            .is_empty()
+    );
+    // Over the limit the ratio moves and is pushed as ever; an unlimited
+    // bucket gets nothing however its load grows.
+    let decision = controller.tick(&load(&[("acme", 2000.0)]), &limits);
+    assert_eq!(buckets(&decision.changed), [("acme", 0.5)]);
+    let unlimited = table(&[]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("free", 100.0)]), &unlimited);
+    for offered in [200.0, 400.0] {
+        let decision = controller.tick(&load(&[("free", offered)]), &unlimited);
+        assert!(decision.changed.is_empty(), "{offered} rps pushed");
+    }
+}
+
+#[test]
 fn limit_change_is_pushed_even_without_ratio_change() {
     let mut controller = Controller::default();
     controller.tick(&load(&[("acme", 100.0)]), &table(&[("acme", 200.0)]));
