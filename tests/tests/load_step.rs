@@ -7,8 +7,8 @@
 //! runs with the same control plane build and the same load measure both,
 //! as the simulator does (`sluice simulate --scenario step-10x`): the
 //! allowance overshoots less in the first second after the step, and both
-//! settle near the limit. The Envoys run two workers, then four: a step's
-//! connections land on any of them.
+//! settle near the limit. The Envoys run one worker, then two, then four (a
+//! step's connections land on any of them), held to the same bounds.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -135,6 +135,13 @@ async fn run_step(filter_patch: Json, workers: u32) -> Outcome {
         control_plane,
         _dir: dir,
     }
+}
+
+/// One worker per Envoy: the bound the several-worker runs are held to is
+/// the one-worker run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_holds_a_load_step_with_one_worker() {
+    step_with_workers(1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
