@@ -25,23 +25,22 @@ impl Glob {
         &self.source
     }
 
-    /// Whether `text` matches the whole pattern.
+    /// Whether `text` matches the whole pattern. No allocation: the filter
+    /// matches each request's bucket against its aggregate patterns.
     pub fn matches(&self, text: &str) -> bool {
-        let mut parts = self.source.split('*');
-        // `split` always yields at least one item; no `*` means an exact match.
-        let Some(first) = parts.next() else {
-            return text.is_empty();
+        // No `*`: an exact match.
+        let Some((head, tail)) = self.source.split_once('*') else {
+            return text == self.source;
         };
-        let Some(mut rest) = text.strip_prefix(first) else {
+        let Some(mut rest) = text.strip_prefix(head) else {
             return false;
         };
-        let mut middle: Vec<&str> = parts.collect();
-        let Some(last) = middle.pop() else {
-            return rest.is_empty();
-        };
+        // The literals between the first and the last `*`, and the one after
+        // the last (what `rest` must end with).
+        let (middle, last) = tail.rsplit_once('*').unwrap_or(("", tail));
         // Taking each middle literal at its leftmost occurrence is optimal:
         // it leaves the longest possible remainder for what follows.
-        for literal in middle {
+        for literal in middle.split('*') {
             match rest.find(literal) {
                 Some(at) => rest = rest.get(at + literal.len()..).unwrap_or_default(),
                 None => return false,
@@ -77,12 +76,46 @@ mod tests {
             ("**", "x", true),
             ("", "", true),
             ("", "x", false),
+            ("a*b", "ab", true),
+            ("a*b", "abab", true),
+            ("ab*ba", "aba", false),
+            ("*x*", "yxy", true),
+            ("*x*", "yyy", false),
+            ("a**b", "ab", true),
         ];
         for (pattern, text, expected) in cases {
             assert_eq!(
                 Glob::new(pattern).matches(text),
                 expected,
                 "{pattern:?} vs {text:?}"
+            );
+        }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests {
+    #![allow(clippy::indexing_slicing)]
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A matcher written the slow, obvious way: `*` tries every split.
+    fn reference(pattern: &[u8], text: &[u8]) -> bool {
+        match pattern.split_first() {
+            None => text.is_empty(),
+            Some((b'*', rest)) => (0..=text.len()).any(|at| reference(rest, &text[at..])),
+            Some((c, rest)) => text.first() == Some(c) && reference(rest, &text[1..]),
+        }
+    }
+
+    proptest! {
+        /// Against the reference over a small alphabet, where literals
+        /// recur and leftmost matches are put to the test.
+        #[test]
+        fn matches_like_the_reference(pattern in "[ab*]{0,8}", text in "[ab]{0,10}") {
+            prop_assert_eq!(
+                Glob::new(pattern.as_str()).matches(&text),
+                reference(pattern.as_bytes(), text.as_bytes())
             );
         }
     }
