@@ -120,7 +120,8 @@ impl Pacer {
 
     /// Once the control plane is lost (and the caps decide), freezes what
     /// the whole process may admit of each cell: the budget derived at the
-    /// cell's last directive ([`Self::budgets_for_directives`]), or for a
+    /// last batch ([`Self::budgets_for_directives`],
+    /// [`Self::budgets_at_batch`]), or for a
     /// cell that has none the allowance of the process's offered rate now
     /// under its last directive (`rates_of`). Until the control plane is
     /// back, [`Self::rescale_caps`] splits it between the VMs.
@@ -144,11 +145,32 @@ impl Pacer {
     /// decide ([`Engage::Always`]) a step spread over several workers then
     /// meets the process's budget rather than each worker's frozen cap (a
     /// worker that had no traffic before the step has none); with
-    /// [`Engage::WhenLost`] they wait to be frozen at the loss.
+    /// [`Engage::WhenLost`] they are also renewed at every heartbeat
+    /// ([`Self::budgets_at_batch`]) and wait to be frozen at the loss.
     pub fn budgets_for_directives(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
         if !self.lost {
             self.budgets.clear();
             self.derive_budgets(rates_of);
+        }
+    }
+
+    /// At every batch the control plane sends while it is there,
+    /// heartbeats included: with [`Engage::WhenLost`], re-derives every
+    /// budget from the process's rate now, so the one frozen at a loss is at
+    /// most a heartbeat old. A steady cell's directive is pushed once, then
+    /// only heartbeats come: a budget derived at that push, or when the
+    /// cell's process rate was first established, kept whatever that one
+    /// moment's rate said for the rest of the run, and a loss an hour later
+    /// froze it. With [`Engage::Always`] the caps decide now and the
+    /// budgets move with directives only: re-derived at a heartbeat during a
+    /// load step, a budget would grow with the step under the old ratio
+    /// until the control plane's next directive.
+    pub fn budgets_at_batch(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+        if self
+            .allowance
+            .is_some_and(|settings| settings.engage == Engage::WhenLost)
+        {
+            self.budgets_for_directives(rates_of);
         }
     }
 
@@ -741,6 +763,75 @@ mod tests {
             pacer.on_tick(1_000 + tick * 100, ["a"], &mut rng);
             pacer.rescale_caps();
         }
+        assert!((45..=62).contains(&admitted), "{admitted}");
+    }
+
+    /// Admitted of 30 requests a tick over ten 100 ms ticks from `from_ms`,
+    /// with the caps rescaled at every tick, under a ratio of one half.
+    fn admitted_at_thirty_a_tick(pacer: &mut Pacer, rng: &mut SmallRng, from_ms: u64) -> u32 {
+        let threshold = DropRatio::new(0.5).unwrap().threshold();
+        let mut admitted = 0;
+        for tick in 0..10u64 {
+            for _ in 0..30 {
+                admitted += u32::from(pacer.decide("a", threshold, rng) == Verdict::Admit);
+            }
+            pacer.on_tick(from_ms + tick * 100, ["a"], rng);
+            pacer.rescale_caps();
+        }
+        admitted
+    }
+
+    #[test]
+    fn a_heartbeat_renews_the_budget_a_loss_will_freeze() {
+        let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
+        let settings = AllowanceSettings {
+            engage: Engage::WhenLost,
+            ..EXACT
+        };
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..10u64 {
+            for _ in 0..30 {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+        }
+        // The directive came when the process's rate read 400/s (a moment's
+        // miscount): a budget of 200/s.
+        pacer.set_process_shares(process_of(400.0));
+        pacer.resolve_all(directive);
+        pacer.budgets_for_directives(directive);
+        // The rate reads 300/s since; the directive is unchanged, so only
+        // heartbeats come, and the budget they leave is 150/s.
+        pacer.set_process_shares(process_of(300.0));
+        pacer.budgets_at_batch(directive);
+        pacer.set_control_plane_lost(true);
+        pacer.freeze_budgets(directive);
+        let admitted = admitted_at_thirty_a_tick(&mut pacer, &mut rng, 1_000);
+        assert!((140..=160).contains(&admitted), "{admitted}");
+    }
+
+    #[test]
+    fn with_caps_that_always_decide_a_heartbeat_leaves_the_budget() {
+        let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
+        assert_eq!(EXACT.engage, Engage::Always);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..10u64 {
+            for _ in 0..10 {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+        }
+        pacer.set_process_shares(process_of(100.0));
+        pacer.resolve_all(directive);
+        pacer.budgets_for_directives(directive);
+        // A step to 300/s before the next directive: a heartbeat does not
+        // let the budget grow with it under the old ratio.
+        pacer.set_process_shares(process_of(300.0));
+        pacer.budgets_at_batch(directive);
+        pacer.rescale_caps();
+        let admitted = admitted_at_thirty_a_tick(&mut pacer, &mut rng, 1_000);
         assert!((45..=62).contains(&admitted), "{admitted}");
     }
 

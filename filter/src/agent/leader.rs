@@ -411,6 +411,8 @@ impl Agent {
         let outcome = self.path.directives.merge(batch);
         if changes {
             self.path.pace_directives();
+        } else {
+            self.path.renew_budgets();
         }
         self.metrics.add(Counter::DirectiveBatches, 1);
         self.metrics.add(

@@ -201,6 +201,15 @@ impl RequestPath {
         });
     }
 
+    /// A batch that changed nothing (a heartbeat): the control plane is
+    /// there, so the budgets a loss would freeze follow the process's rate
+    /// ([`crate::pacing::Pacer::budgets_at_batch`]).
+    pub(super) fn renew_budgets(&mut self) {
+        let directives = &self.directives;
+        self.pacer
+            .budgets_at_batch(|key| directives.rates_for_cell(key));
+    }
+
     /// Lets the pacer derive allowances of cells whose directive changed.
     pub(super) fn pace_directives(&mut self) {
         let directives = &self.directives;

@@ -169,6 +169,11 @@ impl Agent {
         if let Some(meta) = meta {
             if self.sync.directives_sequence != Some(meta.sequence) {
                 self.read_table(host, meta.sequence);
+            } else if !meta.stream_lost
+                && self.sync.freshness.received_at_ms != Some(meta.received_at_ms)
+            {
+                // A batch that changed nothing reached the leader.
+                self.path.renew_budgets();
             }
             self.sync.freshness.received_at_ms = Some(meta.received_at_ms);
             self.sync.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);

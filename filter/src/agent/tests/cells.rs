@@ -722,9 +722,15 @@ fn a_silent_control_plane_engages_them_after_a_while() {
 
 /// Two serving VMs (a third leads and serves nothing, like a main-thread
 /// VM) share a cell at 100 rps each; the directive halves it; then the
-/// control plane is lost. Returns the fleet, the serving VMs and the
-/// requests per 100 ms tick each was offered.
+/// control plane is lost. Returns the fleet and the serving VMs.
 fn lost_with_two_workers() -> (Fleet, Vec<usize>) {
+    let (mut fleet, workers) = connected_with_two_workers();
+    fleet.server_closes(14);
+    (fleet, workers)
+}
+
+/// [`lost_with_two_workers`] before the loss.
+fn connected_with_two_workers() -> (Fleet, Vec<usize>) {
     let mut fleet = Fleet::with_settings(
         3,
         AgentSettings {
@@ -763,8 +769,37 @@ fn lost_with_two_workers() -> (Fleet, Vec<usize>) {
             }
         }
     }
-    fleet.server_closes(14);
     (fleet, workers)
+}
+
+#[test]
+fn a_loss_freezes_the_budget_of_the_last_heartbeat_not_of_the_last_directive() {
+    let (mut fleet, workers) = connected_with_two_workers();
+    // The load halves; the ratio does not move, so the control plane
+    // pushes nothing new, only heartbeats.
+    let acme = ("acme", "", Priority::Unspecified);
+    for version in 3..6 {
+        for _ in 0..10 {
+            fleet.tick();
+            for worker in &workers {
+                fleet.cell_decisions(*worker, acme, 5);
+            }
+        }
+        fleet.push_batch(DirectiveBatch {
+            version,
+            ..batch(vec![])
+        });
+    }
+    fleet.tick();
+    for worker in &workers {
+        fleet.cell_decisions(*worker, acme, 5);
+    }
+    fleet.server_closes(14);
+    // A surge after the loss: the process is held at what the ratio
+    // admitted at the last heartbeat (half of 100 rps), not at the last
+    // directive's (half of 200 rps).
+    let rate = admitted_per_second(&mut fleet, &workers, &[30, 30], 60, 20);
+    assert!((45.0..=55.0).contains(&rate), "{rate} rps");
 }
 
 /// Admitted per second over the last `measure` of `ticks` ticks, with
