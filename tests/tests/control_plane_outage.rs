@@ -31,9 +31,17 @@ async fn native_enforcement_survives_a_control_plane_restart() {
 }
 
 async fn enforcement_survives_a_control_plane_restart_on(data_plane: DataPlane) {
-    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 2).with_data_plane(data_plane))
-        .await
-        .unwrap();
+    let mut options = FleetOptions::new(LIMITS, 2).with_data_plane(data_plane);
+    // One worker per Envoy, as in long_outage.rs: this test is about the
+    // restart. With two, each worker caps the cell at its current share of
+    // the Envoy's budget while the control plane is down, the shares lag
+    // the load as it moves between workers, and this test's ±20 % band was
+    // missed on a busy two-core machine in three runs out of many (Envoy A
+    // admitted 82 and 101 rps of its 150 with the wasm filter, 192 once
+    // with the native module). outage_surge.rs holds the two-worker outage
+    // to ±10 % (docs/accuracy.md, "Several workers per Envoy").
+    options.concurrency = 1;
+    let mut fleet = Fleet::start(options).await.unwrap();
     let interval = fleet.options.control_interval();
     let grpc = fleet.control_plane.grpc_addr();
     // An upper bound: the test stops the load once it has measured the new limit.
