@@ -184,12 +184,12 @@ mod tests {
     /// and swings no further than docs/adaptive.md says.
     #[test]
     fn the_limit_finds_the_capacity_and_follows_it() {
-        // Seeds 1-3: AIMD found the capacity in 2.6-7.1 s going down (from
-        // 1000 to 500 it needs four decreases by 0.8, three intervals
-        // apart) and 10.6-12.6 s coming back up (+20 rps per interval);
-        // the gradient 2.1 s and 25-28 s (it climbs by a smoothed square
-        // root of the limit). Settled means 0.89-0.97 of the capacity
-        // (seed 1: 0.91-0.97), ranges within 0.80-1.06.
+        // Seeds 1-3: AIMD found the capacity in 2.6-3.1 s going down (from
+        // 1000 to 500, decreases by 0.8 three intervals apart) and
+        // 10.1-11.6 s coming back up (+20 rps per interval); the gradient
+        // 3.6 s and 27.1-32.1 s (it climbs by a smoothed square root of the
+        // limit). Settled means 0.92-0.98 of the capacity, ranges within
+        // 0.77-1.08.
         for (name, up_within_ms) in [("adaptive-aimd", 15_000), ("adaptive-gradient", 35_000)] {
             let (metrics, _) = measured(&scenario::by_name(name).unwrap());
             assert_eq!(metrics.phases.len(), 3, "{name}");

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::proxy::ProxyModel;
 use super::sim::Variant;
 use super::{adaptive, metrics, plot, report, scenario, sim};
 
@@ -33,15 +32,9 @@ pub struct SimulateArgs {
     /// rates) when a scenario has tenants.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// What each simulated proxy runs: `parts` (the filter's directive
-    /// table, pacer and counters, reporting every report interval exactly:
-    /// the published table) or `agent` (the filter's whole agent on an
-    /// in-memory host: its own ticks, report windows, lease and fallback).
-    #[arg(long, value_name = "MODEL", default_value = "parts", value_parser = parse_proxy_model)]
-    pub proxy: ProxyModel,
-    /// With `--proxy agent`: worker threads (VMs) per Envoy; requests go
-    /// over a few client connections, each on one worker and replaced
-    /// after a while, as Envoy balances connections.
+    /// Worker threads (VMs) per simulated Envoy, each running the filter's
+    /// agent; requests go over a few client connections, each on one worker
+    /// and replaced after a while, as Envoy balances connections.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_workers)]
     pub workers: u32,
 }
@@ -52,10 +45,6 @@ fn parse_workers(value: &str) -> Result<u32, String> {
         .ok()
         .filter(|n| (1..=64).contains(n))
         .ok_or_else(|| "expected a number of workers from 1 to 64".to_owned())
-}
-
-fn parse_proxy_model(value: &str) -> Result<ProxyModel, String> {
-    ProxyModel::by_name(value).ok_or_else(|| "unknown proxy model; one of: parts, agent".to_owned())
 }
 
 fn parse_variant(value: &str) -> Result<String, String> {
@@ -98,22 +87,13 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         eprintln!("sluice: cannot create {}: {err}", dir.display());
         return ExitCode::FAILURE;
     }
-    let model = match args.proxy {
-        ProxyModel::Agent { .. } => ProxyModel::Agent {
-            workers: args.workers as usize,
-        },
-        ProxyModel::Parts if args.workers > 1 => {
-            eprintln!("sluice: --workers needs --proxy agent");
-            return ExitCode::FAILURE;
-        }
-        parts => parts,
-    };
+    let workers = args.workers as usize;
     let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
     let mut adaptive_rows = Vec::new();
     for scenario in &scenarios {
         let mut traces = Vec::new();
         for &variant in &variants {
-            let trace = match sim::run_model(scenario, args.seed, variant, model) {
+            let trace = match sim::run_workers(scenario, args.seed, variant, workers) {
                 Ok(trace) => trace,
                 Err(err) => {
                     eprintln!("sluice: scenario {}: {err}", scenario.name);

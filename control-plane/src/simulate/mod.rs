@@ -1,11 +1,12 @@
 //! A deterministic simulator of a Sluice fleet, for measuring how closely
 //! the controller holds a limit.
 //!
-//! It runs the filter's real decision core (directive table, coin flip,
-//! counters) and the control plane's real [`crate::fleet`] and
-//! [`crate::control::controller`] on a simulated millisecond clock, so that what it
-//! measures is the shipped code, not a model of it. Same scenario and seed,
-//! same result.
+//! Every simulated Envoy runs the filter's own agent in each of its
+//! workers' VMs ([`proxy`]), and the control plane's real [`crate::fleet`]
+//! and [`crate::control::controller`] decide, on a simulated millisecond
+//! clock, so that what it measures is the shipped code, not a model of it.
+//! Only the network between them is simulated. Same scenario and seed, same
+//! result.
 
 pub mod adaptive;
 pub mod adaptive_plot;
@@ -34,16 +35,16 @@ fn evaluate_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<
     Ok(metrics::compute(scenario, &trace))
 }
 
-/// Runs `scenario` with `seed` and `variant` on proxies of `model` and
-/// measures it.
+/// Runs `scenario` with `seed` and `variant` on proxies of `workers` VMs
+/// each and measures it.
 #[cfg(test)]
-fn evaluate_model(
+fn evaluate_workers(
     scenario: &Scenario,
     seed: u64,
     variant: Variant,
-    model: proxy::ProxyModel,
+    workers: usize,
 ) -> Result<Metrics, SimError> {
-    let trace = sim::run_model(scenario, seed, variant, model)?;
+    let trace = sim::run_workers(scenario, seed, variant, workers)?;
     Ok(metrics::compute(scenario, &trace))
 }
 
@@ -114,11 +115,18 @@ mod tests {
     #[test]
     fn every_tenant_gets_its_weighted_fair_share() {
         let tenants = scenario("tenants").truncated(15_000);
-        // Seeds 1-3 (30 s runs) measured every tenant within ±2.2 % with
-        // coin flips, ±0.4 % with the credit decision and ±0.8 % with the
-        // local allowance under the per-cell tracking policy.
+        // Seeds 1-3 (30 s runs) measured every tenant within ±3.4 % with
+        // coin flips, ±0.6 % with the credit decision and ±0.4 % with the
+        // local allowance under the per-cell tracking policy. This 15 s
+        // run measures 12 s: coin flips on bronze's 300 rps at a ratio of
+        // 0.84 leave about ±4 % of noise (one standard deviation) in its
+        // admitted count, so they get 10 % (seed 1: +6.0 %).
         let credit = Variant::by_name("credit").unwrap();
-        for variant in [Variant::BASELINE, credit, Variant::IMPROVED] {
+        for (variant, bound) in [
+            (Variant::BASELINE, 0.10),
+            (credit, 0.05),
+            (Variant::IMPROVED, 0.05),
+        ] {
             let metrics = evaluate_variant(&tenants, 1, variant).unwrap();
             assert!(metrics.admitted_within_offered);
             let shares: Vec<(&str, f64)> = metrics
@@ -141,7 +149,7 @@ mod tests {
             for tenant in &metrics.tenants {
                 let error = tenant.error().unwrap();
                 assert!(
-                    error.abs() <= 0.05,
+                    error.abs() <= bound,
                     "{}: {tenant:?} is {:+.1}% off its fair share",
                     variant.name,
                     error * 100.0
@@ -169,14 +177,13 @@ mod tests {
     }
 
     /// The filter's whole agent on every simulated proxy (its own ticks,
-    /// report windows, lease, stream and allowances) holds the limits too;
-    /// the bounds are what it measured on seed 1 with some margin (the
-    /// numbers and why they differ from the published table are in
-    /// docs/accuracy.md, "What the table leaves out").
+    /// report windows, lease, stream and allowances) holds the limits on
+    /// the published scenarios at full length; the bounds are what it
+    /// measured on seed 1 with some margin (docs/accuracy.md, "The
+    /// model").
     #[test]
     fn the_filters_agent_holds_the_limits() {
-        let agent = proxy::ProxyModel::Agent { workers: 1 };
-        let steady = evaluate_model(&scenario("steady"), 1, Variant::IMPROVED, agent).unwrap();
+        let steady = evaluate_workers(&scenario("steady"), 1, Variant::IMPROVED, 1).unwrap();
         assert!(steady.admitted_within_offered);
         let error = steady.error_p95_1s.unwrap();
         assert!(error <= 0.03, "steady: p95 error {error}");
@@ -184,11 +191,11 @@ mod tests {
         assert!((0.98..=1.02).contains(&utilisation), "{utilisation}");
         assert!(steady.batches_pushed > 0);
 
-        let step = evaluate_model(&scenario("step-10x"), 1, Variant::IMPROVED, agent).unwrap();
+        let step = evaluate_workers(&scenario("step-10x"), 1, Variant::IMPROVED, 1).unwrap();
         let overshoot = step.peak_overshoot_pct.unwrap();
         assert!(overshoot <= 10.0, "10x step: overshoot {overshoot} %");
 
-        let tenants = evaluate_model(&scenario("tenants"), 1, Variant::IMPROVED, agent).unwrap();
+        let tenants = evaluate_workers(&scenario("tenants"), 1, Variant::IMPROVED, 1).unwrap();
         for tenant in &tenants.tenants {
             let error = tenant.admitted_rps / tenant.fair_share_rps - 1.0;
             assert!(error.abs() <= 0.10, "{}: {error:+.3}", tenant.tenant);
@@ -204,8 +211,7 @@ mod tests {
     fn the_filters_agents_on_several_workers_hold_the_limit() {
         let steady = scenario("steady");
         for (workers, bound) in [(2, 0.05), (4, 0.10)] {
-            let model = proxy::ProxyModel::Agent { workers };
-            let metrics = evaluate_model(&steady, 1, Variant::IMPROVED, model).unwrap();
+            let metrics = evaluate_workers(&steady, 1, Variant::IMPROVED, workers).unwrap();
             assert!(metrics.admitted_within_offered);
             let error = metrics.error_p95_1s.unwrap();
             assert!(error <= bound, "{workers} workers: p95 error {error}");
@@ -217,8 +223,7 @@ mod tests {
     #[test]
     fn the_agent_model_is_reproducible() {
         let steady = scenario("steady").truncated(6_000);
-        let agent = proxy::ProxyModel::Agent { workers: 1 };
-        let run = |seed| sim::run_model(&steady, seed, Variant::IMPROVED, agent).unwrap();
+        let run = |seed| sim::run_workers(&steady, seed, Variant::IMPROVED, 1).unwrap();
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43), "the seed matters");
     }

@@ -1,7 +1,7 @@
 //! The event loop: proxies, the fleet and the controller on a simulated
 //! clock that advances in 1 ms steps.
 //!
-//! Every proxy is the filter's own agent ([`SimProxy`]): its request path,
+//! Every proxy is the filter's own agent ([`AgentProxy`]): its request path,
 //! ticks, report windows, directive table, allowances and fallback; the
 //! control plane side is the real [`Fleet`] and [`Controller`]. Only the
 //! network is simulated: reports arrive as the agent sends them, directive
@@ -19,9 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sluice_core::Priority;
 use sluice_core::allowance::{AllowanceSettings, Engage};
-use sluice_filter::cell::key_of;
 use sluice_filter::pacing::DecisionMode;
 use sluice_proto::v1::{Directive, DirectiveBatch, ProxyMessage, proxy_message};
 
@@ -35,7 +33,7 @@ use crate::fleet::health::HealthWindow;
 use crate::fleet::{Fleet, StreamId};
 use crate::types::{InvalidLimit, LimitRps};
 
-use super::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS, PartsProxy, ProxyModel, SimProxy};
+use super::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS};
 use super::scenario::{Arrivals, Scenario};
 use super::upstream::Upstream;
 
@@ -216,7 +214,7 @@ impl Variant {
 
 /// A proxy and what the control plane knows of it.
 struct Member {
-    proxy: SimProxy,
+    proxy: AgentProxy,
     /// In rotation now.
     up: bool,
     /// Its stream once it said hello: the agent's token, the fleet's id.
@@ -237,7 +235,6 @@ struct InFlight {
     due_ms: u64,
     recipient: Recipient,
     batch: DirectiveBatch,
-    heartbeat: bool,
 }
 
 /// The control plane's side of the proxies' streams.
@@ -252,17 +249,10 @@ struct Reception<'a> {
 }
 
 impl Reception<'_> {
-    /// Runs `step` (a tick, or what follows the millisecond's requests) on
-    /// every proxy in rotation and receives what each sent.
-    fn exchange(
-        &mut self,
-        proxies: &mut [Member],
-        sent: &mut Vec<(u32, ProxyMessage)>,
-        t_ms: u64,
-        step: fn(&mut SimProxy, u64, &mut Vec<(u32, ProxyMessage)>),
-    ) {
+    /// Ticks every proxy in rotation and receives what each sent.
+    fn exchange(&mut self, proxies: &mut [Member], sent: &mut Vec<(u32, ProxyMessage)>, t_ms: u64) {
         for (index, member) in proxies.iter_mut().enumerate().filter(|(_, m)| m.up) {
-            step(&mut member.proxy, t_ms, sent);
+            member.proxy.tick(t_ms, sent);
             self.receive(index, member, sent, t_ms);
         }
     }
@@ -291,7 +281,6 @@ impl Reception<'_> {
                         due_ms: t_ms + self.push_delay_ms,
                         recipient: Recipient::Stream(index, token),
                         batch: batch(self.version, t_ms, self.snapshot.to_vec()),
-                        heartbeat: false,
                     });
                 }
                 Some(proxy_message::Kind::Report(report)) => {
@@ -314,20 +303,20 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Trace, SimError> {
     run_variant(scenario, seed, Variant::BASELINE)
 }
 
-/// Runs `scenario` with `variant`'s policy and decision on the default
-/// proxy model.
+/// Runs `scenario` with `variant`'s policy and decision, one worker per
+/// proxy.
 #[cfg(test)]
 pub fn run_variant(scenario: &Scenario, seed: u64, variant: Variant) -> Result<Trace, SimError> {
-    run_model(scenario, seed, variant, ProxyModel::default())
+    run_workers(scenario, seed, variant, 1)
 }
 
 /// Runs `scenario` with `variant`'s policy and decision on proxies of
-/// `model`.
-pub fn run_model(
+/// `workers` VMs each.
+pub fn run_workers(
     scenario: &Scenario,
     seed: u64,
     variant: Variant,
-    model: ProxyModel,
+    workers: usize,
 ) -> Result<Trace, SimError> {
     let mut controller = variant.controller();
     if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
@@ -367,7 +356,7 @@ pub fn run_model(
     let mut arrival_rng = SmallRng::seed_from_u64(seed);
     let mut proxies: Vec<Member> = (0..scenario.proxies.len())
         .map(|index| Member {
-            proxy: new_proxy(scenario, seed, index, variant, model),
+            proxy: new_proxy(scenario, seed, index, variant, workers),
             up: false,
             stream: None,
         })
@@ -469,7 +458,7 @@ pub fn run_model(
             version,
             snapshot: &snapshot,
         };
-        reception.exchange(&mut proxies, &mut sent, t_ms, SimProxy::tick);
+        reception.exchange(&mut proxies, &mut sent, t_ms);
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         if let Some(upstream) = upstream.as_mut() {
@@ -557,8 +546,6 @@ pub fn run_model(
             }
         }
 
-        reception.exchange(&mut proxies, &mut sent, t_ms, SimProxy::after_requests);
-
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
             let load = fleet.tick();
             let adapted = adaptive.adapt(&policy, &health.take(), |bucket| {
@@ -583,7 +570,6 @@ pub fn run_model(
                     due_ms: t_ms + scenario.push_delay_ms,
                     recipient: Recipient::All,
                     batch: batch(version, t_ms, decision.changed),
-                    heartbeat: false,
                 });
             }
         }
@@ -593,7 +579,6 @@ pub fn run_model(
                 due_ms: t_ms + scenario.push_delay_ms,
                 recipient: Recipient::All,
                 batch: batch(version, t_ms, Vec::new()),
-                heartbeat: true,
             });
         }
     }
@@ -718,8 +703,8 @@ fn new_proxy(
     seed: u64,
     index: usize,
     variant: Variant,
-    model: ProxyModel,
-) -> SimProxy {
+    workers: usize,
+) -> AgentProxy {
     let id = format!("proxy-{index:02}");
     let index = index as u64;
     // Distinct, reproducible streams per proxy (the golden-ratio increment
@@ -728,49 +713,13 @@ fn new_proxy(
     // Real proxies start at random times, so their ticks and report
     // windows are not aligned with each other or with the control interval.
     let phase = 1 + rng.next_u64() % scenario.report_interval_ms.max(1);
-    match model {
-        ProxyModel::Parts => {
-            let cells = scenario
-                .buckets
-                .iter()
-                .flat_map(|bucket| {
-                    let plain = bucket
-                        .tenants
-                        .is_empty()
-                        .then(|| key_of(&bucket.name, "", Priority::Unspecified));
-                    plain.into_iter().chain(
-                        bucket
-                            .tenants
-                            .iter()
-                            .map(|t| key_of(&bucket.name, &t.name, Priority::Unspecified)),
-                    )
-                })
-                .collect();
-            SimProxy::Parts(Box::new(PartsProxy::new(
-                id,
-                (variant.decision, variant.allowance),
-                MAX_BUCKETS,
-                scenario.report_interval_ms,
-                cells,
-                rng,
-                phase,
-            )))
-        }
-        ProxyModel::Agent { workers } => {
-            let settings = proxy::settings(&id, |settings| {
-                settings.report_interval_ms = scenario.report_interval_ms;
-                settings.max_buckets = MAX_BUCKETS;
-                settings.decision = variant.decision;
-                settings.allowance = variant.allowance;
-            });
-            SimProxy::Agent(Box::new(AgentProxy::new(
-                settings,
-                rng.next_u64(),
-                workers,
-                phase,
-            )))
-        }
-    }
+    let settings = proxy::settings(&id, |settings| {
+        settings.report_interval_ms = scenario.report_interval_ms;
+        settings.max_buckets = MAX_BUCKETS;
+        settings.decision = variant.decision;
+        settings.allowance = variant.allowance;
+    });
+    AgentProxy::new(settings, rng.next_u64(), workers, phase)
 }
 
 fn batch(version: u64, t_ms: u64, directives: Vec<Directive>) -> DirectiveBatch {
@@ -788,10 +737,7 @@ fn batch(version: u64, t_ms: u64, directives: Vec<Directive>) -> DirectiveBatch 
 fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [Member], t_ms: u64) {
     while in_flight.front().is_some_and(|f| f.due_ms <= t_ms) {
         let Some(InFlight {
-            recipient,
-            batch,
-            heartbeat,
-            ..
+            recipient, batch, ..
         }) = in_flight.pop_front()
         else {
             break;
@@ -800,13 +746,13 @@ fn deliver(in_flight: &mut VecDeque<InFlight>, proxies: &mut [Member], t_ms: u64
             Recipient::All => {
                 for member in proxies.iter_mut().filter(|m| m.up) {
                     if let Some((token, _)) = member.stream {
-                        member.proxy.deliver(token, batch.clone(), heartbeat, t_ms);
+                        member.proxy.deliver(token, batch.clone(), t_ms);
                     }
                 }
             }
             Recipient::Stream(index, token) => {
                 if let Some(member) = proxies.get_mut(index).filter(|m| m.up) {
-                    member.proxy.deliver(token, batch, heartbeat, t_ms);
+                    member.proxy.deliver(token, batch, t_ms);
                 }
             }
         }
