@@ -735,14 +735,7 @@ mod tests {
             engage: Engage::WhenLost,
             ..EXACT
         };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
-        let mut rng = SmallRng::seed_from_u64(1);
-        for tick in 0..10u64 {
-            for _ in 0..10 {
-                pacer.decide("a", DropThreshold::NEVER, &mut rng);
-            }
-            pacer.on_tick(tick * 100, ["a"], &mut rng);
-        }
+        let (mut pacer, mut rng) = warmed_up(settings, 10);
         // The process offers 100/s and the directive halves it (the fleet
         // offers twice the limit): a budget of 50/s, derived now and kept.
         pacer.set_process_shares(process_of(100.0));
@@ -754,16 +747,22 @@ mod tests {
         pacer.set_process_shares(process_of(300.0));
         pacer.set_control_plane_lost(true);
         pacer.freeze_budgets(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
-        let threshold = DropRatio::new(0.5).unwrap().threshold();
-        let mut admitted = 0;
-        for tick in 0..10u64 {
-            for _ in 0..30 {
-                admitted += u32::from(pacer.decide("a", threshold, &mut rng) == Verdict::Admit);
-            }
-            pacer.on_tick(1_000 + tick * 100, ["a"], &mut rng);
-            pacer.rescale_caps();
-        }
+        let admitted = admitted_at_thirty_a_tick(&mut pacer, &mut rng, 1_000);
         assert!((45..=62).contains(&admitted), "{admitted}");
+    }
+
+    /// A pacer whose cell `a` was offered `per_tick` requests a tick for a
+    /// second (ten 100 ms ticks), with no directive yet.
+    fn warmed_up(settings: AllowanceSettings, per_tick: u32) -> (Pacer, SmallRng) {
+        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut rng = SmallRng::seed_from_u64(1);
+        for tick in 0..10u64 {
+            for _ in 0..per_tick {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(tick * 100, ["a"], &mut rng);
+        }
+        (pacer, rng)
     }
 
     /// Admitted of 30 requests a tick over ten 100 ms ticks from `from_ms`,
@@ -788,14 +787,7 @@ mod tests {
             engage: Engage::WhenLost,
             ..EXACT
         };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
-        let mut rng = SmallRng::seed_from_u64(1);
-        for tick in 0..10u64 {
-            for _ in 0..30 {
-                pacer.decide("a", DropThreshold::NEVER, &mut rng);
-            }
-            pacer.on_tick(tick * 100, ["a"], &mut rng);
-        }
+        let (mut pacer, mut rng) = warmed_up(settings, 30);
         // The directive came when the process's rate read 400/s (a moment's
         // miscount): a budget of 200/s.
         pacer.set_process_shares(process_of(400.0));
@@ -814,15 +806,8 @@ mod tests {
     #[test]
     fn with_caps_that_always_decide_a_heartbeat_leaves_the_budget() {
         let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
         assert_eq!(EXACT.engage, Engage::Always);
-        let mut rng = SmallRng::seed_from_u64(1);
-        for tick in 0..10u64 {
-            for _ in 0..10 {
-                pacer.decide("a", DropThreshold::NEVER, &mut rng);
-            }
-            pacer.on_tick(tick * 100, ["a"], &mut rng);
-        }
+        let (mut pacer, mut rng) = warmed_up(EXACT, 10);
         pacer.set_process_shares(process_of(100.0));
         pacer.resolve_all(directive);
         pacer.budgets_for_directives(directive);
