@@ -21,17 +21,6 @@ pub const BUCKET_WIDE_PREFIX_BYTES: [u8; PREFIX_BYTES] = *b"0000";
 // The tenant's length is written as three decimal digits.
 const _: () = assert!(MAX_TENANT_BYTES < 1000);
 
-/// A cell as owned parts, for reports and directives.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cell {
-    /// The bucket key.
-    pub bucket: String,
-    /// The tenant; empty when the filter derives none.
-    pub tenant: String,
-    /// The request's priority class.
-    pub priority: Priority,
-}
-
 fn priority_digit(priority: Priority) -> u8 {
     match priority {
         Priority::Unspecified => b'0',

@@ -18,7 +18,7 @@ pub mod agent;
 mod audit;
 pub mod backoff;
 pub mod bucket_key;
-pub mod cell;
+mod cell;
 mod cell_map;
 mod classify;
 pub mod config;
