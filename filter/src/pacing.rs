@@ -121,10 +121,10 @@ impl Pacer {
     /// Once the control plane is lost (and the caps decide), freezes what
     /// the whole process may admit of each cell: the budget derived at the
     /// last batch ([`Self::budgets_for_directives`],
-    /// [`Self::budgets_at_batch`]), or for a
-    /// cell that has none the allowance of the process's offered rate now
-    /// under its last directive (`rates_of`). Until the control plane is
-    /// back, [`Self::rescale_caps`] splits it between the VMs.
+    /// [`Self::budgets_at_batch`]), or for a cell that has none the
+    /// allowance of the process's offered rate now under its last directive
+    /// (`rates_of`). Until the control plane is back,
+    /// [`Self::rescale_caps`] splits it between the VMs.
     ///
     /// Deriving the budgets at the loss instead would count the first
     /// moments after it: when the loss comes with a surge (the control
@@ -176,8 +176,8 @@ impl Pacer {
 
     /// Gives a budget to the cells that have none yet (their traffic was
     /// not established at the last directive); the others keep theirs
-    /// until the next directive. VMs call it when new process shares
-    /// arrive.
+    /// until the next directive (with [`Engage::WhenLost`], the next
+    /// batch). VMs call it when new process shares arrive.
     pub fn budgets_for_new_cells(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
         if !self.lost {
             self.derive_budgets(rates_of);
@@ -214,7 +214,7 @@ impl Pacer {
     }
 
     /// While the caps decide, sets each cell's cap to the process's budget
-    /// (frozen at the loss, or at the last directive with
+    /// (frozen at the loss, or derived at the last directive with
     /// [`Engage::Always`]) times this VM's share of the process's traffic
     /// now. Caps frozen per VM would under-admit as the load moves between
     /// workers (connections come and go); a surge spread over the VMs
