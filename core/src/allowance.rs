@@ -176,6 +176,18 @@ impl RateWindow {
         }
     }
 
+    /// The requests of the tick closed last, and the time it covered.
+    pub fn last(&self) -> Option<LocalRate> {
+        if self.filled == 0 {
+            return None;
+        }
+        let index = (self.next + Self::SLOTS - 1) % Self::SLOTS;
+        self.slots.get(index).map(|slot| LocalRate {
+            requests: slot.requests,
+            window_ms: slot.span_ms,
+        })
+    }
+
     /// Whether every slot has been closed at least once: only then does the
     /// window say what this VM's rate is.
     pub fn is_full(&self) -> bool {
@@ -267,6 +279,17 @@ mod tests {
         window.push(u64::MAX, 100);
         window.push(u64::MAX, u64::MAX);
         assert!(window.rate_rps().is_finite());
+    }
+
+    #[test]
+    fn the_last_tick_is_the_one_closed_last() {
+        let mut window = RateWindow::default();
+        assert_eq!(window.last(), None);
+        for count in 0..(RateWindow::SLOTS as u64 + 3) {
+            window.push(count, 100 + count);
+            let last = window.last().unwrap();
+            assert_eq!((last.requests, last.window_ms), (count, 100 + count));
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod modes;
 pub mod new_cells;
 pub mod pacing;
+mod process_budget;
 mod process_rates;
 mod reject;
 mod report_window;

@@ -16,10 +16,11 @@ use rand::Rng;
 
 use crate::counters::unlimited_cap;
 use crate::fast_map::{self, FastMap};
+use crate::process_budget::ProcessBudget;
 use crate::shared::process_rates::ProcessShare;
 use sluice_core::DropThreshold;
 use sluice_core::allowance::{
-    AllowanceSettings, DirectiveRates, Engage, LocalRate, RateWindow, allowance_rps,
+    AllowanceSettings, DirectiveRates, Engage, RateWindow, allowance_rps,
 };
 use sluice_core::credit::Credit;
 use sluice_core::decision::{Verdict, decide};
@@ -81,7 +82,7 @@ pub struct Pacer {
     /// What the whole process may admit per cell, derived at each
     /// directive while the control plane is there and frozen when it is
     /// lost ([`Self::freeze_budgets`]).
-    budgets: FastMap<String, f64>,
+    budgets: FastMap<String, ProcessBudget>,
     /// Whether this outage's budgets are frozen.
     budgets_frozen: bool,
 }
@@ -201,13 +202,7 @@ impl Pacer {
             let Some(rates) = rates_of(key) else {
                 continue;
             };
-            // Tenths of a request per second, over ten seconds: the rate
-            // as a count the allowance takes.
-            let offered = LocalRate {
-                requests: (process.total_rps * 10.0).round() as u64,
-                window_ms: 10_000,
-            };
-            if let Some(budget) = allowance_rps(offered, rates, settings) {
+            if let Some(budget) = ProcessBudget::derive(process.total_rps, rates, settings) {
                 self.budgets.insert(key.clone(), budget);
             }
         }
@@ -233,11 +228,12 @@ impl Pacer {
             if pace.applied.is_none() {
                 continue;
             }
-            let (Some(budget), Some(process)) = (self.budgets.get(key), self.process.get(key))
+            let (Some(budget), Some(process)) = (self.budgets.get_mut(key), self.process.get(key))
             else {
                 continue;
             };
-            let rate = budget * process.share;
+            let rate =
+                budget.rps_at(process.total_rps, process.share, pace.window.last()) * process.share;
             if !rate.is_finite() {
                 continue;
             }
@@ -749,6 +745,46 @@ mod tests {
         pacer.freeze_budgets(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
         let admitted = admitted_at_thirty_a_tick(&mut pacer, &mut rng, 1_000);
         assert!((45..=62).contains(&admitted), "{admitted}");
+    }
+
+    /// Whether cell `a`'s cap admits `rps` a second.
+    fn capped_at(pacer: &Pacer, rps: f64) -> bool {
+        let cap = pacer.buckets.get("a").and_then(|pace| pace.cap);
+        cap.is_some_and(|cap| cap.has_rate(rps))
+    }
+
+    #[test]
+    fn a_steady_cell_under_its_limit_keeps_a_seconds_margin_until_it_grows() {
+        // The process offers 90/s of a 200/s limit the fleet offers 180/s
+        // of ([`crate::process_budget`]): budgets of 111.7/s (a second's
+        // margin) and 103.4/s (ten seconds').
+        let under = |_: &str| Some(rates(0.0, 200.0, 180.0));
+        let (mut pacer, mut rng) = warmed_up(EXACT, 9);
+        pacer.set_process_shares(process_of(90.0));
+        pacer.resolve_all(under);
+        pacer.budgets_for_directives(under);
+        let wide = (90.0 + 90f64.sqrt() + 1.0) * 200.0 / 180.0;
+        let narrow = (900.0 + 900f64.sqrt() + 1.0) / 10.0 * 200.0 / 180.0;
+        let mut tick = |pacer: &mut Pacer, requests: u32, at_ms: u64| {
+            for _ in 0..requests {
+                pacer.decide("a", DropThreshold::NEVER, &mut rng);
+            }
+            pacer.on_tick(at_ms, ["a"], &mut rng);
+            pacer.rescale_caps();
+        };
+        for (i, requests) in [9, 11, 8, 12, 9].into_iter().enumerate() {
+            tick(&mut pacer, requests, 1_000 + i as u64 * 100);
+            assert!(capped_at(&pacer, wide), "tick {i}");
+        }
+        // A step: the tick after it says the cell grew, and the budget
+        // stays narrow after the step too, until the next directive.
+        tick(&mut pacer, 30, 1_500);
+        assert!(capped_at(&pacer, narrow));
+        tick(&mut pacer, 9, 1_600);
+        assert!(capped_at(&pacer, narrow));
+        pacer.budgets_for_directives(under);
+        tick(&mut pacer, 9, 1_700);
+        assert!(capped_at(&pacer, wide));
     }
 
     /// A pacer whose cell `a` was offered `per_tick` requests a tick for a
