@@ -409,6 +409,10 @@ impl Agent {
         let changes = self.path.directives.changes_with(&batch);
         let ttl_ms = batch.ttl_ms;
         let outcome = self.path.directives.merge(batch);
+        // A batch on the stream: the control plane is there, so the first
+        // one after an outage derives the budgets rather than leaving the
+        // outage's frozen ones to the caps.
+        self.path.pacer.set_control_plane_lost(false);
         if changes {
             self.path.pace_directives();
         } else {

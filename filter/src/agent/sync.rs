@@ -167,19 +167,22 @@ impl Agent {
             }
         };
         if let Some(meta) = meta {
-            if self.sync.directives_sequence != Some(meta.sequence) {
-                self.read_table(host, meta.sequence);
-            } else if !meta.stream_lost
-                && self.sync.freshness.received_at_ms != Some(meta.received_at_ms)
-            {
-                // A batch that changed nothing reached the leader.
-                self.path.renew_budgets();
-            }
+            let heartbeat = !meta.stream_lost
+                && self.sync.freshness.received_at_ms != Some(meta.received_at_ms);
             self.sync.freshness.received_at_ms = Some(meta.received_at_ms);
             self.sync.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+            // Whether the control plane is there before the batch is used:
+            // the first batch after an outage derives the budgets, which a
+            // pacer that still counted itself lost would leave frozen.
             self.path.pacer.set_control_plane_lost(
                 meta.stream_lost || self.sync.freshness.age_ms(now_ms) > LOST_AFTER_MS,
             );
+            if self.sync.directives_sequence != Some(meta.sequence) {
+                self.read_table(host, meta.sequence);
+            } else if heartbeat {
+                // A batch that changed nothing reached the leader.
+                self.path.renew_budgets();
+            }
             let directives = &self.path.directives;
             self.path
                 .pacer

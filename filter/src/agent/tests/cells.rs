@@ -802,6 +802,66 @@ fn a_loss_freezes_the_budget_of_the_last_heartbeat_not_of_the_last_directive() {
     assert!((45.0..=55.0).contains(&rate), "{rate} rps");
 }
 
+#[test]
+fn the_first_batch_after_an_outage_gives_caps_that_always_decide_its_budget() {
+    // Two serving VMs beside a leader that serves nothing, and one VM that
+    // leads and serves (one worker): each applies the batch its own way.
+    for vms in [3, 1] {
+        let rates = first_batch_after_an_outage(vms);
+        assert!((90.0..=110.0).contains(&rates[0]), "{vms} VMs: {rates:?}");
+        assert!((140.0..=160.0).contains(&rates[1]), "{vms} VMs: {rates:?}");
+    }
+}
+
+/// The process's admitted rate before an outage (directive: 100 rps of
+/// 200 offered) and after it, when the first batch raises the limit to
+/// 150, with caps that always decide.
+fn first_batch_after_an_outage(vms: usize) -> [f64; 2] {
+    let mut fleet = Fleet::with_settings(
+        vms,
+        AgentSettings {
+            allowance: Some(sluice_core::allowance::AllowanceSettings {
+                headroom: 0.0,
+                burst_ms: 0,
+                engage: sluice_core::allowance::Engage::Always,
+            }),
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    let (_, leader) = fleet.the_stream();
+    let workers: Vec<usize> = (0..vms).filter(|vm| vms == 1 || *vm != leader).collect();
+    let load: Vec<usize> = workers.iter().map(|_| 20 / workers.len()).collect();
+    let acme = ("acme", "", Priority::Unspecified);
+    let directive = |version, drop_ratio, limit_rps| DirectiveBatch {
+        version,
+        ..batch(vec![Directive {
+            offered_rps: 200.0,
+            limit_rps,
+            ..cell("acme", "", Priority::Unspecified, drop_ratio)
+        }])
+    };
+    for _ in 0..15 {
+        fleet.tick();
+        for (worker, per_tick) in workers.iter().zip(&load) {
+            fleet.cell_decisions(*worker, acme, *per_tick);
+        }
+    }
+    fleet.push_batch(directive(1, 0.5, 100.0));
+    let before = admitted_per_second(&mut fleet, &workers, &load, 30, 20);
+    // The control plane goes away and the budget is frozen at 100 rps.
+    fleet.server_closes(14);
+    admitted_per_second(&mut fleet, &workers, &load, 40, 20);
+    // Back with a limit raised during the outage: the first batch says
+    // so, and the caps follow it, not the outage's budget.
+    fleet.push_batch(DirectiveBatch {
+        epoch: 2,
+        ..directive(1, 0.25, 150.0)
+    });
+    let after = admitted_per_second(&mut fleet, &workers, &load, 30, 20);
+    [before, after]
+}
+
 /// Admitted per second over the last `measure` of `ticks` ticks, with
 /// `load[i]` requests per tick offered to `workers[i]`.
 fn admitted_per_second(
