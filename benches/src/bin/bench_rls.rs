@@ -5,11 +5,13 @@
 //! here: `REDIS_SERVER` or `scripts/ensure-redis.sh`).
 //!
 //! ```text
-//! bench_rls [--rate N] [--seconds S] [--output FILE|-]
+//! bench_rls [--rate N] [--seconds S] [--connections N] [--output FILE|-]
 //! ```
 //!
 //! An open-loop client in this process sends `--rate` calls per second
-//! (default 20,000) over one HTTP/2 connection for `--seconds` (default 5)
+//! (default 20,000) over `--connections` HTTP/2 connections (default 1)
+//! for `--seconds` (default 5), once spread over each millisecond and once
+//! in one burst a millisecond ([`ARRIVALS`]),
 //! after a one-second warm-up, each call one descriptor `("tenant", t)` of
 //! 1,000 tenants in turn, whose quota it never exhausts. The control plane
 //! is `SLUICE_BIN` (the release build under `just bench-rls`); its CPU time
@@ -41,10 +43,19 @@ use tokio::sync::Semaphore;
 const QUOTAS: &str = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 const TENANTS: usize = 1_000;
 const MAX_IN_FLIGHT: usize = 1_024;
+/// How calls arrive: spread over each millisecond (the pacing thread wakes
+/// every 50 µs, about every 110 µs with the kernel's timer slack), as
+/// Envoy's requests arrive, or in one burst per millisecond, as a timer
+/// tick sends them.
+const ARRIVALS: [(Duration, &str); 2] = [
+    (Duration::from_micros(50), "spread"),
+    (Duration::from_millis(1), "1 ms bursts"),
+];
 
 struct Options {
     rate: u64,
     seconds: u64,
+    connections: usize,
     output: String,
 }
 
@@ -52,6 +63,7 @@ fn options() -> Result<Options> {
     let mut options = Options {
         rate: 20_000,
         seconds: 5,
+        connections: 1,
         output: "BENCHMARKS.md".to_owned(),
     };
     let mut args = std::env::args().skip(1);
@@ -60,14 +72,18 @@ fn options() -> Result<Options> {
         match arg.as_str() {
             "--rate" => options.rate = value("--rate")?.parse()?,
             "--seconds" => options.seconds = value("--seconds")?.parse()?,
+            "--connections" => options.connections = value("--connections")?.parse()?,
             "--output" => options.output = value("--output")?,
             other => bail!(
-                "unknown argument {other:?}: bench_rls [--rate N] [--seconds S] [--output FILE|-]"
+                "unknown argument {other:?}: bench_rls [--rate N] [--seconds S] [--connections N] [--output FILE|-]"
             ),
         }
     }
-    if !(100..=200_000).contains(&options.rate) || !(1..=60).contains(&options.seconds) {
-        bail!("--rate 100..=200000, --seconds 1..=60");
+    if !(100..=200_000).contains(&options.rate)
+        || !(1..=60).contains(&options.seconds)
+        || !(1..=64).contains(&options.connections)
+    {
+        bail!("--rate 100..=200000, --seconds 1..=60, --connections 1..=64");
     }
     Ok(options)
 }
@@ -75,6 +91,7 @@ fn options() -> Result<Options> {
 /// What one algorithm's run measured.
 struct Measured {
     service: &'static str,
+    arrivals: &'static str,
     store: &'static str,
     algorithm: &'static str,
     calls_per_s: f64,
@@ -129,16 +146,20 @@ async fn run() -> Result<()> {
             .await?;
             let grpc = control_plane.grpc_addr();
             let redis_pid = url.map(|_| redis.pid());
-            let row = measure_service(
-                ("sluice serve --quotas", store, algorithm),
-                grpc,
-                (control_plane.pid(), redis_pid),
-                &options,
-                ticks,
-            )
-            .await?;
+            for arrivals in ARRIVALS {
+                rows.push(
+                    measure_service(
+                        ("sluice serve --quotas", store, algorithm),
+                        arrivals,
+                        grpc,
+                        (control_plane.pid(), redis_pid),
+                        &options,
+                        ticks,
+                    )
+                    .await?,
+                );
+            }
             control_plane.shutdown()?;
-            rows.push(row);
         }
     }
     for (service, name, algorithm) in [
@@ -146,15 +167,19 @@ async fn run() -> Result<()> {
         (Service::Limitador, "limitador 0.14 library", "fixed_window"),
     ] {
         let process = ServiceProcess::start(service, work.path()).await?;
-        let row = measure_service(
-            (name, "memory", algorithm),
-            process.addr(),
-            (process.pid(), None),
-            &options,
-            ticks,
-        )
-        .await?;
-        rows.push(row);
+        for arrivals in ARRIVALS {
+            rows.push(
+                measure_service(
+                    (name, "memory", algorithm),
+                    arrivals,
+                    process.addr(),
+                    (process.pid(), None),
+                    &options,
+                    ticks,
+                )
+                .await?,
+            );
+        }
     }
     let section = markdown(&options, &rows, &Machine::probe(&paths::sluice_bin()?));
     print!("{section}");
@@ -173,17 +198,26 @@ async fn run() -> Result<()> {
 /// any, Redis) around the measured calls.
 async fn measure_service(
     (service, store, algorithm): (&'static str, &'static str, &'static str),
+    (pacing, arrivals): (Duration, &'static str),
     addr: std::net::SocketAddr,
     (pid, redis_pid): (u32, Option<u32>),
     options: &Options,
     ticks: u64,
 ) -> Result<Measured> {
-    let client = RateLimitServiceClient::connect(format!("http://{addr}")).await?;
-    drive(&client, options.rate, Duration::from_secs(1)).await;
+    let mut clients = Vec::new();
+    for _ in 0..options.connections {
+        clients.push(RateLimitServiceClient::connect(format!("http://{addr}")).await?);
+    }
+    drive(&clients, options.rate, Duration::from_secs(1), pacing).await;
     let cpu = |pid: Option<u32>| pid.map(|pid| measure::cpu_time(pid, ticks)).transpose();
     let (before, redis_before) = (cpu(Some(pid))?, cpu(redis_pid)?);
-    let (mut latencies, skipped, errors, elapsed) =
-        drive(&client, options.rate, Duration::from_secs(options.seconds)).await;
+    let (mut latencies, skipped, errors, elapsed) = drive(
+        &clients,
+        options.rate,
+        Duration::from_secs(options.seconds),
+        pacing,
+    )
+    .await;
     let (after, redis_after) = (cpu(Some(pid))?, cpu(redis_pid)?);
     let calls = latencies.len() as f64;
     let (p50, _, _) = stats::summary(&mut latencies);
@@ -193,6 +227,7 @@ async fn measure_service(
     };
     let row = Measured {
         service,
+        arrivals,
         store,
         algorithm,
         calls_per_s: calls / elapsed.as_secs_f64(),
@@ -204,7 +239,7 @@ async fn measure_service(
         errors,
     };
     eprintln!(
-        "{service}, {store}, {algorithm}: {:.0} calls/s, {:.1} µs CPU/call (Redis {:.1}), p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
+        "{service}, {store}, {algorithm}, {arrivals}: {:.0} calls/s, {:.1} µs CPU/call (Redis {:.1}), p50 {:.0} µs, p99 {:.0} µs, skipped {skipped}, errors {errors}",
         row.calls_per_s,
         row.cpu_us_per_call,
         row.redis_cpu_us_per_call.unwrap_or(0.0),
@@ -218,50 +253,60 @@ async fn measure_service(
 /// µs, the calls skipped because `MAX_IN_FLIGHT` were in flight, the
 /// errors, and the time it took.
 async fn drive(
-    client: &RateLimitServiceClient<tonic::transport::Channel>,
+    clients: &[RateLimitServiceClient<tonic::transport::Channel>],
     rate: u64,
     duration: Duration,
+    pacing: Duration,
 ) -> (Vec<f64>, u64, u64, Duration) {
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Option<f64>>();
-    let start = Instant::now();
     let total = rate * duration.as_millis() as u64 / 1_000;
-    let mut skipped = 0;
-    let mut ticker = tokio::time::interval(Duration::from_millis(1));
-    let mut sent = 0_u64;
-    while sent < total {
-        ticker.tick().await;
-        let due = (rate * start.elapsed().as_micros() as u64 / 1_000_000).min(total);
-        while sent < due {
-            let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-                skipped += 1;
-                sent += 1;
-                continue;
-            };
-            let mut client = client.clone();
-            let sender = sender.clone();
-            let tenant = format!("t{}", sent as usize % TENANTS);
-            tokio::spawn(async move {
-                let request = RateLimitRequest {
-                    domain: "bench".to_owned(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: "tenant".to_owned(),
-                            value: tenant,
-                        }],
-                        ..RateLimitDescriptor::default()
-                    }],
-                    hits_addend: 0,
+    let runtime = tokio::runtime::Handle::current();
+    let clients = clients.to_vec();
+    // Calls leave from a thread of their own that wakes every `pacing`
+    // and sends what is due ([`ARRIVALS`]).
+    let pacer = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut skipped = 0_u64;
+        let mut sent = 0_u64;
+        while sent < total {
+            std::thread::sleep(pacing);
+            let due = (rate * start.elapsed().as_micros() as u64 / 1_000_000).min(total);
+            while sent < due {
+                let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+                    skipped += 1;
+                    sent += 1;
+                    continue;
                 };
-                let at = Instant::now();
-                let answer = client.should_rate_limit(request).await;
-                let _ = sender.send(answer.ok().map(|_| at.elapsed().as_secs_f64() * 1e6));
-                drop(permit);
-            });
-            sent += 1;
+                // `clients` holds at least one (`--connections 1..=64`).
+                let Some(client) = clients.get(sent as usize % clients.len().max(1)) else {
+                    return (skipped, start);
+                };
+                let mut client = client.clone();
+                let sender = sender.clone();
+                let tenant = format!("t{}", sent as usize % TENANTS);
+                runtime.spawn(async move {
+                    let request = RateLimitRequest {
+                        domain: "bench".to_owned(),
+                        descriptors: vec![RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: "tenant".to_owned(),
+                                value: tenant,
+                            }],
+                            ..RateLimitDescriptor::default()
+                        }],
+                        hits_addend: 0,
+                    };
+                    let at = Instant::now();
+                    let answer = client.should_rate_limit(request).await;
+                    let _ = sender.send(answer.ok().map(|_| at.elapsed().as_secs_f64() * 1e6));
+                    drop(permit);
+                });
+                sent += 1;
+            }
         }
-    }
-    drop(sender);
+        (skipped, start)
+    });
     let mut latencies = Vec::new();
     let mut errors = 0;
     while let Some(result) = receiver.recv().await {
@@ -270,22 +315,24 @@ async fn drive(
             None => errors += 1,
         }
     }
+    let (skipped, start) = pacer.join().unwrap_or((0, Instant::now()));
     (latencies, skipped, errors, start.elapsed())
 }
 
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
     let mut text = String::from("## Rate limit service (exact quotas)\n\n");
     text.push_str(&format!(
-        "`just bench-rls` (`bench_rls --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over one HTTP/2 connection to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them.\n\n",
-        options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model
+        "`just bench-rls` (`bench_rls --connections {} --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over {} HTTP/2 connection{} to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them. Each service twice: with the calls spread over each millisecond (a pacing thread that wakes every 50 µs, about every 110 µs with the kernel's timer slack, as Envoy's requests arrive) and in one burst a millisecond (twenty calls at once, as a 1 ms timer tick sends them).\n\n",
+        options.connections, options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model, options.connections, if options.connections == 1 { "" } else { "s" }
     ));
-    text.push_str("| service | store | algorithm | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    text.push_str("| service | store | algorithm | arrivals | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for row in rows {
         text.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.0} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.0} | {} | {} |\n",
             row.service,
             row.store,
             row.algorithm,
+            row.arrivals,
             row.calls_per_s,
             row.cpu_us_per_call,
             row.redis_cpu_us_per_call
