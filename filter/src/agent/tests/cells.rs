@@ -6,6 +6,7 @@ use crate::metrics::{Counter, Gauge};
 use crate::new_cells::NewBucketPolicy;
 use crate::shared::DIRECTIVES_META_KEY;
 use crate::shared::DirectivesMeta;
+use sluice_core::allowance::Engage;
 use sluice_core::decision::Fallback;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
@@ -566,17 +567,7 @@ fn offer(fleet: &mut Fleet, vm: usize, tenant: &str, per_tick: usize, ticks: usi
 
 #[test]
 fn every_vm_caps_a_cell_it_meets_after_the_directive() {
-    let mut fleet = Fleet::with_settings(
-        2,
-        AgentSettings {
-            allowance: Some(sluice_core::allowance::AllowanceSettings {
-                headroom: 0.0,
-                burst_ms: 0,
-                engage: sluice_core::allowance::Engage::Always,
-            }),
-            ..settings()
-        },
-    );
+    let mut fleet = Fleet::with_settings(2, exact_allowance(Engage::Always));
     fleet.ticks(2);
     // Half of the fleet's 2000 rps is shed; the directive is bucket-wide.
     fleet.push_batch(batch(vec![Directive {
@@ -731,17 +722,7 @@ fn lost_with_two_workers() -> (Fleet, Vec<usize>) {
 
 /// [`lost_with_two_workers`] before the loss.
 fn connected_with_two_workers() -> (Fleet, Vec<usize>) {
-    let mut fleet = Fleet::with_settings(
-        3,
-        AgentSettings {
-            allowance: Some(sluice_core::allowance::AllowanceSettings {
-                headroom: 0.0,
-                burst_ms: 0,
-                engage: sluice_core::allowance::Engage::WhenLost,
-            }),
-            ..settings()
-        },
-    );
+    let mut fleet = Fleet::with_settings(3, exact_allowance(Engage::WhenLost));
     fleet.ticks(2);
     let (_, leader) = fleet.the_stream();
     let workers: Vec<usize> = (0..3).filter(|vm| *vm != leader).collect();
@@ -817,17 +798,7 @@ fn the_first_batch_after_an_outage_gives_caps_that_always_decide_its_budget() {
 /// 200 offered) and after it, when the first batch raises the limit to
 /// 150, with caps that always decide.
 fn first_batch_after_an_outage(vms: usize) -> [f64; 2] {
-    let mut fleet = Fleet::with_settings(
-        vms,
-        AgentSettings {
-            allowance: Some(sluice_core::allowance::AllowanceSettings {
-                headroom: 0.0,
-                burst_ms: 0,
-                engage: sluice_core::allowance::Engage::Always,
-            }),
-            ..settings()
-        },
-    );
+    let mut fleet = Fleet::with_settings(vms, exact_allowance(Engage::Always));
     fleet.ticks(2);
     let (_, leader) = fleet.the_stream();
     let workers: Vec<usize> = (0..vms).filter(|vm| vms == 1 || *vm != leader).collect();
@@ -860,6 +831,19 @@ fn first_batch_after_an_outage(vms: usize) -> [f64; 2] {
     });
     let after = admitted_per_second(&mut fleet, &workers, &load, 30, 20);
     [before, after]
+}
+
+/// Agent settings whose caps have no headroom and no burst beyond a tick,
+/// engaged as `engage` says.
+fn exact_allowance(engage: Engage) -> AgentSettings {
+    AgentSettings {
+        allowance: Some(sluice_core::allowance::AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+            engage,
+        }),
+        ..settings()
+    }
 }
 
 /// Admitted per second over the last `measure` of `ticks` ticks, with
