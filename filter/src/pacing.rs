@@ -725,6 +725,18 @@ mod tests {
         process
     }
 
+    /// The process offers `total_rps` of cell `a` and its directive
+    /// arrives (`directive`): caps and budgets derived from it.
+    fn directed(
+        pacer: &mut Pacer,
+        total_rps: f64,
+        directive: impl Fn(&str) -> Option<DirectiveRates> + Copy,
+    ) {
+        pacer.set_process_shares(process_of(total_rps));
+        pacer.resolve_all(directive);
+        pacer.budgets_for_directives(directive);
+    }
+
     #[test]
     fn a_budget_frozen_at_a_loss_is_the_last_directives_not_the_surges() {
         let settings = AllowanceSettings {
@@ -734,9 +746,7 @@ mod tests {
         let (mut pacer, mut rng) = warmed_up(settings, 10);
         // The process offers 100/s and the directive halves it (the fleet
         // offers twice the limit): a budget of 50/s, derived now and kept.
-        pacer.set_process_shares(process_of(100.0));
-        pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
-        pacer.budgets_for_directives(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        directed(&mut pacer, 100.0, |_| Some(rates(0.5, 1_000.0, 2_000.0)));
         // The loss is noticed after the surge began: the process's rate of
         // the last second has grown to 300/s. Derived from it, the budget
         // would be 150/s.
@@ -760,9 +770,7 @@ mod tests {
         // margin) and 103.4/s (ten seconds').
         let under = |_: &str| Some(rates(0.0, 200.0, 180.0));
         let (mut pacer, mut rng) = warmed_up(EXACT, 9);
-        pacer.set_process_shares(process_of(90.0));
-        pacer.resolve_all(under);
-        pacer.budgets_for_directives(under);
+        directed(&mut pacer, 90.0, under);
         let wide = (90.0 + 90f64.sqrt() + 1.0) * 200.0 / 180.0;
         let narrow = (900.0 + 900f64.sqrt() + 1.0) / 10.0 * 200.0 / 180.0;
         let mut tick = |pacer: &mut Pacer, requests: u32, at_ms: u64| {
@@ -826,9 +834,7 @@ mod tests {
         let (mut pacer, mut rng) = warmed_up(settings, 30);
         // The directive came when the process's rate read 400/s (a moment's
         // miscount): a budget of 200/s.
-        pacer.set_process_shares(process_of(400.0));
-        pacer.resolve_all(directive);
-        pacer.budgets_for_directives(directive);
+        directed(&mut pacer, 400.0, directive);
         // The rate reads 300/s since; the directive is unchanged, so only
         // heartbeats come, and the budget they leave is 150/s.
         pacer.set_process_shares(process_of(300.0));
@@ -844,9 +850,7 @@ mod tests {
         let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
         assert_eq!(EXACT.engage, Engage::Always);
         let (mut pacer, mut rng) = warmed_up(EXACT, 10);
-        pacer.set_process_shares(process_of(100.0));
-        pacer.resolve_all(directive);
-        pacer.budgets_for_directives(directive);
+        directed(&mut pacer, 100.0, directive);
         // A step to 300/s before the next directive: a heartbeat does not
         // let the budget grow with it under the old ratio.
         pacer.set_process_shares(process_of(300.0));

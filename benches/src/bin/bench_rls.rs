@@ -315,8 +315,12 @@ async fn drive(
             None => errors += 1,
         }
     }
-    let (skipped, start) = pacer.join().unwrap_or((0, Instant::now()));
-    (latencies, skipped, errors, start.elapsed())
+    match pacer.join() {
+        Ok((skipped, start)) => (latencies, skipped, errors, start.elapsed()),
+        // The pacing thread panicked: every call counts as skipped, so the
+        // row shows a failed run rather than a rate.
+        Err(_) => (latencies, total, errors, duration),
+    }
 }
 
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
