@@ -64,7 +64,8 @@ pub struct ServeArgs {
     /// Control interval in milliseconds (50-60000); overrides the file.
     #[arg(long, value_name = "MS", value_parser = parse_interval)]
     pub control_interval_ms: Option<ControlInterval>,
-    /// Once both listeners are bound, write `{"grpc": ADDR, "admin": ADDR}` here.
+    /// Once the listeners are bound, write `{"grpc": ADDR, "admin": ADDR}`
+    /// here (and `"rls": ADDR` with `--rls-listen`).
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
     /// File holding the admin API's bearer token. Without a token (from
@@ -131,6 +132,15 @@ pub struct ServeArgs {
     /// directory in envoyproxy/ratelimit's format (hot-reloaded).
     #[arg(long, value_name = "PATH")]
     pub quotas: Option<PathBuf>,
+    /// Serve the rate limit service on this address of its own instead of
+    /// the gRPC listener, on threads of its own (`--rls-threads`), with
+    /// the gRPC listener's TLS options (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub rls_listen: Option<SocketAddr>,
+    /// With `--rls-listen`: how many threads serve it, each with the
+    /// connections it accepted.
+    #[arg(long, value_name = "N", default_value = "1", requires = "rls_listen")]
+    pub rls_threads: std::num::NonZeroUsize,
     /// The algorithm of every quota: gcra (no boundary bursts),
     /// sliding_window or fixed_window (envoyproxy/ratelimit's).
     #[arg(long, value_name = "NAME", default_value = "gcra", value_parser = parse_algorithm)]
@@ -380,6 +390,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         (None, false) => Some(crate::quotas::QuotaConfig::default()),
         (None, true) => None,
     };
+    if args.rls_listen.is_some() && quota_config.is_none() {
+        return Err(ServeError::Quotas(
+            "--rls-listen serves quotas: give --quotas or a `quotas:` section in the limits file"
+                .to_owned(),
+        ));
+    }
     // `--store` wins over `store:` in the file.
     let store_url = args
         .store
@@ -434,8 +450,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
 
     let grpc = bind("gRPC", args.grpc_listen).await?;
     let admin_listener = bind("admin", args.admin_listen).await?;
+    let rls_listener = match args.rls_listen {
+        Some(addr) => Some((addr, bind("rate limit service", addr).await?)),
+        None => None,
+    };
     let grpc_addr = local_addr("gRPC", args.grpc_listen, &grpc)?;
     let admin_addr = local_addr("admin", args.admin_listen, &admin_listener)?;
+    let rls_addr = match &rls_listener {
+        Some((addr, listener)) => Some(local_addr("rate limit service", *addr, listener)?),
+        None => None,
+    };
 
     let state = AppState::new(settings);
     let shared_config = store
@@ -521,13 +545,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     tracing::info!(
         grpc = %grpc_addr,
         admin = %admin_addr,
+        rls = rls_addr.map(tracing::field::display),
         epoch = state.epoch(),
         control_interval_ms = state.control_interval().as_millis(),
         config = %args.config.display(),
         "listening"
     );
     if let Some(path) = &args.ready_file {
-        write_ready_file(path, grpc_addr, admin_addr)
+        write_ready_file(path, grpc_addr, admin_addr, rls_addr)
             .await
             .map_err(|source| ServeError::ReadyFile {
                 path: path.clone(),
@@ -535,6 +560,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             })?;
     }
     let poll = std::time::Duration::from_millis(args.reload_poll_ms);
+    let rls = rls_listener.map(|(_, listener)| crate::RlsListener {
+        listener,
+        tls: grpc_tls.clone(),
+        threads: args.rls_threads,
+    });
     let grpc = GrpcEndpoint {
         listener: grpc,
         tls: grpc_tls,
@@ -544,6 +574,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             max_proxy_rps: args.max_proxy_rps,
             max_cell_rps: args.max_cell_rps,
         },
+        rls,
         quotas,
     };
     crate::run_replicated(grpc, admin_listener, admin, poll, replica, shutdown).await?;
@@ -646,14 +677,22 @@ fn local_addr(
         .map_err(|source| ServeError::Bind { what, addr, source })
 }
 
-/// Writes `{"grpc": "...", "admin": "..."}` atomically: readers poll for the
-/// file and must never see it half written.
+/// Writes `{"grpc": "...", "admin": "..."}` (and `"rls": "..."` when the
+/// rate limit service has a listener of its own) atomically: readers poll
+/// for the file and must never see it half written.
 pub async fn write_ready_file(
     path: &Path,
     grpc: SocketAddr,
     admin: SocketAddr,
+    rls: Option<SocketAddr>,
 ) -> std::io::Result<()> {
-    let body = serde_json::json!({ "grpc": grpc.to_string(), "admin": admin.to_string() });
+    let mut body = serde_json::Map::new();
+    body.insert("grpc".to_owned(), grpc.to_string().into());
+    body.insert("admin".to_owned(), admin.to_string().into());
+    if let Some(rls) = rls {
+        body.insert("rls".to_owned(), rls.to_string().into());
+    }
+    let body = serde_json::Value::Object(body);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     tokio::fs::write(&tmp, body.to_string()).await?;
@@ -752,6 +791,7 @@ mod tests {
             &path,
             "127.0.0.1:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap(),
+            None,
         )
         .await
         .unwrap();

@@ -62,6 +62,7 @@ pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
 pub use control::controller::Controller;
 pub use serve::grpc::GrpcEndpoint;
+pub use serve::rls_listener::{RlsError, RlsListener};
 pub use serve::state::{AppState, Settings};
 
 /// Why [`run`] returned an error.
@@ -73,6 +74,9 @@ pub enum RunError {
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(#[source] std::io::Error),
+    /// The rate limit service's own listener failed.
+    #[error(transparent)]
+    Rls(#[from] RlsError),
     /// A component stopped although no shutdown was requested.
     #[error("{0} stopped unexpectedly")]
     Stopped(&'static str),
@@ -146,7 +150,7 @@ pub async fn run_replicated(
             ("control loop", Ok(()))
         }
     });
-    let grpc_endpoint: GrpcEndpoint = grpc_listener.into();
+    let mut grpc_endpoint: GrpcEndpoint = grpc_listener.into();
     if let Some(quotas) = grpc_endpoint.quotas.as_ref() {
         tasks.spawn({
             let live = Arc::clone(admin.live());
@@ -157,6 +161,31 @@ pub async fn run_replicated(
                 ("quota configuration watcher", Ok(()))
             }
         });
+    }
+    // Quotas served on a listener of their own leave the gRPC listener's.
+    if let Some(rls) = grpc_endpoint.rls.take() {
+        match grpc_endpoint.quotas.take() {
+            Some(quotas) => {
+                for thread in rls.spawn(&quotas, &token) {
+                    tasks.spawn(async move {
+                        // A thread that could not start fails as a task
+                        // does: everything else stops in order.
+                        let outcome = match thread {
+                            Ok(thread) => {
+                                match tokio::task::spawn_blocking(move || thread.join()).await {
+                                    Ok(Ok(outcome)) => outcome.map_err(RunError::Rls),
+                                    Ok(Err(_panic)) => Err(RunError::Rls(RlsError::Panicked)),
+                                    Err(err) => Err(RunError::Task(err)),
+                                }
+                            }
+                            Err(err) => Err(RunError::Rls(err)),
+                        };
+                        ("rate limit service", outcome)
+                    });
+                }
+            }
+            None => tracing::warn!("a rate limit service listener without quotas serves nothing"),
+        }
     }
     tasks.spawn({
         let serve =

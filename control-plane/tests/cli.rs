@@ -381,6 +381,32 @@ fn serve_refuses_contradictory_trust_settings() {
 }
 
 #[test]
+fn serve_refuses_a_rate_limit_service_listener_without_quotas() {
+    // The example serves no quotas; its exit code and message.
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["--admin-listen", "127.0.0.1:0"];
+        args.extend(extra);
+        let output = serve_output(&example(), &args, &[]);
+        (
+            output.status.code(),
+            String::from_utf8(output.stderr).unwrap(),
+        )
+    };
+    let (code, stderr) = refused(&["--rls-listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--rls-listen serves quotas: give --quotas"),
+        "{stderr}"
+    );
+    // Threads for a listener that is not there, or none: usage errors.
+    let (code, stderr) = refused(&["--rls-threads", "2"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--rls-listen"), "{stderr}");
+    let (code, stderr) = refused(&["--rls-listen", "127.0.0.1:0", "--rls-threads", "0"]);
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+#[test]
 fn serve_refuses_a_store_it_cannot_use_and_never_shows_its_password() {
     let closed_port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -112,6 +112,9 @@ pub struct ReadyFile {
     pub grpc: SocketAddr,
     /// Bound admin address.
     pub admin: SocketAddr,
+    /// The rate limit service's own address (`--rls-listen`), if any.
+    #[serde(default)]
+    pub rls: Option<SocketAddr>,
 }
 
 /// A running control plane.
@@ -140,6 +143,12 @@ impl ControlPlane {
     /// The bound gRPC address (what Envoy's `sluice_control_plane` cluster points at).
     pub fn grpc_addr(&self) -> SocketAddr {
         self.addrs.grpc
+    }
+
+    /// Where the rate limit service is served: its own listener
+    /// (`--rls-listen`) if it has one, else the gRPC listener.
+    pub fn rls_addr(&self) -> SocketAddr {
+        self.addrs.rls.unwrap_or(self.addrs.grpc)
     }
 
     /// The bound admin address.
@@ -561,7 +570,12 @@ mod tests {
         let ready = parse_ready(r#"{"grpc":"127.0.0.1:50051","admin":"127.0.0.1:8080"}"#).unwrap();
         assert_eq!(ready.grpc, SocketAddr::from(([127, 0, 0, 1], 50051)));
         assert_eq!(ready.admin.port(), 8080);
+        assert_eq!(ready.rls, None);
         assert!(parse_ready("{").is_err());
+        let ready =
+            parse_ready(r#"{"grpc":"127.0.0.1:1","admin":"127.0.0.1:2","rls":"127.0.0.1:3"}"#)
+                .unwrap();
+        assert_eq!(ready.rls, Some(SocketAddr::from(([127, 0, 0, 1], 3))));
     }
 
     #[test]

@@ -22,6 +22,8 @@ use sluice_integration_tests::quotas::{self, Store};
 use sluice_integration_tests::redis::RedisServer;
 use sluice_integration_tests::wait;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
 const QUOTAS: &str = r#"
 domain: api
 descriptors:
@@ -145,6 +147,133 @@ async fn three_envoys_admit_exactly(dir: &std::path::Path, store: Store<'_>) {
     assert!(second.ok <= 100 * touched, "{summary}");
 }
 
+/// `--rls-listen`: the quotas on a listener of their own, served by two
+/// threads, each with the connections it accepted. Four clients on four
+/// connections spend one quota of 1,000 an hour together: exactly 1,000
+/// admitted, whichever thread counted them; the gRPC listener no longer
+/// serves the API, and SIGTERM stops the threads with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_its_own_serves_the_quotas_exactly_from_several_threads() {
+    const HOURLY: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+    let dir = tempfile::tempdir().unwrap();
+    let options = ControlPlaneOptions::new("limits: []\n", dir.path())
+        .args(["--rls-listen", "127.0.0.1:0", "--rls-threads", "2"].map(str::to_owned));
+    let mut control_plane = quotas::control_plane(
+        dir.path(),
+        options,
+        HOURLY,
+        Some("fixed_window"),
+        Store::Memory,
+    )
+    .await
+    .unwrap();
+    let rls = control_plane.rls_addr();
+    assert_ne!(rls, control_plane.grpc_addr());
+    let refused = client::ask(
+        control_plane.grpc_addr(),
+        "api",
+        vec![client::descriptor("tenant", "a")],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+
+    // The whole quota within one hour's window.
+    let into_hour = unix_ms() % 3_600_000;
+    if into_hour > 3_590_000 {
+        tokio::time::sleep(Duration::from_millis(3_600_000 - into_hour + 100)).await;
+    }
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+            .await
+            .unwrap();
+        clients.push(tokio::spawn(async move {
+            let mut admitted = 0_u32;
+            for _ in 0..400 {
+                let answer = client
+                    .should_rate_limit(client::request(
+                        "api",
+                        vec![client::descriptor("tenant", "a")],
+                    ))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                admitted += u32::from(answer.overall_code == 1);
+            }
+            admitted
+        }));
+    }
+    let mut admitted = Vec::new();
+    for client in clients {
+        admitted.push(client.await.unwrap());
+    }
+    assert_eq!(
+        admitted.iter().sum::<u32>(),
+        1_000,
+        "per client: {admitted:?}"
+    );
+    control_plane.shutdown().unwrap();
+}
+
+/// `--rls-listen` takes the gRPC listener's TLS options: with mutual TLS
+/// a client with a certificate of the CA is answered there, a plaintext
+/// client is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_its_own_takes_the_grpc_listeners_mutual_tls() {
+    use sluice_integration_tests::certs::{self, DevCerts};
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+    let dir = tempfile::tempdir().unwrap();
+    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
+    let mut args = certs.serve_args();
+    args.extend(["--rls-listen", "127.0.0.1:0"].map(str::to_owned));
+    let options = ControlPlaneOptions::new("limits: []\n", dir.path()).args(args);
+    let control_plane = quotas::control_plane(dir.path(), options, QUOTAS, None, Store::Memory)
+        .await
+        .unwrap();
+    let rls = control_plane.rls_addr();
+    let read = |name| std::fs::read(certs.path(name)).unwrap();
+    let tls = ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(Certificate::from_pem(read(certs::CA)))
+        .identity(Identity::from_pem(
+            read(certs::CLIENT_CERT),
+            read(certs::CLIENT_KEY),
+        ));
+    let channel = Channel::from_shared(format!("https://localhost:{}", rls.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let answer = RateLimitServiceClient::new(channel)
+        .should_rate_limit(client::request(
+            "api",
+            vec![client::descriptor("tenant", "per-second")],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.statuses[0].limit_remaining, 99, "{answer:?}");
+    let plaintext = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+            .await
+            .map_err(|err| err.to_string())?;
+        client
+            .should_rate_limit(client::request(
+                "api",
+                vec![client::descriptor("tenant", "per-second")],
+            ))
+            .await
+            .map_err(|status| status.to_string())
+    })
+    .await
+    .expect("a plaintext call is refused, not left hanging");
+    assert!(plaintext.is_err(), "{plaintext:?}");
+}
+
 pub(crate) mod client {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -161,6 +290,15 @@ pub(crate) mod client {
         }
     }
 
+    /// A request of one hit per descriptor.
+    pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: domain.to_owned(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
     pub async fn ask(
         grpc: std::net::SocketAddr,
         domain: &str,
@@ -170,11 +308,7 @@ pub(crate) mod client {
             .await
             .unwrap();
         client
-            .should_rate_limit(RateLimitRequest {
-                domain: domain.to_owned(),
-                descriptors,
-                hits_addend: 0,
-            })
+            .should_rate_limit(request(domain, descriptors))
             .await
             .map(tonic::Response::into_inner)
     }

@@ -14,7 +14,8 @@
 //! in one burst a millisecond ([`ARRIVALS`]),
 //! after a one-second warm-up, each call one descriptor `("tenant", t)` of
 //! 1,000 tenants in turn, whose quota it never exhausts. The control plane
-//! is `SLUICE_BIN` (the release build under `just bench-rls`); its CPU time
+//! is `SLUICE_BIN` (the release build under `just bench-rls`), serving the
+//! quotas on a listener of their own ([`SLUICE_RUNS`]); its CPU time
 //! is read from `/proc` around the measured calls (Redis's too). In the
 //! same run, two reference points behind the same client: the minimal
 //! always-OK service (the cost of the gRPC call alone) and Kuadrant's
@@ -50,6 +51,18 @@ const MAX_IN_FLIGHT: usize = 1_024;
 const ARRIVALS: [(Duration, &str); 2] = [
     (Duration::from_micros(50), "spread"),
     (Duration::from_millis(1), "1 ms bursts"),
+];
+
+/// `sluice serve` as a quota service is advised to run: the rate limit
+/// service on its own listener and thread (`--rls-listen`).
+const OWN_LISTENER: &str = "sluice serve --quotas --rls-listen";
+/// Each `sluice serve` measured: every algorithm on its own listener, and
+/// the default one on the gRPC listener, on the control plane's runtime.
+const SLUICE_RUNS: [(&str, &str); 4] = [
+    (OWN_LISTENER, "gcra"),
+    (OWN_LISTENER, "sliding_window"),
+    (OWN_LISTENER, "fixed_window"),
+    ("sluice serve --quotas (gRPC listener)", "gcra"),
 ];
 
 struct Options {
@@ -104,7 +117,11 @@ struct Measured {
     errors: u64,
 }
 
-#[tokio::main]
+// The client runs on one thread, as the reference servers do: with a
+// worker thread per core its threads and the servers' (and Redis) took
+// turns on two cores, and the whole machine stalled for 5-40 ms a few times
+// a second, every service's p99 with it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
@@ -126,17 +143,20 @@ async fn run() -> Result<()> {
     let redis_url = redis.url();
     let mut rows = Vec::new();
     for (store, url) in [("memory", None), ("redis", Some(redis_url.as_str()))] {
-        for algorithm in ["gcra", "sliding_window", "fixed_window"] {
+        for (service, algorithm) in SLUICE_RUNS {
             let mut extra = vec![
                 "--quotas".to_owned(),
                 quota_dir.display().to_string(),
                 "--quota-algorithm".to_owned(),
                 algorithm.to_owned(),
             ];
+            if service == OWN_LISTENER {
+                extra.extend(["--rls-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+            }
             if let Some(url) = url {
                 extra.extend(["--store".to_owned(), url.to_owned()]);
             }
-            let name = format!("{store}-{algorithm}");
+            let name = format!("{store}-{algorithm}-{}", rows.len());
             let mut control_plane = ControlPlane::start(
                 ControlPlaneOptions::new("limits: []\n", work.path())
                     .named(&name)
@@ -144,14 +164,14 @@ async fn run() -> Result<()> {
                     .args(extra),
             )
             .await?;
-            let grpc = control_plane.grpc_addr();
+            let rls = control_plane.rls_addr();
             let redis_pid = url.map(|_| redis.pid());
             for arrivals in ARRIVALS {
                 rows.push(
                     measure_service(
-                        ("sluice serve --quotas", store, algorithm),
+                        (service, store, algorithm),
                         arrivals,
-                        grpc,
+                        rls,
                         (control_plane.pid(), redis_pid),
                         &options,
                         ticks,
@@ -159,7 +179,10 @@ async fn run() -> Result<()> {
                     .await?,
                 );
             }
-            control_plane.shutdown()?;
+            // Waited for off the runtime's one thread, which meanwhile
+            // closes the client's connections: the server's graceful
+            // shutdown waits for them.
+            tokio::task::spawn_blocking(move || control_plane.shutdown()).await??;
         }
     }
     for (service, name, algorithm) in [
@@ -326,7 +349,7 @@ async fn drive(
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
     let mut text = String::from("## Rate limit service (exact quotas)\n\n");
     text.push_str(&format!(
-        "`just bench-rls` (`bench_rls --connections {} --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over {} HTTP/2 connection{} to `sluice serve --quotas`, counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them. Each service twice: with the calls spread over each millisecond (a pacing thread that wakes every 50 µs, about every 110 µs with the kernel's timer slack, as Envoy's requests arrive) and in one burst a millisecond (twenty calls at once, as a 1 ms timer tick sends them).\n\n",
+        "`just bench-rls` (`bench_rls --connections {} --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client on one runtime thread sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over {} HTTP/2 connection{} to `sluice serve --quotas`, which serves them on a listener and a thread of its own (`--rls-listen`; the default algorithm also on the gRPC listener, on the control plane's multi-threaded runtime), counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them. Each service twice: with the calls spread over each millisecond (a pacing thread that wakes every 50 µs, about every 110 µs with the kernel's timer slack, as Envoy's requests arrive) and in one burst a millisecond (twenty calls at once, as a 1 ms timer tick sends them).\n\n",
         options.connections, options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model, options.connections, if options.connections == 1 { "" } else { "s" }
     ));
     text.push_str("| service | store | algorithm | arrivals | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

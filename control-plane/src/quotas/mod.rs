@@ -28,6 +28,7 @@ pub use service::{MAX_DESCRIPTORS, MAX_ENTRIES, RateLimitGrpc};
 pub use store::{CountError, MemoryStore};
 
 use crate::metrics::QuotaMetrics;
+use crate::store::StoreConnection;
 
 /// Default byte budget of the in-memory store's counter keys.
 pub const DEFAULT_STORE_BYTES: usize = 256 << 20;
@@ -185,6 +186,23 @@ impl Quotas {
         self
     }
 
+    /// With the counters on Redis: a connection of the calling runtime's
+    /// own for [`Self::answer_on`]. `None` in memory, or when Redis cannot
+    /// be reached now (the store's shared connection serves then, and
+    /// follows Redis back by itself).
+    pub async fn open_connection(&self) -> Option<StoreConnection> {
+        let Counters::Redis { counters, .. } = &self.counters else {
+            return None;
+        };
+        match counters.open_connection().await {
+            Ok(connection) => Some(connection),
+            Err(err) => {
+                tracing::warn!(%err, "no connection of this thread's own to the store: quotas use the shared one");
+                None
+            }
+        }
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> Arc<QuotaConfig> {
         Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
@@ -276,7 +294,7 @@ impl Counters {
             Counters::Redis { counters, .. } => {
                 let zero = redis_store::Count { hits: 0, ..count };
                 counters
-                    .decide(domain, algorithm, std::slice::from_ref(&zero))
+                    .decide(domain, algorithm, std::slice::from_ref(&zero), None)
                     .await?
                     .into_iter()
                     .next()
@@ -285,7 +303,8 @@ impl Counters {
         }
     }
 
-    /// Decides every count of a request of `domain`, in order.
+    /// Decides every count of a request of `domain`, in order; on Redis
+    /// over `connection` when given, else the store's.
     async fn decide(
         &self,
         domain: &str,
@@ -293,6 +312,7 @@ impl Counters {
         counts: &[redis_store::Count],
         now_ms: u64,
         metrics: &QuotaMetrics,
+        connection: Option<&StoreConnection>,
     ) -> Vec<Result<algorithm::Decision, CountError>> {
         match self {
             Counters::Memory(memory) => counts
@@ -310,9 +330,10 @@ impl Counters {
                     .filter(|_| algorithm == Algorithm::FixedWindow);
                 match cache {
                     Some(cache) => {
-                        decide_cached(counters, cache, domain, counts, now_ms, metrics).await
+                        let store = (&**counters, connection);
+                        decide_cached(store, cache, domain, counts, now_ms, metrics).await
                     }
-                    None => match counters.decide(domain, algorithm, counts).await {
+                    None => match counters.decide(domain, algorithm, counts, connection).await {
                         Ok(decisions) => decisions.into_iter().map(Ok).collect(),
                         Err(err) => vec![Err(err); counts.len()],
                     },
@@ -326,7 +347,7 @@ impl Counters {
 /// refused here, the rest go to Redis in one call; counters Redis finds
 /// full are noted until their window ends.
 async fn decide_cached(
-    counters: &RedisCounters,
+    (counters, connection): (&RedisCounters, Option<&StoreConnection>),
     cache: &OverLimitCache,
     domain: &str,
     counts: &[redis_store::Count],
@@ -357,7 +378,10 @@ async fn decide_cached(
             }
         }
     }
-    let mut decided = match counters.decide(domain, Algorithm::FixedWindow, &sent).await {
+    let decided = counters
+        .decide(domain, Algorithm::FixedWindow, &sent, connection)
+        .await;
+    let mut decided = match decided {
         Ok(decisions) => decisions.into_iter().map(Ok).collect::<Vec<_>>(),
         Err(err) => vec![Err(err); sent.len()],
     }

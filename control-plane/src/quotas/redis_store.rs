@@ -22,7 +22,7 @@ use redis::Script;
 
 use super::algorithm::{Algorithm, Decision, Quota};
 use super::store::CountError;
-use crate::store::Store;
+use crate::store::{Store, StoreConnection};
 
 /// Version of the keys' layout and the state they hold.
 const KEY_VERSION: &str = "v1";
@@ -62,14 +62,28 @@ impl RedisCounters {
     }
 
     /// Decides `counts` of a request of `domain` on Redis's clock, in one
-    /// call bounded by the store's timeout.
+    /// call bounded by the store's timeout, over `connection` when given
+    /// (a runtime's own, [`Self::open_connection`]), else the store's.
     pub async fn decide(
         &self,
         domain: &str,
         algorithm: Algorithm,
         counts: &[Count],
+        connection: Option<&StoreConnection>,
     ) -> Result<Vec<Decision>, CountError> {
-        self.decide_at(domain, algorithm, counts, None).await
+        let mut connection = connection
+            .cloned()
+            .unwrap_or_else(|| self.store.connection());
+        self.decide_on(&mut connection, domain, algorithm, counts, None)
+            .await
+    }
+
+    /// A connection of its own, whose reads and writes run on the runtime
+    /// that opens it: a thread with a runtime of its own
+    /// ([`crate::serve::rls_listener`]) then never wakes another thread
+    /// for a quota's round trip. Calls are bounded as the store's are.
+    pub async fn open_connection(&self) -> Result<StoreConnection, redis::RedisError> {
+        self.store.connection_bounded(self.store.timeout()).await
     }
 
     /// As [`Self::decide`], at `now_ms` when given instead of Redis's
@@ -77,6 +91,19 @@ impl RedisCounters {
     /// against [`super::algorithm`] on the same instants.
     pub async fn decide_at(
         &self,
+        domain: &str,
+        algorithm: Algorithm,
+        counts: &[Count],
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Decision>, CountError> {
+        let mut connection = self.store.connection();
+        self.decide_on(&mut connection, domain, algorithm, counts, now_ms)
+            .await
+    }
+
+    async fn decide_on(
+        &self,
+        connection: &mut StoreConnection,
         domain: &str,
         algorithm: Algorithm,
         counts: &[Count],
@@ -97,8 +124,7 @@ impl RedisCounters {
                 .arg(count.quota.burst)
                 .arg(count.hits);
         }
-        let mut connection = self.store.connection();
-        let call = invocation.invoke_async::<Vec<(i64, i64, i64, i64)>>(&mut connection);
+        let call = invocation.invoke_async::<Vec<(i64, i64, i64, i64)>>(connection);
         let answers = tokio::time::timeout(self.store.timeout(), call)
             .await
             .map_err(|_| CountError::Timeout)?

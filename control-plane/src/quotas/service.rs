@@ -22,6 +22,7 @@ use super::algorithm::{Decision, Quota};
 use super::config::{Limit, Unit};
 use super::lookup;
 use super::redis_store::Count;
+use crate::store::StoreConnection;
 
 /// Most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -35,12 +36,23 @@ pub const ERROR_HEADER: &str = "x-ratelimit-error";
 #[derive(Debug, Clone)]
 pub struct RateLimitGrpc {
     quotas: Arc<Quotas>,
+    /// The store connection of the runtime serving it, if it has one.
+    connection: Option<StoreConnection>,
 }
 
 impl RateLimitGrpc {
-    /// A service answering from `quotas`.
+    /// A service answering from `quotas`, over the store's shared
+    /// connection.
     pub fn new(quotas: Arc<Quotas>) -> Self {
-        Self { quotas }
+        Self {
+            quotas,
+            connection: None,
+        }
+    }
+
+    /// As [`Self::new`], over `connection` (see [`Quotas::open_connection`]).
+    pub fn on_connection(quotas: Arc<Quotas>, connection: Option<StoreConnection>) -> Self {
+        Self { quotas, connection }
     }
 }
 
@@ -59,13 +71,25 @@ impl RateLimitService for RateLimitGrpc {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
-        self.quotas.answer(&request).await.map(Response::new)
+        self.quotas
+            .answer_on(&request, self.connection.as_ref())
+            .await
+            .map(Response::new)
     }
 }
 
 impl Quotas {
-    /// Answers one request.
+    /// Answers one request (on Redis, over the store's shared connection).
     pub async fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.answer_on(request, None).await
+    }
+
+    /// Answers one request; on Redis over `connection` when given.
+    pub async fn answer_on(
+        &self,
+        request: &RateLimitRequest,
+        connection: Option<&StoreConnection>,
+    ) -> Result<RateLimitResponse, Status> {
         if request.descriptors.len() > MAX_DESCRIPTORS {
             self.metrics.refused("too_many_descriptors");
             return Err(Status::invalid_argument(format!(
@@ -152,6 +176,7 @@ impl Quotas {
                 &counts,
                 now_ms,
                 &self.metrics,
+                connection,
             )
             .await
             .into_iter()

@@ -24,6 +24,7 @@ use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
 use crate::quotas::{Quotas, RateLimitGrpc};
 use crate::rlqs::RlqsService;
+use crate::serve::rls_listener::RlsListener;
 use crate::serve::state::AppState;
 use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, StreamGate, WindowLedger};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -34,8 +35,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Batches buffered per stream before the stream task waits for the client.
 const OUTBOUND_BUFFER: usize = 8;
 /// HTTP/2 pings detect proxies that vanished without closing the connection.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub(super) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the gRPC API is served: a bound listener, with TLS when
 /// configured, and the checks every stream passes.
@@ -52,6 +53,8 @@ pub struct GrpcEndpoint {
     pub ceilings: Ceilings,
     /// Exact quotas: serves Envoy's rate limit service API when set.
     pub quotas: Option<Arc<Quotas>>,
+    /// Serves the quotas on this listener of their own instead.
+    pub rls: Option<RlsListener>,
 }
 
 impl From<TcpListener> for GrpcEndpoint {
@@ -62,6 +65,7 @@ impl From<TcpListener> for GrpcEndpoint {
             identity: None,
             ceilings: Ceilings::default(),
             quotas: None,
+            rls: None,
         }
     }
 }

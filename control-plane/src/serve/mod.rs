@@ -1,10 +1,11 @@
 //! Serving the proxies: the gRPC streams, the fan-out of directive
-//! batches, the shared state, the start-up hold, TLS and the control loop
-//! that ties them together.
+//! batches, the shared state, the start-up hold, TLS, the control loop
+//! that ties them together, and the rate limit service's own listener.
 
 pub mod control_loop;
 pub(crate) mod grpc;
 pub(crate) mod push;
+pub mod rls_listener;
 pub(crate) mod state;
 pub(crate) mod tls;
 pub(crate) mod warmup;

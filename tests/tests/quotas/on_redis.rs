@@ -183,8 +183,11 @@ async fn two_control_planes_admit_exactly_the_quota(
     let mut last = None;
     for algorithm in ["fixed_window", "sliding_window", "gcra"] {
         let a = start(dir, &format!("{algorithm}-a"), algorithm, url, &[]).await;
-        let b = start(dir, &format!("{algorithm}-b"), algorithm, url, &[]).await;
-        let grpc = [a.grpc_addr(), b.grpc_addr()];
+        // b serves its quotas on a listener of their own, from two threads
+        // with a store connection each.
+        let own = ["--rls-listen", "127.0.0.1:0", "--rls-threads", "2"];
+        let b = start(dir, &format!("{algorithm}-b"), algorithm, url, &own).await;
+        let grpc = [a.rls_addr(), b.rls_addr()];
         // A fresh tenant per attempt: a burst that straddles a second
         // boundary says nothing exact about fixed and sliding windows.
         let mut measured = None;
@@ -285,10 +288,19 @@ async fn redis_stalled_killed_and_restarted_fails_open_or_closed_and_recovers() 
     let url = redis.url();
     let timeout = ["--store-timeout-ms", "50"];
     let open = start(dir.path(), "open", "fixed_window", &url, &timeout).await;
-    let closed_args = ["--store-timeout-ms", "50", "--quota-fail-closed"];
+    // The second serves its quotas on a listener and thread of its own,
+    // over a store connection of that thread's own.
+    let closed_args = [
+        "--store-timeout-ms",
+        "50",
+        "--quota-fail-closed",
+        "--rls-listen",
+        "127.0.0.1:0",
+    ];
     let closed = start(dir.path(), "closed", "fixed_window", &url, &closed_args).await;
-    let mut open_client = connect(open.grpc_addr()).await;
-    let mut closed_client = connect(closed.grpc_addr()).await;
+    assert_ne!(closed.rls_addr(), closed.grpc_addr());
+    let mut open_client = connect(open.rls_addr()).await;
+    let mut closed_client = connect(closed.rls_addr()).await;
     let counted = ask(&mut open_client, "outage").await;
     assert_eq!(error_header(&counted), None, "{counted:?}");
     assert!(counted.statuses[0].current_limit.is_some(), "{counted:?}");
