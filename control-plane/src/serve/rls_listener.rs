@@ -7,11 +7,11 @@
 //! than the quota itself (BENCHMARKS.md, "Rate limit service"); on one
 //! thread they never leave it, and the control loop never queues behind a
 //! burst of quota calls. With the counters on Redis each thread has a
-//! connection of its own for the same reason. Every thread accepts from the same listener and a
-//! connection stays on the thread that accepted it: Envoy opens one
-//! connection per worker, so `--rls-threads` spreads connections, not calls.
+//! connection of its own for the same reason. Every thread accepts from
+//! the same listener and a connection stays on the thread that accepted
+//! it: Envoy opens one connection per worker, so `--rls-threads` spreads
+//! connections, not calls.
 
-use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -54,11 +54,6 @@ pub enum RlsError {
 }
 
 impl RlsListener {
-    /// The bound address.
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
-
     /// Starts the threads, which serve `quotas` until `shutdown` fires:
     /// a handle per thread, whose thread ends then (or when its server
     /// fails), or why that thread could not start.
