@@ -61,6 +61,7 @@ use tokio_util::task::TaskTracker;
 pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
 pub use control::controller::Controller;
+pub use serve::drain::DRAIN_TIMEOUT;
 pub use serve::grpc::GrpcEndpoint;
 pub use serve::rls_listener::{RlsError, RlsListener};
 pub use serve::state::{AppState, Settings};
@@ -190,7 +191,11 @@ pub async fn run_replicated(
     tasks.spawn({
         let serve =
             serve::grpc::serve(grpc_endpoint, state.clone(), streams.clone(), token.clone());
-        async move { ("gRPC server", serve.await.map_err(RunError::Grpc)) }
+        let token = token.clone();
+        async move {
+            let serve = serve::drain::bounded("gRPC", serve, &token, DRAIN_TIMEOUT);
+            ("gRPC server", serve.await.map_err(RunError::Grpc))
+        }
     });
     if admin.live().is_shared() {
         tasks.spawn({
@@ -216,8 +221,13 @@ pub async fn run_replicated(
     }
     tasks.spawn({
         let serve = axum::serve(admin_listener, admin_router(admin))
-            .with_graceful_shutdown(token.clone().cancelled_owned());
-        async move { ("admin server", serve.await.map_err(RunError::Admin)) }
+            .with_graceful_shutdown(token.clone().cancelled_owned())
+            .into_future();
+        let token = token.clone();
+        async move {
+            let serve = serve::drain::bounded("admin", serve, &token, DRAIN_TIMEOUT);
+            ("admin server", serve.await.map_err(RunError::Admin))
+        }
     });
 
     let mut result = Ok(());

@@ -145,6 +145,95 @@ fn serve_writes_ready_file_and_stops_on_sigterm() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A client that opens HTTP/2 connections and then never reads again (a
+/// hung or partitioned Envoy) cannot hold SIGTERM past the drain: the
+/// graceful shutdown waits for every connection, and each waits for its
+/// client's answer to a last ping.
+#[test]
+fn serve_stops_after_the_drain_whatever_its_clients_do() {
+    let dir = temp_dir("drain");
+    let ready = dir.join("ready.json");
+    let quotas = dir.join("quotas.yaml");
+    std::fs::write(
+        &quotas,
+        "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10}\n",
+    )
+    .unwrap();
+    let mut child = Command::new(SLUICE)
+        .args(["serve", "--grpc-listen", "127.0.0.1:0"])
+        .args([
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--rls-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(example())
+        .arg("--quotas")
+        .arg(&quotas)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            break text;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "sluice exited early");
+        assert!(Instant::now() < deadline, "no ready file");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // The client preface and an empty SETTINGS frame, then silence.
+    let mut silent = Vec::new();
+    for listener in ["grpc", "rls"] {
+        let addr: SocketAddr = addrs[listener].as_str().unwrap().parse().unwrap();
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        silent.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let bound = sluice_control_plane::DRAIN_TIMEOUT + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > bound {
+            child.kill().unwrap();
+            panic!("sluice did not stop within {bound:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = sent.elapsed();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{status}\n{stderr}");
+    assert!(took >= sluice_control_plane::DRAIN_TIMEOUT, "took {took:?}");
+    assert!(
+        stderr.contains("connections still open after the drain"),
+        "{stderr}"
+    );
+    drop(silent);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn serve_output(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = Command::new(SLUICE);
     command

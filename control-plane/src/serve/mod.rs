@@ -3,6 +3,7 @@
 //! that ties them together, and the rate limit service's own listener.
 
 pub mod control_loop;
+pub mod drain;
 pub(crate) mod grpc;
 pub(crate) mod push;
 pub mod rls_listener;

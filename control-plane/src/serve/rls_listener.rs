@@ -22,6 +22,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::ServerTlsConfig;
 
+use super::drain::DRAIN_TIMEOUT;
 use super::grpc::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use crate::quotas::{Quotas, RateLimitGrpc};
 
@@ -102,7 +103,7 @@ fn serve_on_this_thread(
         if let Some(tls) = tls {
             builder = builder.tls_config(tls).map_err(RlsError::Serve)?;
         }
-        builder
+        let serve = builder
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
@@ -111,8 +112,10 @@ fn serve_on_this_thread(
             )))
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(listener),
-                shutdown.cancelled_owned(),
-            )
+                shutdown.clone().cancelled_owned(),
+            );
+        // What is still open after the drain closes with this runtime.
+        super::drain::bounded("rate limit service", serve, &shutdown, DRAIN_TIMEOUT)
             .await
             .map_err(RlsError::Serve)
     })
