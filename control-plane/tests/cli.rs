@@ -10,7 +10,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -39,6 +39,44 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
+}
+
+/// Waits for `sluice serve`'s ready file and parses it; a process that
+/// does not get ready is killed.
+fn wait_ready(child: &mut Child, ready: &Path) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(ready) {
+            return serde_json::from_str(&text).unwrap();
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sluice did not get ready");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGTERM and waits at most `bound` for the exit: its status and
+/// how long it took (past the bound the process is killed and the test
+/// fails).
+fn terminate(child: &mut Child, bound: Duration) -> (ExitStatus, Duration) {
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, sent.elapsed());
+        }
+        if sent.elapsed() > bound {
+            child.kill().unwrap();
+            panic!("sluice did not stop within {bound:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -96,16 +134,7 @@ fn serve_writes_ready_file_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            break text;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "sluice exited early");
-        assert!(Instant::now() < deadline, "no ready file");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let addrs = wait_ready(&mut child, &ready);
     let grpc: SocketAddr = addrs["grpc"].as_str().unwrap().parse().unwrap();
     let admin: SocketAddr = addrs["admin"].as_str().unwrap().parse().unwrap();
     assert_ne!(grpc.port(), 0);
@@ -120,28 +149,9 @@ fn serve_writes_ready_file_and_stops_on_sigterm() {
         "{buckets}"
     );
 
-    let sent = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > Duration::from_secs(5) {
-            child.kill().unwrap();
-            panic!("sluice did not stop after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (status, took) = terminate(&mut child, Duration::from_secs(5));
     assert!(status.success(), "{status}");
-    assert!(
-        sent.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        sent.elapsed()
-    );
+    assert!(took < Duration::from_secs(1), "took {took:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -177,16 +187,7 @@ fn serve_stops_after_the_drain_whatever_its_clients_do() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            break text;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "sluice exited early");
-        assert!(Instant::now() < deadline, "no ready file");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let addrs = wait_ready(&mut child, &ready);
     // The client preface and an empty SETTINGS frame, then silence.
     let mut silent = Vec::new();
     for listener in ["grpc", "rls"] {
@@ -199,24 +200,8 @@ fn serve_stops_after_the_drain_whatever_its_clients_do() {
     }
     std::thread::sleep(Duration::from_millis(200));
 
-    let sent = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
     let bound = sluice_control_plane::DRAIN_TIMEOUT + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > bound {
-            child.kill().unwrap();
-            panic!("sluice did not stop within {bound:?} of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let took = sent.elapsed();
+    let (status, took) = terminate(&mut child, bound);
     let mut stderr = String::new();
     child
         .stderr
@@ -361,18 +346,7 @@ fn serve_with_a_token_file_guards_writes_and_persists_them() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            break text;
-        }
-        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sluice did not get ready");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let addrs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let addrs = wait_ready(&mut child, &ready);
     let admin: SocketAddr = addrs["admin"].as_str().unwrap().parse().unwrap();
 
     let body = Some(r#"{"limit_rps": 75}"#);
