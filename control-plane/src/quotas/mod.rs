@@ -330,8 +330,8 @@ impl Counters {
                     .filter(|_| algorithm == Algorithm::FixedWindow);
                 match cache {
                     Some(cache) => {
-                        let store = (&**counters, connection);
-                        decide_cached(store, cache, domain, counts, now_ms, metrics).await
+                        decide_cached(counters, connection, cache, domain, counts, now_ms, metrics)
+                            .await
                     }
                     None => match counters.decide(domain, algorithm, counts, connection).await {
                         Ok(decisions) => decisions.into_iter().map(Ok).collect(),
@@ -347,7 +347,8 @@ impl Counters {
 /// refused here, the rest go to Redis in one call; counters Redis finds
 /// full are noted until their window ends.
 async fn decide_cached(
-    (counters, connection): (&RedisCounters, Option<&StoreConnection>),
+    counters: &RedisCounters,
+    connection: Option<&StoreConnection>,
     cache: &OverLimitCache,
     domain: &str,
     counts: &[redis_store::Count],
