@@ -11,6 +11,7 @@
 use crate::cell::{BUCKET_WIDE_PREFIX, BUCKET_WIDE_PREFIX_BYTES};
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use std::hash::{BuildHasher, Hasher};
 
 /// Values by cell key, hashed in parts.
@@ -81,6 +82,38 @@ impl<V> CellMap<V> {
         }
     }
 
+    /// The value of `key`, or the value `make` returns inserted for it;
+    /// `None` if the key is absent and `make` returns `None`. One hash of
+    /// the key either way, and a copy of it only when inserting.
+    pub fn get_or_try_insert(
+        &mut self,
+        key: &str,
+        make: impl FnOnce() -> Option<V>,
+    ) -> Option<&mut V> {
+        let hash = hash_key(&self.hasher, key);
+        let hasher = &self.hasher;
+        match self
+            .table
+            .entry(hash, |(k, _)| k == key, |(k, _)| hash_key(hasher, k))
+        {
+            Entry::Occupied(entry) => Some(&mut entry.into_mut().1),
+            Entry::Vacant(entry) => {
+                let value = make()?;
+                Some(&mut entry.insert((key.to_owned(), value)).into_mut().1)
+            }
+        }
+    }
+
+    /// Keeps the entries `keep` says to keep (it may change them).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
+        self.table.retain(|(k, v)| keep(k, v));
+    }
+
+    /// Every entry, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        self.table.iter_mut().map(|(k, v)| (k.as_str(), v))
+    }
+
     /// Takes every entry, keeping the capacity.
     pub fn drain(&mut self) -> impl Iterator<Item = (String, V)> + '_ {
         self.table.drain()
@@ -89,11 +122,6 @@ impl<V> CellMap<V> {
     /// Every entry.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
         self.table.iter().map(|(k, v)| (k.as_str(), v))
-    }
-
-    /// Every key.
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.table.iter().map(|(k, _)| k.as_str())
     }
 
     /// Number of entries.

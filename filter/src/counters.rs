@@ -1,4 +1,6 @@
-//! Bounded per-cell request counts for one window.
+//! Bounded per-cell request counts for one window: what the leader adds up
+//! from its VMs' hand-offs before it reports (a VM's own counts live in its
+//! cell records, [`crate::cell_table`]).
 //!
 //! Cells with a directive (limited cells) are never crowded out by cells
 //! without one: those may fill only `max_cells` minus a reserved quarter, so
@@ -35,7 +37,7 @@ pub enum Outcome {
 }
 
 impl Counts {
-    fn one(outcome: Outcome) -> Self {
+    pub(crate) fn one(outcome: Outcome) -> Self {
         Self {
             offered: 1,
             admitted: u64::from(outcome != Outcome::Dropped),
@@ -43,7 +45,7 @@ impl Counts {
         }
     }
 
-    fn add(&mut self, other: Counts) {
+    pub(crate) fn add(&mut self, other: Counts) {
         self.offered = self.offered.saturating_add(other.offered);
         self.admitted = self.admitted.saturating_add(other.admitted);
         self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
@@ -94,13 +96,10 @@ impl Counts {
     }
 }
 
-/// A cell's counts in this window, with the directive the request path
-/// found for it, so later requests of the window skip the directive lookup.
+/// A cell's counts in this window.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CellSlot {
+struct CellSlot {
     counts: Counts,
-    /// (generation of the directive table, what its lookup returned).
-    directive: Option<(u64, Option<usize>)>,
     /// Whether the cell had a directive when it was first counted: it may
     /// use the reserved share.
     limited: bool,
@@ -108,31 +107,7 @@ pub struct CellSlot {
 
 impl CellSlot {
     fn of(counts: Counts, limited: bool) -> Self {
-        Self {
-            counts,
-            directive: None,
-            limited,
-        }
-    }
-
-    /// The directive index remembered for the table of `generation`:
-    /// `None` if the lookup has to run (nothing remembered, or for another
-    /// table), `Some(None)` if the cell has no directive.
-    pub fn directive(&self, generation: u64) -> Option<Option<usize>> {
-        match self.directive {
-            Some((remembered, index)) if remembered == generation => Some(index),
-            _ => None,
-        }
-    }
-
-    /// Remembers the lookup's result for the table of `generation`.
-    pub fn remember(&mut self, generation: u64, index: Option<usize>) {
-        self.directive = Some((generation, index));
-    }
-
-    /// Counts one request.
-    pub fn count(&mut self, outcome: Outcome) {
-        self.counts.add(Counts::one(outcome));
+        Self { counts, limited }
     }
 }
 
@@ -199,13 +174,6 @@ impl BucketCounters {
         }
     }
 
-    /// The slot of a cell already counted this window: one probe, the one
-    /// the request path makes; a cell seen first is counted with
-    /// [`Self::record_cell`] instead.
-    pub fn slot_mut(&mut self, cell_key: &str) -> Option<&mut CellSlot> {
-        self.counts.get_mut(cell_key)
-    }
-
     /// Adds counts for a cell key (saturating), `limited` if the cell has
     /// a directive.
     pub fn add(&mut self, cell_key: String, counts: Counts, limited: bool) {
@@ -260,18 +228,6 @@ impl BucketCounters {
                 })
             })
             .collect()
-    }
-
-    /// The offered count of every cell counted so far, by cell key.
-    pub fn offered_by_key(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.counts
-            .iter()
-            .map(|(key, slot)| (key, slot.counts.offered))
-    }
-
-    /// The buckets counted so far in this window.
-    pub fn buckets(&self) -> impl Iterator<Item = &str> {
-        self.counts.keys()
     }
 
     /// Whether nothing is counted.

@@ -5,7 +5,7 @@
 //! themselves are the core's ([`sluice_core::decision`]).
 
 use crate::directives::CellEntry;
-use crate::pacing::Pacer;
+use crate::pacing::{Pace, Pacer};
 use rand::Rng;
 use sluice_core::DropReason;
 use sluice_core::decision::{Fallback, Local, Regime, Verdict};
@@ -14,20 +14,20 @@ use sluice_core::gcra::Gcra;
 /// The decision for a request of a cell with a directive: `Some(reason)`
 /// to drop it (or, in shadow mode, to count a would-be drop).
 ///
-/// A fresh (or kept) directive is applied by `pacer` for the cell
-/// `cell_key`: the coin or the credit decision, under the cell's local
+/// A fresh (or kept) directive is applied by `pacer` with the cell's state
+/// `pace`: the coin or the credit decision, under the cell's local
 /// allowance when one is configured.
 pub fn decide_cell(
     entry: &mut CellEntry,
     regime: Regime,
     local: Local,
     pacer: &mut Pacer,
-    cell_key: &str,
+    pace: Option<&mut Pace>,
     rng: &mut impl Rng,
 ) -> Option<DropReason> {
     match regime {
         Regime::Fresh | Regime::Stale(Fallback::KeepLast) => {
-            (pacer.decide(cell_key, entry.directive.threshold, rng) == Verdict::Drop)
+            (pacer.decide(pace, entry.directive.threshold, rng) == Verdict::Drop)
                 .then_some(entry.directive.reason)
         }
         Regime::Stale(Fallback::Allow) => None,
@@ -56,7 +56,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn coin() -> Pacer {
-        Pacer::new(crate::pacing::DecisionMode::Coin, None, 100, 10)
+        Pacer::new(crate::pacing::DecisionMode::Coin, None, 100)
     }
 
     fn entry(drop_ratio: f64, limit_rps: f64, reporting_proxies: u32) -> CellEntry {
@@ -87,7 +87,7 @@ mod tests {
         let mut always = entry(1.0, 10.0, 1);
         for regime in [Regime::Fresh, Regime::Stale(Fallback::KeepLast)] {
             assert_eq!(
-                decide_cell(&mut always, regime, LOCAL, &mut coin(), "b", &mut rng),
+                decide_cell(&mut always, regime, LOCAL, &mut coin(), None, &mut rng),
                 Some(DropReason::PriorityShed)
             );
         }
@@ -97,14 +97,21 @@ mod tests {
                 Regime::Stale(Fallback::Allow),
                 LOCAL,
                 &mut coin(),
-                "b",
+                None,
                 &mut rng
             ),
             None
         );
         let mut never = entry(0.0, 10.0, 1);
         assert_eq!(
-            decide_cell(&mut never, Regime::Fresh, LOCAL, &mut coin(), "b", &mut rng),
+            decide_cell(
+                &mut never,
+                Regime::Fresh,
+                LOCAL,
+                &mut coin(),
+                None,
+                &mut rng
+            ),
             None
         );
     }
@@ -122,7 +129,7 @@ mod tests {
                     now_ms: ms,
                     workers: 2,
                 };
-                match decide_cell(&mut cell, regime, local, &mut coin(), "b", &mut rng) {
+                match decide_cell(&mut cell, regime, local, &mut coin(), None, &mut rng) {
                     None => admitted += 1,
                     Some(reason) => assert_eq!(reason, DropReason::FallbackLimit),
                 }
@@ -133,7 +140,7 @@ mod tests {
         // Unlimited cells pass.
         let mut unlimited = entry(1.0, 0.0, 5);
         assert_eq!(
-            decide_cell(&mut unlimited, regime, LOCAL, &mut coin(), "b", &mut rng),
+            decide_cell(&mut unlimited, regime, LOCAL, &mut coin(), None, &mut rng),
             None
         );
     }

@@ -20,6 +20,7 @@ pub mod backoff;
 pub mod bucket_key;
 mod cell;
 mod cell_map;
+mod cell_table;
 mod classify;
 pub mod config;
 pub mod counters;

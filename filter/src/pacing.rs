@@ -9,12 +9,14 @@
 //!   share ([`sluice_core::allowance`]) is decided by that local cap instead, so
 //!   a load step is held at the limit before the next directive arrives.
 //!
-//! State is created on the tick and when directives arrive, never on the
-//! request path, and is bounded by `max_buckets`.
+//! A cell's state ([`Pace`]) lives in its record ([`crate::cell_table`]):
+//! it is created on the tick for cells counted since the last report, never
+//! on the request path, and kept while the cell is capped or less than
+//! 10 s idle.
 
 use rand::Rng;
 
-use crate::counters::unlimited_cap;
+use crate::cell_table::CellTable;
 use crate::fast_map::{self, FastMap};
 use crate::process_budget::ProcessBudget;
 use crate::shared::process_rates::ProcessShare;
@@ -40,8 +42,9 @@ pub enum DecisionMode {
 /// Ticks without a request after which an uncapped bucket is forgotten.
 const IDLE_TICKS: u32 = 100;
 
+/// One cell's decision state.
 #[derive(Debug, Clone, Copy)]
-struct Pace {
+pub struct Pace {
     credit: Credit,
     window: RateWindow,
     /// Requests since the last tick.
@@ -55,14 +58,20 @@ struct Pace {
     filling: bool,
 }
 
-/// Per-bucket decision state of one VM.
+impl Pace {
+    /// Whether a cap decides the cell's requests (then its record is kept).
+    pub fn is_capped(&self) -> bool {
+        self.cap.is_some()
+    }
+}
+
+/// The decision strategy of one VM, and what it knows of its process; the
+/// cells' own state is in their records.
 #[derive(Debug, Clone)]
 pub struct Pacer {
     mode: DecisionMode,
     allowance: Option<AllowanceSettings>,
     tick_ms: u64,
-    max_buckets: usize,
-    buckets: FastMap<String, Pace>,
     /// Time of the last tick: the request path's clock.
     now_ms: u64,
     /// How far the clock moved at its last reading.
@@ -89,18 +98,11 @@ pub struct Pacer {
 
 impl Pacer {
     /// A pacer for VMs ticking every `tick_ms`.
-    pub fn new(
-        mode: DecisionMode,
-        allowance: Option<AllowanceSettings>,
-        tick_ms: u64,
-        max_buckets: usize,
-    ) -> Self {
+    pub fn new(mode: DecisionMode, allowance: Option<AllowanceSettings>, tick_ms: u64) -> Self {
         Self {
             mode,
             allowance,
             tick_ms,
-            max_buckets,
-            buckets: fast_map::new(),
             now_ms: 0,
             last_step_ms: 0,
             closed_at_ms: None,
@@ -215,7 +217,7 @@ impl Pacer {
     /// workers (connections come and go); a surge spread over the VMs
     /// leaves the shares, and so the caps, where they were. A cell without a
     /// budget or a share keeps the cap it has.
-    pub fn rescale_caps(&mut self) {
+    pub fn rescale_caps(&mut self, cells: &mut CellTable) {
         let Some(settings) = self.allowance else {
             return;
         };
@@ -224,7 +226,7 @@ impl Pacer {
         }
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         let now_ms = self.now_ms;
-        for (key, pace) in &mut self.buckets {
+        for (key, pace) in paces(cells) {
             if pace.applied.is_none() {
                 continue;
             }
@@ -262,18 +264,16 @@ impl Pacer {
         self.caps_engaged
     }
 
-    /// The request path: decides one request of `bucket` whose directive
-    /// is `threshold`. At most one hash probe, no allocation.
+    /// The request path: decides one request of a cell whose directive
+    /// is `threshold`, with the cell's state (`None` before its first tick,
+    /// or without a record). No probe, no allocation.
     pub fn decide(
         &mut self,
-        bucket: &str,
+        pace: Option<&mut Pace>,
         threshold: DropThreshold,
         rng: &mut impl Rng,
     ) -> Verdict {
-        if !self.keeps_state() {
-            return decide(threshold, rng);
-        }
-        let Some(pace) = self.buckets.get_mut(bucket) else {
+        let Some(pace) = pace else {
             return decide(threshold, rng);
         };
         pace.pending = pace.pending.saturating_add(1);
@@ -311,83 +311,61 @@ impl Pacer {
         }
     }
 
-    /// The tick: closes every bucket's rate slot, and starts tracking the
-    /// buckets in `seen` (those counted since the last tick) so that their
-    /// rate is known when their first directive arrives. Each slot holds the
-    /// time it really covered, however late the tick.
-    pub fn on_tick<'a>(
-        &mut self,
-        now_ms: u64,
-        seen: impl IntoIterator<Item = &'a str>,
-        rng: &mut impl Rng,
-    ) {
-        self.on_tick_with(now_ms, seen, |_| true, rng);
-    }
-
-    /// [`Self::on_tick`], where `limited` says which cells have a
-    /// directive: cells without one may take at most
-    /// [`unlimited_cap`] of `max_buckets`, so a flood of one-off keys never
-    /// keeps a limited cell from getting its allowance.
-    pub fn on_tick_with<'a>(
-        &mut self,
-        now_ms: u64,
-        seen: impl IntoIterator<Item = &'a str>,
-        mut limited: impl FnMut(&str) -> bool,
-        rng: &mut impl Rng,
-    ) {
+    /// The tick: closes every cell's rate slot, and starts tracking the
+    /// cells of `cells` counted since the last report that have no state
+    /// yet, so that their rate is known when their first directive arrives.
+    /// Each slot holds the time it really covered, however late the tick.
+    /// A flood of one-off keys cannot keep a limited cell from getting its
+    /// allowance: records are what the table bounds, with a quarter kept for
+    /// cells with a directive.
+    pub fn on_tick(&mut self, now_ms: u64, cells: &mut CellTable, rng: &mut impl Rng) {
         self.advance_clock(now_ms);
         let span_ms = match self.closed_at_ms {
             Some(closed) if now_ms > closed => now_ms - closed,
             _ => self.tick_ms,
         };
         self.closed_at_ms = Some(now_ms);
-        for pace in self.buckets.values_mut() {
-            pace.filling = !pace.window.is_full();
-            pace.window.push(std::mem::take(&mut pace.pending), span_ms);
-            pace.idle_ticks = if pace.window.is_idle() {
-                pace.idle_ticks.saturating_add(1)
-            } else {
-                0
-            };
-        }
-        self.buckets
-            .retain(|_, pace| pace.cap.is_some() || pace.idle_ticks < IDLE_TICKS);
-        // Until a cell's window is full, its cap follows the window on every
-        // tick instead of freezing: a cap derived from the first few slots
-        // rests on a handful of requests and, with the directive unchanged
-        // while the load is steady, would stay there, cutting a cell that is
-        // within its limit.
-        if let Some(settings) = self.allowance {
-            let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-            for pace in self.buckets.values_mut() {
-                if let Some(rates) = pace.applied
-                    && (pace.filling || pace.cap.is_none())
-                {
-                    derive_cap(pace, rates, settings, slack_ms, now_ms);
+        let derive = self
+            .allowance
+            .map(|settings| (settings, self.tick_ms.saturating_add(settings.burst_ms)));
+        let keeps_state = self.keeps_state();
+        let track = self.allowance.is_some();
+        let unresolved = &mut self.unresolved;
+        cells.retain(|key, record| {
+            if let Some(pace) = &mut record.pace {
+                pace.filling = !pace.window.is_full();
+                pace.window.push(std::mem::take(&mut pace.pending), span_ms);
+                pace.idle_ticks = if pace.window.is_idle() {
+                    pace.idle_ticks.saturating_add(1)
+                } else {
+                    0
+                };
+                if pace.cap.is_none() && pace.idle_ticks >= IDLE_TICKS {
+                    record.pace = None;
                 }
             }
-        }
-        if !self.keeps_state() {
-            return;
-        }
-        let unlimited = unlimited_cap(self.max_buckets);
-        for bucket in seen {
-            if self.buckets.contains_key(bucket) || self.buckets.len() >= self.max_buckets {
-                continue;
-            }
-            if self.buckets.len() >= unlimited && !limited(bucket) {
-                continue;
-            }
+            // Until a cell's window is full, its cap follows the window on
+            // every tick instead of freezing: a cap derived from the first
+            // few slots rests on a handful of requests and, with the
+            // directive unchanged while the load is steady, would stay
+            // there, cutting a cell that is within its limit.
+            if let (Some(pace), Some((settings, slack_ms))) = (&mut record.pace, derive)
+                && let Some(rates) = pace.applied
+                && (pace.filling || pace.cap.is_none())
             {
+                derive_cap(pace, rates, settings, slack_ms, now_ms);
+            }
+            if keeps_state && record.pace.is_none() && record.counts().offered > 0 {
                 let mut pace = new_pace(rng);
                 // Counted by the caller, not here: credit it to this tick.
                 pace.window.push(1, span_ms);
-                self.buckets.insert(bucket.to_owned(), pace);
-                if self.allowance.is_some() {
-                    self.unresolved.push(bucket.to_owned());
+                record.pace = Some(pace);
+                if track {
+                    unresolved.push(key.to_owned());
                 }
             }
-        }
+            true
+        });
     }
 
     /// Reconciles every cell's allowance with the directive `rates_of`
@@ -397,13 +375,17 @@ impl Pacer {
     /// directive table changes. Resolving from the cells, not from the
     /// directives, also caps a tenant's cell that a bucket-wide directive
     /// governs.
-    pub fn resolve_all(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+    pub fn resolve_all(
+        &mut self,
+        cells: &mut CellTable,
+        mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>,
+    ) {
         let Some(settings) = self.allowance else {
             return;
         };
         self.unresolved.clear();
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-        for (key, pace) in &mut self.buckets {
+        for (key, pace) in paces(cells) {
             reconcile(pace, rates_of(key), settings, slack_ms, self.now_ms);
         }
     }
@@ -412,27 +394,28 @@ impl Pacer {
     /// [`Self::resolve_all`] does for all. Without it, a VM that meets a
     /// cell for the first time (a new connection on another worker) would
     /// hold no cap for it until its directive next changes.
-    pub fn resolve_new(&mut self, mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+    pub fn resolve_new(
+        &mut self,
+        cells: &mut CellTable,
+        mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>,
+    ) {
         let Some(settings) = self.allowance else {
             return;
         };
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         for key in self.unresolved.drain(..) {
-            if let Some(pace) = self.buckets.get_mut(&key) {
+            if let Some(pace) = cells.get_mut(&key).and_then(|record| record.pace.as_mut()) {
                 reconcile(pace, rates_of(&key), settings, slack_ms, self.now_ms);
             }
         }
     }
+}
 
-    /// Buckets with state.
-    pub fn len(&self) -> usize {
-        self.buckets.len()
-    }
-
-    /// Whether no bucket has state.
-    pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
-    }
+/// The cells of `cells` with state, and their state.
+fn paces(cells: &mut CellTable) -> impl Iterator<Item = (&str, &mut Pace)> {
+    cells
+        .iter_mut()
+        .filter_map(|(key, record)| record.pace.as_mut().map(|pace| (key, pace)))
 }
 
 /// Applies the directive `rates` (none: the cell has no directive) to
@@ -491,6 +474,104 @@ fn new_pace(rng: &mut impl Rng) -> Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::{Outcome, unlimited_cap};
+    use std::ops::{Deref, DerefMut};
+
+    /// A pacer with the cells it paces, driven as the request path drives
+    /// them: a tick counts each cell it is given once, closes the pacer's
+    /// window and hands the counts on.
+    struct Paced {
+        pacer: Pacer,
+        cells: CellTable,
+    }
+
+    impl Deref for Paced {
+        type Target = Pacer;
+        fn deref(&self) -> &Pacer {
+            &self.pacer
+        }
+    }
+
+    impl DerefMut for Paced {
+        fn deref_mut(&mut self) -> &mut Pacer {
+            &mut self.pacer
+        }
+    }
+
+    impl Paced {
+        fn new(
+            mode: DecisionMode,
+            allowance: Option<AllowanceSettings>,
+            tick_ms: u64,
+            max_cells: usize,
+        ) -> Self {
+            Self {
+                pacer: Pacer::new(mode, allowance, tick_ms),
+                cells: CellTable::new(max_cells),
+            }
+        }
+
+        fn on_tick<'a>(
+            &mut self,
+            now_ms: u64,
+            seen: impl IntoIterator<Item = &'a str>,
+            rng: &mut SmallRng,
+        ) {
+            self.on_tick_with(now_ms, seen, |_| true, rng);
+        }
+
+        /// [`Self::on_tick`], where `limited` says which cells have a
+        /// directive.
+        fn on_tick_with<'a>(
+            &mut self,
+            now_ms: u64,
+            seen: impl IntoIterator<Item = &'a str>,
+            limited: impl Fn(&str) -> bool,
+            rng: &mut SmallRng,
+        ) {
+            for key in seen {
+                match self.cells.record(key, 0, || limited(key).then_some(0)).0 {
+                    Some(record) => record.count(Outcome::Admitted),
+                    None => self.cells.count_untracked(),
+                }
+            }
+            self.pacer.on_tick(now_ms, &mut self.cells, rng);
+            self.cells.drain();
+        }
+
+        fn decide(&mut self, key: &str, threshold: DropThreshold, rng: &mut SmallRng) -> Verdict {
+            let pace = self
+                .cells
+                .get_mut(key)
+                .and_then(|record| record.pace.as_mut());
+            self.pacer.decide(pace, threshold, rng)
+        }
+
+        fn resolve_all(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+            self.pacer.resolve_all(&mut self.cells, rates_of);
+        }
+
+        fn resolve_new(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
+            self.pacer.resolve_new(&mut self.cells, rates_of);
+        }
+
+        fn rescale_caps(&mut self) {
+            self.pacer.rescale_caps(&mut self.cells);
+        }
+
+        fn pace(&mut self, key: &str) -> Option<Pace> {
+            self.cells.get_mut(key).and_then(|record| record.pace)
+        }
+
+        /// Cells with state.
+        fn len(&mut self) -> usize {
+            paces(&mut self.cells).count()
+        }
+
+        fn is_empty(&mut self) -> bool {
+            self.len() == 0
+        }
+    }
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
     use sluice_core::DropRatio;
@@ -505,7 +586,7 @@ mod tests {
     };
 
     /// Offers `per_tick` requests a tick for `ticks` ticks; returns admitted.
-    fn run(pacer: &mut Pacer, ratio: f64, per_tick: u32, ticks: u64, start: u64) -> u32 {
+    fn run(pacer: &mut Paced, ratio: f64, per_tick: u32, ticks: u64, start: u64) -> u32 {
         let mut rng = SmallRng::seed_from_u64(1);
         let threshold = DropRatio::new(ratio).unwrap().threshold();
         let mut admitted = 0;
@@ -520,14 +601,14 @@ mod tests {
 
     #[test]
     fn credit_admits_the_share_exactly() {
-        let mut pacer = Pacer::new(DecisionMode::Credit, None, 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Credit, None, 100, 10);
         let admitted = run(&mut pacer, 0.75, 40, 100, 0);
         assert!((999..=1_001).contains(&admitted), "{admitted}");
     }
 
     #[test]
     fn allowance_holds_a_load_step_at_the_share() {
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         // 200 rps here, 800 fleet-wide against a limit of 1000: ratio 0,
         // this VM's share of the limit is 250 rps.
         run(&mut pacer, 0.0, 20, 20, 0);
@@ -540,7 +621,7 @@ mod tests {
 
     #[test]
     fn a_cap_follows_the_window_until_it_is_full() {
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Credit, Some(EXACT), 100, 10);
         // Two slots of a 100 rps cell, then a directive: ratio 0, the fleet
         // exactly at its limit, so this VM may admit what it is offered plus
         // a counting margin. From two slots (11 requests) that margin is
@@ -567,7 +648,7 @@ mod tests {
 
     #[test]
     fn a_cell_met_after_its_directive_is_capped_from_its_first_tick() {
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         // The directive arrived before this VM saw the cell: nothing to cap.
         pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
         assert!(pacer.is_empty());
@@ -593,7 +674,7 @@ mod tests {
 
     #[test]
     fn a_cell_that_loses_its_directive_loses_its_cap() {
-        let mut pacer = Pacer::new(DecisionMode::Coin, Some(EXACT), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         run(&mut pacer, 0.0, 20, 10, 0);
         pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
         assert_eq!(run(&mut pacer, 0.0, 20, 10, 10), 0);
@@ -611,7 +692,7 @@ mod tests {
             burst_ms: 20,
             engage: Engage::Always,
         };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Credit, Some(settings), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         // 200 rps offered, but the timer fires every 150 ms: 30 a tick.
@@ -633,7 +714,7 @@ mod tests {
 
     #[test]
     fn the_clock_advances_between_slots() {
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(EXACT), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Credit, Some(EXACT), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         let threshold = DropRatio::new(0.0).unwrap().threshold();
         for tick in 0..10_u64 {
@@ -653,14 +734,14 @@ mod tests {
 
     #[test]
     fn without_allowance_the_coin_decides() {
-        let mut pacer = Pacer::new(DecisionMode::Coin, None, 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Coin, None, 100, 10);
         assert_eq!(run(&mut pacer, 0.0, 10, 10, 0), 100);
         assert_eq!(run(&mut pacer, 1.0, 10, 10, 10), 0);
     }
 
     #[test]
     fn a_coin_without_allowance_keeps_no_state() {
-        let mut pacer = Pacer::new(DecisionMode::Coin, None, 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Coin, None, 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         pacer.on_tick(0, ["a", "b"], &mut rng);
         assert!(pacer.is_empty());
@@ -668,7 +749,7 @@ mod tests {
 
     #[test]
     fn state_is_bounded() {
-        let mut pacer = Pacer::new(DecisionMode::Credit, None, 100, 2);
+        let mut pacer = Paced::new(DecisionMode::Credit, None, 100, 2);
         let mut rng = SmallRng::seed_from_u64(1);
         pacer.on_tick(0, ["a", "b", "c"], &mut rng);
         assert_eq!(pacer.len(), 2);
@@ -680,7 +761,7 @@ mod tests {
             engage: Engage::WhenLost,
             ..EXACT
         };
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+        let mut pacer = Paced::new(DecisionMode::Credit, Some(settings), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         assert!(!pacer.caps_engaged());
         // A second at 10 a tick, a directive at ratio 0.5: a cap of 50/s.
@@ -693,7 +774,7 @@ mod tests {
         pacer.resolve_all(|_| Some(rates(0.5, 50.0, 100.0)));
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         // Connected: the load doubles and the ratio admits half of it.
-        let admitted = |pacer: &mut Pacer, rng: &mut SmallRng, start: u64| {
+        let admitted = |pacer: &mut Paced, rng: &mut SmallRng, start: u64| {
             let mut admitted = 0;
             for tick in 0..10u64 {
                 for _ in 0..20 {
@@ -728,7 +809,7 @@ mod tests {
     /// The process offers `total_rps` of cell `a` and its directive
     /// arrives (`directive`): caps and budgets derived from it.
     fn directed(
-        pacer: &mut Pacer,
+        pacer: &mut Paced,
         total_rps: f64,
         directive: impl Fn(&str) -> Option<DirectiveRates> + Copy,
     ) {
@@ -758,8 +839,8 @@ mod tests {
     }
 
     /// Whether cell `a`'s cap admits `rps` a second.
-    fn capped_at(pacer: &Pacer, rps: f64) -> bool {
-        let cap = pacer.buckets.get("a").and_then(|pace| pace.cap);
+    fn capped_at(pacer: &mut Paced, rps: f64) -> bool {
+        let cap = pacer.pace("a").and_then(|pace| pace.cap);
         cap.is_some_and(|cap| cap.has_rate(rps))
     }
 
@@ -773,7 +854,7 @@ mod tests {
         directed(&mut pacer, 90.0, under);
         let wide = (90.0 + 90f64.sqrt() + 1.0) * 200.0 / 180.0;
         let narrow = (900.0 + 900f64.sqrt() + 1.0) / 10.0 * 200.0 / 180.0;
-        let mut tick = |pacer: &mut Pacer, requests: u32, at_ms: u64| {
+        let mut tick = |pacer: &mut Paced, requests: u32, at_ms: u64| {
             for _ in 0..requests {
                 pacer.decide("a", DropThreshold::NEVER, &mut rng);
             }
@@ -782,23 +863,23 @@ mod tests {
         };
         for (i, requests) in [9, 11, 8, 12, 9].into_iter().enumerate() {
             tick(&mut pacer, requests, 1_000 + i as u64 * 100);
-            assert!(capped_at(&pacer, wide), "tick {i}");
+            assert!(capped_at(&mut pacer, wide), "tick {i}");
         }
         // A step: the tick after it says the cell grew, and the budget
         // stays narrow after the step too, until the next directive.
         tick(&mut pacer, 30, 1_500);
-        assert!(capped_at(&pacer, narrow));
+        assert!(capped_at(&mut pacer, narrow));
         tick(&mut pacer, 9, 1_600);
-        assert!(capped_at(&pacer, narrow));
+        assert!(capped_at(&mut pacer, narrow));
         pacer.budgets_for_directives(under);
         tick(&mut pacer, 9, 1_700);
-        assert!(capped_at(&pacer, wide));
+        assert!(capped_at(&mut pacer, wide));
     }
 
     /// A pacer whose cell `a` was offered `per_tick` requests a tick for a
     /// second (ten 100 ms ticks), with no directive yet.
-    fn warmed_up(settings: AllowanceSettings, per_tick: u32) -> (Pacer, SmallRng) {
-        let mut pacer = Pacer::new(DecisionMode::Credit, Some(settings), 100, 10);
+    fn warmed_up(settings: AllowanceSettings, per_tick: u32) -> (Paced, SmallRng) {
+        let mut pacer = Paced::new(DecisionMode::Credit, Some(settings), 100, 10);
         let mut rng = SmallRng::seed_from_u64(1);
         for tick in 0..10u64 {
             for _ in 0..per_tick {
@@ -811,7 +892,7 @@ mod tests {
 
     /// Admitted of 30 requests a tick over ten 100 ms ticks from `from_ms`,
     /// with the caps rescaled at every tick, under a ratio of one half.
-    fn admitted_at_thirty_a_tick(pacer: &mut Pacer, rng: &mut SmallRng, from_ms: u64) -> u32 {
+    fn admitted_at_thirty_a_tick(pacer: &mut Paced, rng: &mut SmallRng, from_ms: u64) -> u32 {
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         let mut admitted = 0;
         for tick in 0..10u64 {
@@ -862,7 +943,7 @@ mod tests {
 
     #[test]
     fn unlimited_cells_leave_room_for_limited_ones() {
-        let mut pacer = Pacer::new(DecisionMode::Credit, None, 100, 200);
+        let mut pacer = Paced::new(DecisionMode::Credit, None, 100, 200);
         let mut rng = SmallRng::seed_from_u64(1);
         for tick in 0..20u64 {
             let flood: Vec<String> = (0..500).map(|i| format!("flood-{tick}-{i}")).collect();
@@ -875,6 +956,6 @@ mod tests {
             assert!(pacer.len() <= 200);
         }
         assert_eq!(pacer.len(), unlimited_cap(200) + 1);
-        assert!(pacer.buckets.contains_key("limited"));
+        assert!(pacer.pace("limited").is_some());
     }
 }

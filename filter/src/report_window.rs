@@ -17,6 +17,7 @@
 //! the interpolation within one hand-off.
 
 use crate::cell::key_of;
+use crate::cell_table::CellTable;
 use crate::counters::{BucketCounters, Counts};
 use crate::shared::Handoff;
 use sluice_core::Priority;
@@ -89,11 +90,11 @@ impl ReportWindows {
     }
 
     /// The leader's own counts up to `now_ms`.
-    pub fn add_own(&mut self, own: &mut BucketCounters, now_ms: u64) {
-        if !own.is_empty() {
+    pub fn add_own(&mut self, own: &mut CellTable, now_ms: u64) {
+        if !own.has_no_counts() {
             self.own_traffic_ms = Some(now_ms);
         }
-        own.move_into(&mut self.current);
+        own.move_counts_into(&mut self.current);
     }
 
     /// A follower's hand-off, received at `now_ms`.
@@ -216,6 +217,15 @@ impl ReportWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::Outcome;
+
+    /// Counts one admitted request of the bucket-wide cell of `bucket`.
+    fn count_own(own: &mut CellTable, bucket: &str) {
+        let key = key_of(bucket, "", Priority::Unspecified);
+        if let (Some(record), _) = own.record(&key, 0, || None) {
+            record.count(Outcome::Admitted);
+        }
+    }
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -271,11 +281,11 @@ mod tests {
     #[test]
     fn an_unsent_window_is_folded_into_the_next() {
         let mut windows = ReportWindows::new(10, 0);
-        let mut own = BucketCounters::new(10);
-        own.record("a", true);
+        let mut own = CellTable::new(10);
+        count_own(&mut own, "a");
         windows.add_own(&mut own, 10);
         windows.close(250);
-        own.record("a", true);
+        count_own(&mut own, "a");
         windows.add_own(&mut own, 300);
         windows.close(500);
         let ready = windows.take_ready(500).unwrap();
@@ -300,8 +310,8 @@ mod tests {
             100,
             |_| false,
         );
-        let mut own = BucketCounters::new(10);
-        own.record("a", true);
+        let mut own = CellTable::new(10);
+        count_own(&mut own, "a");
         windows.add_own(&mut own, 100);
         assert_eq!(windows.workers(200), 3);
         assert_eq!(windows.workers(100 + WORKER_LIVE_MS + 1), 1);

@@ -100,13 +100,13 @@ impl Agent {
                 .process
                 .add_span(self.vm_id, now_ms.saturating_sub(counted_from_ms));
             let directives = &self.path.directives;
-            for (key, offered) in self.path.local.offered_by_key() {
+            for (key, offered) in self.path.cells.offered_by_key() {
                 if directives.covers(key) {
                     leadership.process.add(key, self.vm_id, offered);
                 }
             }
         }
-        leadership.windows.add_own(&mut self.path.local, now_ms);
+        leadership.windows.add_own(&mut self.path.cells, now_ms);
     }
 
     /// Closes the report window once it is due and sends the closed one

@@ -422,7 +422,7 @@ impl Agent {
     }
 
     fn log_overflow(&mut self, host: &impl Host, now_ms: u64) {
-        let mut untracked = self.path.local.take_untracked();
+        let mut untracked = self.path.cells.take_untracked();
         if let Role::Leader(leadership) = &mut self.role {
             untracked = untracked.saturating_add(leadership.windows.take_untracked());
         }

@@ -1,17 +1,18 @@
 //! The request path's state: the directive table requests read, the
-//! per-cell decision state (the pacer's credits and allowances, new
-//! cells), this VM's counts, and the decision itself. The ticks keep it in
+//! cells (each one record: this VM's counts, the pacer's credit and
+//! allowance, the new-cell limiter), and the decision itself. The ticks keep it in
 //! step ([`super::sync`]); nothing here makes a host call.
 
 use super::sync::VmSync;
 use super::{AgentSettings, Decision, TICK_MS};
 use crate::audit::{LastDecision, Undirected};
 use crate::cell::CellKeyBuf;
-use crate::counters::{BucketCounters, Outcome};
+use crate::cell_table::CellTable;
+use crate::counters::Outcome;
 use crate::decision::decide_cell;
 use crate::directives::DirectiveTable;
 use crate::metrics::Metrics;
-use crate::new_cells::NewCells;
+use crate::new_cells::NewCellRule;
 use crate::pacing::Pacer;
 use crate::upstream::ResponseSampler;
 use rand::rngs::SmallRng;
@@ -22,14 +23,15 @@ use std::sync::Arc;
 /// What the request path reads and writes.
 #[derive(Debug)]
 pub(super) struct RequestPath {
-    /// Requests counted on this VM and not yet handed on.
-    pub(super) local: BucketCounters,
+    /// One record per cell: its counts not yet handed on, its directive,
+    /// its decision state.
+    pub(super) cells: CellTable,
     pub(super) directives: DirectiveTable,
-    /// Per-cell decision state: credit balances and local allowances.
+    /// The decision strategy, and the process's budgets and shares.
     pub(super) pacer: Pacer,
     /// When the pacer's next 100 ms window closes.
     pub(super) pacer_due_ms: Option<u64>,
-    pub(super) new_cells: NewCells,
+    pub(super) new_cells: NewCellRule,
     pub(super) regime: Regime,
     /// The request's cell, built in reused buffers.
     pub(super) cell: CellKeyBuf,
@@ -47,24 +49,15 @@ impl RequestPath {
     /// An empty table and no state, sized by `settings`.
     pub(super) fn new(settings: &AgentSettings) -> Self {
         Self {
-            local: BucketCounters::new(settings.max_buckets),
+            cells: CellTable::new(settings.max_buckets),
             directives: DirectiveTable::with_settings(
                 settings.max_buckets,
                 Arc::clone(&settings.responses),
                 &settings.proxy_id,
             ),
-            pacer: Pacer::new(
-                settings.decision,
-                settings.allowance,
-                TICK_MS,
-                settings.max_buckets,
-            ),
+            pacer: Pacer::new(settings.decision, settings.allowance, TICK_MS),
             pacer_due_ms: None,
-            new_cells: NewCells::new(
-                settings.new_bucket,
-                settings.max_buckets,
-                Arc::clone(&settings.responses),
-            ),
+            new_cells: NewCellRule::new(settings.new_bucket, Arc::clone(&settings.responses)),
             regime: Regime::Fresh,
             cell: CellKeyBuf::default(),
             clock_ms: 0,
@@ -94,26 +87,22 @@ impl RequestPath {
             now_ms: self.clock_ms,
             workers: sync.workers,
         };
-        // A cell counted earlier in this window remembers its directive:
-        // one probe (the counter's) instead of one or two more.
+        // A cell met before remembers its directive: one probe (its
+        // record's) for everything the decision reads and writes.
         let generation = self.directives.generation();
-        let mut slot = self.local.slot_mut(exact);
-        let found = match slot.as_deref().and_then(|slot| slot.directive(generation)) {
-            Some(found) => found,
-            None => {
-                let found = self.directives.find((!wide).then_some(exact), bucket);
-                if let Some(slot) = slot.as_deref_mut() {
-                    slot.remember(generation, found);
-                }
-                found
-            }
-        };
+        let directives = &self.directives;
+        let (mut record, found) = self.cells.record(exact, generation, || {
+            directives.find((!wide).then_some(exact), bucket)
+        });
         let mut drop_ratio = 0.0;
         let mut new_bucket = false;
         let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
             Some(entry) => {
                 drop_ratio = entry.directive.drop_ratio.get();
-                let verdict = decide_cell(entry, self.regime, local, &mut self.pacer, exact, rng);
+                let pace = record
+                    .as_deref_mut()
+                    .and_then(|record| record.pace.as_mut());
+                let verdict = decide_cell(entry, self.regime, local, &mut self.pacer, pace, rng);
                 match verdict {
                     None => (None, false, None),
                     Some(reason) => {
@@ -128,6 +117,7 @@ impl RequestPath {
             }
             None => {
                 let verdict = self.new_cells.decide(
+                    record.as_deref_mut().map(|record| &mut record.new_cell),
                     exact,
                     local.now_ms,
                     local.workers,
@@ -149,9 +139,9 @@ impl RequestPath {
             (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
             (None, _) => (Outcome::Admitted, Decision::Admit),
         };
-        match slot {
-            Some(slot) => slot.count(outcome),
-            None => self.local.record_cell(exact, outcome, found.is_some()),
+        match record {
+            Some(record) => record.count(outcome),
+            None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, reason);
         self.last = LastDecision {
@@ -182,15 +172,11 @@ impl RequestPath {
         if now_ms < due {
             return;
         }
+        self.pacer.on_tick(now_ms, &mut self.cells, rng);
         let directives = &self.directives;
-        self.pacer.on_tick_with(
-            now_ms,
-            self.local.buckets(),
-            |key| directives.covers(key),
-            rng,
-        );
-        self.pacer.resolve_new(|key| directives.rates_for_cell(key));
-        self.pacer.rescale_caps();
+        self.pacer
+            .resolve_new(&mut self.cells, |key| directives.rates_for_cell(key));
+        self.pacer.rescale_caps(&mut self.cells);
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -213,7 +199,8 @@ impl RequestPath {
     /// Lets the pacer derive allowances of cells whose directive changed.
     pub(super) fn pace_directives(&mut self) {
         let directives = &self.directives;
-        self.pacer.resolve_all(|key| directives.rates_for_cell(key));
+        self.pacer
+            .resolve_all(&mut self.cells, |key| directives.rates_for_cell(key));
         self.pacer
             .budgets_for_directives(|key| directives.rates_for_cell(key));
     }

@@ -147,10 +147,9 @@ impl Agent {
             host.log(LogLevel::Debug, &format!("closing stream {token}: {err}"));
         }
         // Keep the windows' counts: they go to the next leader.
-        leadership
-            .windows
-            .drain_all()
-            .move_into(&mut self.path.local);
+        let kept = leadership.windows.drain_all().drain();
+        let directives = &self.path.directives;
+        self.path.cells.merge(kept, |key| directives.covers(key));
     }
 
     /// The short-tick check: one small read; the table only if it changed.
@@ -280,7 +279,7 @@ impl Agent {
             return;
         };
         let from_ms = self.sync.handoff_from_ms.unwrap_or(now_ms);
-        if self.path.local.is_empty()
+        if self.path.cells.has_no_counts()
             && self.path.responses.signals.is_empty()
             && !self.sync.handed_off_last
             && !even_empty
@@ -293,7 +292,7 @@ impl Agent {
             source: self.vm_id,
             start_ms: from_ms,
             end_ms: now_ms,
-            counts: self.path.local.drain(),
+            counts: self.path.cells.drain(),
             upstream: self.path.responses.signals.drain(),
         };
         let had_counts = !handoff.counts.is_empty();
@@ -301,7 +300,7 @@ impl Agent {
             host.log(LogLevel::Warn, &format!("cannot enqueue counts: {err}"));
             let directives = &self.path.directives;
             self.path
-                .local
+                .cells
                 .merge(handoff.counts, |key| directives.covers(key));
             return;
         }

@@ -146,7 +146,7 @@ fn requests_are_classified_into_their_cells() {
         agent.admit_request(&config.classifier, &anonymous),
         Decision::Admit
     );
-    let mut cells = agent.path.local.clone().drain();
+    let mut cells = agent.path.cells.clone().drain();
     cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
     let seen: Vec<(&str, i32, u64, u64)> = cells
         .iter()

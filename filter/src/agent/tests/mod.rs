@@ -588,7 +588,7 @@ fn without_a_leader_counts_stay_local_and_bounded() {
     for vm in 0..2 {
         // Unlimited cells leave a quarter of max_buckets to limited ones.
         assert_eq!(
-            fleet.vms[vm].1.path.local.len(),
+            fleet.vms[vm].1.path.cells.len(),
             crate::counters::unlimited_cap(3)
         );
     }
@@ -795,7 +795,7 @@ fn a_cell_given_its_own_directive_mid_window_leaves_the_bucket_wide_one() {
         Decision::Admit
     );
     // The counts are those of every request, remembered lookup or not.
-    let counts = agent.path.local.drain();
+    let counts = agent.path.cells.drain();
     let t1 = counts.iter().find(|c| c.tenant == "t1").unwrap();
     assert_eq!((t1.offered, t1.admitted), (4, 3));
 }
