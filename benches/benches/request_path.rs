@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_aggregate_agent,
-    warm_tenant_agent,
+    warm_credit_agent, warm_tenant_agent,
 };
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
@@ -45,6 +45,23 @@ fn decision(c: &mut Criterion) {
     for (name, buckets) in [("agent_one_bucket", 1), ("agent_keyed_10k_buckets", 10_000)] {
         let names = bucket_names(buckets);
         let mut agent = warm_agent(&names, 0.5);
+        let mut next = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                next = (next + 1) % names.len();
+                let bucket = names.get(next).map_or("", String::as_str);
+                agent.admit(black_box(bucket))
+            })
+        });
+    }
+    // The same with the credit deciding (the default mode): its per-cell
+    // state is read and written on every request.
+    for (name, buckets) in [
+        ("agent_one_bucket_credit", 1),
+        ("agent_keyed_10k_buckets_credit", 10_000),
+    ] {
+        let names = bucket_names(buckets);
+        let mut agent = warm_credit_agent(&names, 0.5);
         let mut next = 0usize;
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -212,6 +212,30 @@ pub fn warm_aggregate_agent(members: &[String], drop_ratio: f64) -> Agent {
     agent
 }
 
+/// [`warm_agent`] deciding with the credit (the configuration's default
+/// mode), so every cell has the per-cell state the credit keeps.
+pub fn warm_credit_agent(buckets: &[String], drop_ratio: f64) -> Agent {
+    let mut agent = Agent::new(
+        AgentSettings {
+            max_buckets: buckets.len().max(1),
+            decision: DecisionMode::Credit,
+            ..bench_settings()
+        },
+        7,
+    );
+    agent.load_directives(table_with(buckets, drop_ratio));
+    for bucket in buckets {
+        agent.admit(bucket);
+    }
+    // The credit's state is made on the pacer's tick, every 100 ms.
+    agent.on_tick(&mut QuietHost, 1_000);
+    agent.on_tick(&mut QuietHost, 1_100);
+    for bucket in buckets {
+        agent.admit(bucket);
+    }
+    agent
+}
+
 /// [`warm_agent`] following one admitted request in `sample_every` to its
 /// response for the upstream signals.
 pub fn warm_agent_following(buckets: &[String], drop_ratio: f64, sample_every: u32) -> Agent {

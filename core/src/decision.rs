@@ -1,13 +1,13 @@
-//! The per-request decision against a drop threshold, and the regimes a
-//! data plane decides in.
+//! The coin flip against a drop threshold, and the regimes a data plane
+//! decides in.
 //!
 //! [`decide`] is the coin flip; [`crate::credit::Credit`] is its
 //! deterministic alternative; [`crate::allowance`] caps either with a local
-//! rate; [`crate::gcra::Gcra::per_second`] is the local limit applied
-//! when directives are stale (the same limiter the allowance uses). A data plane (the wasm filter, the native
-//! module, the simulator) combines them per cell; modes (shadow or
-//! enforce) are applied by the caller, so shadow runs exactly the same
-//! decision.
+//! rate; [`crate::gcra::Gcra::per_second`] is the local limit applied when
+//! directives are stale (the same limiter the allowance uses).
+//! [`crate::cell_decision::decide`] combines them per cell for every data
+//! plane; modes (shadow or enforce) are applied by the caller, so shadow
+//! runs exactly the same decision.
 
 use crate::DropThreshold;
 use rand::Rng;
@@ -32,16 +32,6 @@ pub enum Regime {
     Fresh,
     /// Past the TTL: the configured fallback applies.
     Stale(Fallback),
-}
-
-/// The local context of a decision: the VM's tick clock and how many VMs
-/// of this proxy share a local limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Local {
-    /// The VM's clock (its last tick), Unix ms.
-    pub now_ms: u64,
-    /// VMs of this proxy that serve requests (at least 1).
-    pub workers: u32,
 }
 
 /// What to do with one request.

@@ -1,13 +1,16 @@
-//! Sluice's domain types, one definition each, and the per-request decision
-//! strategies (the coin, the credit, the allowance) with their one rate limiter
-//! for every part that decides or reports on a cell: the wasm filter, the
-//! native module, the control plane, its RLQS server and its simulator.
+//! Sluice's domain types, one definition each, and the one per-request
+//! decision over a cell's state ([`cell_decision::decide`], whose cases are
+//! the coin, the credit, the allowance's cap, the stale-directive fallback
+//! and the new-cell limit, with one rate limiter) for every part that
+//! decides or reports on a cell: the wasm filter, the native module, the
+//! control plane, its RLQS server and its simulator.
 //!
 //! No host calls, no async runtime: it compiles for wasm32 and native alike.
 //! What runs per request is `#[inline]`: native builds have no LTO, and a
 //! call across the crate boundary would cost more than the work it does.
 
 pub mod allowance;
+pub mod cell_decision;
 pub mod credit;
 pub mod decision;
 mod drop_ratio;

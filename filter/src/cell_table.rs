@@ -20,10 +20,11 @@
 use crate::cell::{key_of, parse_key};
 use crate::cell_map::CellMap;
 use crate::counters::{BucketCounters, Counts, Outcome, unlimited_cap};
-use crate::new_cells::NewCell;
-use crate::pacing::Pace;
+use crate::reject::RejectResponse;
 use sluice_core::Priority;
+use sluice_core::cell_decision::CellState;
 use sluice_proto::v1::BucketCount;
+use std::sync::Arc;
 
 /// Everything the request path keeps of one cell.
 #[derive(Debug, Clone)]
@@ -36,11 +37,11 @@ pub struct CellRecord {
     limited: bool,
     /// Requests since the last eviction pass (saturating).
     hits: u32,
-    /// The pacer's state: credit, rate window, cap ([`crate::pacing`]).
-    pub pace: Option<Pace>,
-    /// A cell without a directive under `new_bucket: local_limit`
-    /// ([`crate::new_cells`]).
-    pub new_cell: Option<NewCell>,
+    /// The decision state: the directed strategies' (made on the tick,
+    /// [`crate::pacing`]) and a new cell's limit.
+    pub state: CellState,
+    /// A new cell's 429, rendered at its first drop.
+    pub new_cell_response: Option<Arc<RejectResponse>>,
 }
 
 impl CellRecord {
@@ -50,8 +51,8 @@ impl CellRecord {
             directive: None,
             limited,
             hits: 0,
-            pace: None,
-            new_cell: None,
+            state: CellState::default(),
+            new_cell_response: None,
         }
     }
 
@@ -83,13 +84,19 @@ impl CellRecord {
 
     /// Whether the record holds nothing a drain or a decision needs.
     fn is_spent(&self) -> bool {
-        self.counts.offered == 0 && self.pace.is_none() && self.new_cell.is_none()
+        self.counts.offered == 0 && self.state.pace.is_none() && self.state.new_cell.is_none()
     }
 
     /// Whether an eviction pass may forget it, halving its hits first.
     fn survives_a_pass(&mut self) -> bool {
         self.hits /= 2;
-        self.counts.offered > 0 || self.pace.as_ref().is_some_and(Pace::is_capped) || self.hits > 0
+        self.counts.offered > 0
+            || self
+                .state
+                .pace
+                .as_ref()
+                .is_some_and(|pace| pace.is_capped())
+            || self.hits > 0
     }
 }
 
@@ -321,6 +328,7 @@ fn has_room(len: usize, max_cells: usize, limited: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::cell_decision::NewCellLimit;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -377,7 +385,7 @@ mod tests {
         count(&mut cells, "paced", 0, None);
         count(&mut cells, "counted", 0, None);
         if let Some(record) = cells.get_mut(&key("paced")) {
-            record.new_cell = Some(NewCell::for_tests());
+            record.state.new_cell = Some(NewCellLimit::new(1.0, 0));
         }
         assert!(!cells.has_no_counts());
         let mut drained = cells.drain();
@@ -403,7 +411,7 @@ mod tests {
         // State (the pacer's, here faked with a new cell's) keeps the
         // record past the drain.
         if let Some(record) = cells.get_mut(&key("limited")) {
-            record.new_cell = Some(NewCell::for_tests());
+            record.state.new_cell = Some(NewCellLimit::new(1.0, 0));
         }
         cells.drain();
         let mut window = BucketCounters::new(8);
@@ -451,7 +459,7 @@ mod tests {
         // Records need state to outlive a drain: the pacer's, here faked
         // with a new cell's.
         for (_, record) in cells.iter_mut() {
-            record.new_cell = Some(NewCell::for_tests());
+            record.state.new_cell = Some(NewCellLimit::new(1.0, 0));
         }
         cells.drain();
         assert_eq!(cells.len(), 6);

@@ -103,10 +103,11 @@ impl CellDirective {
     }
 }
 
-/// Mutable per-cell state kept across table updates (a decision strategy
-/// keeps what it needs here).
+/// Mutable state of a directive kept across table updates, shared by every
+/// cell it governs (a cell's own state is in its record,
+/// [`crate::cell_table`]).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CellState {
+pub struct DirectiveState {
     /// The local limiter used while the table is stale (`local_limit`).
     pub fallback: Option<Gcra>,
 }
@@ -123,7 +124,7 @@ pub struct CellEntry {
     /// The 429 for drops of the local fallback limit.
     pub fallback_response: Arc<RejectResponse>,
     /// Per-cell state.
-    pub state: CellState,
+    pub state: DirectiveState,
     /// The wire form, for sharing the table.
     wire: Directive,
 }
@@ -440,7 +441,7 @@ impl DirectiveTable {
                     enforce,
                     response,
                     fallback_response,
-                    state: CellState::default(),
+                    state: DirectiveState::default(),
                     wire,
                 });
                 if wide {

@@ -24,7 +24,6 @@ mod cell_table;
 mod classify;
 pub mod config;
 pub mod counters;
-mod decision;
 pub mod directives;
 mod fast_map;
 mod freshness;

@@ -11,17 +11,19 @@
 //! first seen [`NEW_CELL_GRACE_MS`] ago while the directives are fresh, the
 //! control plane knows it and chose to send nothing, and it passes.
 //!
-//! A new cell's state lives in its record ([`crate::cell_table`]), bounded
-//! and evicted with it. A cell that finds no room in a full table shares
-//! one limiter at the same rate with every other such cell, so a flood of
-//! one-off keys cannot lift the new-cell limit by giving each key a fresh
-//! burst.
+//! A new cell's limit is part of its decision state
+//! ([`sluice_core::cell_decision`]), kept in the cell's record
+//! ([`crate::cell_table`]) and bounded and evicted with it. Cells that find
+//! no room in a full table share one state whose limit never expires, so a
+//! flood of one-off keys cannot lift the new-cell limit by giving each key
+//! a fresh burst.
 
 use crate::cell::parse_key;
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use sluice_core::DropReason;
-use sluice_core::gcra::Gcra;
 use std::sync::Arc;
+
+pub use sluice_core::cell_decision::NEW_CELL_GRACE_MS;
 
 /// The configured behaviour for cells without a directive.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,81 +39,50 @@ pub enum NewBucketPolicy {
     },
 }
 
-/// How long after a cell is first seen, while the directives are fresh,
-/// the control plane has had to direct it: a report interval, a control
-/// interval and a push with room to spare (defaults 250 + 500 + a few ms).
-pub const NEW_CELL_GRACE_MS: u64 = 5_000;
-
-/// A new cell's limiter and prepared 429.
-#[derive(Debug, Clone)]
-pub struct NewCell {
-    limiter: Gcra,
-    /// The response of a drop (`None` for the shared limiter of cells
-    /// without a record, whose responses are rendered per drop).
-    response: Option<Arc<RejectResponse>>,
-    /// When the cell was first seen.
-    first_seen_ms: u64,
-}
-
-#[cfg(test)]
-impl NewCell {
-    /// A new cell first seen at 0, limited to 1 rps.
-    pub fn for_tests() -> Self {
-        Self {
-            limiter: Gcra::per_second(1.0, 0),
-            response: None,
-            first_seen_ms: 0,
-        }
-    }
-}
-
-/// What one VM does with cells without a directive.
+/// What one VM does with cells without a directive: their rate, and their
+/// 429.
 #[derive(Debug)]
 pub struct NewCellRule {
     policy: NewBucketPolicy,
     responses: Arc<ResponseSettings>,
-    /// The limiter shared by new cells that found no room for a record.
-    overflow: Option<NewCell>,
-    /// Whether the last decision treated its cell as new.
-    last_new: bool,
 }
 
 impl NewCellRule {
     /// The rule `policy`, rendering its 429s with `responses`.
     pub fn new(policy: NewBucketPolicy, responses: Arc<ResponseSettings>) -> Self {
-        Self {
-            policy,
-            responses,
-            overflow: None,
-            last_new: false,
+        Self { policy, responses }
+    }
+
+    /// A new cell's local limit on one of `workers` VMs (`None`: new cells
+    /// pass): the fleet limit over the expected proxies, split evenly.
+    pub fn rate_rps(&self, workers: u32) -> Option<f64> {
+        match self.policy {
+            NewBucketPolicy::Allow => None,
+            NewBucketPolicy::LocalLimit {
+                fleet_limit_rps,
+                expected_proxies,
+            } => Some(
+                fleet_limit_rps / f64::from(expected_proxies.max(1)) / f64::from(workers.max(1)),
+            ),
         }
     }
 
-    /// The decision for a request of the cell `cell_key`, which has no
-    /// directive, with the state its record holds (`None`: it has no
-    /// record): `Some` with the response to drop it. `directed`: the VM
-    /// holds directives and they are fresh, so a cell seen long enough ago
-    /// is known to the control plane. Allocates only for a cell seen first.
-    pub fn decide(
-        &mut self,
-        state: Option<&mut Option<NewCell>>,
+    /// The 429 of a dropped request of the new cell `cell_key`: `cached`,
+    /// or rendered into it at the cell's first drop.
+    pub fn response(
+        &self,
+        cached: &mut Option<Arc<RejectResponse>>,
         cell_key: &str,
-        now_ms: u64,
-        workers: u32,
-        directed: bool,
-    ) -> Option<(DropReason, Arc<RejectResponse>)> {
-        self.last_new = false;
-        let NewBucketPolicy::LocalLimit {
-            fleet_limit_rps,
-            expected_proxies,
-        } = self.policy
-        else {
-            return None;
-        };
-        let rate = fleet_limit_rps / f64::from(expected_proxies.max(1)) / f64::from(workers.max(1));
-        let render = || {
+    ) -> Arc<RejectResponse> {
+        let response = cached.get_or_insert_with(|| {
             let (bucket, tenant, _) =
                 parse_key(cell_key).unwrap_or((cell_key, "", Default::default()));
+            let fleet_limit_rps = match self.policy {
+                NewBucketPolicy::LocalLimit {
+                    fleet_limit_rps, ..
+                } => fleet_limit_rps,
+                NewBucketPolicy::Allow => 0.0,
+            };
             Arc::new(self.responses.render(&RejectFacts {
                 bucket,
                 tenant,
@@ -119,43 +90,8 @@ impl NewCellRule {
                 limit_rps: fleet_limit_rps,
                 retry_after_ms: 0,
             }))
-        };
-        let cell = match state {
-            Some(state) => state.get_or_insert_with(|| NewCell {
-                limiter: Gcra::per_second(rate, now_ms),
-                response: Some(render()),
-                first_seen_ms: now_ms,
-            }),
-            None => self.overflow.get_or_insert_with(|| NewCell {
-                limiter: Gcra::per_second(rate, now_ms),
-                response: None,
-                first_seen_ms: now_ms,
-            }),
-        };
-        if cell.response.is_some()
-            && directed
-            && now_ms.saturating_sub(cell.first_seen_ms) >= NEW_CELL_GRACE_MS
-        {
-            return None;
-        }
-        self.last_new = true;
-        if !cell.limiter.has_rate(rate) {
-            cell.limiter.set_rate_per_second(rate, now_ms);
-        }
-        if cell.limiter.admit(now_ms, 0) {
-            return None;
-        }
-        let response = match &cell.response {
-            Some(response) => Arc::clone(response),
-            None => render(),
-        };
-        Some((DropReason::NewBucketLimit, response))
-    }
-
-    /// Whether the last [`Self::decide`] limited its cell as a new one
-    /// (not with `allow`, which tracks nothing).
-    pub fn last_was_new(&self) -> bool {
-        self.last_new
+        });
+        Arc::clone(response)
     }
 }
 
@@ -165,15 +101,20 @@ mod tests {
     use crate::cell::key_of;
     use crate::cell_table::CellTable;
     use crate::counters::Outcome;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
     use sluice_core::Priority;
+    use sluice_core::cell_decision::{CellState, DecisionMode, Now, Rules, decide};
+    use sluice_core::decision::Regime;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    /// The rule with the cells it keeps state in, as the request path
-    /// drives them (no cell has a directive).
+    /// The rule with the cells it keeps state in, decided by the core as
+    /// the request path decides them (no cell has a directive).
     struct Cells {
         rule: NewCellRule,
         table: CellTable,
+        unrecorded: CellState,
     }
 
     impl Cells {
@@ -181,6 +122,10 @@ mod tests {
             Self {
                 rule: NewCellRule::new(policy, Arc::default()),
                 table: CellTable::new(max_cells),
+                unrecorded: CellState {
+                    shared: true,
+                    ..CellState::default()
+                },
             }
         }
 
@@ -191,14 +136,50 @@ mod tests {
             workers: u32,
             directed: bool,
         ) -> Option<(DropReason, Arc<RejectResponse>)> {
-            let (mut record, _) = self.table.record(key, 0, || None);
-            let state = record.as_deref_mut().map(|record| &mut record.new_cell);
-            let verdict = self.rule.decide(state, key, now_ms, workers, directed);
+            let rules = Rules {
+                mode: DecisionMode::Credit,
+                caps_engaged: false,
+                new_cell_rps: self.rule.rate_rps(workers),
+                directed,
+            };
+            let now = Now {
+                now_ms,
+                last_step_ms: 0,
+                workers,
+            };
+            let mut rng = SmallRng::seed_from_u64(0);
+            let (record, _) = self.table.record(key, 0, || None);
             match record {
-                Some(record) => record.count(Outcome::Admitted),
-                None => self.table.count_untracked(),
+                Some(record) => {
+                    let decision = decide(
+                        &mut record.state,
+                        None,
+                        Regime::Fresh,
+                        &rules,
+                        now,
+                        &mut rng,
+                    );
+                    record.count(Outcome::Admitted);
+                    let response = &mut record.new_cell_response;
+                    decision
+                        .drop
+                        .map(|reason| (reason, self.rule.response(response, key)))
+                }
+                None => {
+                    let decision = decide(
+                        &mut self.unrecorded,
+                        None,
+                        Regime::Fresh,
+                        &rules,
+                        now,
+                        &mut rng,
+                    );
+                    self.table.count_untracked();
+                    decision
+                        .drop
+                        .map(|reason| (reason, self.rule.response(&mut None, key)))
+                }
             }
-            verdict
         }
     }
 
@@ -215,7 +196,6 @@ mod tests {
         for _ in 0..1000 {
             assert!(cells.decide("0000a", 0, 1, true).is_none());
         }
-        assert!(!cells.rule.last_was_new());
         cells.table.drain();
         assert!(cells.table.is_empty());
     }

@@ -1,5 +1,8 @@
-//! The per-VM decision core: how a bucket's directive turns into a verdict
-//! for each request, with the strategy the configuration selects.
+//! The tick side of the directed cells' strategies on one VM: when a
+//! cell's state ([`Pace`], in its record, [`crate::cell_table`]) is made,
+//! its rate slots closed, its allowance derived from its directive, and its
+//! cap rescaled to the process's budget. The request path's decision over
+//! that state is the core's ([`sluice_core::cell_decision::decide`]).
 //!
 //! - [`DecisionMode::Coin`]: an independent biased coin per request (the
 //!   original behaviour);
@@ -9,10 +12,9 @@
 //!   share ([`sluice_core::allowance`]) is decided by that local cap instead, so
 //!   a load step is held at the limit before the next directive arrives.
 //!
-//! A cell's state ([`Pace`]) lives in its record ([`crate::cell_table`]):
-//! it is created on the tick for cells counted since the last report, never
-//! on the request path, and kept while the cell is capped or less than
-//! 10 s idle.
+//! A cell's state is created on the tick for cells counted since the last
+//! report, never on the request path, and kept while the cell is capped or
+//! less than 10 s idle.
 
 use rand::Rng;
 
@@ -20,50 +22,12 @@ use crate::cell_table::CellTable;
 use crate::fast_map::{self, FastMap};
 use crate::process_budget::ProcessBudget;
 use crate::shared::process_rates::ProcessShare;
-use sluice_core::DropThreshold;
-use sluice_core::allowance::{
-    AllowanceSettings, DirectiveRates, Engage, RateWindow, allowance_rps,
-};
-use sluice_core::credit::Credit;
-use sluice_core::decision::{Verdict, decide};
-use sluice_core::gcra::Gcra;
-
-/// How a drop ratio is applied to single requests. The default is the
-/// configuration's (docs/accuracy.md, "Why these defaults").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DecisionMode {
-    /// Independent coin flips.
-    Coin,
-    /// Deterministic error diffusion.
-    #[default]
-    Credit,
-}
+use sluice_core::allowance::{AllowanceSettings, DirectiveRates, Engage};
+pub use sluice_core::cell_decision::DecisionMode;
+use sluice_core::cell_decision::{Now, Pace, Rules};
 
 /// Ticks without a request after which an uncapped bucket is forgotten.
 const IDLE_TICKS: u32 = 100;
-
-/// One cell's decision state.
-#[derive(Debug, Clone, Copy)]
-pub struct Pace {
-    credit: Credit,
-    window: RateWindow,
-    /// Requests since the last tick.
-    pending: u64,
-    cap: Option<Gcra>,
-    idle_ticks: u32,
-    /// What the cap was last derived from, so re-reading an unchanged
-    /// table leaves the allowance frozen.
-    applied: Option<DirectiveRates>,
-    /// Whether the window was not yet full before the last tick.
-    filling: bool,
-}
-
-impl Pace {
-    /// Whether a cap decides the cell's requests (then its record is kept).
-    pub fn is_capped(&self) -> bool {
-        self.cap.is_some()
-    }
-}
 
 /// The decision strategy of one VM, and what it knows of its process; the
 /// cells' own state is in their records.
@@ -227,7 +191,7 @@ impl Pacer {
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         let now_ms = self.now_ms;
         for (key, pace) in paces(cells) {
-            if pace.applied.is_none() {
+            if !pace.is_directed() {
                 continue;
             }
             let (Some(budget), Some(process)) = (self.budgets.get_mut(key), self.process.get(key))
@@ -235,14 +199,8 @@ impl Pacer {
                 continue;
             };
             let rate =
-                budget.rps_at(process.total_rps, process.share, pace.window.last()) * process.share;
-            if !rate.is_finite() {
-                continue;
-            }
-            match &mut pace.cap {
-                Some(cap) => cap.set_rate(rate, slack_ms, now_ms),
-                None => pace.cap = Some(Gcra::new(rate, slack_ms, now_ms)),
-            }
+                budget.rps_at(process.total_rps, process.share, pace.last_rate()) * process.share;
+            pace.set_cap_rate(rate, slack_ms, now_ms);
         }
     }
 
@@ -264,31 +222,24 @@ impl Pacer {
         self.caps_engaged
     }
 
-    /// The request path: decides one request of a cell whose directive
-    /// is `threshold`, with the cell's state (`None` before its first tick,
-    /// or without a record). No probe, no allocation.
-    pub fn decide(
-        &mut self,
-        pace: Option<&mut Pace>,
-        threshold: DropThreshold,
-        rng: &mut impl Rng,
-    ) -> Verdict {
-        let Some(pace) = pace else {
-            return decide(threshold, rng);
-        };
-        pace.pending = pace.pending.saturating_add(1);
-        if let Some(cap) = &mut pace.cap
-            && self.caps_engaged
-        {
-            return if cap.admit(self.now_ms, self.last_step_ms) {
-                Verdict::Admit
-            } else {
-                Verdict::Drop
-            };
+    /// The rules the core decides this VM's requests by: cells without a
+    /// directive limited to `new_cell_rps` (if any), `directed` if the
+    /// directives are fresh.
+    pub fn rules(&self, new_cell_rps: Option<f64>, directed: bool) -> Rules {
+        Rules {
+            mode: self.mode,
+            caps_engaged: self.caps_engaged,
+            new_cell_rps,
+            directed,
         }
-        match self.mode {
-            DecisionMode::Coin => decide(threshold, rng),
-            DecisionMode::Credit => pace.credit.decide(threshold),
+    }
+
+    /// The request path's clock: the last tick, for `workers` VMs.
+    pub fn now(&self, workers: u32) -> Now {
+        Now {
+            now_ms: self.now_ms,
+            last_step_ms: self.last_step_ms,
+            workers,
         }
     }
 
@@ -332,34 +283,20 @@ impl Pacer {
         let track = self.allowance.is_some();
         let unresolved = &mut self.unresolved;
         cells.retain(|key, record| {
-            if let Some(pace) = &mut record.pace {
-                pace.filling = !pace.window.is_full();
-                pace.window.push(std::mem::take(&mut pace.pending), span_ms);
-                pace.idle_ticks = if pace.window.is_idle() {
-                    pace.idle_ticks.saturating_add(1)
-                } else {
-                    0
-                };
-                if pace.cap.is_none() && pace.idle_ticks >= IDLE_TICKS {
-                    record.pace = None;
-                }
-            }
-            // Until a cell's window is full, its cap follows the window on
-            // every tick instead of freezing: a cap derived from the first
-            // few slots rests on a handful of requests and, with the
-            // directive unchanged while the load is steady, would stay
-            // there, cutting a cell that is within its limit.
-            if let (Some(pace), Some((settings, slack_ms))) = (&mut record.pace, derive)
-                && let Some(rates) = pace.applied
-                && (pace.filling || pace.cap.is_none())
+            let counted = record.counts().offered > 0;
+            let pace = &mut record.state.pace;
+            if let Some(kept) = pace
+                && !kept.close_slot(span_ms, IDLE_TICKS)
             {
-                derive_cap(pace, rates, settings, slack_ms, now_ms);
+                *pace = None;
             }
-            if keeps_state && record.pace.is_none() && record.counts().offered > 0 {
-                let mut pace = new_pace(rng);
-                // Counted by the caller, not here: credit it to this tick.
-                pace.window.push(1, span_ms);
-                record.pace = Some(pace);
+            if let (Some(pace), Some((settings, slack_ms))) = (pace.as_mut(), derive) {
+                pace.follow_window(settings, slack_ms, now_ms);
+            }
+            if keeps_state && pace.is_none() && counted {
+                // Counted by the caller, not here: the request that made
+                // this tick track the cell is credited to it.
+                *pace = Some(Box::new(Pace::new(rng.next_u64(), span_ms)));
                 if track {
                     unresolved.push(key.to_owned());
                 }
@@ -386,7 +323,7 @@ impl Pacer {
         self.unresolved.clear();
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         for (key, pace) in paces(cells) {
-            reconcile(pace, rates_of(key), settings, slack_ms, self.now_ms);
+            pace.reconcile(rates_of(key), settings, slack_ms, self.now_ms);
         }
     }
 
@@ -404,8 +341,11 @@ impl Pacer {
         };
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         for key in self.unresolved.drain(..) {
-            if let Some(pace) = cells.get_mut(&key).and_then(|record| record.pace.as_mut()) {
-                reconcile(pace, rates_of(&key), settings, slack_ms, self.now_ms);
+            if let Some(pace) = cells
+                .get_mut(&key)
+                .and_then(|record| record.state.pace.as_deref_mut())
+            {
+                pace.reconcile(rates_of(&key), settings, slack_ms, self.now_ms);
             }
         }
     }
@@ -415,66 +355,16 @@ impl Pacer {
 fn paces(cells: &mut CellTable) -> impl Iterator<Item = (&str, &mut Pace)> {
     cells
         .iter_mut()
-        .filter_map(|(key, record)| record.pace.as_mut().map(|pace| (key, pace)))
-}
-
-/// Applies the directive `rates` (none: the cell has no directive) to
-/// `pace`, unless it is what the cap was last derived from.
-fn reconcile(
-    pace: &mut Pace,
-    rates: Option<DirectiveRates>,
-    settings: AllowanceSettings,
-    slack_ms: u64,
-    now_ms: u64,
-) {
-    if pace.applied == rates {
-        return;
-    }
-    pace.applied = rates;
-    match rates {
-        Some(rates) => derive_cap(pace, rates, settings, slack_ms, now_ms),
-        None => pace.cap = None,
-    }
-}
-
-/// Derives `pace`'s cap from `rates` and its offered rate over the slots it
-/// has (the last second once the window is full).
-fn derive_cap(
-    pace: &mut Pace,
-    rates: DirectiveRates,
-    settings: AllowanceSettings,
-    slack_ms: u64,
-    now_ms: u64,
-) {
-    pace.cap = match (
-        allowance_rps(pace.window.local(), rates, settings),
-        &mut pace.cap,
-    ) {
-        (None, _) => None,
-        (Some(rate), Some(cap)) => {
-            cap.set_rate(rate, slack_ms, now_ms);
-            Some(*cap)
-        }
-        (Some(rate), None) => Some(Gcra::new(rate, slack_ms, now_ms)),
-    };
-}
-
-fn new_pace(rng: &mut impl Rng) -> Pace {
-    Pace {
-        credit: Credit::new(rng.next_u64()),
-        window: RateWindow::default(),
-        pending: 0,
-        cap: None,
-        idle_ticks: 0,
-        applied: None,
-        filling: true,
-    }
+        .filter_map(|(key, record)| record.state.pace.as_deref_mut().map(|pace| (key, pace)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::counters::{Outcome, unlimited_cap};
+    use sluice_core::cell_decision::{CellState, Directed, decide};
+    use sluice_core::decision::{Regime, Verdict};
+    use sluice_core::{DropReason, DropThreshold};
     use std::ops::{Deref, DerefMut};
 
     /// A pacer with the cells it paces, driven as the request path drives
@@ -539,12 +429,27 @@ mod tests {
             self.cells.drain();
         }
 
+        /// Decides a request of `key` as the request path does, under a
+        /// fresh directive of `threshold`.
         fn decide(&mut self, key: &str, threshold: DropThreshold, rng: &mut SmallRng) -> Verdict {
-            let pace = self
-                .cells
-                .get_mut(key)
-                .and_then(|record| record.pace.as_mut());
-            self.pacer.decide(pace, threshold, rng)
+            let rules = self.pacer.rules(None, true);
+            let now = self.pacer.now(1);
+            let directive = Directed {
+                threshold,
+                reason: DropReason::PriorityShed,
+                limit_rps: 0.0,
+                reporting_proxies: 0,
+                fallback: &mut None,
+            };
+            let mut stateless = CellState::default();
+            let state = match self.cells.get_mut(key) {
+                Some(record) => &mut record.state,
+                None => &mut stateless,
+            };
+            match decide(state, Some(directive), Regime::Fresh, &rules, now, rng).drop {
+                Some(_) => Verdict::Drop,
+                None => Verdict::Admit,
+            }
         }
 
         fn resolve_all(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
@@ -560,7 +465,9 @@ mod tests {
         }
 
         fn pace(&mut self, key: &str) -> Option<Pace> {
-            self.cells.get_mut(key).and_then(|record| record.pace)
+            self.cells
+                .get_mut(key)
+                .and_then(|record| record.state.pace.as_deref().copied())
         }
 
         /// Cells with state.
@@ -840,7 +747,7 @@ mod tests {
 
     /// Whether cell `a`'s cap admits `rps` a second.
     fn capped_at(pacer: &mut Paced, rps: f64) -> bool {
-        let cap = pacer.pace("a").and_then(|pace| pace.cap);
+        let cap = pacer.pace("a").and_then(|pace| pace.cap());
         cap.is_some_and(|cap| cap.has_rate(rps))
     }
 

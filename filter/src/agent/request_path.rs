@@ -9,7 +9,6 @@ use crate::audit::{LastDecision, Undirected};
 use crate::cell::CellKeyBuf;
 use crate::cell_table::CellTable;
 use crate::counters::Outcome;
-use crate::decision::decide_cell;
 use crate::directives::DirectiveTable;
 use crate::metrics::Metrics;
 use crate::new_cells::NewCellRule;
@@ -17,7 +16,8 @@ use crate::pacing::Pacer;
 use crate::upstream::ResponseSampler;
 use rand::rngs::SmallRng;
 use sluice_core::DropReason;
-use sluice_core::decision::{Local, Regime};
+use sluice_core::cell_decision::{self, CellState, Directed};
+use sluice_core::decision::Regime;
 use std::sync::Arc;
 
 /// What the request path reads and writes.
@@ -32,6 +32,8 @@ pub(super) struct RequestPath {
     /// When the pacer's next 100 ms window closes.
     pub(super) pacer_due_ms: Option<u64>,
     pub(super) new_cells: NewCellRule,
+    /// The decision state of every cell that found no room in [`Self::cells`].
+    pub(super) unrecorded: CellState,
     pub(super) regime: Regime,
     /// The request's cell, built in reused buffers.
     pub(super) cell: CellKeyBuf,
@@ -58,6 +60,10 @@ impl RequestPath {
             pacer: Pacer::new(settings.decision, settings.allowance, TICK_MS),
             pacer_due_ms: None,
             new_cells: NewCellRule::new(settings.new_bucket, Arc::clone(&settings.responses)),
+            unrecorded: CellState {
+                shared: true,
+                ..CellState::default()
+            },
             regime: Regime::Fresh,
             cell: CellKeyBuf::default(),
             clock_ms: 0,
@@ -83,10 +89,7 @@ impl RequestPath {
         }
         let wide = self.cell.is_bucket_wide();
         let (exact, bucket) = self.cell.keys();
-        let local = Local {
-            now_ms: self.clock_ms,
-            workers: sync.workers,
-        };
+        let now = self.pacer.now(sync.workers);
         // A cell met before remembers its directive: one probe (its
         // record's) for everything the decision reads and writes.
         let generation = self.directives.generation();
@@ -94,46 +97,44 @@ impl RequestPath {
         let (mut record, found) = self.cells.record(exact, generation, || {
             directives.find((!wide).then_some(exact), bucket)
         });
-        let mut drop_ratio = 0.0;
-        let mut new_bucket = false;
-        let (reason, enforce, response) = match found.and_then(|i| self.directives.entry_mut(i)) {
-            Some(entry) => {
-                drop_ratio = entry.directive.drop_ratio.get();
-                let pace = record
-                    .as_deref_mut()
-                    .and_then(|record| record.pace.as_mut());
-                let verdict = decide_cell(entry, self.regime, local, &mut self.pacer, pace, rng);
-                match verdict {
-                    None => (None, false, None),
-                    Some(reason) => {
-                        let response = if reason == DropReason::FallbackLimit {
-                            &entry.fallback_response
-                        } else {
-                            &entry.response
-                        };
-                        (Some(reason), entry.enforce, Some(Arc::clone(response)))
-                    }
-                }
-            }
-            None => {
-                let verdict = self.new_cells.decide(
-                    record.as_deref_mut().map(|record| &mut record.new_cell),
-                    exact,
-                    local.now_ms,
-                    local.workers,
-                    sync.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh,
-                );
-                new_bucket = self.new_cells.last_was_new();
-                match verdict {
-                    None => (None, false, None),
-                    Some((reason, response)) => (
-                        Some(reason),
-                        self.directives.modes().enforces_local(),
-                        Some(response),
-                    ),
-                }
-            }
+        let directed = sync.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh;
+        let rules = self
+            .pacer
+            .rules(self.new_cells.rate_rps(sync.workers), directed);
+        // A cell without a record (a full table) decides with the state
+        // they all share.
+        let (state, new_cell_response) = match record.as_deref_mut() {
+            Some(record) => (&mut record.state, Some(&mut record.new_cell_response)),
+            None => (&mut self.unrecorded, None),
         };
+        let mut entry = found.and_then(|i| self.directives.entry_mut(i));
+        let drop_ratio = entry
+            .as_ref()
+            .map_or(0.0, |entry| entry.directive.drop_ratio.get());
+        let directive = entry.as_deref_mut().map(|entry| Directed {
+            threshold: entry.directive.threshold,
+            reason: entry.directive.reason,
+            limit_rps: entry.directive.stated_limit_rps(),
+            reporting_proxies: entry.directive.reporting_proxies,
+            fallback: &mut entry.state.fallback,
+        });
+        let decided = cell_decision::decide(state, directive, self.regime, &rules, now, rng);
+        let reason = decided.drop;
+        let (enforce, response) = match (reason, entry) {
+            (None, _) => (false, None),
+            (Some(DropReason::FallbackLimit), Some(entry)) => {
+                (entry.enforce, Some(Arc::clone(&entry.fallback_response)))
+            }
+            (Some(_), Some(entry)) => (entry.enforce, Some(Arc::clone(&entry.response))),
+            (Some(_), None) => (
+                self.directives.modes().enforces_local(),
+                Some(
+                    self.new_cells
+                        .response(new_cell_response.unwrap_or(&mut None), exact),
+                ),
+            ),
+        };
+        let new_bucket = decided.as_new_cell;
         let (outcome, decision) = match (reason, response) {
             (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
             (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
