@@ -67,8 +67,8 @@ impl NewCellRule {
         }
     }
 
-    /// The 429 of a dropped request of the new cell `cell_key`: `cached`,
-    /// or rendered into it at the cell's first drop.
+    /// The 429 of a request of the new cell `cell_key`: `cached`, or
+    /// rendered into it the first time.
     pub fn response(
         &self,
         cached: &mut Option<Arc<RejectResponse>>,

@@ -120,6 +120,12 @@ impl RequestPath {
         });
         let decided = cell_decision::decide(state, directive, self.regime, &rules, now, rng);
         let reason = decided.drop;
+        // A new cell's 429 is rendered with its state, at its first request
+        // (allocating then, not at a warm cell's first drop).
+        let new_cell_response = match (decided.as_new_cell, new_cell_response) {
+            (true, Some(cached)) => Some(self.new_cells.response(cached, exact)),
+            _ => None,
+        };
         let (enforce, response) = match (reason, entry) {
             (None, _) => (false, None),
             (Some(DropReason::FallbackLimit), Some(entry)) => {
@@ -129,8 +135,7 @@ impl RequestPath {
             (Some(_), None) => (
                 self.directives.modes().enforces_local(),
                 Some(
-                    self.new_cells
-                        .response(new_cell_response.unwrap_or(&mut None), exact),
+                    new_cell_response.unwrap_or_else(|| self.new_cells.response(&mut None, exact)),
                 ),
             ),
         };
