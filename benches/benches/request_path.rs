@@ -1,7 +1,8 @@
 //! The filter's per-request work without the host: directive lookup, the
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
-//! request), also for a tenant's cell among 10k; following a response
+//! request, with coin flips and with the credit), also for a tenant's cell
+//! among 10k; following a response
 //! for the upstream signals, and for the members of an aggregate pattern;
 //! bucket-key derivation; and a VM re-reading a
 //! 10k-cell shared table after one cell changed.
@@ -15,11 +16,15 @@ use sluice_benches::{
 };
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
+use sluice_filter::agent::Agent;
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::counters::BucketCounters;
 use sluice_filter::directives::DirectiveTable;
 use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::hint::black_box;
+
+/// A warm agent for the given buckets and drop ratio.
+type WarmAgent = fn(&[String], f64) -> Agent;
 
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
@@ -41,27 +46,17 @@ fn decision(c: &mut Criterion) {
     }
     // The whole request path of a VM after classification: the cell key,
     // the directive lookup, the per-cell decision state, the counter and
-    // the metric.
-    for (name, buckets) in [("agent_one_bucket", 1), ("agent_keyed_10k_buckets", 10_000)] {
+    // the metric; coin flips, then the credit (the default mode), whose
+    // per-cell state is read and written on every request.
+    let agents: [(&str, usize, WarmAgent); 4] = [
+        ("agent_one_bucket", 1, warm_agent),
+        ("agent_keyed_10k_buckets", 10_000, warm_agent),
+        ("agent_one_bucket_credit", 1, warm_credit_agent),
+        ("agent_keyed_10k_buckets_credit", 10_000, warm_credit_agent),
+    ];
+    for (name, buckets, warm) in agents {
         let names = bucket_names(buckets);
-        let mut agent = warm_agent(&names, 0.5);
-        let mut next = 0usize;
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                next = (next + 1) % names.len();
-                let bucket = names.get(next).map_or("", String::as_str);
-                agent.admit(black_box(bucket))
-            })
-        });
-    }
-    // The same with the credit deciding (the default mode): its per-cell
-    // state is read and written on every request.
-    for (name, buckets) in [
-        ("agent_one_bucket_credit", 1),
-        ("agent_keyed_10k_buckets_credit", 10_000),
-    ] {
-        let names = bucket_names(buckets);
-        let mut agent = warm_credit_agent(&names, 0.5);
+        let mut agent = warm(&names, 0.5);
         let mut next = 0usize;
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -17,11 +17,10 @@
 //! still to report or a cap that decides are never evicted. A request of a
 //! cell that finds no room is tallied as untracked.
 
-use crate::cell::{key_of, parse_key};
+use crate::cell::parse_key;
 use crate::cell_map::CellMap;
-use crate::counters::{BucketCounters, Counts, Outcome, unlimited_cap};
+use crate::counters::{BucketCounters, Counts, Outcome, key_of_count, unlimited_cap};
 use crate::reject::RejectResponse;
-use sluice_core::Priority;
 use sluice_core::cell_decision::CellState;
 use sluice_proto::v1::BucketCount;
 use std::sync::Arc;
@@ -252,11 +251,7 @@ impl CellTable {
         mut limited: impl FnMut(&str) -> bool,
     ) {
         for count in counts {
-            let key = key_of(
-                &count.bucket,
-                &count.tenant,
-                Priority::from_wire(count.priority),
-            );
+            let key = key_of_count(&count);
             let is_limited = limited(&key);
             let len = self.records.len();
             let max_cells = self.max_cells;
@@ -328,6 +323,8 @@ fn has_room(len: usize, max_cells: usize, limited: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cell::key_of;
+    use sluice_core::Priority;
     use sluice_core::cell_decision::NewCellLimit;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;

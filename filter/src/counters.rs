@@ -123,6 +123,15 @@ pub struct BucketCounters {
     untracked: u64,
 }
 
+/// The cell key of a wire record's cell.
+pub(crate) fn key_of_count(count: &BucketCount) -> String {
+    key_of(
+        &count.bucket,
+        &count.tenant,
+        Priority::from_wire(count.priority),
+    )
+}
+
 /// How many of `max_cells` cells without a directive may take: all but a
 /// quarter, which stays reserved for cells with one (at least one cell
 /// each way once `max_cells` is 2 or more).
@@ -193,11 +202,7 @@ impl BucketCounters {
         mut limited: impl FnMut(&str) -> bool,
     ) {
         for count in counts {
-            let key = key_of(
-                &count.bucket,
-                &count.tenant,
-                Priority::from_wire(count.priority),
-            );
+            let key = key_of_count(&count);
             let is_limited = limited(&key);
             self.add(key, Counts::of(&count), is_limited);
         }
