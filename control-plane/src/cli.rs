@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Let GET requests through without the token (writes still need it).
     #[arg(long)]
     pub admin_open_reads: bool,
+    /// Let `GET /metrics` through without the token, for scrapers that
+    /// cannot send one (its labels name buckets, tenants and proxies).
+    #[arg(long)]
+    pub admin_open_metrics: bool,
     /// How often the limits file is checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
@@ -658,6 +662,7 @@ fn auth_policy(args: &ServeArgs) -> Result<AuthPolicy, TokenError> {
     Ok(AuthPolicy {
         token,
         open_reads: args.admin_open_reads,
+        open_metrics: args.admin_open_metrics,
     })
 }
 

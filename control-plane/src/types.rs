@@ -3,6 +3,7 @@
 //! Each type is parsed from its raw representation once, at the edge, so that
 //! the rest of the crate never has to re-check a rate or a probability.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -211,13 +212,62 @@ fn validate_name(name: &str, max_len: usize) -> Result<(), InvalidBucket> {
         Err(InvalidBucket::Empty)
     } else if name.len() > max_len {
         Err(InvalidBucket::TooLong { max_len })
+    } else if let Some(at) = name.chars().position(char::is_control) {
+        Err(InvalidBucket::ControlCharacter { at })
     } else {
         Ok(())
     }
 }
 
+/// A tenant name from a file: validated while deserializing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TenantName(pub String);
+
+impl<'de> Deserialize<'de> for TenantName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+
+        impl Visitor<'_> for NameVisitor {
+            type Value = TenantName;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tenant name")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TenantName, E> {
+                validate_tenant(v).map_err(|err| E::custom(format!("tenant {v:?}: {err}")))?;
+                Ok(TenantName(v.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+/// Deserializes a map keyed by bucket keys, each key validated where it
+/// stands (so an error names its line).
+pub fn bucket_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    let map = BTreeMap::<BucketName, V>::deserialize(deserializer)?;
+    Ok(map.into_iter().map(|(BucketName(k), v)| (k, v)).collect())
+}
+
+/// Deserializes a map keyed by tenant names, each key validated where it
+/// stands.
+pub fn tenant_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    let map = BTreeMap::<TenantName, V>::deserialize(deserializer)?;
+    Ok(map.into_iter().map(|(TenantName(k), v)| (k, v)).collect())
+}
+
 /// A bucket key or pattern from a file: validated while deserializing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BucketName(pub String);
 
 impl<'de> Deserialize<'de> for BucketName {
@@ -232,7 +282,12 @@ impl<'de> Deserialize<'de> for BucketName {
             }
 
             fn visit_str<E: de::Error>(self, v: &str) -> Result<BucketName, E> {
-                validate_bucket(v).map_err(E::custom)?;
+                validate_bucket(v).map_err(|err| match err {
+                    // Which name, since a map key's error is reported at
+                    // its map.
+                    InvalidBucket::ControlCharacter { .. } => E::custom(format!("{v:?}: {err}")),
+                    _ => E::custom(err),
+                })?;
                 Ok(BucketName(v.to_owned()))
             }
         }
@@ -252,6 +307,14 @@ pub enum InvalidBucket {
     TooLong {
         /// The limit in bytes.
         max_len: usize,
+    },
+    /// A control character (NUL, a line break, an escape…): no filter
+    /// builds such a name from a request, and it would corrupt logs and
+    /// the file.
+    #[error("must not contain control characters (character {at} is one)")]
+    ControlCharacter {
+        /// Where the first one is, in characters.
+        at: usize,
     },
 }
 
@@ -301,6 +364,17 @@ mod tests {
             Err(InvalidBucket::TooLong { max_len: 256 })
         );
         assert!(validate_bucket("acme/api").is_ok());
+        assert!(validate_bucket("..").is_ok());
+        for bad in ["a\0b", "line\nbreak", "\u{1b}[31m", "del\u{7f}", "c1\u{85}"] {
+            assert!(
+                matches!(
+                    validate_bucket(bad),
+                    Err(InvalidBucket::ControlCharacter { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(validate_tenant(bad).is_err(), "{bad:?}");
+        }
     }
 }
 

@@ -463,6 +463,7 @@ fn token_auth(open_reads: bool) -> AuthPolicy {
     AuthPolicy {
         token: Some(Token::new("s3cret", "test").unwrap()),
         open_reads,
+        open_metrics: false,
     }
 }
 

@@ -33,7 +33,7 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
         .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut response = String::new();
@@ -304,7 +304,7 @@ fn http_request(
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     if let Some(token) = token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }

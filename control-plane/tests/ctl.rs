@@ -46,6 +46,7 @@ impl Server {
         let auth = AuthPolicy {
             token: Some(Token::new(TOKEN, "test").unwrap()),
             open_reads: false,
+            open_metrics: false,
         };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,8 +1,14 @@
 //! Bearer-token authentication for the admin API.
 //!
 //! Writes always need the token once one is configured; reads need it too
-//! unless the operator opened them (`--admin-open-reads`). `/healthz` and
-//! `/metrics` are always open: probes and scrapers carry no secrets.
+//! unless the operator opened them (`--admin-open-reads`). `/healthz` is
+//! always open; `/metrics` needs the token too unless it is opened
+//! (`--admin-open-metrics`, or `--admin-open-reads`), since its labels name
+//! buckets, tenants and proxies.
+//!
+//! Without a token (allowed only on a loopback listener) every request must
+//! name a loopback host: a web page the operator's browser opens could
+//! otherwise reach the API through a DNS name it rebinds to 127.0.0.1.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -97,24 +103,45 @@ fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
 /// Who may do what.
 #[derive(Debug, Clone, Default)]
 pub struct AuthPolicy {
-    /// `None`: no authentication (only allowed on a loopback listener).
+    /// `None`: no authentication (only allowed on a loopback listener),
+    /// and only loopback host names are answered.
     pub token: Option<Token>,
     /// Whether GET requests work without the token.
     pub open_reads: bool,
+    /// Whether `GET /metrics` works without the token.
+    pub open_metrics: bool,
 }
 
-/// Paths anyone may read.
-const PUBLIC: [&str; 2] = ["/healthz", "/metrics"];
+/// The path anyone may read: liveness says nothing.
+const HEALTH: &str = "/healthz";
+
+/// The Prometheus exposition.
+const METRICS: &str = "/metrics";
 
 /// Middleware: answers 401 (no or malformed credentials) or 403 (wrong
-/// token) before the handler runs, so a refused request never reads its body.
+/// token, or without a token a host that is not loopback) before the
+/// handler runs, so a refused request never reads its body.
 pub async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let policy = admin.auth();
     let Some(token) = &policy.token else {
+        if let Some(host) = foreign_host(&request) {
+            tracing::warn!(host, method = %request.method(), path = request.uri().path(), "admin request for a host that is not loopback refused");
+            return Problem::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "host {host:?} is not a loopback name: without an admin token only localhost, 127.0.0.1 and [::1] are answered"
+                ),
+            )
+            .into_response();
+        }
         return next.run(request).await;
     };
     let read = matches!(*request.method(), Method::GET | Method::HEAD);
-    if PUBLIC.contains(&request.uri().path()) || (read && policy.open_reads) {
+    let path = request.uri().path();
+    if path == HEALTH
+        || (read && policy.open_reads)
+        || (read && path == METRICS && policy.open_metrics)
+    {
         return next.run(request).await;
     }
     match bearer(request.headers()) {
@@ -136,6 +163,53 @@ pub async fn require_token(State(admin): State<Admin>, request: Request, next: N
             Problem::new(StatusCode::FORBIDDEN, "the bearer token is not valid").into_response()
         }
     }
+}
+
+/// The host a request names (its URI's authority, else its `Host`
+/// header) when that is not a loopback name; `None` for loopback names and
+/// for requests that name no host (HTTP/1.0; a browser always names one).
+fn foreign_host(request: &Request) -> Option<String> {
+    let named = match request.uri().authority() {
+        Some(authority) => authority.host().as_bytes().to_vec(),
+        None => {
+            let value = request.headers().get(header::HOST)?.as_bytes();
+            host_of(value).to_vec()
+        }
+    };
+    (!is_loopback_name(&named)).then(|| String::from_utf8_lossy(&named).into_owned())
+}
+
+/// A `Host` value without its port.
+fn host_of(value: &[u8]) -> &[u8] {
+    if value.first() == Some(&b'[') {
+        // [v6]:port
+        return match value.iter().position(|&b| b == b']') {
+            Some(end) => value.get(..=end).unwrap_or(value),
+            None => value,
+        };
+    }
+    match value.iter().rposition(|&b| b == b':') {
+        Some(colon) => value.get(..colon).unwrap_or(value),
+        None => value,
+    }
+}
+
+/// `localhost` (any case, a trailing dot allowed), an IPv4 address in
+/// 127.0.0.0/8 or `[::1]`: names no DNS answer can point elsewhere.
+fn is_loopback_name(host: &[u8]) -> bool {
+    let host = host.strip_suffix(b".").unwrap_or(host);
+    if host.eq_ignore_ascii_case(b"localhost") {
+        return true;
+    }
+    let Ok(text) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let ip = text
+        .strip_prefix('[')
+        .and_then(|v6| v6.strip_suffix(']'))
+        .unwrap_or(text);
+    ip.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
@@ -162,6 +236,42 @@ mod tests {
         assert!(!token.matches(b""));
         assert!(Token::new(" \n", "test").is_err());
         assert_eq!(format!("{token:?}"), "Token(<redacted>)");
+    }
+
+    #[test]
+    fn loopback_names() {
+        for host in [
+            &b"localhost"[..],
+            b"LocalHost.",
+            b"127.0.0.1",
+            b"127.8.9.10",
+            b"[::1]",
+        ] {
+            assert!(
+                is_loopback_name(host),
+                "{:?}",
+                String::from_utf8_lossy(host)
+            );
+        }
+        for host in [
+            &b"evil.example"[..],
+            b"localhost.evil.example",
+            b"10.0.0.1",
+            b"0.0.0.0",
+            b"[::]",
+            b"127.0.0.1.nip.io",
+            b"",
+        ] {
+            assert!(
+                !is_loopback_name(host),
+                "{:?}",
+                String::from_utf8_lossy(host)
+            );
+        }
+        assert_eq!(host_of(b"localhost:8080"), b"localhost");
+        assert_eq!(host_of(b"[::1]:8080"), b"[::1]");
+        assert_eq!(host_of(b"[::1]"), b"[::1]");
+        assert_eq!(host_of(b"evil.example"), b"evil.example");
     }
 
     #[test]

@@ -33,12 +33,14 @@ pub async fn put(
     for bucket in modes.buckets.keys() {
         write::bucket(bucket)?;
     }
-    tracing::info!(modes = ?modes, "modes set");
-    modify(&admin, if_match, move |current| {
+    let reply = modify(&admin, if_match, move |current| {
         *current = modes;
         Ok(())
     })
-    .await
+    .await?;
+    // Audit lines follow the write: a refused one changed nothing.
+    tracing::info!(modes = ?reply.1.0, "modes set");
+    Ok(reply)
 }
 
 /// `PUT /v1/modes/buckets/{bucket}` body.
@@ -57,12 +59,14 @@ pub async fn put_bucket(
     Json(body): Json<PutBucketMode>,
 ) -> Result<Reply, Problem> {
     write::bucket(&bucket)?;
-    tracing::info!(bucket, mode = ?body.mode, "bucket mode set");
-    modify(&admin, if_match, move |modes| {
-        modes.buckets.insert(bucket, body.mode);
+    let key = bucket.clone();
+    let reply = modify(&admin, if_match, move |modes| {
+        modes.buckets.insert(key, body.mode);
         Ok(())
     })
-    .await
+    .await?;
+    tracing::info!(bucket, mode = ?body.mode, "bucket mode set");
+    Ok(reply)
 }
 
 /// `DELETE /v1/modes/buckets/{bucket}`: the bucket follows the default mode.
@@ -71,15 +75,17 @@ pub async fn delete_bucket(
     Path(bucket): Path<String>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
-    tracing::info!(bucket, "bucket mode removed");
-    modify(&admin, if_match, move |modes| {
+    let key = bucket.clone();
+    let reply = modify(&admin, if_match, move |modes| {
         modes
             .buckets
-            .remove(&bucket)
+            .remove(&key)
             .map(drop)
-            .ok_or_else(|| Problem::not_found(format!("no mode set for bucket {bucket:?}")))
+            .ok_or_else(|| Problem::not_found(format!("no mode set for bucket {key:?}")))
     })
-    .await
+    .await?;
+    tracing::info!(bucket, "bucket mode removed");
+    Ok(reply)
 }
 
 /// `PUT /v1/kill-switch` (no body): every proxy shadows every bucket.
@@ -87,8 +93,9 @@ pub async fn kill_switch_on(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
+    let reply = set_kill_switch(&admin, if_match, true).await?;
     tracing::warn!("kill switch on: proxies stop rejecting");
-    set_kill_switch(&admin, if_match, true).await
+    Ok(reply)
 }
 
 /// `DELETE /v1/kill-switch`: the configured modes apply again.
@@ -96,8 +103,9 @@ pub async fn kill_switch_off(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
+    let reply = set_kill_switch(&admin, if_match, false).await?;
     tracing::warn!("kill switch off: configured modes apply");
-    set_kill_switch(&admin, if_match, false).await
+    Ok(reply)
 }
 
 async fn set_kill_switch(admin: &Admin, if_match: IfMatch, on: bool) -> Result<Reply, Problem> {
@@ -122,12 +130,13 @@ pub async fn put_canary(
     if_match: IfMatch,
     Json(body): Json<PutCanary>,
 ) -> Result<Reply, Problem> {
-    tracing::info!(fraction = body.canary_fraction.get(), "canary fraction set");
-    modify(&admin, if_match, move |modes| {
+    let reply = modify(&admin, if_match, move |modes| {
         modes.canary_fraction = Some(body.canary_fraction);
         Ok(())
     })
-    .await
+    .await?;
+    tracing::info!(fraction = body.canary_fraction.get(), "canary fraction set");
+    Ok(reply)
 }
 
 /// `DELETE /v1/canary`: every proxy follows the modes.
@@ -135,12 +144,13 @@ pub async fn delete_canary(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
-    tracing::info!("canary fraction removed");
-    modify(&admin, if_match, |modes| {
+    let reply = modify(&admin, if_match, |modes| {
         modes.canary_fraction = None;
         Ok(())
     })
-    .await
+    .await?;
+    tracing::info!("canary fraction removed");
+    Ok(reply)
 }
 
 async fn modify(

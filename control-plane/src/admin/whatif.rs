@@ -13,7 +13,11 @@ use super::problem::Problem;
 use crate::config::Config;
 use crate::control::whatif::{self, WhatIf};
 
-/// `?seconds=N`: replay only the last N seconds (default: all recorded).
+/// The longest replay one may ask for: the history keeps no more.
+pub const MAX_SECONDS: f64 = crate::control::history::DEFAULT_SPAN.as_secs_f64();
+
+/// `?seconds=N`: replay only the last N seconds (default: all recorded, at
+/// most [`MAX_SECONDS`]).
 #[derive(Debug, Deserialize)]
 pub struct Span {
     seconds: Option<f64>,
@@ -33,14 +37,16 @@ pub async fn replay(
     let interval = state.control_interval();
     let intervals = match span.seconds {
         None => usize::MAX,
-        Some(seconds) if seconds.is_finite() && seconds > 0.0 => {
+        Some(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= MAX_SECONDS => {
             let per = interval.as_duration().as_secs_f64();
             (seconds / per).ceil() as usize
         }
         Some(_) => {
             return Err(Problem::new(
                 StatusCode::BAD_REQUEST,
-                "seconds: must be a number > 0",
+                format!(
+                    "seconds: must be a number > 0 and at most {MAX_SECONDS} (the recorded history's span)"
+                ),
             ));
         }
     };

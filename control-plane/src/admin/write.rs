@@ -14,9 +14,9 @@ impl From<PersistError> for Problem {
     fn from(err: PersistError) -> Self {
         tracing::error!(%err, "admin change not applied");
         let status = match err {
-            PersistError::FileInvalid(_) | PersistError::Store(SharedConfigError::Conflict) => {
-                StatusCode::CONFLICT
-            }
+            PersistError::FileInvalid(_)
+            | PersistError::FileChanging
+            | PersistError::Store(SharedConfigError::Conflict) => StatusCode::CONFLICT,
             PersistError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             PersistError::Render(_)
             | PersistError::Write { .. }

@@ -10,6 +10,11 @@
 //! written are remembered: the next poll finds the file unchanged and does
 //! not reload what the control plane wrote itself.
 //!
+//! Readers never wait on a writer: the configuration in force is a snapshot
+//! swapped whole ([`arc_swap`]), while writers take turns on a lock of their
+//! own that they hold across the file's write and fsyncs. A changed file is
+//! parsed with no lock held at all.
+//!
 //! With replicas ([`LiveConfig::shared`]) the configuration lives in the
 //! store instead ([`crate::replicas::config_store`]): a write goes to the
 //! store first (or fails with nothing changed), and every replica adopts
@@ -17,7 +22,9 @@
 //! file is then only read once, to seed an empty store.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -54,6 +61,25 @@ pub enum PersistError {
     /// another version).
     #[error("the configuration in the store is invalid: {0}")]
     StoredInvalid(String),
+    /// The file kept changing on disk while the write waited its turn.
+    #[error("the limits file keeps changing on disk; retry")]
+    FileChanging,
+}
+
+/// How a write reaches the disk: [`AtomicFile`] unless a test slows it down.
+pub trait Persist: std::fmt::Debug + Send + Sync {
+    /// Replaces `path`'s content with `bytes`, atomically.
+    fn write(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// The real thing: [`persist::write_atomic`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AtomicFile;
+
+impl Persist for AtomicFile {
+    fn write(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        persist::write_atomic(path, bytes)
+    }
 }
 
 /// What a poll of the limits file found.
@@ -72,8 +98,13 @@ pub struct LiveConfig {
     state: AppState,
     file: Option<PathBuf>,
     shared: Option<Shared>,
+    /// What readers see: the configuration in force (base values and
+    /// overrides), replaced whole by writers.
+    current: ArcSwap<Config>,
+    /// Writers' turn-taking and their bookkeeping; never taken by readers.
     inner: Mutex<Inner>,
     reloads: ReloadMetrics,
+    persist: Arc<dyn Persist>,
 }
 
 /// The store a replica's configuration lives in.
@@ -87,10 +118,12 @@ struct Shared {
 
 #[derive(Debug)]
 struct Inner {
-    config: Config,
     /// The file's bytes as last read or written; `None` once it could not
     /// be read. A poll that finds the same bytes does nothing.
     seen: Option<Vec<u8>>,
+    /// Counts changes of `seen`: a file parsed with no lock held is put in
+    /// force only if nothing was written or read in between.
+    seen_generation: u64,
     /// Why the file on disk is invalid, while it is.
     invalid: Option<String>,
     /// The stored version held (shared configuration only; 0 otherwise).
@@ -138,18 +171,25 @@ impl LiveConfig {
             state,
             file,
             shared: None,
+            current: ArcSwap::from_pointee(Config::default()),
             inner: Mutex::new(Inner {
-                config,
                 seen,
+                seen_generation: 0,
                 invalid: None,
                 version: 0,
             }),
             reloads: ReloadMetrics::new(),
+            persist: Arc::new(AtomicFile),
         };
-        let inner = live.lock();
-        live.apply(&inner.config, crate::config::overrides::unix_now());
-        drop(inner);
+        live.apply(config, crate::config::overrides::unix_now());
         live
+    }
+
+    /// Writes reach the disk through `persist` (tests slow it down).
+    #[must_use]
+    pub fn with_persist(mut self, persist: Arc<dyn Persist>) -> Self {
+        self.persist = persist;
+        self
     }
 
     /// The limits file, if there is one.
@@ -163,8 +203,14 @@ impl LiveConfig {
     }
 
     /// A copy of the configuration in force (base values and overrides).
+    /// Never waits for a writer.
     pub fn config(&self) -> Config {
-        self.lock().config.clone()
+        Config::clone(&self.snapshot())
+    }
+
+    /// The configuration in force, shared. Never waits for a writer.
+    pub fn snapshot(&self) -> Arc<Config> {
+        self.current.load_full()
     }
 
     /// Reload counters, for `GET /metrics`.
@@ -190,29 +236,48 @@ impl LiveConfig {
         if let Some(shared) = &self.shared {
             return self.update_shared(shared, now, change);
         }
-        let mut inner = self.lock();
-        if let Some(reload) = self.reload_locked(&mut inner, now) {
-            self.count(&reload);
-        }
+        let mut inner = self.lock_current_file(now)?;
         if let Some(why) = &inner.invalid {
             return Err(PersistError::FileInvalid(why.clone()).into());
         }
-        let mut config = inner.config.clone();
+        let mut config = Config::clone(&self.snapshot());
         // Expired overrides go with any write, so the file never grows them.
         config.overrides.remove_expired(now);
         let outcome = change(&mut config)?;
         if let Some(file) = &self.file {
             let bytes = config.to_yaml().map_err(PersistError::from)?.into_bytes();
-            persist::write_atomic(file, &bytes).map_err(|source| PersistError::Write {
-                path: file.clone(),
-                source,
-            })?;
-            inner.seen = Some(bytes);
+            self.persist
+                .write(file, &bytes)
+                .map_err(|source| PersistError::Write {
+                    path: file.clone(),
+                    source,
+                })?;
+            inner.see(Some(bytes));
             inner.invalid = None;
         }
-        self.apply(&config, now);
-        inner.config = config;
+        self.apply(config, now);
         Ok(outcome)
+    }
+
+    /// The writers' lock, taken once the file on disk is the one in force
+    /// (a hand edit not yet picked up is parsed first, with no lock held).
+    fn lock_current_file(&self, now: u64) -> Result<MutexGuard<'_, Inner>, PersistError> {
+        let Some(file) = &self.file else {
+            return Ok(self.lock());
+        };
+        for _ in 0..3 {
+            if let Some(reload) = self.refresh_from_file(now) {
+                self.count(&reload);
+            }
+            let inner = self.lock();
+            // Reading is cheap; parsing is what must not happen here.
+            match std::fs::read(file) {
+                Ok(bytes) if inner.seen.as_deref() == Some(bytes.as_slice()) => return Ok(inner),
+                Err(_) if inner.seen.is_none() => return Ok(inner),
+                _ => {}
+            }
+        }
+        Err(PersistError::FileChanging)
     }
 
     /// [`Self::update`] on the shared store: under its write lock, adopt
@@ -244,8 +309,7 @@ impl LiveConfig {
             let expected = match stored {
                 Some(stored) if stored.version != inner.version => {
                     let config = parse_stored(&stored.yaml)?;
-                    self.apply(&config, now);
-                    inner.config = config;
+                    self.apply(config, now);
                     inner.version = stored.version;
                     stored.version
                 }
@@ -254,7 +318,7 @@ impl LiveConfig {
                 // last one known; the write restores it.
                 None => 0,
             };
-            let mut config = inner.config.clone();
+            let mut config = Config::clone(&self.snapshot());
             config.overrides.remove_expired(now);
             let outcome = change(&mut config)?;
             let yaml = config.to_yaml().map_err(PersistError::from)?;
@@ -262,8 +326,7 @@ impl LiveConfig {
                 .runtime
                 .block_on(store.write(expected, &yaml, inner.version))
                 .map_err(PersistError::from)?;
-            self.apply(&config, now);
-            inner.config = config;
+            self.apply(config, now);
             inner.version = version;
             Ok(outcome)
         })();
@@ -293,9 +356,8 @@ impl LiveConfig {
         if inner.version == stored.version {
             return Ok(false);
         }
-        warn_restart_only(&inner.config, &config);
-        self.apply(&config, now);
-        inner.config = config;
+        warn_restart_only(&self.snapshot(), &config);
+        self.apply(config, now);
         inner.version = stored.version;
         tracing::info!(
             version = stored.version,
@@ -317,13 +379,13 @@ impl LiveConfig {
     /// Removes overrides that expired by `now` and picks up a changed file.
     /// Blocks on file I/O; the reload watcher calls it every poll period.
     pub fn poll(&self, now: u64) -> Option<Reload> {
-        let mut inner = self.lock();
         // Reload first: expiring writes the file, which must not undo an
         // edit not yet picked up.
-        let reload = self.reload_locked(&mut inner, now);
+        let reload = self.refresh_from_file(now);
         if let Some(reload) = &reload {
             self.count(reload);
         }
+        let mut inner = self.lock();
         self.expire_locked(&mut inner, now);
         reload
     }
@@ -336,11 +398,13 @@ impl LiveConfig {
     }
 
     fn expire_locked(&self, inner: &mut Inner, now: u64) {
-        if !inner.config.overrides.remove_expired(now) {
+        let mut config = Config::clone(&self.snapshot());
+        if !config.overrides.remove_expired(now) {
             return;
         }
         tracing::info!("overrides expired; base values apply again");
-        self.apply(&inner.config, now);
+        let yaml = config.to_yaml();
+        self.apply(config, now);
         let Some(file) = &self.file else { return };
         if inner.invalid.is_some() {
             // The hand edit on disk wins once it is fixed.
@@ -348,31 +412,33 @@ impl LiveConfig {
         }
         // The expired entries are ignored on load anyway; failing to remove
         // them from the file only leaves clutter.
-        let written = inner
-            .config
-            .to_yaml()
-            .map_err(PersistError::from)
-            .and_then(|yaml| {
-                persist::write_atomic(file, yaml.as_bytes())
-                    .map(|()| yaml.into_bytes())
-                    .map_err(|source| PersistError::Write {
-                        path: file.clone(),
-                        source,
-                    })
-            });
+        let written = yaml.map_err(PersistError::from).and_then(|yaml| {
+            self.persist
+                .write(file, yaml.as_bytes())
+                .map(|()| yaml.into_bytes())
+                .map_err(|source| PersistError::Write {
+                    path: file.clone(),
+                    source,
+                })
+        });
         match written {
-            Ok(bytes) => inner.seen = Some(bytes),
+            Ok(bytes) => inner.see(Some(bytes)),
             Err(err) => tracing::warn!(%err, "cannot remove expired overrides from the file"),
         }
     }
 
-    fn reload_locked(&self, inner: &mut Inner, now: u64) -> Option<Reload> {
+    /// Picks up a changed file: read and parsed with no lock held, put in
+    /// force under the writers' lock unless a write or another poll came
+    /// first (then the next poll looks again).
+    fn refresh_from_file(&self, now: u64) -> Option<Reload> {
         let file = self.file.as_ref()?;
         let bytes = match std::fs::read(file) {
             Ok(bytes) => bytes,
             Err(source) => {
+                let mut inner = self.lock();
                 // Reported once, not on every poll, until it is readable again.
-                inner.seen.take()?;
+                inner.seen.as_ref()?;
+                inner.see(None);
                 let err = ConfigError::Read {
                     path: file.clone(),
                     source,
@@ -381,21 +447,28 @@ impl LiveConfig {
                 return Some(Reload::Rejected(err));
             }
         };
-        if inner.seen.as_deref() == Some(bytes.as_slice()) {
-            return None;
-        }
+        let generation = {
+            let inner = self.lock();
+            if inner.seen.as_deref() == Some(bytes.as_slice()) {
+                return None;
+            }
+            inner.seen_generation
+        };
         let parsed = std::str::from_utf8(&bytes)
             .map_err(|err| ConfigError::Read {
                 path: file.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, err),
             })
             .and_then(|text| Config::from_yaml(text, &file.display().to_string()));
-        inner.seen = Some(bytes);
+        let mut inner = self.lock();
+        if inner.seen_generation != generation {
+            return None;
+        }
+        inner.see(Some(bytes));
         match parsed {
             Ok(config) => {
-                warn_restart_only(&inner.config, &config);
-                self.apply(&config, now);
-                inner.config = config;
+                warn_restart_only(&self.snapshot(), &config);
+                self.apply(config, now);
                 inner.invalid = None;
                 tracing::info!(file = %file.display(), "limits file reloaded");
                 Some(Reload::Applied)
@@ -408,13 +481,23 @@ impl LiveConfig {
         }
     }
 
-    fn apply(&self, config: &Config, now: u64) {
+    /// Puts `config` in force: the policy the control loop reads, and the
+    /// snapshot readers take.
+    fn apply(&self, config: Config, now: u64) {
         *self.state.policy_mut() = config.policy_at(now);
+        self.current.store(Arc::new(config));
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // No code panics while holding the lock.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Inner {
+    fn see(&mut self, bytes: Option<Vec<u8>>) {
+        self.seen = bytes;
+        self.seen_generation = self.seen_generation.wrapping_add(1);
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod limits;
 pub mod live;
+pub mod nesting;
 pub mod overrides;
 pub(crate) mod persist;
 pub mod policy;
@@ -100,6 +101,15 @@ impl Config {
         {
             return Ok(Self::default());
         }
+        // Before the parser, whose time grows with the square of the depth.
+        nesting::check(text).map_err(|err| {
+            ConfigError::Invalid(InvalidConfig {
+                file: file.to_owned(),
+                location: err.location,
+                field: String::new(),
+                message: err.message,
+            })
+        })?;
         let deserializer = serde_yaml_ng::Deserializer::from_str(text);
         serde_path_to_error::deserialize(deserializer)
             .map_err(|err| ConfigError::invalid(file, err))

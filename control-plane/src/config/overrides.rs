@@ -132,10 +132,18 @@ pub struct TenantOverride {
 #[serde(deny_unknown_fields)]
 pub struct Overrides {
     /// Limit overrides by exact bucket key.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "crate::types::bucket_keyed"
+    )]
     pub limits: BTreeMap<String, LimitOverride>,
     /// Tenant overrides by tenant name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "crate::types::tenant_keyed"
+    )]
     pub tenants: BTreeMap<String, TenantOverride>,
 }
 

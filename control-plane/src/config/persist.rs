@@ -8,6 +8,12 @@ use std::path::Path;
 /// Replaces `path` with `bytes`: writes a temporary file next to it, flushes
 /// it to disk, renames it over `path` and flushes the directory, so that the
 /// rename itself survives a power loss. The file keeps its permissions.
+///
+/// The temporary file is created exclusively (`O_EXCL`, which never follows
+/// a symbolic link) under an unpredictable name, so nothing planted in the
+/// directory can redirect the write; the rename replaces `path` itself, so
+/// a symbolic link at `path` becomes a regular file and its target is left
+/// alone.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let name = path
         .file_name()
@@ -16,28 +22,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-
-    let result = write_then_rename(path, &tmp, dir, bytes);
-    if result.is_err() {
-        // Best effort: the error that matters is the one returned.
-        let _ = fs::remove_file(&tmp);
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    // Removed on drop unless persisted: an error leaves nothing behind.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    // The permissions of the file itself, never those of a link's target.
+    if let Ok(metadata) = fs::symlink_metadata(path)
+        && metadata.file_type().is_file()
+    {
+        tmp.as_file().set_permissions(metadata.permissions())?;
     }
-    result
-}
-
-fn write_then_rename(path: &Path, tmp: &Path, dir: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = File::create(tmp)?;
-    if let Ok(metadata) = fs::metadata(path) {
-        file.set_permissions(metadata.permissions())?;
-    }
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(tmp, path)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|err| err.error)?;
     sync_dir(dir)
 }
 
@@ -55,10 +56,17 @@ fn sync_dir(_dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("sluice-persist-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn replaces_the_file_and_leaves_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("sluice-persist-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("replace");
         let path = dir.join("limits.yaml");
         fs::write(&path, "old").unwrap();
         write_atomic(&path, b"new").unwrap();
@@ -71,6 +79,40 @@ mod tests {
 
         let err = write_atomic(&dir.join("missing/limits.yaml"), b"x").unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn planted_links_redirect_nothing() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let dir = scratch("links");
+        let path = dir.join("limits.yaml");
+        let victim = dir.join("victim");
+        fs::write(&victim, "precious").unwrap();
+        fs::write(&path, "old").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        // The name the temporary file had before (pid-based), and a link
+        // in place of the file itself.
+        symlink(
+            &victim,
+            dir.join(format!(".limits.yaml.{}.tmp", std::process::id())),
+        )
+        .unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "new");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+
+        fs::remove_file(&path).unwrap();
+        symlink(&victim, &path).unwrap();
+        write_atomic(&path, b"newer").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(fs::symlink_metadata(&path).unwrap().file_type().is_file());
+        assert_eq!(fs::read_to_string(&path).unwrap(), "newer");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -20,14 +20,20 @@ pub const DEFAULT_TENANT: &str = "default";
 /// matters, and this keeps shares far from floating-point trouble.
 pub const MAX_WEIGHT: f64 = 1e6;
 
+/// Smallest accepted weight. The fair share divides demands by weights: a
+/// weight near zero (a subnormal such as 1e-310) overflows that quotient to
+/// infinity and the division admits everything, so weights stay within
+/// nine orders of magnitude of each other.
+pub const MIN_WEIGHT: f64 = 1e-3;
+
 /// Largest accepted burst multiplier.
 pub const MAX_BURST: f64 = 100.0;
 
 /// Why a policy value is invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidPolicy {
-    /// Weight not finite, not positive or above [`MAX_WEIGHT`].
-    #[error("must be a finite number > 0 and at most 1e6")]
+    /// Weight not finite or outside [`MIN_WEIGHT`] ..= [`MAX_WEIGHT`].
+    #[error("must be a finite number between 0.001 and 1000000")]
     Weight,
     /// Burst multiplier not within `1 ..= 100`.
     #[error("must be a finite number between 1 and 100")]
@@ -107,9 +113,9 @@ macro_rules! bounded_f64 {
 }
 
 bounded_f64!(
-    /// A tenant's weight in the fair share: finite, `> 0`, at most 1e6.
+    /// A tenant's weight in the fair share: finite, `0.001 ..= 1e6`.
     Weight,
-    |v| v > 0.0 && v <= MAX_WEIGHT,
+    |v| (MIN_WEIGHT..=MAX_WEIGHT).contains(&v),
     InvalidPolicy::Weight,
     "a positive weight"
 );
@@ -259,7 +265,7 @@ pub struct Modes {
     #[serde(default)]
     pub default: Mode,
     /// Per-bucket modes by exact bucket key.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::types::bucket_keyed")]
     pub buckets: BTreeMap<String, Mode>,
     /// While on, every proxy shadows every bucket; turning it off restores
     /// the modes above unchanged.
@@ -321,6 +327,10 @@ mod tests {
         assert!(Weight::new(-1.0).is_err());
         assert!(Weight::new(f64::NAN).is_err());
         assert!(Weight::new(2e6).is_err());
+        for tiny in [1e-310, f64::MIN_POSITIVE, 1e-9, 0.000_999] {
+            assert_eq!(Weight::new(tiny), Err(InvalidPolicy::Weight), "{tiny}");
+        }
+        assert_eq!(Weight::new(MIN_WEIGHT).unwrap().get(), 0.001);
         assert_eq!(Weight::new(0.25).unwrap().get(), 0.25);
         assert!(BurstMultiplier::new(0.5).is_err());
         assert!(Fraction::new(1.5).is_err());

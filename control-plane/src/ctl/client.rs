@@ -3,7 +3,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use axum::body::Bytes;
+use axum::http::{HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::admin::auth::{Token, TokenError};
@@ -30,12 +35,15 @@ pub enum CtlError {
     },
 }
 
+/// How long one call may take.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Admin API client.
 #[derive(Debug)]
 pub struct Client {
     base: String,
     token: Option<Token>,
-    http: reqwest::Client,
+    http: HttpClient<HttpConnector, Full<Bytes>>,
     /// Sent as `If-Match` with every write (`sluice ctl --if-match`).
     if_match: Option<String>,
 }
@@ -51,12 +59,18 @@ impl Client {
             }
             None => None,
         };
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|err| CtlError::Http(format!("cannot build an HTTP client: {err}")))?;
+        let base = url.trim_end_matches('/');
+        match base.parse::<Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+            _ => {
+                return Err(CtlError::Usage(format!(
+                    "--url {url:?}: expected http://HOST:PORT (the admin API speaks plain HTTP)"
+                )));
+            }
+        }
+        let http = HttpClient::builder(TokioExecutor::new()).build_http();
         Ok(Self {
-            base: url.trim_end_matches('/').to_owned(),
+            base: base.to_owned(),
             token,
             http,
             if_match: None,
@@ -119,35 +133,59 @@ impl Client {
         if_match: Option<&str>,
     ) -> Result<(Option<Value>, Option<String>), CtlError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method.clone(), &url);
+        let uri: Uri = url
+            .parse()
+            .map_err(|err| CtlError::Usage(format!("{url}: {err}")))?;
+        let mut request = Request::builder().method(method.clone()).uri(uri);
         if let Some(token) = &self.token {
             let mut value = b"Bearer ".to_vec();
             value.extend_from_slice(token.expose());
-            let mut header = reqwest::header::HeaderValue::from_bytes(&value)
+            let mut header = HeaderValue::from_bytes(&value)
                 .map_err(|_| CtlError::Usage("the token is not a valid header value".into()))?;
             header.set_sensitive(true);
-            request = request.header(reqwest::header::AUTHORIZATION, header);
+            request = request.header(header::AUTHORIZATION, header);
         }
         if let Some(tag) = if_match {
-            request = request.header(reqwest::header::IF_MATCH, tag);
+            request = request.header(header::IF_MATCH, tag);
         }
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
-        let status = response.status();
-        let etag = response
-            .headers()
-            .get(reqwest::header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
+        let body = match body {
+            Some(body) => {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+                let bytes = serde_json::to_vec(&body)
+                    .map_err(|err| CtlError::Usage(format!("cannot encode the body: {err}")))?;
+                Full::new(Bytes::from(bytes))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let request = request
+            .body(body)
+            .map_err(|err| CtlError::Usage(format!("{method} {url}: {err}")))?;
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?;
+            let status = response.status();
+            let etag = response
+                .headers()
+                .get(header::ETAG)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|err| CtlError::Http(format!("{method} {url}: {err}")))?
+                .to_bytes();
+            Ok::<_, CtlError>((status, etag, bytes))
+        };
+        let (status, etag, bytes) =
+            tokio::time::timeout(TIMEOUT, exchange)
+                .await
+                .map_err(|_| {
+                    CtlError::Http(format!("{method} {url}: no answer within {TIMEOUT:?}"))
+                })??;
         if !status.is_success() {
             let detail = serde_json::from_slice::<Value>(&bytes)
                 .ok()
@@ -164,11 +202,13 @@ impl Client {
     }
 }
 
-/// Percent-encodes one path segment (a bucket key may contain `/`).
+/// Percent-encodes one path segment: everything but letters, digits, `-`,
+/// `_` and `~` (a bucket key may contain `/`, and one named `.` or `..`
+/// must not read as a step up the path).
 pub fn segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+        if byte.is_ascii_alphanumeric() || b"-_~".contains(&byte) {
             out.push(char::from(byte));
         } else {
             out.push_str(&format!("%{byte:02X}"));
@@ -187,5 +227,8 @@ mod tests {
         assert_eq!(segment("acme/api v2"), "acme%2Fapi%20v2");
         assert_eq!(segment("free-*"), "free-%2A");
         assert_eq!(segment("é"), "%C3%A9");
+        assert_eq!(segment(".."), "%2E%2E");
+        assert_eq!(segment("%2E%2E"), "%252E%252E");
+        assert_eq!(segment("a.b"), "a%2Eb");
     }
 }
