@@ -154,7 +154,7 @@ fn shared_table(c: &mut Criterion) {
         directives: vec![Directive {
             bucket: names.first().cloned().unwrap_or_default(),
             drop_ratio: 0.75,
-            limit_rps: 100.0,
+            limit_rps: Some(100.0),
             ..Default::default()
         }],
         ..Default::default()

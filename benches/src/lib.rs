@@ -35,7 +35,7 @@ pub fn table_with(buckets: &[String], drop_ratio: f64) -> DirectiveTable {
             .map(|bucket| Directive {
                 bucket: bucket.clone(),
                 drop_ratio,
-                limit_rps: 100.0,
+                limit_rps: Some(100.0),
                 ..Default::default()
             })
             .collect(),
@@ -156,7 +156,7 @@ pub fn warm_tenant_agent(bucket: &str, tenants: &[String], drop_ratio: f64) -> A
                 tenant: tenant.clone(),
                 priority: Priority::BestEffort as i32,
                 drop_ratio,
-                limit_rps: 100.0,
+                limit_rps: Some(100.0),
                 ..Default::default()
             })
             .collect(),
@@ -198,7 +198,7 @@ pub fn warm_aggregate_agent(members: &[String], drop_ratio: f64) -> Agent {
         directives: vec![Directive {
             bucket: "free-*".into(),
             drop_ratio,
-            limit_rps: 100.0,
+            limit_rps: Some(100.0),
             ..Default::default()
         }],
         aggregate_patterns: vec!["free-*".into()],

@@ -166,7 +166,7 @@ fn warm_cell_admit_does_not_allocate() {
         directives.push(Directive {
             bucket: bucket.clone(),
             drop_ratio: 0.5,
-            limit_rps: 100.0,
+            limit_rps: Some(100.0),
             ..Default::default()
         });
         directives.push(Directive {

@@ -290,7 +290,7 @@ async fn snapshot_first_then_drop_ratio_for_three_times_the_limit() {
         .iter()
         .find(|d| d.bucket == "acme")
         .unwrap();
-    assert_eq!(acme.limit_rps, 200.0);
+    assert_eq!(acme.limit_rps, Some(200.0));
 
     let bucket = cp
         .wait_for_bucket("acme", |b| b["proxies_reporting"] == 1)
@@ -340,7 +340,7 @@ async fn limit_changes_through_the_admin_api_are_pushed() {
         "took {:?}",
         changed_at.elapsed()
     );
-    assert_eq!(batch.directives[0].limit_rps, 300.0);
+    assert_eq!(batch.directives[0].limit_rps, Some(300.0));
 
     // Removing the exact limit leaves the bucket unlimited: ratio 0, and 0 on
     // the wire for the limit.
@@ -352,7 +352,7 @@ async fn limit_changes_through_the_admin_api_are_pushed() {
         .unwrap();
     assert_eq!(response.status(), 204);
     let batch = proxy.wait_for_ratio("acme", 0.0).await;
-    assert_eq!(batch.directives[0].limit_rps, 0.0);
+    assert_eq!(batch.directives[0].limit_rps, None);
     cp.wait_for_bucket("acme", |b| b["limit_rps"].is_null())
         .await;
     cp.shutdown().await;
@@ -738,7 +738,7 @@ async fn tenants_get_weighted_fair_shares_over_the_stream() {
     let gold = &held["gold"];
     assert_eq!(gold.reason, Reason::TenantQuotaExceeded as i32);
     assert_eq!(gold.burst, 2.0);
-    assert_eq!(gold.limit_rps, 1000.0);
+    assert_eq!(gold.limit_rps, Some(1000.0));
     assert_eq!(gold.reporting_proxies, 1);
     assert!(gold.retry_after_ms >= 1000);
     assert!((gold.share_rps - 768.0).abs() < 0.05 * 768.0);

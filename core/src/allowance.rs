@@ -60,8 +60,8 @@ impl Default for AllowanceSettings {
 pub struct DirectiveRates {
     /// The pushed drop ratio.
     pub drop_ratio: DropRatio,
-    /// The bucket's fleet-wide limit; 0 or less means unlimited.
-    pub limit_rps: f64,
+    /// The bucket's fleet-wide limit: `None` when unlimited, 0 when blocked.
+    pub limit_rps: Option<f64>,
     /// The fleet offered rate the ratio was computed from; 0 if unknown.
     pub fleet_offered_rps: f64,
 }
@@ -108,9 +108,13 @@ pub fn allowance_rps(
     directive: DirectiveRates,
     settings: AllowanceSettings,
 ) -> Option<f64> {
-    let limit = directive.limit_rps;
-    if !(limit > 0.0 && limit.is_finite() && local.requests > 0 && local.window_ms > 0) {
+    let limit = directive.limit_rps?;
+    if !(limit.is_finite() && local.requests > 0 && local.window_ms > 0) {
         return None;
+    }
+    if limit <= 0.0 {
+        // Blocked: nothing, whatever the ratio says.
+        return Some(0.0);
     }
     let ratio = directive.drop_ratio.get();
     let rate = if ratio > 0.0 {
@@ -206,7 +210,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn rates(ratio: f64, limit_rps: f64, fleet_offered_rps: f64) -> DirectiveRates {
+    fn rates(ratio: f64, limit_rps: Option<f64>, fleet_offered_rps: f64) -> DirectiveRates {
         DirectiveRates {
             drop_ratio: DropRatio::new(ratio).unwrap(),
             limit_rps,
@@ -230,37 +234,50 @@ mod tests {
     #[test]
     fn share_of_the_limit() {
         // 3000 offered, limit 1000: a VM offered 300 may admit 100.
-        let got = allowance_rps(per_second(300), rates(2.0 / 3.0, 1_000.0, 3_000.0), EXACT);
+        let got = allowance_rps(
+            per_second(300),
+            rates(2.0 / 3.0, Some(1_000.0), 3_000.0),
+            EXACT,
+        );
         assert!((got.unwrap() - 100.0).abs() < 1e-9, "{got:?}");
         // Below the limit: 800 offered, limit 1000, a VM offered 100 gets
         // (100 + 10 + 1) × 1.25.
-        let got = allowance_rps(per_second(100), rates(0.0, 1_000.0, 800.0), EXACT);
+        let got = allowance_rps(per_second(100), rates(0.0, Some(1_000.0), 800.0), EXACT);
         assert!((got.unwrap() - 138.75).abs() < 1e-9, "{got:?}");
         let headroom = AllowanceSettings {
             headroom: 0.1,
             ..EXACT
         };
-        let got = allowance_rps(per_second(300), rates(0.5, 1_000.0, 800.0), headroom);
+        let got = allowance_rps(per_second(300), rates(0.5, Some(1_000.0), 800.0), headroom);
         assert!((got.unwrap() - 165.0).abs() < 1e-9, "{got:?}");
     }
 
     #[test]
     fn no_cap_without_a_share() {
         assert_eq!(
-            allowance_rps(per_second(0), rates(0.5, 10.0, 20.0), EXACT),
+            allowance_rps(per_second(0), rates(0.5, Some(10.0), 20.0), EXACT),
             None
         );
         assert_eq!(
-            allowance_rps(per_second(5), rates(0.5, 0.0, 20.0), EXACT),
+            allowance_rps(per_second(5), rates(0.5, None, 20.0), EXACT),
             None
         );
         assert_eq!(
-            allowance_rps(per_second(5), rates(0.0, 10.0, 0.0), EXACT),
+            allowance_rps(per_second(5), rates(0.0, Some(10.0), 0.0), EXACT),
             None
+        );
+        // A blocked bucket (limit 0) admits nothing, whatever the ratio.
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.0, Some(0.0), 20.0), EXACT),
+            Some(0.0)
+        );
+        assert_eq!(
+            allowance_rps(per_second(5), rates(0.5, Some(0.0), 0.0), EXACT),
+            Some(0.0)
         );
         // Never more than the whole limit.
         assert_eq!(
-            allowance_rps(per_second(500), rates(0.0, 10.0, 1.0), EXACT),
+            allowance_rps(per_second(500), rates(0.0, Some(10.0), 1.0), EXACT),
             Some(10.0)
         );
     }

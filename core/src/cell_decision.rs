@@ -63,9 +63,9 @@ pub struct Directed<'a> {
     pub threshold: DropThreshold,
     /// Why its drops happen.
     pub reason: DropReason,
-    /// The limit it states for the cell (0: unlimited), requests per second
-    /// fleet-wide.
-    pub limit_rps: f64,
+    /// The limit it states for the cell (`None`: unlimited; 0: blocked),
+    /// requests per second fleet-wide.
+    pub limit_rps: Option<f64>,
     /// Proxies that reported the cell (0: unknown): the stale-directive
     /// local limit is the limit over them.
     pub reporting_proxies: u32,
@@ -128,11 +128,16 @@ pub fn decide(
             Regime::Stale(Fallback::Allow) => None,
             Regime::Stale(Fallback::LocalLimit) => {
                 // This proxy's part of the limit, split evenly between its
-                // VMs; an unlimited cell passes.
-                let rate = directive.limit_rps
-                    / f64::from(directive.reporting_proxies.max(1))
-                    / f64::from(now.workers.max(1));
-                (directive.limit_rps > 0.0 && !admit_at(directive.fallback, rate, now.now_ms))
+                // VMs; an unlimited cell passes, a blocked one (limit 0)
+                // admits nothing.
+                directive
+                    .limit_rps
+                    .is_some_and(|limit| {
+                        let rate = limit
+                            / f64::from(directive.reporting_proxies.max(1))
+                            / f64::from(now.workers.max(1));
+                        !admit_at(directive.fallback, rate, now.now_ms)
+                    })
                     .then_some(DropReason::FallbackLimit)
             }
         },
@@ -392,7 +397,7 @@ mod tests {
     fn drop_of(
         state: &mut CellState,
         fallback: &mut Option<Gcra>,
-        (ratio, limit_rps, proxies): (f64, f64, u32),
+        (ratio, limit_rps, proxies): (f64, Option<f64>, u32),
         regime: Regime,
         now: Now,
         rng: &mut SmallRng,
@@ -415,7 +420,7 @@ mod tests {
             let drop = drop_of(
                 &mut state,
                 &mut None,
-                (1.0, 10.0, 1),
+                (1.0, Some(10.0), 1),
                 regime,
                 at(0, 1),
                 &mut rng,
@@ -427,7 +432,7 @@ mod tests {
             drop_of(
                 &mut state,
                 &mut None,
-                (1.0, 10.0, 1),
+                (1.0, Some(10.0), 1),
                 allow,
                 at(0, 1),
                 &mut rng
@@ -439,7 +444,7 @@ mod tests {
             drop_of(
                 &mut state,
                 &mut None,
-                (0.0, 10.0, 1),
+                (0.0, Some(10.0), 1),
                 fresh,
                 at(0, 1),
                 &mut rng
@@ -459,7 +464,7 @@ mod tests {
         for ms in (0..10_000u64).step_by(20) {
             for cell in 0..10 {
                 let mut state = CellState::default();
-                let directive = (1.0, 100.0, 5);
+                let directive = (1.0, Some(100.0), 5);
                 match drop_of(
                     &mut state,
                     &mut fallback,
@@ -475,13 +480,30 @@ mod tests {
         }
         // 10 s at 10 rps plus a one-second burst.
         assert!((100..=111).contains(&admitted), "{admitted}");
+        // A blocked cell (limit 0) admits nothing once stale either.
+        let mut fallback = None;
+        let mut state = CellState::default();
+        for ms in (0..10_000).step_by(10) {
+            assert_eq!(
+                drop_of(
+                    &mut state,
+                    &mut fallback,
+                    (0.0, Some(0.0), 1),
+                    regime,
+                    at(ms, 1),
+                    &mut rng
+                ),
+                Some(DropReason::FallbackLimit),
+                "at {ms} ms"
+            );
+        }
         // Unlimited cells pass.
         let mut state = CellState::default();
         assert_eq!(
             drop_of(
                 &mut state,
                 &mut None,
-                (1.0, 0.0, 5),
+                (1.0, None, 5),
                 regime,
                 at(0, 1),
                 &mut rng
@@ -542,7 +564,7 @@ mod tests {
         }
         let rates = DirectiveRates {
             drop_ratio: DropRatio::new(0.5).unwrap(),
-            limit_rps: 50.0,
+            limit_rps: Some(50.0),
             fleet_offered_rps: 100.0,
         };
         pace.reconcile(Some(rates), settings, 100, 1_000);
@@ -558,7 +580,7 @@ mod tests {
                     let directive = Directed {
                         threshold,
                         reason: DropReason::PriorityShed,
-                        limit_rps: 50.0,
+                        limit_rps: Some(50.0),
                         reporting_proxies: 1,
                         fallback: &mut None,
                     };

@@ -66,8 +66,8 @@ pub struct CellDirective {
     pub drop_ratio: DropRatio,
     /// The same, in the form the coin flip compares against.
     pub threshold: DropThreshold,
-    /// The bucket's fleet-wide limit (0: unlimited).
-    pub limit_rps: f64,
+    /// The bucket's fleet-wide limit (`None`: unlimited; 0: blocked).
+    pub limit_rps: Option<f64>,
     /// The cell's admitted share (0: not given).
     pub share_rps: f64,
     /// Proxies that reported the bucket (0: unknown).
@@ -86,10 +86,11 @@ pub struct CellDirective {
 }
 
 impl CellDirective {
-    /// The limit a client is told: the share, else the bucket limit.
-    pub fn stated_limit_rps(&self) -> f64 {
+    /// The limit a client is told: the share, else the bucket limit
+    /// (`None`: unlimited; 0: blocked).
+    pub fn stated_limit_rps(&self) -> Option<f64> {
         if self.share_rps > 0.0 {
-            self.share_rps
+            Some(self.share_rps)
         } else {
             self.limit_rps
         }
@@ -98,8 +99,8 @@ impl CellDirective {
     /// This proxy's part of the cell's limit when it limits locally: the
     /// stated limit over the reporting proxies; `None` when unlimited.
     pub fn per_proxy_rps(&self) -> Option<f64> {
-        let limit = self.stated_limit_rps();
-        (limit > 0.0).then(|| limit / f64::from(self.reporting_proxies.max(1)))
+        self.stated_limit_rps()
+            .map(|limit| limit / f64::from(self.reporting_proxies.max(1)))
     }
 }
 
@@ -417,7 +418,7 @@ impl DirectiveTable {
                     bucket: &wire.bucket,
                     tenant: &wire.tenant,
                     reason,
-                    limit_rps: directive.stated_limit_rps(),
+                    limit_rps: directive.stated_limit_rps().unwrap_or(0.0),
                     retry_after_ms: directive.retry_after_ms,
                 }))
             };
@@ -613,14 +614,15 @@ fn valid_aggregates(patterns: &[String]) -> (Vec<Glob>, usize) {
 /// cell's key and the response settings, which the caller compares).
 fn same_response_facts(old: &CellDirective, new: &CellDirective) -> bool {
     old.reason == new.reason
-        && old.stated_limit_rps().to_bits() == new.stated_limit_rps().to_bits()
+        && old.stated_limit_rps().map(f64::to_bits) == new.stated_limit_rps().map(f64::to_bits)
         && old.retry_after_ms == new.retry_after_ms
 }
 
 /// Whether a directive enforces nothing (no ratio, no limit, no share, no
-/// mode): the control plane's way of lifting a cell.
+/// mode): the control plane's way of lifting a cell. A limit of 0 is a
+/// block, not the absence of a limit.
 pub fn is_lift(wire: &Directive) -> bool {
-    wire.drop_ratio == 0.0 && wire.limit_rps == 0.0 && wire.share_rps == 0.0 && wire.mode == 0
+    wire.drop_ratio == 0.0 && wire.limit_rps.is_none() && wire.share_rps == 0.0 && wire.mode == 0
 }
 
 fn finite_non_negative(value: f64) -> Option<f64> {
@@ -639,7 +641,10 @@ fn validate(wire: &Directive) -> Option<CellDirective> {
     Some(CellDirective {
         drop_ratio,
         threshold: drop_ratio.threshold(),
-        limit_rps: finite_non_negative(wire.limit_rps)?,
+        limit_rps: match wire.limit_rps {
+            Some(limit) => Some(finite_non_negative(limit)?),
+            None => None,
+        },
         share_rps: finite_non_negative(wire.share_rps)?,
         reporting_proxies: wire.reporting_proxies,
         mode: wire.mode,

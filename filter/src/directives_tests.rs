@@ -7,7 +7,7 @@ pub(crate) fn directive(bucket: &str, drop_ratio: f64) -> Directive {
     Directive {
         bucket: bucket.into(),
         drop_ratio,
-        limit_rps: 10.0,
+        limit_rps: Some(10.0),
         ..Default::default()
     }
 }
@@ -83,7 +83,7 @@ fn invalid_directives_are_counted_and_skipped() {
             directive("big", 1.5),
             directive("inf", f64::INFINITY),
             Directive {
-                limit_rps: -1.0,
+                limit_rps: Some(-1.0),
                 ..directive("neg-limit", 0.5)
             },
             Directive {
@@ -511,7 +511,7 @@ fn a_cells_responses_are_rendered_again_only_when_their_facts_change() {
         1,
         4,
         vec![Directive {
-            limit_rps: 20.0,
+            limit_rps: Some(20.0),
             ..directive("b", 0.5)
         }],
     ));

@@ -437,7 +437,7 @@ mod tests {
             let directive = Directed {
                 threshold,
                 reason: DropReason::PriorityShed,
-                limit_rps: 0.0,
+                limit_rps: None,
                 reporting_proxies: 0,
                 fallback: &mut None,
             };
@@ -519,7 +519,7 @@ mod tests {
         // 200 rps here, 800 fleet-wide against a limit of 1000: ratio 0,
         // this VM's share of the limit is 250 rps.
         run(&mut pacer, 0.0, 20, 20, 0);
-        pacer.resolve_all(|_| Some(rates(0.0, 1_000.0, 800.0)));
+        pacer.resolve_all(|_| Some(rates(0.0, Some(1_000.0), 800.0)));
         // The load quadruples before the next directive: held at the share
         // plus the counting margin below the limit, (200 + √200 + 1) × 1.25.
         let admitted = run(&mut pacer, 0.0, 80, 10, 20);
@@ -534,7 +534,7 @@ mod tests {
         // a counting margin. From two slots (11 requests) that margin is
         // below 100 rps; frozen there, the cap would cut the cell.
         run(&mut pacer, 0.0, 10, 2, 0);
-        pacer.resolve_all(|_| Some(rates(0.0, 1_000.0, 1_000.0)));
+        pacer.resolve_all(|_| Some(rates(0.0, Some(1_000.0), 1_000.0)));
         // Following the window, at most a request or two is lost while it
         // fills; frozen at two slots, a quarter would be.
         let admitted = run(&mut pacer, 0.0, 10, 8, 2);
@@ -545,7 +545,7 @@ mod tests {
         assert!((95..=130).contains(&admitted), "{admitted}");
     }
 
-    fn rates(ratio: f64, limit_rps: f64, fleet_offered_rps: f64) -> DirectiveRates {
+    fn rates(ratio: f64, limit_rps: Option<f64>, fleet_offered_rps: f64) -> DirectiveRates {
         DirectiveRates {
             drop_ratio: DropRatio::new(ratio).unwrap(),
             limit_rps,
@@ -557,14 +557,14 @@ mod tests {
     fn a_cell_met_after_its_directive_is_capped_from_its_first_tick() {
         let mut pacer = Paced::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         // The directive arrived before this VM saw the cell: nothing to cap.
-        pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        pacer.resolve_all(|_| Some(rates(0.5, Some(1_000.0), 2_000.0)));
         assert!(pacer.is_empty());
         let mut rng = SmallRng::seed_from_u64(1);
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         let mut admitted = [0_u32; 2];
         for tick in 0..20_u64 {
             pacer.on_tick(tick * 100, ["a"], &mut rng);
-            pacer.resolve_new(|key| (key == "a").then(|| rates(0.5, 1_000.0, 2_000.0)));
+            pacer.resolve_new(|key| (key == "a").then(|| rates(0.5, Some(1_000.0), 2_000.0)));
             // 200 rps for a second, then 800 rps before the next directive.
             let per_tick = if tick < 10 { 20 } else { 80 };
             for _ in 0..per_tick {
@@ -583,10 +583,10 @@ mod tests {
     fn a_cell_that_loses_its_directive_loses_its_cap() {
         let mut pacer = Paced::new(DecisionMode::Coin, Some(EXACT), 100, 10);
         run(&mut pacer, 0.0, 20, 10, 0);
-        pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
+        pacer.resolve_all(|_| Some(rates(1.0, Some(1_000.0), 2_000.0)));
         assert_eq!(run(&mut pacer, 0.0, 20, 10, 10), 0);
         // Unchanged rates leave the frozen cap alone.
-        pacer.resolve_all(|_| Some(rates(1.0, 1_000.0, 2_000.0)));
+        pacer.resolve_all(|_| Some(rates(1.0, Some(1_000.0), 2_000.0)));
         assert_eq!(run(&mut pacer, 0.0, 20, 1, 20), 0);
         pacer.resolve_all(|_| None);
         assert_eq!(run(&mut pacer, 0.0, 20, 10, 21), 200);
@@ -607,7 +607,7 @@ mod tests {
         for tick in 0..=200_u64 {
             if tick == 20 {
                 // Half of this VM's 200 rps: 100 rps.
-                pacer.resolve_all(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+                pacer.resolve_all(|_| Some(rates(0.5, Some(1_000.0), 2_000.0)));
             }
             pacer.on_tick(tick * 150, ["a"], &mut rng);
             for _ in 0..30 {
@@ -629,7 +629,7 @@ mod tests {
             pacer.decide("a", threshold, &mut rng);
         }
         // 10 rps here, 20 fleet-wide against a limit of 10: 5 rps.
-        pacer.resolve_all(|_| Some(rates(0.5, 10.0, 20.0)));
+        pacer.resolve_all(|_| Some(rates(0.5, Some(10.0), 20.0)));
         while pacer.decide("a", threshold, &mut rng) == Verdict::Admit {}
         assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
         // 200 ms later, without a slot closing, one more request fits.
@@ -678,7 +678,7 @@ mod tests {
             }
             pacer.on_tick(tick * 100, ["a"], &mut rng);
         }
-        pacer.resolve_all(|_| Some(rates(0.5, 50.0, 100.0)));
+        pacer.resolve_all(|_| Some(rates(0.5, Some(50.0), 100.0)));
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         // Connected: the load doubles and the ratio admits half of it.
         let admitted = |pacer: &mut Paced, rng: &mut SmallRng, start: u64| {
@@ -734,13 +734,15 @@ mod tests {
         let (mut pacer, mut rng) = warmed_up(settings, 10);
         // The process offers 100/s and the directive halves it (the fleet
         // offers twice the limit): a budget of 50/s, derived now and kept.
-        directed(&mut pacer, 100.0, |_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        directed(&mut pacer, 100.0, |_| {
+            Some(rates(0.5, Some(1_000.0), 2_000.0))
+        });
         // The loss is noticed after the surge began: the process's rate of
         // the last second has grown to 300/s. Derived from it, the budget
         // would be 150/s.
         pacer.set_process_shares(process_of(300.0));
         pacer.set_control_plane_lost(true);
-        pacer.freeze_budgets(|_| Some(rates(0.5, 1_000.0, 2_000.0)));
+        pacer.freeze_budgets(|_| Some(rates(0.5, Some(1_000.0), 2_000.0)));
         let admitted = admitted_at_thirty_a_tick(&mut pacer, &mut rng, 1_000);
         assert!((45..=62).contains(&admitted), "{admitted}");
     }
@@ -756,7 +758,7 @@ mod tests {
         // The process offers 90/s of a 200/s limit the fleet offers 180/s
         // of ([`crate::process_budget`]): budgets of 111.7/s (a second's
         // margin) and 103.4/s (ten seconds').
-        let under = |_: &str| Some(rates(0.0, 200.0, 180.0));
+        let under = |_: &str| Some(rates(0.0, Some(200.0), 180.0));
         let (mut pacer, mut rng) = warmed_up(EXACT, 9);
         directed(&mut pacer, 90.0, under);
         let wide = (90.0 + 90f64.sqrt() + 1.0) * 200.0 / 180.0;
@@ -814,7 +816,7 @@ mod tests {
 
     #[test]
     fn a_heartbeat_renews_the_budget_a_loss_will_freeze() {
-        let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
+        let directive = |_: &str| Some(rates(0.5, Some(1_000.0), 2_000.0));
         let settings = AllowanceSettings {
             engage: Engage::WhenLost,
             ..EXACT
@@ -835,7 +837,7 @@ mod tests {
 
     #[test]
     fn with_caps_that_always_decide_a_heartbeat_leaves_the_budget() {
-        let directive = |_: &str| Some(rates(0.5, 1_000.0, 2_000.0));
+        let directive = |_: &str| Some(rates(0.5, Some(1_000.0), 2_000.0));
         assert_eq!(EXACT.engage, Engage::Always);
         let (mut pacer, mut rng) = warmed_up(EXACT, 10);
         directed(&mut pacer, 100.0, directive);

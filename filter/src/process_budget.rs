@@ -106,7 +106,7 @@ mod tests {
         engage: Engage::Always,
     };
 
-    fn rates(ratio: f64, limit_rps: f64, fleet_offered_rps: f64) -> DirectiveRates {
+    fn rates(ratio: f64, limit_rps: Option<f64>, fleet_offered_rps: f64) -> DirectiveRates {
         DirectiveRates {
             drop_ratio: DropRatio::new(ratio).unwrap(),
             limit_rps,
@@ -126,18 +126,20 @@ mod tests {
         // 90 rps offered of a 200 rps limit the fleet offers 180 of: ten
         // seconds' margin (900 + 30 + 1) / 10 × 200 / 180 = 103.4, a
         // second's (90 + 9.5 + 1) × 200 / 180 = 111.7.
-        let mut under = ProcessBudget::derive(90.0, rates(0.0, 200.0, 180.0), SETTINGS).unwrap();
+        let mut under =
+            ProcessBudget::derive(90.0, rates(0.0, Some(200.0), 180.0), SETTINGS).unwrap();
         let wide = under.rps_at(92.0, 0.5, tick(5));
         assert!((wide - 111.66).abs() < 0.1, "{wide}");
         // Either margin is cut at the limit.
         let mut at_limit =
-            ProcessBudget::derive(100.0, rates(0.0, 100.0, 100.0), SETTINGS).unwrap();
+            ProcessBudget::derive(100.0, rates(0.0, Some(100.0), 100.0), SETTINGS).unwrap();
         assert!((at_limit.rps_at(100.0, 1.0, tick(10)) - 100.0).abs() < 1e-9);
     }
 
     #[test]
     fn a_cell_that_grew_gets_the_narrow_margin_until_the_next_budget() {
-        let under = || ProcessBudget::derive(90.0, rates(0.0, 200.0, 180.0), SETTINGS).unwrap();
+        let under =
+            || ProcessBudget::derive(90.0, rates(0.0, Some(200.0), 180.0), SETTINGS).unwrap();
         // The process's second above 90 + 9.5 + 1.
         let mut by_process = under();
         let narrow = by_process.rps_at(101.0, 0.5, tick(4));
@@ -155,7 +157,8 @@ mod tests {
     #[test]
     fn a_shedding_cell_has_one_budget() {
         // Shedding half: the share of the process's rate, no margin either way.
-        let mut budget = ProcessBudget::derive(300.0, rates(0.5, 300.0, 600.0), SETTINGS).unwrap();
+        let mut budget =
+            ProcessBudget::derive(300.0, rates(0.5, Some(300.0), 600.0), SETTINGS).unwrap();
         assert!((budget.rps_at(300.0, 1.0, tick(30)) - 150.0).abs() < 1e-9);
         assert!((budget.rps_at(900.0, 1.0, tick(90)) - 150.0).abs() < 1e-9);
     }
@@ -163,11 +166,11 @@ mod tests {
     #[test]
     fn no_budget_without_a_limit_or_traffic() {
         assert_eq!(
-            ProcessBudget::derive(100.0, rates(0.0, 0.0, 100.0), SETTINGS),
+            ProcessBudget::derive(100.0, rates(0.0, None, 100.0), SETTINGS),
             None
         );
         assert_eq!(
-            ProcessBudget::derive(0.0, rates(0.0, 100.0, 100.0), SETTINGS),
+            ProcessBudget::derive(0.0, rates(0.0, Some(100.0), 100.0), SETTINGS),
             None
         );
     }

@@ -212,6 +212,90 @@ async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale() {
+    a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_a_blocked_bucket_admits_nothing_once_its_directives_are_stale() {
+    a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(DataPlane::Native).await;
+}
+
+/// `limit_rps: 0` blocks the bucket; under `fallback: local_limit` the
+/// filter once read the directive's 0 as "unlimited" and let everything
+/// through when the directives went stale.
+async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(data_plane: DataPlane) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut control_plane = ControlPlane::start(
+        ControlPlaneOptions::new(
+            "directive_ttl_ms: 1000\nlimits:\n  - bucket: blocked\n    limit_rps: 0\n",
+            dir.path(),
+        )
+        .control_interval_ms(200),
+    )
+    .await
+    .unwrap();
+    let envoy = start_envoy(
+        dir.path(),
+        control_plane.grpc_addr(),
+        json!({
+            "proxy_id": "blocked",
+            "report_interval_ms": 100,
+            "directive_ttl_ms": 1000,
+            "fallback": "local_limit"
+        }),
+        data_plane,
+    )
+    .await;
+    let url = envoy.base_url();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("blocked", &url, "blocked", 20.0)],
+        Duration::from_secs(12),
+    ))
+    .unwrap();
+    let envoy_ref = &envoy;
+    envoy_ref
+        .wait_for_decision("drop", Duration::from_secs(3))
+        .await
+        .unwrap();
+    control_plane.kill().unwrap();
+    let killed_at = load.elapsed();
+    wait::until(
+        "the filter to report its fallback",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async move {
+            let stats = envoy_ref.stats("sluice.fallback_active").await?;
+            Ok(stats.contains("sluice.fallback_active: 1").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep((killed_at + Duration::from_secs(6)).saturating_sub(load.elapsed())).await;
+    load.stop();
+    let stopped_at = load.elapsed();
+    let result = load.finish().await.unwrap();
+    let stale = Window {
+        from: killed_at + Duration::from_millis(2500),
+        to: stopped_at,
+    };
+    let summary = result.summary(Window {
+        from: Duration::ZERO,
+        to: stopped_at,
+    });
+    println!("{summary}");
+    let counts = result.tenant_counts(stale, "blocked");
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert!(counts.limited > 40, "the load went on: {summary}");
+    assert_eq!(
+        counts.ok, 0,
+        "a blocked bucket admitted requests:\n{summary}"
+    );
+    let stats = envoy.stats("sluice.fallback_entered").await.unwrap();
+    assert!(stats.contains("sluice.fallback_entered: 1"), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits() {
     after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(DataPlane::Wasm).await;
 }

@@ -60,7 +60,7 @@ fn directive(bucket: &str, drop_ratio: f64) -> Directive {
     Directive {
         bucket: bucket.to_owned(),
         drop_ratio,
-        limit_rps: 100.0,
+        limit_rps: Some(100.0),
         ..Directive::default()
     }
 }

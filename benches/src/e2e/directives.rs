@@ -113,7 +113,7 @@ impl DirectiveService for Service {
                 vec![Directive {
                     bucket,
                     drop_ratio,
-                    limit_rps: 1.0,
+                    limit_rps: Some(1.0),
                     ..Default::default()
                 }],
             ),

@@ -18,6 +18,11 @@
 //!
 //! Whenever the offered rate exceeds the limit (and the floors fit), the
 //! admitted allocations add up to exactly the limit.
+//!
+//! A floor configured on the `default` tenant is one floor for all the
+//! tenants not configured by name together ([`share_floor`]): clients
+//! choose tenant names, and a floor per name would let them add floors
+//! beyond the limit by inventing names.
 
 use sluice_core::{CLASSES, Reason};
 
@@ -314,6 +319,41 @@ pub fn allocate_into(
     }
 }
 
+/// Splits `floor` among the tenants at `members` (those the `default`
+/// entry covers), replacing their own floors: max-min fairly by what each
+/// offers, so together they are guaranteed `floor` at most, however many
+/// names they come under.
+pub fn share_floor(
+    tenants: &mut [TenantDemand],
+    members: &[usize],
+    floor: f64,
+    scratch: &mut Scratch,
+) {
+    let Scratch {
+        claims,
+        fill,
+        kinks,
+        ..
+    } = scratch;
+    claims.clear();
+    for &index in members {
+        let offered = tenants
+            .get(index)
+            .map_or(0.0, |t| t.offered.iter().map(|o| o.max(0.0)).sum());
+        claims.push(Claim {
+            weight: 1.0,
+            lo: 0.0,
+            hi: offered,
+        });
+    }
+    water_fill_with(claims, floor.max(0.0), fill, kinks);
+    for (&index, share) in members.iter().zip(fill.iter()) {
+        if let Some(tenant) = tenants.get_mut(index) {
+            tenant.floor = *share;
+        }
+    }
+}
+
 fn get(values: &[f64; CLASSES], class: usize) -> f64 {
     values.get(class).copied().unwrap_or(0.0)
 }
@@ -465,6 +505,39 @@ mod tests {
         let allocation = allocate(100.0, &tenants);
         assert!(allocation.floors_exceed_limit);
         assert_eq!(admitted(&allocation, BE), [80.0, 60.0]);
+    }
+
+    #[test]
+    fn a_shared_floor_does_not_grow_with_invented_names() {
+        // `min_floor_rps: 5` on `default` and 20 names nobody configured,
+        // each offering 3 rps, against a limit of 10: 60 rps were admitted
+        // when each name had a floor of its own.
+        let mut tenants = vec![tenant(1.0, 5.0, 3.0); 20];
+        let members: Vec<usize> = (0..20).collect();
+        let mut scratch = Scratch::default();
+        share_floor(&mut tenants, &members, 5.0, &mut scratch);
+        let floors: f64 = tenants.iter().map(|t| t.floor).sum();
+        assert!((floors - 5.0).abs() < 1e-9, "{floors}");
+        let allocation = allocate(10.0, &tenants);
+        assert!(!allocation.floors_exceed_limit);
+        assert!(
+            (total(&allocation) - 10.0).abs() < 1e-9,
+            "{}",
+            total(&allocation)
+        );
+
+        // A lone unconfigured tenant keeps the whole floor; one offering
+        // less than its part leaves the rest to the others.
+        let mut tenants = vec![
+            tenant(1.0, 0.0, 100.0),
+            tenant(1.0, 0.0, 1.0),
+            tenant(1.0, 0.0, 100.0),
+        ];
+        share_floor(&mut tenants, &[0, 1], 30.0, &mut scratch);
+        assert_eq!(
+            [tenants[0].floor, tenants[1].floor, tenants[2].floor],
+            [29.0, 1.0, 0.0]
+        );
     }
 
     #[test]

@@ -147,7 +147,7 @@ mod tests {
         Directive {
             bucket: bucket.to_owned(),
             drop_ratio,
-            limit_rps: 100.0,
+            limit_rps: Some(100.0),
             ..Directive::default()
         }
     }

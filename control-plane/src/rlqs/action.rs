@@ -132,7 +132,7 @@ mod tests {
         Directive {
             bucket: bucket.to_owned(),
             drop_ratio,
-            limit_rps: 150.0,
+            limit_rps: Some(150.0),
             offered_rps: 600.0,
             ..Directive::default()
         }

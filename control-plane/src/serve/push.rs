@@ -330,7 +330,7 @@ mod tests {
         Directive {
             bucket: bucket.to_owned(),
             drop_ratio,
-            limit_rps: 1.0,
+            limit_rps: Some(1.0),
             ..Default::default()
         }
     }

@@ -10,7 +10,7 @@
 //!
 //! - `drop_ratio`: from the [`DropPolicy`], called once per cell with the
 //!   cell's load and its admitted share as the target;
-//! - `limit_rps`: the bucket's limit (0 = unlimited);
+//! - `limit_rps`: the bucket's limit (absent = unlimited, 0 = blocked);
 //! - `share_rps`: what the cell may send before it is dropped: its tenant's
 //!   fair share in its priority class (plus the bucket's unused capacity
 //!   when nothing in the bucket is dropped), split over the tenant's cells
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use sluice_proto::v1::Directive;
 
 use crate::config::limits::LimitTable;
-use crate::config::policy::{Mode, Modes, Policy, Tenants};
+use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
@@ -171,6 +171,8 @@ pub struct Controller {
     scratch: Scratch,
     allocation: Allocation,
     tenants: Vec<TenantDemand>,
+    /// Indexes into `tenants` of those the `default` entry covers.
+    pooled: Vec<usize>,
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
     /// Control intervals decided so far.
@@ -203,6 +205,7 @@ impl Controller {
             scratch: Scratch::default(),
             allocation: Allocation::default(),
             tenants: Vec::new(),
+            pooled: Vec::new(),
             cell_tenant: Vec::new(),
             decided: 0,
         }
@@ -428,10 +431,17 @@ impl Controller {
     fn allocate(&mut self, traffic: &BucketTraffic, limit: LimitRps, tenants: &Tenants) {
         self.tenants.clear();
         self.cell_tenant.clear();
+        self.pooled.clear();
         let mut previous: Option<&str> = None;
         for cell in &traffic.cells {
             // Cells are sorted by tenant, so a tenant's cells are adjacent.
             if previous != Some(cell.tenant.as_ref()) {
+                // The `default` entry covers the tenants not named, and the
+                // one named `default` (the filters' name for requests
+                // without a tenant): its floor is theirs together.
+                if cell.tenant.as_ref() == DEFAULT_TENANT || tenants.get(&cell.tenant).is_none() {
+                    self.pooled.push(self.tenants.len());
+                }
                 let policy = tenants.policy_for(&cell.tenant);
                 self.tenants.push(TenantDemand {
                     weight: policy.weight.get(),
@@ -449,6 +459,15 @@ impl Controller {
                 *offered += cell.load.offered_rps;
             }
             self.cell_tenant.push(index);
+        }
+        let shared_floor = tenants.policy_for(DEFAULT_TENANT).min_floor_rps.get();
+        if shared_floor > 0.0 && !self.pooled.is_empty() {
+            fairness::share_floor(
+                &mut self.tenants,
+                &self.pooled,
+                shared_floor,
+                &mut self.scratch,
+            );
         }
         fairness::allocate_into(
             limit.get(),
@@ -586,12 +605,13 @@ pub fn lift(bucket: &str, tenant: &str, priority: Priority) -> Directive {
 /// Whether a directive is a [`lift`]: it enforces nothing.
 pub fn is_lift(directive: &Directive) -> bool {
     directive.drop_ratio == 0.0
-        && directive.limit_rps == 0.0
+        && directive.limit_rps.is_none()
         && directive.share_rps == 0.0
         && directive.mode == 0
 }
 
-/// The wire form; on the wire `limit_rps` 0 stands for "unlimited".
+/// The wire form: `limit_rps` is absent for an unlimited bucket and 0 for
+/// a blocked one, as in the limits file.
 fn directive(
     bucket: &str,
     tenant: &str,
@@ -602,7 +622,7 @@ fn directive(
     Directive {
         bucket: bucket.to_owned(),
         drop_ratio: pushed.drop_ratio.get(),
-        limit_rps: pushed.limit.map_or(0.0, LimitRps::get),
+        limit_rps: pushed.limit.map(LimitRps::get),
         tenant: tenant.to_owned(),
         priority: priority.to_wire() as i32,
         share_rps: pushed.share_rps,

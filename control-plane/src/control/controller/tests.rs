@@ -133,7 +133,7 @@ fn weighted_tenants_are_admitted_within_five_percent_of_their_fair_share() {
             "{tenant}: {got} vs {fair}"
         );
         total += got;
-        assert_eq!(d.limit_rps, 1000.0);
+        assert_eq!(d.limit_rps, Some(1000.0));
         assert_eq!(d.reporting_proxies, 2);
     }
     assert!(
@@ -274,6 +274,32 @@ fn floors_above_the_limit_win_visibly_and_admit_nothing_beyond_them() {
         .map(|&(t, rps)| admitted(find(&controller.snapshot(), t, Priority::Unspecified), rps))
         .sum();
     assert!((total - 100.0).abs() < 1e-6, "{total}");
+}
+
+#[test]
+fn a_floor_on_default_is_shared_by_the_names_clients_invent() {
+    // `min_floor_rps: 5` on `default`, limit 10, and 20 tenant names no
+    // one configured at 3 rps each: with a floor per name the bucket
+    // admitted 60. `gold`, configured, keeps its own floor.
+    let policy = policy(10.0, &[("default", 1.0, 1.0, 5.0), ("gold", 1.0, 1.0, 2.0)]);
+    let names: Vec<String> = (0..20).map(|i| format!("org-{i:02}")).collect();
+    let mut cells: Vec<CellLoad> = names
+        .iter()
+        .map(|t| tenant_cell(t, Priority::Unspecified, 3.0))
+        .collect();
+    cells.push(tenant_cell("gold", Priority::Unspecified, 3.0));
+    cells.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    let load = FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)]);
+    let mut controller = Controller::default();
+    let decision = controller.decide(&load, &policy);
+    assert!(!decision.buckets[0].floors_exceed_limit);
+    let invented: f64 = names
+        .iter()
+        .map(|t| admitted(find(&decision.changed, t, Priority::Unspecified), 3.0))
+        .sum();
+    let gold = admitted(find(&decision.changed, "gold", Priority::Unspecified), 3.0);
+    assert!((invented + gold - 10.0).abs() < 1e-6, "{invented} + {gold}");
+    assert!(gold >= 2.0 - 1e-9, "gold keeps its floor: {gold}");
 }
 
 #[test]
@@ -509,7 +535,7 @@ fn the_first_interval_lifts_unlimited_cells_then_they_get_no_directive() {
         buckets(&decision.changed),
         [("acme", 2.0 / 3.0), ("free", 0.0)]
     );
-    assert_eq!(decision.changed[0].limit_rps, 200.0);
+    assert_eq!(decision.changed[0].limit_rps, Some(200.0));
     assert!(is_lift(&decision.changed[1]));
     assert!(!is_lift(&decision.changed[0]));
     assert_eq!(controller.snapshot(), decision.changed[..1]);
@@ -616,7 +642,7 @@ fn limit_change_is_pushed_even_without_ratio_change() {
     controller.tick(&load(&[("acme", 100.0)]), &table(&[("acme", 200.0)]));
     let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[("acme", 300.0)]));
     assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
-    assert_eq!(decision.changed[0].limit_rps, 300.0);
+    assert_eq!(decision.changed[0].limit_rps, Some(300.0));
     let decision = controller.tick(&load(&[("acme", 100.0)]), &table(&[]));
     assert!(is_lift(&decision.changed[0]), "limit removed: lifted");
     assert!(controller.snapshot().is_empty());

@@ -74,7 +74,7 @@ fn cell(bucket: &str, tenant: &str, priority: Priority, drop_ratio: f64) -> Dire
         tenant: tenant.into(),
         priority: priority as i32,
         drop_ratio,
-        limit_rps: 100.0,
+        limit_rps: Some(100.0),
         ..Default::default()
     }
 }
@@ -571,7 +571,7 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
     fleet.ticks(2);
     // Half of the fleet's 2000 rps is shed; the directive is bucket-wide.
     fleet.push_batch(batch(vec![Directive {
-        limit_rps: 1_000.0,
+        limit_rps: Some(1_000.0),
         offered_rps: 2_000.0,
         ..cell("acme", "", Priority::Unspecified, 0.5)
     }]));
@@ -818,7 +818,7 @@ fn first_batch_after_an_outage(vms: usize) -> [f64; 2] {
             fleet.cell_decisions(*worker, acme, *per_tick);
         }
     }
-    fleet.push_batch(directive(1, 0.5, 100.0));
+    fleet.push_batch(directive(1, 0.5, Some(100.0)));
     let before = admitted_per_second(&mut fleet, &workers, &load, 30, 20);
     // The control plane goes away and the budget is frozen at 100 rps.
     fleet.server_closes(14);
@@ -827,7 +827,7 @@ fn first_batch_after_an_outage(vms: usize) -> [f64; 2] {
     // so, and the caps follow it, not the outage's budget.
     fleet.push_batch(DirectiveBatch {
         epoch: 2,
-        ..directive(1, 0.25, 150.0)
+        ..directive(1, 0.25, Some(150.0))
     });
     let after = admitted_per_second(&mut fleet, &workers, &load, 30, 20);
     [before, after]

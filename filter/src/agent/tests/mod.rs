@@ -141,7 +141,7 @@ impl Fleet {
                 .map(|(bucket, drop_ratio)| Directive {
                     bucket: (*bucket).into(),
                     drop_ratio: *drop_ratio,
-                    limit_rps: 1.0,
+                    limit_rps: Some(1.0),
                     ..Default::default()
                 })
                 .collect(),
@@ -623,7 +623,7 @@ fn messages_on_abandoned_streams_are_ignored() {
             directives: vec![Directive {
                 bucket: "acme".into(),
                 drop_ratio: 1.0,
-                limit_rps: 1.0,
+                limit_rps: Some(1.0),
                 ..Default::default()
             }],
             ..Default::default()
@@ -702,7 +702,7 @@ fn a_reconnecting_proxy_tells_the_fleet_it_last_saw() {
             .map(|(bucket, proxies)| Directive {
                 bucket: (*bucket).into(),
                 drop_ratio: 0.5,
-                limit_rps: 10.0,
+                limit_rps: Some(10.0),
                 reporting_proxies: *proxies,
                 ..Default::default()
             })
@@ -736,7 +736,7 @@ fn table_of(directives: &[(&str, &str, Priority, f64)]) -> DirectiveTable {
                 tenant: (*tenant).into(),
                 priority: *priority as i32,
                 drop_ratio: *drop_ratio,
-                limit_rps: 10.0,
+                limit_rps: Some(10.0),
                 ..Default::default()
             })
             .collect(),
@@ -779,7 +779,7 @@ fn a_cell_given_its_own_directive_mid_window_leaves_the_bucket_wide_one() {
             tenant: "t1".into(),
             priority: Priority::Bulk as i32,
             drop_ratio: 1.0,
-            limit_rps: 10.0,
+            limit_rps: Some(10.0),
             ..Default::default()
         }],
         ..Default::default()
