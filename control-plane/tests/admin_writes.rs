@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use sluice_control_plane::admin::auth::{AuthPolicy, Token};
 use sluice_control_plane::config::live::LiveConfig;
 use sluice_control_plane::config::policy::Mode;
+use sluice_control_plane::types::LimitRps;
 use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router};
 use tower::ServiceExt;
 
@@ -708,4 +709,540 @@ async fn names_longer_than_the_filter_keeps_are_refused() {
         err.contains("limits[0].bucket") && err.contains("at most 256 bytes"),
         "{err}"
     );
+}
+
+/// Everything in the fixture's file and policy, to check a refusal
+/// changed nothing.
+fn unchanged(f: &Fixture) -> (String, Config) {
+    (std::fs::read_to_string(&f.file).unwrap(), f.live.config())
+}
+
+async fn refused(f: &Fixture, method: Method, uri: &str, body: Option<&str>, status: StatusCode) {
+    let before = unchanged(f);
+    let (got, content_type, json) = send_as(&f.router, None, method, uri, body).await;
+    assert_eq!(got, status, "{uri}: {json}");
+    assert_problem(got, content_type.as_deref(), &json);
+    assert_eq!(unchanged(f), before, "{uri} changed something");
+}
+
+#[tokio::test]
+async fn vanishing_weights_are_refused_wherever_they_enter() {
+    let f = fixture("weights", AuthPolicy::default());
+    for weight in ["1e-310", "0.0000001", "0.0009"] {
+        let body = format!(r#"{{"weight": {weight}}}"#);
+        refused(
+            &f,
+            Method::PUT,
+            "/v1/tenants/default",
+            Some(&body),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+        let body = format!(r#"{{"weight": {weight}, "ttl_s": 60}}"#);
+        refused(
+            &f,
+            Method::PUT,
+            "/v1/overrides/tenants/gold",
+            Some(&body),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+        for yaml in [
+            format!("tenants:\n  default: {{weight: {weight}}}\n"),
+            format!(
+                "overrides:\n  tenants:\n    gold: {{weight: {weight}, expires_at_unix_s: 4000000000}}\n"
+            ),
+        ] {
+            let err = Config::from_yaml(&yaml, "limits.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("between 0.001 and 1000000"), "{err}");
+        }
+    }
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/tenants/default",
+        Some(r#"{"weight": 0.001}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn control_characters_are_refused_in_every_name() {
+    let f = fixture("names", AuthPolicy::default());
+    for name in [
+        "a%00b",
+        "line%0Abreak",
+        "esc%1B%5B31m",
+        "del%7F",
+        "c1%C2%85",
+    ] {
+        let limit = Some(r#"{"limit_rps": 1}"#);
+        let tenant = Some(r#"{"weight": 1}"#);
+        let mode = Some(r#"{"mode": "shadow"}"#);
+        let over = Some(r#"{"limit_rps": 1, "ttl_s": 60}"#);
+        let unprocessable = StatusCode::UNPROCESSABLE_ENTITY;
+        refused(
+            &f,
+            Method::PUT,
+            &format!("/v1/limits/{name}"),
+            limit,
+            unprocessable,
+        )
+        .await;
+        refused(
+            &f,
+            Method::PUT,
+            &format!("/v1/tenants/{name}"),
+            tenant,
+            unprocessable,
+        )
+        .await;
+        refused(
+            &f,
+            Method::PUT,
+            &format!("/v1/modes/buckets/{name}"),
+            mode,
+            unprocessable,
+        )
+        .await;
+        refused(
+            &f,
+            Method::PUT,
+            &format!("/v1/overrides/limits/{name}"),
+            over,
+            unprocessable,
+        )
+        .await;
+    }
+    let before = unchanged(&f);
+    let (status, _, body) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        "/v1/modes",
+        Some(r#"{"buckets": {"a\u0000b": "shadow"}}"#),
+    )
+    .await;
+    assert!(status.is_client_error(), "{status}: {body}");
+    assert_eq!(unchanged(&f), before);
+    // The file: every kind of name, each error at its line.
+    for (yaml, line) in [
+        ("limits:\n  - bucket: \"a\\0b\"\n    limit_rps: 1\n", 2),
+        ("limits:\n  - pattern: \"a\\x1b*\"\n    limit_rps: 1\n", 2),
+        ("tenants:\n  \"a\\nb\": {weight: 1}\n", 2),
+        ("modes:\n  buckets:\n    \"a\\tb\": shadow\n", 3),
+        (
+            "overrides:\n  limits:\n    \"a\\u0085\": {limit_rps: 1, expires_at_unix_s: 4000000000}\n",
+            3,
+        ),
+        (
+            "overrides:\n  tenants:\n    \"a\\rb\": {weight: 2, expires_at_unix_s: 4000000000}\n",
+            3,
+        ),
+    ] {
+        match Config::from_yaml(yaml, "limits.yaml") {
+            Err(sluice_control_plane::ConfigError::Invalid(err)) => {
+                assert!(err.message.contains("control characters"), "{err}");
+                assert_eq!(err.location.map(|(l, _)| l), Some(line), "{err}");
+            }
+            other => panic!("{yaml:?} was accepted: {other:?}"),
+        }
+    }
+    // Dots are names like any other.
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/%2E%2E",
+        Some(r#"{"limit_rps": 3}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        file_config(&f).limits.exact(".."),
+        Some(LimitRps::new(3.0).unwrap())
+    );
+}
+
+#[tokio::test]
+async fn whatif_spans_beyond_the_history_are_refused() {
+    let f = fixture("whatif", AuthPolicy::default());
+    let body = Some(r#"{"limits": [{"bucket": "acme", "limit_rps": 1}]}"#);
+    for seconds in ["18446744073709551616", "301", "1e300", "0", "-1", "NaN"] {
+        let uri = format!("/v1/whatif?seconds={seconds}");
+        let (status, content_type, json) = send_as(&f.router, None, Method::POST, &uri, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{seconds}: {json}");
+        assert_problem(status, content_type.as_deref(), &json);
+        assert!(
+            json["detail"].as_str().unwrap().contains("at most 300"),
+            "{json}"
+        );
+    }
+    let (status, json) = send(&f.router, Method::POST, "/v1/whatif?seconds=300", body).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+}
+
+#[tokio::test]
+async fn without_a_token_only_loopback_hosts_are_answered() {
+    let f = fixture("hosts", AuthPolicy::default());
+    for host in [
+        "evil.example",
+        "evil.example:8080",
+        "127.0.0.1.nip.io",
+        "10.0.0.1:8080",
+        "localhost.evil.example",
+    ] {
+        let before = unchanged(&f);
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/limits/acme")
+            .header(header::HOST, host)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"limit_rps": 1}"#))
+            .unwrap();
+        let response = f.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{host}");
+        assert_eq!(
+            response.headers().get(header::CONTENT_TYPE).unwrap(),
+            "application/problem+json"
+        );
+        assert_eq!(unchanged(&f), before, "{host}");
+        // Reads too: a rebound page could read tenants' names.
+        let request = Request::builder()
+            .uri("/v1/tenants")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap();
+        let response = f.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{host}");
+    }
+    for host in [
+        "localhost",
+        "LOCALHOST:8080",
+        "127.0.0.1:8080",
+        "127.1.2.3",
+        "[::1]:8080",
+    ] {
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/limits/acme")
+            .header(header::HOST, host)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"limit_rps": 7}"#))
+            .unwrap();
+        let response = f.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{host}");
+    }
+    // With a token the host is not checked: the token is the guard.
+    let f = fixture("hosts-token", token_auth(false));
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri("/v1/limits/acme")
+        .header(header::HOST, "sluice.internal:8080")
+        .header(header::AUTHORIZATION, "Bearer s3cret")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"limit_rps": 7}"#))
+        .unwrap();
+    let response = f.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn metrics_need_the_token_unless_opened() {
+    let f = fixture("metrics-closed", token_auth(false));
+    let (status, content_type, body) =
+        send_as(&f.router, None, Method::GET, "/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_problem(status, content_type.as_deref(), &body);
+    let request = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    let response = f.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let request = Request::builder()
+        .uri("/metrics")
+        .header(header::AUTHORIZATION, "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        f.router.clone().oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let request = Request::builder()
+        .uri("/healthz")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        f.router.clone().oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    let open = AuthPolicy {
+        open_metrics: true,
+        ..token_auth(false)
+    };
+    let f = fixture("metrics-open", open);
+    let request = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        f.router.clone().oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // Only /metrics is opened.
+    let (status, _, _) = send_as(&f.router, None, Method::GET, "/v1/tenants", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_planted_link_redirects_no_write() {
+    let f = fixture("links", AuthPolicy::default());
+    let victim = f.dir.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    // The name the temporary file had before: predictable from the pid.
+    let planted = f
+        .dir
+        .join(format!(".limits.yaml.{}.tmp", std::process::id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/acme",
+        Some(r#"{"limit_rps": 9}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    let meta = std::fs::symlink_metadata(&f.file).unwrap();
+    assert!(
+        meta.file_type().is_file(),
+        "limits.yaml is no longer a regular file"
+    );
+    assert_eq!(
+        file_config(&f).limits.exact("acme"),
+        Some(LimitRps::new(9.0).unwrap())
+    );
+}
+
+/// A log line sink for the audit-line test.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn audit_lines_follow_only_writes_that_happened() {
+    let lines = Lines::default();
+    let sink = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let f = fixture("audit", AuthPolicy::default());
+    let stale = r#""0000000000000000""#;
+    let precondition = |method: Method, uri: &'static str, body: Option<&'static str>| {
+        let router = f.router.clone();
+        async move {
+            let mut request = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header(header::IF_MATCH, stale);
+            if body.is_some() {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+            }
+            let request = request
+                .body(body.map_or_else(Body::empty, Body::from))
+                .unwrap();
+            router.oneshot(request).await.unwrap().status()
+        }
+    };
+    let failed = StatusCode::PRECONDITION_FAILED;
+    assert_eq!(
+        precondition(Method::PUT, "/v1/modes", Some(r#"{"default": "shadow"}"#)).await,
+        failed
+    );
+    assert_eq!(
+        precondition(
+            Method::PUT,
+            "/v1/modes/buckets/acme",
+            Some(r#"{"mode": "shadow"}"#)
+        )
+        .await,
+        failed
+    );
+    assert_eq!(
+        precondition(Method::PUT, "/v1/kill-switch", None).await,
+        failed
+    );
+    assert_eq!(
+        precondition(Method::DELETE, "/v1/kill-switch", None).await,
+        failed
+    );
+    assert_eq!(
+        precondition(
+            Method::PUT,
+            "/v1/canary",
+            Some(r#"{"canary_fraction": 0.5}"#)
+        )
+        .await,
+        failed
+    );
+    assert_eq!(
+        precondition(Method::DELETE, "/v1/canary", None).await,
+        failed
+    );
+    let (status, _) = send(&f.router, Method::DELETE, "/v1/modes/buckets/none", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    for audit in [
+        "modes set",
+        "bucket mode set",
+        "bucket mode removed",
+        "kill switch on",
+        "kill switch off",
+        "canary fraction set",
+        "canary fraction removed",
+    ] {
+        assert!(
+            !logged.contains(audit),
+            "{audit:?} logged for a refused write:\n{logged}"
+        );
+    }
+    // A write that happened is logged.
+    let (status, _) = send(&f.router, Method::PUT, "/v1/kill-switch", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(logged.contains("kill switch on"), "{logged}");
+}
+
+/// A disk whose writes take `delay` (after saying they started): what an
+/// fsync on a loaded disk looks like.
+#[derive(Debug)]
+struct SlowDisk {
+    delay: std::time::Duration,
+    started: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl sluice_control_plane::config::live::Persist for SlowDisk {
+    fn write(&self, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(started) = self.started.lock().unwrap().take() {
+            let _ = started.send(());
+        }
+        std::thread::sleep(self.delay);
+        sluice_control_plane::config::live::AtomicFile.write(path, bytes)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_never_wait_for_a_write_on_a_slow_disk() {
+    let f = fixture("slow-disk", AuthPolicy::default());
+    let (started, write_started) = tokio::sync::oneshot::channel();
+    let config = f.live.config();
+    let live = Arc::new(
+        LiveConfig::with_file(
+            f.state.clone(),
+            config,
+            f.file.clone(),
+            std::fs::read(&f.file).unwrap(),
+        )
+        .with_persist(Arc::new(SlowDisk {
+            delay: std::time::Duration::from_secs(3),
+            started: std::sync::Mutex::new(Some(started)),
+        })),
+    );
+    let router = admin_router(Admin::new(Arc::clone(&live), AuthPolicy::default()));
+    let writer = tokio::spawn({
+        let router = router.clone();
+        async move {
+            send(
+                &router,
+                Method::PUT,
+                "/v1/limits/acme",
+                Some(r#"{"limit_rps": 42}"#),
+            )
+            .await
+        }
+    });
+    write_started.await.unwrap();
+    // Several readers at once, more than the runtime has workers: none of
+    // them may park a worker on the writer's lock.
+    let reads = [
+        "/healthz",
+        "/v1/limits",
+        "/v1/tenants",
+        "/v1/modes",
+        "/v1/overrides",
+        "/v1/limits/acme",
+    ];
+    let started_reading = std::time::Instant::now();
+    let mut readers = tokio::task::JoinSet::new();
+    for uri in reads {
+        let router = router.clone();
+        readers.spawn(async move { (uri, send(&router, Method::GET, uri, None).await) });
+    }
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        let mut answered = Vec::new();
+        while let Some(joined) = readers.join_next().await {
+            answered.push(joined.unwrap());
+        }
+        answered
+    })
+    .await
+    .expect("a reader waited for the write's disk");
+    assert!(started_reading.elapsed() < std::time::Duration::from_secs(2));
+    for (uri, (status, body)) in answered {
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        if uri == "/v1/limits/acme" {
+            // The write is not in force before it is on disk.
+            assert_eq!(body["limit_rps"], 200.0, "{body}");
+        }
+    }
+    let (status, _) = writer.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        live.config().limits.exact("acme"),
+        Some(LimitRps::new(42.0).unwrap())
+    );
+}
+
+#[tokio::test]
+async fn a_deeply_nested_file_is_refused_at_once_and_the_old_one_stays() {
+    let f = fixture("nested", AuthPolicy::default());
+    let before = f.live.config();
+    std::fs::write(&f.file, format!("limits: {}\n", "[".repeat(200_000))).unwrap();
+    let reload = f.live.poll(0);
+    match reload {
+        Some(sluice_control_plane::config::live::Reload::Rejected(err)) => {
+            let err = err.to_string();
+            assert!(err.contains("nested more than 32 levels deep"), "{err}");
+            assert!(err.contains(":1:"), "names the line: {err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.live.config(), before);
+    let (status, body) = send(&f.router, Method::GET, "/v1/limits", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Writes wait for a fixed file, as for any invalid hand edit.
+    let (status, _) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/limits/acme",
+        Some(r#"{"limit_rps": 5}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
 }

@@ -179,12 +179,16 @@ impl Default for TenantPolicy {
 
 /// Tenant policies by name; the `default` entry (weight 1, no floor, unless
 /// configured) applies to every tenant not listed.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(
-    try_from = "BTreeMap<String, TenantPolicy>",
-    into = "BTreeMap<String, TenantPolicy>"
-)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(into = "BTreeMap<String, TenantPolicy>")]
 pub struct Tenants(BTreeMap<String, TenantPolicy>);
+
+// Each name is checked where it stands, so an error names its line.
+impl<'de> Deserialize<'de> for Tenants {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        crate::types::tenant_keyed(deserializer).map(Self)
+    }
+}
 
 impl TryFrom<BTreeMap<String, TenantPolicy>> for Tenants {
     type Error = String;
