@@ -428,3 +428,30 @@ async fn ctl_adaptive_sets_lists_and_removes_a_spec() {
     assert!(!server.state.policy().adaptive.contains("acme"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn dot_buckets_can_be_set_and_removed() {
+    let server = Server::start("dots").await;
+    // `..` once became `PUT /v1/`, and `%2E%2E` the bucket `..`.
+    for bucket in ["..", ".", "%2E%2E", "a/../b"] {
+        server.ok(&["limit", "set", bucket, "5"]).await;
+        assert_eq!(
+            server
+                .state
+                .policy()
+                .limits
+                .limit_for(bucket)
+                .map(|l| l.get()),
+            Some(5.0),
+            "{bucket}"
+        );
+        server.ok(&["mode", "set", bucket, "shadow"]).await;
+        server.ok(&["mode", "rm", bucket]).await;
+        server.ok(&["limit", "rm", bucket]).await;
+        assert_eq!(
+            server.state.policy().limits.limit_for(bucket),
+            None,
+            "{bucket}"
+        );
+    }
+}
