@@ -1135,6 +1135,26 @@ async fn audit_lines_follow_only_writes_that_happened() {
 struct SlowDisk {
     delay: std::time::Duration,
     started: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Set once a write is on disk.
+    finished: std::sync::atomic::AtomicBool,
+}
+
+impl SlowDisk {
+    /// A disk that takes `delay` per write, and the signal of the first
+    /// write's start.
+    fn new(delay: std::time::Duration) -> (Arc<Self>, tokio::sync::oneshot::Receiver<()>) {
+        let (started, write_started) = tokio::sync::oneshot::channel();
+        let disk = Arc::new(Self {
+            delay,
+            started: std::sync::Mutex::new(Some(started)),
+            finished: std::sync::atomic::AtomicBool::new(false),
+        });
+        (disk, write_started)
+    }
+
+    fn finished(&self) -> bool {
+        self.finished.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl sluice_control_plane::config::live::Persist for SlowDisk {
@@ -1143,27 +1163,39 @@ impl sluice_control_plane::config::live::Persist for SlowDisk {
             let _ = started.send(());
         }
         std::thread::sleep(self.delay);
-        sluice_control_plane::config::live::AtomicFile.write(path, bytes)
+        let written = sluice_control_plane::config::live::AtomicFile.write(path, bytes);
+        self.finished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        written
     }
+}
+
+/// `f`'s configuration on a disk whose writes take `delay`.
+fn on_slow_disk(
+    f: &Fixture,
+    delay: std::time::Duration,
+) -> (
+    Arc<LiveConfig>,
+    Arc<SlowDisk>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (disk, write_started) = SlowDisk::new(delay);
+    let live = Arc::new(
+        LiveConfig::with_file(
+            f.state.clone(),
+            f.live.config(),
+            f.file.clone(),
+            std::fs::read(&f.file).unwrap(),
+        )
+        .with_persist(Arc::clone(&disk) as Arc<dyn sluice_control_plane::config::live::Persist>),
+    );
+    (live, disk, write_started)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_never_wait_for_a_write_on_a_slow_disk() {
     let f = fixture("slow-disk", AuthPolicy::default());
-    let (started, write_started) = tokio::sync::oneshot::channel();
-    let config = f.live.config();
-    let live = Arc::new(
-        LiveConfig::with_file(
-            f.state.clone(),
-            config,
-            f.file.clone(),
-            std::fs::read(&f.file).unwrap(),
-        )
-        .with_persist(Arc::new(SlowDisk {
-            delay: std::time::Duration::from_secs(3),
-            started: std::sync::Mutex::new(Some(started)),
-        })),
-    );
+    let (live, _disk, write_started) = on_slow_disk(&f, std::time::Duration::from_secs(3));
     let router = admin_router(Admin::new(Arc::clone(&live), AuthPolicy::default()));
     let writer = tokio::spawn({
         let router = router.clone();
@@ -1215,6 +1247,44 @@ async fn readers_never_wait_for_a_write_on_a_slow_disk() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         live.config().limits.exact("acme"),
+        Some(LimitRps::new(42.0).unwrap())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_of_the_file_during_a_write_does_not_undo_it() {
+    // The watcher reads the file while a write is on its way to the disk:
+    // what it read is older than the write, and must not be put in force
+    // after it (the admin API would answer 200 and then serve, and push,
+    // the old limit until the next poll).
+    let f = fixture("poll-during-write", AuthPolicy::default());
+    let (live, disk, write_started) = on_slow_disk(&f, std::time::Duration::from_secs(1));
+    let router = admin_router(Admin::new(Arc::clone(&live), AuthPolicy::default()));
+    let writer = tokio::spawn(async move {
+        send(
+            &router,
+            Method::PUT,
+            "/v1/limits/acme",
+            Some(r#"{"limit_rps": 42}"#),
+        )
+        .await
+    });
+    write_started.await.unwrap();
+    let poll = tokio::task::spawn_blocking({
+        let live = Arc::clone(&live);
+        move || live.poll(sluice_control_plane::config::overrides::unix_now())
+    });
+    let (status, body) = writer.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(disk.finished());
+    let reload = poll.await.unwrap();
+    assert!(reload.is_none(), "the poll reloaded the file: {reload:?}");
+    assert_eq!(
+        live.config().limits.exact("acme"),
+        Some(LimitRps::new(42.0).unwrap())
+    );
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme"),
         Some(LimitRps::new(42.0).unwrap())
     );
 }

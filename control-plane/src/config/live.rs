@@ -432,12 +432,19 @@ impl LiveConfig {
     /// first (then the next poll looks again).
     fn refresh_from_file(&self, now: u64) -> Option<Reload> {
         let file = self.file.as_ref()?;
+        // Taken before the file is read: bytes read while a write was on
+        // its way to the disk are older than what that write put in force,
+        // and must not replace it.
+        let generation = self.lock().seen_generation;
         let bytes = match std::fs::read(file) {
             Ok(bytes) => bytes,
             Err(source) => {
                 let mut inner = self.lock();
                 // Reported once, not on every poll, until it is readable again.
                 inner.seen.as_ref()?;
+                if inner.seen_generation != generation {
+                    return None;
+                }
                 inner.see(None);
                 let err = ConfigError::Read {
                     path: file.clone(),
@@ -447,13 +454,14 @@ impl LiveConfig {
                 return Some(Reload::Rejected(err));
             }
         };
-        let generation = {
+        {
             let inner = self.lock();
-            if inner.seen.as_deref() == Some(bytes.as_slice()) {
+            if inner.seen_generation != generation
+                || inner.seen.as_deref() == Some(bytes.as_slice())
+            {
                 return None;
             }
-            inner.seen_generation
-        };
+        }
         let parsed = std::str::from_utf8(&bytes)
             .map_err(|err| ConfigError::Read {
                 path: file.clone(),
