@@ -1289,6 +1289,116 @@ async fn a_poll_of_the_file_during_a_write_does_not_undo_it() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_grpc_stream_gets_its_first_batch_during_a_write_on_a_slow_disk() {
+    use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
+    use sluice_proto::v1::{Hello, ProxyMessage, control_message, proxy_message};
+
+    // The whole control plane on this runtime's two workers, its limits
+    // file on a disk whose writes take 4 s (the fsyncs the issue slowed).
+    let f = fixture("slow-disk-grpc", AuthPolicy::default());
+    let (live, disk, write_started) = on_slow_disk(&f, std::time::Duration::from_secs(4));
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sluice_control_plane::run_with(
+        grpc,
+        admin,
+        Admin::new(Arc::clone(&live), AuthPolicy::default()),
+        std::time::Duration::from_millis(200),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let http = reqwest::Client::new();
+    let writer = tokio::spawn({
+        let http = http.clone();
+        async move {
+            http.put(format!("http://{admin_addr}/v1/limits/acme"))
+                .json(&json!({"limit_rps": 42}))
+                .send()
+                .await
+                .map(|response| response.status())
+        }
+    });
+    write_started.await.unwrap();
+    // Readers keep arriving meanwhile, more than the runtime has workers:
+    // none may park a worker on the writer's lock.
+    let mut readers = tokio::task::JoinSet::new();
+    for path in ["/healthz", "/v1/limits", "/v1/tenants", "/v1/modes"]
+        .into_iter()
+        .cycle()
+        .take(12)
+    {
+        let http = http.clone();
+        readers.spawn(async move {
+            let response = http
+                .get(format!("http://{admin_addr}{path}"))
+                .send()
+                .await
+                .unwrap();
+            (path, response.status())
+        });
+    }
+    // A proxy connects: its snapshot comes now, not after the disk.
+    let asked = std::time::Instant::now();
+    let first_batch = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let (outbound, receiver) = tokio::sync::mpsc::channel(4);
+        outbound
+            .send(ProxyMessage {
+                kind: Some(proxy_message::Kind::Hello(Hello {
+                    proxy_id: "during-the-write".into(),
+                    instance_id: 1,
+                    ..Default::default()
+                })),
+            })
+            .await
+            .unwrap();
+        let mut inbound = DirectiveServiceClient::new(channel)
+            .stream(tokio_stream::wrappers::ReceiverStream::new(receiver))
+            .await
+            .unwrap()
+            .into_inner();
+        let message = inbound.message().await.unwrap().unwrap();
+        (message, outbound, inbound)
+    })
+    .await
+    .expect("the new stream waited for the write's disk");
+    let waited = asked.elapsed();
+    assert!(
+        !disk.finished(),
+        "the first batch came only after the write was on disk ({waited:?})"
+    );
+    assert!(
+        matches!(
+            first_batch.0.kind,
+            Some(control_message::Kind::Directives(_))
+        ),
+        "{:?}",
+        first_batch.0
+    );
+    while let Some(joined) = readers.join_next().await {
+        let (path, status) = joined.unwrap();
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+    assert_eq!(writer.await.unwrap().unwrap(), StatusCode::OK);
+    assert!(disk.finished());
+
+    assert_eq!(
+        live.config().limits.exact("acme"),
+        Some(LimitRps::new(42.0).unwrap())
+    );
+    drop(first_batch);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn a_deeply_nested_file_is_refused_at_once_and_the_old_one_stays() {
     let f = fixture("nested", AuthPolicy::default());
