@@ -49,6 +49,11 @@ impl LimitRps {
     pub fn get(self) -> f64 {
         self.0
     }
+
+    /// Whether the limit admits nothing (0): the bucket is blocked.
+    pub fn is_blocked(self) -> bool {
+        self.0 == 0.0
+    }
 }
 
 impl TryFrom<f64> for LimitRps {

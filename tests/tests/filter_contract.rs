@@ -212,19 +212,24 @@ async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale() {
-    a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(DataPlane::Wasm).await;
+async fn a_blocked_bucket_refuses_every_tenant_connected_and_stale() {
+    a_blocked_bucket_refuses_every_tenant_connected_and_stale_on(DataPlane::Wasm).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_a_blocked_bucket_admits_nothing_once_its_directives_are_stale() {
-    a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(DataPlane::Native).await;
+async fn native_a_blocked_bucket_refuses_every_tenant_connected_and_stale() {
+    a_blocked_bucket_refuses_every_tenant_connected_and_stale_on(DataPlane::Native).await;
 }
 
-/// `limit_rps: 0` blocks the bucket; under `fallback: local_limit` the
-/// filter once read the directive's 0 as "unlimited" and let everything
-/// through when the directives went stale.
-async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(data_plane: DataPlane) {
+/// `limit_rps: 0` blocks the bucket in every regime. Under `fallback:
+/// local_limit` the filter once read the directive's 0 as "unlimited" and
+/// let everything through when the directives went stale; and a tenant
+/// name the control plane had not seen yet had no directive of its own,
+/// so it got the `new_bucket` behaviour (here `allow`). A fixed tenant and
+/// a stream whose every request names a new tenant are refused from the
+/// first request on: connected, while the control plane is gone (the
+/// outage allowance) and once the directives are stale.
+async fn a_blocked_bucket_refuses_every_tenant_connected_and_stale_on(data_plane: DataPlane) {
     let dir = tempfile::tempdir().unwrap();
     let mut control_plane = ControlPlane::start(
         ControlPlaneOptions::new(
@@ -240,6 +245,8 @@ async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(data_p
         control_plane.grpc_addr(),
         json!({
             "proxy_id": "blocked",
+            "bucket_key": [{"source": "literal", "value": "blocked"}],
+            "tenant": {"source": "header", "name": "x-tenant"},
             "report_interval_ms": 100,
             "directive_ttl_ms": 1000,
             "fallback": "local_limit"
@@ -247,17 +254,30 @@ async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(data_p
         data_plane,
     )
     .await;
+    let envoy_ref = &envoy;
+    // The bucket's standing block arrives with the first batch, before
+    // any request: nothing has been seen of any tenant.
+    wait::until(
+        "the blocked bucket's directive",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async move {
+            let stats = envoy_ref.stats("sluice.directive_buckets").await?;
+            Ok(stats.contains("sluice.directive_buckets: 1").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     let url = envoy.base_url();
     let load = LoadRun::start(LoadPlan::new(
-        vec![StreamSpec::new("blocked", &url, "blocked", 20.0)],
+        vec![
+            StreamSpec::new("acme", &url, "acme", 20.0),
+            StreamSpec::unique("new", &url, "org", 10.0),
+        ],
         Duration::from_secs(12),
     ))
     .unwrap();
-    let envoy_ref = &envoy;
-    envoy_ref
-        .wait_for_decision("drop", Duration::from_secs(3))
-        .await
-        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
     control_plane.kill().unwrap();
     let killed_at = load.elapsed();
     wait::until(
@@ -275,22 +295,26 @@ async fn a_blocked_bucket_admits_nothing_once_its_directives_are_stale_on(data_p
     load.stop();
     let stopped_at = load.elapsed();
     let result = load.finish().await.unwrap();
+    let whole = Window {
+        from: Duration::ZERO,
+        to: stopped_at,
+    };
+    let summary = result.summary(whole);
+    println!("{summary}");
     let stale = Window {
         from: killed_at + Duration::from_millis(2500),
         to: stopped_at,
     };
-    let summary = result.summary(Window {
-        from: Duration::ZERO,
-        to: stopped_at,
-    });
-    println!("{summary}");
-    let counts = result.tenant_counts(stale, "blocked");
-    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
-    assert!(counts.limited > 40, "the load went on: {summary}");
-    assert_eq!(
-        counts.ok, 0,
-        "a blocked bucket admitted requests:\n{summary}"
-    );
+    for tenant in ["acme", "org"] {
+        let counts = result.tenant_counts(whole, tenant);
+        assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+        assert_eq!(
+            counts.ok, 0,
+            "the blocked bucket admitted {tenant} requests:\n{summary}"
+        );
+        let stale = result.tenant_counts(stale, tenant);
+        assert!(stale.limited > 20, "the load went on: {summary}");
+    }
     let stats = envoy.stats("sluice.fallback_entered").await.unwrap();
     assert!(stats.contains("sluice.fallback_entered: 1"), "{stats}");
 }

@@ -41,6 +41,8 @@ pub struct LimitTable {
     patterns: Vec<(Glob, LimitRps)>,
     /// The aggregate patterns among `patterns`, in file order.
     aggregates: Vec<String>,
+    /// Exact keys whose limit is 0, sorted.
+    blocked_exact: Vec<String>,
 }
 
 impl LimitTable {
@@ -61,7 +63,7 @@ impl LimitTable {
         for rule in rules {
             match rule.selector {
                 Selector::Bucket(bucket) => {
-                    table.exact.insert(bucket, rule.limit_rps);
+                    table.set_exact(bucket, rule.limit_rps);
                 }
                 Selector::Pattern(pattern) => {
                     table.patterns.push((Glob::new(pattern), rule.limit_rps))
@@ -104,6 +106,26 @@ impl LimitTable {
         &self.aggregates
     }
 
+    /// The bucket keys the filters look up that are blocked (limit 0),
+    /// sorted and without repeats: exact keys and aggregate patterns (the
+    /// bucket their members are counted as). A pattern's blocked members
+    /// and a blocked default are not listed: no key names them before
+    /// their traffic does.
+    pub fn blocked_keys(&self) -> Vec<&str> {
+        let mut keys: Vec<&str> = self.blocked_exact.iter().map(String::as_str).collect();
+        let aggregates = self
+            .aggregates
+            .iter()
+            .filter(|pattern| self.limit_for(pattern).is_some_and(LimitRps::is_blocked));
+        let before = keys.len();
+        keys.extend(aggregates.map(String::as_str));
+        if keys.len() > before {
+            keys.sort_unstable();
+            keys.dedup();
+        }
+        keys
+    }
+
     /// The default for buckets no rule names.
     pub fn default_limit(&self) -> Option<LimitRps> {
         self.default
@@ -111,11 +133,24 @@ impl LimitTable {
 
     /// Sets (or replaces) an exact limit; returns the previous one.
     pub fn set_exact(&mut self, bucket: String, limit: LimitRps) -> Option<LimitRps> {
+        match self.blocked_exact.binary_search(&bucket) {
+            Ok(at) if !limit.is_blocked() => {
+                self.blocked_exact.remove(at);
+            }
+            Err(at) if limit.is_blocked() => self.blocked_exact.insert(at, bucket.clone()),
+            _ => {}
+        }
         self.exact.insert(bucket, limit)
     }
 
     /// Removes an exact limit; returns it if there was one.
     pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+        if let Ok(at) = self
+            .blocked_exact
+            .binary_search_by(|key| key.as_str().cmp(bucket))
+        {
+            self.blocked_exact.remove(at);
+        }
         self.exact.remove(bucket)
     }
 
@@ -227,6 +262,31 @@ mod tests {
         assert_eq!(table.remove_exact("acme"), Some(limit(2.0)));
         assert_eq!(table.remove_exact("acme"), None);
         assert_eq!(table.limit_for("acme"), None);
+    }
+
+    #[test]
+    fn blocked_keys_are_exact_keys_and_aggregate_patterns_at_zero() {
+        let rule = |selector, rps| LimitRule {
+            selector,
+            limit_rps: limit(rps),
+        };
+        let mut table = LimitTable::from_rules(
+            Some(limit(0.0)),
+            [
+                rule(Selector::Bucket("open".into()), 5.0),
+                rule(Selector::Bucket("shut".into()), 0.0),
+                rule(Selector::Pattern("free-*".into()), 0.0),
+                rule(Selector::AggregatePattern("bulk-*".into()), 0.0),
+                rule(Selector::AggregatePattern("paid-*".into()), 10.0),
+            ],
+        );
+        assert_eq!(table.blocked_keys(), ["bulk-*", "shut"]);
+        table.set_exact("open".into(), limit(0.0));
+        table.set_exact("shut".into(), limit(1.0));
+        table.set_exact("bulk-*".into(), limit(2.0));
+        assert_eq!(table.blocked_keys(), ["open"]);
+        table.remove_exact("open");
+        assert!(table.blocked_keys().is_empty());
     }
 
     #[test]

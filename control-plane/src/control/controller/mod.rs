@@ -26,6 +26,11 @@
 //!   share cap cut, so they admit as if they offered their counted part
 //!   ([`counted`]).
 //!
+//! A blocked bucket (limit 0) also keeps a standing bucket-wide directive
+//! that drops everything, traffic or not ([`blocked`]): a cell the
+//! filters meet before the control plane has seen it falls back on it. A
+//! blocked bucket's floors are void: it admits nothing.
+//!
 //! Only cells with something to enforce get a directive: a limit (floors
 //! and priorities only exist under one) or a bucket mode. A cell of an
 //! unlimited bucket gets none, so a flood of one-off keys costs the proxies
@@ -42,9 +47,11 @@ use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
+use blocked::Blocks;
 use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
+mod blocked;
 mod counted;
 mod drop_policy;
 mod retry;
@@ -175,6 +182,8 @@ pub struct Controller {
     pooled: Vec<usize>,
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
+    /// The blocked buckets' standing directives.
+    blocks: Blocks,
     /// Control intervals decided so far.
     decided: u64,
 }
@@ -207,6 +216,7 @@ impl Controller {
             tenants: Vec::new(),
             pooled: Vec::new(),
             cell_tenant: Vec::new(),
+            blocks: Blocks::default(),
             decided: 0,
         }
     }
@@ -257,6 +267,7 @@ impl Controller {
         };
         let previous = std::mem::take(&mut self.buckets);
         let mut next = Vec::with_capacity(load.buckets.len());
+        self.blocks.begin();
         let mut previous = previous.into_iter().peekable();
         for traffic in load.buckets.iter().filter(|b| b.load.offered_rps > 0.0) {
             while let Some(gone) =
@@ -273,6 +284,9 @@ impl Controller {
                     counted: CountedProxies::default(),
                 });
             let limit = limits.limit_for(&traffic.bucket);
+            if limit.is_some_and(LimitRps::is_blocked) {
+                self.blocks.saw(&traffic.bucket);
+            }
             let (state, status) =
                 self.decide_bucket(traffic, state, limit, tenants, modes, &mut decision);
             next.push(state);
@@ -281,6 +295,8 @@ impl Controller {
         for gone in previous {
             retire_bucket(gone, &mut decision);
         }
+        self.blocks
+            .finish(limits, modes, self.standing_retry_after_ms(), &mut decision);
         self.buckets = next;
         self.decided = self.decided.saturating_add(1);
         decision
@@ -299,6 +315,7 @@ impl Controller {
         if let Some(limit) = limit {
             self.allocate(traffic, limit, tenants);
         }
+        let blocked = limit.is_some_and(LimitRps::is_blocked);
         let overloaded = limit.is_some_and(|l| traffic.load.offered_rps > l.get());
         state.overloaded_intervals = if overloaded {
             state.overloaded_intervals.saturating_add(1)
@@ -398,7 +415,10 @@ impl Controller {
                     .pushed
                     .as_ref()
                     .is_none_or(|pushed| pushed.differs_from(&next));
-            if changed {
+            if blocked && cell.tenant.is_empty() && cell.priority == Priority::Unspecified {
+                // The bucket's standing block is this cell's directive.
+                cell_state.pushed = None;
+            } else if changed {
                 cell_state.pushed = Some(next);
                 decision.changed.push(directive(
                     bucket,
@@ -460,8 +480,14 @@ impl Controller {
             }
             self.cell_tenant.push(index);
         }
+        if limit.is_blocked() {
+            // A blocked bucket admits nothing: no floor holds in it.
+            for tenant in &mut self.tenants {
+                tenant.floor = 0.0;
+            }
+        }
         let shared_floor = tenants.policy_for(DEFAULT_TENANT).min_floor_rps.get();
-        if shared_floor > 0.0 && !self.pooled.is_empty() {
+        if shared_floor > 0.0 && !self.pooled.is_empty() && !limit.is_blocked() {
             fairness::share_floor(
                 &mut self.tenants,
                 &self.pooled,
@@ -477,10 +503,16 @@ impl Controller {
         );
     }
 
+    /// The retry hint of the standing blocks: the shortest one.
+    fn standing_retry_after_ms(&self) -> u64 {
+        retry_after_ms(self.interval, 0)
+    }
+
     /// Every directive currently in force, sorted by bucket, tenant and
     /// priority: what a proxy connecting now should receive.
     pub fn snapshot(&self) -> Vec<Directive> {
-        self.buckets
+        let mut directives: Vec<Directive> = self
+            .buckets
             .iter()
             .flat_map(|state| {
                 state.cells.iter().filter_map(move |cell| {
@@ -494,7 +526,15 @@ impl Controller {
                     ))
                 })
             })
-            .collect()
+            .collect();
+        let before = directives.len();
+        directives.extend(self.blocks.directives(self.standing_retry_after_ms()));
+        if directives.len() > before {
+            directives.sort_by(|a, b| {
+                (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+            });
+        }
+        directives
     }
 }
 

@@ -302,6 +302,189 @@ fn a_floor_on_default_is_shared_by_the_names_clients_invent() {
     assert!(gold >= 2.0 - 1e-9, "gold keeps its floor: {gold}");
 }
 
+/// What a proxy holds after every batch so far, as the publisher applies
+/// a decision: `changed` in order (a lift removes), then `retired`.
+#[derive(Default)]
+struct Pushed(std::collections::BTreeMap<(String, String, i32), Directive>);
+
+impl Pushed {
+    fn apply(&mut self, decision: &Decision) {
+        for d in &decision.changed {
+            let key = (d.bucket.clone(), d.tenant.clone(), d.priority);
+            if is_lift(d) {
+                self.0.remove(&key);
+            } else {
+                self.0.insert(key, d.clone());
+            }
+        }
+        for cell in &decision.retired {
+            self.0.remove(&(
+                cell.bucket.to_string(),
+                cell.tenant.to_string(),
+                cell.priority.to_wire() as i32,
+            ));
+        }
+    }
+
+    /// The bucket-wide directive of `bucket`, if the proxy holds one.
+    fn wide(&self, bucket: &str) -> Option<&Directive> {
+        self.0.get(&(bucket.to_owned(), String::new(), 0))
+    }
+
+    fn matches_snapshot(&self, controller: &Controller) {
+        let snapshot: Vec<Directive> = controller.snapshot();
+        let held: Vec<&Directive> = self.0.values().collect();
+        assert_eq!(
+            held,
+            snapshot.iter().collect::<Vec<_>>(),
+            "what was pushed is not what a new stream gets"
+        );
+    }
+}
+
+fn is_block(d: &Directive) -> bool {
+    d.drop_ratio == 1.0 && d.limit_rps == Some(0.0) && d.share_rps == 0.0
+}
+
+#[test]
+fn a_blocked_bucket_keeps_a_standing_block_for_cells_not_seen_yet() {
+    // A cell the filters meet first (a new tenant name) finds no directive
+    // of its own: the bucket-wide one must block it, traffic or not.
+    let rule = |selector, rps| LimitRule {
+        selector,
+        limit_rps: limit(rps),
+    };
+    let limits = |shut: f64| {
+        LimitTable::from_rules(
+            None,
+            [
+                rule(Selector::Bucket("shut".into()), shut),
+                rule(Selector::Bucket("open".into()), 10.0),
+                rule(Selector::Pattern("free-*".into()), 0.0),
+                rule(Selector::AggregatePattern("bulk-*".into()), 0.0),
+            ],
+        )
+    };
+    let mut policy = policy(10.0, &[("gold", 1.0, 1.0, 5.0), ("default", 1.0, 1.0, 5.0)]);
+    policy.limits = limits(0.0);
+    let mut controller = Controller::default();
+    let mut proxy = Pushed::default();
+
+    // No traffic yet: the exact key and the aggregate pattern are blocked.
+    let decision = controller.decide(&FleetLoad::default(), &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    assert!(proxy.wide("shut").is_some_and(is_block), "{decision:?}");
+    assert!(proxy.wide("bulk-*").is_some_and(is_block), "{decision:?}");
+    assert_eq!(proxy.0.len(), 2, "{:?}", proxy.0);
+    // Unchanged: nothing is pushed again.
+    assert!(
+        controller
+            .decide(&FleetLoad::default(), &policy)
+            .changed
+            .is_empty()
+    );
+
+    // Traffic: tenants of the blocked bucket (floors included, its own and
+    // the shared one on `default`) are all dropped; its bucket-wide cell
+    // keeps the standing block; a pattern's member gets one of its own.
+    let shut = |wide: f64| {
+        let mut cells = vec![
+            tenant_cell("gold", Priority::Unspecified, 3.0),
+            tenant_cell("org-1", Priority::Bulk, 3.0),
+        ];
+        if wide > 0.0 {
+            cells.push(tenant_cell("", Priority::Unspecified, wide));
+        }
+        BucketTraffic::from_cells("shut", cells)
+    };
+    let free = || {
+        BucketTraffic::from_cells(
+            "free-x",
+            vec![tenant_cell("gold", Priority::Unspecified, 3.0)],
+        )
+    };
+    let busy = FleetLoad::new(vec![free(), shut(4.0)]);
+    let decision = controller.decide(&busy, &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    assert!(
+        !decision
+            .changed
+            .iter()
+            .any(|d| d.bucket == "shut" && d.tenant.is_empty()),
+        "the standing block is the bucket-wide cell's directive: {decision:?}"
+    );
+    for (bucket, tenant, priority) in [
+        ("shut", "gold", Priority::Unspecified),
+        ("shut", "org-1", Priority::Bulk),
+        ("free-x", "gold", Priority::Unspecified),
+    ] {
+        let held = proxy
+            .0
+            .get(&(bucket.into(), tenant.into(), priority.to_wire() as i32))
+            .unwrap_or_else(|| panic!("{bucket} {tenant}: {:?}", proxy.0));
+        assert!(is_block(held), "{held:?}");
+    }
+    assert!(proxy.wide("free-x").is_some_and(is_block));
+    let status = decision
+        .buckets
+        .iter()
+        .find(|b| &*b.bucket == "shut")
+        .unwrap();
+    assert!(!status.floors_exceed_limit);
+
+    // The bucket-wide cell stops: its retirement must not take the
+    // standing block out of what a new stream gets. The pattern's member
+    // keeps its block while it has traffic.
+    let decision = controller.decide(&FleetLoad::new(vec![free(), shut(0.0)]), &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    assert!(proxy.wide("shut").is_some_and(is_block));
+    assert!(proxy.wide("free-x").is_some_and(is_block));
+
+    // A mode for a blocked bucket travels with its standing block.
+    policy.modes.buckets.insert("shut".into(), Mode::Shadow);
+    let decision = controller.decide(&FleetLoad::new(vec![free(), shut(0.0)]), &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    assert_eq!(
+        proxy.wide("shut").map(|d| d.mode),
+        Some(v1::Mode::Shadow as i32)
+    );
+    policy.modes.buckets.clear();
+
+    // All traffic stops: the pattern's member is forgotten, the exact key
+    // keeps its block.
+    let decision = controller.decide(&FleetLoad::default(), &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    assert!(proxy.wide("free-x").is_none());
+    assert!(proxy.wide("shut").is_some_and(is_block));
+    assert_eq!(proxy.0.len(), 2, "{:?}", proxy.0);
+
+    // Unblocked while its bucket-wide cell has traffic: that cell's own
+    // directive replaces the block (and is not lifted after it).
+    policy.limits = limits(5.0);
+    let decision = controller.decide(&FleetLoad::new(vec![shut(4.0)]), &policy);
+    proxy.apply(&decision);
+    proxy.matches_snapshot(&controller);
+    let wide = proxy.wide("shut").unwrap();
+    assert_eq!(wide.limit_rps, Some(5.0));
+    assert!(wide.drop_ratio < 1.0, "{wide:?}");
+
+    // Blocked again, then unblocked without traffic: lifted.
+    policy.limits = limits(0.0);
+    proxy.apply(&controller.decide(&FleetLoad::default(), &policy));
+    proxy.matches_snapshot(&controller);
+    assert!(proxy.wide("shut").is_some_and(is_block));
+    policy.limits = limits(7.0);
+    proxy.apply(&controller.decide(&FleetLoad::default(), &policy));
+    proxy.matches_snapshot(&controller);
+    assert!(proxy.wide("shut").is_none());
+    assert!(proxy.wide("bulk-*").is_some_and(is_block));
+}
+
 #[test]
 fn a_bucket_mode_reaches_its_directives_and_a_mode_change_is_pushed() {
     let mut policy = policy(100.0, &[]);

@@ -920,3 +920,72 @@ fn a_proxy_the_control_plane_counted_in_part_applies_its_own_ratio_on_every_vm()
         );
     }
 }
+
+/// A blocked bucket's standing directive: bucket-wide, limit 0, drop all.
+fn standing_block(bucket: &str) -> Directive {
+    Directive {
+        limit_rps: Some(0.0),
+        reason: Reason::ClusterOverload as i32,
+        ..cell(bucket, "", Priority::Unspecified, 1.0)
+    }
+}
+
+#[test]
+fn a_blocked_buckets_standing_block_refuses_cells_never_seen_in_every_regime() {
+    // New tenant names and priorities in a blocked bucket have no
+    // directive of their own: the bucket-wide block must refuse their
+    // first request, whatever the regime, where `new_bucket: allow` would
+    // let them through.
+    // Eight names never seen before, each offered a request on each of
+    // three ticks (so the ones met first have their pacing state, and
+    // their caps, by the second); how many of the 24 were refused.
+    let fresh_names = |fleet: &mut Fleet, round: usize| {
+        let mut refused = 0;
+        for _ in 0..3 {
+            for i in 0..8 {
+                let tenant = format!("org-{round}-{i}");
+                let priority = if i % 2 == 0 {
+                    Priority::Unspecified
+                } else {
+                    Priority::Bulk
+                };
+                refused += fleet
+                    .cell_decisions(i % 2, ("shut", &tenant, priority), 1)
+                    .0;
+            }
+            fleet.tick();
+        }
+        refused
+    };
+    let regimes = [
+        (Fallback::LocalLimit, settings()),
+        (Fallback::KeepLast, settings()),
+        (Fallback::LocalLimit, exact_allowance(Engage::WhenLost)),
+        (Fallback::LocalLimit, exact_allowance(Engage::Always)),
+    ];
+    for (fallback, base) in regimes {
+        let label = format!("{fallback:?} {:?}", base.allowance.map(|a| a.engage));
+        let mut fleet = Fleet::with_settings(
+            2,
+            AgentSettings {
+                directive_ttl_ms: 1_000,
+                fallback,
+                ..base
+            },
+        );
+        fleet.ticks(2);
+        fleet.push_batch(batch(vec![standing_block("shut")]));
+        fleet.tick();
+        assert_eq!(fresh_names(&mut fleet, 0), 24, "connected, {label}");
+        // The control plane goes away: the stream closes (the outage
+        // allowance engages), then the table ages past its TTL.
+        fleet.server_closes(14);
+        assert!(fleet.vms.iter().all(|(_, a)| !a.in_fallback()), "{label}");
+        assert_eq!(fresh_names(&mut fleet, 1), 24, "lost, {label}");
+        fleet.ticks(12);
+        assert!(fleet.vms.iter().all(|(_, a)| a.in_fallback()), "{label}");
+        assert_eq!(fresh_names(&mut fleet, 2), 24, "stale, {label}");
+        fleet.ticks(50);
+        assert_eq!(fresh_names(&mut fleet, 3), 24, "long stale, {label}");
+    }
+}
