@@ -1399,12 +1399,48 @@ async fn a_new_grpc_stream_gets_its_first_batch_during_a_write_on_a_slow_disk() 
     server.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_deeply_nested_file_is_refused_at_once_and_the_old_one_stays() {
+// Threads and channels rather than tasks: a read parked on a lock would
+// park a runtime worker (and the test's own timeout with it).
+#[test]
+fn a_deeply_nested_file_is_refused_at_once_and_the_old_one_stays() {
     let f = fixture("nested", AuthPolicy::default());
     let before = f.live.config();
     std::fs::write(&f.file, format!("limits: {}\n", "[".repeat(200_000))).unwrap();
-    let reload = f.live.poll(0);
+    // The watcher's poll, on a thread of its own: it once took 95 s to
+    // reject this file, holding the lock every read took meanwhile.
+    let (done, rejected) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let live = Arc::clone(&f.live);
+        move || {
+            let _ = done.send(live.poll(0));
+        }
+    });
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (answer, answers) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let router = f.router.clone();
+        move || {
+            let runtime = runtime();
+            for uri in ["/healthz", "/v1/limits", "/v1/limits/acme"] {
+                let reply = runtime.block_on(send(&router, Method::GET, uri, None));
+                let _ = answer.send((uri, reply));
+            }
+        }
+    });
+    for _ in 0..3 {
+        let (uri, (status, body)) = answers
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("a read waited for the reload");
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+    }
+    let reload = rejected
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the nested file was not rejected within 10 s");
     match reload {
         Some(sluice_control_plane::config::live::Reload::Rejected(err)) => {
             let err = err.to_string();
@@ -1414,15 +1450,12 @@ async fn a_deeply_nested_file_is_refused_at_once_and_the_old_one_stays() {
         other => panic!("{other:?}"),
     }
     assert_eq!(f.live.config(), before);
-    let (status, body) = send(&f.router, Method::GET, "/v1/limits", None).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
     // Writes wait for a fixed file, as for any invalid hand edit.
-    let (status, _) = send(
+    let (status, _) = runtime().block_on(send(
         &f.router,
         Method::PUT,
         "/v1/limits/acme",
         Some(r#"{"limit_rps": 5}"#),
-    )
-    .await;
+    ));
     assert_eq!(status, StatusCode::CONFLICT);
 }

@@ -91,6 +91,48 @@ fn example_config_is_valid() {
 }
 
 #[test]
+fn check_config_refuses_a_deeply_nested_file_at_once() {
+    // 200 KB of nested `[` once took check-config minutes (the parser's
+    // time grew with the square of the depth); refused before parsing now.
+    let dir = temp_dir("nested");
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, format!("limits: {}\n", "[".repeat(200_000))).unwrap();
+    let mut child = Command::new(SLUICE)
+        .arg("check-config")
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("check-config still parsing after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:1:", file.display()))
+            && stderr.contains("nested more than 32 levels deep"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn check_config_reports_file_line_column_and_field() {
     let dir = temp_dir("check");
     let file = dir.join("limits.yaml");
