@@ -12,11 +12,12 @@ pub mod upstream;
 
 use sluice_core::Priority;
 use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
-use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::directives::DirectiveTable;
 use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 use sluice_filter::pacing::DecisionMode;
+use sluice_filter::request_attributes::RequestAttributes;
 use sluice_proto::v1::{Directive, DirectiveBatch};
+use std::borrow::Cow;
 
 /// Bucket names `tenant-0` … `tenant-{n-1}`.
 pub fn bucket_names(n: usize) -> Vec<String> {
@@ -51,16 +52,17 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
 }
 
+/// Each read copies the value out, as a proxy-wasm host call does.
 impl RequestAttributes for Request {
-    fn header(&self, name: &str) -> Option<String> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.headers
             .iter()
             .find(|(key, _)| key == name)
-            .map(|(_, value)| value.clone())
+            .map(|(_, value)| Cow::Owned(value.as_bytes().to_vec()))
     }
 
-    fn route_name(&self) -> Option<String> {
-        Some("default".to_owned())
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Owned(b"default".to_vec()))
     }
 }
 

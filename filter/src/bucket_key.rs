@@ -1,16 +1,8 @@
 //! How a request maps to a bucket: a list of parts (header, authority, path
 //! prefix, route name, literal) joined by a separator.
 
+use crate::request_attributes::{AttributeReader, RequestAttributes};
 use sluice_core::{MAX_BUCKET_KEY_BYTES, cut};
-
-/// The request attributes a bucket key can be built from.
-pub trait RequestAttributes {
-    /// A request header by lower-case name, including pseudo-headers such
-    /// as `:authority` and `:path`.
-    fn header(&self, name: &str) -> Option<String>;
-    /// The name of the route the request matched.
-    fn route_name(&self) -> Option<String>;
-}
 
 /// Where one part of the key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,13 +19,13 @@ pub enum KeySource {
     Literal(String),
 }
 
-/// One part of the key and the value used when its attribute is absent or
-/// empty.
+/// One part of the key and the value used when its attribute is absent,
+/// empty or not UTF-8 ([`crate::request_attributes`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyPart {
     /// Where the value comes from.
     pub source: KeySource,
-    /// The value when the attribute is absent or empty.
+    /// The value when the attribute is absent, empty or not UTF-8.
     pub default: String,
 }
 
@@ -60,14 +52,18 @@ impl BucketKeySpec {
     /// The bucket of a request. Reads only the attributes the spec names.
     pub fn derive(&self, request: &impl RequestAttributes) -> String {
         let mut key = String::new();
-        self.derive_into(request, &mut key);
+        self.derive_into(&mut AttributeReader::new(request), &mut key);
         key
     }
 
     /// Writes the bucket of a request into `key`, replacing its contents:
     /// the request path reuses one buffer, so no key is allocated once it
     /// has grown to the longest key.
-    pub fn derive_into(&self, request: &impl RequestAttributes, key: &mut String) {
+    pub fn derive_into<R: RequestAttributes + ?Sized>(
+        &self,
+        request: &mut AttributeReader<'_, R>,
+        key: &mut String,
+    ) {
         key.clear();
         for (index, part) in self.parts.iter().enumerate() {
             if index > 0 {
@@ -80,15 +76,45 @@ impl BucketKeySpec {
 }
 
 impl KeyPart {
-    /// Appends this part's value (or its default) to `out`.
-    pub fn append_to(&self, request: &impl RequestAttributes, out: &mut String) {
-        if let KeySource::Literal(value) = &self.source {
-            out.push_str(value);
-            return;
+    /// Appends this part's value (or its default, when the attribute is
+    /// absent, empty or not UTF-8) to `out`.
+    pub fn append_to<R: RequestAttributes + ?Sized>(
+        &self,
+        request: &mut AttributeReader<'_, R>,
+        out: &mut String,
+    ) {
+        let start = out.len();
+        match &self.source {
+            KeySource::Literal(value) => {
+                out.push_str(value);
+                return;
+            }
+            KeySource::Header(name) => {
+                if let Some(value) = request.header(name) {
+                    out.push_str(&value);
+                }
+            }
+            KeySource::Authority => {
+                if let Some(authority) = request.header(":authority") {
+                    out.push_str(&authority);
+                    if let Some(appended) = out.get_mut(start..) {
+                        appended.make_ascii_lowercase();
+                    }
+                }
+            }
+            KeySource::PathPrefix(segments) => {
+                if let Some(path) = request.header(":path") {
+                    write_path_prefix(&path, *segments, out);
+                }
+            }
+            KeySource::RouteName => {
+                if let Some(route) = request.route_name() {
+                    out.push_str(&route);
+                }
+            }
         }
-        match attribute(&self.source, request) {
-            Some(value) if !value.is_empty() => out.push_str(&value),
-            _ => out.push_str(&self.default),
+        if out.len() == start {
+            out.push_str(&self.default);
         }
     }
 
@@ -98,35 +124,23 @@ impl KeyPart {
     }
 }
 
-fn attribute(source: &KeySource, request: &impl RequestAttributes) -> Option<String> {
-    match source {
-        KeySource::Header(name) => request.header(name),
-        KeySource::Authority => request.header(":authority").map(|a| a.to_ascii_lowercase()),
-        KeySource::PathPrefix(segments) => {
-            request.header(":path").map(|p| path_prefix(&p, *segments))
-        }
-        KeySource::RouteName => request.route_name(),
-        KeySource::Literal(value) => Some(value.clone()),
-    }
-}
-
-/// `/a/b/c?x=1` with 2 segments is `/a/b`; empty segments are skipped, and a
-/// path without segments is `/`.
-fn path_prefix(path: &str, segments: usize) -> String {
+/// Appends the first `segments` non-empty segments of `path` without its
+/// query: `/a/b/c?x=1` with 2 segments is `/a/b`; a path without segments
+/// is `/`.
+fn write_path_prefix(path: &str, segments: usize, out: &mut String) {
     let without_query = path.split(['?', '#']).next().unwrap_or_default();
-    let mut prefix = String::new();
+    let start = out.len();
     for segment in without_query
         .split('/')
         .filter(|s| !s.is_empty())
         .take(segments)
     {
-        prefix.push('/');
-        prefix.push_str(segment);
+        out.push('/');
+        out.push_str(segment);
     }
-    if prefix.is_empty() {
-        prefix.push('/');
+    if out.len() == start {
+        out.push('/');
     }
-    prefix
 }
 
 /// Cuts `value` to at most `max_bytes`, on a character boundary.
@@ -189,6 +203,48 @@ mod tests {
         );
         assert_eq!(spec.derive(&request(&[])), "anonymous:-");
         assert_eq!(spec.derive(&request(&[("x-tenant", "")])), "anonymous:-");
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_use_the_default_and_are_counted() {
+        let spec = BucketKeySpec::new(
+            vec![
+                part(KeySource::Header("x-tenant".into())),
+                part(KeySource::Authority),
+                part(KeySource::PathPrefix(1)),
+                part(KeySource::RouteName),
+            ],
+            "/".into(),
+        );
+        let mut req = request(&[]);
+        req.raw_headers.insert("x-tenant", b"ac\xffme");
+        req.raw_headers.insert(":authority", b"Shop\xc3");
+        req.raw_headers.insert(":path", b"/v1\x80/items");
+        req.raw_route = Some(b"\xfe");
+        let mut reader = AttributeReader::new(&req);
+        let mut key = String::new();
+        spec.derive_into(&mut reader, &mut key);
+        assert_eq!(key, "-/-/-/-");
+        assert_eq!(reader.invalid(), 4);
+    }
+
+    #[test]
+    fn only_the_authority_is_lower_cased() {
+        let spec = BucketKeySpec::new(
+            vec![
+                part(KeySource::Header("x-tenant".into())),
+                part(KeySource::Authority),
+            ],
+            "/".into(),
+        );
+        let req = request(&[("x-tenant", "ACME"), (":authority", "Shop.Example")]);
+        assert_eq!(spec.derive(&req), "ACME/shop.example");
+    }
+
+    fn path_prefix(path: &str, segments: usize) -> String {
+        let mut prefix = String::from("kept:");
+        write_path_prefix(path, segments, &mut prefix);
+        prefix.split_off("kept:".len())
     }
 
     #[test]

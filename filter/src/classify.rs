@@ -3,8 +3,9 @@
 //! optional key part, the priority from an optional header and/or route
 //! name mapping with a configured default class.
 
-use crate::bucket_key::{BucketKeySpec, KeyPart, RequestAttributes};
+use crate::bucket_key::{BucketKeySpec, KeyPart};
 use crate::cell::CellKeyBuf;
+use crate::request_attributes::{AttributeReader, RequestAttributes};
 use sluice_core::{MAX_TENANT_BYTES, Priority};
 
 /// How a request's priority class is found: the header's value if it maps
@@ -22,8 +23,12 @@ pub struct PrioritySpec {
 }
 
 impl PrioritySpec {
-    /// The class of a request.
-    pub fn classify(&self, request: &impl RequestAttributes) -> Priority {
+    /// The class of a request. A header value or route name that is not
+    /// UTF-8 is as if absent ([`crate::request_attributes`]).
+    pub fn classify<R: RequestAttributes + ?Sized>(
+        &self,
+        request: &mut AttributeReader<'_, R>,
+    ) -> Priority {
         if let Some(header) = &self.header
             && let Some(value) = request.header(header)
             && let Some((_, class)) = self
@@ -35,7 +40,7 @@ impl PrioritySpec {
         }
         if !self.routes.is_empty()
             && let Some(route) = request.route_name()
-            && let Some((_, class)) = self.routes.iter().find(|(name, _)| *name == route)
+            && let Some((_, class)) = self.routes.iter().find(|(name, _)| *name == *route)
         {
             return *class;
         }
@@ -61,18 +66,22 @@ pub struct Classifier {
 
 impl Classifier {
     /// Classifies a request into `buf` (bucket, tenant and priority),
-    /// reusing its buffers.
-    pub fn classify_into(&self, request: &impl RequestAttributes, buf: &mut CellKeyBuf) {
-        self.bucket_key.derive_into(request, &mut buf.bucket);
+    /// reusing its buffers. Returns how many of the values it read were not
+    /// UTF-8: each was taken as absent, so its part's default applied
+    /// ([`crate::request_attributes`]).
+    pub fn classify_into(&self, request: &impl RequestAttributes, buf: &mut CellKeyBuf) -> u32 {
+        let mut request = AttributeReader::new(request);
+        self.bucket_key.derive_into(&mut request, &mut buf.bucket);
         buf.tenant.clear();
         if let Some(tenant) = &self.tenant {
-            tenant.append_to(request, &mut buf.tenant);
+            tenant.append_to(&mut request, &mut buf.tenant);
             crate::bucket_key::truncate_at_char_boundary(&mut buf.tenant, MAX_TENANT_BYTES);
         }
         buf.priority = self
             .priority
             .as_ref()
-            .map_or(Priority::Unspecified, |spec| spec.classify(request));
+            .map_or(Priority::Unspecified, |spec| spec.classify(&mut request));
+        request.invalid()
     }
 
     /// Whether any part needs the route name (a property read per request).
@@ -122,7 +131,8 @@ mod tests {
 
     fn classify(request: &Request) -> (String, String, Priority) {
         let mut buf = CellKeyBuf::default();
-        classifier().classify_into(request, &mut buf);
+        let invalid = classifier().classify_into(request, &mut buf);
+        assert_eq!(invalid, 0);
         (buf.bucket.clone(), buf.tenant.clone(), buf.priority)
     }
 
@@ -144,6 +154,27 @@ mod tests {
     }
 
     #[test]
+    fn values_that_are_not_utf8_are_absent_and_counted() {
+        let mut request = Request::default();
+        request.raw_headers.insert(":authority", b"api\xff");
+        request.raw_headers.insert("x-tenant", b"\xff");
+        request.raw_headers.insert("x-priority", b"batch\xc3");
+        request.route = Some("checkout");
+        let mut buf = CellKeyBuf::default();
+        let invalid = classifier().classify_into(&request, &mut buf);
+        assert_eq!(invalid, 3);
+        // Every part falls back as if the header were not there: the
+        // bucket and tenant defaults, the route's class.
+        assert_eq!(
+            (buf.bucket.as_str(), buf.tenant.as_str(), buf.priority),
+            ("-", "default", Priority::Critical)
+        );
+        request.raw_route = Some(b"check\xffout");
+        assert_eq!(classifier().classify_into(&request, &mut buf), 4);
+        assert_eq!(buf.priority, Priority::BestEffort);
+    }
+
+    #[test]
     fn absent_tenant_takes_the_default_and_no_spec_means_none() {
         let request = Request::default();
         assert_eq!(classify(&request).1, "default");
@@ -153,7 +184,7 @@ mod tests {
             ..classifier()
         };
         let mut buf = CellKeyBuf::default();
-        bare.classify_into(&request, &mut buf);
+        assert_eq!(bare.classify_into(&request, &mut buf), 0);
         assert_eq!(buf.tenant, "");
         assert_eq!(buf.priority, Priority::Unspecified);
         assert!(buf.is_bucket_wide());

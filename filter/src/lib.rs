@@ -37,6 +37,7 @@ mod process_budget;
 mod process_rates;
 mod reject;
 mod report_window;
+pub mod request_attributes;
 mod shared;
 mod stream;
 pub mod upstream;

@@ -43,6 +43,9 @@ pub enum Counter {
     /// Requests of cells that did not fit the bounded counters (more cells
     /// than `max_buckets`, or unlimited cells beyond their share of it).
     RequestsUncounted,
+    /// Header values (and route names) the classification read that were
+    /// not UTF-8, each taken as absent ([`crate::request_attributes`]).
+    HeaderValuesInvalid,
 }
 
 /// The old name of the overload drop counter.
@@ -56,7 +59,7 @@ const REASONS: usize = DropReason::ALL.len();
 
 impl Counter {
     /// Every counter, in definition order.
-    pub const ALL: [Self; 8 + 2 * REASONS] = [
+    pub const ALL: [Self; 9 + 2 * REASONS] = [
         Self::DecisionsPass,
         Self::DecisionsDrop(DropReason::ClusterOverload),
         Self::DecisionsDrop(DropReason::TenantQuotaExceeded),
@@ -75,6 +78,7 @@ impl Counter {
         Self::FallbackEntered,
         Self::StreamsAbandoned,
         Self::RequestsUncounted,
+        Self::HeaderValuesInvalid,
     ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
@@ -119,6 +123,7 @@ impl Counter {
             Self::FallbackEntered => "sluice.fallback_entered",
             Self::StreamsAbandoned => "sluice.streams_abandoned",
             Self::RequestsUncounted => "sluice.requests_uncounted",
+            Self::HeaderValuesInvalid => "sluice.header_values_invalid",
         }
     }
 
@@ -134,6 +139,7 @@ impl Counter {
             Self::FallbackEntered => 5 + 2 * REASONS,
             Self::StreamsAbandoned => 6 + 2 * REASONS,
             Self::RequestsUncounted => 7 + 2 * REASONS,
+            Self::HeaderValuesInvalid => 8 + 2 * REASONS,
         }
     }
 }

@@ -18,6 +18,16 @@ const FIRST_BOUND_US: f64 = 250.0;
 /// further buckets are not followed (and counted as such).
 pub const MAX_SIGNAL_BUCKETS: usize = 1_024;
 
+/// The HTTP status in a `:status` header's bytes, as the host hands them
+/// over; 0 when absent or unreadable, which counts as a response but not as
+/// an error.
+pub fn status_of(status: Option<&[u8]>) -> u32 {
+    status
+        .and_then(|bytes| std::str::from_utf8(bytes).ok())
+        .and_then(|text| text.parse::<u32>().ok())
+        .unwrap_or(0)
+}
+
 /// A fixed log-scale latency histogram.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencyHistogram {
@@ -251,6 +261,15 @@ mod tests {
                 "bound of {k}"
             );
         }
+    }
+
+    #[test]
+    fn a_status_is_read_from_bytes_without_trusting_them() {
+        assert_eq!(status_of(Some(b"503")), 503);
+        assert_eq!(status_of(Some(b"5x3")), 0);
+        assert_eq!(status_of(Some(b"\xff\xfe")), 0);
+        assert_eq!(status_of(Some(b"")), 0);
+        assert_eq!(status_of(None), 0);
     }
 
     #[test]

@@ -8,13 +8,18 @@
 //! asserts what must hold for any input: no panic, and the bounds the code
 //! promises (key lengths, table sizes, ratios in `[0, 1]`, finite rates).
 
+use std::borrow::Cow;
+
 use prost::Message;
 use sluice_control_plane::config::Config;
 use sluice_control_plane::fleet::{Fleet, StreamId};
 use sluice_core::MAX_BUCKET_KEY_BYTES;
-use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource, RequestAttributes};
+use sluice_filter::agent::Agent;
+use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::config::FilterConfig;
 use sluice_filter::directives::DirectiveTable;
+use sluice_filter::metrics::Counter;
+use sluice_filter::request_attributes::RequestAttributes;
 use sluice_proto::v1::{DirectiveBatch, ProxyMessage, proxy_message};
 
 /// A check: panics when the input breaks an invariant.
@@ -27,6 +32,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("directive_batch", directive_batch),
     ("bucket_key", bucket_key),
     ("report", report),
+    ("header_bytes", header_bytes),
 ];
 
 /// Directive tables in the checks hold at most this many buckets.
@@ -123,6 +129,97 @@ pub fn bucket_key(data: &[u8]) {
     );
 }
 
+/// The filter's configuration in [`header_bytes`]: every kind of key part
+/// reading a header, the authority, the path and the route name, a tenant
+/// and a priority from headers, and a priority by route.
+const HEADER_BYTES_CONFIG: &[u8] = br#"{
+    "control_plane_cluster": "cp",
+    "proxy_id": "fuzz",
+    "bucket_key": [
+        {"source": "header", "name": "x-key", "default": "key"},
+        {"source": "authority", "default": "host"},
+        {"source": "path_prefix", "segments": 2, "default": "path"},
+        {"source": "route_name", "default": "route"},
+        {"source": "literal", "value": "v1"}
+    ],
+    "tenant": {"source": "header", "name": "x-tenant", "default": "default"},
+    "priority": {"header": "x-priority", "values": {"batch": "bulk"},
+                 "routes": {"checkout": "critical"}, "default": "best_effort"},
+    "decision_record": "all"
+}"#;
+
+/// Header bytes as a host hands them over, through the request path: the
+/// input is split at NUL bytes into `x-key`, `:authority`, `:path`, the
+/// route name, `x-tenant` and `x-priority`, read as raw bytes (no field is
+/// cleaned up first), converted by the one rule for bytes that are not
+/// UTF-8 (`request_attributes`), classified and decided by an agent. No
+/// panic; the cell within its caps; each value that is not UTF-8 counted
+/// and classified exactly as if the header were absent.
+pub fn header_bytes(data: &[u8]) {
+    let mut fields = data.split(|&b| b == 0).map(<[u8]>::to_vec);
+    let request = RawRequest {
+        key: fields.next(),
+        authority: fields.next(),
+        path: fields.next(),
+        route: fields.next(),
+        tenant: fields.next(),
+        priority: fields.next(),
+    };
+    let config = FilterConfig::from_json(HEADER_BYTES_CONFIG);
+    assert!(config.is_ok(), "the check's own configuration: {config:?}");
+    let Ok(config) = config else {
+        return;
+    };
+    // The same request with every value that is not UTF-8 left out.
+    let absent = request.without_invalid();
+    let always_read = [
+        &request.key,
+        &request.authority,
+        &request.path,
+        &request.route,
+        &request.tenant,
+        &request.priority,
+    ]
+    .into_iter()
+    .filter(|field| {
+        field
+            .as_deref()
+            .is_some_and(|b| std::str::from_utf8(b).is_err())
+    })
+    .count() as u64;
+
+    let bucket = config.bucket_key.derive(&request);
+    assert!(
+        bucket.len() <= MAX_BUCKET_KEY_BYTES,
+        "key of {} bytes",
+        bucket.len()
+    );
+    assert_eq!(bucket, config.bucket_key.derive(&absent));
+
+    let parts = config.into_parts(|| "fuzz".into(), String::new);
+    let classifier = parts.request.classifier;
+    let mut agent = Agent::new(parts.agent.clone(), 1);
+    let mut reference = Agent::new(parts.agent, 1);
+    let decided = agent.admit_request(&classifier, &request);
+    let expected = reference.admit_request(&classifier, &absent);
+    assert_eq!(decided, expected);
+    assert_eq!(agent.last_record(), reference.last_record());
+    let counted = agent.metrics().pending(Counter::HeaderValuesInvalid);
+    assert_eq!(reference.metrics().pending(Counter::HeaderValuesInvalid), 0);
+    // The route name is read again for the priority when the header does
+    // not decide it.
+    let route_invalid = u64::from(
+        request
+            .route
+            .as_deref()
+            .is_some_and(|b| std::str::from_utf8(b).is_err()),
+    );
+    assert!(
+        (always_read..=always_read + route_invalid).contains(&counted),
+        "{counted} counted, {always_read} invalid fields"
+    );
+}
+
 /// Report handling in the control plane: any decoded message from a proxy
 /// leaves the fleet with finite, non-negative rates.
 pub fn report(data: &[u8]) {
@@ -147,11 +244,11 @@ pub fn report(data: &[u8]) {
 struct NoAttributes;
 
 impl RequestAttributes for NoAttributes {
-    fn header(&self, _name: &str) -> Option<String> {
+    fn header(&self, _name: &str) -> Option<Cow<'_, [u8]>> {
         None
     }
 
-    fn route_name(&self) -> Option<String> {
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
         None
     }
 }
@@ -164,16 +261,70 @@ struct FuzzRequest {
 }
 
 impl RequestAttributes for FuzzRequest {
-    fn header(&self, name: &str) -> Option<String> {
-        match name {
-            "x-tenant" => self.tenant.clone(),
-            ":authority" => self.authority.clone(),
-            ":path" => self.path.clone(),
-            _ => None,
-        }
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let value = match name {
+            "x-tenant" => &self.tenant,
+            ":authority" => &self.authority,
+            ":path" => &self.path,
+            _ => &None,
+        };
+        value
+            .as_deref()
+            .map(|value| Cow::Borrowed(value.as_bytes()))
     }
 
-    fn route_name(&self) -> Option<String> {
-        self.route.clone()
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        self.route
+            .as_deref()
+            .map(|route| Cow::Borrowed(route.as_bytes()))
+    }
+}
+
+/// A request's values as raw bytes: headers borrowed (as the native module
+/// reads them), the route name copied out (as a proxy-wasm host call
+/// returns it).
+struct RawRequest {
+    key: Option<Vec<u8>>,
+    authority: Option<Vec<u8>>,
+    path: Option<Vec<u8>>,
+    route: Option<Vec<u8>>,
+    tenant: Option<Vec<u8>>,
+    priority: Option<Vec<u8>>,
+}
+
+impl RawRequest {
+    /// The request with every value that is not UTF-8 removed.
+    fn without_invalid(&self) -> Self {
+        let valid = |field: &Option<Vec<u8>>| {
+            field
+                .clone()
+                .filter(|bytes| std::str::from_utf8(bytes).is_ok())
+        };
+        Self {
+            key: valid(&self.key),
+            authority: valid(&self.authority),
+            path: valid(&self.path),
+            route: valid(&self.route),
+            tenant: valid(&self.tenant),
+            priority: valid(&self.priority),
+        }
+    }
+}
+
+impl RequestAttributes for RawRequest {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let value = match name {
+            "x-key" => &self.key,
+            ":authority" => &self.authority,
+            ":path" => &self.path,
+            "x-tenant" => &self.tenant,
+            "x-priority" => &self.priority,
+            _ => &None,
+        };
+        value.as_deref().map(Cow::Borrowed)
+    }
+
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        self.route.clone().map(Cow::Owned)
     }
 }

@@ -43,7 +43,6 @@ use request_path::RequestPath;
 use sync::VmSync;
 
 use crate::audit::LastDecision;
-use crate::bucket_key::RequestAttributes;
 use crate::classify::Classifier;
 use crate::counters::Outcome;
 use crate::directives::DirectiveTable;
@@ -56,6 +55,7 @@ use crate::pacing::DecisionMode;
 use crate::process_rates::ProcessRates;
 use crate::reject::{RejectResponse, ResponseSettings};
 use crate::report_window::ReportWindows;
+use crate::request_attributes::RequestAttributes;
 use crate::stream::ControlStream;
 use crate::upstream::UpstreamSignals;
 use rand::rngs::SmallRng;
@@ -226,13 +226,19 @@ impl Agent {
 
     /// The request path: classifies the request into its cell, decides and
     /// counts. No host calls beyond the attribute reads the classifier
-    /// needs; no allocation once the cell has been seen.
+    /// needs; no allocation once the cell has been seen. Values that are
+    /// not UTF-8 are taken as absent and counted
+    /// ([`crate::request_attributes`]).
     pub fn admit_request(
         &mut self,
         classifier: &Classifier,
         request: &impl RequestAttributes,
     ) -> Decision {
-        classifier.classify_into(request, &mut self.path.cell);
+        let invalid = classifier.classify_into(request, &mut self.path.cell);
+        if invalid > 0 {
+            self.metrics
+                .add(Counter::HeaderValuesInvalid, u64::from(invalid));
+        }
         self.decide_current()
     }
 

@@ -15,11 +15,13 @@
 
 use super::envoy_host::log;
 use crate::agent::{Agent, Decision};
-use crate::bucket_key::RequestAttributes;
 use crate::config::RequestPolicy;
+use crate::request_attributes::RequestAttributes;
+use crate::upstream::status_of;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::SystemTime;
@@ -84,11 +86,12 @@ impl SluiceHttp {
         let Some((bucket, started)) = self.followed.take() else {
             return;
         };
-        let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
+        // Bytes, never `get_map_value`: the SDK unwraps its UTF-8 decoding,
+        // and a panic would take the worker's VM down.
+        let status = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, ":status")
             .ok()
-            .flatten()
-            .and_then(|status| status.parse::<u32>().ok())
-            .unwrap_or(0);
+            .flatten();
+        let status = status_of(status.as_deref());
         let latency_us = started.and_then(|started| {
             let now = hostcalls::get_current_time().ok()?;
             let elapsed = now.duration_since(started).ok()?;
@@ -139,20 +142,24 @@ pub(super) struct PassThrough;
 impl Context for PassThrough {}
 impl HttpContext for PassThrough {}
 
-/// The current request, read through host calls on demand.
+/// The current request, read through host calls on demand, as bytes: the
+/// SDK's `get_map_value` unwraps its UTF-8 decoding, so a header value that
+/// is not UTF-8 would trap the VM. What the bytes mean is decided outside
+/// the binding ([`crate::request_attributes`]).
 struct EnvoyRequest;
 
 impl RequestAttributes for EnvoyRequest {
-    fn header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .ok()
             .flatten()
+            .map(Cow::Owned)
     }
 
-    fn route_name(&self) -> Option<String> {
-        let bytes = hostcalls::get_property(vec!["xds", "route_name"])
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        hostcalls::get_property(vec!["xds", "route_name"])
             .ok()
-            .flatten()?;
-        String::from_utf8(bytes).ok()
+            .flatten()
+            .map(Cow::Owned)
     }
 }

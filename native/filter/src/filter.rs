@@ -1,15 +1,17 @@
 //! One configured filter: its agents, its ticker and the request path.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_filter::agent::Decision;
-use sluice_filter::bucket_key::RequestAttributes;
 use sluice_filter::config::RequestPolicy;
+use sluice_filter::request_attributes::RequestAttributes;
+use sluice_filter::upstream::status_of;
 
 use crate::config::NativeConfig;
 use crate::control_stream::ControlStreams;
-use crate::followed::{FollowedRequest, parse_status};
+use crate::followed::FollowedRequest;
 use crate::metrics::{MetricRegistry, MetricValue};
 use crate::native_host::Shared;
 use crate::process::ProcessStore;
@@ -157,7 +159,7 @@ impl NativeFilter {
     /// the leader collects every worker's signals for the report).
     pub fn on_response_headers(&self, followed: FollowedRequest, status: Option<&[u8]>) {
         let latency_us = followed.latency_us(Instant::now());
-        let status = parse_status(status);
+        let status = status_of(status);
         let slot = self.workers.local();
         let mut state = slot.lock();
         state
@@ -190,20 +192,18 @@ impl Drop for NativeFilter {
     }
 }
 
-/// The request as the classifier reads it.
+/// The request as the classifier reads it: Envoy's bytes, borrowed for the
+/// hook. What bytes that are not UTF-8 mean is the wasm filter's rule
+/// (`sluice_filter::request_attributes`), so both data planes classify a
+/// request alike.
 struct Attributes<'a, H: RequestHost>(&'a H);
 
 impl<H: RequestHost> RequestAttributes for Attributes<'_, H> {
-    fn header(&self, name: &str) -> Option<String> {
-        self.0
-            .request_header(name)
-            .map(|value| String::from_utf8_lossy(value).into_owned())
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0.request_header(name).map(Cow::Borrowed)
     }
 
-    fn route_name(&self) -> Option<String> {
-        self.0
-            .route_name()
-            .filter(|name| !name.is_empty())
-            .map(|name| String::from_utf8_lossy(name).into_owned())
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        self.0.route_name().map(Cow::Borrowed)
     }
 }

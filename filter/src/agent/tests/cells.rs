@@ -163,6 +163,47 @@ fn requests_are_classified_into_their_cells() {
 }
 
 #[test]
+fn values_that_are_not_utf8_get_the_defaults_and_are_counted() {
+    let config = crate::config::FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp",
+             "bucket_key": [{"source": "header", "name": "x-key", "default": "api"}],
+             "tenant": {"source": "header", "name": "x-tenant"},
+             "priority": {"header": "x-priority", "values": {"batch": "bulk"}}}"#,
+    )
+    .unwrap();
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    // Only the default cell is limited: a request that invented a cell of
+    // its own from bytes that are not UTF-8 would pass.
+    fleet.push_batch(batch(vec![cell(
+        "api",
+        "default",
+        Priority::BestEffort,
+        1.0,
+    )]));
+    fleet.tick();
+    let agent = &mut fleet.vms[0].1;
+    let mut garbage = FakeRequest::default();
+    garbage.raw_headers.insert("x-key", b"api\xff");
+    garbage.raw_headers.insert("x-tenant", b"\xfe\xff");
+    garbage.raw_headers.insert("x-priority", b"batch\xc3");
+    for _ in 0..3 {
+        assert!(matches!(
+            agent.admit_request(&config.classifier, &garbage),
+            Decision::Reject(_)
+        ));
+    }
+    let good = FakeRequest::with_headers(&[("x-key", "api"), ("x-tenant", "acme")]);
+    assert_eq!(
+        agent.admit_request(&config.classifier, &good),
+        Decision::Admit
+    );
+    assert_eq!(agent.metrics().pending(Counter::HeaderValuesInvalid), 9);
+    fleet.tick();
+    assert_eq!(fleet.metric(Counter::HeaderValuesInvalid.name()), Some(9));
+}
+
+#[test]
 fn the_exact_cell_wins_then_the_bucket_wide_directive() {
     let mut fleet = Fleet::new(1);
     fleet.ticks(2);
