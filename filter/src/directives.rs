@@ -309,6 +309,24 @@ impl DirectiveTable {
         self.modes
     }
 
+    /// Names the proxy the table applies mode policies for, once it is
+    /// known ([`crate::identity`]): the policy in force is applied again,
+    /// so canary membership follows the name.
+    pub fn set_proxy_id(&mut self, proxy_id: &str) {
+        if *self.proxy_id == *proxy_id {
+            return;
+        }
+        self.proxy_id = Arc::from(proxy_id);
+        let modes = ModeSettings::from_policy(self.modes.to_policy().as_ref(), proxy_id);
+        if modes != self.modes {
+            self.generation = self.generation.wrapping_add(1);
+            self.modes = modes;
+            for entry in &mut self.entries {
+                entry.enforce = modes.enforces(entry.directive.mode);
+            }
+        }
+    }
+
     /// The TTL the last batch named (0: the configured default).
     pub fn ttl_ms(&self) -> u64 {
         self.ttl_ms

@@ -228,6 +228,28 @@ fn modes_are_resolved_when_applied_and_when_the_policy_changes() {
 }
 
 #[test]
+fn canary_membership_follows_a_name_learnt_later() {
+    use crate::modes::canary_point;
+    let (unnamed, named) = (canary_point(""), canary_point("envoy-a"));
+    assert_ne!(unnamed < 0.5, named < 0.5, "the two points straddle 0.5");
+    let mut table = DirectiveTable::new(100);
+    let mut b = batch(1, 1, vec![directive("a", 0.5)]);
+    b.modes = Some(ModePolicy {
+        canary_fraction: Some(0.5),
+        ..Default::default()
+    });
+    table.merge(b);
+    let enforced = |t: &DirectiveTable| t.cell("a", "", Priority::Unspecified).unwrap().enforce;
+    assert_eq!(enforced(&table), unnamed < 0.5);
+    table.set_proxy_id("envoy-a");
+    assert_eq!(enforced(&table), named < 0.5);
+    assert_eq!(table.modes().canary_fraction, Some(0.5));
+    // A VM's next read of the shared table keeps the name.
+    let (reread, _) = DirectiveTable::decode_replacing(&table.encode(), &table).unwrap();
+    assert_eq!(enforced(&reread), named < 0.5);
+}
+
+#[test]
 fn encode_decode_round_trips() {
     let mut table = DirectiveTable::new(100);
     let mut b = batch(

@@ -28,6 +28,7 @@ pub mod directives;
 mod fast_map;
 mod freshness;
 pub mod host_api;
+pub mod identity;
 mod lease;
 pub mod metrics;
 pub mod modes;

@@ -18,6 +18,7 @@ use sluice_filter::agent::Agent;
 use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_filter::config::FilterConfig;
 use sluice_filter::directives::DirectiveTable;
+use sluice_filter::identity::ProxyIdentity;
 use sluice_filter::metrics::Counter;
 use sluice_filter::request_attributes::RequestAttributes;
 use sluice_proto::v1::{DirectiveBatch, ProxyMessage, proxy_message};
@@ -196,7 +197,7 @@ pub fn header_bytes(data: &[u8]) {
     );
     assert_eq!(bucket, config.bucket_key.derive(&absent));
 
-    let parts = config.into_parts(|| "fuzz".into(), String::new);
+    let parts = config.into_parts(|| ProxyIdentity::Named("fuzz".into()), String::new);
     let classifier = parts.request.classifier;
     let mut agent = Agent::new(parts.agent.clone(), 1);
     let mut reference = Agent::new(parts.agent, 1);

@@ -67,7 +67,7 @@ impl AgentProxy {
     pub fn new(settings: AgentSettings, seed: u64, workers: usize, first_tick_ms: u64) -> Self {
         let workers = workers.max(1);
         let mut proxy = Self {
-            id: settings.proxy_id.clone(),
+            id: settings.proxy_id.to_string(),
             settings,
             seed,
             workers,

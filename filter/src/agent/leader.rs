@@ -7,6 +7,7 @@ use super::sync::effective_ttl;
 use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
 use crate::cell::key_of;
 use crate::host_api::{Host, LogLevel};
+use crate::identity::{ProxyIdentity, made_up_name_warning, process_proxy_id};
 use crate::metrics::Counter;
 use crate::shared::{
     DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, INSTANCE_ID_KEY, InstanceId,
@@ -286,9 +287,23 @@ impl Agent {
             }
         };
         leadership.stream.opened(token, now_ms);
+        let instance_id = self.instance_id(host);
+        if self.settings.proxy_id == ProxyIdentity::PerProcess {
+            let name = process_proxy_id(instance_id);
+            if self.name.as_deref() != Some(name.as_str()) {
+                self.adopt_name(name);
+            }
+            if !self.warned_made_up_name {
+                self.warned_made_up_name = true;
+                host.log(
+                    LogLevel::Warn,
+                    &made_up_name_warning(self.name.as_deref().unwrap_or_default()),
+                );
+            }
+        }
         let hello = Hello {
-            proxy_id: self.settings.proxy_id.clone(),
-            instance_id: self.instance_id(host),
+            proxy_id: self.name.clone().unwrap_or_default(),
+            instance_id,
             zone: self.settings.zone.clone(),
             known_proxies: self.path.directives.known_proxies(),
         };
@@ -404,7 +419,7 @@ impl Agent {
     ) {
         // The table every VM reads holds the ratios this proxy applies: a
         // proxy whose rate counted only in part admits that part.
-        sluice_core::proxy_cap::resolve_batch(&mut batch, &self.settings.proxy_id);
+        sluice_core::proxy_cap::resolve_batch(&mut batch, self.name.as_deref().unwrap_or_default());
         let previous_epoch = self.path.directives.provenance().epoch;
         let changes = self.path.directives.changes_with(&batch);
         let ttl_ms = batch.ttl_ms;

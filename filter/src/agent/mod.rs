@@ -48,6 +48,7 @@ use crate::counters::Outcome;
 use crate::directives::DirectiveTable;
 
 use crate::host_api::{Host, LogLevel};
+use crate::identity::ProxyIdentity;
 use crate::lease::LEASE_TTL_TICKS;
 use crate::metrics::{Counter, Gauge, Metrics};
 use crate::new_cells::NewBucketPolicy;
@@ -93,7 +94,7 @@ pub struct AgentSettings {
     /// Envoy cluster of the control plane.
     pub control_plane_cluster: String,
     /// Identity sent in `Hello`; also decides canary membership.
-    pub proxy_id: String,
+    pub proxy_id: ProxyIdentity,
     /// Failure domain sent in `Hello`; empty when unknown.
     pub zone: String,
     /// Milliseconds between reports.
@@ -139,7 +140,7 @@ impl AgentSettings {
     pub fn new(control_plane_cluster: &str, proxy_id: &str) -> Self {
         Self {
             control_plane_cluster: control_plane_cluster.into(),
-            proxy_id: proxy_id.into(),
+            proxy_id: ProxyIdentity::Named(proxy_id.into()),
             zone: String::new(),
             report_interval_ms: DEFAULT_REPORT_INTERVAL_MS,
             max_buckets: DEFAULT_MAX_BUCKETS,
@@ -168,6 +169,12 @@ pub enum Decision {
 #[derive(Debug)]
 pub struct Agent {
     settings: AgentSettings,
+    /// The proxy's name once known: from the start when something named
+    /// it, else the one its process's instance id gives
+    /// ([`crate::identity`]).
+    name: Option<String>,
+    /// Whether this VM, leading, warned that the name is made up.
+    warned_made_up_name: bool,
     /// Identifies this VM in the lease and its hand-offs.
     vm_id: u64,
     rng: SmallRng,
@@ -214,6 +221,8 @@ impl Agent {
         Self {
             path: RequestPath::new(&settings),
             sync: VmSync::new(settings.directive_ttl_ms),
+            name: settings.proxy_id.name().map(str::to_owned),
+            warned_made_up_name: false,
             settings,
             vm_id,
             rng,
@@ -323,6 +332,12 @@ impl Agent {
         self.path.regime = Regime::Fresh;
     }
 
+    /// The name the proxy reports as; `None` until an unnamed proxy's
+    /// first leader has drawn its process's instance id.
+    pub fn proxy_name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// Whether this VM currently owns the control-plane stream.
     pub fn is_leader(&self) -> bool {
         matches!(self.role, Role::Leader(_))
@@ -352,6 +367,9 @@ impl Agent {
     /// and the leader's report window always, the rest when a slow tick is
     /// due.
     pub fn on_tick(&mut self, host: &mut impl Host, now_ms: u64) {
+        if self.name.is_none() {
+            self.learn_process_name(host);
+        }
         self.path.clock_ms = now_ms;
         self.path.close_pacer_window(now_ms, &mut self.rng);
         self.poll_directives(host, now_ms);

@@ -55,7 +55,7 @@ impl RequestPath {
             directives: DirectiveTable::with_settings(
                 settings.max_buckets,
                 Arc::clone(&settings.responses),
-                &settings.proxy_id,
+                settings.proxy_id.name().unwrap_or_default(),
             ),
             pacer: Pacer::new(settings.decision, settings.allowance, TICK_MS),
             pacer_due_ms: None,

@@ -6,14 +6,16 @@ use super::{Agent, LEASE_TTL_MS, Leadership, Role};
 use crate::directives::DirectiveTable;
 use crate::freshness::Freshness;
 use crate::host_api::{Host, LogLevel};
+use crate::identity::process_proxy_id;
 use crate::lease::{LeaseStep, next_step};
 use crate::metrics::Counter;
 use crate::process_rates::ProcessRates;
 use crate::report_window::ReportWindows;
 use crate::shared;
 use crate::shared::{
-    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, LEASE_KEY, Lease,
-    PROCESS_RATES_KEY, WINDOW_END_KEY, WORKERS_KEY, WindowEnd, WorkerCount,
+    COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, INSTANCE_ID_KEY,
+    InstanceId, LEASE_KEY, Lease, PROCESS_RATES_KEY, WINDOW_END_KEY, WORKERS_KEY, WindowEnd,
+    WorkerCount,
 };
 use crate::stream::ControlStream;
 use crate::upstream::UpstreamSignals;
@@ -60,6 +62,25 @@ impl VmSync {
 }
 
 impl Agent {
+    /// An unnamed proxy's VM takes the name its process's instance id
+    /// gives, once the first leader has drawn it: one small read per tick
+    /// until then, before the directive table is read, so that canary
+    /// membership is decided for that name. The leader draws the id before
+    /// it opens the stream, so no directive arrives before.
+    pub(super) fn learn_process_name(&mut self, host: &impl Host) {
+        if let Ok(Some(value)) = host.get_shared_data(INSTANCE_ID_KEY)
+            && let Some(InstanceId(id)) = InstanceId::decode(&value.bytes)
+        {
+            self.adopt_name(process_proxy_id(id));
+        }
+    }
+
+    /// Names the proxy `name` from now on.
+    pub(super) fn adopt_name(&mut self, name: String) {
+        self.path.directives.set_proxy_id(&name);
+        self.name = Some(name);
+    }
+
     pub(super) fn ensure_queue(&mut self, host: &mut impl Host) {
         if self.sync.queue_id.is_some() {
             return;

@@ -12,6 +12,7 @@ use crate::agent::AgentSettings;
 use crate::audit::RecordMode;
 use crate::bucket_key::BucketKeySpec;
 use crate::classify::Classifier;
+use crate::identity::ProxyIdentity;
 use crate::new_cells::NewBucketPolicy;
 use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
@@ -25,7 +26,8 @@ use thiserror::Error;
 pub struct FilterConfig {
     /// Envoy cluster (HTTP/2) of the control plane.
     pub control_plane_cluster: String,
-    /// Identity sent in `Hello`; `None` means "use the Envoy node id".
+    /// Identity sent in `Hello`; `None` means "use the Envoy node id, else
+    /// a name of the process's own" ([`crate::identity`]).
     pub proxy_id: Option<String>,
     /// Failure domain sent in `Hello`; `None` means "use the Envoy node's
     /// locality zone".
@@ -116,17 +118,17 @@ impl FilterConfig {
 impl FilterConfig {
     /// Splits the configuration between what uses it, so that every data
     /// plane builds its agent alike. `proxy_id` and `zone` name the proxy
-    /// where the configuration does not (the Envoy node, or the native
-    /// module's default).
+    /// where the configuration does not (the Envoy node, the process, or
+    /// the native module's host).
     pub fn into_parts(
         self,
-        proxy_id: impl FnOnce() -> String,
+        proxy_id: impl FnOnce() -> ProxyIdentity,
         zone: impl FnOnce() -> String,
     ) -> ConfigParts {
         ConfigParts {
             agent: AgentSettings {
                 control_plane_cluster: self.control_plane_cluster,
-                proxy_id: self.proxy_id.unwrap_or_else(proxy_id),
+                proxy_id: self.proxy_id.map_or_else(proxy_id, ProxyIdentity::Named),
                 zone: self.zone.unwrap_or_else(zone),
                 report_interval_ms: self.report_interval_ms,
                 max_buckets: self.max_buckets,

@@ -425,9 +425,15 @@ fn parts_carry_every_setting_and_name_the_proxy_only_when_unnamed() {
     )
     .unwrap();
     let expected = config.clone();
-    let parts = config.into_parts(|| "node".to_owned(), || "node-zone".to_owned());
+    let parts = config.into_parts(
+        || ProxyIdentity::Named("node".to_owned()),
+        || "node-zone".to_owned(),
+    );
     assert_eq!(parts.agent.control_plane_cluster, "cp");
-    assert_eq!(parts.agent.proxy_id, "node");
+    assert_eq!(
+        parts.agent.proxy_id,
+        ProxyIdentity::Named("node".to_owned())
+    );
     assert_eq!(parts.agent.zone, "z1");
     assert_eq!(parts.agent.report_interval_ms, 500);
     assert_eq!(parts.agent.max_buckets, 300);
@@ -450,7 +456,12 @@ fn parts_carry_every_setting_and_name_the_proxy_only_when_unnamed() {
     let named = FilterConfig::from_json(br#"{"control_plane_cluster": "cp", "proxy_id": "p"}"#)
         .unwrap()
         .into_parts(|| unreachable!("named"), || "node-zone".to_owned());
-    assert_eq!(named.agent.proxy_id, "p");
+    assert_eq!(named.agent.proxy_id, ProxyIdentity::Named("p".to_owned()));
+
+    let unnamed = FilterConfig::from_json(br#"{"control_plane_cluster": "cp", "proxy_id": null}"#)
+        .unwrap()
+        .into_parts(|| ProxyIdentity::PerProcess, String::new);
+    assert_eq!(unnamed.agent.proxy_id, ProxyIdentity::PerProcess);
     assert_eq!(named.agent.zone, "node-zone");
 }
 

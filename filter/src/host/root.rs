@@ -5,15 +5,13 @@ use super::envoy_host::{self, EnvoyHost, log, now_ms};
 use super::http::{PassThrough, SluiceHttp};
 use crate::agent::Agent;
 use crate::config::{FilterConfig, RequestPolicy};
+use crate::identity::ProxyIdentity;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
-
-/// Used when neither the config nor the Envoy node names the proxy.
-const FALLBACK_PROXY_ID: &str = "envoy";
 
 pub(super) struct SluiceRoot {
     seed: u64,
@@ -159,19 +157,28 @@ impl RootContext for SluiceRoot {
 /// The Envoy node's locality zone (`--service-zone` or `node.locality`), the
 /// proxy's failure domain unless the config names one; empty when unset.
 fn node_zone() -> String {
-    hostcalls::get_property(vec!["node", "locality", "zone"])
-        .ok()
-        .flatten()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .unwrap_or_default()
+    node_property(&["locality", "zone"]).unwrap_or_default()
 }
 
-/// The Envoy node id, which identifies the proxy unless the config does.
-fn node_id() -> String {
-    hostcalls::get_property(vec!["node", "id"])
-        .ok()
-        .flatten()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
+/// The Envoy node id (`--service-node` or `node.id`; Istio names every
+/// sidecar `sidecar~IP~pod.namespace~…`), which identifies the proxy unless
+/// the config does; without one, the process's own name
+/// ([`crate::identity`]).
+fn node_id() -> ProxyIdentity {
+    node_property(&["id"])
         .filter(|id| !id.is_empty())
-        .unwrap_or_else(|| FALLBACK_PROXY_ID.to_owned())
+        .map_or(ProxyIdentity::PerProcess, ProxyIdentity::Named)
+}
+
+/// A field of the Envoy node as text: `xds.node.…`, where Envoy 1.40 keeps
+/// it (it answers nothing for the older `node.…`, which is still read after
+/// it for older Envoys). Read as bytes; `None` when absent or not UTF-8
+/// (a node id or zone like that names nothing).
+fn node_property(field: &[&str]) -> Option<String> {
+    let nodes: [&[&str]; 2] = [&["xds", "node"], &["node"]];
+    nodes.into_iter().find_map(|node| {
+        let path = node.iter().chain(field).copied().collect();
+        let bytes = hostcalls::get_property(path).ok().flatten()?;
+        String::from_utf8(bytes).ok()
+    })
 }

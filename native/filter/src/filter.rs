@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use sluice_filter::agent::Decision;
 use sluice_filter::config::RequestPolicy;
+use sluice_filter::identity::{ProxyIdentity, made_up_name_warning};
 use sluice_filter::request_attributes::RequestAttributes;
 use sluice_filter::upstream::status_of;
 
@@ -15,15 +16,13 @@ use crate::followed::FollowedRequest;
 use crate::metrics::{MetricRegistry, MetricValue};
 use crate::native_host::Shared;
 use crate::process::ProcessStore;
+use crate::proxy_name;
 use crate::stats::StatsSink;
 use crate::ticker::Ticker;
 use crate::workers::{Workers, now_ms};
 
 /// Status of a dropped request.
 const REJECT_STATUS: u16 = 429;
-/// `proxy_id` when the configuration names none (a module has no access to
-/// Envoy's node id).
-const DEFAULT_PROXY_ID: &str = "envoy";
 
 /// What the filter needs from the proxy for one request.
 pub trait RequestHost {
@@ -81,7 +80,16 @@ impl NativeFilter {
             streams,
             metrics: MetricRegistry::default(),
         });
-        let parts = filter.into_parts(|| DEFAULT_PROXY_ID.to_owned(), String::new);
+        // A module cannot read Envoy's node id: without a configured id the
+        // proxy is named after its host and process.
+        let parts = filter.into_parts(
+            || {
+                let name = proxy_name::made_up();
+                eprintln!("[sluice_native][warn] {}", made_up_name_warning(&name));
+                ProxyIdentity::Named(name)
+            },
+            String::new,
+        );
         let workers = Arc::new(Workers::new(parts.agent, Arc::clone(&shared)));
         let ticker = Ticker::start(
             Arc::clone(&workers),

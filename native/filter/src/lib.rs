@@ -28,6 +28,7 @@ pub mod followed;
 pub mod metrics;
 pub mod native_host;
 pub mod process;
+pub mod proxy_name;
 pub mod stats;
 pub mod ticker;
 pub mod workers;

@@ -9,6 +9,7 @@
 use super::*;
 use crate::fake_host::{FakeHost, FakeProcess};
 use crate::host_api::{HostError, LogLevel};
+use crate::identity::ProxyIdentity;
 use crate::shared::DirectivesMeta;
 use crate::shared::{
     COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, WINDOW_END_KEY, WindowEnd,
@@ -220,6 +221,88 @@ fn one_vm_leads_opens_the_stream_and_says_hello() {
     };
     assert_eq!(hello.proxy_id, "envoy-a");
     assert_ne!(hello.instance_id, 0);
+}
+
+/// The Hello of the first stream the process opened.
+fn first_hello(fleet: &Fleet) -> sluice_proto::v1::Hello {
+    let process = fleet.process.borrow();
+    let (_, stream) = process.streams.iter().next().expect("a stream was opened");
+    match ProxyMessage::decode(stream.sent[0].as_slice())
+        .unwrap()
+        .kind
+    {
+        Some(proxy_message::Kind::Hello(hello)) => hello,
+        other => panic!("first message is not a Hello: {other:?}"),
+    }
+}
+
+#[test]
+fn unnamed_proxies_are_named_after_their_process_in_every_vm() {
+    let unnamed = AgentSettings {
+        proxy_id: ProxyIdentity::PerProcess,
+        ..settings()
+    };
+    let mut a = Fleet::with_settings(3, unnamed.clone());
+    // Another Envoy: its VMs draw other seeds, as random_get gives them.
+    let mut b = Fleet::with_settings(3, unnamed.clone());
+    for (vm, (_, agent)) in b.vms.iter_mut().enumerate() {
+        *agent = Agent::new(unnamed.clone(), 5000 + vm as u64);
+    }
+    a.ticks(3);
+    b.ticks(3);
+    let (hello_a, hello_b) = (first_hello(&a), first_hello(&b));
+    assert_eq!(
+        hello_a.proxy_id,
+        crate::identity::process_proxy_id(hello_a.instance_id)
+    );
+    assert_ne!(hello_a.proxy_id, hello_b.proxy_id);
+    for (_, agent) in &a.vms {
+        assert_eq!(agent.proxy_name(), Some(hello_a.proxy_id.as_str()));
+    }
+    let warned = |fleet: &Fleet| {
+        fleet
+            .process
+            .borrow()
+            .logs
+            .iter()
+            .filter(|(_, level, line)| *level == LogLevel::Warn && line.contains("no proxy_id"))
+            .count()
+    };
+    assert_eq!(warned(&a), 1, "the leader warns once");
+    // A reconnect and a new leader keep the name.
+    a.server_closes(14);
+    a.ticks(40);
+    let leader = a.leaders()[0];
+    let survivors: Vec<usize> = (0..3).filter(|vm| *vm != leader).collect();
+    for _ in 0..10 {
+        a.tick_only(&survivors);
+    }
+    let open = a.process.borrow().open_streams();
+    let (token, _) = *open
+        .iter()
+        .find(|(_, vm)| *vm != leader)
+        .expect("another VM took over");
+    let Some(proxy_message::Kind::Hello(hello)) = &a.sent(token)[0].kind else {
+        panic!("no Hello on the new leader's stream");
+    };
+    assert_eq!(hello.proxy_id, hello_a.proxy_id);
+    assert_eq!(hello.instance_id, hello_a.instance_id);
+}
+
+#[test]
+fn a_named_proxy_keeps_its_name_and_does_not_warn() {
+    let mut fleet = Fleet::new(2);
+    assert_eq!(fleet.vms[1].1.proxy_name(), Some("envoy-a"));
+    fleet.ticks(3);
+    assert_eq!(first_hello(&fleet).proxy_id, "envoy-a");
+    assert!(
+        !fleet
+            .process
+            .borrow()
+            .logs
+            .iter()
+            .any(|(_, _, line)| line.contains("no proxy_id"))
+    );
 }
 
 #[test]
