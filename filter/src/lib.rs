@@ -27,6 +27,7 @@ pub mod counters;
 pub mod directives;
 mod fast_map;
 mod freshness;
+mod grpc_service;
 pub mod host_api;
 pub mod identity;
 mod lease;

@@ -14,13 +14,16 @@
 //! - [`fake_proxy`]: a gRPC client that says Hello as any proxy and reports any counts.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
+//! - [`mesh`]: Istio's and Envoy Gateway's delivery of the wasm filter, as their sources build it.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
 //! - [`prometheus`]: the Prometheus text format, parsed once for every test crate.
 //! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
 //! - [`replicas`]: control-plane replicas sharing one Redis, and Envoys pointed at all of them.
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
+//! - [`sidecars`]: Istio sidecars without Istio: xDS, the control plane and Envoys fed deploy/'s WasmPlugin through ECDS.
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
 //! - [`wait`]: polling with timeouts.
+//! - [`xds`]: an ADS server (state of the world) that serves Envoy what a test sets and records its ACKs.
 
 pub mod adaptive;
 pub mod capped_upstream;
@@ -31,6 +34,7 @@ pub mod fake_proxy;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod load;
+pub mod mesh;
 pub mod paths;
 pub mod process;
 pub mod prometheus;
@@ -38,5 +42,7 @@ pub mod quotas;
 pub mod redis;
 pub mod replicas;
 pub mod rlqs;
+pub mod sidecars;
 pub mod stalled;
 pub mod wait;
+pub mod xds;

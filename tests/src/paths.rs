@@ -79,6 +79,16 @@ pub fn sluice_wasm() -> Result<PathBuf> {
     require_file(&path, "SLUICE_WASM", BUILD_HINT)
 }
 
+/// Default location of the do-nothing proxy-wasm filter.
+pub const DEFAULT_EMPTY_FILTER_WASM: &str = "target/wasm32-wasip1/wasm/sluice_empty_filter.wasm";
+
+/// The do-nothing proxy-wasm filter (`benches/empty-filter`):
+/// `$EMPTY_FILTER_WASM`, default `target/wasm32-wasip1/wasm/sluice_empty_filter.wasm`.
+pub fn empty_filter_wasm() -> Result<PathBuf> {
+    let path = env_or_default("EMPTY_FILTER_WASM", DEFAULT_EMPTY_FILTER_WASM)?;
+    require_file(&path, "EMPTY_FILTER_WASM", "run `just build-empty-filter`")
+}
+
 /// Default location of the dynamic module, relative to the workspace root.
 pub const DEFAULT_NATIVE_MODULE: &str = "target/debug/libsluice_native.so";
 /// The file name Envoy looks for when a config names the module `sluice_native`.

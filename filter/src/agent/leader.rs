@@ -6,6 +6,7 @@
 use super::sync::effective_ttl;
 use super::{Agent, Leadership, MAX_DEQUEUES_PER_TICK, RECONNECT_WARN_EVERY, Role};
 use crate::cell::key_of;
+use crate::grpc_service;
 use crate::host_api::{Host, LogLevel};
 use crate::identity::{ProxyIdentity, made_up_name_warning, process_proxy_id};
 use crate::metrics::Counter;
@@ -273,7 +274,7 @@ impl Agent {
         now_ms: u64,
     ) {
         let cluster = &self.settings.control_plane_cluster;
-        let token = match host.open_control_stream(cluster) {
+        let token = match host.open_control_stream(&grpc_service::stream_target(cluster)) {
             Ok(token) => token,
             Err(err) => {
                 let reconnect = leadership.stream.failed(now_ms, &mut self.rng);

@@ -1,0 +1,681 @@
+//! How Istio and Envoy Gateway deliver the wasm filter to Envoy, mirrored
+//! from their sources, so that tests can feed a real Envoy exactly what
+//! they would send: deploy/'s WasmPlugin through ECDS as istiod builds it,
+//! and deploy/'s EnvoyExtensionPolicy inlined as Envoy Gateway builds it.
+//!
+//! Istio (istio/istio, master of 2026-08):
+//! - a WasmPlugin becomes a TrafficExtension named `<name>~istio-translated-wasmplugin`
+//!   (`pilot/pkg/config/kube/extensions/translate.go`), whose ECDS resource
+//!   is named `extensions.istio.io/trafficextension/<namespace>.<that name>`
+//!   (`pilot/pkg/model/extensions.go`, `convertToTrafficExtensionWrapper`);
+//! - the resource is an `envoy.extensions.filters.http.wasm.v3.Wasm` whose
+//!   `PluginConfig` has `name` `<namespace>.<name>`, `root_id` = `pluginName`,
+//!   `configuration` = a `google.protobuf.StringValue` holding `pluginConfig`
+//!   as JSON (an empty `Any` when it has no fields), the V8 runtime, **no
+//!   `vm_id`**, `vm_config.environment_variables` holding
+//!   `ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION`, and `failure_policy` from
+//!   `failStrategy` (unset when the WasmPlugin sets none, which Envoy takes
+//!   as FAIL_CLOSED) (`pilot/pkg/model/extensions.go`, `buildWasmConfig`,
+//!   `buildVMConfig`);
+//! - a `file://` URL becomes `code.local.filename` (`buildDataSource`);
+//!   other URLs are fetched by the Istio agent, which substitutes the same
+//!   local file (`pkg/istio-agent/xds_proxy.go`, `pkg/wasm/convert.go`);
+//! - the listener's HTTP filter is named as the resource and points at it
+//!   with `config_discovery`: `config_source: {ads: {}}`, V3, an
+//!   `initial_fetch_timeout` of 0 (the listener waits for it), type URLs
+//!   of the wasm and RBAC HTTP filters
+//!   (`pilot/pkg/networking/core/extension/extensionfilter.go`);
+//! - a sidecar's node id is `sidecar~<IP>~<pod>.<namespace>~<namespace>.svc.cluster.local`,
+//!   and the control plane's Service port named `grpc` gives the cluster
+//!   `outbound|50051||sluice.sluice-system.svc.cluster.local`, HTTP/2.
+//!
+//! Envoy Gateway (envoyproxy/gateway v1.8–1.9,
+//! `internal/xds/translator/wasm.go` and
+//! `internal/gatewayapi/envoyextensionpolicy.go`): the filter is inlined
+//! (no ECDS) into the listener, named `envoy.filters.http.wasm/<ir name>`,
+//! disabled there and enabled per route; `vm_id` is the IR name
+//! `envoyextensionpolicy/<namespace>/<policy>/wasm/<index>`, so each wasm
+//! extension has VMs of its own; `configuration` is a StringValue of the
+//! JSON `config`; `root_id` is `rootID`; the code is fetched from Envoy
+//! Gateway's own HTTP server (cluster `wasm_cluster`) with its sha256;
+//! `fail_open` is `failOpen`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use envoy_types::pb::envoy::config::core::v3::{
+    AsyncDataSource, DataSource, TypedExtensionConfig, async_data_source, data_source,
+};
+use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::wasm::v3::{
+    EnvironmentVariables, FailurePolicy, PluginConfig, VmConfig, plugin_config,
+};
+use envoy_types::pb::google::protobuf::{Any, StringValue};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::Value as Json;
+use serde_yaml_ng::Value;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::paths;
+use crate::xds::to_any;
+
+/// The cluster Istio gives sidecars for the control plane's Service.
+pub const ISTIO_CONTROL_PLANE_CLUSTER: &str =
+    "outbound|50051||sluice.sluice-system.svc.cluster.local";
+/// The environment variable istiod sets in every wasm VM it configures.
+pub const ISTIO_RESOURCE_VERSION_ENV: &str = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION";
+/// What istiod appends to a WasmPlugin's name when it translates it.
+const ISTIO_TRANSLATED_MARKER: &str = "~istio-translated-wasmplugin";
+/// The prefix of istiod's ECDS resource names.
+const ISTIO_RESOURCE_PREFIX: &str = "extensions.istio.io/trafficextension/";
+/// istiod's only wasm runtime.
+const V8: &str = "envoy.wasm.runtime.v8";
+/// The cluster the Istio bootstrap names for istiod's xDS.
+const XDS_CLUSTER: &str = "xds-grpc";
+
+/// A WasmPlugin, as read from a manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasmPlugin {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec.pluginName` (empty when unset).
+    pub plugin_name: String,
+    /// `spec.pluginConfig` (an empty object when unset).
+    pub plugin_config: Json,
+    /// `spec.failStrategy`, when set.
+    pub fail_strategy: Option<String>,
+    /// `metadata.resourceVersion`, which the API server sets on every change.
+    pub resource_version: String,
+}
+
+impl WasmPlugin {
+    /// Reads the WasmPlugin in `text` (a manifest with one document).
+    pub fn from_manifest(text: &str) -> Result<Self> {
+        let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
+        let json: Json = serde_json::to_value(&value).context("the manifest is not JSON-like")?;
+        if json["kind"] != "WasmPlugin" {
+            bail!("not a WasmPlugin: kind {}", json["kind"]);
+        }
+        let text_at = |pointer: &str| {
+            json.pointer(pointer)
+                .and_then(Json::as_str)
+                .map(str::to_owned)
+        };
+        Ok(Self {
+            namespace: text_at("/metadata/namespace").context("metadata.namespace")?,
+            name: text_at("/metadata/name").context("metadata.name")?,
+            plugin_name: text_at("/spec/pluginName").unwrap_or_default(),
+            plugin_config: json
+                .pointer("/spec/pluginConfig")
+                .cloned()
+                .unwrap_or_else(|| Json::Object(serde_json::Map::new())),
+            fail_strategy: text_at("/spec/failStrategy"),
+            resource_version: text_at("/metadata/resourceVersion").unwrap_or_else(|| "1".into()),
+        })
+    }
+
+    /// Reads `deploy/<relative>`.
+    pub fn from_repo(relative: &str) -> Result<Self> {
+        let path = paths::from_root(Path::new("deploy").join(relative))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Self::from_manifest(&text).with_context(|| path.display().to_string())
+    }
+
+    /// The name istiod gives the translated TrafficExtension.
+    fn translated_name(&self) -> String {
+        format!("{}{ISTIO_TRANSLATED_MARKER}", self.name)
+    }
+
+    /// The ECDS resource name, which is also the listener filter's name.
+    pub fn resource_name(&self) -> String {
+        format!(
+            "{ISTIO_RESOURCE_PREFIX}{}.{}",
+            self.namespace,
+            self.translated_name()
+        )
+    }
+
+    /// `pluginConfig` as istiod serializes it: compact JSON, keys sorted
+    /// (protobuf's JSON form of a Struct).
+    pub fn configuration_json(&self) -> Result<String> {
+        serde_json::to_string(&self.plugin_config).context("pluginConfig is not serializable")
+    }
+
+    /// The ECDS resource istiod sends for this plugin, with the module at
+    /// `wasm` (a `file://` URL's path, or what the Istio agent fetched).
+    pub fn extension_config(&self, wasm: &Path) -> Result<TypedExtensionConfig> {
+        let has_fields = self
+            .plugin_config
+            .as_object()
+            .is_some_and(|o| !o.is_empty());
+        let configuration = if has_fields {
+            to_any(&StringValue {
+                value: self.configuration_json()?,
+            })
+        } else {
+            Any::default()
+        };
+        let failure_policy = match self.fail_strategy.as_deref() {
+            None => FailurePolicy::Unspecified,
+            Some("FAIL_CLOSE") => FailurePolicy::FailClosed,
+            Some("FAIL_OPEN") => FailurePolicy::FailOpen,
+            Some("FAIL_RELOAD") => FailurePolicy::FailReload,
+            Some(other) => bail!("unknown failStrategy {other}"),
+        };
+        let mut environment = EnvironmentVariables::default();
+        environment.key_values.insert(
+            ISTIO_RESOURCE_VERSION_ENV.to_owned(),
+            self.resource_version.clone(),
+        );
+        let wasm = Wasm {
+            config: Some(PluginConfig {
+                name: format!("{}.{}", self.namespace, self.translated_name()),
+                root_id: self.plugin_name.clone(),
+                configuration: Some(configuration),
+                failure_policy: failure_policy.into(),
+                vm: Some(plugin_config::Vm::VmConfig(VmConfig {
+                    runtime: V8.to_owned(),
+                    code: Some(local_file(wasm)),
+                    environment_variables: Some(environment),
+                    ..VmConfig::default()
+                })),
+                ..PluginConfig::default()
+            }),
+        };
+        Ok(TypedExtensionConfig {
+            name: self.resource_name(),
+            typed_config: Some(to_any(&wasm)),
+        })
+    }
+
+    /// The same plugin with another `pluginConfig` and the next resource
+    /// version, as after a `kubectl apply` of an edited manifest.
+    pub fn updated(&self, plugin_config: Json) -> Self {
+        let version = self.resource_version.parse::<u64>().unwrap_or(1) + 1;
+        Self {
+            plugin_config,
+            resource_version: version.to_string(),
+            ..self.clone()
+        }
+    }
+}
+
+fn local_file(path: &Path) -> AsyncDataSource {
+    AsyncDataSource {
+        specifier: Some(async_data_source::Specifier::Local(DataSource {
+            specifier: Some(data_source::Specifier::Filename(path.display().to_string())),
+            ..DataSource::default()
+        })),
+    }
+}
+
+/// An Istio sidecar without the Istio agent, as istiod knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sidecar {
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's namespace.
+    pub namespace: String,
+}
+
+impl Sidecar {
+    /// A sidecar of pod `pod` in `namespace`.
+    pub fn new(pod: &str, namespace: &str) -> Self {
+        Self {
+            pod: pod.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// The node id the Istio agent gives Envoy.
+    pub fn node_id(&self) -> String {
+        format!(
+            "sidecar~127.0.0.1~{pod}.{ns}~{ns}.svc.cluster.local",
+            pod = self.pod,
+            ns = self.namespace
+        )
+    }
+
+    /// An Envoy bootstrap for this sidecar: ADS to `xds`, the control
+    /// plane's cluster as Istio names it, and one inbound listener whose
+    /// HTTP filters are the ECDS resources `extensions` (in order), then
+    /// the router, answering 200 itself.
+    pub fn bootstrap(
+        &self,
+        xds: SocketAddr,
+        control_plane: SocketAddr,
+        extensions: &[String],
+    ) -> Result<Value> {
+        let mut filters: Vec<Json> = extensions
+            .iter()
+            .map(|name| {
+                serde_json::json!({
+                    "name": name,
+                    "config_discovery": {
+                        "config_source": {
+                            "ads": {},
+                            "initial_fetch_timeout": "0s",
+                            "resource_api_version": "V3",
+                        },
+                        "type_urls": [
+                            "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                            "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+                        ],
+                    },
+                })
+            })
+            .collect();
+        filters.push(router());
+        let bootstrap = serde_json::json!({
+            "node": {
+                "id": self.node_id(),
+                "cluster": format!("{}.{}", self.pod, self.namespace),
+                "metadata": {
+                    "NAMESPACE": self.namespace,
+                    "LABELS": {"app": self.pod, "sluice.io/rate-limit": "enabled"},
+                    "ISTIO_VERSION": "1.30.0",
+                    "CLUSTER_ID": "Kubernetes",
+                    "INTERCEPTION_MODE": "NONE",
+                },
+            },
+            "admin": admin(),
+            "dynamic_resources": {
+                "ads_config": {
+                    "api_type": "GRPC",
+                    "transport_api_version": "V3",
+                    "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                    "set_node_on_first_message_only": true,
+                },
+            },
+            "static_resources": {
+                "clusters": [
+                    http2_cluster(XDS_CLUSTER, xds),
+                    http2_cluster(ISTIO_CONTROL_PLANE_CLUSTER, control_plane),
+                ],
+                "listeners": [listener("virtualInbound", filters, Json::Null)],
+            },
+        });
+        serde_json::from_value(bootstrap).context("the sidecar bootstrap")
+    }
+}
+
+/// One entry of an EnvoyExtensionPolicy's `spec.wasm`, as read from a
+/// manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayWasm {
+    /// The policy's namespace.
+    pub namespace: String,
+    /// The policy's name.
+    pub policy: String,
+    /// The entry's index in `spec.wasm`.
+    pub index: usize,
+    /// `name`.
+    pub name: String,
+    /// `rootID`, when set.
+    pub root_id: Option<String>,
+    /// `config` (JSON).
+    pub config: Json,
+    /// `failOpen`.
+    pub fail_open: bool,
+}
+
+impl GatewayWasm {
+    /// Every `spec.wasm` entry of the EnvoyExtensionPolicy in `text`.
+    pub fn from_manifest(text: &str) -> Result<Vec<Self>> {
+        let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
+        let json: Json = serde_json::to_value(&value).context("the manifest is not JSON-like")?;
+        if json["kind"] != "EnvoyExtensionPolicy" {
+            bail!("not an EnvoyExtensionPolicy: kind {}", json["kind"]);
+        }
+        let namespace = json["metadata"]["namespace"]
+            .as_str()
+            .context("metadata.namespace")?;
+        let policy = json["metadata"]["name"].as_str().context("metadata.name")?;
+        let entries = json["spec"]["wasm"].as_array().cloned().unwrap_or_default();
+        entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| {
+                Ok(Self {
+                    namespace: namespace.to_owned(),
+                    policy: policy.to_owned(),
+                    index,
+                    name: entry["name"].as_str().context("wasm[].name")?.to_owned(),
+                    root_id: entry["rootID"].as_str().map(str::to_owned),
+                    config: entry["config"].clone(),
+                    fail_open: entry["failOpen"].as_bool().unwrap_or(false),
+                })
+            })
+            .collect()
+    }
+
+    /// Reads `deploy/<relative>`.
+    pub fn from_repo(relative: &str) -> Result<Vec<Self>> {
+        let path = paths::from_root(Path::new("deploy").join(relative))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Self::from_manifest(&text).with_context(|| path.display().to_string())
+    }
+
+    /// Envoy Gateway's IR name of the extension: its VMs' `vm_id`.
+    pub fn vm_id(&self) -> String {
+        format!(
+            "envoyextensionpolicy/{}/{}/wasm/{}",
+            self.namespace, self.policy, self.index
+        )
+    }
+
+    /// The HTTP filter's name.
+    pub fn filter_name(&self) -> String {
+        format!("envoy.filters.http.wasm/{}", self.vm_id())
+    }
+
+    /// An Envoy bootstrap as Envoy Gateway configures a gateway's Envoy:
+    /// node `node_id`, the filter inlined (disabled on the listener,
+    /// enabled on the route), its code from `module_url` on
+    /// `module_server` (the cluster `wasm_cluster`) checked against
+    /// `sha256`, and `control_plane_cluster` (a cluster from the
+    /// EnvoyProxy's bootstrap) pointed at `control_plane`.
+    pub fn bootstrap(
+        &self,
+        node_id: &str,
+        module_server: SocketAddr,
+        sha256: &str,
+        control_plane_cluster: &Json,
+        control_plane: SocketAddr,
+    ) -> Result<Value> {
+        let mut wasm = serde_json::json!({
+            "name": self.name,
+            "vm_config": {
+                "vm_id": self.vm_id(),
+                "runtime": V8,
+                "code": {"remote": {
+                    "http_uri": {
+                        "uri": format!("http://{module_server}/{sha256}.wasm"),
+                        "cluster": "wasm_cluster",
+                        "timeout": "10s",
+                    },
+                    "sha256": sha256,
+                }},
+            },
+            "configuration": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": serde_json::to_string(&self.config)?,
+            },
+            "fail_open": self.fail_open,
+        });
+        if let Some(root_id) = &self.root_id {
+            wasm["root_id"] = Json::String(root_id.clone());
+        }
+        let filter = serde_json::json!({
+            "name": self.filter_name(),
+            "disabled": true,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": wasm,
+            },
+        });
+        let per_route = serde_json::json!({
+            self.filter_name(): {
+                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                "config": {},
+            },
+        });
+        let mut cluster = control_plane_cluster.clone();
+        point_cluster_at(&mut cluster, control_plane)?;
+        let bootstrap = serde_json::json!({
+            "node": {"id": node_id, "cluster": format!("{}/{}", self.namespace, self.policy)},
+            "admin": admin(),
+            "static_resources": {
+                "clusters": [http1_cluster("wasm_cluster", module_server), cluster],
+                "listeners": [listener("default/eg/http", vec![filter, router()], per_route)],
+            },
+        });
+        serde_json::from_value(bootstrap).context("the gateway bootstrap")
+    }
+}
+
+/// The clusters in an EnvoyProxy manifest's `spec.bootstrap.value`.
+pub fn envoy_proxy_bootstrap_clusters(text: &str) -> Result<Vec<Json>> {
+    let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
+    let json: Json = serde_json::to_value(&value)?;
+    let bootstrap = json
+        .pointer("/spec/bootstrap/value")
+        .and_then(Json::as_str)
+        .context("spec.bootstrap.value")?;
+    let bootstrap: Value =
+        serde_yaml_ng::from_str(bootstrap).context("bootstrap.value is not YAML")?;
+    let bootstrap: Json = serde_json::to_value(&bootstrap)?;
+    Ok(bootstrap
+        .pointer("/static_resources/clusters")
+        .and_then(Json::as_array)
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// Points a cluster's one endpoint at `addr` (a loopback test server) and
+/// drops its TLS (the tests' control plane serves plaintext on loopback).
+fn point_cluster_at(cluster: &mut Json, addr: SocketAddr) -> Result<()> {
+    let socket = cluster
+        .pointer_mut("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address")
+        .context("the cluster has no endpoint address")?;
+    socket["address"] = Json::String(addr.ip().to_string());
+    socket["port_value"] = Json::from(addr.port());
+    if let Some(cluster) = cluster.as_object_mut() {
+        cluster.insert("type".into(), Json::String("STATIC".into()));
+        cluster.remove("transport_socket");
+    }
+    Ok(())
+}
+
+fn admin() -> Json {
+    serde_json::json!({"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}})
+}
+
+fn router() -> Json {
+    serde_json::json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+    })
+}
+
+fn listener(name: &str, http_filters: Vec<Json>, per_route: Json) -> Json {
+    let mut route = serde_json::json!({
+        "name": "default",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
+    });
+    if !per_route.is_null() {
+        route["typed_per_filter_config"] = per_route;
+    }
+    serde_json::json!({
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "inbound",
+                "route_config": {
+                    "name": "local",
+                    "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route]}],
+                },
+                "http_filters": http_filters,
+            },
+        }]}],
+    })
+}
+
+fn endpoint(name: &str, addr: SocketAddr) -> Json {
+    serde_json::json!({
+        "cluster_name": name,
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+            "address": addr.ip().to_string(),
+            "port_value": addr.port(),
+        }}}}]}],
+    })
+}
+
+fn http2_cluster(name: &str, addr: SocketAddr) -> Json {
+    serde_json::json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            },
+        },
+        "load_assignment": endpoint(name, addr),
+    })
+}
+
+fn http1_cluster(name: &str, addr: SocketAddr) -> Json {
+    serde_json::json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": endpoint(name, addr),
+    })
+}
+
+/// An HTTP server on loopback that answers every GET with one file: Envoy
+/// Gateway's module server, from which its Envoys fetch the wasm code.
+#[derive(Debug)]
+pub struct ModuleServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl ModuleServer {
+    /// Serves `bytes` on `127.0.0.1:0`.
+    pub async fn start(bytes: Vec<u8>) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("cannot bind the module server")?;
+        let addr = listener.local_addr()?;
+        let body = Arc::new(Bytes::from(bytes));
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let body = body.clone();
+                connections.spawn(async move {
+                    let service = service_fn(move |_request: Request<hyper::body::Incoming>| {
+                        let body = body.clone();
+                        async move {
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::clone(&body))))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ModuleServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn plugin() -> WasmPlugin {
+        WasmPlugin::from_repo("istio/wasmplugin-sidecars.yaml").unwrap()
+    }
+
+    #[test]
+    fn the_ecds_resource_is_what_istiod_builds() {
+        let plugin = plugin();
+        assert_eq!(
+            plugin.resource_name(),
+            "extensions.istio.io/trafficextension/istio-system.sluice~istio-translated-wasmplugin"
+        );
+        let resource = plugin
+            .extension_config(Path::new("/x/plugin.wasm"))
+            .unwrap();
+        assert_eq!(resource.name, plugin.resource_name());
+        let any = resource.typed_config.unwrap();
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+        );
+        let config = Wasm::decode(any.value.as_slice()).unwrap().config.unwrap();
+        assert_eq!(config.root_id, "sluice");
+        assert_eq!(config.failure_policy, i32::from(FailurePolicy::FailReload));
+        let Some(plugin_config::Vm::VmConfig(vm)) = config.vm else {
+            panic!("no vm_config");
+        };
+        assert_eq!(vm.vm_id, "", "istiod never sets a vm_id");
+        assert_eq!(vm.runtime, V8);
+        assert!(
+            vm.environment_variables
+                .unwrap()
+                .key_values
+                .contains_key(ISTIO_RESOURCE_VERSION_ENV)
+        );
+        let configuration = config.configuration.unwrap();
+        assert_eq!(
+            configuration.type_url,
+            "type.googleapis.com/google.protobuf.StringValue"
+        );
+        let json = StringValue::decode(configuration.value.as_slice())
+            .unwrap()
+            .value;
+        let parsed: Json = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed, plugin.plugin_config);
+        assert_eq!(parsed["control_plane_cluster"], ISTIO_CONTROL_PLANE_CLUSTER);
+    }
+
+    #[test]
+    fn no_fail_strategy_leaves_envoys_default_fail_closed() {
+        let mut plugin = plugin();
+        plugin.fail_strategy = None;
+        let any = plugin
+            .extension_config(Path::new("/x/plugin.wasm"))
+            .unwrap()
+            .typed_config
+            .unwrap();
+        let config = Wasm::decode(any.value.as_slice()).unwrap().config.unwrap();
+        assert_eq!(config.failure_policy, i32::from(FailurePolicy::Unspecified));
+    }
+
+    #[test]
+    fn envoy_gateway_names_the_vm_after_the_extension() {
+        let wasms = GatewayWasm::from_repo("envoy-gateway/extension-policy-wasm.yaml").unwrap();
+        assert_eq!(wasms.len(), 1);
+        assert_eq!(
+            wasms[0].vm_id(),
+            "envoyextensionpolicy/default/sluice/wasm/0"
+        );
+        assert_eq!(
+            wasms[0].filter_name(),
+            "envoy.filters.http.wasm/envoyextensionpolicy/default/sluice/wasm/0"
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! The filter under Istio's delivery contract, in real Envoy: deploy/'s
+//! WasmPlugin turned into exactly what istiod sends (ECDS over ADS, the
+//! configuration as a JSON StringValue, root id = pluginName, no vm_id, the
+//! module from a local file, istiod's environment variable; see
+//! `tests/src/mesh.rs` for the istiod source each choice mirrors), two
+//! sidecars reaching the control plane through the cluster Istio names
+//! `outbound|50051||sluice.sluice-system.svc.cluster.local`, with deploy/'s
+//! limits file.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::sidecars::{SidecarMesh, SidecarOptions};
+
+/// deploy/base/configmap-limits.yaml's limit for `acme`, enforced there.
+const ACME_LIMIT: f64 = 200.0;
+
+fn options(pods: &[&str]) -> SidecarOptions {
+    let mut options = SidecarOptions::new(pods);
+    // Faster than deploy/'s values, so the test converges in seconds.
+    options.control_interval_ms = Some(200);
+    options
+        .plugin_patch
+        .insert("report_interval_ms".into(), json!(100));
+    options
+}
+
+/// Two sidecars, each with a second wasm plugin without vm_id beside
+/// Sluice: the fleet admits the limit, each sidecar reports under its own
+/// node id without any proxy_id configured, and both plugins run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_hold_the_fleet_limit_beside_another_plugin_without_vm_id() {
+    let mut options = options(&["checkout-7d9f-a", "checkout-7d9f-b"]);
+    options.other_plugin = true;
+    let mesh = SidecarMesh::start(options).await.unwrap();
+    assert!(
+        mesh.plugin.plugin_config.get("proxy_id").is_none(),
+        "deploy/'s WasmPlugin must not set proxy_id: {}",
+        mesh.plugin.plugin_config
+    );
+
+    let load = LoadRun::start(LoadPlan::new(
+        vec![
+            StreamSpec::new("A/acme", &mesh.url(0).unwrap(), "acme", 450.0),
+            StreamSpec::new("B/acme", &mesh.url(1).unwrap(), "acme", 150.0),
+            StreamSpec::new("A/globex", &mesh.url(0).unwrap(), "globex", 40.0),
+        ],
+        Duration::from_secs(10),
+    ))
+    .unwrap();
+    let admin = mesh.control_plane.admin();
+    let converged = admin
+        .wait_for_convergence("acme", ACME_LIMIT, 0.10, 2, Duration::from_secs(5))
+        .await;
+    let converged_at = load.elapsed();
+    let window = Window {
+        from: converged_at + Duration::from_secs(1),
+        to: converged_at + Duration::from_secs(5),
+    };
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    let proxies = admin.proxies().await.unwrap();
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let summary = format!(
+        "converged at {converged_at:?}: {converged:?}\n{}{}\nproxies: {proxies:?}\nacks: {:?}",
+        result.summary(window),
+        result.timeline(Duration::from_millis(500)),
+        mesh.xds.acks(),
+    );
+    println!("{summary}");
+    if converged.is_err() {
+        mesh.print_logs();
+    }
+    converged.unwrap();
+
+    let acme = result.tenant_counts(window, "acme");
+    assert_eq!(acme.server_errors + acme.errors, 0, "{summary}");
+    assert_eq!(acme.skipped, 0, "the load generator fell behind\n{summary}");
+    let admitted = rate(acme.ok, window);
+    assert!(
+        within(admitted, ACME_LIMIT, 0.10),
+        "the sidecars admitted {admitted:.1} rps of acme, limit {ACME_LIMIT}\n{summary}"
+    );
+    // globex has no limit: both plugins let all of it through.
+    let globex = result.tenant_counts(window, "globex");
+    assert_eq!(globex.ok, globex.offered(), "{summary}");
+
+    // The proxy id is the node id, unique per pod, with no configuration.
+    let mut ids: Vec<String> = proxies.proxies.iter().map(|p| p.proxy_id.clone()).collect();
+    ids.sort();
+    let mut expected: Vec<String> = mesh.sidecars.iter().map(|s| s.node_id()).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "{summary}");
+    assert_eq!(proxies.connected, 2, "{summary}");
+}
+
+/// A pluginConfig change pushed through ECDS while traffic flows at 3x the
+/// limit: it applies (the 429s carry the new reason header) in the same
+/// Envoy processes, and the limit holds through the swap: no second
+/// admits much more than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() {
+    let mut mesh = SidecarMesh::start(options(&["cart-5c6b-a"])).await.unwrap();
+    let pid = mesh.envoys[0].pid();
+    let url = mesh.url(0).unwrap();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &url, "acme", 3.0 * ACME_LIMIT)],
+        Duration::from_secs(16),
+    ))
+    .unwrap();
+    let admin = mesh.control_plane.admin();
+    admin
+        .wait_for_convergence("acme", ACME_LIMIT, 0.10, 1, Duration::from_secs(6))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let reason_header = |name: &'static str| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            for _ in 0..100 {
+                let response = client
+                    .get(&url)
+                    .header("x-tenant", "acme")
+                    .send()
+                    .await
+                    .unwrap();
+                if response.status() == 429 {
+                    return response
+                        .headers()
+                        .get(name)
+                        .map(|v| v.to_str().unwrap().to_owned());
+                }
+            }
+            panic!("no 429 in 100 requests at 3x the limit");
+        }
+    };
+    assert_eq!(
+        reason_header("x-ratelimit-reason").await.as_deref(),
+        Some("cluster_overload")
+    );
+
+    // A steady second of enforcement before the push, to compare with.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut config = mesh.plugin.plugin_config.clone();
+    config["response"] = json!({"reason_header": "x-sluice-reason"});
+    let pushed_at = load.elapsed();
+    mesh.push_plugin_config(config).await.unwrap();
+    let acked_at = load.elapsed();
+    // The new configuration decides: its header, not the old one.
+    assert_eq!(
+        reason_header("x-sluice-reason").await.as_deref(),
+        Some("cluster_overload")
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let summary = format!(
+        "pushed at {pushed_at:?}, acknowledged at {acked_at:?}\n{}\nacks: {:?}",
+        result.timeline(Duration::from_millis(500)),
+        mesh.xds.acks()
+    );
+    println!("{summary}");
+
+    // The same Envoy process served throughout.
+    assert!(mesh.envoys[0].is_running(), "{summary}");
+    assert_eq!(mesh.envoys[0].pid(), pid);
+    // No burst: every whole second from one before the push to three
+    // after it admits the limit within 15 %.
+    let start = (pushed_at.as_secs_f64().floor() - 1.0).max(0.0);
+    for second in 0..5 {
+        let from = start + f64::from(second);
+        let window = Window::secs(from, from + 1.0);
+        let counts = result.tenant_counts(window, "acme");
+        assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+        let admitted = rate(counts.ok, window);
+        assert!(
+            admitted <= ACME_LIMIT * 1.15,
+            "{admitted:.0} rps admitted in [{from}, {}) s around the push, limit {ACME_LIMIT}\n{summary}",
+            from + 1.0
+        );
+    }
+    let after = Window::secs(acked_at.as_secs_f64() + 1.0, acked_at.as_secs_f64() + 4.0);
+    let admitted = result.admitted_rps(after, "acme");
+    assert!(
+        within(admitted, ACME_LIMIT, 0.10),
+        "{admitted:.1} rps after the push, limit {ACME_LIMIT}\n{summary}"
+    );
+}
