@@ -5,6 +5,7 @@
 //! an open-loop HTTP load generator. Each module does one thing:
 //!
 //! - [`adaptive`]: the overload scenario of the adaptive-limit tests (skewed fleet, capped upstream).
+//! - [`oci`]: reproducible OCI images of the filter and the control plane (`just images`).
 //! - [`paths`]: where the workspace, Envoy, Redis, the control plane and the `.wasm` are.
 //! - [`process`]: a child-process guard that logs to a file and cleans up on drop.
 //! - [`certs`]: a throw-away CA with server and client certificates for mutual TLS.
@@ -18,6 +19,7 @@
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
 //! - [`prometheus`]: the Prometheus text format, parsed once for every test crate.
 //! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
+//! - [`registry`]: a real OCI registry on loopback, skopeo to push, HTTP to pull by digest.
 //! - [`replicas`]: control-plane replicas sharing one Redis, and Envoys pointed at all of them.
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
 //! - [`sidecars`]: Istio sidecars without Istio: xDS, the control plane and Envoys fed deploy/'s WasmPlugin through ECDS.
@@ -35,11 +37,13 @@ pub mod fault_proxy;
 pub mod fleet;
 pub mod load;
 pub mod mesh;
+pub mod oci;
 pub mod paths;
 pub mod process;
 pub mod prometheus;
 pub mod quotas;
 pub mod redis;
+pub mod registry;
 pub mod replicas;
 pub mod rlqs;
 pub mod sidecars;

@@ -144,6 +144,44 @@ pub fn redis_server() -> Result<PathBuf> {
     )
 }
 
+/// What an `ensure-*.sh` script in `scripts/` prints: the path of the tool
+/// it installs into `.tools/` the first time.
+fn ensured_by(script: &str) -> Result<PathBuf> {
+    let script = from_root(Path::new("scripts").join(script))?;
+    let output = std::process::Command::new(&script)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("{} cannot run", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    from_root(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// The directory holding `docker-registry` and `skopeo`:
+/// `$REGISTRY_TOOLS`, else what `./scripts/ensure-registry-tools.sh`
+/// prints (it installs them into `.tools/` the first time).
+pub fn registry_tools() -> Result<PathBuf> {
+    match std::env::var_os("REGISTRY_TOOLS").filter(|v| !v.is_empty()) {
+        Some(dir) => from_root(PathBuf::from(dir)),
+        None => ensured_by("ensure-registry-tools.sh"),
+    }
+}
+
+/// The `PYTHONPATH` entry of the `kubernetes-validate` package:
+/// `$KUBERNETES_VALIDATE_PATH`, else what
+/// `./scripts/ensure-kubernetes-validate.sh` prints.
+pub fn kubernetes_validate() -> Result<PathBuf> {
+    match std::env::var_os("KUBERNETES_VALIDATE_PATH").filter(|v| !v.is_empty()) {
+        Some(dir) => from_root(PathBuf::from(dir)),
+        None => ensured_by("ensure-kubernetes-validate.sh"),
+    }
+}
+
 /// Directory of the Envoy configs (`envoy/`).
 pub fn envoy_config_dir() -> Result<PathBuf> {
     from_root("envoy")
