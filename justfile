@@ -6,17 +6,20 @@ wasm_target := "wasm32-wasip1"
 wasm_profile := "wasm"
 wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_filter.wasm"
 empty_wasm_out := "target/" + wasm_target + "/" + wasm_profile + "/sluice_empty_filter.wasm"
+musl_target := "x86_64-unknown-linux-musl"
 
 # Show the recipes.
 default:
     @just --list
 
-# Install the pinned toolchain with its wasm targets, Envoy and Redis.
+# Install the pinned toolchain with its wasm targets, Envoy, Redis, the registry tools and the manifest validator.
 setup:
     rustup toolchain install
     rustup target add wasm32-wasip1 wasm32-unknown-unknown
     ./scripts/ensure-envoy.sh >/dev/null
     ./scripts/ensure-redis.sh >/dev/null
+    ./scripts/ensure-registry-tools.sh >/dev/null
+    ./scripts/ensure-kubernetes-validate.sh >/dev/null
 
 # Build the filter's .wasm (what Envoy loads).
 build-wasm: setup
@@ -33,7 +36,7 @@ build-native:
     @ls -l target/release/libsluice_native.so
 
 # Build everything the integration tests and the demo run.
-build: build-wasm build-control-plane
+build: build-wasm build-control-plane build-empty-filter
     cargo build -p sluice-envoy-module
     cargo build -p sluice-integration-tests --bins
 
@@ -46,6 +49,31 @@ demo *ARGS: build
 demo-ha *ARGS: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" REDIS_SERVER="$(./scripts/ensure-redis.sh)" SLUICE_WASM={{wasm_out}} \
       cargo run -q -p sluice-integration-tests --bin demo_ha -- {{ARGS}}
+
+# Sluice as Istio delivers it, without a cluster: an xDS server serves deploy/istio's WasmPlugin over ECDS as istiod builds it to two Envoy sidecars, which hold deploy/'s limit under uneven load (`--duration S`, `--rps N`).
+demo-istio *ARGS: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo run -q -p sluice-integration-tests --bin demo_istio -- {{ARGS}}
+
+# The release artifacts in target/images/, reproducibly and without a container runtime: the filter and the control plane (a static musl binary) as OCI image layouts, and the native module with its sha256; prints each digest and how to push it.
+images: build-wasm build-native
+    rustup target add {{musl_target}}
+    RUSTFLAGS="--remap-path-prefix={{justfile_directory()}}=/sluice --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
+      CC_x86_64_unknown_linux_musl="${CC_x86_64_unknown_linux_musl:-cc}" \
+      cargo build --release --locked --target {{musl_target}} -p sluice-control-plane --bin sluice --no-default-features --features ctl
+    cargo build -q -p sluice-integration-tests --bin images
+    target/debug/images --wasm {{wasm_out}} --sluice target/{{musl_target}}/release/sluice \
+      --native target/release/libsluice_native.so --out target/images
+
+# `just images`, then the registry round trip of tests/tests/images.rs on those artifacts, with the control plane's binary checked to be static.
+test-images: images
+    SLUICE_WASM={{wasm_out}} SLUICE_IMAGE_BIN=target/{{musl_target}}/release/sluice SLUICE_IMAGE_STATIC=1 \
+      SLUICE_NATIVE_MODULE=target/release/libsluice_native.so \
+      cargo test -p sluice-integration-tests --test images
+
+# Validate deploy/'s manifests (Kubernetes and CRD schemas, kustomizations, the limits file, the filter configs, the control plane's flags); part of `just test`.
+check-deploy: build-control-plane
+    cargo test -p sluice-integration-tests --test deploy_manifests
 
 # Everything CI checks: formatting, lints, unit tests (native and wasm32), integration tests.
 test: setup fmt-check clippy test-unit test-wasm test-integration
