@@ -104,8 +104,8 @@ impl WasmPlugin {
     pub fn from_manifest(text: &str) -> Result<Self> {
         let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
         let json: Json = serde_json::to_value(&value).context("the manifest is not JSON-like")?;
-        if json["kind"] != "WasmPlugin" {
-            bail!("not a WasmPlugin: kind {}", json["kind"]);
+        if at(&json, "/kind") != "WasmPlugin" {
+            bail!("not a WasmPlugin: kind {}", at(&json, "/kind"));
         }
         let text_at = |pointer: &str| {
             json.pointer(pointer)
@@ -336,14 +336,19 @@ impl GatewayWasm {
     pub fn from_manifest(text: &str) -> Result<Vec<Self>> {
         let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
         let json: Json = serde_json::to_value(&value).context("the manifest is not JSON-like")?;
-        if json["kind"] != "EnvoyExtensionPolicy" {
-            bail!("not an EnvoyExtensionPolicy: kind {}", json["kind"]);
+        if at(&json, "/kind") != "EnvoyExtensionPolicy" {
+            bail!("not an EnvoyExtensionPolicy: kind {}", at(&json, "/kind"));
         }
-        let namespace = json["metadata"]["namespace"]
+        let namespace = at(&json, "/metadata/namespace")
             .as_str()
             .context("metadata.namespace")?;
-        let policy = json["metadata"]["name"].as_str().context("metadata.name")?;
-        let entries = json["spec"]["wasm"].as_array().cloned().unwrap_or_default();
+        let policy = at(&json, "/metadata/name")
+            .as_str()
+            .context("metadata.name")?;
+        let entries = at(&json, "/spec/wasm")
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         entries
             .iter()
             .enumerate()
@@ -352,10 +357,13 @@ impl GatewayWasm {
                     namespace: namespace.to_owned(),
                     policy: policy.to_owned(),
                     index,
-                    name: entry["name"].as_str().context("wasm[].name")?.to_owned(),
-                    root_id: entry["rootID"].as_str().map(str::to_owned),
-                    config: entry["config"].clone(),
-                    fail_open: entry["failOpen"].as_bool().unwrap_or(false),
+                    name: at(entry, "/name")
+                        .as_str()
+                        .context("wasm[].name")?
+                        .to_owned(),
+                    root_id: at(entry, "/rootID").as_str().map(str::to_owned),
+                    config: at(entry, "/config").clone(),
+                    fail_open: at(entry, "/failOpen").as_bool().unwrap_or(false),
                 })
             })
             .collect()
@@ -416,8 +424,8 @@ impl GatewayWasm {
             },
             "fail_open": self.fail_open,
         });
-        if let Some(root_id) = &self.root_id {
-            wasm["root_id"] = Json::String(root_id.clone());
+        if let (Some(root_id), Some(fields)) = (&self.root_id, wasm.as_object_mut()) {
+            fields.insert("root_id".into(), Json::String(root_id.clone()));
         }
         let filter = serde_json::json!({
             "name": self.filter_name(),
@@ -471,13 +479,21 @@ fn point_cluster_at(cluster: &mut Json, addr: SocketAddr) -> Result<()> {
     let socket = cluster
         .pointer_mut("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address")
         .context("the cluster has no endpoint address")?;
-    socket["address"] = Json::String(addr.ip().to_string());
-    socket["port_value"] = Json::from(addr.port());
+    let socket = socket
+        .as_object_mut()
+        .context("the endpoint's socket_address is not an object")?;
+    socket.insert("address".into(), Json::String(addr.ip().to_string()));
+    socket.insert("port_value".into(), Json::from(addr.port()));
     if let Some(cluster) = cluster.as_object_mut() {
         cluster.insert("type".into(), Json::String("STATIC".into()));
         cluster.remove("transport_socket");
     }
     Ok(())
+}
+
+/// The value at `pointer` in `json`, `null` when absent.
+fn at<'a>(json: &'a Json, pointer: &str) -> &'a Json {
+    json.pointer(pointer).unwrap_or(&Json::Null)
 }
 
 fn admin() -> Json {
@@ -497,8 +513,8 @@ fn listener(name: &str, http_filters: Vec<Json>, per_route: Json) -> Json {
         "match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
     });
-    if !per_route.is_null() {
-        route["typed_per_filter_config"] = per_route;
+    if let (false, Some(fields)) = (per_route.is_null(), route.as_object_mut()) {
+        fields.insert("typed_per_filter_config".into(), per_route);
     }
     serde_json::json!({
         "name": name,

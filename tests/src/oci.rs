@@ -212,7 +212,12 @@ impl Image {
         )
         .context("cannot write oci-layout")?;
         let mut descriptor = self.manifest.descriptor();
-        descriptor["annotations"] = json!({"org.opencontainers.image.ref.name": tag});
+        if let Some(fields) = descriptor.as_object_mut() {
+            fields.insert(
+                "annotations".into(),
+                json!({"org.opencontainers.image.ref.name": tag}),
+            );
+        }
         let index = json!({
             "schemaVersion": 2,
             "mediaType": INDEX_MEDIA_TYPE,
@@ -247,7 +252,9 @@ fn image(
 ) -> Result<Image> {
     let diff_ids: Vec<&str> = layers.iter().map(|l| l.diff_id.as_str()).collect();
     let mut runtime = runtime;
-    runtime["Labels"] = json!(annotations);
+    if let Some(fields) = runtime.as_object_mut() {
+        fields.insert("Labels".into(), json!(annotations));
+    }
     let config = json!({
         "architecture": "amd64",
         "os": "linux",
@@ -358,8 +365,11 @@ pub fn is_static_elf(elf: &[u8]) -> bool {
         .all(|i| read_u32(phoff + i * usize::from(phentsize)).is_some_and(|kind| kind != PT_INTERP))
 }
 
-/// The file entries of a `tar+gzip` layer: path to (mode, owner, bytes).
-pub fn read_layer(compressed: &[u8]) -> Result<BTreeMap<String, (u32, u64, Vec<u8>)>> {
+/// A layer's files: path to (mode, owner, bytes).
+pub type LayerFiles = BTreeMap<String, (u32, u64, Vec<u8>)>;
+
+/// The file entries of a `tar+gzip` layer.
+pub fn read_layer(compressed: &[u8]) -> Result<LayerFiles> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(compressed));
     let mut files = BTreeMap::new();
     for entry in archive.entries().context("the layer is not a tar.gz")? {
