@@ -18,6 +18,7 @@
 //! - [`mesh`]: Istio's and Envoy Gateway's delivery of the wasm filter, as their sources build it.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
 //! - [`prometheus`]: the Prometheus text format, parsed once for every test crate.
+//! - [`raw_grpc`]: a gRPC codec for message bytes as they are (malformed, or of a newer protocol).
 //! - [`redis`]: a real `redis-server` on an ephemeral port, killable and restartable.
 //! - [`registry`]: a real OCI registry on loopback, skopeo to push, HTTP to pull by digest.
 //! - [`replicas`]: control-plane replicas sharing one Redis, and Envoys pointed at all of them.
@@ -42,6 +43,7 @@ pub mod paths;
 pub mod process;
 pub mod prometheus;
 pub mod quotas;
+pub mod raw_grpc;
 pub mod redis;
 pub mod registry;
 pub mod replicas;

@@ -17,6 +17,7 @@ use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions,
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::raw_grpc::RawCodec;
 use sluice_integration_tests::rlqs;
 use sluice_integration_tests::wait;
 
@@ -454,55 +455,6 @@ async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
     // not 10^18.
     let acme = buckets.bucket("acme").expect("acme is tracked");
     assert!(acme.offered_rps <= 1_000_001.0, "{acme:?}");
-}
-
-/// Sends bytes as they are: a client whose messages are not protobuf.
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        use bytes::BufMut;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        use bytes::Buf;
-        let mut bytes = vec![0; src.remaining()];
-        src.copy_to_slice(&mut bytes);
-        Ok(Some(bytes))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -336,6 +336,53 @@ fn directives_reach_every_vm_within_one_tick() {
     }
 }
 
+/// Appends a field this build's protocol does not define: what a newer
+/// control plane would send.
+fn with_unknown_field(mut encoded: Vec<u8>, field: u32, value: &str) -> Vec<u8> {
+    prost::encoding::string::encode(field, &value.to_owned(), &mut encoded);
+    encoded
+}
+
+/// Upgrades: a control plane one minor ahead may add fields anywhere (the
+/// protocol only ever adds fields); this filter ignores them and applies
+/// what it knows.
+#[test]
+fn directives_with_fields_this_build_does_not_know_apply() {
+    let mut fleet = Fleet::new(2);
+    fleet.ticks(2);
+    let directive = Directive {
+        bucket: "acme".into(),
+        drop_ratio: 1.0,
+        limit_rps: 1.0,
+        ..Default::default()
+    };
+    let directive = with_unknown_field(directive.encode_to_vec(), 1000, "future directive field");
+    let batch = DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        ..Default::default()
+    };
+    let mut batch = with_unknown_field(batch.encode_to_vec(), 1001, "future batch field");
+    // `repeated Directive directives = 4`, written by hand to keep the
+    // unknown field inside it.
+    prost::encoding::bytes::encode(4, &directive, &mut batch);
+    let mut message = Vec::new();
+    prost::encoding::bytes::encode(1, &batch, &mut message);
+    let message = with_unknown_field(message, 1002, "future message field");
+    let (token, vm) = fleet.the_stream();
+    let (host, agent) = &mut fleet.vms[vm];
+    agent.on_stream_message(host, token, &message, START_MS);
+    fleet.tick();
+    for vm in 0..2 {
+        assert_eq!(
+            fleet.admit_n(vm, "acme", 50),
+            50,
+            "vm {vm} did not apply the directive"
+        );
+        assert_eq!(fleet.admit_n(vm, "other", 50), 0);
+    }
+}
+
 #[test]
 fn reports_add_up_the_counts_of_every_vm() {
     let mut fleet = Fleet::new(3);
