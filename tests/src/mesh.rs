@@ -47,13 +47,23 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use envoy_types::pb::envoy::config::core::v3::{
-    AsyncDataSource, DataSource, TypedExtensionConfig, async_data_source, data_source,
+    Address, AsyncDataSource, DataSource, HttpUri, RemoteDataSource, SocketAddress,
+    TypedExtensionConfig, address, async_data_source, data_source, http_uri, socket_address,
 };
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::{
+    DirectResponseAction, FilterConfig, Route, RouteConfiguration, RouteMatch, VirtualHost, route,
+    route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, http_connection_manager::RouteSpecifier, http_filter,
+};
 use envoy_types::pb::envoy::extensions::wasm::v3::{
     EnvironmentVariables, FailurePolicy, PluginConfig, VmConfig, plugin_config,
 };
-use envoy_types::pb::google::protobuf::{Any, StringValue};
+use envoy_types::pb::google::protobuf::{Any, Duration as ProtoDuration, StringValue};
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::server::conn::http1;
@@ -390,69 +400,183 @@ impl GatewayWasm {
         format!("envoy.filters.http.wasm/{}", self.vm_id())
     }
 
-    /// An Envoy bootstrap as Envoy Gateway configures a gateway's Envoy:
-    /// node `node_id`, the filter inlined (disabled on the listener,
-    /// enabled on the route), its code from `module_url` on
-    /// `module_server` (the cluster `wasm_cluster`) checked against
-    /// `sha256`, and `control_plane_cluster` (a cluster from the
-    /// EnvoyProxy's bootstrap) pointed at `control_plane`.
-    pub fn bootstrap(
-        &self,
-        node_id: &str,
-        module_server: SocketAddr,
-        sha256: &str,
-        control_plane_cluster: &Json,
-        control_plane: SocketAddr,
-    ) -> Result<Value> {
-        let mut wasm = serde_json::json!({
-            "name": self.name,
-            "vm_config": {
-                "vm_id": self.vm_id(),
-                "runtime": V8,
-                "code": {"remote": {
-                    "http_uri": {
-                        "uri": format!("http://{module_server}/{sha256}.wasm"),
-                        "cluster": "wasm_cluster",
-                        "timeout": "10s",
-                    },
-                    "sha256": sha256,
-                }},
-            },
-            "configuration": {
-                "@type": "type.googleapis.com/google.protobuf.StringValue",
-                "value": serde_json::to_string(&self.config)?,
-            },
-            "fail_open": self.fail_open,
-        });
-        if let (Some(root_id), Some(fields)) = (&self.root_id, wasm.as_object_mut()) {
-            fields.insert("root_id".into(), Json::String(root_id.clone()));
-        }
-        let filter = serde_json::json!({
-            "name": self.filter_name(),
-            "disabled": true,
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                "config": wasm,
-            },
-        });
-        let per_route = serde_json::json!({
-            self.filter_name(): {
-                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
-                "config": {},
-            },
-        });
-        let mut cluster = control_plane_cluster.clone();
-        point_cluster_at(&mut cluster, control_plane)?;
-        let bootstrap = serde_json::json!({
-            "node": {"id": node_id, "cluster": format!("{}/{}", self.namespace, self.policy)},
-            "admin": admin(),
-            "static_resources": {
-                "clusters": [http1_cluster("wasm_cluster", module_server), cluster],
-                "listeners": [listener("default/eg/http", vec![filter, router()], per_route)],
-            },
-        });
-        serde_json::from_value(bootstrap).context("the gateway bootstrap")
+    /// The gateway's listener as Envoy Gateway sends it over LDS: the
+    /// filter inlined, disabled on the listener and enabled on the route,
+    /// its code fetched from `module_server` (the cluster `wasm_cluster`)
+    /// and checked against `sha256`.
+    pub fn listener(&self, module_server: SocketAddr, sha256: &str) -> Result<Listener> {
+        #[allow(deprecated)] // `fail_open`: what Envoy Gateway sets.
+        let plugin = PluginConfig {
+            name: self.name.clone(),
+            root_id: self.root_id.clone().unwrap_or_default(),
+            configuration: Some(to_any(&StringValue {
+                value: serde_json::to_string(&self.config)?,
+            })),
+            fail_open: self.fail_open,
+            vm: Some(plugin_config::Vm::VmConfig(VmConfig {
+                vm_id: self.vm_id(),
+                runtime: V8.to_owned(),
+                code: Some(AsyncDataSource {
+                    specifier: Some(async_data_source::Specifier::Remote(RemoteDataSource {
+                        http_uri: Some(HttpUri {
+                            uri: format!("http://{module_server}/{sha256}.wasm"),
+                            timeout: Some(ProtoDuration {
+                                seconds: 10,
+                                nanos: 0,
+                            }),
+                            http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(
+                                WASM_CLUSTER.to_owned(),
+                            )),
+                        }),
+                        sha256: sha256.to_owned(),
+                        ..RemoteDataSource::default()
+                    })),
+                }),
+                ..VmConfig::default()
+            })),
+            ..PluginConfig::default()
+        };
+        let wasm_filter = HttpFilter {
+            name: self.filter_name(),
+            disabled: true,
+            config_type: Some(http_filter::ConfigType::TypedConfig(to_any(&Wasm {
+                config: Some(plugin),
+            }))),
+            ..HttpFilter::default()
+        };
+        let router = HttpFilter {
+            name: "envoy.filters.http.router".to_owned(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(to_any(
+                &Router::default(),
+            ))),
+            ..HttpFilter::default()
+        };
+        let route = Route {
+            name: "httproute/default/backend/rule/0".to_owned(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
+                ..RouteMatch::default()
+            }),
+            action: Some(route::Action::DirectResponse(DirectResponseAction {
+                status: 200,
+                ..DirectResponseAction::default()
+            })),
+            // Envoy Gateway's `enableFilterOnRoute`: a FilterConfig with an
+            // empty `Any` (without one Envoy refuses the route).
+            typed_per_filter_config: [(
+                self.filter_name(),
+                to_any(&FilterConfig {
+                    config: Some(Any::default()),
+                    ..FilterConfig::default()
+                }),
+            )]
+            .into_iter()
+            .collect(),
+            ..Route::default()
+        };
+        let manager = HttpConnectionManager {
+            stat_prefix: "http-10080".to_owned(),
+            route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
+                name: "default/eg/http".to_owned(),
+                virtual_hosts: vec![VirtualHost {
+                    name: "default/eg/http/www_example_com".to_owned(),
+                    domains: vec!["*".to_owned()],
+                    routes: vec![route],
+                    ..VirtualHost::default()
+                }],
+                ..RouteConfiguration::default()
+            })),
+            http_filters: vec![wasm_filter, router],
+            ..HttpConnectionManager::default()
+        };
+        Ok(Listener {
+            name: GATEWAY_LISTENER.to_owned(),
+            address: Some(Address {
+                address: Some(address::Address::SocketAddress(SocketAddress {
+                    address: "127.0.0.1".to_owned(),
+                    port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
+                    ..SocketAddress::default()
+                })),
+            }),
+            filter_chains: vec![FilterChain {
+                filters: vec![Filter {
+                    name: "envoy.filters.network.http_connection_manager".to_owned(),
+                    config_type: Some(filter::ConfigType::TypedConfig(to_any(&manager))),
+                }],
+                ..FilterChain::default()
+            }],
+            ..Listener::default()
+        })
     }
+}
+
+/// The name of the gateway's listener.
+pub const GATEWAY_LISTENER: &str = "default/eg/http";
+/// The cluster of Envoy Gateway's module server.
+const WASM_CLUSTER: &str = "wasm_cluster";
+/// The type URL of LDS resources.
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+/// An Envoy bootstrap as Envoy Gateway gives its Envoys: node `node_id`,
+/// listeners over ADS from `xds`, the module server's cluster, and
+/// `control_plane_cluster` (a cluster from the EnvoyProxy's bootstrap)
+/// pointed at `control_plane`.
+pub fn gateway_bootstrap(
+    node_id: &str,
+    xds: SocketAddr,
+    module_server: SocketAddr,
+    control_plane_cluster: &Json,
+    control_plane: SocketAddr,
+) -> Result<Value> {
+    let mut cluster = control_plane_cluster.clone();
+    point_cluster_at(&mut cluster, control_plane)?;
+    let bootstrap = serde_json::json!({
+        "node": {"id": node_id, "cluster": "envoy-gateway-system/eg"},
+        "admin": admin(),
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "set_node_on_first_message_only": true,
+            },
+            "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {
+            "clusters": [
+                http2_cluster(XDS_CLUSTER, xds),
+                http1_cluster(WASM_CLUSTER, module_server),
+                cluster,
+            ],
+        },
+    });
+    serde_json::from_value(bootstrap).context("the gateway bootstrap")
+}
+
+/// The value of the response header `name` on the first 429 among up to
+/// 100 requests for `tenant` to `url`, each on a new connection (so after a
+/// listener update they reach the new listener); fails if none is a 429.
+pub async fn header_of_a_429(url: &str, tenant: &str, name: &str) -> Result<Option<String>> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .context("cannot build an HTTP client")?;
+    for _ in 0..100 {
+        let response = client
+            .get(url)
+            .header(crate::load::TENANT_HEADER, tenant)
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        if response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Ok(response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned));
+        }
+    }
+    bail!("no 429 in 100 requests for {tenant} to {url}")
 }
 
 /// The clusters in an EnvoyProxy manifest's `spec.bootstrap.value`.

@@ -1,12 +1,11 @@
 //! The filter under Envoy Gateway's delivery, in real Envoy 1.40: deploy/'s
-//! EnvoyExtensionPolicy inlined as Envoy Gateway's translator builds it
-//! (`tests/src/mesh.rs` cites the files): the filter disabled on the
-//! listener and enabled on the route, `vm_id` the extension's IR name, the
-//! module fetched over HTTP from the gateway's module server and checked
-//! against its sha256, the configuration a JSON StringValue, and the
-//! control plane reached through the cluster deploy/'s EnvoyProxy adds to
-//! the bootstrap. Two gateway Envoys hold deploy/'s limit, each under its
-//! own node id.
+//! EnvoyExtensionPolicy inlined in the listener Envoy Gateway sends over
+//! LDS, as its translator builds it (`tests/src/mesh.rs` cites the files):
+//! the filter disabled on the listener and enabled on the route, `vm_id` the
+//! extension's IR name, the module fetched over HTTP from the gateway's
+//! module server and checked against its sha256, the configuration a JSON
+//! StringValue, and the control plane reached through the cluster deploy/'s
+//! EnvoyProxy adds to the bootstrap. deploy/'s limits file.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,70 +15,131 @@
 
 use std::time::Duration;
 
+use serde_json::{Value as Json, json};
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
-use sluice_integration_tests::mesh::{GatewayWasm, ModuleServer, envoy_proxy_bootstrap_clusters};
+use sluice_integration_tests::mesh::{
+    GATEWAY_LISTENER, GatewayWasm, LISTENER_TYPE, ModuleServer, envoy_proxy_bootstrap_clusters,
+    gateway_bootstrap, header_of_a_429,
+};
 use sluice_integration_tests::oci;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::sidecars::deploy_limits_yaml;
+use sluice_integration_tests::xds::{XdsServer, to_any};
 
 const ACME_LIMIT: f64 = 200.0;
+const ACK_TIMEOUT: Duration = Duration::from_secs(15);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(&deploy_limits_yaml().unwrap(), dir.path())
-            .control_interval_ms(200),
-    )
-    .await
-    .unwrap();
-    let wasm = std::fs::read(paths::sluice_wasm().unwrap()).unwrap();
-    let sha256 = oci::digest(&wasm).trim_start_matches("sha256:").to_owned();
-    let modules = ModuleServer::start(wasm).await.unwrap();
+/// The control plane, Envoy Gateway's module server and xDS, and one Envoy
+/// per node id, serving deploy/'s policy.
+struct Gateway {
+    envoys: Vec<Envoy>,
+    node_ids: Vec<String>,
+    extension: GatewayWasm,
+    xds: XdsServer,
+    modules: ModuleServer,
+    sha256: String,
+    control_plane: ControlPlane,
+    dir: tempfile::TempDir,
+}
 
-    let mut extension = GatewayWasm::from_repo("envoy-gateway/extension-policy-wasm.yaml")
-        .unwrap()
-        .remove(0);
-    extension.config["report_interval_ms"] = 100.into();
-    let envoy_proxy =
-        std::fs::read_to_string(paths::from_root("deploy/envoy-gateway/envoyproxy.yaml").unwrap())
-            .unwrap();
-    let clusters = envoy_proxy_bootstrap_clusters(&envoy_proxy).unwrap();
-    let cluster = clusters
-        .iter()
-        .find(|c| c["name"] == extension.config["control_plane_cluster"])
-        .expect("the EnvoyProxy's bootstrap has the cluster the policy names");
-
-    let node_ids = [
-        "envoy-default-eg-e41e7b31-7c9d8f6b5-a1b2c",
-        "envoy-default-eg-e41e7b31-7c9d8f6b5-d3e4f",
-    ];
-    let mut envoys = Vec::new();
-    for (index, node_id) in node_ids.iter().enumerate() {
-        let config = extension
-            .bootstrap(
+impl Gateway {
+    async fn start(node_ids: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let control_plane = ControlPlane::start(
+            ControlPlaneOptions::new(&deploy_limits_yaml().unwrap(), dir.path())
+                .control_interval_ms(200),
+        )
+        .await
+        .unwrap();
+        let wasm = std::fs::read(paths::sluice_wasm().unwrap()).unwrap();
+        let sha256 = oci::digest(&wasm).trim_start_matches("sha256:").to_owned();
+        let modules = ModuleServer::start(wasm).await.unwrap();
+        let mut extension = GatewayWasm::from_repo("envoy-gateway/extension-policy-wasm.yaml")
+            .unwrap()
+            .remove(0);
+        extension.config["report_interval_ms"] = 100.into();
+        let envoy_proxy = std::fs::read_to_string(
+            paths::from_root("deploy/envoy-gateway/envoyproxy.yaml").unwrap(),
+        )
+        .unwrap();
+        let clusters = envoy_proxy_bootstrap_clusters(&envoy_proxy).unwrap();
+        let cluster: Json = clusters
+            .into_iter()
+            .find(|c| c["name"] == extension.config["control_plane_cluster"])
+            .expect("the EnvoyProxy's bootstrap has the cluster the policy names");
+        let xds = XdsServer::start().await.unwrap();
+        let mut gateway = Self {
+            envoys: Vec::new(),
+            node_ids: node_ids.iter().map(|id| (*id).to_owned()).collect(),
+            extension,
+            xds,
+            modules,
+            sha256,
+            control_plane,
+            dir,
+        };
+        let version = gateway.publish();
+        for (index, node_id) in node_ids.iter().enumerate() {
+            let config = gateway_bootstrap(
                 node_id,
-                modules.addr(),
-                &sha256,
-                cluster,
-                control_plane.grpc_addr(),
+                gateway.xds.addr(),
+                gateway.modules.addr(),
+                &cluster,
+                gateway.control_plane.grpc_addr(),
             )
             .unwrap();
-        let options = EnvoyOptions::new(&format!("gateway-{index}"), dir.path());
-        envoys.push(Envoy::start(&config, &options).await.unwrap());
+            let options = EnvoyOptions::new(&format!("gateway-{index}"), gateway.dir.path());
+            gateway
+                .envoys
+                .push(Envoy::start(&config, &options).await.unwrap());
+            gateway
+                .xds
+                .wait_for_ack(node_id, LISTENER_TYPE, version, ACK_TIMEOUT)
+                .await
+                .unwrap();
+        }
+        gateway
     }
 
+    /// Serves the listener with the extension as it is now.
+    fn publish(&self) -> u64 {
+        let listener = self
+            .extension
+            .listener(self.modules.addr(), &self.sha256)
+            .unwrap();
+        self.xds.set(
+            LISTENER_TYPE,
+            vec![(GATEWAY_LISTENER.to_owned(), to_any(&listener))],
+        )
+    }
+
+    fn print_logs(&self) {
+        self.control_plane.print_log();
+        for envoy in &self.envoys {
+            envoy.print_log();
+        }
+    }
+}
+
+/// Two gateway Envoys hold the fleet limit, each under its own node id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
+    let gateway = Gateway::start(&[
+        "envoy-default-eg-e41e7b31-7c9d8f6b5-a1b2c",
+        "envoy-default-eg-e41e7b31-7c9d8f6b5-d3e4f",
+    ])
+    .await;
     let load = LoadRun::start(LoadPlan::new(
         vec![
-            StreamSpec::new("A/acme", &envoys[0].base_url(), "acme", 450.0),
-            StreamSpec::new("B/acme", &envoys[1].base_url(), "acme", 150.0),
+            StreamSpec::new("A/acme", &gateway.envoys[0].base_url(), "acme", 450.0),
+            StreamSpec::new("B/acme", &gateway.envoys[1].base_url(), "acme", 150.0),
         ],
         Duration::from_secs(10),
     ))
     .unwrap();
-    let admin = control_plane.admin();
+    let admin = gateway.control_plane.admin();
     let converged = admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 2, Duration::from_secs(5))
         .await;
@@ -99,10 +159,7 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
     );
     println!("{summary}");
     if converged.is_err() {
-        control_plane.print_log();
-        for envoy in &envoys {
-            envoy.print_log();
-        }
+        gateway.print_logs();
     }
     converged.unwrap();
     let acme = result.tenant_counts(window, "acme");
@@ -112,11 +169,77 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
         within(admitted, ACME_LIMIT, 0.10),
         "the gateways admitted {admitted:.1} rps of acme, limit {ACME_LIMIT}\n{summary}"
     );
-    let mut ids: Vec<&str> = proxies
-        .proxies
-        .iter()
-        .map(|p| p.proxy_id.as_str())
-        .collect();
+    let mut ids: Vec<String> = proxies.proxies.iter().map(|p| p.proxy_id.clone()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, node_ids, "{summary}");
+    assert_eq!(ids, gateway.node_ids, "{summary}");
+}
+
+/// A changed `config` reaches the gateway as Envoy Gateway sends it, a new
+/// listener over LDS, while traffic flows at 3x the limit: it applies in the
+/// same Envoy process (the 429s of new connections carry the new reason
+/// header) and the limit holds through the swap, since the new filter's VMs
+/// share the old ones' `vm_id` and so their directives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_config_change_applies_without_restart_or_burst() {
+    let mut gateway = Gateway::start(&["envoy-default-eg-e41e7b31-7c9d8f6b5-a1b2c"]).await;
+    let pid = gateway.envoys[0].pid();
+    let url = gateway.envoys[0].base_url();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new("acme", &url, "acme", 3.0 * ACME_LIMIT)],
+        Duration::from_secs(16),
+    ))
+    .unwrap();
+    let admin = gateway.control_plane.admin();
+    admin
+        .wait_for_convergence("acme", ACME_LIMIT, 0.10, 1, Duration::from_secs(6))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        header_of_a_429(&url, "acme", "x-ratelimit-reason")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("cluster_overload")
+    );
+
+    gateway.extension.config["response"] = json!({"reason_header": "x-sluice-reason"});
+    let pushed_at = load.elapsed();
+    let version = gateway.publish();
+    gateway
+        .xds
+        .wait_for_ack(&gateway.node_ids[0], LISTENER_TYPE, version, ACK_TIMEOUT)
+        .await
+        .unwrap();
+    let acked_at = load.elapsed();
+    assert_eq!(
+        header_of_a_429(&url, "acme", "x-sluice-reason")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("cluster_overload")
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    let summary = format!(
+        "pushed at {pushed_at:?}, acknowledged at {acked_at:?}\n{}",
+        result.timeline(Duration::from_millis(500)),
+    );
+    println!("{summary}");
+    assert!(gateway.envoys[0].is_running(), "{summary}");
+    assert_eq!(gateway.envoys[0].pid(), pid);
+    let start = (pushed_at.as_secs_f64().floor() - 1.0).max(0.0);
+    for second in 0..5 {
+        let from = start + f64::from(second);
+        let window = Window::secs(from, from + 1.0);
+        let counts = result.tenant_counts(window, "acme");
+        assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+        let admitted = rate(counts.ok, window);
+        assert!(
+            admitted <= ACME_LIMIT * 1.15,
+            "{admitted:.0} rps admitted in [{from}, {}) s around the push, limit {ACME_LIMIT}\n{summary}",
+            from + 1.0
+        );
+    }
 }
