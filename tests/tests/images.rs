@@ -32,7 +32,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// debug build.
 fn control_plane_binary() -> PathBuf {
     std::env::var_os("SLUICE_IMAGE_BIN")
-        .map(PathBuf::from)
+        .map(|path| paths::from_root(PathBuf::from(path)).unwrap())
         .unwrap_or_else(|| paths::sluice_bin().unwrap())
 }
 
