@@ -32,6 +32,19 @@ pub const OTHER_CERT: &str = "other.pem";
 pub const OTHER_KEY: &str = "other-key.pem";
 /// The URI SAN of [`OTHER_CERT`].
 pub const OTHER_IDENTITY: &str = "spiffe://sluice.test/ns/other/sa/client";
+/// A client certificate (and key) with the identity Istio gives a workload
+/// of namespace `shop`.
+pub const ISTIO_SHOP_CERT: &str = "istio-shop.pem";
+/// Its private key.
+pub const ISTIO_SHOP_KEY: &str = "istio-shop-key.pem";
+/// Its URI SAN, as Istio's workload certificates name a service account.
+pub const ISTIO_SHOP_IDENTITY: &str = "spiffe://cluster.local/ns/shop/sa/checkout";
+/// A client certificate of a workload of namespace `billing`.
+pub const ISTIO_BILLING_CERT: &str = "istio-billing.pem";
+/// Its private key.
+pub const ISTIO_BILLING_KEY: &str = "istio-billing-key.pem";
+/// Its URI SAN.
+pub const ISTIO_BILLING_IDENTITY: &str = "spiffe://cluster.local/ns/billing/sa/api";
 
 /// Where a generated set of files is.
 #[derive(Debug, Clone)]
@@ -77,6 +90,9 @@ impl DevCerts {
         )?;
         let (client_cert, client_key) = leaf("sluice proxy", vec![uri(CLIENT_IDENTITY)?])?;
         let (other_cert, other_key) = leaf("another client", vec![uri(OTHER_IDENTITY)?])?;
+        let (shop_cert, shop_key) = leaf("istio shop", vec![uri(ISTIO_SHOP_IDENTITY)?])?;
+        let (billing_cert, billing_key) =
+            leaf("istio billing", vec![uri(ISTIO_BILLING_IDENTITY)?])?;
 
         for (name, contents) in [
             (CA, ca_cert.pem()),
@@ -86,6 +102,10 @@ impl DevCerts {
             (CLIENT_KEY, client_key),
             (OTHER_CERT, other_cert),
             (OTHER_KEY, other_key),
+            (ISTIO_SHOP_CERT, shop_cert),
+            (ISTIO_SHOP_KEY, shop_key),
+            (ISTIO_BILLING_CERT, billing_cert),
+            (ISTIO_BILLING_KEY, billing_key),
         ] {
             let path = dir.join(name);
             std::fs::write(&path, contents)
