@@ -314,7 +314,7 @@ impl Sidecar {
                     http2_cluster(XDS_CLUSTER, xds),
                     http2_cluster(ISTIO_CONTROL_PLANE_CLUSTER, control_plane),
                 ],
-                "listeners": [listener("virtualInbound", filters, Json::Null)],
+                "listeners": [listener("virtualInbound", filters)],
             },
         });
         serde_json::from_value(bootstrap).context("the sidecar bootstrap")
@@ -631,15 +631,13 @@ fn router() -> Json {
     })
 }
 
-fn listener(name: &str, http_filters: Vec<Json>, per_route: Json) -> Json {
-    let mut route = serde_json::json!({
+/// A static listener answering 200 itself, with `http_filters`.
+fn listener(name: &str, http_filters: Vec<Json>) -> Json {
+    let route = serde_json::json!({
         "name": "default",
         "match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
     });
-    if let (false, Some(fields)) = (per_route.is_null(), route.as_object_mut()) {
-        fields.insert("typed_per_filter_config".into(), per_route);
-    }
     serde_json::json!({
         "name": name,
         "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
