@@ -319,6 +319,7 @@ pub fn control_plane_image(binary: &[u8], version: &str) -> Result<Image> {
             "Entrypoint": [format!("/{SLUICE_PATH}")],
             "Cmd": ["serve", "--config", "/etc/sluice/limits/limits.yaml"],
             "WorkingDir": "/",
+            "Env": ["PATH=/usr/local/bin"],
             "ExposedPorts": {"50051/tcp": {}, "8080/tcp": {}},
         }),
         &annotations(
