@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::mesh::header_of_a_429;
 use sluice_integration_tests::sidecars::{SidecarMesh, SidecarOptions};
 
 /// deploy/base/configmap-limits.yaml's limit for `acme`, enforced there.
@@ -120,30 +121,11 @@ async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() 
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 1, Duration::from_secs(6))
         .await
         .unwrap();
-    let client = reqwest::Client::new();
-    let reason_header = |name: &'static str| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            for _ in 0..100 {
-                let response = client
-                    .get(&url)
-                    .header("x-tenant", "acme")
-                    .send()
-                    .await
-                    .unwrap();
-                if response.status() == 429 {
-                    return response
-                        .headers()
-                        .get(name)
-                        .map(|v| v.to_str().unwrap().to_owned());
-                }
-            }
-            panic!("no 429 in 100 requests at 3x the limit");
-        }
-    };
     assert_eq!(
-        reason_header("x-ratelimit-reason").await.as_deref(),
+        header_of_a_429(&url, "acme", "x-ratelimit-reason")
+            .await
+            .unwrap()
+            .as_deref(),
         Some("cluster_overload")
     );
 
@@ -156,7 +138,10 @@ async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() 
     let acked_at = load.elapsed();
     // The new configuration decides: its header, not the old one.
     assert_eq!(
-        reason_header("x-sluice-reason").await.as_deref(),
+        header_of_a_429(&url, "acme", "x-sluice-reason")
+            .await
+            .unwrap()
+            .as_deref(),
         Some("cluster_overload")
     );
     tokio::time::sleep(Duration::from_secs(4)).await;
