@@ -17,7 +17,8 @@ use crate::fleet::{FleetCaps, ShareCap};
 use crate::serve::state::{AppState, Settings};
 use crate::serve::tls::{GrpcTlsFiles, TlsError};
 use crate::trust::{
-    Ceilings, Exposure, IdentityPolicy, IdentityRule, ListenerRefused, Transport, check_listener,
+    Ceilings, Exposure, HelloLimits, IdentityPolicy, IdentityRule, ListenerRefused, PeerLimits,
+    Transport, check_listener,
 };
 use crate::types::ControlInterval;
 use crate::{GrpcEndpoint, RunError};
@@ -127,8 +128,9 @@ pub struct ServeArgs {
     /// Most requests per second one proxy's report may claim for one cell.
     #[arg(long, value_name = "RPS", default_value_t = Ceilings::DEFAULT_MAX_RPS, value_parser = parse_positive)]
     pub max_cell_rps: f64,
-    /// In a bucket reported by 3 or more proxies, one proxy's offered rate
-    /// counts at most this multiple of the median proxy's (0: no cap).
+    /// In a bucket reported by 2 or more proxies, one proxy's offered rate
+    /// counts at most this multiple of the median proxy's (of the other
+    /// one's, with two) (0: no cap).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_CAP_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_cap: f64,
     /// Exact quotas: serve Envoy's rate limit service API
@@ -217,7 +219,45 @@ pub struct ServeArgs {
     /// ... and above this multiple it counts for nothing (0: never).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
     pub proxy_share_ignore: f64,
+    /// How long a new proxy instance is on probation, in milliseconds: its
+    /// claims are weighed against the established proxies' and do not move
+    /// the median they are weighed by; an implausible claim starts it
+    /// again (0: no probation).
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROBATION_MS,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub proxy_probation_ms: u64,
+    /// Most proxy streams (Sluice's and RLQS) one HTTP/2 connection may
+    /// hold at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_STREAMS_PER_CONNECTION,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub grpc_max_streams_per_connection: usize,
+    /// Most connections to the gRPC listener one client address may hold
+    /// at once; more are closed as they are accepted.
+    #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_CONNECTIONS_PER_PEER,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub grpc_max_connections_per_ip: usize,
+    /// With client certificates: most connections holding a proxy stream
+    /// one certificate identity may have at once; streams on more are
+    /// refused with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_CONNECTIONS_PER_PEER,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000),
+          requires = "grpc_tls_client_ca")]
+    pub grpc_max_connections_per_identity: usize,
+    /// Longest proxy id a Hello (or an RLQS stream's x-sluice-proxy-id)
+    /// may name, in bytes; longer ones are refused with INVALID_ARGUMENT.
+    #[arg(long, value_name = "BYTES", default_value_t = HelloLimits::DEFAULT_MAX_PROXY_ID_LEN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
+    pub grpc_max_proxy_id_len: usize,
+    /// Longest zone a Hello may name, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = HelloLimits::DEFAULT_MAX_ZONE_LEN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=65_536))]
+    pub grpc_max_zone_len: usize,
 }
+
+/// Default `--proxy-probation-ms`: long enough that identities made up on
+/// the spot cannot outvote the fleet within a few control intervals,
+/// short enough that a restarted Envoy has its say again soon.
+pub const DEFAULT_PROBATION_MS: u64 = 30_000;
 
 fn parse_algorithm(value: &str) -> Result<crate::quotas::Algorithm, String> {
     use crate::quotas::Algorithm;
@@ -385,7 +425,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         source,
     })?;
     let config = Config::from_yaml(&text, &args.config.display().to_string())?;
-    let share_cap = share_cap(&args)?;
+    let mut share_cap = share_cap(&args)?;
     // Exact quotas are served with a quota directory, a `quotas:` section
     // in the limits file, or both.
     let native_quotas = config.quotas.clone();
@@ -425,6 +465,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         _ => None,
     };
     let defaults = Settings::from_config(&config, args.control_interval_ms);
+    share_cap.probation_ticks = probation_ticks(args.proxy_probation_ms, defaults.control_interval);
     let settings = Settings {
         startup_grace: std::time::Duration::from_millis(args.startup_grace_ms),
         fleet_caps: FleetCaps {
@@ -578,6 +619,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             max_proxy_rps: args.max_proxy_rps,
             max_cell_rps: args.max_cell_rps,
         },
+        hello: HelloLimits {
+            max_proxy_id_len: args.grpc_max_proxy_id_len,
+            max_zone_len: args.grpc_max_zone_len,
+        },
+        peers: PeerLimits {
+            max_streams_per_connection: args.grpc_max_streams_per_connection,
+            max_connections_per_ip: args.grpc_max_connections_per_ip,
+            max_connections_per_identity: args.grpc_max_connections_per_identity,
+        },
         rls,
         quotas,
     };
@@ -651,6 +701,12 @@ fn share_cap(args: &ServeArgs) -> Result<ShareCap, ServeError> {
         ignore_multiple: ignore,
         ..ShareCap::default()
     })
+}
+
+/// `--proxy-probation-ms` in control intervals, rounded up.
+fn probation_ticks(probation_ms: u64, interval: ControlInterval) -> u32 {
+    let ticks = probation_ms.div_ceil(interval.as_millis().max(1));
+    u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
 fn auth_policy(args: &ServeArgs) -> Result<AuthPolicy, TokenError> {

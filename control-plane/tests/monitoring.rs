@@ -92,7 +92,9 @@ async fn control_plane_metrics() -> BTreeSet<String> {
         .report("envoy-a", StreamId(1), &report)
         .unwrap();
     // What a gRPC stream registers while it is open.
-    let open = state.metrics().proxy_connected("envoy-a", StreamId(1));
+    let open = state
+        .metrics()
+        .proxy_connected("envoy-a", StreamId(1), true);
     open.report_received(report.directive_age_ms);
     step(&state, &mut Controller::default());
     let response = router(state)

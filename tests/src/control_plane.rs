@@ -387,6 +387,20 @@ pub struct ProxyStatus {
     /// Age of the directives it enforces as of its last report; `None`
     /// until a report names one.
     pub directive_age_ms: Option<u64>,
+    /// Instance id from its latest Hello.
+    pub instance_id: u64,
+    /// Whether another live instance says Hello with the same proxy id
+    /// (absent before the field existed: false).
+    #[serde(default)]
+    pub conflict: bool,
+    /// Whether it has passed its probation (absent before the field
+    /// existed: true).
+    #[serde(default = "established_by_default")]
+    pub established: bool,
+}
+
+fn established_by_default() -> bool {
+    true
 }
 
 /// A client for the admin API.

@@ -538,6 +538,23 @@ impl Envoy {
         self.guard.terminate().map(drop)
     }
 
+    /// SIGKILL at once: the process is gone, and so are its connections.
+    pub fn kill(&mut self) -> Result<()> {
+        self.guard.kill().map(drop)
+    }
+
+    /// SIGSTOP: the process holds its connections open but does nothing (a
+    /// host that froze or fell off the network, as its peers see it). It
+    /// is killed like any other when the test ends.
+    pub fn pause(&self) -> Result<()> {
+        let pid = i32::try_from(self.guard.pid()).context("pid out of range")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .context("cannot stop Envoy")
+    }
+
     /// The admin `/stats` lines whose names contain `filter` (a regex, as Envoy takes it).
     pub async fn stats(&self, filter: &str) -> Result<String> {
         let url = format!("http://{}/stats?filter={filter}", self.admin);

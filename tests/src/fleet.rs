@@ -31,6 +31,8 @@ pub struct FleetOptions {
     /// Route admitted requests to this server instead of answering them
     /// in Envoy ([`envoy::route_to_upstream`]).
     pub upstream: Option<std::net::SocketAddr>,
+    /// More `sluice serve` arguments.
+    pub control_plane_args: Vec<String>,
 }
 
 /// Which build of the Sluice filter the Envoys run.
@@ -57,6 +59,7 @@ impl FleetOptions {
             concurrency: 2,
             data_plane: DataPlane::Wasm,
             upstream: None,
+            control_plane_args: Vec::new(),
         }
     }
 
@@ -94,7 +97,8 @@ impl Fleet {
             .context("cannot create a temp dir")?;
         let control_plane = ControlPlane::start(
             ControlPlaneOptions::new(&options.limits_yaml, dir.path())
-                .control_interval_ms(options.control_interval_ms),
+                .control_interval_ms(options.control_interval_ms)
+                .args(options.control_plane_args.clone()),
         )
         .await?;
         let mut fleet = Self {

@@ -9,7 +9,13 @@
 //!   its counted part only: the fleet keeps the limit;
 //! - with mutual TLS, a client certificate cannot claim a proxy id its
 //!   identity does not allow, nor take over the stream of a live proxy of
-//!   another identity; the real proxy's stream is not disturbed.
+//!   another identity; the real proxy's stream is not disturbed;
+//! - beside one real Envoy, a client claiming `offered = 2^64 - 1` over
+//!   1 ms does not stop the Envoy's traffic (two proxies are weighed
+//!   against each other);
+//! - beside three real Envoys, five new identities claiming absurd rates
+//!   do not stop the fleet: a newcomer is weighed against the established
+//!   proxies and has no say in what is plausible.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -26,7 +32,9 @@ use sluice_integration_tests::control_plane::{
 use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
 use sluice_integration_tests::fake_proxy::ClientTls;
 use sluice_integration_tests::fake_proxy::FakeProxy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
+use sluice_integration_tests::wait;
 use sluice_proto::v1::BucketCount;
 
 const LIMITS: &str = r#"
@@ -370,4 +378,203 @@ async fn a_certificate_cannot_claim_or_take_over_another_identitys_proxy_id() {
     let counts = result.tenant_counts(Window::secs(3.0, 3600.0), "acme");
     assert!(counts.limited > 0, "directives enforced: {counts}");
     assert_eq!(counts.server_errors + counts.errors, 0, "{counts}");
+}
+
+/// A claim for acme: `offered` requests, all of them admitted.
+fn acme_claim(offered: u64) -> Vec<BucketCount> {
+    vec![BucketCount {
+        bucket: "acme".to_owned(),
+        offered,
+        admitted: offered,
+        ..BucketCount::default()
+    }]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_u64_max_in_one_ms_beside_one_envoy_does_not_stop_it() {
+    let mut options = FleetOptions::new("limits:\n  - bucket: \"acme\"\n    limit_rps: 10\n", 1);
+    options.proxy_ids = vec!["edge".to_owned()];
+    let fleet = Fleet::start(options).await.unwrap();
+    let admin = fleet.control_plane.admin().clone();
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new(
+            "edge/acme",
+            &fleet.url(0).unwrap(),
+            "acme",
+            30.0,
+        )],
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    let converged = admin
+        .wait_for_convergence("acme", 10.0, 0.2, 1, Duration::from_secs(8))
+        .await;
+    if converged.is_err() {
+        fleet.print_logs();
+    }
+    converged.unwrap();
+    let from = load.elapsed();
+    let before = Window {
+        from,
+        to: from + Duration::from_secs(6),
+    };
+    tokio::time::sleep(before.to.saturating_sub(load.elapsed())).await;
+    // Within the per-report ceilings this is 1,000,000 rps, ten times a
+    // second, from a client that has only just connected.
+    let mut rogue = FakeProxy::connect(fleet.control_plane.grpc_addr(), "rogue", None)
+        .await
+        .unwrap();
+    rogue.report_every_as_window(Duration::from_millis(100), 1, acme_claim(u64::MAX));
+    let from = load.elapsed() + Duration::from_secs(1);
+    let window = Window {
+        from,
+        to: from + Duration::from_secs(8),
+    };
+    tokio::time::sleep((window.from + SNAPSHOT_INTO_WINDOW).saturating_sub(load.elapsed())).await;
+    let buckets = admin.buckets().await.unwrap();
+    let exposition = admin.metrics().await.unwrap();
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    drop(rogue);
+
+    let summary = format!(
+        "before the claim:\n{}beside it:\n{}control plane {SNAPSHOT_INTO_WINDOW:?} into the window: {buckets:?}\n{}",
+        result.summary(before),
+        result.summary(window),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let counts = result.tenant_counts(window, "acme");
+    let admitted = rate(counts.ok, window);
+    // At 10 rps the Envoy admits 12-13 rps with no rogue at all (a 100 ms
+    // window holds a handful of requests): compare with before.
+    let admitted_before = rate(result.tenant_counts(before, "acme").ok, before);
+    if !within(admitted, admitted_before, 0.15) {
+        fleet.print_logs();
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert!(
+        within(admitted, admitted_before, 0.15) && within(admitted_before, 10.0, 0.3),
+        "beside the claim the Envoy admitted {admitted:.1} rps, {admitted_before:.1} before, limit 10\n{summary}"
+    );
+    let bucket = buckets.bucket("acme").expect("acme is tracked");
+    assert_eq!(bucket.proxies_reporting, 1, "{summary}");
+    let cap = bucket.proxy_cap.as_ref().expect("a cap applies to acme");
+    let cut: Vec<(&str, f64)> = cap
+        .capped
+        .iter()
+        .map(|c| (c.proxy_id.as_str(), c.counted_rps))
+        .collect();
+    assert_eq!(cut, [("rogue", 0.0)], "{summary}");
+    assert!(
+        sample(&exposition, r#"sluice_claims_cut_total{reason="ignored"}"#) > 0.0,
+        "{exposition}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_new_identities_beside_three_envoys_do_not_stop_the_fleet() {
+    let mut options = FleetOptions::new(LIMITS, 3);
+    // A short probation, so that the Envoys are established by the time
+    // the load has converged.
+    options.control_plane_args = vec!["--proxy-probation-ms".to_owned(), "2000".to_owned()];
+    let fleet = Fleet::start(options).await.unwrap();
+    let admin = fleet.control_plane.admin().clone();
+    let streams = (0..3)
+        .map(|i| StreamSpec::new(&format!("{i}/acme"), &fleet.url(i).unwrap(), "acme", 200.0))
+        .collect();
+    let load = LoadRun::start(LoadPlan::new(streams, Duration::from_secs(30))).unwrap();
+    let (_, converged) = window_after_convergence(&admin, &load).await;
+    // The Envoys start one after the other; the last is established a
+    // probation after its Hello.
+    let established = wait::until(
+        "the three Envoys to be established",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || {
+            let admin = admin.clone();
+            async move {
+                let proxies = admin.proxies().await?;
+                Ok(
+                    (proxies.proxies.len() == 3 && proxies.proxies.iter().all(|p| p.established))
+                        .then_some(proxies),
+                )
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Five identities (ids cost nothing on loopback; under mutual TLS one
+    // certificate may claim many) each claim 1,000,000 rps for acme. They
+    // are the majority of the bucket's reporters.
+    let mut rogues = Vec::new();
+    for i in 1..=5 {
+        let mut rogue =
+            FakeProxy::connect(fleet.control_plane.grpc_addr(), &format!("rogue-{i}"), None)
+                .await
+                .unwrap();
+        rogue.report_every(Duration::from_millis(100), acme_claim(100_000));
+        rogues.push(rogue);
+    }
+    let from = load.elapsed() + Duration::from_secs(1);
+    let window = Window {
+        from,
+        to: from + Duration::from_secs(8),
+    };
+    tokio::time::sleep((window.from + SNAPSHOT_INTO_WINDOW).saturating_sub(load.elapsed())).await;
+    let buckets = admin.buckets().await.unwrap();
+    let exposition = admin.metrics().await.unwrap();
+    tokio::time::sleep(window.to.saturating_sub(load.elapsed())).await;
+    load.stop();
+    let result = load.finish().await.unwrap();
+    drop(rogues);
+
+    let summary = format!(
+        "{converged}established before the rogues: {established:?}\n{}control plane {SNAPSHOT_INTO_WINDOW:?} into the window: {buckets:?}\n{}",
+        result.summary(window),
+        result.timeline(Duration::from_millis(500))
+    );
+    println!("{summary}");
+    let counts = result.tenant_counts(window, "acme");
+    let admitted = rate(counts.ok, window);
+    if !within(admitted, 150.0, 0.10) {
+        fleet.print_logs();
+    }
+    assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
+    assert_eq!(
+        counts.skipped, 0,
+        "the load generator fell behind\n{summary}"
+    );
+    assert!(
+        within(admitted, 150.0, 0.10),
+        "beside five rogues the fleet admitted {admitted:.1} rps, limit 150\n{summary}"
+    );
+    assert!(
+        established.proxies.iter().all(|p| p.established),
+        "{summary}"
+    );
+    let bucket = buckets.bucket("acme").expect("acme is tracked");
+    assert_eq!(bucket.proxies_reporting, 3, "{summary}");
+    let cap = bucket.proxy_cap.as_ref().expect("a cap applies to acme");
+    let mut cut: Vec<(&str, f64)> = cap
+        .capped
+        .iter()
+        .map(|c| (c.proxy_id.as_str(), c.counted_rps))
+        .collect();
+    cut.sort_by(|a, b| a.0.cmp(b.0));
+    assert_eq!(
+        cut,
+        (1..=5)
+            .map(|i| (format!("rogue-{i}"), 0.0))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|(id, counted)| (id.as_str(), *counted))
+            .collect::<Vec<_>>(),
+        "{summary}"
+    );
+    assert!(
+        sample(&exposition, r#"sluice_claims_cut_total{reason="ignored"}"#) > 0.0,
+        "{exposition}"
+    );
 }

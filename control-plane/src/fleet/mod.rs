@@ -12,6 +12,12 @@
 //! cells per window and the fleet a bounded number in total, and a cell that
 //! no proxy's rates mention any more is evicted at the next tick. Every
 //! refusal and eviction is counted in [`FleetStats`].
+//!
+//! A proxy is one instance (one Envoy process) of a proxy id. A new stream
+//! of the same instance replaces its old one; an instance whose process is
+//! gone (no stream, or one silent past its carry) is replaced by the next
+//! instance of its id; two live instances of one id are two proxies, each
+//! counted, flagged as a conflict.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,6 +71,8 @@ pub struct FleetStats {
     pub claims_capped: u64,
     /// (proxy, bucket) claims ignored as implausible.
     pub claims_ignored: u64,
+    /// Connected proxies still on probation after the tick.
+    pub proxies_on_probation: usize,
 }
 
 /// How many of `cap` cells unlimited buckets may fill: three quarters; the
@@ -109,11 +117,23 @@ impl Default for FleetCaps {
 pub enum Connected {
     /// A proxy id not seen before (or forgotten after expiry).
     New,
-    /// The proxy was known; `previous` is the stream now superseded, if it
-    /// was still open. Its rates are kept until the new stream reports.
+    /// The stream speaks for a known proxy: a new stream of the same
+    /// instance (its leader VM changed, or its old stream broke), or a new
+    /// instance of the id whose previous process is gone (its stream
+    /// closed, or silent past its carry). `previous` is the stream now
+    /// superseded, if it was still open: it must be closed. The rates are
+    /// kept until the new stream reports.
     Replaced {
         /// The superseded stream.
         previous: Option<StreamId>,
+        /// The instance it replaced (the same one for a reconnect).
+        previous_instance: u64,
+    },
+    /// Another instance of the proxy id holds a live stream and reports:
+    /// two processes share one proxy id. Both count, as two proxies.
+    Conflict {
+        /// The instance already there.
+        holder: u64,
     },
 }
 
@@ -154,7 +174,7 @@ impl Counts {
 
 #[derive(Debug)]
 struct Proxy {
-    /// The stream that owns this proxy id; `None` once it ended.
+    /// The stream that speaks for this instance; `None` once it ended.
     stream: Option<StreamId>,
     /// The certificate name the owning stream proved; `None` without
     /// client certificates.
@@ -180,8 +200,54 @@ struct Proxy {
     rates: Vec<(CellId, Rates)>,
     /// Ticks since the last one that had reports.
     silent_ticks: u32,
+    /// Ticks since the last one that had reports or a Hello of its current
+    /// stream: how long the process has been silent.
+    quiet_ticks: u32,
     /// How many silent ticks its rates are carried; `None`: the fleet's.
     carry_ticks: Option<u32>,
+    /// Ticks of probation left (see [`ShareCap::probation_ticks`]): 0 once
+    /// established.
+    unproven_ticks: u32,
+}
+
+impl Proxy {
+    fn new(
+        stream: StreamId,
+        principal: Option<Arc<str>>,
+        instance_id: u64,
+        zone: &str,
+        probation_ticks: u32,
+    ) -> Self {
+        Self {
+            stream: Some(stream),
+            principal,
+            instance_id,
+            zone: zone.to_owned(),
+            last_report: Instant::now(),
+            directive_age_ms: None,
+            window_ms: 0,
+            counts: IdMap::default(),
+            hints: Vec::new(),
+            rates: Vec::new(),
+            silent_ticks: 0,
+            quiet_ticks: 0,
+            carry_ticks: None,
+            unproven_ticks: probation_ticks,
+        }
+    }
+
+    /// Whether its stream is open but nothing came on it for longer than
+    /// its rates are carried: the process froze or vanished without the
+    /// connection closing.
+    fn is_silent(&self, fleet_carry_ticks: u32) -> bool {
+        self.stream.is_some()
+            && self.window_ms == 0
+            && self.quiet_ticks > self.carry_ticks.unwrap_or(fleet_carry_ticks)
+    }
+
+    fn established(&self) -> bool {
+        self.unproven_ticks == 0
+    }
 }
 
 /// Per-tick sums, kept between ticks so the arrays are allocated once.
@@ -193,12 +259,15 @@ struct Sums {
     proxies_reporting: Vec<u32>,
     /// Per bucket id: the share cap in force, when one applies.
     caps: Vec<Option<ProxyCap>>,
+    /// Per proxy (tick order): whether a claim of it was ignored.
+    ignored: Vec<bool>,
 }
 
-/// All proxies, keyed by proxy id.
+/// All proxies, keyed by proxy id: usually one instance each, more when
+/// live processes share an id.
 #[derive(Debug)]
 pub struct Fleet {
-    proxies: HashMap<String, Proxy>,
+    proxies: HashMap<String, Vec<Proxy>>,
     carry_ticks: u32,
     caps: FleetCaps,
     cells: Interner,
@@ -206,6 +275,8 @@ pub struct Fleet {
     tick: u64,
     sums: Sums,
     weights: ClaimWeights,
+    /// Streams of silent instances closed by the last tick.
+    superseded: Vec<StreamId>,
 }
 
 impl Fleet {
@@ -229,6 +300,7 @@ impl Fleet {
             tick: 0,
             sums: Sums::default(),
             weights: ClaimWeights::default(),
+            superseded: Vec::new(),
         }
     }
 
@@ -243,9 +315,11 @@ impl Fleet {
         self.caps.share_cap = share_cap;
     }
 
-    /// A stream said Hello for `proxy_id`. The newest stream always wins: an
-    /// Envoy whose leader VM changed opens a new stream before the old one
-    /// is torn down.
+    /// A stream said Hello for `proxy_id` as `instance_id`. A new stream of
+    /// a known instance replaces its old one (an Envoy whose leader VM
+    /// changed opens a new stream before the old one is torn down); a new
+    /// instance replaces one whose process is gone, and is a proxy of its
+    /// own beside a live one ([`Connected::Conflict`]).
     pub fn connect(&mut self, proxy_id: &str, instance_id: u64, stream: StreamId) -> Connected {
         self.connect_in_zone(proxy_id, instance_id, "", stream)
     }
@@ -263,8 +337,8 @@ impl Fleet {
     }
 
     /// [`Fleet::connect_in_zone`] for a stream whose client certificate
-    /// proved `principal`: it supersedes a live stream of the proxy only if
-    /// that stream has the same principal.
+    /// proved `principal`: it is refused while a live stream of another
+    /// principal holds the proxy id.
     pub fn connect_as(
         &mut self,
         proxy_id: &str,
@@ -273,12 +347,13 @@ impl Fleet {
         zone: &str,
         stream: StreamId,
     ) -> Result<Connected, HeldByAnother> {
-        if let Some(proxy) = self.proxies.get(proxy_id)
-            && proxy.stream.is_some()
-            && proxy.principal.as_deref() != Some(principal.as_ref())
-        {
+        if let Some(held) = self.proxies.get(proxy_id).and_then(|instances| {
+            instances.iter().find(|proxy| {
+                proxy.stream.is_some() && proxy.principal.as_deref() != Some(principal.as_ref())
+            })
+        }) {
             return Err(HeldByAnother {
-                holder: proxy.principal.clone(),
+                holder: held.principal.clone(),
             });
         }
         Ok(self.attach(proxy_id, Some(principal), instance_id, zone, stream))
@@ -292,37 +367,57 @@ impl Fleet {
         zone: &str,
         stream: StreamId,
     ) -> Connected {
-        let now = Instant::now();
-        match self.proxies.get_mut(proxy_id) {
-            Some(proxy) => {
-                let previous = proxy.stream.replace(stream);
-                proxy.principal = principal;
-                proxy.instance_id = instance_id;
-                zone.clone_into(&mut proxy.zone);
-                proxy.last_report = now;
-                proxy.directive_age_ms = None;
-                Connected::Replaced { previous }
-            }
-            None => {
-                self.proxies.insert(
-                    proxy_id.to_owned(),
-                    Proxy {
-                        stream: Some(stream),
-                        principal,
-                        instance_id,
-                        zone: zone.to_owned(),
-                        last_report: now,
-                        directive_age_ms: None,
-                        window_ms: 0,
-                        counts: IdMap::default(),
-                        hints: Vec::new(),
-                        rates: Vec::new(),
-                        silent_ticks: 0,
-                        carry_ticks: None,
-                    },
-                );
-                Connected::New
-            }
+        let probation_ticks = self.caps.share_cap.probation_ticks;
+        let carry_ticks = self.carry_ticks;
+        let Some(instances) = self.proxies.get_mut(proxy_id) else {
+            self.proxies.insert(
+                proxy_id.to_owned(),
+                vec![Proxy::new(
+                    stream,
+                    principal,
+                    instance_id,
+                    zone,
+                    probation_ticks,
+                )],
+            );
+            return Connected::New;
+        };
+        // The same process, else one that is gone: its id passes on.
+        let taken = instances
+            .iter()
+            .position(|proxy| proxy.instance_id == instance_id)
+            .or_else(|| instances.iter().position(|proxy| proxy.stream.is_none()))
+            .or_else(|| {
+                instances
+                    .iter()
+                    .position(|proxy| proxy.is_silent(carry_ticks))
+            });
+        let Some(proxy) = taken.and_then(|at| instances.get_mut(at)) else {
+            let holder = instances.first().map_or(0, |proxy| proxy.instance_id);
+            instances.push(Proxy::new(
+                stream,
+                principal,
+                instance_id,
+                zone,
+                probation_ticks,
+            ));
+            return Connected::Conflict { holder };
+        };
+        let previous = proxy.stream.replace(stream);
+        let previous_instance = proxy.instance_id;
+        if previous_instance != instance_id {
+            // A new process earns its weight anew.
+            proxy.instance_id = instance_id;
+            proxy.unproven_ticks = probation_ticks;
+        }
+        proxy.principal = principal;
+        zone.clone_into(&mut proxy.zone);
+        proxy.last_report = Instant::now();
+        proxy.directive_age_ms = None;
+        proxy.quiet_ticks = 0;
+        Connected::Replaced {
+            previous,
+            previous_instance,
         }
     }
 
@@ -359,7 +454,11 @@ impl Fleet {
         } = self;
         let proxy = proxies
             .get_mut(proxy_id)
-            .filter(|proxy| proxy.stream == Some(stream))
+            .and_then(|instances| {
+                instances
+                    .iter_mut()
+                    .find(|proxy| proxy.stream == Some(stream))
+            })
             .ok_or(ReportRejected::Superseded)?;
         if report.window_ms == 0 {
             return Err(ReportRejected::EmptyWindow);
@@ -422,61 +521,88 @@ impl Fleet {
         Ok(())
     }
 
-    /// Carries the proxy's rates for `ticks` silent ticks instead of the
-    /// fleet's default: a proxy that reports less often than every control
-    /// interval (Envoy's `rate_limit_quota` filter reports every 5 s) must
-    /// not drop out of the sum between its reports.
-    pub fn set_carry_ticks(&mut self, proxy_id: &str, ticks: u32) {
-        if let Some(proxy) = self.proxies.get_mut(proxy_id) {
+    /// Carries the rates of the proxy `stream` speaks for for `ticks`
+    /// silent ticks instead of the fleet's default: a proxy that reports
+    /// less often than every control interval (Envoy's `rate_limit_quota`
+    /// filter reports every 5 s) must not drop out of the sum between its
+    /// reports.
+    pub fn set_carry_ticks(&mut self, proxy_id: &str, stream: StreamId, ticks: u32) {
+        if let Some(proxy) = self.instance_mut(proxy_id, stream) {
             proxy.carry_ticks = Some(ticks);
         }
     }
 
-    /// The stream ended. Only the owning stream can disconnect a proxy; its
-    /// rates are carried like those of any silent proxy, so a quick
-    /// reconnect does not make the fleet rate dip.
+    /// The stream ended. Only the stream that speaks for a proxy can
+    /// disconnect it; its rates are carried like those of any silent proxy,
+    /// so a quick reconnect does not make the fleet rate dip.
     pub fn disconnect(&mut self, proxy_id: &str, stream: StreamId) -> bool {
-        match self.proxies.get_mut(proxy_id) {
-            Some(proxy) if proxy.stream == Some(stream) => {
+        match self.instance_mut(proxy_id, stream) {
+            Some(proxy) => {
                 proxy.stream = None;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
-    /// Instance id the proxy announced in its latest Hello.
-    pub fn instance_id(&self, proxy_id: &str) -> Option<u64> {
-        self.proxies.get(proxy_id).map(|proxy| proxy.instance_id)
+    fn instance_mut(&mut self, proxy_id: &str, stream: StreamId) -> Option<&mut Proxy> {
+        self.proxies.get_mut(proxy_id).and_then(|instances| {
+            instances
+                .iter_mut()
+                .find(|proxy| proxy.stream == Some(stream))
+        })
     }
 
-    /// Every tracked proxy, sorted by proxy id: connected ones and
-    /// disconnected ones whose rates are still carried.
+    /// Instance id of the proxy id's first instance, as its latest Hello
+    /// announced it.
+    pub fn instance_id(&self, proxy_id: &str) -> Option<u64> {
+        self.proxies
+            .get(proxy_id)
+            .and_then(|instances| instances.first())
+            .map(|proxy| proxy.instance_id)
+    }
+
+    /// Streams of silent instances the last [`Fleet::tick`] let go, because
+    /// another live instance of their proxy id reports: they must be
+    /// closed. Taken once.
+    pub fn take_superseded(&mut self) -> Vec<StreamId> {
+        std::mem::take(&mut self.superseded)
+    }
+
+    /// Every tracked proxy, sorted by proxy id then instance: connected ones
+    /// and disconnected ones whose rates are still carried.
     pub fn proxies(&self) -> Vec<ProxyStatus> {
         let now = Instant::now();
         let mut proxies: Vec<ProxyStatus> = self
             .proxies
             .iter()
-            .map(|(proxy_id, proxy)| ProxyStatus {
-                proxy_id: proxy_id.clone(),
-                zone: proxy.zone.clone(),
-                instance_id: proxy.instance_id,
-                connected: proxy.stream.is_some(),
-                since_last_report: now.saturating_duration_since(proxy.last_report),
-                cells: proxy.rates.len(),
-                directive_age: proxy.directive_age_ms.map(Duration::from_millis),
+            .flat_map(|(proxy_id, instances)| {
+                let live = instances.iter().filter(|p| p.stream.is_some()).count();
+                instances.iter().map(move |proxy| ProxyStatus {
+                    proxy_id: proxy_id.clone(),
+                    zone: proxy.zone.clone(),
+                    instance_id: proxy.instance_id,
+                    connected: proxy.stream.is_some(),
+                    conflict: proxy.stream.is_some() && live > 1,
+                    established: proxy.established(),
+                    since_last_report: now.saturating_duration_since(proxy.last_report),
+                    cells: proxy.rates.len(),
+                    directive_age: proxy.directive_age_ms.map(Duration::from_millis),
+                })
             })
             .collect();
-        proxies.sort_unstable_by(|a, b| a.proxy_id.cmp(&b.proxy_id));
+        proxies.sort_unstable_by(|a, b| {
+            (&a.proxy_id, a.instance_id).cmp(&(&b.proxy_id, b.instance_id))
+        });
         proxies
     }
 
-    /// The ids of the proxies with an open stream, sorted.
+    /// The ids of the proxies with an open stream, sorted, each once.
     pub fn connected_proxy_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self
             .proxies
             .iter()
-            .filter(|(_, proxy)| proxy.stream.is_some())
+            .filter(|(_, instances)| instances.iter().any(|proxy| proxy.stream.is_some()))
             .map(|(proxy_id, _)| proxy_id.clone())
             .collect();
         ids.sort_unstable();
@@ -484,9 +610,9 @@ impl Fleet {
     }
 
     /// Number of proxies still tracked (connected, or disconnected but
-    /// still carried).
+    /// still carried); two instances of one id count twice.
     pub fn len(&self) -> usize {
-        self.proxies.len()
+        self.proxies.values().map(Vec::len).sum()
     }
 
     /// Whether no proxy is tracked.
@@ -508,9 +634,29 @@ impl Fleet {
     /// evicted.
     pub fn tick(&mut self) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
-        self.proxies.retain(|_, proxy| {
-            proxy.close_window(proxy.carry_ticks.unwrap_or(carry_ticks));
-            proxy.stream.is_some() || !proxy.rates.is_empty()
+        let superseded = &mut self.superseded;
+        superseded.clear();
+        self.proxies.retain(|_, instances| {
+            for proxy in instances.iter_mut() {
+                proxy.close_window(proxy.carry_ticks.unwrap_or(carry_ticks));
+            }
+            // A frozen process keeps its connection open until keepalive
+            // gives up; once another instance of its id reports, let it go.
+            if instances.len() > 1
+                && instances
+                    .iter()
+                    .any(|proxy| proxy.stream.is_some() && !proxy.is_silent(carry_ticks))
+            {
+                for proxy in instances.iter_mut() {
+                    if proxy.is_silent(carry_ticks)
+                        && let Some(stream) = proxy.stream.take()
+                    {
+                        superseded.push(stream);
+                    }
+                }
+            }
+            instances.retain(|proxy| proxy.stream.is_some() || !proxy.rates.is_empty());
+            !instances.is_empty()
         });
         self.tick += 1;
         let tick = self.tick;
@@ -525,16 +671,22 @@ impl Fleet {
         sums.proxies_reporting.clear();
         sums.proxies_reporting.resize(buckets, 0);
         let weights = &mut self.weights;
-        weights.begin(&self.caps.share_cap, buckets, self.proxies.len());
-        for proxy in self.proxies.values() {
+        let proxy_count = self.proxies.values().map(Vec::len).sum();
+        weights.begin(&self.caps.share_cap, buckets, proxy_count);
+        for proxy in self.proxies.values().flatten() {
             let slots = &self.cells.slots;
-            weights.add_proxy(proxy.rates.iter().filter_map(|&(id, rates)| {
-                let slot = slots.get(id as usize)?.as_ref()?;
-                Some((slot.bucket, rates.offered_rps))
-            }));
+            weights.add_proxy(
+                proxy.established(),
+                proxy.rates.iter().filter_map(|&(id, rates)| {
+                    let slot = slots.get(id as usize)?.as_ref()?;
+                    Some((slot.bucket, rates.offered_rps))
+                }),
+            );
         }
         let (capped, ignored) = weights.weigh(&self.caps.share_cap);
-        for (index, proxy) in self.proxies.values().enumerate() {
+        sums.ignored.clear();
+        sums.ignored.resize(proxy_count, false);
+        for (index, proxy) in self.proxies.values().flatten().enumerate() {
             weights.load_proxy(index);
             for &(id, rates) in &proxy.rates {
                 let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) else {
@@ -546,6 +698,9 @@ impl Fleet {
                 // An ignored claim counts for nothing, not even as a
                 // reporting proxy (the filters split allowances by that).
                 if factor <= 0.0 {
+                    if let Some(ignored) = sums.ignored.get_mut(index) {
+                        *ignored = true;
+                    }
                     continue;
                 }
                 if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
@@ -583,11 +738,28 @@ impl Fleet {
                 }
             }
         }
+        // Probation: every tick connected counts, unless a claim was
+        // ignored as implausible, which starts it again.
+        let probation_ticks = self.caps.share_cap.probation_ticks;
+        for (proxy, ignored) in self.proxies.values_mut().flatten().zip(&sums.ignored) {
+            if proxy.established() || proxy.stream.is_none() {
+                continue;
+            }
+            proxy.unproven_ticks = if *ignored {
+                probation_ticks
+            } else {
+                proxy.unproven_ticks.saturating_sub(1)
+            };
+        }
         let caps = &mut sums.caps;
         caps.clear();
         if !weights.caps().is_empty() {
             caps.resize(buckets, None);
-            let names: Vec<&String> = self.proxies.keys().collect();
+            let names: Vec<&String> = self
+                .proxies
+                .iter()
+                .flat_map(|(proxy_id, instances)| instances.iter().map(move |_| proxy_id))
+                .collect();
             for (bucket, cap_rps, cut) in weights.caps() {
                 let mut capped: Vec<CappedProxy> = cut
                     .iter()
@@ -609,6 +781,12 @@ impl Fleet {
             }
         }
         let mut stats = std::mem::take(&mut self.stats);
+        stats.proxies_on_probation = self
+            .proxies
+            .values()
+            .flatten()
+            .filter(|proxy| proxy.stream.is_some() && !proxy.established())
+            .count();
         stats.evicted_idle = self.cells.evict_unseen(tick);
         stats.claims_capped = capped;
         stats.claims_ignored = ignored;
@@ -688,8 +866,10 @@ impl Proxy {
             }));
             self.window_ms = 0;
             self.silent_ticks = 0;
+            self.quiet_ticks = 0;
         } else {
             self.silent_ticks = self.silent_ticks.saturating_add(1);
+            self.quiet_ticks = self.quiet_ticks.saturating_add(1);
             if self.silent_ticks > carry_ticks {
                 self.rates.clear();
             }

@@ -6,8 +6,18 @@
 //! that reports 1,000× the median is lying or broken, and without a bound
 //! its claim alone would make the controller drop the bucket's real traffic
 //! on every Envoy. The median is the statistic one proxy cannot move: with
-//! at least [`ShareCap::min_proxies`] proxies reporting, a single claim
-//! shifts it by at most one rank.
+//! three or more proxies reporting, a single claim shifts it by at most one
+//! rank. With two, the median is their mean, which the larger one moves as
+//! it likes, so each is weighed against the other instead.
+//!
+//! Who has a say in what is plausible: the established proxies, those that
+//! have been connected for [`ShareCap::probation_ticks`] without an
+//! implausible claim. A proxy still on probation (new, restarted, or
+//! caught claiming the implausible) is weighed against them like any
+//! other, but its claim does not move the median; so identities made up
+//! by the handful cannot outvote the fleet they join. When no established
+//! proxy reports a bucket (all are new, as after the control plane
+//! starts), every reporting proxy has its say.
 
 /// How a bucket's per-proxy rates are capped.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,9 +28,12 @@ pub struct ShareCap {
     /// A proxy's rate above `ignore_multiple × median` counts as nothing,
     /// and the proxy is not counted as reporting the bucket (0 disables).
     pub ignore_multiple: f64,
-    /// Fewer proxies reporting a bucket than this: no cap (a median of one
-    /// or two says nothing about what is plausible).
+    /// Fewer proxies reporting a bucket than this: no cap (one proxy
+    /// alone has nothing to be weighed against); at least 2.
     pub min_proxies: usize,
+    /// Control intervals a new proxy instance spends on probation (no say
+    /// in the median); 0: every proxy is established at once.
+    pub probation_ticks: u32,
 }
 
 impl ShareCap {
@@ -30,13 +43,16 @@ impl ShareCap {
     /// Default `ignore_multiple`: 25× the median is no load balancer's skew.
     pub const DEFAULT_IGNORE_MULTIPLE: f64 = 25.0;
     /// Default `min_proxies`.
-    pub const DEFAULT_MIN_PROXIES: usize = 3;
+    pub const DEFAULT_MIN_PROXIES: usize = 2;
+    /// Default `probation_ticks`: 30 s at the default 500 ms interval.
+    pub const DEFAULT_PROBATION_TICKS: u32 = 60;
 
     /// No capping at all.
     pub const OFF: Self = Self {
         cap_multiple: 0.0,
         ignore_multiple: 0.0,
         min_proxies: usize::MAX,
+        probation_ticks: 0,
     };
 
     fn enabled(&self) -> bool {
@@ -50,6 +66,7 @@ impl Default for ShareCap {
             cap_multiple: Self::DEFAULT_CAP_MULTIPLE,
             ignore_multiple: Self::DEFAULT_IGNORE_MULTIPLE,
             min_proxies: Self::DEFAULT_MIN_PROXIES,
+            probation_ticks: Self::DEFAULT_PROBATION_TICKS,
         }
     }
 }
@@ -78,41 +95,82 @@ impl Weight {
 
 /// Weighs each of a bucket's per-proxy offered rates (all > 0) into
 /// `weights` (same order) and returns the cap in requests per second, or
-/// `None` when no cap applies to this bucket.
+/// `None` when no cap applies to this bucket. `established[i]` says
+/// whether proxy `i` has a say in what is plausible (see the module).
 pub fn weigh(
     rates: &[f64],
+    established: &[bool],
     cap: &ShareCap,
     scratch: &mut Vec<f64>,
     weights: &mut Vec<Weight>,
 ) -> Option<f64> {
     weights.clear();
     weights.resize(rates.len(), Weight::Full);
-    if !cap.enabled() || rates.len() < cap.min_proxies {
+    if !cap.enabled() || rates.len() < cap.min_proxies.max(2) {
         return None;
     }
-    let median = median(rates, scratch)?;
-    let capped_at = (cap.cap_multiple > 0.0).then_some(cap.cap_multiple * median);
-    let ignored_above = (cap.ignore_multiple > 0.0).then_some(cap.ignore_multiple * median);
-    for (rate, weight) in rates.iter().zip(weights.iter_mut()) {
-        *weight = match (capped_at, ignored_above) {
-            (_, Some(ignored)) if *rate > ignored => Weight::Ignored,
-            (Some(capped), _) if *rate > capped => Weight::Capped(capped / rate),
-            _ => Weight::Full,
+    let any_established = established.iter().take(rates.len()).any(|&e| e);
+    let votes = |i: usize| !any_established || established.get(i).copied().unwrap_or(false);
+    scratch.clear();
+    scratch.extend(
+        rates
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| votes(i))
+            .map(|(_, rate)| *rate),
+    );
+    let median = median(scratch)?;
+    // Sorted by `median`.
+    let (lowest, highest) = (
+        scratch.first().copied().unwrap_or(median),
+        scratch.last().copied().unwrap_or(median),
+    );
+    let voters = scratch.len();
+    for (i, (rate, weight)) in rates.iter().zip(weights.iter_mut()).enumerate() {
+        let reference = match (votes(i), voters) {
+            // Alone, it has no one to be weighed against.
+            (true, 1) => continue,
+            // Two: each against the other.
+            (true, 2) if *rate >= highest => lowest,
+            (true, 2) => highest,
+            _ => median,
         };
+        *weight = judge(*rate, reference, cap);
     }
-    capped_at.or(ignored_above)
+    let multiple = if cap.cap_multiple > 0.0 {
+        cap.cap_multiple
+    } else {
+        cap.ignore_multiple
+    };
+    // With two, the larger one is held to the smaller one's multiple.
+    let reference = if voters == 2 { lowest } else { median };
+    Some(multiple * reference)
+}
+
+/// How much of `rate` counts against a plausible `reference` rate.
+fn judge(rate: f64, reference: f64, cap: &ShareCap) -> Weight {
+    if !(reference > 0.0 && reference.is_finite()) {
+        return Weight::Full;
+    }
+    if cap.ignore_multiple > 0.0 && rate > cap.ignore_multiple * reference {
+        return Weight::Ignored;
+    }
+    let capped = cap.cap_multiple * reference;
+    if cap.cap_multiple > 0.0 && rate > capped {
+        return Weight::Capped(capped / rate);
+    }
+    Weight::Full
 }
 
 /// The median of positive finite rates (mean of the middle two for an even
-/// count); `None` when it is not a positive finite number.
-fn median(rates: &[f64], scratch: &mut Vec<f64>) -> Option<f64> {
-    scratch.clear();
-    scratch.extend_from_slice(rates);
-    scratch.sort_unstable_by(f64::total_cmp);
-    let n = scratch.len();
-    let upper = *scratch.get(n / 2)?;
+/// count), sorting `sorted` in place; `None` when it is not a positive
+/// finite number.
+fn median(sorted: &mut [f64]) -> Option<f64> {
+    sorted.sort_unstable_by(f64::total_cmp);
+    let n = sorted.len();
+    let upper = *sorted.get(n / 2)?;
     let median = if n.is_multiple_of(2) {
-        (scratch.get(n / 2 - 1).copied().unwrap_or(upper) + upper) / 2.0
+        (sorted.get(n / 2 - 1).copied().unwrap_or(upper) + upper) / 2.0
     } else {
         upper
     };
@@ -125,6 +183,8 @@ struct Claim {
     bucket: u32,
     offered: f64,
     factor: f64,
+    /// Whether the proxy is established (has a say in the median).
+    established: bool,
 }
 
 /// A bucket id, its cap, and the claims the cap cut as (proxy index,
@@ -151,6 +211,7 @@ pub(super) struct ClaimWeights {
     bucket_starts: Vec<usize>,
     cursor: Vec<usize>,
     rates: Vec<f64>,
+    established: Vec<bool>,
     weights: Vec<Weight>,
     scratch: Vec<f64>,
     /// Per bucket id with a cap in force: the cap and the claims it cut as
@@ -162,7 +223,7 @@ impl ClaimWeights {
     /// Starts a tick with `buckets` bucket ids and `proxies` proxies; a
     /// fleet too small for any cap skips the weighing.
     pub(super) fn begin(&mut self, cap: &ShareCap, buckets: usize, proxies: usize) {
-        self.active = cap.enabled() && proxies >= cap.min_proxies;
+        self.active = cap.enabled() && proxies >= cap.min_proxies.max(2);
         self.claims.clear();
         self.starts.clear();
         self.caps.clear();
@@ -173,8 +234,9 @@ impl ClaimWeights {
         }
     }
 
-    /// Adds the next proxy's rates as (bucket id, offered rps) pairs.
-    pub(super) fn add_proxy(&mut self, rates: impl Iterator<Item = (u32, f64)>) {
+    /// Adds the next proxy's rates as (bucket id, offered rps) pairs, and
+    /// whether it is established.
+    pub(super) fn add_proxy(&mut self, established: bool, rates: impl Iterator<Item = (u32, f64)>) {
         if !self.active {
             return;
         }
@@ -193,6 +255,7 @@ impl ClaimWeights {
                         bucket,
                         offered: *sum,
                         factor: 1.0,
+                        established,
                     });
                 }
                 *sum = 0.0;
@@ -213,6 +276,7 @@ impl ClaimWeights {
             starts,
             order,
             rates,
+            established,
             weights,
             scratch,
             caps,
@@ -260,12 +324,12 @@ impl ClaimWeights {
                 continue;
             };
             rates.clear();
-            rates.extend(
-                group
-                    .iter()
-                    .filter_map(|&(_, at)| claims.get(at).map(|c| c.offered)),
-            );
-            let Some(cap_rps) = weigh(rates, cap, scratch, weights) else {
+            established.clear();
+            for claim in group.iter().filter_map(|&(_, at)| claims.get(at)) {
+                rates.push(claim.offered);
+                established.push(claim.established);
+            }
+            let Some(cap_rps) = weigh(rates, established, cap, scratch, weights) else {
                 continue;
             };
             let mut cut = Vec::new();
@@ -345,8 +409,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn run(rates: &[f64], cap: &ShareCap) -> (Option<f64>, Vec<Weight>) {
+        run_with(rates, &vec![false; rates.len()], cap)
+    }
+
+    fn run_with(rates: &[f64], established: &[bool], cap: &ShareCap) -> (Option<f64>, Vec<Weight>) {
         let mut weights = Vec::new();
-        let cap_rps = weigh(rates, cap, &mut Vec::new(), &mut weights);
+        let cap_rps = weigh(rates, established, cap, &mut Vec::new(), &mut weights);
         (cap_rps, weights)
     }
 
@@ -373,11 +441,70 @@ mod tests {
     }
 
     #[test]
-    fn too_few_proxies_or_disabled_means_no_cap() {
-        assert_eq!(run(&[1.0, 1_000_000.0], &ShareCap::default()).0, None);
+    fn one_proxy_alone_or_disabled_means_no_cap() {
+        assert_eq!(run(&[1_000_000.0], &ShareCap::default()).0, None);
         let (cap, weights) = run(&[1.0, 1.0, 1_000_000.0], &ShareCap::OFF);
         assert_eq!(cap, None);
         assert!(weights.iter().all(|w| *w == Weight::Full));
+        let old = ShareCap {
+            min_proxies: 3,
+            ..ShareCap::default()
+        };
+        assert_eq!(run(&[1.0, 1_000_000.0], &old).0, None);
+    }
+
+    #[test]
+    fn two_proxies_are_weighed_against_each_other() {
+        // The case: one real Envoy at 30 rps beside a claim of
+        // 1,000,000 rps. The median of two (their mean) would let it pass.
+        let (_, weights) = run(&[30.0, 1_000_000.0], &ShareCap::default());
+        assert_eq!(weights, [Weight::Full, Weight::Ignored]);
+        // A plausible skew passes; beyond the cap multiple, capped.
+        let (cap, weights) = run(&[30.0, 90.0], &ShareCap::default());
+        assert_eq!(cap, Some(4.0 * 30.0));
+        assert_eq!(weights, [Weight::Full, Weight::Full]);
+        let (_, weights) = run(&[30.0, 300.0], &ShareCap::default());
+        assert_eq!(weights, [Weight::Full, Weight::Capped(0.4)]);
+        // Equal claims pass.
+        let (_, weights) = run(&[5.0, 5.0], &ShareCap::default());
+        assert_eq!(weights, [Weight::Full, Weight::Full]);
+    }
+
+    #[test]
+    fn newcomers_are_weighed_against_the_established_and_have_no_say() {
+        // Three established Envoys at 200 rps; five new identities claim
+        // 1,000,000 rps each. Counting everyone, their claims would be the
+        // median; against the established, they are implausible.
+        let mut rates = vec![200.0, 210.0, 190.0];
+        rates.extend([1_000_000.0; 5]);
+        let mut established = vec![true; 3];
+        established.extend([false; 5]);
+        let (cap, weights) = run_with(&rates, &established, &ShareCap::default());
+        assert_eq!(cap, Some(4.0 * 200.0));
+        assert!(
+            weights[..3].iter().all(|w| *w == Weight::Full),
+            "{weights:?}"
+        );
+        assert!(
+            weights[3..].iter().all(|w| *w == Weight::Ignored),
+            "{weights:?}"
+        );
+        let (_, everyone) = run(&rates, &ShareCap::default());
+        assert!(everyone.iter().all(|w| *w == Weight::Full), "{everyone:?}");
+        // A newcomer that claims what its peers do counts in full; one
+        // established Envoy is reference enough.
+        let (_, weights) = run_with(&[100.0, 120.0], &[true, false], &ShareCap::default());
+        assert_eq!(weights, [Weight::Full, Weight::Full]);
+        let (_, weights) = run_with(&[100.0, 800.0], &[true, false], &ShareCap::default());
+        assert_eq!(weights, [Weight::Full, Weight::Capped(0.5)]);
+        // Established proxies are weighed among themselves alone.
+        let (_, weights) = run_with(
+            &[100.0, 100.0, 1_000.0, 1.0, 1.0],
+            &[true, true, true, false, false],
+            &ShareCap::default(),
+        );
+        assert_eq!(weights[2], Weight::Capped(0.4));
+        assert_eq!(&weights[3..], [Weight::Full, Weight::Full]);
     }
 
     proptest! {
@@ -400,6 +527,39 @@ mod tests {
             // multiple: the liar moves the median by at most one rank.
             let honest_max = honest.iter().copied().fold(0.0, f64::max);
             prop_assert!(cap <= ShareCap::DEFAULT_CAP_MULTIPLE * honest_max + 1e-6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod newcomer_tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However many newcomers claim whatever they like beside an
+        /// established fleet, each counts at most the cap multiple of the
+        /// established median: the established proxies' share of the
+        /// counted sum is at least n / (n + multiple · k).
+        #[test]
+        fn newcomers_count_at_most_the_cap_each(
+            established_rates in proptest::collection::vec(1.0_f64..1_000.0, 1..10),
+            newcomers in proptest::collection::vec(0.001_f64..1e12, 1..10),
+        ) {
+            let mut rates = established_rates.clone();
+            rates.extend(&newcomers);
+            let mut established = vec![true; established_rates.len()];
+            established.extend(vec![false; newcomers.len()]);
+            let mut weights = Vec::new();
+            let cap = ShareCap::default();
+            weigh(&rates, &established, &cap, &mut Vec::new(), &mut weights);
+            let mut sorted = established_rates.clone();
+            let median = median(&mut sorted).unwrap();
+            for (rate, weight) in rates[established_rates.len()..].iter().zip(&weights[established_rates.len()..]) {
+                prop_assert!(rate * weight.factor() <= cap.cap_multiple * median * (1.0 + 1e-9));
+            }
         }
     }
 }

@@ -15,6 +15,13 @@ pub struct ProxyStatus {
     pub instance_id: u64,
     /// Whether a stream of the proxy is open.
     pub connected: bool,
+    /// Whether another live instance (another Envoy process) says Hello
+    /// with the same proxy id: both are counted, as two proxies.
+    pub conflict: bool,
+    /// Whether the proxy has passed its probation: until then its claims
+    /// are weighed against the established proxies' and have no say in
+    /// what is plausible.
+    pub established: bool,
     /// Time since the proxy's last report (since its Hello before the
     /// first one); serialized as `since_last_report_ms`.
     #[serde(rename = "since_last_report_ms", serialize_with = "millis")]

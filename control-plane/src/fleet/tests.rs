@@ -331,7 +331,7 @@ fn bucket_missing_from_a_fresh_window_drops_to_zero() {
 }
 
 #[test]
-fn newer_stream_replaces_older_one() {
+fn a_newer_stream_of_the_same_instance_replaces_the_older_one() {
     let mut fleet = Fleet::new(3);
     assert_eq!(fleet.connect("a", 1, StreamId(1)), Connected::New);
     fleet
@@ -339,12 +339,14 @@ fn newer_stream_replaces_older_one() {
         .unwrap();
     fleet.tick();
     assert_eq!(
-        fleet.connect("a", 2, StreamId(2)),
+        fleet.connect("a", 1, StreamId(2)),
         Connected::Replaced {
-            previous: Some(StreamId(1))
+            previous: Some(StreamId(1)),
+            previous_instance: 1,
         }
     );
-    assert_eq!(fleet.instance_id("a"), Some(2));
+    assert_eq!(fleet.instance_id("a"), Some(1));
+    assert_eq!(fleet.len(), 1);
     assert_eq!(
         fleet.report("a", StreamId(1), &report(100, &[("acme", 99, 99)])),
         Err(ReportRejected::Superseded)
@@ -442,7 +444,7 @@ fn proxies_view_shows_the_directive_age_of_the_last_report() {
     assert_eq!(age(&fleet), None);
 
     fleet.report("a", StreamId(1), &aged(40)).unwrap();
-    fleet.connect("a", 2, StreamId(2));
+    fleet.connect("a", 1, StreamId(2));
     assert_eq!(age(&fleet), None, "a new stream has not reported yet");
     assert_eq!(
         fleet.report("a", StreamId(1), &aged(7)),
@@ -513,19 +515,243 @@ fn one_proxys_absurd_claim_is_ignored_and_a_heavy_one_capped() {
 }
 
 #[test]
-fn two_proxies_are_not_capped() {
+fn two_proxies_are_weighed_against_each_other() {
     let mut fleet = Fleet::new(3);
     fleet.connect("a", 1, StreamId(1));
     fleet.connect("b", 2, StreamId(2));
     fleet
-        .report("a", StreamId(1), &report(1_000, &[("x", 10, 10)]))
+        .report(
+            "a",
+            StreamId(1),
+            &report(1_000, &[("x", 30, 30), ("y", 30, 30)]),
+        )
         .unwrap();
+    // Beside one Envoy at 30 rps: 1,000,000 rps (the ceilings' most) for
+    // x, ignored; 9× for y, capped at 4×.
     fleet
-        .report("b", StreamId(2), &report(1_000, &[("x", 10_000, 10)]))
+        .report(
+            "b",
+            StreamId(2),
+            &report(1_000, &[("x", 1_000_000, 1_000_000), ("y", 270, 270)]),
+        )
         .unwrap();
     let load = fleet.tick();
-    assert_eq!(offered(&load, "x"), 10_010.0);
-    assert!(load.get("x").unwrap().proxy_cap.is_none());
+    assert_eq!(offered(&load, "x"), 30.0);
+    assert_eq!(load.get("x").unwrap().load.proxies_reporting, 1);
+    assert_eq!(offered(&load, "y"), 30.0 + 120.0);
+    let cap = load.get("y").unwrap().proxy_cap.as_ref().unwrap();
+    assert_eq!(cap.capped.len(), 1);
+    assert_eq!(cap.capped[0].proxy_id.as_ref(), "b");
+    assert_eq!(cap.capped[0].counted_rps, 120.0);
+}
+
+#[test]
+fn a_second_live_instance_of_a_proxy_id_is_a_proxy_of_its_own() {
+    let mut fleet = Fleet::new(3);
+    assert_eq!(fleet.connect("twin", 1, StreamId(1)), Connected::New);
+    fleet
+        .report("twin", StreamId(1), &report(100, &[("acme", 15, 15)]))
+        .unwrap();
+    // Another process says Hello as "twin" while the first reports.
+    assert_eq!(
+        fleet.connect("twin", 2, StreamId(2)),
+        Connected::Conflict { holder: 1 }
+    );
+    fleet
+        .report("twin", StreamId(2), &report(100, &[("acme", 15, 15)]))
+        .unwrap();
+    fleet
+        .report("twin", StreamId(1), &report(100, &[("acme", 15, 15)]))
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(offered(&load, "acme"), 300.0, "both count");
+    assert_eq!(load.get("acme").unwrap().load.proxies_reporting, 2);
+    let proxies = fleet.proxies();
+    assert_eq!(proxies.len(), 2);
+    assert!(proxies.iter().all(|p| p.connected && p.conflict));
+    assert_eq!(fleet.connected_proxy_ids(), ["twin"]);
+    // Each reconnects as itself.
+    assert!(matches!(
+        fleet.connect("twin", 2, StreamId(3)),
+        Connected::Replaced {
+            previous: Some(StreamId(2)),
+            previous_instance: 2
+        }
+    ));
+    assert!(fleet.disconnect("twin", StreamId(1)));
+    let proxies = fleet.proxies();
+    assert!(!proxies.iter().any(|p| p.conflict), "{proxies:?}");
+    assert!(fleet.take_superseded().is_empty());
+}
+
+#[test]
+fn a_restarted_proxy_takes_over_from_an_instance_that_is_gone_or_silent() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("edge", 1, StreamId(1));
+    fleet
+        .report("edge", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    fleet.tick();
+    // The process exited: its stream closed.
+    assert!(fleet.disconnect("edge", StreamId(1)));
+    assert_eq!(
+        fleet.connect("edge", 2, StreamId(2)),
+        Connected::Replaced {
+            previous: None,
+            previous_instance: 1
+        }
+    );
+    assert_eq!(fleet.instance_id("edge"), Some(2));
+    // Its rates are carried until the new one reports.
+    assert_eq!(offered(&fleet.tick(), "acme"), 100.0);
+    // The next process froze with its connection open: once silent for
+    // longer than its rates are carried, the next instance takes over.
+    for _ in 0..4 {
+        fleet.tick();
+    }
+    assert_eq!(
+        fleet.connect("edge", 3, StreamId(3)),
+        Connected::Replaced {
+            previous: Some(StreamId(2)),
+            previous_instance: 2
+        }
+    );
+    assert_eq!(fleet.len(), 1);
+}
+
+#[test]
+fn a_frozen_instance_beside_a_live_one_is_let_go() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("edge", 1, StreamId(1));
+    fleet
+        .report("edge", StreamId(1), &report(100, &[("acme", 10, 10)]))
+        .unwrap();
+    // A new process says Hello before the old one is known to be silent.
+    assert_eq!(
+        fleet.connect("edge", 2, StreamId(2)),
+        Connected::Conflict { holder: 1 }
+    );
+    // Silent for longer than its rates are carried (3 ticks), it is let go.
+    for tick in 0..6 {
+        fleet
+            .report("edge", StreamId(2), &report(100, &[("acme", 10, 10)]))
+            .unwrap();
+        fleet.tick();
+        let superseded = fleet.take_superseded();
+        if tick < 4 {
+            assert!(superseded.is_empty(), "tick {tick}: {superseded:?}");
+        } else if tick == 4 {
+            assert_eq!(superseded, [StreamId(1)], "tick {tick}");
+        } else {
+            assert!(superseded.is_empty(), "tick {tick}: once");
+        }
+    }
+    let proxies = fleet.proxies();
+    assert_eq!(proxies.len(), 1, "{proxies:?}");
+    assert_eq!(proxies[0].instance_id, 2);
+    assert!(!proxies[0].conflict);
+}
+
+/// A fleet whose share cap puts new proxies on probation for `ticks`.
+fn on_probation(ticks: u32) -> Fleet {
+    Fleet::with_caps(
+        3,
+        FleetCaps {
+            share_cap: ShareCap {
+                probation_ticks: ticks,
+                ..ShareCap::default()
+            },
+            ..FleetCaps::default()
+        },
+    )
+}
+
+/// Every proxy of `claims` reports `x` once, then the fleet ticks.
+fn claim_x(fleet: &mut Fleet, claims: &[(&str, u64, u64)]) -> FleetLoad {
+    for &(proxy, stream, offered) in claims {
+        fleet
+            .report(
+                proxy,
+                StreamId(stream),
+                &report(1_000, &[("x", offered, offered)]),
+            )
+            .unwrap();
+    }
+    fleet.tick()
+}
+
+#[test]
+fn new_identities_have_no_say_in_what_is_plausible() {
+    let mut fleet = on_probation(2);
+    let honest = [("a", 1, 200), ("b", 2, 210), ("c", 3, 190)];
+    for &(proxy, stream, _) in &honest {
+        fleet.connect(proxy, stream, StreamId(stream));
+    }
+    for _ in 0..2 {
+        claim_x(&mut fleet, &honest);
+    }
+    assert!(fleet.proxies().iter().all(|p| p.established));
+    // Five identities made up on the spot claim 1,000,000 rps each: the
+    // majority of the bucket's reporters, and the median if they counted.
+    let mut claims = honest.to_vec();
+    let rogues: Vec<String> = (1..=5).map(|i| format!("rogue-{i}")).collect();
+    for (i, rogue) in rogues.iter().enumerate() {
+        let stream = 10 + i as u64;
+        fleet.connect(rogue, stream, StreamId(stream));
+        claims.push((rogue.as_str(), stream, 1_000_000));
+    }
+    for round in 0..10 {
+        let load = claim_x(&mut fleet, &claims);
+        let bucket = load.get("x").unwrap();
+        assert_eq!(offered(&load, "x"), 600.0, "round {round}: {bucket:?}");
+        assert_eq!(bucket.load.proxies_reporting, 3);
+        assert_eq!(load.stats.claims_ignored, 5);
+        // Caught claiming the implausible, they stay on probation.
+        assert_eq!(load.stats.proxies_on_probation, 5, "round {round}");
+    }
+    // A newcomer that claims what its peers do counts in full, and is
+    // established after its probation.
+    fleet.connect("d", 4, StreamId(4));
+    claims.push(("d", 4, 205));
+    let load = claim_x(&mut fleet, &claims);
+    assert_eq!(offered(&load, "x"), 805.0);
+    claim_x(&mut fleet, &claims);
+    assert!(
+        fleet
+            .proxies()
+            .iter()
+            .filter(|p| p.proxy_id == "d")
+            .all(|p| p.established)
+    );
+}
+
+#[test]
+fn plausible_newcomers_count_at_most_the_cap_each() {
+    let mut fleet = on_probation(100);
+    let mut claims = vec![("a", 1, 200), ("b", 2, 200), ("c", 3, 200)];
+    for &(proxy, stream, _) in &claims {
+        fleet.connect(proxy, stream, StreamId(stream));
+    }
+    // All new at once (as after a start): everyone has a say.
+    let load = claim_x(&mut fleet, &claims);
+    assert_eq!(offered(&load, "x"), 600.0);
+    assert_eq!(load.stats.proxies_on_probation, 3);
+    let mut fleet = on_probation(1);
+    for &(proxy, stream, _) in &claims {
+        fleet.connect(proxy, stream, StreamId(stream));
+    }
+    claim_x(&mut fleet, &claims);
+    // Five newcomers each claim 2,000 rps: 10× the established median,
+    // implausible for an Envoy of this fleet but below the ignore
+    // multiple. Each counts 4× the median.
+    let rogues: Vec<String> = (1..=5).map(|i| format!("rogue-{i}")).collect();
+    for (i, rogue) in rogues.iter().enumerate() {
+        let stream = 10 + i as u64;
+        fleet.connect(rogue, stream, StreamId(stream));
+        claims.push((rogue.as_str(), stream, 2_000));
+    }
+    let load = claim_x(&mut fleet, &claims);
+    assert_eq!(offered(&load, "x"), 600.0 + 5.0 * 800.0);
 }
 
 #[test]
@@ -548,7 +774,8 @@ fn a_live_proxy_id_is_only_superseded_by_the_same_principal() {
     assert_eq!(
         fleet.connect_as("edge-1", Arc::clone(&edge), 1, "", StreamId(3)),
         Ok(Connected::Replaced {
-            previous: Some(StreamId(1))
+            previous: Some(StreamId(1)),
+            previous_instance: 1,
         })
     );
     // Once no stream holds it, another principal may take it.

@@ -18,7 +18,7 @@ mod trust;
 mod upstream;
 
 pub use histogram::AtomicHistogram;
-pub use proxies::ProxyGuard;
+pub use proxies::{MAX_PROXY_SERIES, ProxyGuard};
 pub use quotas::QuotaMetrics;
 pub use replicas::ReplicaMetrics;
 pub use upstream::UpstreamMetrics;
@@ -285,7 +285,7 @@ impl Metrics {
         let proxies = Arc::new(Proxies::default());
         registry.register(
             "connected_proxies",
-            "Proxies with an open stream",
+            "Proxy streams open (a second live instance of a proxy id counts too)",
             proxies.connected.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&proxies)));
@@ -553,6 +553,29 @@ impl Metrics {
         self.cells_evicted_idle.inc_by(stats.evicted_idle);
         self.trust
             .claims_cut(stats.claims_capped, stats.claims_ignored);
+        self.trust.observe_probation(stats.proxies_on_probation);
+    }
+
+    /// A proxy stream was refused (`reason`: see
+    /// [`crate::trust::HelloRefusal::reason`]; `streams_per_connection`,
+    /// `connections_per_identity`).
+    pub fn stream_refused(&self, reason: &'static str) {
+        self.trust.stream_refused(reason);
+    }
+
+    /// A connection was closed as it was accepted (`reason`: `per_ip`).
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.trust.connection_refused(reason);
+    }
+
+    /// A superseded proxy stream was closed.
+    pub fn stream_superseded(&self) {
+        self.trust.stream_superseded();
+    }
+
+    /// A second live process said Hello with a proxy id another holds.
+    pub fn proxy_id_conflict(&self) {
+        self.trust.proxy_id_conflict();
     }
 
     /// A Hello was refused for its identity (`reason`: see
@@ -582,11 +605,18 @@ impl Metrics {
         self.trust.report_clamped(checked);
     }
 
-    /// A proxy said Hello on `stream`. Its staleness series and its share of
-    /// the connected gauge last as long as the returned guard, or until a
-    /// newer stream of the same proxy replaces it.
-    pub fn proxy_connected(&self, proxy_id: &str, stream: StreamId) -> ProxyGuard {
-        Proxies::connect(&self.proxies, proxy_id, stream)
+    /// A proxy said Hello on `stream`. Its share of the connected gauge
+    /// lasts as long as the returned guard; its per-proxy series too, or
+    /// until a newer stream of the same proxy replaces them. A stream that
+    /// does not `own_series` (a second live instance of the proxy id) gets
+    /// them only while no other stream holds them.
+    pub fn proxy_connected(
+        &self,
+        proxy_id: &str,
+        stream: StreamId,
+        owns_series: bool,
+    ) -> ProxyGuard {
+        Proxies::connect(&self.proxies, proxy_id, stream, owns_series)
     }
 
     /// A report arrived (whether or not it is counted).

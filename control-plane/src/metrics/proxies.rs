@@ -1,7 +1,12 @@
 //! Per-proxy series: connected proxies, the age of their last report and of
 //! the directives they enforce, computed at scrape time.
+//!
+//! One series per proxy id (a second live instance of an id has none of
+//! its own), and at most [`MAX_PROXY_SERIES`] of them, in proxy id order:
+//! like the bucket and tenant series, their number does not follow what
+//! clients invent.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,6 +21,10 @@ use prometheus_client::registry::Unit;
 
 use super::ProxyLabels;
 use crate::fleet::StreamId;
+
+/// Most proxy ids with per-proxy series; `proxy_series_omitted` says how
+/// many more are connected.
+pub const MAX_PROXY_SERIES: usize = 1_000;
 
 /// Keeps a connected proxy's series alive; see [`super::Metrics::proxy_connected`].
 #[derive(Debug)]
@@ -48,6 +57,7 @@ impl ProxyGuard {
 
 impl Drop for ProxyGuard {
     fn drop(&mut self) {
+        self.proxies.connected.dec();
         let mut connections = self.proxies.lock();
         // A newer stream of the same proxy owns the entry now; leave it.
         if connections
@@ -55,7 +65,6 @@ impl Drop for ProxyGuard {
             .is_some_and(|c| c.stream == self.stream)
         {
             connections.remove(&self.proxy_id);
-            self.proxies.update_connected(&connections);
         }
     }
 }
@@ -67,7 +76,8 @@ pub(super) struct Proxies {
     /// Report times are milliseconds since this instant, so they fit an
     /// atomic.
     origin: Instant,
-    connections: Mutex<HashMap<String, Connection>>,
+    connections: Mutex<BTreeMap<String, Connection>>,
+    /// Open proxy streams.
     pub(super) connected: Gauge,
 }
 
@@ -98,23 +108,32 @@ impl Default for Proxies {
 }
 
 impl Proxies {
-    /// Adds the proxy's series; the guard removes them when dropped.
-    pub(super) fn connect(proxies: &Arc<Self>, proxy_id: &str, stream: StreamId) -> ProxyGuard {
+    /// Counts the stream as connected and, when `owns_series` or no live
+    /// stream holds the proxy id's series, gives it the series (replacing
+    /// a superseded stream's); the guard removes them when dropped.
+    pub(super) fn connect(
+        proxies: &Arc<Self>,
+        proxy_id: &str,
+        stream: StreamId,
+        owns_series: bool,
+    ) -> ProxyGuard {
         let last_report = Arc::new(AtomicU64::new(proxies.now_ms()));
         let directive_age_ms = Arc::new(AtomicU64::new(NO_DIRECTIVE_AGE));
         let reports_clamped = Arc::new(AtomicU64::new(0));
+        proxies.connected.inc();
         let mut connections = proxies.lock();
-        connections.insert(
-            proxy_id.to_owned(),
-            Connection {
-                stream,
-                last_report: Arc::clone(&last_report),
-                directive_age_ms: Arc::clone(&directive_age_ms),
-                reports_clamped: Arc::clone(&reports_clamped),
-                claims_cut: AtomicU64::new(0),
-            },
-        );
-        proxies.update_connected(&connections);
+        if owns_series || !connections.contains_key(proxy_id) {
+            connections.insert(
+                proxy_id.to_owned(),
+                Connection {
+                    stream,
+                    last_report: Arc::clone(&last_report),
+                    directive_age_ms: Arc::clone(&directive_age_ms),
+                    reports_clamped: Arc::clone(&reports_clamped),
+                    claims_cut: AtomicU64::new(0),
+                },
+            );
+        }
         drop(connections);
         ProxyGuard {
             proxies: Arc::clone(proxies),
@@ -137,17 +156,12 @@ impl Proxies {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Connection>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Connection>> {
         // Nothing panics while holding the lock, and the map is consistent
         // after every operation.
         self.connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn update_connected(&self, connections: &HashMap<String, Connection>) {
-        self.connected
-            .set(i64::try_from(connections.len()).unwrap_or(i64::MAX));
     }
 }
 
@@ -158,7 +172,9 @@ impl Collector for Proxies {
         let mut directive_ages: Vec<(ProxyLabels, f64)> = Vec::new();
         let mut clamped: Vec<(ProxyLabels, u64)> = Vec::new();
         let mut cut: Vec<(ProxyLabels, u64)> = Vec::new();
-        for (proxy, connection) in self.lock().iter() {
+        let connections = self.lock();
+        let omitted = connections.len().saturating_sub(MAX_PROXY_SERIES);
+        for (proxy, connection) in connections.iter().take(MAX_PROXY_SERIES) {
             let labels = ProxyLabels {
                 proxy: proxy.clone(),
             };
@@ -177,6 +193,14 @@ impl Collector for Proxies {
             let last = connection.last_report.load(Ordering::Relaxed);
             report_ages.push((labels, now.saturating_sub(last) as f64 / 1000.0));
         }
+        drop(connections);
+        let omitted_family = encoder.encode_descriptor(
+            "proxy_series_omitted",
+            "Proxy ids connected without per-proxy series, beyond the series cap (the first in proxy id order have them)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(omitted).unwrap_or(i64::MAX)).encode(omitted_family)?;
         // Registered metrics get the final period from the registry; a
         // collector writes its help verbatim.
         encode_proxy_gauges(

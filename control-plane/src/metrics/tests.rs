@@ -61,13 +61,18 @@ fn bucket_series_follow_the_tracked_buckets() {
 #[test]
 fn a_replaced_stream_does_not_remove_its_successor() {
     let metrics = Metrics::new(1);
-    let old = metrics.proxy_connected("envoy-a", StreamId(1));
-    let new = metrics.proxy_connected("envoy-a", StreamId(2));
+    let old = metrics.proxy_connected("envoy-a", StreamId(1), true);
+    let new = metrics.proxy_connected("envoy-a", StreamId(2), true);
+    // Both streams are open until the superseded one is closed.
+    assert_eq!(
+        samples(&metrics, "sluice_connected_proxies "),
+        ["sluice_connected_proxies 2"]
+    );
+    drop(old);
     assert_eq!(
         samples(&metrics, "sluice_connected_proxies "),
         ["sluice_connected_proxies 1"]
     );
-    drop(old);
     assert_eq!(
         samples(&metrics, "sluice_proxy_report_age_seconds{").len(),
         1
@@ -82,9 +87,73 @@ fn a_replaced_stream_does_not_remove_its_successor() {
 }
 
 #[test]
+fn a_second_live_instance_has_no_series_of_its_own() {
+    let metrics = Metrics::new(1);
+    let first = metrics.proxy_connected("twin", StreamId(1), true);
+    let second = metrics.proxy_connected("twin", StreamId(2), false);
+    first.report_received(Some(1_000));
+    second.report_received(Some(9_000));
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_directive_age_seconds{"),
+        [r#"sluice_proxy_directive_age_seconds{proxy="twin"} 1.0"#]
+    );
+    assert_eq!(
+        samples(&metrics, "sluice_connected_proxies "),
+        ["sluice_connected_proxies 2"]
+    );
+    drop(second);
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_report_age_seconds{").len(),
+        1
+    );
+    drop(first);
+    // Alone, a stream that does not own the series takes them.
+    let alone = metrics.proxy_connected("twin", StreamId(3), false);
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_report_age_seconds{").len(),
+        1
+    );
+    drop(alone);
+}
+
+#[test]
+fn per_proxy_series_are_capped() {
+    let metrics = Metrics::new(1);
+    let guards: Vec<_> = (0..MAX_PROXY_SERIES + 25)
+        .map(|i| metrics.proxy_connected(&format!("p{i:05}"), StreamId(i as u64), true))
+        .collect();
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_report_age_seconds{").len(),
+        MAX_PROXY_SERIES
+    );
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_series_omitted"),
+        ["sluice_proxy_series_omitted 25"]
+    );
+    // The first in proxy id order have them.
+    assert!(
+        samples(&metrics, "sluice_proxy_report_age_seconds{")
+            .iter()
+            .any(|line| line.contains("p00000"))
+    );
+    assert_eq!(
+        samples(&metrics, "sluice_connected_proxies "),
+        [format!(
+            "sluice_connected_proxies {}",
+            MAX_PROXY_SERIES + 25
+        )]
+    );
+    drop(guards);
+    assert_eq!(
+        samples(&metrics, "sluice_proxy_series_omitted"),
+        ["sluice_proxy_series_omitted 0"]
+    );
+}
+
+#[test]
 fn a_proxy_directive_age_follows_its_reports() {
     let metrics = Metrics::new(1);
-    let guard = metrics.proxy_connected("envoy-a", StreamId(1));
+    let guard = metrics.proxy_connected("envoy-a", StreamId(1), true);
     let series = "sluice_proxy_directive_age_seconds{";
     assert!(
         samples(&metrics, series).is_empty(),

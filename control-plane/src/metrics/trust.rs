@@ -1,13 +1,16 @@
-//! Counters of the gRPC listener's trust checks: Hellos refused for their
-//! identity, reports clamped to the ceilings, and (proxy, bucket) claims
-//! the fleet's share cap cut.
+//! Counters of the gRPC listener's trust checks: connections and streams
+//! refused for what their peer already holds or what their Hello names,
+//! Hellos refused for their identity, streams superseded, proxy ids two
+//! processes share, reports clamped to the ceilings, and (proxy, bucket)
+//! claims the fleet's share cap cut.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::ReasonLabels;
-use crate::trust::Checked;
+use crate::trust::{Checked, HelloRefusal};
 
 /// The families, and their label children resolved once.
 #[derive(Debug, Default)]
@@ -15,7 +18,15 @@ pub(super) struct TrustMetrics {
     identity_refused: Family<ReasonLabels, Counter>,
     reports_clamped: Family<ReasonLabels, Counter>,
     claims_cut: Family<ReasonLabels, Counter>,
+    streams_refused: Family<ReasonLabels, Counter>,
+    connections_refused: Family<ReasonLabels, Counter>,
+    streams_superseded: Counter,
+    proxy_id_conflicts: Counter,
+    proxies_on_probation: Gauge,
 }
+
+/// Every `reason` label of `streams_refused` besides the Hello's.
+const STREAM_REFUSALS: [&str; 2] = ["streams_per_connection", "connections_per_identity"];
 
 /// Every `reason` label of `identity_refused`, so the series exist at 0.
 const REFUSALS: [&str; 3] = [
@@ -57,7 +68,65 @@ impl TrustMetrics {
                 .claims_cut
                 .get_or_create_owned(&ReasonLabels { reason });
         }
+        registry.register(
+            "streams_refused",
+            "Proxy streams refused, by reason (streams_per_connection, connections_per_identity: the peer holds its maximum; proxy_id_* and zone_*: the Hello names something too long or unprintable)",
+            metrics.streams_refused.clone(),
+        );
+        for reason in HelloRefusal::REASONS.into_iter().chain(STREAM_REFUSALS) {
+            let _ = metrics
+                .streams_refused
+                .get_or_create_owned(&ReasonLabels { reason });
+        }
+        registry.register(
+            "connections_refused",
+            "Connections to the gRPC listener closed as they were accepted, by reason (per_ip: the client address holds its maximum)",
+            metrics.connections_refused.clone(),
+        );
+        let _ = metrics
+            .connections_refused
+            .get_or_create_owned(&ReasonLabels { reason: "per_ip" });
+        registry.register(
+            "streams_superseded",
+            "Proxy streams closed with ABORTED because a newer stream speaks for their proxy (a reconnect, or a restart taking over from a silent instance)",
+            metrics.streams_superseded.clone(),
+        );
+        registry.register(
+            "proxy_id_conflicts",
+            "Hellos of a second live process with a proxy id another live process holds; both are counted, as proxies of their own",
+            metrics.proxy_id_conflicts.clone(),
+        );
+        registry.register(
+            "proxies_on_probation",
+            "Connected proxies still on probation: their claims have no say in what is plausible",
+            metrics.proxies_on_probation.clone(),
+        );
         metrics
+    }
+
+    pub(super) fn stream_refused(&self, reason: &'static str) {
+        self.streams_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(super) fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(super) fn stream_superseded(&self) {
+        self.streams_superseded.inc();
+    }
+
+    pub(super) fn proxy_id_conflict(&self) {
+        self.proxy_id_conflicts.inc();
+    }
+
+    pub(super) fn observe_probation(&self, proxies: usize) {
+        self.proxies_on_probation
+            .set(i64::try_from(proxies).unwrap_or(i64::MAX));
     }
 
     pub(super) fn identity_refused(&self, reason: &'static str) {

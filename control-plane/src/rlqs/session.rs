@@ -25,10 +25,10 @@ use super::assignment::Assignment;
 use super::bucket_id::CellOfBucket;
 use super::usage::{SeenBucket, convert, is_periodic};
 use super::{ENVOY_REPORT_INTERVAL, PROXY_ID_HEADER};
-use crate::fleet::StreamId;
+use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
-use crate::serve::state::AppState;
-use crate::trust::{PeerIdentity, StreamGate, WindowLedger};
+use crate::serve::state::{AppState, StreamCloser};
+use crate::trust::{Claim, PeerIdentity, StreamGate, StreamSlot, WindowLedger};
 
 /// Responses buffered per stream before the stream task waits for Envoy.
 const OUTBOUND_BUFFER: usize = 8;
@@ -84,9 +84,23 @@ impl RateLimitQuotaService for RlqsService {
             Some(addr) => format!("rlqs@{addr}"),
             None => "rlqs@unknown".to_owned(),
         });
+        let slot = self
+            .gate
+            .open_stream(&self.state, peer, identity.as_ref())?;
         let stream = self.state.next_stream_id();
-        self.gate
-            .admit(&self.state, identity.as_ref(), &proxy_id, 0, "", stream)?;
+        // Registered before the proxy id is taken, so that a newer stream
+        // that supersedes this one at once can close it.
+        let closer = self.state.register_stream(stream);
+        // RLQS names no instance: a new stream of the same name replaces
+        // the old one, which is closed.
+        let claim = Claim {
+            proxy_id: &proxy_id,
+            instance_id: 0,
+            zone: "",
+        };
+        let connected = self
+            .gate
+            .admit(&self.state, identity.as_ref(), claim, stream)?;
         let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
         let span = tracing::info_span!("rlqs", id = stream.0, peer = ?peer, proxy_id);
         let session = Session {
@@ -100,6 +114,9 @@ impl RateLimitQuotaService for RlqsService {
             buckets: HashMap::new(),
             sequence: 0,
             last_periodic: None,
+            closer,
+            owns_series: !matches!(connected, Connected::Conflict { .. }),
+            _slot: slot,
         };
         self.streams
             .spawn(tracing::Instrument::instrument(session.run(), span));
@@ -128,6 +145,12 @@ struct Session {
     sequence: u64,
     /// When the previous periodic usage report arrived.
     last_periodic: Option<Instant>,
+    /// How the stream learns it was superseded.
+    closer: StreamCloser,
+    /// Whether the proxy's per-proxy series are this stream's.
+    owns_series: bool,
+    /// The stream's place on its connection, held while it is open.
+    _slot: StreamSlot,
 }
 
 impl Session {
@@ -136,13 +159,15 @@ impl Session {
         // Rates of a proxy that reports every 5 s must last until its next
         // report, with a report's worth of slack.
         let carry = (2 * ENVOY_REPORT_INTERVAL).as_millis() / interval.as_millis().max(1);
-        self.state
-            .fleet()
-            .set_carry_ticks(&self.proxy_id, u32::try_from(carry).unwrap_or(u32::MAX));
-        let proxy_metrics = self
-            .state
-            .metrics()
-            .proxy_connected(&self.proxy_id, self.stream);
+        self.state.fleet().set_carry_ticks(
+            &self.proxy_id,
+            self.stream,
+            u32::try_from(carry).unwrap_or(u32::MAX),
+        );
+        let proxy_metrics =
+            self.state
+                .metrics()
+                .proxy_connected(&self.proxy_id, self.stream, self.owns_series);
         tracing::info!(proxy_id = self.proxy_id, "RLQS stream opened");
         let end = self.forward(&proxy_metrics).await;
         self.state.fleet().disconnect(&self.proxy_id, self.stream);
@@ -166,6 +191,10 @@ impl Session {
             tokio::select! {
                 () = self.shutdown.cancelled() => return "shutdown",
                 () = self.outbound.closed() => return "envoy gone",
+                status = self.closer.closed() => {
+                    let _ = self.outbound.send(Err(status)).await;
+                    return "superseded by a newer stream of the same name";
+                }
                 message = self.inbound.message() => match message {
                     Ok(Some(reports)) => {
                         proxy_metrics.report_received(None);

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use sluice_proto::v1::ModePolicy;
 
 use crate::control::controller::Controller;
+use crate::fleet::Fleet;
 use crate::fleet::health::UpstreamHealth;
 use crate::replicas::{Replica, Upstream};
 use crate::serve::push::{Published, Update};
@@ -68,7 +69,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
         metrics.control_tick(started.elapsed());
         return;
     }
-    let load = state.fleet().tick();
+    let load = state.tick_fleet();
     let health = observe_upstream(state);
     state.record_history(&load, &health);
     let (decision, modes) = {
@@ -97,7 +98,7 @@ pub fn step(state: &AppState, controller: &mut Controller) {
 /// from a fresh controller and the whole fleet. A throwaway controller of
 /// the same policy computes the status: what would be pushed now.
 fn hold(state: &AppState) {
-    let load = state.fleet().tick();
+    let load = state.tick_fleet();
     let health = observe_upstream(state);
     state.record_history(&load, &health);
     let decision = Controller::tracking(state.control_interval()).decide(&load, &state.policy());
@@ -143,10 +144,7 @@ pub async fn replicated_step(state: &AppState, controller: &mut Controller, repl
     if let Some(ended) = ended {
         tracing::info!(?ended, "start-up hold over: pushing directives");
     }
-    let (own, proxies) = {
-        let mut fleet = state.fleet();
-        (fleet.tick(), fleet.connected_proxy_ids())
-    };
+    let (own, proxies) = state.tick_fleet_and(Fleet::connected_proxy_ids);
     metrics.observe_fleet(&own.stats);
     // This replica's metrics show its own proxies' signals; the adaptive
     // limits follow the fleet's, so the adaptive buckets' travel in the

@@ -11,7 +11,7 @@ use sluice_proto::v1::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::ServerTlsConfig;
@@ -24,9 +24,13 @@ use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
 use crate::quotas::{Quotas, RateLimitGrpc};
 use crate::rlqs::RlqsService;
+use crate::serve::accept;
 use crate::serve::rls_listener::RlsListener;
-use crate::serve::state::AppState;
-use crate::trust::{Ceilings, IdentityPolicy, PeerIdentity, StreamGate, WindowLedger};
+use crate::serve::state::{AppState, StreamCloser};
+use crate::trust::{
+    Ceilings, Claim, HelloLimits, IdentityPolicy, PeerIdentity, PeerLimits, StreamGate, StreamSlot,
+    WindowLedger,
+};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
@@ -37,6 +41,12 @@ const OUTBOUND_BUFFER: usize = 8;
 /// HTTP/2 pings detect proxies that vanished without closing the connection.
 pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 pub(super) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Streams of any kind (proxy streams, rate limit calls) one HTTP/2
+/// connection may have open at once, as its SETTINGS tell the client:
+/// hyper's own default, which tonic turns off. Proxy streams have a lower
+/// cap of their own ([`PeerLimits`]); Envoy opens another connection when
+/// a busy one reaches this.
+const MAX_CONCURRENT_STREAMS: u32 = 200;
 
 /// Where the gRPC API is served: a bound listener, with TLS when
 /// configured, and the checks every stream passes.
@@ -51,6 +61,10 @@ pub struct GrpcEndpoint {
     pub identity: Option<IdentityPolicy>,
     /// Most a report may claim.
     pub ceilings: Ceilings,
+    /// What a Hello may name.
+    pub hello: HelloLimits,
+    /// How much of the listener one peer may hold.
+    pub peers: PeerLimits,
     /// Exact quotas: serves Envoy's rate limit service API when set.
     pub quotas: Option<Arc<Quotas>>,
     /// Serves the quotas on this listener of their own instead.
@@ -64,6 +78,8 @@ impl From<TcpListener> for GrpcEndpoint {
             tls: None,
             identity: None,
             ceilings: Ceilings::default(),
+            hello: HelloLimits::default(),
+            peers: PeerLimits::default(),
             quotas: None,
             rls: None,
         }
@@ -81,7 +97,13 @@ pub async fn serve(
     streams: TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let gate = Arc::new(StreamGate::new(endpoint.identity, endpoint.ceilings));
+    let gate = Arc::new(StreamGate::new(
+        endpoint.identity,
+        endpoint.ceilings,
+        endpoint.hello,
+        endpoint.peers,
+    ));
+    let incoming = accept::limited(endpoint.listener, Arc::clone(gate.peers()), state.clone());
     let rlqs = RlqsService::new(
         state.clone(),
         streams.clone(),
@@ -100,6 +122,7 @@ pub async fn serve(
     }
     builder
         .tcp_nodelay(true)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(DirectiveServiceServer::new(service))
@@ -109,10 +132,7 @@ pub async fn serve(
                 .quotas
                 .map(|q| RateLimitServiceServer::new(RateLimitGrpc::new(q))),
         )
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(endpoint.listener),
-            shutdown.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
 }
 
@@ -145,15 +165,21 @@ impl DirectiveService for DirectiveGrpc {
         let identity = request
             .peer_certs()
             .and_then(|certs| certs.first().map(|leaf| PeerIdentity::from_der(leaf)));
+        let slot = self
+            .gate
+            .open_stream(&self.state, peer, identity.as_ref())?;
         let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
+        let stream = self.state.next_stream_id();
         let session = Session {
             state: self.state.clone(),
-            stream: self.state.next_stream_id(),
+            stream,
             inbound: request.into_inner(),
             outbound,
             shutdown: self.shutdown.clone(),
             gate: Arc::clone(&self.gate),
             identity,
+            closer: self.state.register_stream(stream),
+            _slot: slot,
         };
         let span = tracing::info_span!(
             "stream",
@@ -177,6 +203,10 @@ struct Session {
     gate: Arc<StreamGate>,
     /// The client certificate's names; `None` without one.
     identity: Option<PeerIdentity>,
+    /// How the stream learns it was superseded.
+    closer: StreamCloser,
+    /// The stream's place on its connection, held while it is open.
+    _slot: StreamSlot,
 }
 
 /// What a stream tracks about its own reports.
@@ -193,6 +223,7 @@ enum End {
     Shutdown,
     ProxyClosed,
     ProxyGone,
+    Superseded,
     Error(Status),
 }
 
@@ -221,38 +252,63 @@ impl Session {
             }
         };
         let proxy_id = hello.proxy_id;
-        tracing::Span::current().record("proxy_id", proxy_id.as_str());
-        let connected = match self.gate.admit(
-            &self.state,
-            self.identity.as_ref(),
-            &proxy_id,
-            hello.instance_id,
-            &hello.zone,
-            self.stream,
-        ) {
-            Ok(connected) => connected,
-            Err(status) => {
-                // The proxy sees why; if it is already gone there is no one
-                // left to tell.
-                let _ = self.outbound.send(Err(status)).await;
-                return;
-            }
+        let claim = Claim {
+            proxy_id: &proxy_id,
+            instance_id: hello.instance_id,
+            zone: &hello.zone,
         };
+        let connected =
+            match self
+                .gate
+                .admit(&self.state, self.identity.as_ref(), claim, self.stream)
+            {
+                Ok(connected) => connected,
+                Err(status) => {
+                    // The proxy sees why; if it is already gone there is no one
+                    // left to tell.
+                    let _ = self.outbound.send(Err(status)).await;
+                    return;
+                }
+            };
+        // Only a proxy id within the limits is worth a field of every line.
+        tracing::Span::current().record("proxy_id", proxy_id.as_str());
         self.state.warmup().hello(hello.known_proxies);
+        let instance_id = hello.instance_id;
         match connected {
-            Connected::New => {
-                tracing::info!(proxy_id, instance_id = hello.instance_id, "proxy connected");
-            }
-            Connected::Replaced { previous } => tracing::info!(
+            Connected::New => tracing::info!(proxy_id, instance_id, "proxy connected"),
+            Connected::Replaced {
+                previous,
+                previous_instance,
+            } if previous_instance == instance_id => tracing::info!(
                 proxy_id,
-                instance_id = hello.instance_id,
+                instance_id,
                 replaced_stream = previous.map(|s| s.0),
                 "proxy reconnected; the new stream replaces the old one"
             ),
+            Connected::Replaced {
+                previous,
+                previous_instance,
+            } => tracing::info!(
+                proxy_id,
+                instance_id,
+                previous_instance,
+                replaced_stream = previous.map(|s| s.0),
+                "proxy restarted; the new instance takes over its proxy id"
+            ),
+            Connected::Conflict { holder } => tracing::info!(
+                proxy_id,
+                instance_id,
+                holder,
+                "proxy connected beside another live instance of its proxy id"
+            ),
         }
+        let owns_series = !matches!(connected, Connected::Conflict { .. });
 
         // Dropped when this function returns, however the stream ended.
-        let proxy_metrics = self.state.metrics().proxy_connected(&proxy_id, self.stream);
+        let proxy_metrics =
+            self.state
+                .metrics()
+                .proxy_connected(&proxy_id, self.stream, owns_series);
         let end = self.forward(&proxy_id, &proxy_metrics).await;
         let owned = self.state.fleet().disconnect(&proxy_id, self.stream);
         match end {
@@ -273,12 +329,7 @@ impl Session {
             Ok(Ok(None)) => Err(End::ProxyClosed),
             Ok(Ok(Some(ProxyMessage {
                 kind: Some(proxy_message::Kind::Hello(hello)),
-            }))) if !hello.proxy_id.is_empty() => Ok(hello),
-            Ok(Ok(Some(ProxyMessage {
-                kind: Some(proxy_message::Kind::Hello(_)),
-            }))) => Err(End::Error(Status::invalid_argument(
-                "Hello.proxy_id is empty",
-            ))),
+            }))) => Ok(hello),
             Ok(Ok(Some(_))) => Err(End::Error(Status::failed_precondition(
                 "the first message on a stream must be a Hello",
             ))),
@@ -306,6 +357,11 @@ impl Session {
                     return End::Error(handed_off());
                 }
                 () = self.outbound.closed() => return End::ProxyGone,
+                status = self.closer.closed() => {
+                    tracing::info!(%status, "closing a superseded stream");
+                    let _ = self.outbound.send(Err(status)).await;
+                    return End::Superseded;
+                }
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
                         self.receive(proxy_id, proxy_metrics, message, &mut reports);

@@ -2,6 +2,7 @@
 //! batches, the shared state, the start-up hold, TLS, the control loop
 //! that ties them together, and the rate limit service's own listener.
 
+pub(crate) mod accept;
 pub mod control_loop;
 pub mod drain;
 pub(crate) mod grpc;

@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::config::Config;
 use crate::config::policy::Policy;
@@ -78,6 +78,8 @@ struct Shared {
     health: Mutex<HealthWindow>,
     /// The adaptive buckets' limits.
     adaptive: Mutex<AdaptiveLimits>,
+    /// How to tell each open proxy stream to end.
+    closers: Mutex<HashMap<StreamId, oneshot::Sender<tonic::Status>>>,
 }
 
 impl AppState {
@@ -110,8 +112,68 @@ impl AppState {
                     history::DEFAULT_SPAN,
                     settings.control_interval.as_duration(),
                 )),
+                closers: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Lets [`AppState::close_stream`] reach `stream` until the returned
+    /// closer drops.
+    pub fn register_stream(&self, stream: StreamId) -> StreamCloser {
+        let (sender, receiver) = oneshot::channel();
+        self.closers().insert(stream, sender);
+        StreamCloser {
+            state: self.clone(),
+            stream,
+            receiver,
+        }
+    }
+
+    /// Tells the task of `stream` to end it with `status` (a superseded
+    /// stream is closed with `ABORTED`, so its proxy reconnects); returns
+    /// whether the stream was still open.
+    pub fn close_stream(&self, stream: StreamId, status: tonic::Status) -> bool {
+        let closer = self.closers().remove(&stream);
+        closer.is_some_and(|closer| closer.send(status).is_ok())
+    }
+
+    fn closers(&self) -> MutexGuard<'_, HashMap<StreamId, oneshot::Sender<tonic::Status>>> {
+        self.inner
+            .closers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Closes the fleet's report windows (one control interval), then the
+    /// streams of frozen instances the fleet let go (see
+    /// [`Fleet::take_superseded`]); `then` reads the fleet under the same
+    /// lock.
+    pub fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
+        let (load, read, superseded) = {
+            let mut fleet = self.fleet();
+            let load = fleet.tick();
+            let read = then(&fleet);
+            (load, read, fleet.take_superseded())
+        };
+        for stream in superseded {
+            self.metrics().stream_superseded();
+            tracing::info!(
+                superseded_stream = stream.0,
+                "closing the stream of a silent instance: another instance of its proxy id reports"
+            );
+            self.close_stream(
+                stream,
+                tonic::Status::aborted(
+                    "superseded: this instance was silent while another instance of its proxy id reports",
+                ),
+            );
+        }
+        (load, read)
+    }
+
+    /// [`AppState::tick_fleet_and`] without reading the fleet.
+    pub fn tick_fleet(&self) -> FleetLoad {
+        self.tick_fleet_and(|_| ()).0
     }
 
     /// Records one interval's fleet total and upstream signals for what-if
@@ -305,4 +367,30 @@ pub(crate) fn random_epoch() -> u64 {
             .map_or(0, |d| d.as_nanos());
         RandomState::new().hash_one((now, std::process::id()))
     })
+}
+
+/// How a stream's task learns that it must end; see
+/// [`AppState::close_stream`]. Dropping it forgets the stream.
+#[derive(Debug)]
+pub struct StreamCloser {
+    state: AppState,
+    stream: StreamId,
+    receiver: oneshot::Receiver<tonic::Status>,
+}
+
+impl StreamCloser {
+    /// The status to end the stream with, once someone closes it; never
+    /// resolves otherwise. Cancel-safe.
+    pub async fn closed(&mut self) -> tonic::Status {
+        match (&mut self.receiver).await {
+            Ok(status) => status,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for StreamCloser {
+    fn drop(&mut self) {
+        self.state.closers().remove(&self.stream);
+    }
 }

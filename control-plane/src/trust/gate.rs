@@ -1,11 +1,19 @@
 //! The checks every stream of the gRPC listener passes, whichever service
-//! it speaks (Sluice's own stream or RLQS): who may take a proxy id, and
-//! how much one report may say.
+//! it speaks (Sluice's own stream or RLQS): how many streams its
+//! connection and its identity may hold, what its Hello may name, who may
+//! take a proxy id, and how much one report may say.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use sluice_proto::v1::Report;
 use tonic::Status;
 
-use super::{Ceilings, Checked, IdentityPolicy, PeerIdentity, Refusal, RefusalLog, WindowLedger};
+use super::hello::shown;
+use super::{
+    Ceilings, Checked, HelloLimits, IdentityPolicy, PeerIdentity, PeerLedger, PeerLimits, Refusal,
+    RefusalLog, StreamSlot, WindowLedger,
+};
 use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
 use crate::serve::state::AppState;
@@ -15,56 +23,181 @@ use crate::serve::state::AppState;
 pub struct StreamGate {
     identity: Option<IdentityPolicy>,
     ceilings: Ceilings,
+    hello: HelloLimits,
+    peers: Arc<PeerLedger>,
     refusals: RefusalLog,
+}
+
+/// What a Hello (or an RLQS stream's metadata) says about its proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The proxy id.
+    pub proxy_id: &'a str,
+    /// The process's instance id (0: unknown, as for RLQS).
+    pub instance_id: u64,
+    /// The failure domain; empty when none.
+    pub zone: &'a str,
 }
 
 impl StreamGate {
     /// A gate with client-certificate rules (`None`: the listener has no
-    /// client certificates, and any stream may claim any proxy id).
-    pub fn new(identity: Option<IdentityPolicy>, ceilings: Ceilings) -> Self {
+    /// client certificates, and any stream may claim any proxy id), report
+    /// ceilings, Hello limits and peer limits.
+    pub fn new(
+        identity: Option<IdentityPolicy>,
+        ceilings: Ceilings,
+        hello: HelloLimits,
+        peers: PeerLimits,
+    ) -> Self {
         Self {
             identity,
             ceilings,
+            hello,
+            peers: PeerLedger::new(peers),
             refusals: RefusalLog::default(),
         }
     }
 
-    /// Takes `proxy_id` for `stream` in the fleet, if the stream's client
-    /// certificate (`peer`) allows it; the refusal is counted, logged once
-    /// per certificate and proxy id, and returned as `PermissionDenied`.
+    /// The connections and streams peers hold, which the listener's accept
+    /// loop shares.
+    pub fn peers(&self) -> &Arc<PeerLedger> {
+        &self.peers
+    }
+
+    /// Logs `message` at warning level the first time for `key`, at debug
+    /// level after that (a misconfigured Envoy retries every few seconds).
+    fn log_first(&self, key: &str, message: &str) {
+        if self.refusals.first(key) {
+            tracing::warn!("{message}");
+        } else {
+            tracing::debug!("{message}");
+        }
+    }
+
+    /// A place for a new proxy stream on the connection from `connection`
+    /// (its client's address), for the client certificate `peer`; refused
+    /// with `RESOURCE_EXHAUSTED`, counted and logged, beyond the caps.
+    pub fn open_stream(
+        &self,
+        state: &AppState,
+        connection: Option<SocketAddr>,
+        peer: Option<&PeerIdentity>,
+    ) -> Result<StreamSlot, Status> {
+        let identity = self.identity.as_ref().and(peer).map(PeerIdentity::label);
+        self.peers
+            .open_stream(connection, identity)
+            .map_err(|refusal| {
+                state.metrics().stream_refused(refusal.reason());
+                let from = connection.map_or_else(|| "?".to_owned(), |addr| addr.ip().to_string());
+                self.log_first(
+                    &format!(
+                        "{}\u{1f}{from}\u{1f}{}",
+                        refusal.reason(),
+                        identity.unwrap_or("")
+                    ),
+                    &format!("refusing stream from {from}: {refusal}"),
+                );
+                Status::resource_exhausted(refusal.to_string())
+            })
+    }
+
+    /// Takes `claim.proxy_id` for `stream` in the fleet, if the Hello's
+    /// names are within the limits and the stream's client certificate
+    /// (`peer`) allows it. A stream this one supersedes is closed with
+    /// `ABORTED`; a live instance of another process with the same id is a
+    /// conflict, logged and counted, and both count as proxies. Refusals
+    /// are counted, logged once per peer and reason, and returned as
+    /// `INVALID_ARGUMENT` (names) or `PERMISSION_DENIED` (identity).
     pub fn admit(
         &self,
         state: &AppState,
         peer: Option<&PeerIdentity>,
-        proxy_id: &str,
-        instance_id: u64,
-        zone: &str,
+        claim: Claim<'_>,
         stream: StreamId,
     ) -> Result<Connected, Status> {
+        let Claim {
+            proxy_id,
+            instance_id,
+            zone,
+        } = claim;
+        let label = peer.map_or("(no certificate)", PeerIdentity::label);
+        if let Err(refusal) = self.hello.check(proxy_id, zone) {
+            state.metrics().stream_rejected();
+            state.metrics().stream_refused(refusal.reason());
+            self.log_first(
+                &format!("{}\u{1f}{label}", refusal.reason()),
+                &format!(
+                    "refusing stream of proxy_id \"{}\" (identity {label}): {refusal}",
+                    shown(proxy_id)
+                ),
+            );
+            return Err(Status::invalid_argument(refusal.to_string()));
+        }
+        let connected = self.connect(state, peer, label, claim, stream)?;
+        match connected {
+            Connected::New => {}
+            Connected::Replaced { previous: None, .. } => {}
+            Connected::Replaced {
+                previous: Some(previous),
+                previous_instance,
+            } => {
+                state.metrics().stream_superseded();
+                let status = if previous_instance == instance_id {
+                    Status::aborted(format!(
+                        "superseded by a newer stream of the same proxy (proxy_id \"{proxy_id}\", instance {instance_id:#018x})"
+                    ))
+                } else {
+                    Status::aborted(format!(
+                        "superseded: instance {instance_id:#018x} of proxy_id \"{proxy_id}\" took over from this instance ({previous_instance:#018x}), which was silent"
+                    ))
+                };
+                tracing::info!(
+                    proxy_id,
+                    superseded_stream = previous.0,
+                    "closing the stream this one supersedes"
+                );
+                state.close_stream(previous, status);
+            }
+            Connected::Conflict { holder } => {
+                state.metrics().proxy_id_conflict();
+                self.log_first(
+                    &format!("conflict\u{1f}{proxy_id}"),
+                    &format!(
+                        "proxy_id \"{proxy_id}\": instance {instance_id:#018x} says Hello while instance {holder:#018x} holds a live stream and reports: two processes share one proxy id. Both are counted, as proxies of their own; give each Envoy a unique proxy_id"
+                    ),
+                );
+            }
+        }
+        Ok(connected)
+    }
+
+    /// The fleet's side of [`Self::admit`], with the identity rules.
+    fn connect(
+        &self,
+        state: &AppState,
+        peer: Option<&PeerIdentity>,
+        label: &str,
+        claim: Claim<'_>,
+        stream: StreamId,
+    ) -> Result<Connected, Status> {
+        let Claim {
+            proxy_id,
+            instance_id,
+            zone,
+        } = claim;
         let Some(policy) = &self.identity else {
             return Ok(state
                 .fleet()
                 .connect_in_zone(proxy_id, instance_id, zone, stream));
         };
-        let label = peer.map_or("(no certificate)", PeerIdentity::label);
         let refuse = |reason: &'static str, message: String| {
             state.metrics().identity_refused(reason);
-            let key = format!("{label}\u{1f}{proxy_id}");
-            if self.refusals.first(&key) {
-                tracing::warn!(
-                    identity = label,
-                    proxy_id,
-                    reason,
-                    "refusing stream: {message}"
-                );
-            } else {
-                tracing::debug!(
-                    identity = label,
-                    proxy_id,
-                    reason,
-                    "refusing stream: {message}"
-                );
-            }
+            self.log_first(
+                &format!("{label}\u{1f}{proxy_id}"),
+                &format!(
+                    "refusing stream (identity {label}, proxy_id {proxy_id}, {reason}): {message}"
+                ),
+            );
             Status::permission_denied(message)
         };
         let Some(peer) = peer else {

@@ -1,18 +1,24 @@
 //! The filters' gRPC listener as a trust boundary: where it may listen
-//! without mutual TLS, which proxy ids a client certificate may claim, and
-//! how much one report may say.
+//! without mutual TLS, how much of the listener one peer may hold, what a
+//! Hello may name, which proxy ids a client certificate may claim, and how
+//! much one report may say.
 //!
-//! The per-bucket bound on one proxy's weight in the fleet sum is applied
-//! where the sum is made, in [`crate::fleet::ShareCap`].
+//! The per-bucket bound on one proxy's weight in the fleet sum (and the
+//! probation of new proxies) is applied where the sum is made, in
+//! [`crate::fleet::ShareCap`].
 
 mod gate;
+mod hello;
 mod identity;
 mod listener;
+mod peers;
 mod plausibility;
 mod refusal_log;
 
-pub use gate::StreamGate;
+pub use gate::{Claim, StreamGate};
+pub use hello::{HelloLimits, HelloRefusal};
 pub use identity::{IdentityPolicy, IdentityRule, PeerIdentity, Refusal};
 pub use listener::{Exposure, ListenerRefused, Transport, check_listener};
+pub use peers::{ConnectionSlot, PeerLedger, PeerLimits, StreamSlot};
 pub use plausibility::{Ceilings, Checked, WindowLedger};
 pub use refusal_log::RefusalLog;
