@@ -830,6 +830,55 @@ mod tests {
     }
 
     #[test]
+    fn listener_caps_have_defaults_and_bounds() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["sluice", "serve", "--config", "l.yaml"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Serve(args) => args,
+                _ => panic!("not serve"),
+            })
+        };
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.grpc_max_streams_per_connection, 16);
+        assert_eq!(args.grpc_max_connections_per_ip, 1_024);
+        assert_eq!(args.grpc_max_connections_per_identity, 1_024);
+        assert_eq!(args.grpc_max_proxy_id_len, 512);
+        assert_eq!(args.grpc_max_zone_len, 128);
+        assert_eq!(args.proxy_probation_ms, 30_000);
+        let args = parse(&[
+            "--grpc-max-streams-per-connection",
+            "4",
+            "--grpc-max-connections-per-ip",
+            "8",
+            "--grpc-max-proxy-id-len",
+            "64",
+            "--proxy-probation-ms",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(args.grpc_max_streams_per_connection, 4);
+        assert_eq!(args.grpc_max_connections_per_ip, 8);
+        assert_eq!(args.grpc_max_proxy_id_len, 64);
+        assert_eq!(args.proxy_probation_ms, 0);
+        for bad in [
+            ["--grpc-max-streams-per-connection", "0"],
+            ["--grpc-max-proxy-id-len", "0"],
+            ["--proxy-probation-ms", "-1"],
+        ] {
+            assert!(parse(&bad).is_err(), "{bad:?}");
+        }
+        // Connections per identity mean something with client certificates
+        // only.
+        assert!(parse(&["--grpc-max-connections-per-identity", "4"]).is_err());
+        // The probation in control intervals, rounded up.
+        let interval = ControlInterval::from_millis(500).unwrap();
+        assert_eq!(probation_ticks(30_000, interval), 60);
+        assert_eq!(probation_ticks(1, interval), 1);
+        assert_eq!(probation_ticks(0, interval), 0);
+    }
+
+    #[test]
     fn interval_out_of_range_is_a_usage_error() {
         let err = Cli::try_parse_from([
             "sluice",
