@@ -35,19 +35,16 @@ use sluice_integration_tests::load::{LoadPlan, LoadResult, LoadRun, StreamSpec, 
 use sluice_integration_tests::wait;
 use sluice_proto::v1::Hello;
 
-/// The issue's numbers: 30 rps offered against a limit of 10.
-const LIMIT_RPS: f64 = 10.0;
-const OFFERED_RPS: f64 = 30.0;
-const LIMITS: &str = "limits:\n  - bucket: \"acme\"\n    limit_rps: 10\n";
-/// How far the admitted rate may be from the limit. At 10 rps the fleet
-/// admits 12.0-12.7 rps with no fault at all (measured on 55a6388 with one
-/// and with two Envoys, three 6 s windows each; at 50 rps it is within
-/// 1 %): the counts of a 100 ms report window are a handful of requests.
-/// The failures this file guards against admit 2-3× the limit.
-const TOLERANCE: f64 = 0.3;
-/// Where a fault has no effect, the admitted rate is within this of the
-/// rate before it, measured the same way.
-const STEADY: f64 = 0.15;
+/// The issue's shape, 3× a limit offered, at a rate where the fleet is
+/// accurate: at the issue's 10 rps the counts of a 100 ms report window
+/// are a handful of requests, and one Envoy admits 11.0-12.7 rps with no
+/// fault at all (at 50 rps, 50.0-50.5; measured on 55a6388). The failures
+/// this file guards against admit 2-3× the limit.
+const LIMIT_RPS: f64 = 50.0;
+const OFFERED_RPS: f64 = 150.0;
+const LIMITS: &str = "limits:\n  - bucket: \"acme\"\n    limit_rps: 50\n";
+/// How far the admitted rate may be from the limit.
+const TOLERANCE: f64 = 0.10;
 /// How long the admitted rate is measured.
 const MEASURED: Duration = Duration::from_secs(6);
 
@@ -104,10 +101,6 @@ fn near_the_limit(rps: f64) -> bool {
     (rps - LIMIT_RPS).abs() <= LIMIT_RPS * TOLERANCE
 }
 
-fn as_before(rps: f64, before: f64) -> bool {
-    (rps - before).abs() <= before * STEADY
-}
-
 /// An empty report every 100 ms: a live proxy without traffic.
 fn idle(proxy: &mut FakeProxy) {
     proxy.report_every(Duration::from_millis(100), Vec::new());
@@ -149,7 +142,7 @@ async fn a_rogue_hello_with_a_live_proxys_id_does_not_silence_it() {
     }
     converged.unwrap();
 
-    let before = window_from(load.elapsed());
+    let before = window_from(load.elapsed() + Duration::from_secs(1));
     sleep_until(&load, before.to).await;
 
     // A client says Hello as the victim, as another instance, and keeps
@@ -197,18 +190,18 @@ async fn a_rogue_hello_with_a_live_proxys_id_does_not_silence_it() {
     );
     println!("{summary}");
     let steady = near_the_limit(admitted_before)
-        && as_before(admitted_during, admitted_before)
-        && as_before(admitted_after, admitted_before);
+        && near_the_limit(admitted_during)
+        && near_the_limit(admitted_after);
     if !steady {
         fleet.print_logs();
     }
     assert!(
-        as_before(admitted_after, admitted_before),
+        near_the_limit(admitted_after),
         "after the rogue left, the victim admitted {admitted_after:.1} rps against {LIMIT_RPS} \
          ({admitted_before:.1} before the rogue)\n{summary}"
     );
     assert!(
-        as_before(admitted_during, admitted_before),
+        near_the_limit(admitted_during),
         "beside the rogue, the victim admitted {admitted_during:.1} rps against {LIMIT_RPS} \
          ({admitted_before:.1} before the rogue)\n{summary}"
     );
@@ -263,7 +256,7 @@ async fn a_stream_superseded_by_its_own_instance_is_closed_and_the_envoy_takes_i
     }
     converged.unwrap();
     let instance = instance_of(&admin, "victim").await;
-    let before = window_from(load.elapsed());
+    let before = window_from(load.elapsed() + Duration::from_secs(1));
     sleep_until(&load, before.to).await;
 
     // The worst a client on loopback can do: say Hello as the victim's own
@@ -304,7 +297,7 @@ async fn a_stream_superseded_by_its_own_instance_is_closed_and_the_envoy_takes_i
         result.timeline(Duration::from_secs(1))
     );
     println!("{summary}");
-    if ended.is_err() || back.is_err() || !as_before(admitted_after, admitted_before) {
+    if ended.is_err() || back.is_err() || !near_the_limit(admitted_after) {
         fleet.print_logs();
     }
     let ended = ended
@@ -328,7 +321,7 @@ async fn a_stream_superseded_by_its_own_instance_is_closed_and_the_envoy_takes_i
         .unwrap_or_else(|| panic!("no close in the Envoy log\n{envoy_log}"));
     assert!(closed.contains("retrying in"), "{closed}");
     assert!(
-        as_before(admitted_after, admitted_before) && near_the_limit(admitted_before),
+        near_the_limit(admitted_after) && near_the_limit(admitted_before),
         "the victim admitted {admitted_after:.1} rps against {LIMIT_RPS} \
          ({admitted_before:.1} before)\n{summary}"
     );
@@ -389,7 +382,7 @@ async fn under_mutual_tls_a_second_stream_of_the_same_certificate_cannot_silence
         key: &certs.path(certs::CLIENT_KEY),
     };
 
-    let before = window_from(load.elapsed());
+    let before = window_from(load.elapsed() + Duration::from_secs(1));
     sleep_until(&load, before.to).await;
 
     // Another instance: a proxy of its own, beside the Envoy.
@@ -441,8 +434,8 @@ async fn under_mutual_tls_a_second_stream_of_the_same_certificate_cannot_silence
     );
     println!("{summary}");
     let failed = !near_the_limit(admitted_before)
-        || !as_before(admitted_during, admitted_before)
-        || !as_before(admitted_after, admitted_before)
+        || !near_the_limit(admitted_during)
+        || !near_the_limit(admitted_after)
         || same_ended.is_err()
         || back.is_err();
     if failed {
@@ -451,7 +444,7 @@ async fn under_mutual_tls_a_second_stream_of_the_same_certificate_cannot_silence
     }
     assert!(near_the_limit(admitted_before), "{summary}");
     assert!(
-        as_before(admitted_during, admitted_before),
+        near_the_limit(admitted_during),
         "beside the twin the Envoy admitted {admitted_during:.1} rps against {LIMIT_RPS} \
          ({admitted_before:.1} before)\n{summary}"
     );
@@ -464,7 +457,7 @@ async fn under_mutual_tls_a_second_stream_of_the_same_certificate_cannot_silence
     assert_eq!(same_ended.code(), tonic::Code::Aborted, "{summary}");
     back.unwrap();
     assert!(
-        as_before(admitted_after, admitted_before),
+        near_the_limit(admitted_after),
         "after, the Envoy admitted {admitted_after:.1} rps against {LIMIT_RPS} \
          ({admitted_before:.1} before)\n{summary}"
     );
