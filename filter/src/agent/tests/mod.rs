@@ -353,7 +353,7 @@ fn directives_with_fields_this_build_does_not_know_apply() {
     let directive = Directive {
         bucket: "acme".into(),
         drop_ratio: 1.0,
-        limit_rps: 1.0,
+        limit_rps: Some(1.0),
         ..Default::default()
     };
     let directive = with_unknown_field(directive.encode_to_vec(), 1000, "future directive field");
