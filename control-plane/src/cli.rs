@@ -147,27 +147,9 @@ pub struct ServeArgs {
     /// connections it accepted.
     #[arg(long, value_name = "N", default_value = "1", requires = "rls_listen")]
     pub rls_threads: std::num::NonZeroUsize,
-    /// The algorithm of every quota: gcra (no boundary bursts),
-    /// sliding_window or fixed_window (envoyproxy/ratelimit's).
-    #[arg(long, value_name = "NAME", default_value = "gcra", value_parser = parse_algorithm)]
-    pub quota_algorithm: crate::quotas::Algorithm,
-    /// Answer over limit when a hit cannot be counted (the store is full,
-    /// down or slower than `--store-timeout-ms`); the default answers OK,
-    /// like envoyproxy/ratelimit.
-    #[arg(long)]
-    pub quota_fail_closed: bool,
-    /// With `--store`: keep up to this many bytes of fixed-window counters
-    /// known to be over their limit, and answer them without a round trip
-    /// until their window ends (envoyproxy/ratelimit's
-    /// LOCAL_CACHE_SIZE_IN_BYTES). 0 (the default) turns it off; other
-    /// algorithms are never cached.
-    #[arg(long, value_name = "BYTES", default_value_t = 0)]
-    pub quota_local_cache_bytes: usize,
-    /// Admitted hits past this share of their quota count in
-    /// `sluice_quota_near_limit_total` (envoyproxy/ratelimit's
-    /// NEAR_LIMIT_RATIO); between 0 and 1.
-    #[arg(long, value_name = "RATIO", default_value = "0.8", value_parser = parse_near_limit_ratio)]
-    pub quota_near_limit_ratio: crate::quotas::NearLimitRatio,
+    /// How exact quotas count and answer.
+    #[command(flatten)]
+    pub quota: crate::quotas::cli::QuotaArgs,
     /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS), or one
     /// node of a Redis Cluster, `redis+cluster://HOST:PORT` (or
     /// `rediss+cluster://…`), or the sentinels of a master,
@@ -259,23 +241,6 @@ pub struct ServeArgs {
 /// short enough that a restarted Envoy has its say again soon.
 pub const DEFAULT_PROBATION_MS: u64 = 30_000;
 
-fn parse_algorithm(value: &str) -> Result<crate::quotas::Algorithm, String> {
-    use crate::quotas::Algorithm;
-    match value {
-        "gcra" => Ok(Algorithm::Gcra),
-        "sliding_window" => Ok(Algorithm::SlidingWindow),
-        "fixed_window" => Ok(Algorithm::FixedWindow),
-        _ => Err("one of gcra, sliding_window, fixed_window".to_owned()),
-    }
-}
-
-fn parse_near_limit_ratio(value: &str) -> Result<crate::quotas::NearLimitRatio, String> {
-    let ratio = value
-        .parse::<f64>()
-        .map_err(|_| format!("not a number: {value:?}"))?;
-    crate::quotas::NearLimitRatio::new(ratio)
-}
-
 fn parse_positive(value: &str) -> Result<f64, String> {
     match value.parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
@@ -294,8 +259,16 @@ fn parse_multiple(value: &str) -> Result<f64, String> {
 #[derive(Debug, Args)]
 pub struct CheckConfigArgs {
     /// Limits file (YAML).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
+    #[arg(value_name = "FILE", required_unless_present = "quotas")]
+    pub file: Option<PathBuf>,
+    /// A quota file or directory in envoyproxy/ratelimit's format (what
+    /// `sluice serve --quotas` reads), checked without starting a server.
+    #[arg(long, value_name = "FILE_OR_DIR")]
+    pub quotas: Option<PathBuf>,
+    /// With `--quotas`: merge files that name the same domain
+    /// (MERGE_DOMAIN_CONFIG), as `sluice serve --quota-merge-domains`.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", action = clap::ArgAction::SetTrue, requires = "quotas")]
+    pub quota_merge_domains: bool,
 }
 
 fn parse_interval(value: &str) -> Result<ControlInterval, String> {
@@ -385,7 +358,21 @@ pub async fn execute(cli: Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::CheckConfig(args) => check_config(&args.file),
+        Command::CheckConfig(args) => {
+            let mut code = ExitCode::SUCCESS;
+            if let Some(file) = &args.file {
+                code = check_config(file);
+            }
+            if let Some(quotas) = &args.quotas {
+                let options = crate::quotas::LoadOptions {
+                    merge_domains: args.quota_merge_domains,
+                };
+                if crate::quotas::cli::check(quotas, options) != ExitCode::SUCCESS {
+                    code = ExitCode::FAILURE;
+                }
+            }
+            code
+        }
         #[cfg(feature = "simulate")]
         Command::Simulate(args) => crate::simulate::command::run(&args),
         #[cfg(feature = "ctl")]
@@ -430,7 +417,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     // in the limits file, or both.
     let native_quotas = config.quotas.clone();
     let quota_config = match (&args.quotas, native_quotas.is_empty()) {
-        (Some(path), _) => Some(crate::quotas::QuotaConfig::from_path(path)?),
+        (Some(path), _) => Some(crate::quotas::QuotaConfig::load(
+            path,
+            args.quota.settings().load,
+        )?),
         (None, false) => Some(crate::quotas::QuotaConfig::default()),
         (None, true) => None,
     };
@@ -565,13 +555,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             let quotas = crate::quotas::Quotas::new(
                 quota_config,
                 args.quotas.clone(),
-                crate::quotas::QuotaSettings {
-                    algorithm: args.quota_algorithm,
-                    fail_closed: args.quota_fail_closed,
-                    local_cache_bytes: args.quota_local_cache_bytes,
-                    near_limit_ratio: args.quota_near_limit_ratio,
-                    ..crate::quotas::QuotaSettings::default()
-                },
+                args.quota.settings(),
                 crate::quotas::system_clock(),
                 state.metrics().quotas(),
             );

@@ -10,7 +10,7 @@
 
 mod histogram;
 mod proxies;
-mod quotas;
+pub mod quotas;
 mod replicas;
 mod rlqs;
 mod staleness;

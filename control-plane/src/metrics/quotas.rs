@@ -1,8 +1,18 @@
-//! Counters of the exact quotas (the rate limit service), per configured
-//! limit as envoyproxy/ratelimit users know them: hits, over limit, near
-//! limit, shadow mode, store errors (also by reason), and requests refused whole. Labels
-//! are the configured key paths, so their number is bounded by the
-//! configuration, never by request values.
+//! Counters of the exact quotas (the rate limit service), with
+//! envoyproxy/ratelimit's statistics' names and meanings:
+//! `ratelimit.service.rate_limit.<domain>.<key>.<stat>` is
+//! `sluice_quota_<stat>_total{domain="<domain>",key="<key>"}` for `stat`
+//! in `total_hits`, `over_limit`, `near_limit`, `within_limit`,
+//! `shadow_mode` and `over_limit_with_local_cache` (each counting hits, as
+//! there); `<domain>.domain_not_found` is
+//! `sluice_quota_domain_not_found_total{domain}`,
+//! `call.should_rate_limit.<err_type>` is
+//! `sluice_quota_should_rate_limit_error_total{err_type}`,
+//! `config_load_success` / `config_load_error` and `global_shadow_mode`
+//! keep their names. Keys are the configured key paths, so their number is
+//! bounded by the configuration; keys naming request values
+//! (`detailed_metric`, `value_to_metric`, limit overrides) and unknown
+//! domains are bounded here.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,65 +26,143 @@ use super::ReasonLabels;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct LimitLabels {
+    domain: String,
     key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DomainLabels {
+    domain: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ErrTypeLabels {
+    err_type: &'static str,
+}
+
+/// Why a ShouldRateLimit call failed, as envoyproxy/ratelimit counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallError {
+    /// The counter store failed (`redis_error`).
+    Store,
+    /// The request itself (`service_error`): an empty domain or descriptor
+    /// list.
+    Service,
+}
+
+/// How a descriptor's hits went, for the per-key statistics (see
+/// [`QuotaMetrics::counted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Hits of the request.
+    pub hits: u64,
+    /// The counter before them.
+    pub before: u64,
+    /// The counter after them.
+    pub after: u64,
+    /// The limit.
+    pub limit: u64,
+    /// Where "near the limit" starts (`floor(limit × NEAR_LIMIT_RATIO)`).
+    pub near: u64,
+    /// Whether the algorithm refused them.
+    pub over: bool,
+    /// Whether the limit is in shadow mode.
+    pub shadow: bool,
 }
 
 /// The quota counters; cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct QuotaMetrics {
-    hits: Family<LimitLabels, Counter>,
+    total_hits: Family<LimitLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
     near_limit: Family<LimitLabels, Counter>,
+    within_limit: Family<LimitLabels, Counter>,
     shadow_mode: Family<LimitLabels, Counter>,
-    errors: Family<LimitLabels, Counter>,
+    over_limit_with_local_cache: Family<LimitLabels, Counter>,
+    domain_not_found: Family<DomainLabels, Counter>,
+    should_rate_limit_error: Family<ErrTypeLabels, Counter>,
+    config_load_success: Counter,
+    config_load_error: Counter,
+    global_shadow_mode: Counter,
     store_errors: Family<ReasonLabels, Counter>,
     refused: Family<ReasonLabels, Counter>,
-    /// Key paths with values (`detailed_metric`) that have their own series.
-    detailed: Arc<Mutex<HashSet<String>>>,
-    detailed_overflow: Counter,
+    /// Keys naming request values that have their own series.
+    per_value: Arc<Mutex<HashSet<String>>>,
+    per_value_overflow: Counter,
     local_cache_hits: Counter,
 }
 
-/// Most series keyed by request values (`detailed_metric`) per process:
-/// past it, hits count under the configured key path, so a flood of
-/// distinct values cannot grow `/metrics` without bound.
+/// Most series keyed by request values (`detailed_metric`,
+/// `value_to_metric`, limit overrides, unknown domains) per process: past
+/// it, hits count under the configured key path, so a flood of distinct
+/// values cannot grow `/metrics` without bound.
 pub const MAX_DETAILED_KEYS: usize = 1_000;
-/// Longest value kept in a detailed key path (longer ones are cut, so two
-/// values alike in their first bytes share a series).
-pub const MAX_DETAILED_VALUE_BYTES: usize = 64;
+
+/// The key of unknown domains past [`MAX_DETAILED_KEYS`].
+const OTHER_DOMAINS: &str = "_other";
 
 impl QuotaMetrics {
     pub(super) fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         for (name, help, family) in [
             (
-                "quota_hits",
-                "Hits counted against a configured quota, by key path",
-                &metrics.hits,
+                "quota_total_hits",
+                "Hits counted against a quota (ratelimit.service.rate_limit.<domain>.<key>.total_hits)",
+                &metrics.total_hits,
             ),
             (
                 "quota_over_limit",
-                "Hits over a quota (shadow mode included), by key path",
+                "Hits over a quota, shadow mode and the local cache included (….over_limit)",
                 &metrics.over_limit,
             ),
             (
                 "quota_near_limit",
-                "Admitted hits past 80 % of a quota, by key path",
+                "Hits between the near-limit ratio of a quota and the quota (….near_limit)",
                 &metrics.near_limit,
             ),
             (
+                "quota_within_limit",
+                "Hits within a quota (….within_limit)",
+                &metrics.within_limit,
+            ),
+            (
                 "quota_shadow_mode",
-                "Hits over a quota in shadow mode (answered OK), by key path",
+                "Hits over a quota in shadow mode, answered OK (….shadow_mode)",
                 &metrics.shadow_mode,
             ),
             (
-                "quota_errors",
-                "Hits the store could not count (answered by the failure policy), by key path",
-                &metrics.errors,
+                "quota_over_limit_with_local_cache",
+                "Hits answered over limit from the local cache of full fixed windows (….over_limit_with_local_cache)",
+                &metrics.over_limit_with_local_cache,
             ),
         ] {
             registry.register(name, help, family.clone());
         }
+        registry.register(
+            "quota_domain_not_found",
+            "Descriptors of a domain no configuration names (ratelimit.service.rate_limit.<domain>.domain_not_found)",
+            metrics.domain_not_found.clone(),
+        );
+        registry.register(
+            "quota_should_rate_limit_error",
+            "ShouldRateLimit calls answered with an error: redis_error (the store failed) or service_error (an empty domain or descriptor list) (ratelimit.service.call.should_rate_limit.<err_type>)",
+            metrics.should_rate_limit_error.clone(),
+        );
+        registry.register(
+            "quota_config_load_success",
+            "Quota configurations loaded, at start and on reload (ratelimit.service.config_load_success)",
+            metrics.config_load_success.clone(),
+        );
+        registry.register(
+            "quota_config_load_error",
+            "Quota configurations refused on reload, the previous one kept (ratelimit.service.config_load_error)",
+            metrics.config_load_error.clone(),
+        );
+        registry.register(
+            "quota_global_shadow_mode",
+            "Requests over limit answered OK by --quota-global-shadow-mode (ratelimit.service.global_shadow_mode)",
+            metrics.global_shadow_mode.clone(),
+        );
         registry.register(
             "quota_store_errors",
             "Descriptors the store could not count, by reason (store_timeout, store_unavailable, store_full)",
@@ -82,8 +170,8 @@ impl QuotaMetrics {
         );
         registry.register(
             "quota_detailed_overflow",
-            "Hits of detailed_metric limits counted under the configured key path because the process already has its maximum of per-value series",
-            metrics.detailed_overflow.clone(),
+            "Hits of keys naming request values counted under the configured key path because the process already has its maximum of such series",
+            metrics.per_value_overflow.clone(),
         );
         registry.register(
             "quota_local_cache_hits",
@@ -92,78 +180,136 @@ impl QuotaMetrics {
         );
         registry.register(
             "quota_requests_refused",
-            "ShouldRateLimit requests refused whole, by reason (too_many_descriptors, too_many_entries)",
+            "ShouldRateLimit requests refused whole, by reason (too_many_descriptors, too_many_entries, bad_override)",
             metrics.refused.clone(),
         );
         metrics
     }
 
-    /// The key path a `detailed_metric` limit's hits count under:
-    /// `domain.key_value.key_value…` with the request's own values, as
-    /// envoyproxy/ratelimit names them; the configured path once the
-    /// process holds [`MAX_DETAILED_KEYS`] of them.
-    pub fn detailed_key<'a>(
-        &self,
-        configured: &str,
-        domain: &str,
-        entries: impl Iterator<Item = (&'a str, &'a str)>,
-    ) -> String {
-        let mut key = domain.to_owned();
-        for (name, value) in entries {
-            key.push('.');
-            key.push_str(name);
-            key.push('_');
-            key.push_str(cut(value, MAX_DETAILED_VALUE_BYTES));
+    /// The key a limit counts under: `per_value` (a path naming request
+    /// values) while the
+    /// process holds fewer than [`MAX_DETAILED_KEYS`] of them, else the
+    /// configured path.
+    pub fn bounded_key(&self, configured: &str, per_value: &str) -> String {
+        let mut per_value_set = self
+            .per_value
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if per_value_set.contains(per_value) {
+            return per_value.to_owned();
         }
-        let mut detailed = self.detailed.lock().unwrap_or_else(PoisonError::into_inner);
-        if detailed.contains(&key) {
-            return key;
-        }
-        if detailed.len() >= MAX_DETAILED_KEYS {
-            self.detailed_overflow.inc();
+        if per_value_set.len() >= MAX_DETAILED_KEYS {
+            self.per_value_overflow.inc();
             return configured.to_owned();
         }
-        detailed.insert(key.clone());
-        key
+        per_value_set.insert(per_value.to_owned());
+        per_value.to_owned()
     }
 
-    fn inc(family: &Family<LimitLabels, Counter>, key: &str, by: u64) {
-        family
-            .get_or_create(&LimitLabels {
-                key: key.to_owned(),
-            })
-            .inc_by(by);
-    }
-
-    /// `hits` counted against the quota at `key`.
-    pub fn hit(&self, key: &str, hits: u32) {
-        Self::inc(&self.hits, key, u64::from(hits));
-    }
-
-    /// A request over the quota at `key`.
-    pub fn over_limit(&self, key: &str, shadow: bool) {
-        Self::inc(&self.over_limit, key, 1);
-        if shadow {
-            Self::inc(&self.shadow_mode, key, 1);
+    /// The statistics of one counted descriptor at `key` (`domain.…`), as
+    /// envoyproxy/ratelimit accounts them: all hits in `total_hits`; when
+    /// over, the hits past the limit in `over_limit` (and `shadow_mode`)
+    /// and those between the near-limit threshold and the limit in
+    /// `near_limit`; when within, the hits in `within_limit` and those past
+    /// the threshold in `near_limit`.
+    pub fn counted(&self, key: &str, outcome: Outcome) {
+        let labels = labels(key);
+        let add = |family: &Family<LimitLabels, Counter>, by: u64| {
+            if by > 0 {
+                family.get_or_create(&labels).inc_by(by);
+            }
+        };
+        self.total_hits.get_or_create(&labels).inc_by(outcome.hits);
+        let Outcome {
+            hits,
+            before,
+            after,
+            limit,
+            near,
+            over,
+            shadow,
+        } = outcome;
+        if over {
+            let over_hits = if before >= limit || after <= limit {
+                hits
+            } else {
+                after - limit
+            };
+            add(&self.over_limit, over_hits);
+            if before < limit && after > limit {
+                add(&self.near_limit, limit - near.max(before));
+            }
+            if shadow {
+                add(&self.shadow_mode, over_hits);
+            }
+        } else {
+            add(&self.within_limit, hits);
+            if after > near {
+                add(
+                    &self.near_limit,
+                    if before >= near { hits } else { after - near },
+                );
+            }
         }
     }
 
-    /// A descriptor answered from the local over-limit cache.
-    pub fn local_cache_hit(&self) {
+    /// `hits` at `key` answered over limit from the local cache.
+    pub fn over_limit_from_cache(&self, key: &str, hits: u64, shadow: bool) {
+        let labels = labels(key);
+        self.total_hits.get_or_create(&labels).inc_by(hits);
+        self.over_limit.get_or_create(&labels).inc_by(hits);
+        self.over_limit_with_local_cache
+            .get_or_create(&labels)
+            .inc_by(hits);
+        if shadow {
+            self.shadow_mode.get_or_create(&labels).inc_by(hits);
+        }
         self.local_cache_hits.inc();
     }
 
-    /// An admitted request past 80 % of the quota at `key`.
-    pub fn near_limit(&self, key: &str) {
-        Self::inc(&self.near_limit, key, 1);
-    }
-
-    /// The store could not count a hit for `key`, for `reason`.
-    pub fn error(&self, key: &str, reason: &'static str) {
-        Self::inc(&self.errors, key, 1);
+    /// `hits` at `key` the store could not count, for `reason`.
+    pub fn store_error(&self, key: &str, hits: u64, reason: &'static str) {
+        self.total_hits.get_or_create(&labels(key)).inc_by(hits);
         self.store_errors
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// A descriptor of a domain no configuration names (the first
+    /// [`MAX_DETAILED_KEYS`] such domains by name, the others as `_other`).
+    pub fn domain_not_found(&self, domain: &str) {
+        let domain = self.bounded_key(OTHER_DOMAINS, &format!("\0domain:{domain}"));
+        let domain = domain.strip_prefix("\0domain:").unwrap_or(&domain);
+        self.domain_not_found
+            .get_or_create(&DomainLabels {
+                domain: domain.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A call answered with an error.
+    pub fn call_error(&self, error: CallError) {
+        let err_type = match error {
+            CallError::Store => "redis_error",
+            CallError::Service => "service_error",
+        };
+        self.should_rate_limit_error
+            .get_or_create(&ErrTypeLabels { err_type })
+            .inc();
+    }
+
+    /// A configuration loaded (`true`) or refused.
+    pub fn config_load(&self, success: bool) {
+        if success {
+            self.config_load_success.inc();
+        } else {
+            self.config_load_error.inc();
+        }
+    }
+
+    /// A request over limit answered OK by the global shadow mode.
+    pub fn global_shadow_mode(&self) {
+        self.global_shadow_mode.inc();
     }
 
     /// A request refused whole.
@@ -172,50 +318,78 @@ impl QuotaMetrics {
     }
 }
 
-/// `text` cut to at most `max` bytes on a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
+/// `domain.key…` as labels: the domain is the path up to its first `.`
+/// (a domain with a `.` in it shows its first part as the domain).
+fn labels(key: &str) -> LimitLabels {
+    let (domain, rest) = key.split_once('.').unwrap_or((key, ""));
+    LimitLabels {
+        domain: domain.to_owned(),
+        key: rest.to_owned(),
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn detailed(metrics: &QuotaMetrics, value: &str) -> String {
-        metrics.detailed_key("api.user", "api", [("user", value)].into_iter())
-    }
-
     #[test]
-    fn detailed_keys_name_the_values_up_to_a_bound() {
+    fn keys_naming_values_are_bounded() {
         let metrics = QuotaMetrics::default();
-        assert_eq!(detailed(&metrics, "bob"), "api.user_bob");
-        assert_eq!(detailed(&metrics, "bob"), "api.user_bob");
-        let long = "é".repeat(100);
-        let key = detailed(&metrics, &long);
-        assert!(
-            key.len() <= "api.user_".len() + MAX_DETAILED_VALUE_BYTES,
-            "{key}"
+        assert_eq!(
+            metrics.bounded_key("api.user", "api.user_bob"),
+            "api.user_bob"
         );
         for n in 0..MAX_DETAILED_KEYS * 2 {
-            let _ = detailed(&metrics, &format!("u{n}"));
+            let _ = metrics.bounded_key("api.user", &format!("api.user_u{n}"));
         }
         assert_eq!(
             metrics
-                .detailed
+                .per_value
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .len(),
             MAX_DETAILED_KEYS
         );
-        assert_eq!(detailed(&metrics, "one-more"), "api.user");
-        assert_eq!(detailed(&metrics, "bob"), "api.user_bob", "known keys stay");
-        assert!(metrics.detailed_overflow.get() > 0);
+        assert_eq!(metrics.bounded_key("api.user", "api.user_new"), "api.user");
+        assert_eq!(
+            metrics.bounded_key("api.user", "api.user_bob"),
+            "api.user_bob",
+            "known keys stay"
+        );
+        assert!(metrics.per_value_overflow.get() > 0);
+    }
+
+    fn stat(metrics: &QuotaMetrics, family: &Family<LimitLabels, Counter>) -> u64 {
+        let _ = metrics;
+        family.get_or_create(&labels("d.k")).get()
+    }
+
+    /// The accounting of envoyproxy/ratelimit's `base_limiter.go`: a limit
+    /// of 10 (near from 8), hits of 3 from 6 (3 near... ) and so on.
+    #[test]
+    fn hits_are_accounted_as_envoyproxy_ratelimit_accounts_them() {
+        let metrics = QuotaMetrics::default();
+        let outcome = |before: u64, hits: u64, shadow: bool| Outcome {
+            hits,
+            before,
+            after: before + hits,
+            limit: 10,
+            near: 8,
+            over: before + hits > 10,
+            shadow,
+        };
+        // 6 → 9: within, 1 near (the ninth).
+        metrics.counted("d.k", outcome(6, 3, false));
+        assert_eq!(stat(&metrics, &metrics.within_limit), 3);
+        assert_eq!(stat(&metrics, &metrics.near_limit), 1);
+        // 9 → 12: 2 over, 1 near (the tenth).
+        metrics.counted("d.k", outcome(9, 3, false));
+        assert_eq!(stat(&metrics, &metrics.over_limit), 2);
+        assert_eq!(stat(&metrics, &metrics.near_limit), 2);
+        // 12 → 14, shadow: all over, all shadow.
+        metrics.counted("d.k", outcome(12, 2, true));
+        assert_eq!(stat(&metrics, &metrics.over_limit), 4);
+        assert_eq!(stat(&metrics, &metrics.shadow_mode), 2);
+        assert_eq!(stat(&metrics, &metrics.total_hits), 8);
     }
 }

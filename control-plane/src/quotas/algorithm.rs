@@ -2,30 +2,33 @@
 //! from any origin): each keeps a small state per counter key and decides
 //! one request of `hits` units.
 //!
-//! - **Fixed window** (envoyproxy/ratelimit's, for parity): counts per
+//! - **Fixed window** (the default, envoyproxy/ratelimit's): counts per
 //!   window aligned to the clock (`[k·W, (k+1)·W)`); at most `limit` hits
-//!   are admitted per window, exactly `limit` when more are offered. Two
+//!   are admitted per window, exactly `limit` when more are offered, and
+//!   refused hits count too (an over-limit client stays over). Two
 //!   windows' worth can pass around a boundary.
 //! - **Sliding window counter**: the current window's count plus the
 //!   previous window's, weighted by how much of it still overlaps the last
 //!   `W`; a request is admitted while that estimate stays at most `limit`.
-//! - **GCRA** (the default): a virtual schedule of one hit every `W/limit`
-//!   with `burst` hits of tolerance: in any interval of length `t` at most
+//! - **GCRA**: a virtual schedule of one hit every `W/limit` with `burst`
+//!   hits of tolerance: in any interval of length `t` at most
 //!   `burst + t·limit/W` hits pass, so there is no boundary spike.
 //!
-//! Clocks may jump backwards (an NTP step): a decision never admits more
-//! than the state allows, it only stops the clock from refilling.
+//! A refused request always has nothing remaining and a reset in the
+//! future. Clocks may jump backwards (an NTP step): a decision never
+//! admits more than the state allows, it only stops the clock from
+//! refilling.
 
 /// Which algorithm a quota uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     /// Virtual scheduling with a burst tolerance.
-    #[default]
     Gcra,
     /// Current and previous window, weighted.
     SlidingWindow,
-    /// Windows aligned to the clock.
+    /// Windows aligned to the clock (envoyproxy/ratelimit's).
+    #[default]
     FixedWindow,
 }
 
@@ -58,10 +61,13 @@ pub struct State {
 pub struct Decision {
     /// Whether the hits are admitted.
     pub admitted: bool,
-    /// Hits left before the next refusal (as the algorithm counts them).
+    /// Hits left before the next refusal (as the algorithm counts them);
+    /// 0 when refused.
     pub remaining: u32,
     /// Milliseconds until the quota is whole again (fixed and sliding: the
-    /// current window's end; GCRA: until the schedule is back at now).
+    /// current window's end; GCRA: until the schedule is back at now, or
+    /// when refused until these hits would pass); more than 0 when
+    /// refused.
     pub reset_ms: u64,
     /// The count after this request, for "near limit" metrics: the fixed
     /// window's counter (refused hits included, as envoyproxy/ratelimit
@@ -131,9 +137,14 @@ fn sliding(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32)
         state.current = state.current.saturating_add(u64::from(hits));
     }
     let used = state.previous as f64 * weight + state.current as f64;
+    let remaining = if admitted {
+        to_u32((limit - used).max(0.0).floor() as u64)
+    } else {
+        0
+    };
     Decision {
         admitted,
-        remaining: to_u32((limit - used).max(0.0).floor() as u64),
+        remaining,
         reset_ms: (state.mark + window).saturating_sub(now_ms),
         used: used.ceil() as u64,
     }
@@ -143,7 +154,7 @@ fn gcra(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) ->
     let now = now_ms.saturating_mul(1_000);
     if quota.limit == 0 {
         return Decision {
-            admitted: false,
+            admitted: hits == 0,
             remaining: 0,
             reset_ms: window,
             used: 0,
@@ -163,6 +174,21 @@ fn gcra(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) ->
     }
     let ahead = state.mark.max(now) - now;
     let in_flight = ahead.div_ceil(interval);
+    if !admitted {
+        // When these hits would pass: once the schedule is back within the
+        // allowance; never if they are more than the burst (then a window).
+        let wait = if u64::from(hits) > burst {
+            window.saturating_mul(1_000)
+        } else {
+            new_tat.saturating_sub(now.saturating_add(tolerance.saturating_add(interval)))
+        };
+        return Decision {
+            admitted,
+            remaining: 0,
+            reset_ms: wait.div_ceil(1_000).max(1),
+            used: in_flight,
+        };
+    }
     Decision {
         admitted,
         remaining: to_u32(burst.saturating_sub(in_flight)),

@@ -1,12 +1,15 @@
 //! Exact quotas: Envoy's rate limit service API
 //! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) on the
-//! filters' gRPC listener, configured in envoyproxy/ratelimit's format, for
-//! the quotas that must count exactly (billing, API plans), layered behind
-//! the Sluice filter that sheds the overload without per-request I/O.
+//! filters' gRPC listener, configured, counted and answered as
+//! envoyproxy/ratelimit does it (a drop-in for it), for the quotas that
+//! must count exactly (billing, API plans), layered behind the Sluice
+//! filter that sheds the overload without per-request I/O.
 
 pub mod algorithm;
+pub mod cli;
 pub(crate) mod config;
 pub(crate) mod lookup;
+mod metadata;
 pub(crate) mod native;
 pub(crate) mod over_limit_cache;
 mod read;
@@ -19,12 +22,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 pub use algorithm::Algorithm;
-pub use config::QuotaConfig;
+pub use config::{LoadOptions, QuotaConfig, Unit};
+pub use lookup::MAX_ENTRIES;
 pub use over_limit_cache::OverLimitCache;
 pub use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
-pub use service::{MAX_DESCRIPTORS, MAX_ENTRIES, RateLimitGrpc};
+pub use service::{MAX_DESCRIPTORS, RateLimitGrpc};
 pub use store::{CountError, MemoryStore};
 
 use crate::metrics::QuotaMetrics;
@@ -50,11 +54,7 @@ pub struct Quotas {
     /// Where the configuration was read from, for hot reload.
     pub path: Option<PathBuf>,
     counters: Counters,
-    algorithm: Algorithm,
-    /// `--quota-local-cache-bytes`, for the counters in the shared store.
-    local_cache_bytes: usize,
-    near_limit_ratio: NearLimitRatio,
-    fail_closed: bool,
+    settings: QuotaSettings,
     clock: Clock,
     metrics: QuotaMetrics,
 }
@@ -63,8 +63,7 @@ impl std::fmt::Debug for Quotas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Quotas")
             .field("path", &self.path)
-            .field("algorithm", &self.algorithm)
-            .field("fail_closed", &self.fail_closed)
+            .field("settings", &self.settings)
             .field("counters", &self.counters)
             .finish_non_exhaustive()
     }
@@ -122,14 +121,51 @@ impl Default for NearLimitRatio {
     }
 }
 
-/// How [`Quotas`] answers.
-#[derive(Debug, Clone, Copy)]
+/// What a hit that cannot be counted (the store is full, down or slower
+/// than `--store-timeout-ms`) is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreFailure {
+    /// The call fails with a gRPC error (`UNAVAILABLE`), as
+    /// envoyproxy/ratelimit's does: the `ratelimit` filter's
+    /// `failure_mode_deny` decides.
+    #[default]
+    Error,
+    /// OK, with `x-ratelimit-error` naming why (fail open).
+    Allow,
+    /// Over limit, with `x-ratelimit-error` naming why (fail closed).
+    Deny,
+}
+
+/// The response headers envoyproxy/ratelimit adds with
+/// `LIMIT_RESPONSE_HEADERS_ENABLED`: the tightest limit's quota, what
+/// remains of it and the seconds until it resets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    /// `LIMIT_LIMIT_HEADER` (`RateLimit-Limit`).
+    pub limit: String,
+    /// `LIMIT_REMAINING_HEADER` (`RateLimit-Remaining`).
+    pub remaining: String,
+    /// `LIMIT_RESET_HEADER` (`RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for ResponseHeaders {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
+/// How [`Quotas`] counts and answers.
+#[derive(Debug, Clone)]
 pub struct QuotaSettings {
-    /// The algorithm of every quota.
+    /// The algorithm of every quota (fixed windows unless chosen).
     pub algorithm: Algorithm,
-    /// When a hit cannot be counted (the store is full, down or slow):
-    /// answer over limit instead of OK.
-    pub fail_closed: bool,
+    /// What a hit that cannot be counted is answered.
+    pub store_failure: StoreFailure,
     /// The store's byte budget.
     pub store_bytes: usize,
     /// With the counters in the shared store: bytes of fixed-window
@@ -137,16 +173,39 @@ pub struct QuotaSettings {
     pub local_cache_bytes: usize,
     /// Where "near the limit" starts.
     pub near_limit_ratio: NearLimitRatio,
+    /// When a request would take a fixed window over its limit, only the
+    /// windows that go over count its hits
+    /// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+    pub stop_increment_when_over_limit: bool,
+    /// Rate limit headers to add to every answer with a limit (none by
+    /// default: Envoy's `enable_x_ratelimit_headers` adds its own).
+    pub response_headers: Option<ResponseHeaders>,
+    /// Answer OK whatever the counts say (`SHADOW_MODE`); the counting
+    /// and the descriptors' statuses are unchanged.
+    pub global_shadow_mode: bool,
+    /// Every descriptor in quota mode (`QUOTA_MODE`).
+    pub global_quota_mode: bool,
+    /// Answer with dynamic metadata: the domain, the descriptors and the
+    /// `metadata` of the limits that passed (`RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
+    /// How configuration files combine (`MERGE_DOMAIN_CONFIG`).
+    pub load: LoadOptions,
 }
 
 impl Default for QuotaSettings {
     fn default() -> Self {
         Self {
             algorithm: Algorithm::default(),
-            fail_closed: false,
+            store_failure: StoreFailure::default(),
             store_bytes: DEFAULT_STORE_BYTES,
             local_cache_bytes: 0,
             near_limit_ratio: NearLimitRatio::default(),
+            stop_increment_when_over_limit: false,
+            response_headers: None,
+            global_shadow_mode: false,
+            global_quota_mode: false,
+            dynamic_metadata: false,
+            load: LoadOptions::default(),
         }
     }
 }
@@ -168,20 +227,22 @@ impl Quotas {
             }),
             path,
             counters: Counters::Memory(MemoryStore::new(settings.store_bytes)),
-            algorithm: settings.algorithm,
-            local_cache_bytes: settings.local_cache_bytes,
-            near_limit_ratio: settings.near_limit_ratio,
-            fail_closed: settings.fail_closed,
+            settings,
             clock,
             metrics,
         }
+    }
+
+    /// How it counts and answers.
+    pub fn settings(&self) -> &QuotaSettings {
+        &self.settings
     }
 
     /// Keeps the counters in the shared store instead of in memory.
     pub fn with_redis(mut self, counters: RedisCounters) -> Self {
         self.counters = Counters::Redis {
             counters: Box::new(counters),
-            over_limit: OverLimitCache::new(self.local_cache_bytes),
+            over_limit: OverLimitCache::new(self.settings.local_cache_bytes),
         };
         self
     }
@@ -282,7 +343,6 @@ impl Counters {
     /// hits, which only refreshes the key's expiry).
     async fn peek(
         &self,
-        domain: &str,
         algorithm: Algorithm,
         count: redis_store::Count,
         now_ms: u64,
@@ -294,7 +354,7 @@ impl Counters {
             Counters::Redis { counters, .. } => {
                 let zero = redis_store::Count { hits: 0, ..count };
                 counters
-                    .decide(domain, algorithm, std::slice::from_ref(&zero), None)
+                    .decide(algorithm, std::slice::from_ref(&zero), false, None)
                     .await?
                     .into_iter()
                     .next()
@@ -303,24 +363,47 @@ impl Counters {
         }
     }
 
-    /// Decides every count of a request of `domain`, in order; on Redis
-    /// over `connection` when given, else the store's.
+    /// Decides every count of a request, in order; on Redis over
+    /// `connection` when given, else the store's. `Cached` marks a
+    /// decision the local cache made.
     async fn decide(
         &self,
-        domain: &str,
-        algorithm: Algorithm,
+        settings: &QuotaSettings,
         counts: &[redis_store::Count],
         now_ms: u64,
-        metrics: &QuotaMetrics,
         connection: Option<&StoreConnection>,
-    ) -> Vec<Result<algorithm::Decision, CountError>> {
+    ) -> Vec<Result<Decided, CountError>> {
+        let algorithm = settings.algorithm;
+        let stop = settings.stop_increment_when_over_limit && algorithm == Algorithm::FixedWindow;
         match self {
-            Counters::Memory(memory) => counts
-                .iter()
-                .map(|count| {
-                    memory.decide(&count.counter, algorithm, count.quota, now_ms, count.hits)
-                })
-                .collect(),
+            Counters::Memory(memory) => {
+                let mut hits: Vec<u32> = counts.iter().map(|count| count.hits).collect();
+                if stop {
+                    let over: Vec<bool> = counts
+                        .iter()
+                        .map(|count| {
+                            let now = memory.peek(&count.counter, algorithm, count.quota, now_ms);
+                            now.used + u64::from(count.hits) > u64::from(count.quota.limit)
+                        })
+                        .collect();
+                    if over.iter().any(|over| *over) {
+                        for (hits, over) in hits.iter_mut().zip(&over) {
+                            if !over {
+                                *hits = 0;
+                            }
+                        }
+                    }
+                }
+                counts
+                    .iter()
+                    .zip(hits)
+                    .map(|(count, hits)| {
+                        memory
+                            .decide(&count.counter, algorithm, count.quota, now_ms, hits)
+                            .map(Decided::Counted)
+                    })
+                    .collect()
+            }
             Counters::Redis {
                 counters,
                 over_limit,
@@ -330,11 +413,13 @@ impl Counters {
                     .filter(|_| algorithm == Algorithm::FixedWindow);
                 match cache {
                     Some(cache) => {
-                        decide_cached(counters, connection, cache, domain, counts, now_ms, metrics)
-                            .await
+                        decide_cached(counters, connection, cache, counts, stop, now_ms).await
                     }
-                    None => match counters.decide(domain, algorithm, counts, connection).await {
-                        Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+                    None => match counters.decide(algorithm, counts, stop, connection).await {
+                        Ok(decisions) => decisions
+                            .into_iter()
+                            .map(|d| Ok(Decided::Counted(d)))
+                            .collect(),
                         Err(err) => vec![Err(err); counts.len()],
                     },
                 }
@@ -343,20 +428,29 @@ impl Counters {
     }
 }
 
+/// A decision, and who made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    /// The store counted the hits.
+    Counted(algorithm::Decision),
+    /// The local cache knew the window full: over limit until it ends.
+    Cached(algorithm::Decision),
+}
+
 /// Fixed-window counts: those `cache` knows to be over their limit are
-/// refused here, the rest go to Redis in one call; counters Redis finds
-/// full are noted until their window ends.
+/// refused here, the rest go to Redis in one call (with `stop_increment`
+/// and a descriptor refused here, without hits, as envoyproxy/ratelimit
+/// sends them); counters Redis finds full are noted until their window
+/// ends.
 async fn decide_cached(
     counters: &RedisCounters,
     connection: Option<&StoreConnection>,
     cache: &OverLimitCache,
-    domain: &str,
     counts: &[redis_store::Count],
+    stop_increment: bool,
     now_ms: u64,
-    metrics: &QuotaMetrics,
-) -> Vec<Result<algorithm::Decision, CountError>> {
-    let mut answers: Vec<Option<Result<algorithm::Decision, CountError>>> =
-        Vec::with_capacity(counts.len());
+) -> Vec<Result<Decided, CountError>> {
+    let mut answers: Vec<Option<Result<Decided, CountError>>> = Vec::with_capacity(counts.len());
     let mut sent = Vec::new();
     for count in counts {
         // A zero-hit peek reads the counter itself.
@@ -365,13 +459,12 @@ async fn decide_cached(
             .flatten();
         match cached {
             Some(left_ms) => {
-                metrics.local_cache_hit();
-                answers.push(Some(Ok(algorithm::Decision {
+                answers.push(Some(Ok(Decided::Cached(algorithm::Decision {
                     admitted: false,
                     remaining: 0,
                     reset_ms: left_ms,
-                    used: u64::from(count.quota.limit),
-                })));
+                    used: u64::from(count.quota.limit).saturating_add(u64::from(count.hits)),
+                }))));
             }
             None => {
                 answers.push(None);
@@ -379,8 +472,14 @@ async fn decide_cached(
             }
         }
     }
+    let any_cached = sent.len() < counts.len();
+    if stop_increment && any_cached {
+        for count in &mut sent {
+            count.hits = 0;
+        }
+    }
     let decided = counters
-        .decide(domain, Algorithm::FixedWindow, &sent, connection)
+        .decide(Algorithm::FixedWindow, &sent, stop_increment, connection)
         .await;
     let mut decided = match decided {
         Ok(decisions) => decisions.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -393,15 +492,13 @@ async fn decide_cached(
         .map(|answer| match answer {
             Some(answer) => answer,
             None => match decided.next() {
-                Some((decision, count)) => {
-                    if let Ok(d) = &decision
-                        && !d.admitted
-                        && d.remaining == 0
-                    {
+                Some((decision, count)) => decision.map(|d| {
+                    // A refused fixed window stays full until it ends.
+                    if !d.admitted {
                         cache.insert(&count.counter, d.reset_ms, now_ms);
                     }
-                    decision
-                }
+                    Decided::Counted(d)
+                }),
                 None => Err(CountError::Unavailable(
                     "no answer for the counter".to_owned(),
                 )),

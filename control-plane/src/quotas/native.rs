@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{Limit, Node, Unit};
+use super::config::{Limit, Node, Unit, Wildcard};
 use crate::types::{validate_bucket, validate_tenant};
 
 /// The rate limit service domain the section is served under.
@@ -216,9 +216,8 @@ impl NativeQuotas {
                 quota: Some((per.requests_per_unit, per.unit)),
                 shadow_mode: quota.shadow_mode,
                 name: quota.name.clone(),
-                replaces: Vec::new(),
-                detailed_metric: false,
                 full_key,
+                ..Limit::default()
             };
             let mut children = HashMap::new();
             if let Some(per) = quota.per_tenant {
@@ -237,11 +236,11 @@ impl NativeQuotas {
             }
             let node = Node {
                 children,
-                wildcards: Vec::new(),
                 limit: quota.whole.map(|per| limit(per, path.clone())),
+                ..Node::default()
             };
             if matches!(quota.bucket, BucketMatch::Prefix(_)) {
-                root.wildcards.push(key.clone());
+                root.wildcards.push(Wildcard::new(&key));
             }
             root.children.insert(key, node);
         }
@@ -272,7 +271,8 @@ mod tests {
 "#;
 
     fn quota_of(root: &Node, entries: &[(&str, &str)]) -> Option<(u32, Unit, String)> {
-        lookup::find(root, entries).and_then(|limit| {
+        lookup::find(root, DOMAIN, entries).and_then(|found| {
+            let limit = found.limit;
             limit
                 .quota
                 .map(|(n, unit)| (n, unit, limit.full_key.clone()))

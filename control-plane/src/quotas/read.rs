@@ -85,9 +85,10 @@ impl Quotas {
             .iter()
             .map(|(key, value)| (key.as_str(), value.as_str()))
             .collect();
-        let limit = lookup::find(root, &pairs)
-            .filter(|limit| limit.quota.is_some())
+        let found = lookup::find(root, domain, &pairs)
+            .filter(|found| found.limit.quota.is_some())
             .ok_or_else(|| ReadError::NoLimit(domain.to_owned()))?;
+        let limit = found.limit;
         let Some((requests, unit)) = limit.quota else {
             return Err(ReadError::NoLimit(domain.to_owned()));
         };
@@ -102,7 +103,7 @@ impl Quotas {
             ..RateLimitDescriptor::default()
         };
         let count = Count {
-            counter: counter_key(domain, &descriptor),
+            counter: counter_key(domain, &descriptor, found.shared.as_deref()),
             quota: Quota {
                 limit: requests,
                 window_ms: unit.window_ms(),
@@ -112,7 +113,7 @@ impl Quotas {
         };
         let decision = self
             .counters
-            .peek(domain, self.algorithm, count, (self.clock)())
+            .peek(self.settings.algorithm, count, (self.clock)())
             .await?;
         Ok(QuotaRead {
             domain: domain.to_owned(),

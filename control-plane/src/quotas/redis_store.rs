@@ -1,31 +1,36 @@
-//! Quota counters in Redis (`--store`): every counted descriptor of one
-//! ShouldRateLimit request is decided by one `EVALSHA` of
-//! [`counters.lua`](counters.lua), which runs the algorithms of
+//! Quota counters in Redis (`--store`): the counted descriptors of one
+//! ShouldRateLimit request are decided by one `EVALSHA` of
+//! [`counters.lua`](counters.lua) (one per cluster slot on a Redis
+//! Cluster, sent at once), which runs the algorithms of
 //! [`super::algorithm`] inside Redis, so that any number of control-plane
 //! processes count against the same counters exactly.
 //!
 //! - **Clock**: the script reads Redis's own clock (`TIME`), so processes
 //!   on machines whose clocks disagree still share one window boundary.
-//! - **Keys**: `sluice:v1:{q:<domain>}:<algorithm>:<counter>`. The hash
-//!   tag is the domain (with a prefix, so an empty domain still makes one): all keys of one request share a Redis Cluster slot
-//!   (one script may only touch one slot), whatever descriptors it
-//!   combines. The price: one domain lives on one cluster node; domains
-//!   spread over the nodes. The algorithm is part of the key because the
-//!   state means something else under each (a GCRA schedule in µs, a
-//!   window start in ms). `v1` versions the state's layout.
-//! - **Expiry**: two windows after the last hit.
-//! - **Failures**: each call is bounded by `--store-timeout-ms`; a timeout
-//!   or an error fails every descriptor of the request, and the service
-//!   answers by its failure policy.
+//! - **Keys**: `sluice:v2:{<descriptor>}:<algorithm>`; a fixed window's
+//!   count is `sluice:v2:{<descriptor>}:fixed:<window start ms>`, one
+//!   string per window incremented as envoyproxy/ratelimit increments its
+//!   per-window keys. The hash tag is the descriptor (its domain and
+//!   entries, length-prefixed), so a descriptor's keys share a slot while
+//!   a domain's descriptors spread over a cluster's masters. The algorithm
+//!   is part of the key because the state means something else under each
+//!   (a GCRA schedule in µs, a window start in ms). `v2` versions the
+//!   layout (`v1` hash-tagged the domain).
+//! - **Expiry**: a fixed window's keys one window past its end; the
+//!   others two windows after the last hit.
+//! - **Failures**: a request's calls are bounded together by
+//!   `--store-timeout-ms`; a timeout or an error fails every descriptor of
+//!   the request, and the service answers by its failure policy.
 
 use redis::Script;
+use redis::cluster_routing::Slot;
 
 use super::algorithm::{Algorithm, Decision, Quota};
 use super::store::CountError;
 use crate::store::{Store, StoreConnection};
 
 /// Version of the keys' layout and the state they hold.
-const KEY_VERSION: &str = "v1";
+const KEY_VERSION: &str = "v2";
 
 /// One descriptor to count.
 #[derive(Debug, Clone)]
@@ -48,7 +53,8 @@ pub struct RedisCounters {
 impl RedisCounters {
     /// Counters in `store`; loads the script so that the first request
     /// already takes one round trip (a server that lost it, after a
-    /// restart or a `SCRIPT FLUSH`, gets it again on `NOSCRIPT`).
+    /// restart, a failover or a `SCRIPT FLUSH`, gets it again on
+    /// `NOSCRIPT`).
     pub async fn new(store: Store) -> Result<Self, crate::store::StoreError> {
         let script = Script::new(include_str!("counters.lua"));
         let mut connection = store.connection();
@@ -61,21 +67,25 @@ impl RedisCounters {
         Ok(Self { store, script })
     }
 
-    /// Decides `counts` of a request of `domain` on Redis's clock, in one
-    /// call bounded by the store's timeout, over `connection` when given
-    /// (a runtime's own, [`Self::open_connection`]), else the store's.
+    /// Decides `counts` of a request on Redis's clock, within the store's
+    /// timeout, over `connection` when given (a runtime's own,
+    /// [`Self::open_connection`]), else the store's. With
+    /// `stop_increment`, when some fixed window would go over its limit
+    /// only the windows that would go over count these hits.
     pub async fn decide(
         &self,
-        domain: &str,
         algorithm: Algorithm,
         counts: &[Count],
+        stop_increment: bool,
         connection: Option<&StoreConnection>,
     ) -> Result<Vec<Decision>, CountError> {
-        let mut connection = connection
+        let connection = connection
             .cloned()
             .unwrap_or_else(|| self.store.connection());
-        self.decide_on(&mut connection, domain, algorithm, counts, None)
+        let decided = self.decide_on(connection, algorithm, counts, stop_increment, None);
+        tokio::time::timeout(self.store.timeout(), decided)
             .await
+            .map_err(|_| CountError::Timeout)?
     }
 
     /// A connection of its own, whose reads and writes run on the runtime
@@ -91,43 +101,158 @@ impl RedisCounters {
     /// against [`super::algorithm`] on the same instants.
     pub async fn decide_at(
         &self,
-        domain: &str,
         algorithm: Algorithm,
         counts: &[Count],
+        stop_increment: bool,
         now_ms: Option<u64>,
     ) -> Result<Vec<Decision>, CountError> {
-        let mut connection = self.store.connection();
-        self.decide_on(&mut connection, domain, algorithm, counts, now_ms)
+        let decided = self.decide_on(
+            self.store.connection(),
+            algorithm,
+            counts,
+            stop_increment,
+            now_ms,
+        );
+        tokio::time::timeout(self.store.timeout(), decided)
             .await
+            .map_err(|_| CountError::Timeout)?
     }
 
+    /// One call, or on a cluster one call per slot at once. A cluster
+    /// request whose descriptors span slots and that stops incrementing
+    /// reads them all first (a zero-hit call per slot), then counts: the
+    /// script can only decide across the keys of one slot.
     async fn decide_on(
         &self,
-        connection: &mut StoreConnection,
-        domain: &str,
+        connection: StoreConnection,
         algorithm: Algorithm,
         counts: &[Count],
+        stop_increment: bool,
         now_ms: Option<u64>,
     ) -> Result<Vec<Decision>, CountError> {
         if counts.is_empty() {
             return Ok(Vec::new());
         }
+        if !self.store.is_cluster() {
+            let mut connection = connection;
+            return self
+                .call(&mut connection, algorithm, counts, stop_increment, now_ms)
+                .await;
+        }
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (index, count) in counts.iter().enumerate() {
+            let slot = Slot::for_key(redis_key(algorithm, &count.counter));
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(index),
+                None => groups.push((slot, vec![index])),
+            }
+        }
+        if groups.len() == 1 {
+            let mut connection = connection;
+            return self
+                .call(&mut connection, algorithm, counts, stop_increment, now_ms)
+                .await;
+        }
+        let mut hits: Vec<u32> = counts.iter().map(|count| count.hits).collect();
+        if stop_increment && algorithm == Algorithm::FixedWindow {
+            let peeked = self
+                .per_group(&connection, algorithm, counts, &groups, |_| 0, now_ms)
+                .await?;
+            let over: Vec<bool> = peeked
+                .iter()
+                .zip(counts)
+                .map(|(decision, count)| {
+                    decision.used + u64::from(count.hits) > u64::from(count.quota.limit)
+                })
+                .collect();
+            if over.iter().any(|over| *over) {
+                for (hits, over) in hits.iter_mut().zip(&over) {
+                    if !over {
+                        *hits = 0;
+                    }
+                }
+            }
+        }
+        self.per_group(
+            &connection,
+            algorithm,
+            counts,
+            &groups,
+            |index| hits.get(index).copied().unwrap_or(0),
+            now_ms,
+        )
+        .await
+    }
+
+    /// One call per slot group, at once, with `hits(index)` hits each;
+    /// the decisions back in the order of `counts`.
+    async fn per_group(
+        &self,
+        connection: &StoreConnection,
+        algorithm: Algorithm,
+        counts: &[Count],
+        groups: &[(Slot, Vec<usize>)],
+        hits: impl Fn(usize) -> u32,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Decision>, CountError> {
+        let calls = groups.iter().map(|(_, members)| {
+            let group: Vec<Count> = members
+                .iter()
+                .filter_map(|index| {
+                    counts.get(*index).map(|count| Count {
+                        hits: hits(*index),
+                        ..count.clone()
+                    })
+                })
+                .collect();
+            let mut connection = connection.clone();
+            async move {
+                self.call(&mut connection, algorithm, &group, false, now_ms)
+                    .await
+            }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let mut decisions: Vec<Option<Decision>> = vec![None; counts.len()];
+        for ((_, members), answer) in groups.iter().zip(answers) {
+            for (index, decision) in members.iter().zip(answer?) {
+                if let Some(slot) = decisions.get_mut(*index) {
+                    *slot = Some(decision);
+                }
+            }
+        }
+        decisions
+            .into_iter()
+            .map(|decision| {
+                decision
+                    .ok_or_else(|| CountError::Unavailable("no answer for a descriptor".to_owned()))
+            })
+            .collect()
+    }
+
+    async fn call(
+        &self,
+        connection: &mut StoreConnection,
+        algorithm: Algorithm,
+        counts: &[Count],
+        stop_increment: bool,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<Decision>, CountError> {
         let mut invocation = self.script.prepare_invoke();
         invocation
             .arg(algorithm_name(algorithm))
-            .arg(now_ms.map(|ms| ms.to_string()).unwrap_or_default());
+            .arg(now_ms.map(|ms| ms.to_string()).unwrap_or_default())
+            .arg(if stop_increment { "1" } else { "0" });
         for count in counts {
             invocation
-                .key(redis_key(domain, algorithm, &count.counter))
+                .key(redis_key(algorithm, &count.counter))
                 .arg(count.quota.limit)
                 .arg(count.quota.window_ms)
                 .arg(count.quota.burst)
                 .arg(count.hits);
         }
-        let call = invocation.invoke_async::<Vec<(i64, i64, i64, i64)>>(connection);
-        let answers = tokio::time::timeout(self.store.timeout(), call)
+        let answers = invocation
+            .invoke_async::<Vec<(i64, i64, i64, i64)>>(connection)
             .await
-            .map_err(|_| CountError::Timeout)?
             .map_err(|err| {
                 if err.is_timeout() {
                     CountError::Timeout
@@ -162,50 +287,50 @@ fn algorithm_name(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The Redis key of `counter` in `domain` under `algorithm`.
-pub fn redis_key(domain: &str, algorithm: Algorithm, counter: &str) -> String {
+/// The Redis key of `counter` under `algorithm` (for a fixed window, the
+/// key holding the latest window start; see [`fixed_window_key`]).
+pub fn redis_key(algorithm: Algorithm, counter: &str) -> String {
     format!(
-        "sluice:{KEY_VERSION}:{{q:{domain}}}:{}:{counter}",
+        "sluice:{KEY_VERSION}:{{{counter}}}:{}",
         algorithm_name(algorithm)
     )
+}
+
+/// The key of the fixed window of `counter` that starts at `start_ms`:
+/// the hits counted in it, refused ones included.
+pub fn fixed_window_key(counter: &str, start_ms: u64) -> String {
+    format!("{}:{start_ms}", redis_key(Algorithm::FixedWindow, counter))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Redis Cluster's hash tag: the part between the first `{` and the
-    /// next `}`, if not empty; else the whole key.
-    fn hash_tag(key: &str) -> &str {
-        key.find('{')
-            .and_then(|open| {
-                let rest = key.get(open + 1..)?;
-                let close = rest.find('}')?;
-                (close > 0).then(|| rest.get(..close)).flatten()
-            })
-            .unwrap_or(key)
-    }
-
     #[test]
-    fn keys_of_one_domain_share_a_slot_and_algorithms_do_not_mix() {
-        let a = redis_key("api", Algorithm::Gcra, "3:api4:user1:a");
-        let b = redis_key("api", Algorithm::Gcra, "3:api4:path2:/x");
-        assert_eq!(a, "sluice:v1:{q:api}:gcra:3:api4:user1:a");
-        assert_eq!(hash_tag(&a), hash_tag(&b));
-        assert_ne!(
-            a,
-            redis_key("api", Algorithm::FixedWindow, "3:api4:user1:a")
+    fn a_descriptors_keys_share_a_slot_and_descriptors_spread() {
+        let a = redis_key(Algorithm::FixedWindow, "3:api4:user1:a");
+        assert_eq!(a, "sluice:v2:{3:api4:user1:a}:fixed");
+        assert_eq!(
+            Slot::for_key(&a),
+            Slot::for_key(fixed_window_key("3:api4:user1:a", 60_000))
         );
-        assert_ne!(
-            hash_tag(&a),
-            hash_tag(&redis_key("web", Algorithm::Gcra, "3:web4:user1:a"))
+        assert_ne!(a, redis_key(Algorithm::Gcra, "3:api4:user1:a"));
+        // A domain's descriptors land on many slots.
+        let slots: std::collections::HashSet<Slot> = (0..64)
+            .map(|n| {
+                Slot::for_key(redis_key(
+                    Algorithm::FixedWindow,
+                    &format!("3:api4:user2:{n:02}"),
+                ))
+            })
+            .collect();
+        assert!(slots.len() > 50, "{}", slots.len());
+        // A brace in a value cuts the tag short, the same way for every key
+        // of that descriptor: they still share a slot.
+        let odd = "3:a}b1:k1:v";
+        assert_eq!(
+            Slot::for_key(redis_key(Algorithm::FixedWindow, odd)),
+            Slot::for_key(fixed_window_key(odd, 1_000))
         );
-        // A brace in a domain cuts the tag short, but the same way for every
-        // key of that domain: they still share a slot.
-        let odd = |counter| redis_key("a}b", Algorithm::Gcra, counter);
-        assert_eq!(hash_tag(&odd("x")), hash_tag(&odd("y")));
-        let empty = |counter| redis_key("", Algorithm::Gcra, counter);
-        assert_eq!(hash_tag(&empty("x")), "q:");
-        assert_eq!(hash_tag(&empty("x")), hash_tag(&empty("y")));
     }
 }

@@ -33,6 +33,7 @@ pub async fn watch(
                 if let Some(message) = &error
                     && last_error.as_ref() != Some(message)
                 {
+                    quotas.metrics.config_load(false);
                     tracing::error!(error = %message, "quota configuration not reloaded; the previous one stays");
                 }
                 last_error = error;
@@ -45,15 +46,23 @@ pub async fn watch(
 async fn poll(quotas: &Quotas, section: &impl Fn() -> NativeQuotas) -> Result<(), String> {
     if let Some(path) = quotas.path.clone() {
         let shown = path.display().to_string();
-        let loaded = tokio::task::spawn_blocking(move || QuotaConfig::from_path(&path))
+        let options = quotas.settings().load;
+        let loaded = tokio::task::spawn_blocking(move || QuotaConfig::load(&path, options))
             .await
             .map_err(|err| format!("quota configuration poll failed: {err}"))?
-            .map_err(|err| err.to_string())?;
-        if quotas.replace(loaded)? {
-            tracing::info!(path = %shown, "quota configuration reloaded");
+            .map_err(|err| err.to_string());
+        let replaced = loaded.and_then(|loaded| quotas.replace(loaded));
+        match replaced {
+            Ok(true) => {
+                quotas.metrics.config_load(true);
+                tracing::info!(path = %shown, "quota configuration reloaded");
+            }
+            Ok(false) => {}
+            Err(err) => return Err(err),
         }
     }
     if quotas.set_native(&section())? {
+        quotas.metrics.config_load(true);
         tracing::info!("the limits file's quotas: section reloaded");
     }
     Ok(())

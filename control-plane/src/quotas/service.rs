@@ -1,7 +1,11 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: each
-//! descriptor of a request is matched to its limit, counted in the store
-//! and answered, and the request is over limit when any enforced
-//! descriptor is.
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, answered
+//! as envoyproxy/ratelimit answers it (`src/service/ratelimit.go`,
+//! `src/limiter/base_limiter.go`): each descriptor of a request is matched
+//! to its limit, counted in the store and answered; the request is over
+//! limit when a descriptor is (one in quota mode only when every quota-mode
+//! descriptor is). An empty domain or descriptor list, and by default a
+//! store that cannot count, fail the call with a gRPC error, so that the
+//! `ratelimit` filter's `failure_mode_deny` decides.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -17,19 +21,19 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 
-use super::Quotas;
-use super::algorithm::{Decision, Quota};
+use super::algorithm::{Algorithm, Quota};
 use super::config::{Limit, Unit};
-use super::lookup;
+use super::lookup::{self, MAX_ENTRIES, MetricKey};
 use super::redis_store::Count;
+use super::{Decided, Quotas, StoreFailure, metadata};
+use crate::metrics::quotas::{CallError, Outcome};
 use crate::store::StoreConnection;
 
 /// Most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
-/// Most entries one descriptor may carry.
-pub const MAX_ENTRIES: usize = 16;
 /// Response header naming why an answer comes from the failure policy
-/// (`store_timeout`, `store_unavailable`, `store_full`) rather than a count.
+/// (`store_timeout`, `store_unavailable`, `store_full`) rather than a count
+/// (with `--quota-store-failure allow` or `deny` only).
 pub const ERROR_HEADER: &str = "x-ratelimit-error";
 
 /// The service, over a shared [`Quotas`].
@@ -56,14 +60,6 @@ impl RateLimitGrpc {
     }
 }
 
-/// One descriptor's outcome, before it becomes a status.
-#[derive(Debug)]
-struct Counted {
-    limit: RateLimit,
-    decision: Decision,
-    over: bool,
-}
-
 #[tonic::async_trait]
 impl RateLimitService for RateLimitGrpc {
     async fn should_rate_limit(
@@ -76,6 +72,24 @@ impl RateLimitService for RateLimitGrpc {
             .await
             .map(Response::new)
     }
+}
+
+/// The limit a descriptor hits, and how it is counted and named.
+struct Found<'a> {
+    limit: Cow<'a, Limit>,
+    metric_key: Cow<'a, str>,
+    shared: Option<Vec<Option<&'a str>>>,
+}
+
+/// What a descriptor's status comes from.
+enum Plan<'a> {
+    /// No limit applies (none matches, the domain is unknown, or the
+    /// limit is replaced): OK without a limit.
+    Free,
+    /// An `unlimited` limit: OK with nothing counted.
+    Unlimited,
+    /// Counted: the limit and its count's index.
+    Counted(&'a Found<'a>, usize),
 }
 
 impl Quotas {
@@ -107,165 +121,271 @@ impl Quotas {
                 "a descriptor has more than {MAX_ENTRIES} entries"
             )));
         }
+        // envoyproxy/ratelimit's answers, word for word (a gRPC error:
+        // Envoy's failure mode decides).
+        if request.domain.is_empty() {
+            self.metrics.call_error(CallError::Service);
+            return Err(Status::unknown("rate limit domain must not be empty"));
+        }
+        if request.descriptors.is_empty() {
+            self.metrics.call_error(CallError::Service);
+            return Err(Status::unknown(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        let settings = &self.settings;
         let config = self.config();
-        let root = config.domains.get(&request.domain);
-        let default_hits = request.hits_addend.max(1);
-        // Limits of this request, by descriptor.
-        let limits: Vec<Option<Limit>> = request
-            .descriptors
-            .iter()
-            .map(|descriptor| match &descriptor.limit {
-                Some(over) => Unit::from_wire(over.unit).map(|unit| Limit {
-                    quota: Some((over.requests_per_unit, unit)),
-                    shadow_mode: false,
-                    name: String::new(),
-                    replaces: Vec::new(),
-                    detailed_metric: false,
-                    full_key: format!("{}.override", request.domain),
-                }),
-                None => root.and_then(|root| {
-                    let entries: Vec<(&str, &str)> = descriptor
+        let domain = request.domain.as_str();
+        let root = config.domains.get(domain);
+        let mut found: Vec<Option<Found<'_>>> = Vec::with_capacity(request.descriptors.len());
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let Some(root) = root else {
+                self.metrics.domain_not_found(domain);
+                found.push(None);
+                continue;
+            };
+            if let Some(over) = &descriptor.limit {
+                let Some(unit) = Unit::from_wire(over.unit) else {
+                    self.metrics.refused("bad_override");
+                    return Err(Status::invalid_argument(format!(
+                        "descriptor {index}: a limit override needs a unit (SECOND to YEAR), not {}",
+                        over.unit
+                    )));
+                };
+                let configured = format!("{domain}.override");
+                let per_value = lookup::descriptor_key(
+                    domain,
+                    descriptor
                         .entries
                         .iter()
-                        .map(|e| (e.key.as_str(), e.value.as_str()))
-                        .collect();
-                    lookup::find(root, &entries).cloned()
-                }),
-            })
-            .collect();
-        let replaced: HashSet<&str> = limits
+                        .map(|e| (e.key.as_str(), e.value.as_str())),
+                );
+                let metric_key = self.metrics.bounded_key(&configured, &per_value);
+                found.push(Some(Found {
+                    limit: Cow::Owned(Limit {
+                        quota: Some((over.requests_per_unit, unit)),
+                        full_key: configured,
+                        ..Limit::default()
+                    }),
+                    metric_key: Cow::Owned(metric_key),
+                    shared: None,
+                }));
+                continue;
+            }
+            let entries: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect();
+            found.push(lookup::find(root, domain, &entries).map(|m| Found {
+                limit: Cow::Borrowed(m.limit),
+                metric_key: match m.metric_key {
+                    MetricKey::Configured(key) => Cow::Borrowed(key),
+                    MetricKey::PerValue(key) => {
+                        Cow::Owned(self.metrics.bounded_key(&m.limit.full_key, &key))
+                    }
+                },
+                shared: m.shared,
+            }));
+        }
+        // A limit replaced by another in the same request does not count
+        // (an unlimited limit still replaces; an unlimited one is never
+        // replaced).
+        let replaced: HashSet<&str> = found
             .iter()
             .flatten()
-            .flat_map(|limit| limit.replaces.iter().map(String::as_str))
+            .flat_map(|f| f.limit.replaces.iter().map(String::as_str))
             .collect();
-        let now_ms = (self.clock)();
-        // First what to count, then one call to the store for all of it
-        // (one round trip on Redis), then the answer.
-        let mut plans: Vec<Option<(&Limit, u32, Unit, &RateLimitDescriptor)>> =
-            Vec::with_capacity(limits.len());
+        let default_hits = u64::from(request.hits_addend.max(1));
+        let mut plans = Vec::with_capacity(found.len());
         let mut counts = Vec::new();
-        for (descriptor, limit) in request.descriptors.iter().zip(&limits) {
-            let limit = limit
-                .as_ref()
-                .filter(|l| l.name.is_empty() || !replaced.contains(l.name.as_str()));
-            let Some((limit, (requests, unit))) = limit.and_then(|l| l.quota.map(|q| (l, q)))
-            else {
-                // No limit, unlimited or replaced: OK without a limit.
-                plans.push(None);
-                continue;
+        let mut hits_of = Vec::new();
+        for (descriptor, found) in request.descriptors.iter().zip(&found) {
+            let plan = match found {
+                None => Plan::Free,
+                Some(f) if f.limit.quota.is_none() => Plan::Unlimited,
+                Some(f) if !f.limit.name.is_empty() && replaced.contains(f.limit.name.as_str()) => {
+                    Plan::Free
+                }
+                Some(f) => {
+                    let (requests, unit) = f.limit.quota.unwrap_or((0, Unit::Second));
+                    let hits = descriptor.hits_addend.map_or(default_hits, |h| h.value);
+                    counts.push(Count {
+                        counter: counter_key(domain, descriptor, f.shared.as_deref()),
+                        quota: Quota {
+                            limit: requests,
+                            window_ms: unit.window_ms(),
+                            burst: requests.max(1),
+                        },
+                        hits: u32::try_from(hits).unwrap_or(u32::MAX),
+                    });
+                    hits_of.push(hits);
+                    Plan::Counted(f, counts.len() - 1)
+                }
             };
-            let hits = descriptor
-                .hits_addend
-                .map_or(default_hits, |h| u32::try_from(h.value).unwrap_or(u32::MAX));
-            counts.push(Count {
-                counter: counter_key(&request.domain, descriptor),
-                quota: Quota {
-                    limit: requests,
-                    window_ms: unit.window_ms(),
-                    burst: requests.max(1),
-                },
-                hits,
-            });
-            plans.push(Some((limit, requests, unit, descriptor)));
+            plans.push(plan);
         }
-        let mut decisions = self
+        let now_ms = (self.clock)();
+        let decisions = self
             .counters
-            .decide(
-                &request.domain,
-                self.algorithm,
-                &counts,
-                now_ms,
-                &self.metrics,
-                connection,
-            )
-            .await
-            .into_iter()
-            .zip(&counts);
-        let mut statuses = Vec::with_capacity(request.descriptors.len());
-        let mut tightest: Option<Counted> = None;
-        let mut over_limit = false;
+            .decide(settings, &counts, now_ms, connection)
+            .await;
+        if settings.store_failure == StoreFailure::Error
+            && let Some(err) = decisions.iter().find_map(|d| d.as_ref().err())
+        {
+            for (plan, decision) in plans.iter().zip(&decisions) {
+                if let (Plan::Counted(f, index), Err(err)) = (plan, decision) {
+                    let hits = hits_of.get(*index).copied().unwrap_or(0);
+                    self.metrics.store_error(&f.metric_key, hits, err.reason());
+                }
+            }
+            self.metrics.call_error(CallError::Store);
+            tracing::debug!(%err, domain, "quota store");
+            return Err(Status::unavailable(format!("quota store: {err}")));
+        }
+        let near_ratio = settings.near_limit_ratio.get() as f32;
+        let mut statuses = Vec::with_capacity(plans.len());
         let mut error: Option<&'static str> = None;
-        for plan in plans {
-            // Each counted descriptor takes the next decision, in order.
-            let Some(((limit, requests, unit, descriptor), (decision, count))) =
-                plan.and_then(|plan| decisions.next().map(|next| (plan, next)))
-            else {
-                statuses.push(DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..DescriptorStatus::default()
-                });
-                continue;
-            };
-            let decision = match decision {
-                Ok(decision) => decision,
-                Err(err) => {
-                    self.metrics.error(&limit.full_key, err.reason());
-                    tracing::debug!(%err, counter = count.counter, "quota store");
-                    error = Some(err.reason());
-                    // The configured failure answer: OK (fail open) unless
-                    // told to fail closed.
-                    let code = if self.fail_closed {
-                        Code::OverLimit
-                    } else {
-                        Code::Ok
-                    };
-                    over_limit |= self.fail_closed;
+        let mut failed_rate_limit = 0_usize;
+        let mut failed_quota = 0_usize;
+        let mut total_quota = 0_usize;
+        let mut passed = Vec::new();
+        // The descriptor the headers describe: the fewest remaining, or the
+        // last one over limit (envoyproxy/ratelimit's choice).
+        let mut headers_from: Option<usize> = None;
+        let mut min_remaining = u32::MAX;
+        for (index, plan) in plans.iter().enumerate() {
+            let (status, quota_mode) = match plan {
+                Plan::Unlimited => {
                     statuses.push(DescriptorStatus {
-                        code: code as i32,
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
                         ..DescriptorStatus::default()
                     });
                     continue;
                 }
+                Plan::Free => (
+                    DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..DescriptorStatus::default()
+                    },
+                    false,
+                ),
+                Plan::Counted(f, count_index) => {
+                    let limit = &f.limit;
+                    let hits = hits_of.get(*count_index).copied().unwrap_or(0);
+                    let (requests, unit) = limit.quota.unwrap_or((0, Unit::Second));
+                    let status = match decisions.get(*count_index) {
+                        Some(Ok(decided)) => {
+                            let (decision, cached) = match decided {
+                                Decided::Counted(d) => (*d, false),
+                                Decided::Cached(d) => (*d, true),
+                            };
+                            let over = !decision.admitted;
+                            if cached {
+                                self.metrics.over_limit_from_cache(
+                                    &f.metric_key,
+                                    hits,
+                                    limit.shadow_mode,
+                                );
+                            } else {
+                                // The fixed window's count includes these
+                                // hits; the others' "used" does when they
+                                // were admitted.
+                                let after = if over && settings.algorithm != Algorithm::FixedWindow
+                                {
+                                    decision.used.saturating_add(hits)
+                                } else {
+                                    decision.used
+                                };
+                                self.metrics.counted(
+                                    &f.metric_key,
+                                    Outcome {
+                                        hits,
+                                        before: after.saturating_sub(hits),
+                                        after,
+                                        limit: u64::from(requests),
+                                        near: (requests as f32 * near_ratio).floor() as u64,
+                                        over,
+                                        shadow: limit.shadow_mode,
+                                    },
+                                );
+                            }
+                            let enforced = over && !limit.shadow_mode;
+                            DescriptorStatus {
+                                code: if enforced { Code::OverLimit } else { Code::Ok } as i32,
+                                current_limit: Some(RateLimit {
+                                    name: limit.name.clone(),
+                                    requests_per_unit: requests,
+                                    unit: unit.to_wire(),
+                                }),
+                                limit_remaining: if over { 0 } else { decision.remaining },
+                                duration_until_reset: Some(whole_seconds(decision.reset_ms)),
+                                ..DescriptorStatus::default()
+                            }
+                        }
+                        Some(Err(err)) => {
+                            self.metrics.store_error(&f.metric_key, hits, err.reason());
+                            tracing::debug!(%err, domain, "quota store");
+                            error = Some(err.reason());
+                            let code = if settings.store_failure == StoreFailure::Deny {
+                                Code::OverLimit
+                            } else {
+                                Code::Ok
+                            };
+                            DescriptorStatus {
+                                code: code as i32,
+                                ..DescriptorStatus::default()
+                            }
+                        }
+                        None => DescriptorStatus {
+                            code: Code::Ok as i32,
+                            ..DescriptorStatus::default()
+                        },
+                    };
+                    (status, limit.quota_mode)
+                }
             };
-            let hits = count.hits;
-            let over = !decision.admitted;
-            let metric_key = if limit.detailed_metric {
-                let entries = descriptor.entries.iter();
-                Cow::Owned(self.metrics.detailed_key(
-                    &limit.full_key,
-                    &request.domain,
-                    entries.map(|e| (e.key.as_str(), e.value.as_str())),
-                ))
-            } else {
-                Cow::Borrowed(limit.full_key.as_str())
-            };
-            self.metrics.hit(&metric_key, hits);
-            if over {
-                self.metrics.over_limit(&metric_key, limit.shadow_mode);
-            } else if decision.used as f64 >= self.near_limit_ratio.get() * f64::from(requests) {
-                self.metrics.near_limit(&metric_key);
+            let quota_mode = quota_mode || settings.global_quota_mode;
+            if status.current_limit.is_some() && status.limit_remaining < min_remaining {
+                headers_from = Some(index);
+                min_remaining = status.limit_remaining;
             }
-            let enforced_over = over && !limit.shadow_mode;
-            over_limit |= enforced_over;
-            let current = RateLimit {
-                name: limit.name.clone(),
-                requests_per_unit: requests,
-                unit: unit.to_wire(),
-            };
-            statuses.push(DescriptorStatus {
-                code: if enforced_over {
-                    Code::OverLimit
+            if status.code == Code::OverLimit as i32 {
+                if quota_mode {
+                    failed_quota += 1;
                 } else {
-                    Code::Ok
-                } as i32,
-                current_limit: Some(current.clone()),
-                limit_remaining: decision.remaining,
-                duration_until_reset: Some(duration(decision.reset_ms)),
-                ..DescriptorStatus::default()
-            });
-            let counted = Counted {
-                limit: current,
-                decision,
-                over: enforced_over,
-            };
-            // The headers describe the tightest limit: over limit first,
-            // then the fewest hits left.
-            let rank = |c: &Counted| (c.over, std::cmp::Reverse(c.decision.remaining));
-            if tightest.as_ref().is_none_or(|t| rank(&counted) > rank(t)) {
-                tightest = Some(counted);
+                    failed_rate_limit += 1;
+                    headers_from = Some(index);
+                    min_remaining = 0;
+                }
+            } else {
+                passed.push(index);
             }
+            if quota_mode {
+                total_quota += 1;
+            }
+            statuses.push(status);
         }
-        let mut response_headers_to_add = tightest.map(|t| headers(&t)).unwrap_or_default();
+        let mut over_limit =
+            failed_rate_limit > 0 || (total_quota > 0 && total_quota == failed_quota);
+        let mut response_headers_to_add = Vec::new();
+        if let Some(names) = &settings.response_headers
+            && let Some(status) = headers_from.and_then(|index| statuses.get(index))
+            && let Some(limit) = &status.current_limit
+        {
+            let header = |key: &str, value: String| HeaderValue {
+                key: key.to_owned(),
+                value,
+                ..HeaderValue::default()
+            };
+            let reset = status.duration_until_reset.map_or(0, |d| d.seconds);
+            response_headers_to_add = vec![
+                header(&names.limit, limit.requests_per_unit.to_string()),
+                header(&names.remaining, status.limit_remaining.to_string()),
+                header(&names.reset, reset.to_string()),
+            ];
+        }
         if let Some(reason) = error {
             // Tells the client (and, forwarded, the caller) that this answer
             // is the failure policy's, not a count.
@@ -275,6 +395,17 @@ impl Quotas {
                 ..HeaderValue::default()
             });
         }
+        if over_limit && settings.global_shadow_mode {
+            over_limit = false;
+            self.metrics.global_shadow_mode();
+        }
+        let dynamic_metadata = settings.dynamic_metadata.then(|| {
+            let passed_metadata = passed.iter().filter_map(|index| match plans.get(*index) {
+                Some(Plan::Counted(f, _)) => f.limit.metadata.as_ref(),
+                _ => None,
+            });
+            metadata::response(request, passed_metadata)
+        });
         Ok(RateLimitResponse {
             overall_code: if over_limit {
                 Code::OverLimit
@@ -283,14 +414,21 @@ impl Quotas {
             } as i32,
             statuses,
             response_headers_to_add,
+            dynamic_metadata,
             ..RateLimitResponse::default()
         })
     }
 }
 
 /// The counter of a descriptor: domain and every entry, length-prefixed so
-/// no two descriptors share a key whatever their bytes.
-pub(super) fn counter_key(domain: &str, descriptor: &RateLimitDescriptor) -> String {
+/// no two descriptors share a key whatever their bytes; an entry matched
+/// by a `share_threshold` wildcard counts under the pattern instead of its
+/// value.
+pub(super) fn counter_key(
+    domain: &str,
+    descriptor: &RateLimitDescriptor,
+    shared: Option<&[Option<&str>]>,
+) -> String {
     let mut key = String::with_capacity(
         domain.len()
             + descriptor
@@ -299,52 +437,29 @@ pub(super) fn counter_key(domain: &str, descriptor: &RateLimitDescriptor) -> Str
                 .map(|e| e.key.len() + e.value.len() + 8)
                 .sum::<usize>(),
     );
-    key.push_str(&domain.len().to_string());
-    key.push(':');
-    key.push_str(domain);
-    for entry in &descriptor.entries {
-        for part in [&entry.key, &entry.value] {
-            key.push_str(&part.len().to_string());
-            key.push(':');
-            key.push_str(part);
-        }
+    let mut push = |part: &str| {
+        key.push_str(&part.len().to_string());
+        key.push(':');
+        key.push_str(part);
+    };
+    push(domain);
+    for (index, entry) in descriptor.entries.iter().enumerate() {
+        push(&entry.key);
+        let value = shared
+            .and_then(|shared| shared.get(index).copied().flatten())
+            .map_or(entry.value.as_str(), |pattern| pattern);
+        push(value);
     }
     key
 }
 
-fn duration(ms: u64) -> ProtoDuration {
+/// Milliseconds as envoyproxy/ratelimit's whole seconds (rounded up: a
+/// reset 0.3 s away is 1 s away).
+fn whole_seconds(ms: u64) -> ProtoDuration {
     ProtoDuration {
-        seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
-        nanos: i32::try_from((ms % 1_000) * 1_000_000).unwrap_or(0),
+        seconds: i64::try_from(ms.div_ceil(1_000)).unwrap_or(i64::MAX),
+        nanos: 0,
     }
-}
-
-/// `x-ratelimit-limit`, `-remaining` and `-reset` of the tightest limit,
-/// as envoyproxy/ratelimit sends them.
-fn headers(counted: &Counted) -> Vec<HeaderValue> {
-    let window_s = Unit::from_wire(counted.limit.unit).map_or(1, |u| u.window_ms() / 1_000);
-    let header = |key: &str, value: String| HeaderValue {
-        key: key.to_owned(),
-        value,
-        ..HeaderValue::default()
-    };
-    vec![
-        header(
-            "x-ratelimit-limit",
-            format!(
-                "{}, {};w={window_s}",
-                counted.limit.requests_per_unit, counted.limit.requests_per_unit
-            ),
-        ),
-        header(
-            "x-ratelimit-remaining",
-            counted.decision.remaining.to_string(),
-        ),
-        header(
-            "x-ratelimit-reset",
-            counted.decision.reset_ms.div_ceil(1_000).to_string(),
-        ),
-    ]
 }
 
 #[cfg(test)]
@@ -358,7 +473,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::quotas::{Algorithm, QuotaConfig, QuotaSettings};
+    use crate::quotas::{
+        Algorithm, NearLimitRatio, QuotaConfig, QuotaSettings, ResponseHeaders, StoreFailure,
+    };
 
     const CONFIG: &str = r#"
 domain: api
@@ -374,21 +491,29 @@ descriptors:
     shadow_mode: true
   - key: open
     rate_limit: {unlimited: true}
+  - key: ten
+    rate_limit: {unit: minute, requests_per_unit: 10}
 "#;
 
-    fn quotas(now: &Arc<AtomicU64>) -> Quotas {
+    fn quotas_with(
+        settings: QuotaSettings,
+        now: &Arc<AtomicU64>,
+    ) -> (Quotas, crate::metrics::Metrics) {
         let config = QuotaConfig::from_files(&[("q.yaml".to_owned(), CONFIG.to_owned())]).unwrap();
         let clock = Arc::clone(now);
-        Quotas::new(
+        let metrics = crate::metrics::Metrics::new(1);
+        let quotas = Quotas::new(
             config,
             None,
-            QuotaSettings {
-                algorithm: Algorithm::FixedWindow,
-                ..QuotaSettings::default()
-            },
+            settings,
             Arc::new(move || clock.load(Ordering::Relaxed)),
-            crate::metrics::Metrics::new(1).quotas(),
-        )
+            metrics.quotas(),
+        );
+        (quotas, metrics)
+    }
+
+    fn quotas(now: &Arc<AtomicU64>) -> Quotas {
+        quotas_with(QuotaSettings::default(), now).0
     }
 
     fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -404,17 +529,24 @@ descriptors:
         }
     }
 
-    fn ask(
+    fn try_ask(
         quotas: &Quotas,
         domain: &str,
         descriptors: Vec<RateLimitDescriptor>,
-    ) -> RateLimitResponse {
+    ) -> Result<RateLimitResponse, Status> {
         block_on(quotas.answer(&RateLimitRequest {
             domain: domain.to_owned(),
             descriptors,
             hits_addend: 0,
         }))
-        .unwrap()
+    }
+
+    fn ask(
+        quotas: &Quotas,
+        domain: &str,
+        descriptors: Vec<RateLimitDescriptor>,
+    ) -> RateLimitResponse {
+        try_ask(quotas, domain, descriptors).unwrap()
     }
 
     /// The in-memory store never waits: a current-thread runtime suffices.
@@ -425,44 +557,62 @@ descriptors:
             .block_on(future)
     }
 
+    fn series(metrics: &crate::metrics::Metrics, prefix: &str) -> Option<String> {
+        metrics
+            .encode()
+            .unwrap()
+            .lines()
+            .find(|line| line.starts_with(prefix))
+            .map(str::to_owned)
+    }
+
     #[test]
     fn near_limit_starts_at_the_configured_ratio() {
         let near = |ratio: f64| {
-            let metrics = crate::metrics::Metrics::new(1);
-            let config =
-                QuotaConfig::from_files(&[("q.yaml".to_owned(), CONFIG.to_owned())]).unwrap();
-            let quotas = Quotas::new(
-                config,
-                None,
+            let now = Arc::new(AtomicU64::new(10_000));
+            let (quotas, metrics) = quotas_with(
                 QuotaSettings {
-                    algorithm: Algorithm::FixedWindow,
-                    near_limit_ratio: super::super::NearLimitRatio::new(ratio).unwrap(),
+                    near_limit_ratio: NearLimitRatio::new(ratio).unwrap(),
                     ..QuotaSettings::default()
                 },
-                Arc::new(|| 10_000),
-                metrics.quotas(),
+                &now,
             );
-            // One hit of the two `free` allows per second.
-            ask(&quotas, "api", vec![descriptor(&[("plan", "free")])]);
-            let text = metrics.encode().unwrap();
-            text.lines()
-                .find(|line| line.starts_with("sluice_quota_near_limit_total{"))
-                .map(str::to_owned)
+            // Six hits of the ten a minute allows.
+            for _ in 0..6 {
+                ask(&quotas, "api", vec![descriptor(&[("ten", "x")])]);
+            }
+            series(
+                &metrics,
+                r#"sluice_quota_near_limit_total{domain="api",key="ten"}"#,
+            )
         };
-        // Half the quota used: near from 0.5, not at the default 0.8.
-        assert!(near(0.5).is_some_and(|line| line.ends_with(" 1")));
+        // Near from the sixth hit at 0.5 (past 5), none at 0.8 (past 8).
+        assert!(
+            near(0.5).is_some_and(|line| line.ends_with(" 1")),
+            "{:?}",
+            near(0.5)
+        );
         assert_eq!(near(0.8), None);
-        assert!(super::super::NearLimitRatio::new(1.0).is_err());
-        assert!(super::super::NearLimitRatio::new(0.0).is_err());
-        assert!(super::super::NearLimitRatio::new(f64::NAN).is_err());
+        assert!(NearLimitRatio::new(1.0).is_err());
+        assert!(NearLimitRatio::new(0.0).is_err());
+        assert!(NearLimitRatio::new(f64::NAN).is_err());
     }
 
+    /// The fixed window by default, reset in whole seconds, no headers
+    /// unless asked for, then in envoyproxy/ratelimit's format
+    /// (`TestServiceWithCustomRatelimitHeaders`).
     #[test]
     fn counts_exactly_and_answers_the_contract() {
         let now = Arc::new(AtomicU64::new(10_250));
         let quotas = quotas(&now);
+        assert_eq!(quotas.settings().algorithm, Algorithm::FixedWindow);
         let free = || vec![descriptor(&[("plan", "free")])];
-        assert_eq!(ask(&quotas, "api", free()).overall_code, Code::Ok as i32);
+        let first = ask(&quotas, "api", free());
+        assert_eq!(first.overall_code, Code::Ok as i32);
+        assert!(
+            first.response_headers_to_add.is_empty(),
+            "no headers unless asked"
+        );
         let second = ask(&quotas, "api", free());
         assert_eq!(second.overall_code, Code::Ok as i32);
         assert_eq!(second.statuses[0].limit_remaining, 0);
@@ -470,16 +620,57 @@ descriptors:
         assert_eq!(third.overall_code, Code::OverLimit as i32);
         let status = &third.statuses[0];
         assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 2);
-        assert_eq!(status.duration_until_reset.unwrap().nanos, 750_000_000);
-        let headers: Vec<(String, String)> = third
+        assert_eq!(status.current_limit.as_ref().unwrap().name, "free");
+        assert_eq!(
+            status.duration_until_reset,
+            Some(ProtoDuration {
+                seconds: 1,
+                nanos: 0
+            })
+        );
+        now.store(11_000, Ordering::Relaxed);
+        assert_eq!(ask(&quotas, "api", free()).overall_code, Code::Ok as i32);
+
+        let (quotas, _) = quotas_with(
+            QuotaSettings {
+                response_headers: Some(ResponseHeaders {
+                    limit: "A-Ratelimit-Limit".to_owned(),
+                    ..ResponseHeaders::default()
+                }),
+                ..QuotaSettings::default()
+            },
+            &Arc::new(AtomicU64::new(62_000)),
+        );
+        // Over on `free` (2/s) and 9 left of `ten` (10/min): the headers
+        // name the one over its limit.
+        ask(&quotas, "api", free());
+        ask(&quotas, "api", free());
+        let answer = ask(
+            &quotas,
+            "api",
+            vec![descriptor(&[("plan", "free")]), descriptor(&[("ten", "x")])],
+        );
+        let headers: Vec<(String, String)> = answer
             .response_headers_to_add
             .iter()
             .map(|h| (h.key.clone(), h.value.clone()))
             .collect();
-        assert!(headers.contains(&("x-ratelimit-limit".to_owned(), "2, 2;w=1".to_owned())));
-        assert!(headers.contains(&("x-ratelimit-reset".to_owned(), "1".to_owned())));
-        now.store(11_000, Ordering::Relaxed);
-        assert_eq!(ask(&quotas, "api", free()).overall_code, Code::Ok as i32);
+        assert_eq!(
+            headers,
+            [
+                ("A-Ratelimit-Limit".to_owned(), "2".to_owned()),
+                ("RateLimit-Remaining".to_owned(), "0".to_owned()),
+                ("RateLimit-Reset".to_owned(), "1".to_owned()),
+            ]
+        );
+        // Within both: the one with the fewest left (`ten`, 58 s to go).
+        let answer = ask(&quotas, "api", vec![descriptor(&[("ten", "x")])]);
+        let values: Vec<&str> = answer
+            .response_headers_to_add
+            .iter()
+            .map(|h| h.value.as_str())
+            .collect();
+        assert_eq!(values, ["10", "8", "58"]);
     }
 
     #[test]
@@ -499,36 +690,110 @@ descriptors:
             ask(&quotas, "api", both()).overall_code,
             Code::OverLimit as i32
         );
-        // Shadow: over the limit but OK.
-        for _ in 0..3 {
-            assert_eq!(
-                ask(&quotas, "api", vec![descriptor(&[("beta", "x")])]).overall_code,
-                Code::Ok as i32
-            );
+        // Shadow: over the limit but OK, with nothing left.
+        for n in 0..3 {
+            let answer = ask(&quotas, "api", vec![descriptor(&[("beta", "x")])]);
+            assert_eq!(answer.overall_code, Code::Ok as i32);
+            assert_eq!(answer.statuses[0].code, Code::Ok as i32);
+            assert_eq!(answer.statuses[0].limit_remaining, 0, "hit {n}");
         }
+        // Unlimited: OK, everything left, no limit (TestUnlimited).
+        let open = ask(&quotas, "api", vec![descriptor(&[("open", "x")])]);
         assert_eq!(
-            ask(&quotas, "api", vec![descriptor(&[("open", "x")])]).overall_code,
-            Code::Ok as i32
+            open.statuses[0],
+            DescriptorStatus {
+                code: Code::Ok as i32,
+                limit_remaining: u32::MAX,
+                ..DescriptorStatus::default()
+            }
         );
-        // An unknown domain has no limits (envoyproxy/ratelimit answers OK).
-        assert_eq!(
-            ask(&quotas, "nope", vec![descriptor(&[("plan", "free")])]).overall_code,
-            Code::Ok as i32
-        );
-        // A limit in the request overrides the configuration.
+        // An unknown domain has no limits, not even an override's
+        // (TestConfigLimitOverride).
         let mut overridden = descriptor(&[("any", "thing")]);
         overridden.limit = Some(RateLimitOverride {
             requests_per_unit: 1,
             unit: Unit::Minute.to_wire(),
         });
+        let unknown = ask(&quotas, "nope", vec![overridden.clone()]);
+        assert_eq!(unknown.overall_code, Code::Ok as i32);
+        assert_eq!(unknown.statuses[0].current_limit, None);
+        // In a known domain an override replaces the configuration.
         assert_eq!(
             ask(&quotas, "api", vec![overridden.clone()]).overall_code,
             Code::Ok as i32
         );
         assert_eq!(
-            ask(&quotas, "api", vec![overridden]).overall_code,
+            ask(&quotas, "api", vec![overridden.clone()]).overall_code,
             Code::OverLimit as i32
         );
+        // An override without a unit is refused, not ignored.
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        });
+        let err = try_ask(&quotas, "api", vec![overridden]).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    /// `TestEmptyDomain`, `TestEmptyDescriptors`: errors, word for word.
+    #[test]
+    fn an_empty_domain_or_descriptor_list_is_an_error() {
+        let now = Arc::new(AtomicU64::new(0));
+        let (quotas, metrics) = quotas_with(QuotaSettings::default(), &now);
+        let err = try_ask(&quotas, "", vec![descriptor(&[("plan", "free")])]).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unknown);
+        assert_eq!(err.message(), "rate limit domain must not be empty");
+        let err = try_ask(&quotas, "api", vec![]).unwrap_err();
+        assert_eq!(
+            err.message(),
+            "rate limit descriptor list must not be empty"
+        );
+        assert!(
+            series(
+                &metrics,
+                r#"sluice_quota_should_rate_limit_error_total{err_type="service_error"} 2"#
+            )
+            .is_some()
+        );
+    }
+
+    /// A store that cannot count: a gRPC error by default, the other
+    /// answers when chosen.
+    #[test]
+    fn a_store_failure_is_an_error_unless_told_otherwise() {
+        let answer = |store_failure| {
+            let now = Arc::new(AtomicU64::new(0));
+            let (quotas, metrics) = quotas_with(
+                QuotaSettings {
+                    store_failure,
+                    // Room for no counter at all.
+                    store_bytes: 16,
+                    ..QuotaSettings::default()
+                },
+                &now,
+            );
+            let answer = try_ask(&quotas, "api", vec![descriptor(&[("ten", "x")])]);
+            (answer, metrics)
+        };
+        let (err, metrics) = answer(StoreFailure::Error);
+        let err = err.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+        assert!(
+            series(
+                &metrics,
+                r#"sluice_quota_should_rate_limit_error_total{err_type="redis_error"} 1"#
+            )
+            .is_some()
+        );
+        for (store_failure, code) in [
+            (StoreFailure::Allow, Code::Ok),
+            (StoreFailure::Deny, Code::OverLimit),
+        ] {
+            let answer = answer(store_failure).0.unwrap();
+            assert_eq!(answer.overall_code, code as i32);
+            assert_eq!(answer.response_headers_to_add[0].key, ERROR_HEADER);
+            assert_eq!(answer.response_headers_to_add[0].value, "store_full");
+        }
     }
 
     #[test]
@@ -542,6 +807,9 @@ descriptors:
         }))
         .unwrap();
         assert_eq!(heavy.overall_code, Code::OverLimit as i32);
+        // Over limit: nothing left, reset in the future.
+        assert_eq!(heavy.statuses[0].limit_remaining, 0);
+        assert_eq!(heavy.statuses[0].duration_until_reset.unwrap().seconds, 1);
         let many = RateLimitRequest {
             domain: "api".to_owned(),
             descriptors: vec![descriptor(&[("plan", "free")]); MAX_DESCRIPTORS + 1],
@@ -583,18 +851,13 @@ descriptors:
             ask(&quotas, "api", vec![descriptor(&[(key, value)])]);
         }
         let text = metrics.encode().unwrap();
-        assert!(
-            text.contains(r#"sluice_quota_hits_total{key="api.user_bob"} 2"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"sluice_quota_hits_total{key="api.user_ann"} 1"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"sluice_quota_hits_total{key="api.team"} 1"#),
-            "{text}"
-        );
-        assert!(!text.contains(r#"key="api.user"}"#), "{text}");
+        for line in [
+            r#"sluice_quota_total_hits_total{domain="api",key="user_bob"} 2"#,
+            r#"sluice_quota_total_hits_total{domain="api",key="user_ann"} 1"#,
+            r#"sluice_quota_total_hits_total{domain="api",key="team"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        assert!(!text.contains(r#"key="user"}"#), "{text}");
     }
 }

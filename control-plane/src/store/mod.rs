@@ -420,6 +420,12 @@ impl Store {
         &self.url
     }
 
+    /// Whether the store is a Redis Cluster (a call's keys must share a
+    /// slot).
+    pub fn is_cluster(&self) -> bool {
+        self.url.is_cluster()
+    }
+
     /// The bound on one call made while answering a request.
     pub fn timeout(&self) -> Duration {
         self.timeout

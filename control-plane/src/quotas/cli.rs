@@ -1,0 +1,209 @@
+//! The quota options of `sluice serve` and `sluice check-config --quotas`:
+//! envoyproxy/ratelimit's settings where Sluice has them, read from the
+//! same environment variables where the name is its own
+//! (`NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED`, …).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::{ArgAction, Args};
+
+use super::{
+    Algorithm, LoadOptions, NearLimitRatio, QuotaConfig, QuotaSettings, ResponseHeaders,
+    StoreFailure,
+};
+
+/// How `sluice serve` counts and answers exact quotas.
+#[derive(Debug, Clone, Args)]
+pub struct QuotaArgs {
+    /// The algorithm of every quota: fixed_window (envoyproxy/ratelimit's,
+    /// the default), sliding_window or gcra (no boundary bursts).
+    #[arg(long, value_name = "NAME", default_value = "fixed_window", value_parser = parse_algorithm)]
+    pub quota_algorithm: Algorithm,
+    /// What a hit that cannot be counted (the store is full, down or
+    /// slower than `--store-timeout-ms`) is answered: error (a gRPC error,
+    /// as envoyproxy/ratelimit answers: the `ratelimit` filter's
+    /// failure_mode_deny decides), allow (OK) or deny (over limit); allow
+    /// and deny add `x-ratelimit-error`.
+    #[arg(long, value_name = "ANSWER", default_value = "error", value_parser = parse_store_failure)]
+    pub quota_store_failure: StoreFailure,
+    /// Same as `--quota-store-failure deny` (kept for existing command
+    /// lines).
+    #[arg(long, hide = true, conflicts_with = "quota_store_failure")]
+    pub quota_fail_closed: bool,
+    /// With `--store`: keep up to this many bytes of fixed-window counters
+    /// known to be over their limit, and answer them without a round trip
+    /// until their window ends. 0 (the default) turns it off; other
+    /// algorithms are never cached.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = 0,
+        env = "LOCAL_CACHE_SIZE_IN_BYTES"
+    )]
+    pub quota_local_cache_bytes: usize,
+    /// Hits past this share of their quota count as near the limit
+    /// (`sluice_quota_near_limit_total`); between 0 and 1.
+    #[arg(long, value_name = "RATIO", default_value = "0.8", value_parser = parse_near_limit_ratio, env = "NEAR_LIMIT_RATIO")]
+    pub quota_near_limit_ratio: NearLimitRatio,
+    /// When a request would take a fixed window over its limit, count its
+    /// hits only in the windows that go over (its other descriptors are
+    /// not charged for a refused request).
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", action = ArgAction::SetTrue)]
+    pub quota_stop_increment_when_over_limit: bool,
+    /// Add the tightest limit's quota, remaining hits and seconds to reset
+    /// to every answer, as response headers (named by the next three
+    /// options). Off by default: Envoy's `enable_x_ratelimit_headers` adds
+    /// its own from the answer.
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", action = ArgAction::SetTrue)]
+    pub quota_response_headers: bool,
+    /// The quota header's name.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "RateLimit-Limit",
+        env = "LIMIT_LIMIT_HEADER"
+    )]
+    pub quota_header_limit: String,
+    /// The remaining-hits header's name.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "RateLimit-Remaining",
+        env = "LIMIT_REMAINING_HEADER"
+    )]
+    pub quota_header_remaining: String,
+    /// The seconds-to-reset header's name.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "RateLimit-Reset",
+        env = "LIMIT_RESET_HEADER"
+    )]
+    pub quota_header_reset: String,
+    /// Answer every request OK, counting as usual (envoyproxy/ratelimit's
+    /// SHADOW_MODE; not read from the environment: the name is too common
+    /// to trust with turning every limit off).
+    #[arg(long)]
+    pub quota_global_shadow_mode: bool,
+    /// Treat every descriptor as `quota_mode: true` (QUOTA_MODE; not read
+    /// from the environment either).
+    #[arg(long)]
+    pub quota_global_quota_mode: bool,
+    /// Answer with dynamic metadata: the domain, the descriptors and the
+    /// `metadata` of the limits that passed.
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", action = ArgAction::SetTrue)]
+    pub quota_response_dynamic_metadata: bool,
+    /// Merge files that name the same domain (a descriptor in two of them
+    /// is still an error); by default a domain in two files is an error.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", action = ArgAction::SetTrue)]
+    pub quota_merge_domains: bool,
+}
+
+impl QuotaArgs {
+    /// The settings these options give.
+    pub fn settings(&self) -> QuotaSettings {
+        QuotaSettings {
+            algorithm: self.quota_algorithm,
+            store_failure: if self.quota_fail_closed {
+                StoreFailure::Deny
+            } else {
+                self.quota_store_failure
+            },
+            local_cache_bytes: self.quota_local_cache_bytes,
+            near_limit_ratio: self.quota_near_limit_ratio,
+            stop_increment_when_over_limit: self.quota_stop_increment_when_over_limit,
+            response_headers: self.quota_response_headers.then(|| ResponseHeaders {
+                limit: self.quota_header_limit.clone(),
+                remaining: self.quota_header_remaining.clone(),
+                reset: self.quota_header_reset.clone(),
+            }),
+            global_shadow_mode: self.quota_global_shadow_mode,
+            global_quota_mode: self.quota_global_quota_mode,
+            dynamic_metadata: self.quota_response_dynamic_metadata,
+            load: LoadOptions {
+                merge_domains: self.quota_merge_domains,
+            },
+            ..QuotaSettings::default()
+        }
+    }
+}
+
+fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
+    match value {
+        "gcra" => Ok(Algorithm::Gcra),
+        "sliding_window" => Ok(Algorithm::SlidingWindow),
+        "fixed_window" => Ok(Algorithm::FixedWindow),
+        _ => Err("one of fixed_window, sliding_window, gcra".to_owned()),
+    }
+}
+
+fn parse_store_failure(value: &str) -> Result<StoreFailure, String> {
+    match value {
+        "error" => Ok(StoreFailure::Error),
+        "allow" => Ok(StoreFailure::Allow),
+        "deny" => Ok(StoreFailure::Deny),
+        _ => Err("one of error, allow, deny".to_owned()),
+    }
+}
+
+fn parse_near_limit_ratio(value: &str) -> Result<NearLimitRatio, String> {
+    let ratio = value
+        .parse::<f64>()
+        .map_err(|_| format!("not a number: {value:?}"))?;
+    NearLimitRatio::new(ratio)
+}
+
+/// `sluice check-config --quotas PATH`: loads the quota file or directory
+/// as `sluice serve` would, prints what it holds (or every problem's
+/// `file:line:column: field: message`) and exits 0 (valid) or 1.
+pub fn check(path: &Path, options: LoadOptions) -> ExitCode {
+    let files = match QuotaConfig::read_files(path) {
+        Ok(files) => files,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if files.is_empty() {
+        eprintln!(
+            "{}: no *.yaml or *.yml file: no quota would be served",
+            path.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    // Each file on its own first, so that every broken file is named.
+    let mut failed = false;
+    for file in &files {
+        if let Err(err) = QuotaConfig::from_files_with(std::slice::from_ref(file), options) {
+            eprintln!("{err}");
+            failed = true;
+        }
+    }
+    if failed {
+        return ExitCode::FAILURE;
+    }
+    match QuotaConfig::from_files_with(&files, options) {
+        Ok(config) => {
+            let mut domains: Vec<&String> = config.domains.keys().collect();
+            domains.sort();
+            for (name, _) in &files {
+                println!("loaded {name}");
+            }
+            println!(
+                "OK: {} domain(s): {}",
+                domains.len(),
+                domains
+                    .iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::FAILURE
+        }
+    }
+}
