@@ -182,6 +182,22 @@ pub fn kubernetes_validate() -> Result<PathBuf> {
     }
 }
 
+/// The `redis-cli` beside [`redis_server`] (Debian's `redis-tools`, which
+/// `./scripts/ensure-redis.sh` installs with it), else `$REDIS_CLI`.
+pub fn redis_cli() -> Result<PathBuf> {
+    if let Some(value) = std::env::var_os("REDIS_CLI").filter(|v| !v.is_empty()) {
+        let path = from_root(PathBuf::from(value))?;
+        return require_file(&path, "REDIS_CLI", "run `./scripts/ensure-redis.sh`");
+    }
+    let server = redis_server()?;
+    let beside = server.with_file_name("redis-cli");
+    require_file(
+        &beside,
+        "redis-cli (beside REDIS_SERVER)",
+        "set REDIS_CLI to a redis-cli, or run `./scripts/ensure-redis.sh`",
+    )
+}
+
 /// Directory of the Envoy configs (`envoy/`).
 pub fn envoy_config_dir() -> Result<PathBuf> {
     from_root("envoy")

@@ -179,33 +179,70 @@ impl RedisServer {
     pub fn print_log(&self) {
         self.guard.print_log();
     }
+
+    /// `GET key` (a plain-text server).
+    pub async fn get(&self, key: impl AsRef<str>) -> Result<Option<String>> {
+        command(self.addr(), |c| {
+            c.arg("GET").arg(key.as_ref());
+        })
+        .await
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
 }
 
-/// Slots of a Redis Cluster.
-const CLUSTER_SLOTS: usize = 16_384;
-
-/// A Redis Cluster of masters (no replicas) on ephemeral loopback ports,
-/// the slots split evenly between them, each node's files in its own
-/// folder; stopped with the test.
+/// A Redis Cluster of masters, each with its replicas, on ephemeral
+/// loopback ports, made by `redis-cli --cluster create` as an operator
+/// makes one; each node's files in its own folder; stopped with the test.
+/// A node that cannot be reached for a second is failed over, and masters
+/// keep serving their slots while another is down
+/// (`cluster-require-full-coverage no`).
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// The nodes; node `i` serves the `i`-th equal range of slots.
+    /// The nodes, in the order they were started.
     pub nodes: Vec<RedisServer>,
+    /// Ports of the nodes killed.
+    killed: Vec<u16>,
 }
 
+/// A node's role in `CLUSTER NODES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Its id.
+    pub id: String,
+    /// Its port.
+    pub port: u16,
+    /// Whether it is a master (with slots, or none).
+    pub master: bool,
+    /// A replica's master's id.
+    pub master_id: Option<String>,
+    /// Whether the others consider it failed.
+    pub failed: bool,
+}
+
+/// How long a node may be unreachable before the cluster fails it over.
+const CLUSTER_NODE_TIMEOUT_MS: u64 = 1_000;
+
 impl RedisCluster {
-    /// Starts `nodes` nodes in `dir`, gives each its slots, introduces them
-    /// to each other and waits until every node reports the cluster ok.
-    pub async fn start(dir: &Path, nodes: usize) -> Result<Self> {
-        let mut servers = Vec::with_capacity(nodes);
-        for index in 0..nodes {
+    /// Starts `masters` masters with `replicas` replicas each in `dir`,
+    /// joins them with `redis-cli --cluster create` and waits until every
+    /// node reports the cluster ok and every replica is in sync.
+    pub async fn start(dir: &Path, masters: usize, replicas: usize) -> Result<Self> {
+        let total = masters * (replicas + 1);
+        let mut servers = Vec::with_capacity(total);
+        for index in 0..total {
             let args = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "2000",
+                &CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                "--cluster-require-full-coverage",
+                "no",
             ];
             let extra = Extra {
                 args: args.iter().map(|a| (*a).to_owned()).collect(),
@@ -213,45 +250,67 @@ impl RedisCluster {
             };
             servers.push(RedisServer::start_with(&dir.join(format!("node-{index}")), extra).await?);
         }
-        let cluster = Self { nodes: servers };
-        for (index, node) in cluster.nodes.iter().enumerate() {
-            let first = index * CLUSTER_SLOTS / nodes;
-            let last = (index + 1) * CLUSTER_SLOTS / nodes - 1;
-            let _: () = command(node.addr(), |c| {
-                c.arg("CLUSTER").arg("ADDSLOTSRANGE").arg(first).arg(last);
-            })
+        let cluster = Self {
+            nodes: servers,
+            killed: Vec::new(),
+        };
+        let mut create = Command::new(paths::redis_cli()?);
+        create.args(["--cluster", "create"]);
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        let created = tokio::task::spawn_blocking(move || create.output())
             .await
-            .with_context(|| format!("cannot give slots {first}-{last} to {}", node.addr()))?;
+            .context("redis-cli --cluster create did not run")?
+            .context("cannot run redis-cli --cluster create")?;
+        if !created.status.success() {
+            cluster.print_logs();
+            bail!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&created.stdout),
+                String::from_utf8_lossy(&created.stderr)
+            );
         }
-        if let Some((first, others)) = cluster.nodes.split_first() {
-            for node in others {
-                let _: () = command(first.addr(), |c| {
-                    c.arg("CLUSTER").arg("MEET").arg("127.0.0.1").arg(node.port);
-                })
-                .await
-                .context("CLUSTER MEET failed")?;
+        let ready = crate::wait::until(
+            "every node to see the cluster ok and every replica in sync",
+            START_TIMEOUT,
+            Duration::from_millis(100),
+            || cluster.settled(total, masters),
+        )
+        .await;
+        if let Err(err) = ready {
+            cluster.print_logs();
+            return Err(err);
+        }
+        Ok(cluster)
+    }
+
+    /// `Some(())` once every live node says `cluster_state:ok` and knows
+    /// `total` nodes, `masters` masters hold slots and every replica's
+    /// link to its master is up.
+    async fn settled(&self, total: usize, masters: usize) -> Result<Option<()>> {
+        for node in &self.nodes {
+            let info: String = command(node.addr(), |c| {
+                c.arg("CLUSTER").arg("INFO");
+            })
+            .await?;
+            if !info.contains("cluster_state:ok")
+                || !info.contains(&format!("cluster_known_nodes:{total}"))
+                || !info.contains(&format!("cluster_size:{masters}"))
+            {
+                return Ok(None);
+            }
+            let replication: String = command(node.addr(), |c| {
+                c.arg("INFO").arg("replication");
+            })
+            .await?;
+            if replication.contains("role:slave") && !replication.contains("master_link_status:up")
+            {
+                return Ok(None);
             }
         }
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let mut ready = true;
-            for node in &cluster.nodes {
-                let info: String = command(node.addr(), |c| {
-                    c.arg("CLUSTER").arg("INFO");
-                })
-                .await?;
-                ready &= info.contains("cluster_state:ok")
-                    && info.contains(&format!("cluster_known_nodes:{nodes}"));
-            }
-            if ready {
-                return Ok(cluster);
-            }
-            if Instant::now() > deadline {
-                cluster.print_logs();
-                bail!("the {nodes}-node Redis Cluster did not come up within {START_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        Ok(Some(()))
     }
 
     /// `redis+cluster://127.0.0.1:PORT` of the first node: the client finds
@@ -261,10 +320,139 @@ impl RedisCluster {
         format!("redis+cluster://127.0.0.1:{port}")
     }
 
-    /// How many keys each node holds (`DBSIZE`), in node order.
+    /// The nodes as `node`'s `CLUSTER NODES` lists them.
+    pub async fn roles(&self, node: usize) -> Result<Vec<ClusterNode>> {
+        let addr = self
+            .nodes
+            .get(node)
+            .map(RedisServer::addr)
+            .context("no such node")?;
+        let text: String = command(addr, |c| {
+            c.arg("CLUSTER").arg("NODES");
+        })
+        .await?;
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (Some(id), Some(address), Some(flags), Some(master)) =
+                    (fields.first(), fields.get(1), fields.get(2), fields.get(3))
+                else {
+                    bail!("unexpected CLUSTER NODES line {line:?}");
+                };
+                let port = address
+                    .split(['@', ','])
+                    .next()
+                    .and_then(|hp| hp.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())
+                    .with_context(|| format!("no port in {line:?}"))?;
+                Ok(ClusterNode {
+                    id: (*id).to_owned(),
+                    port,
+                    master: flags.split(',').any(|f| f == "master"),
+                    master_id: (*master != "-").then(|| (*master).to_owned()),
+                    failed: flags.split(',').any(|f| f == "fail"),
+                })
+            })
+            .collect()
+    }
+
+    /// The port of the master serving `key`'s slot, as a live node's
+    /// `CLUSTER SLOTS` says.
+    pub async fn master_port_of(&self, key: &str) -> Result<u16> {
+        let addr = self.live_addr()?;
+        let slot: u64 = command(addr, |c| {
+            c.arg("CLUSTER").arg("KEYSLOT").arg(key);
+        })
+        .await?;
+        let ranges: Vec<redis::Value> = command(addr, |c| {
+            c.arg("CLUSTER").arg("SLOTS");
+        })
+        .await?;
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let number = |value: Option<&redis::Value>| match value {
+                Some(redis::Value::Int(n)) => u64::try_from(*n).ok(),
+                _ => None,
+            };
+            let (Some(first), Some(last)) = (number(fields.first()), number(fields.get(1))) else {
+                continue;
+            };
+            if (first..=last).contains(&slot)
+                && let Some(redis::Value::Array(master)) = fields.get(2)
+                && let Some(port) = number(master.get(1))
+            {
+                return u16::try_from(port).context("port out of range");
+            }
+        }
+        bail!("no master serves slot {slot} of {key:?}")
+    }
+
+    /// `GET key` on the master serving it.
+    pub async fn get(&self, key: impl AsRef<str>) -> Result<Option<String>> {
+        let port = self.master_port_of(key.as_ref()).await?;
+        command(SocketAddr::from(([127, 0, 0, 1], port)), |c| {
+            c.arg("GET").arg(key.as_ref());
+        })
+        .await
+    }
+
+    /// SIGKILLs the node on `port` (a master: a replica of it takes over).
+    pub fn kill_port(&mut self, port: u16) -> Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|node| node.port == port)
+            .context("no node on that port")?;
+        node.kill()?;
+        self.killed.push(port);
+        Ok(())
+    }
+
+    /// Waits until a node other than the one killed on `killed_port`
+    /// serves `key`'s slot and the cluster says it is ok; that node's
+    /// port.
+    pub async fn wait_for_failover(&self, key: &str, killed_port: u16) -> Result<u16> {
+        let result = crate::wait::until(
+            "a replica of the killed master to take over its slots",
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || async {
+                let port = self.master_port_of(key).await?;
+                let info: String = command(self.live_addr()?, |c| {
+                    c.arg("CLUSTER").arg("INFO");
+                })
+                .await?;
+                Ok((port != killed_port && info.contains("cluster_state:ok")).then_some(port))
+            },
+        )
+        .await;
+        if result.is_err() {
+            self.print_logs();
+        }
+        result
+    }
+
+    /// A node that was not killed.
+    fn live_addr(&self) -> Result<SocketAddr> {
+        self.nodes
+            .iter()
+            .find(|node| !self.killed.contains(&node.port))
+            .map(RedisServer::addr)
+            .context("every node was killed")
+    }
+
+    /// How many keys each node holds (`DBSIZE`), in node order (0 for a
+    /// node that was killed).
     pub async fn keys_per_node(&self) -> Result<Vec<u64>> {
         let mut sizes = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
+            if self.killed.contains(&node.port) {
+                sizes.push(0);
+                continue;
+            }
             sizes.push(
                 command(node.addr(), |c| {
                     c.arg("DBSIZE");
@@ -454,6 +642,15 @@ impl RedisSentinel {
     /// The replica's port.
     pub fn replica_port(&self) -> u16 {
         self.replica.port
+    }
+
+    /// `GET key` on the master the sentinel names now.
+    pub async fn get(&self, key: impl AsRef<str>) -> Result<Option<String>> {
+        let port = self.master_port().await?;
+        command(SocketAddr::from(([127, 0, 0, 1], port)), |c| {
+            c.arg("GET").arg(key.as_ref());
+        })
+        .await
     }
 
     /// Prints the three logs' tails.

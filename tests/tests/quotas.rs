@@ -608,7 +608,7 @@ async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let series = r#"sluice_quota_hits_total{key="api.tenant_layered"}"#;
+    let series = r#"sluice_quota_total_hits_total{domain="api",key="tenant_layered"}"#;
     let calls_before = sample(&control_plane.admin().metrics().await.unwrap(), series);
     let from = load.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -54,6 +54,9 @@ pub struct State {
     current: u64,
     /// Sliding: hits admitted in the previous window.
     previous: u64,
+    /// Fixed: the window length the count is for (a limit whose unit
+    /// changed counts afresh, as its windows are others).
+    window: u64,
 }
 
 /// What a decision says.
@@ -94,11 +97,12 @@ fn window_start(now_ms: u64, window: u64) -> u64 {
 fn fixed(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -> Decision {
     let start = window_start(now_ms, window);
     // A clock that went back stays in the window it had reached.
-    if start > state.mark {
+    if start > state.mark || state.window != window {
         *state = State {
             mark: start,
             current: 0,
             previous: 0,
+            window,
         };
     }
     let limit = u64::from(quota.limit);
@@ -126,6 +130,7 @@ fn sliding(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32)
             mark: start,
             current: 0,
             previous,
+            window: 0,
         };
     }
     let into = now_ms.saturating_sub(state.mark).min(window);

@@ -342,7 +342,7 @@ fn parse_file(file: &str, text: &str) -> Result<RawFile, ConfigError> {
         return Err(invalid(file, None, "", "empty file: no domain"));
     };
     let raw: Option<RawFile> =
-        serde_path_to_error::deserialize(first).map_err(|err| ConfigError::invalid(file, err))?;
+        serde_path_to_error::deserialize(first).map_err(|err| yaml_error(file, err))?;
     if documents.next().is_some() {
         return Err(invalid(
             file,
@@ -352,6 +352,44 @@ fn parse_file(file: &str, text: &str) -> Result<RawFile, ConfigError> {
         ));
     }
     Ok(raw.unwrap_or_default())
+}
+
+/// A parse or validation error as `file:line:column: field: message`:
+/// the parser's own path prefix is dropped from its message (the field
+/// says it), and an unknown key's field is the map it is in (the message
+/// names the key).
+fn yaml_error(file: &str, err: serde_path_to_error::Error<serde_yaml_ng::Error>) -> ConfigError {
+    let mut field = err.path().to_string();
+    if field == "." {
+        field.clear();
+    }
+    let inner = err.into_inner();
+    let location = inner.location().map(|l| (l.line(), l.column()));
+    let mut message = inner.to_string();
+    if let Some((line, column)) = location
+        && let Some(stripped) = message.strip_suffix(&format!(" at line {line} column {column}"))
+    {
+        message = stripped.to_owned();
+    }
+    if let Some((prefix, rest)) = message.split_once(": ")
+        && !prefix.is_empty()
+        && !prefix.contains(' ')
+    {
+        message = rest.to_owned();
+    }
+    if let Some(unknown) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+        && let Some(parent) = field.strip_suffix(unknown)
+    {
+        field = parent.trim_end_matches('.').to_owned();
+    }
+    ConfigError::Invalid(InvalidConfig {
+        file: file.to_owned(),
+        location,
+        field,
+        message,
+    })
 }
 
 /// The 1-based line and column of the first line starting with `field:`.

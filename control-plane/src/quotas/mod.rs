@@ -28,7 +28,7 @@ pub use over_limit_cache::OverLimitCache;
 pub use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
-pub use service::{MAX_DESCRIPTORS, RateLimitGrpc};
+pub use service::{MAX_DESCRIPTORS, RateLimitGrpc, counter_for};
 pub use store::{CountError, MemoryStore};
 
 use crate::metrics::QuotaMetrics;

@@ -141,7 +141,7 @@ impl RedisCounters {
         }
         let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
         for (index, count) in counts.iter().enumerate() {
-            let slot = Slot::for_key(redis_key(algorithm, &count.counter));
+            let slot = Slot::for_key(redis_key(algorithm, &count.counter, count.quota.window_ms));
             match groups.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, members)) => members.push(index),
                 None => groups.push((slot, vec![index])),
@@ -244,7 +244,7 @@ impl RedisCounters {
             .arg(if stop_increment { "1" } else { "0" });
         for count in counts {
             invocation
-                .key(redis_key(algorithm, &count.counter))
+                .key(redis_key(algorithm, &count.counter, count.quota.window_ms))
                 .arg(count.quota.limit)
                 .arg(count.quota.window_ms)
                 .arg(count.quota.burst)
@@ -287,19 +287,27 @@ fn algorithm_name(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The Redis key of `counter` under `algorithm` (for a fixed window, the
-/// key holding the latest window start; see [`fixed_window_key`]).
-pub fn redis_key(algorithm: Algorithm, counter: &str) -> String {
-    format!(
-        "sluice:{KEY_VERSION}:{{{counter}}}:{}",
-        algorithm_name(algorithm)
-    )
+/// The Redis key of `counter` under `algorithm`; for a fixed window of
+/// `window_ms`, the key holding the latest window start reached (see
+/// [`fixed_window_key`]), per window length: a limit whose unit changes
+/// counts afresh, as envoyproxy/ratelimit's keys do.
+pub fn redis_key(algorithm: Algorithm, counter: &str, window_ms: u64) -> String {
+    match algorithm {
+        Algorithm::FixedWindow => format!("sluice:{KEY_VERSION}:{{{counter}}}:fixed:{window_ms}"),
+        _ => format!(
+            "sluice:{KEY_VERSION}:{{{counter}}}:{}",
+            algorithm_name(algorithm)
+        ),
+    }
 }
 
-/// The key of the fixed window of `counter` that starts at `start_ms`:
-/// the hits counted in it, refused ones included.
-pub fn fixed_window_key(counter: &str, start_ms: u64) -> String {
-    format!("{}:{start_ms}", redis_key(Algorithm::FixedWindow, counter))
+/// The key of `counter`'s fixed window of `window_ms` that starts at
+/// `start_ms`: the hits counted in it, refused ones included.
+pub fn fixed_window_key(counter: &str, window_ms: u64, start_ms: u64) -> String {
+    format!(
+        "{}:{start_ms}",
+        redis_key(Algorithm::FixedWindow, counter, window_ms)
+    )
 }
 
 #[cfg(test)]
@@ -308,19 +316,24 @@ mod tests {
 
     #[test]
     fn a_descriptors_keys_share_a_slot_and_descriptors_spread() {
-        let a = redis_key(Algorithm::FixedWindow, "3:api4:user1:a");
-        assert_eq!(a, "sluice:v2:{3:api4:user1:a}:fixed");
+        let a = redis_key(Algorithm::FixedWindow, "3:api4:user1:a", 60_000);
+        assert_eq!(a, "sluice:v2:{3:api4:user1:a}:fixed:60000");
+        assert_eq!(
+            fixed_window_key("3:api4:user1:a", 60_000, 120_000),
+            "sluice:v2:{3:api4:user1:a}:fixed:60000:120000"
+        );
         assert_eq!(
             Slot::for_key(&a),
-            Slot::for_key(fixed_window_key("3:api4:user1:a", 60_000))
+            Slot::for_key(fixed_window_key("3:api4:user1:a", 60_000, 120_000))
         );
-        assert_ne!(a, redis_key(Algorithm::Gcra, "3:api4:user1:a"));
+        assert_ne!(a, redis_key(Algorithm::Gcra, "3:api4:user1:a", 60_000));
         // A domain's descriptors land on many slots.
         let slots: std::collections::HashSet<Slot> = (0..64)
             .map(|n| {
                 Slot::for_key(redis_key(
                     Algorithm::FixedWindow,
                     &format!("3:api4:user2:{n:02}"),
+                    1_000,
                 ))
             })
             .collect();
@@ -329,8 +342,8 @@ mod tests {
         // of that descriptor: they still share a slot.
         let odd = "3:a}b1:k1:v";
         assert_eq!(
-            Slot::for_key(redis_key(Algorithm::FixedWindow, odd)),
-            Slot::for_key(fixed_window_key(odd, 1_000))
+            Slot::for_key(redis_key(Algorithm::FixedWindow, odd, 1_000)),
+            Slot::for_key(fixed_window_key(odd, 1_000, 5_000))
         );
     }
 }

@@ -453,6 +453,25 @@ pub(super) fn counter_key(
     key
 }
 
+/// The counter of a descriptor given as `(key, value)` entries (what
+/// [`super::redis_store::fixed_window_key`] and the store key it by), for
+/// reading a count in the store from outside.
+pub fn counter_for(domain: &str, entries: &[(&str, &str)]) -> String {
+    let descriptor = RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| {
+                envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                }
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    };
+    counter_key(domain, &descriptor, None)
+}
+
 /// Milliseconds as envoyproxy/ratelimit's whole seconds (rounded up: a
 /// reset 0.3 s away is 1 s away).
 fn whole_seconds(ms: u64) -> ProtoDuration {

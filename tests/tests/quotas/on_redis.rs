@@ -151,7 +151,7 @@ async fn two_control_planes_on_one_redis_admit_exactly_the_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_control_planes_on_a_redis_cluster_admit_exactly_the_quota() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = RedisCluster::start(dir.path(), 3).await.unwrap();
+    let cluster = RedisCluster::start(dir.path(), 3, 1).await.unwrap();
     let (a, b) = two_control_planes_admit_exactly_the_quota(dir.path(), &cluster.url()).await;
     let leader = replicas::wait_for_leader(&[&a, &b], Duration::from_secs(10)).await;
     let keys = cluster.keys_per_node().await.unwrap();

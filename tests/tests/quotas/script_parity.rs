@@ -79,7 +79,7 @@ async fn the_redis_script_decides_as_the_rust_algorithms() {
                 .map(|(count, state)| algorithm.decide(state, count.quota, now, count.hits))
                 .collect();
             let got = counters
-                .decide_at("parity", algorithm, &counts, Some(now))
+                .decide_at(algorithm, &counts, false, Some(now))
                 .await
                 .unwrap();
             assert_eq!(got, expected, "{algorithm:?}, step {step}, now {now}");
