@@ -111,14 +111,17 @@ async fn failover_under_load(dir: &std::path::Path, cluster: &mut RedisCluster) 
     use sluice_control_plane::quotas::counter_for;
     use sluice_control_plane::quotas::redis_store::redis_key;
 
+    const TIMEOUT_MS: u64 = 500;
     const PER_TENANT: &str = "domain: failover\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
     let run = dir.join("failover");
     std::fs::create_dir_all(&run).unwrap();
-    // The default store timeout: calls on the dead master must be answered
-    // at once.
+    // A store timeout well above what a debug build on a shared machine
+    // takes, so that a slow answer is not mistaken for a failover's
+    // effect; calls on the dead master must fail well before it.
     let (control_plane, _) = quotas::control_plane_with_files(
         &run,
-        ControlPlaneOptions::new("limits: []\n", &run),
+        ControlPlaneOptions::new("limits: []\n", &run)
+            .args(["--store-timeout-ms".to_owned(), TIMEOUT_MS.to_string()]),
         &[("failover.yaml", PER_TENANT)],
         Store::Redis(&cluster.url()),
     )
@@ -148,6 +151,7 @@ async fn failover_under_load(dir: &std::path::Path, cluster: &mut RedisCluster) 
         let mut client = RlsClient::connect(control_plane.grpc_addr()).await.unwrap();
         tasks.push(tokio::spawn(async move {
             let mut calls = Vec::new();
+            let mut errors = Vec::new();
             let mut pace = tokio::time::interval(Duration::from_millis(20));
             while started.elapsed() < run_for {
                 pace.tick().await;
@@ -160,12 +164,19 @@ async fn failover_under_load(dir: &std::path::Path, cluster: &mut RedisCluster) 
                     Ok(answer) => answer.overall_code == OK,
                     Err(status) => {
                         assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+                        if errors.len() < 3 {
+                            errors.push(format!(
+                                "{:?}: {}",
+                                asked.duration_since(started),
+                                status.message()
+                            ));
+                        }
                         false
                     }
                 };
                 calls.push((asked.duration_since(started), ok, took));
             }
-            (tenant, port, calls)
+            (tenant, port, calls, errors)
         }));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -183,21 +194,29 @@ async fn failover_under_load(dir: &std::path::Path, cluster: &mut RedisCluster) 
     for task in tasks {
         results.push(task.await.unwrap());
     }
-    let bound = Duration::from_millis(50 + 250);
-    for (tenant, port, calls) in &results {
+    for (tenant, port, calls, errors) in &results {
         let failed: Vec<_> = calls.iter().filter(|(_, ok, _)| !ok).collect();
         let slowest = calls
             .iter()
             .map(|(_, _, took)| *took)
             .max()
             .unwrap_or_default();
+        let slowest_failure = failed
+            .iter()
+            .map(|(_, _, took)| *took)
+            .max()
+            .unwrap_or_default();
         let last_failure = failed.last().map(|(at, _, _)| *at);
         println!(
-            "{tenant} on {port}: {} calls, {} failed (last at {last_failure:?}), slowest {slowest:?}",
+            "{tenant} on {port}: {} calls, {} failed (last at {last_failure:?}, the slowest failure in {slowest_failure:?}), slowest call {slowest:?}; {errors:?}",
             calls.len(),
             failed.len()
         );
-        assert!(slowest <= bound, "{tenant}: a call took {slowest:?}");
+        // A call to the dead master is refused, not left to time out.
+        assert!(
+            slowest_failure < Duration::from_millis(TIMEOUT_MS),
+            "{tenant}: a failed call took {slowest_failure:?}"
+        );
         if *port == victim {
             assert!(!failed.is_empty(), "{tenant}: the kill was noticed");
             // Counted again within seconds of the replica taking over, and

@@ -256,14 +256,16 @@ impl StoreClient {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(response_timeout))
-            // Reconnects are retried in the background; callers see errors
-            // (and the failure policy) meanwhile, never a wait.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
+            // One attempt per reconnect: calls wait on a reconnect in
+            // flight, so retries with a backoff would hold them all until
+            // the store timeout. The connection's gate answers calls at
+            // once while the server is known down, and lets a reconnect
+            // through now and then.
+            .set_number_of_retries(0);
         match self {
             Self::Single(client) => ConnectionManager::new_with_config(client.clone(), config)
                 .await
-                .map(StoreConnection::Single),
+                .map(|manager| StoreConnection::Single(connection::Gated::new(manager))),
             Self::Sentinel(settings) => {
                 sentinel::SentinelConnection::connect(settings.clone(), config)
                     .await
