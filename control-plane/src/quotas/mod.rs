@@ -8,6 +8,8 @@
 pub mod algorithm;
 pub mod cli;
 pub(crate) mod config;
+#[cfg(test)]
+mod conformance;
 pub(crate) mod lookup;
 mod metadata;
 pub(crate) mod native;
