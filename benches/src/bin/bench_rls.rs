@@ -1,8 +1,10 @@
 //! The rate limit service (`sluice serve --quotas`) under load:
 //! ShouldRateLimit calls per second, the control plane's CPU per call, and
 //! p50/p99 latency seen by the client, for each quota algorithm, with the
-//! counters in memory and in Redis (`--store`, a `redis-server` started
-//! here: `REDIS_SERVER` or `scripts/ensure-redis.sh`).
+//! counters in memory, in Redis (`--store`, a `redis-server` started
+//! here: `REDIS_SERVER` or `scripts/ensure-redis.sh`) and in a Redis
+//! Cluster of three masters with a replica each (`redis+cluster://`,
+//! made here with `redis-cli --cluster create`).
 //!
 //! ```text
 //! bench_rls [--rate N] [--seconds S] [--connections N] [--output FILE|-]
@@ -16,7 +18,8 @@
 //! 1,000 tenants in turn, whose quota it never exhausts. The control plane
 //! is `SLUICE_BIN` (the release build under `just bench-rls`), serving the
 //! quotas on a listener of their own ([`SLUICE_RUNS`]); its CPU time
-//! is read from `/proc` around the measured calls (Redis's too). In the
+//! is read from `/proc` around the measured calls (Redis's too: every
+//! node's, on the cluster). In the
 //! same run, two reference points behind the same client: the minimal
 //! always-OK service (the cost of the gRPC call alone) and Kuadrant's
 //! `limitador` library in memory behind that same minimal service
@@ -38,7 +41,7 @@ use sluice_benches::e2e::service::{Service, ServiceProcess};
 use sluice_benches::fleet::stats;
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::paths;
-use sluice_integration_tests::redis::RedisServer;
+use sluice_integration_tests::redis::{RedisCluster, RedisServer};
 use tokio::sync::Semaphore;
 
 const QUOTAS: &str = "domain: bench\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
@@ -57,12 +60,13 @@ const ARRIVALS: [(Duration, &str); 2] = [
 /// service on its own listener and thread (`--rls-listen`).
 const OWN_LISTENER: &str = "sluice serve --quotas --rls-listen";
 /// Each `sluice serve` measured: every algorithm on its own listener, and
-/// the default one on the gRPC listener, on the control plane's runtime.
+/// the default one (envoyproxy/ratelimit's fixed window) on the gRPC
+/// listener, on the control plane's runtime.
 const SLUICE_RUNS: [(&str, &str); 4] = [
-    (OWN_LISTENER, "gcra"),
-    (OWN_LISTENER, "sliding_window"),
     (OWN_LISTENER, "fixed_window"),
-    ("sluice serve --quotas (gRPC listener)", "gcra"),
+    (OWN_LISTENER, "sliding_window"),
+    (OWN_LISTENER, "gcra"),
+    ("sluice serve --quotas (gRPC listener)", "fixed_window"),
 ];
 
 struct Options {
@@ -139,10 +143,22 @@ async fn run() -> Result<()> {
     let quota_dir = work.path().join("quotas");
     std::fs::create_dir_all(&quota_dir)?;
     std::fs::write(quota_dir.join("bench.yaml"), QUOTAS)?;
-    let redis = RedisServer::start(work.path()).await?;
+    let redis = RedisServer::start(&work.path().join("single")).await?;
     let redis_url = redis.url();
+    let cluster = RedisCluster::start(&work.path().join("cluster"), 3, 1).await?;
+    let cluster_url = cluster.url();
+    let stores: [(&'static str, Option<&str>, Vec<u32>); 3] = [
+        ("memory", None, Vec::new()),
+        ("redis", Some(redis_url.as_str()), vec![redis.pid()]),
+        (
+            "redis cluster (3 masters + 3 replicas)",
+            Some(cluster_url.as_str()),
+            cluster.nodes.iter().map(RedisServer::pid).collect(),
+        ),
+    ];
     let mut rows = Vec::new();
-    for (store, url) in [("memory", None), ("redis", Some(redis_url.as_str()))] {
+    for (store, url, redis_pids) in &stores {
+        let (store, url) = (*store, *url);
         for (service, algorithm) in SLUICE_RUNS {
             let mut extra = vec![
                 "--quotas".to_owned(),
@@ -165,14 +181,13 @@ async fn run() -> Result<()> {
             )
             .await?;
             let rls = control_plane.rls_addr();
-            let redis_pid = url.map(|_| redis.pid());
             for arrivals in ARRIVALS {
                 rows.push(
                     measure_service(
                         (service, store, algorithm),
                         arrivals,
                         rls,
-                        (control_plane.pid(), redis_pid),
+                        (control_plane.pid(), redis_pids),
                         &options,
                         ticks,
                     )
@@ -196,7 +211,7 @@ async fn run() -> Result<()> {
                     (name, "memory", algorithm),
                     arrivals,
                     process.addr(),
-                    (process.pid(), None),
+                    (process.pid(), &[]),
                     &options,
                     ticks,
                 )
@@ -217,13 +232,13 @@ async fn run() -> Result<()> {
 }
 
 /// Drives the service at `addr` for a second of warm-up, then for
-/// `options.seconds`, reading the CPU time of `pids` (the service and, if
-/// any, Redis) around the measured calls.
+/// `options.seconds`, reading the CPU time of the service and of Redis's
+/// processes (none in memory) around the measured calls.
 async fn measure_service(
     (service, store, algorithm): (&'static str, &'static str, &'static str),
     (pacing, arrivals): (Duration, &'static str),
     addr: std::net::SocketAddr,
-    (pid, redis_pid): (u32, Option<u32>),
+    (pid, redis_pids): (u32, &[u32]),
     options: &Options,
     ticks: u64,
 ) -> Result<Measured> {
@@ -233,7 +248,18 @@ async fn measure_service(
     }
     drive(&clients, options.rate, Duration::from_secs(1), pacing).await;
     let cpu = |pid: Option<u32>| pid.map(|pid| measure::cpu_time(pid, ticks)).transpose();
-    let (before, redis_before) = (cpu(Some(pid))?, cpu(redis_pid)?);
+    // Redis's CPU: every node's, summed (none in memory).
+    let redis_cpu = || -> Result<Option<Duration>> {
+        if redis_pids.is_empty() {
+            return Ok(None);
+        }
+        let mut total = Duration::ZERO;
+        for pid in redis_pids {
+            total += measure::cpu_time(*pid, ticks)?;
+        }
+        Ok(Some(total))
+    };
+    let (before, redis_before) = (cpu(Some(pid))?, redis_cpu()?);
     let (mut latencies, skipped, errors, elapsed) = drive(
         &clients,
         options.rate,
@@ -241,7 +267,7 @@ async fn measure_service(
         pacing,
     )
     .await;
-    let (after, redis_after) = (cpu(Some(pid))?, cpu(redis_pid)?);
+    let (after, redis_after) = (cpu(Some(pid))?, redis_cpu()?);
     let calls = latencies.len() as f64;
     let (p50, _, _) = stats::summary(&mut latencies);
     let p99 = stats::quantile(&latencies, 0.99);
@@ -349,7 +375,7 @@ async fn drive(
 fn markdown(options: &Options, rows: &[Measured], machine: &Machine) -> String {
     let mut text = String::from("## Rate limit service (exact quotas)\n\n");
     text.push_str(&format!(
-        "`just bench-rls` (`bench_rls --connections {} --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client on one runtime thread sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over {} HTTP/2 connection{} to `sluice serve --quotas`, which serves them on a listener and a thread of its own (`--rls-listen`; the default algorithm also on the gRPC listener, on the control plane's multi-threaded runtime), counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them. Each service twice: with the calls spread over each millisecond (a pacing thread that wakes every 50 µs, about every 110 µs with the kernel's timer slack, as Envoy's requests arrive) and in one burst a millisecond (twenty calls at once, as a 1 ms timer tick sends them).\n\n",
+        "`just bench-rls` (`bench_rls --connections {} --rate {} --seconds {}`, {}, {} CPUs, {}): an open-loop client on one runtime thread sends ShouldRateLimit calls (one descriptor, 1,000 tenants in turn, never over their quota) over {} HTTP/2 connection{} to `sluice serve --quotas`, which serves them on a listener and a thread of its own (`--rls-listen`; the default algorithm, envoyproxy/ratelimit's fixed window, also on the gRPC listener, on the control plane's multi-threaded runtime), counters in memory, then in a `redis-server` 7.0 on loopback (`--store redis://…`: one EVALSHA per call), then in a Redis Cluster of three masters with a replica each on loopback (`--store redis+cluster://…`, made by `redis-cli --cluster create`: one EVALSHA per call on the master of the descriptor's slot; Redis CPU is all six nodes', replication included); then, in the same run and with the same client, to two reference points on one thread each: a minimal service answering OK (the gRPC call alone) and Kuadrant's `limitador` library (in memory) behind that same minimal service. Each server's and Redis's CPU from `/proc`, latency at the client, which shares the machine with them. Each service twice: with the calls spread over each millisecond (a pacing thread that wakes every 50 µs, about every 110 µs with the kernel's timer slack, as Envoy's requests arrive) and in one burst a millisecond (twenty calls at once, as a 1 ms timer tick sends them).\n\n",
         options.connections, options.rate, options.seconds, machine.date, machine.cpus, machine.cpu_model, options.connections, if options.connections == 1 { "" } else { "s" }
     ));
     text.push_str("| service | store | algorithm | arrivals | calls/s | CPU µs/call | Redis CPU µs/call | p50 µs | p99 µs | skipped | errors |\n| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
