@@ -212,8 +212,8 @@ impl QuotaMetrics {
     /// and those between the near-limit threshold and the limit in
     /// `near_limit`; when within, the hits in `within_limit` and those past
     /// the threshold in `near_limit`.
-    pub fn counted(&self, key: &str, outcome: Outcome) {
-        let labels = labels(key);
+    pub fn counted(&self, domain: &str, key: &str, outcome: Outcome) {
+        let labels = labels(domain, key);
         let add = |family: &Family<LimitLabels, Counter>, by: u64| {
             if by > 0 {
                 family.get_or_create(&labels).inc_by(by);
@@ -254,8 +254,8 @@ impl QuotaMetrics {
     }
 
     /// `hits` at `key` answered over limit from the local cache.
-    pub fn over_limit_from_cache(&self, key: &str, hits: u64, shadow: bool) {
-        let labels = labels(key);
+    pub fn over_limit_from_cache(&self, domain: &str, key: &str, hits: u64, shadow: bool) {
+        let labels = labels(domain, key);
         self.total_hits.get_or_create(&labels).inc_by(hits);
         self.over_limit.get_or_create(&labels).inc_by(hits);
         self.over_limit_with_local_cache
@@ -268,8 +268,10 @@ impl QuotaMetrics {
     }
 
     /// `hits` at `key` the store could not count, for `reason`.
-    pub fn store_error(&self, key: &str, hits: u64, reason: &'static str) {
-        self.total_hits.get_or_create(&labels(key)).inc_by(hits);
+    pub fn store_error(&self, domain: &str, key: &str, hits: u64, reason: &'static str) {
+        self.total_hits
+            .get_or_create(&labels(domain, key))
+            .inc_by(hits);
         self.store_errors
             .get_or_create(&ReasonLabels { reason })
             .inc();
@@ -318,10 +320,12 @@ impl QuotaMetrics {
     }
 }
 
-/// `domain.key…` as labels: the domain is the path up to its first `.`
-/// (a domain with a `.` in it shows its first part as the domain).
-fn labels(key: &str) -> LimitLabels {
-    let (domain, rest) = key.split_once('.').unwrap_or((key, ""));
+/// The labels of the key path `domain.key…` of `domain`.
+fn labels(domain: &str, key: &str) -> LimitLabels {
+    let rest = key
+        .strip_prefix(domain)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .unwrap_or(key);
     LimitLabels {
         domain: domain.to_owned(),
         key: rest.to_owned(),
@@ -359,9 +363,20 @@ mod tests {
         assert!(metrics.per_value_overflow.get() > 0);
     }
 
+    #[test]
+    fn a_domain_with_dots_keeps_them() {
+        assert_eq!(
+            labels("api.v1", "api.v1.tenant_gold"),
+            LimitLabels {
+                domain: "api.v1".to_owned(),
+                key: "tenant_gold".to_owned()
+            }
+        );
+    }
+
     fn stat(metrics: &QuotaMetrics, family: &Family<LimitLabels, Counter>) -> u64 {
         let _ = metrics;
-        family.get_or_create(&labels("d.k")).get()
+        family.get_or_create(&labels("d", "d.k")).get()
     }
 
     /// The accounting of envoyproxy/ratelimit's `base_limiter.go`: a limit
@@ -379,15 +394,15 @@ mod tests {
             shadow,
         };
         // 6 → 9: within, 1 near (the ninth).
-        metrics.counted("d.k", outcome(6, 3, false));
+        metrics.counted("d", "d.k", outcome(6, 3, false));
         assert_eq!(stat(&metrics, &metrics.within_limit), 3);
         assert_eq!(stat(&metrics, &metrics.near_limit), 1);
         // 9 → 12: 2 over, 1 near (the tenth).
-        metrics.counted("d.k", outcome(9, 3, false));
+        metrics.counted("d", "d.k", outcome(9, 3, false));
         assert_eq!(stat(&metrics, &metrics.over_limit), 2);
         assert_eq!(stat(&metrics, &metrics.near_limit), 2);
         // 12 → 14, shadow: all over, all shadow.
-        metrics.counted("d.k", outcome(12, 2, true));
+        metrics.counted("d", "d.k", outcome(12, 2, true));
         assert_eq!(stat(&metrics, &metrics.over_limit), 4);
         assert_eq!(stat(&metrics, &metrics.shadow_mode), 2);
         assert_eq!(stat(&metrics, &metrics.total_hits), 8);

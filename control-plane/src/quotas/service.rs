@@ -236,7 +236,8 @@ impl Quotas {
             for (plan, decision) in plans.iter().zip(&decisions) {
                 if let (Plan::Counted(f, index), Err(err)) = (plan, decision) {
                     let hits = hits_of.get(*index).copied().unwrap_or(0);
-                    self.metrics.store_error(&f.metric_key, hits, err.reason());
+                    self.metrics
+                        .store_error(domain, &f.metric_key, hits, err.reason());
                 }
             }
             self.metrics.call_error(CallError::Store);
@@ -284,6 +285,7 @@ impl Quotas {
                             let over = !decision.admitted;
                             if cached {
                                 self.metrics.over_limit_from_cache(
+                                    domain,
                                     &f.metric_key,
                                     hits,
                                     limit.shadow_mode,
@@ -299,6 +301,7 @@ impl Quotas {
                                     decision.used
                                 };
                                 self.metrics.counted(
+                                    domain,
                                     &f.metric_key,
                                     Outcome {
                                         hits,
@@ -325,7 +328,8 @@ impl Quotas {
                             }
                         }
                         Some(Err(err)) => {
-                            self.metrics.store_error(&f.metric_key, hits, err.reason());
+                            self.metrics
+                                .store_error(domain, &f.metric_key, hits, err.reason());
                             tracing::debug!(%err, domain, "quota store");
                             error = Some(err.reason());
                             let code = if settings.store_failure == StoreFailure::Deny {

@@ -60,18 +60,16 @@ async fn room_in_minute(needed: Duration) {
     }
 }
 
+/// A status as compared: code, limit (requests per unit, unit), remaining.
+type Shape = (i32, Option<(u32, i32)>, u32);
+
 /// A status with a limit, as envoyproxy/ratelimit writes one (the reset
 /// checked separately).
-fn limited(
-    code: i32,
-    requests_per_unit: u32,
-    unit: i32,
-    remaining: u32,
-) -> (i32, Option<(u32, i32)>, u32) {
+fn limited(code: i32, requests_per_unit: u32, unit: i32, remaining: u32) -> Shape {
     (code, Some((requests_per_unit, unit)), remaining)
 }
 
-fn shape(status: &DescriptorStatus) -> (i32, Option<(u32, i32)>, u32) {
+fn shape(status: &DescriptorStatus) -> Shape {
     (
         status.code,
         status
@@ -82,7 +80,7 @@ fn shape(status: &DescriptorStatus) -> (i32, Option<(u32, i32)>, u32) {
     )
 }
 
-fn shapes(response: &RateLimitResponse) -> Vec<(i32, Option<(u32, i32)>, u32)> {
+fn shapes(response: &RateLimitResponse) -> Vec<Shape> {
     response.statuses.iter().map(shape).collect()
 }
 
@@ -619,12 +617,12 @@ async fn service(dir: &std::path::Path, store: Store<'_>) {
     );
 
     // TestUnlimited: a limit, no limit, unlimited.
-    let foo = fresh("foo");
+    let fresh_foo = fresh("foo");
     let answer = client
         .ask(
             "rl",
             &[
-                &[("foo", foo.as_str())],
+                &[("foo", fresh_foo.as_str())],
                 &[("hello", "world")],
                 &[("qux", "x")],
             ],
@@ -644,14 +642,14 @@ async fn service(dir: &std::path::Path, store: Store<'_>) {
     // trigger-ratelimit.sh through /twoheader ([foo, bar] and [foo, baz]):
     // [foo, baz=not-so-shady] (3 a minute) refuses the fourth.
     let pelle = fresh("pelle");
-    let two = |baz: &'static str| {
+    let two = |third: &'static str| {
         let pelle = pelle.clone();
         move || {
             request(
                 "rl",
                 vec![
                     descriptor(&[("foo", pelle.as_str()), ("bar", "x")]),
-                    descriptor(&[("foo", pelle.as_str()), ("baz", baz)]),
+                    descriptor(&[("foo", pelle.as_str()), ("baz", third)]),
                 ],
             )
         }
