@@ -260,7 +260,7 @@ async fn basic_config(control_plane: &ControlPlane, client: &mut RlsClient, vari
     // 25 hits on a fresh value of a 20-a-minute quota: 20 OK counting
     // down, then over limit with nothing left.
     let another = format!("another-{v}");
-    room_in_minute(Duration::from_secs(15)).await;
+    room_in_minute(Duration::from_secs(5)).await;
     let value = fresh("k2");
     for i in 0..25_u32 {
         let answer = client
@@ -599,7 +599,7 @@ async fn service(dir: &std::path::Path, store: Store<'_>) {
             .await
             .unwrap();
     let mut client = RlsClient::connect(control_plane.grpc_addr()).await.unwrap();
-    room_in_minute(Duration::from_secs(20)).await;
+    room_in_minute(Duration::from_secs(8)).await;
 
     // TestEmptyDomain, TestEmptyDescriptors: gRPC errors, word for word.
     let err = client.ask("", &[&[("hello", "world")]]).await.unwrap_err();
