@@ -267,7 +267,9 @@ pub struct CheckConfigArgs {
     pub quotas: Option<PathBuf>,
     /// With `--quotas`: merge files that name the same domain
     /// (MERGE_DOMAIN_CONFIG), as `sluice serve --quota-merge-domains`.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", action = clap::ArgAction::SetTrue, requires = "quotas")]
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          value_parser = crate::quotas::cli::parse_bool)]
     pub quota_merge_domains: bool,
 }
 

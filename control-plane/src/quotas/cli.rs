@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{ArgAction, Args};
+use clap::Args;
 
 use super::{
     Algorithm, LoadOptions, NearLimitRatio, QuotaConfig, QuotaSettings, ResponseHeaders,
@@ -49,13 +49,15 @@ pub struct QuotaArgs {
     /// When a request would take a fixed window over its limit, count its
     /// hits only in the windows that go over (its other descriptors are
     /// not charged for a refused request).
-    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", action = ArgAction::SetTrue)]
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_stop_increment_when_over_limit: bool,
     /// Add the tightest limit's quota, remaining hits and seconds to reset
     /// to every answer, as response headers (named by the next three
     /// options). Off by default: Envoy's `enable_x_ratelimit_headers` adds
     /// its own from the answer.
-    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", action = ArgAction::SetTrue)]
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_response_headers: bool,
     /// The quota header's name.
     #[arg(
@@ -92,11 +94,13 @@ pub struct QuotaArgs {
     pub quota_global_quota_mode: bool,
     /// Answer with dynamic metadata: the domain, the descriptors and the
     /// `metadata` of the limits that passed.
-    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", action = ArgAction::SetTrue)]
+    #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_response_dynamic_metadata: bool,
     /// Merge files that name the same domain (a descriptor in two of them
     /// is still an error); by default a domain in two files is an error.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", action = ArgAction::SetTrue)]
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_merge_domains: bool,
 }
 
@@ -126,6 +130,16 @@ impl QuotaArgs {
             },
             ..QuotaSettings::default()
         }
+    }
+}
+
+/// A boolean as envoyproxy/ratelimit reads one from its environment (Go's
+/// `strconv.ParseBool`): `1`, `t`, `true` … or `0`, `f`, `false` ….
+pub fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("not a boolean: {value:?} (true or false, 1 or 0)")),
     }
 }
 
@@ -205,5 +219,83 @@ pub fn check(path: &Path, options: LoadOptions) -> ExitCode {
             eprintln!("{err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        quota: QuotaArgs,
+        #[arg(long)]
+        quotas: Option<std::path::PathBuf>,
+    }
+
+    fn settings(args: &[&str]) -> Result<QuotaSettings, String> {
+        Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .map(|serve| serve.quota.settings())
+            .map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn defaults_are_envoyproxy_ratelimits() {
+        let defaults = settings(&[]).unwrap();
+        assert_eq!(defaults.algorithm, Algorithm::FixedWindow);
+        assert_eq!(defaults.store_failure, StoreFailure::Error);
+        assert_eq!(defaults.response_headers, None);
+        assert!(!defaults.stop_increment_when_over_limit && !defaults.load.merge_domains);
+    }
+
+    #[test]
+    fn switches_take_a_value_only_after_an_equals_sign() {
+        let set = settings(&[
+            "--quota-merge-domains",
+            "--quota-response-headers=false",
+            "--quota-stop-increment-when-over-limit=1",
+            "--quotas",
+            "dir",
+        ])
+        .unwrap();
+        assert!(set.load.merge_domains);
+        assert_eq!(set.response_headers, None);
+        assert!(set.stop_increment_when_over_limit);
+        assert!(settings(&["--quota-merge-domains=maybe"]).is_err());
+        // The old switch still answers over limit; with the new one it is
+        // refused as a contradiction.
+        assert_eq!(
+            settings(&["--quota-fail-closed"]).unwrap().store_failure,
+            StoreFailure::Deny
+        );
+        assert!(settings(&["--quota-fail-closed", "--quota-store-failure", "allow"]).is_err());
+        let headers = settings(&[
+            "--quota-response-headers",
+            "--quota-header-limit",
+            "X-Limit",
+        ])
+        .unwrap()
+        .response_headers
+        .unwrap();
+        assert_eq!(
+            (headers.limit.as_str(), headers.remaining.as_str()),
+            ("X-Limit", "RateLimit-Remaining")
+        );
+    }
+
+    #[test]
+    fn booleans_read_as_go_reads_them() {
+        for yes in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert_eq!(parse_bool(yes), Ok(true), "{yes}");
+        }
+        for no in ["0", "f", "F", "false", "FALSE", "False"] {
+            assert_eq!(parse_bool(no), Ok(false), "{no}");
+        }
+        assert!(parse_bool("yes").is_err());
     }
 }
