@@ -233,8 +233,10 @@ impl Quotas {
         if settings.store_failure == StoreFailure::Error
             && let Some(err) = decisions.iter().find_map(|d| d.as_ref().err())
         {
-            for (plan, decision) in plans.iter().zip(&decisions) {
-                if let (Plan::Counted(f, index), Err(err)) = (plan, decision) {
+            for plan in &plans {
+                if let Plan::Counted(f, index) = plan
+                    && let Some(Err(err)) = decisions.get(*index)
+                {
                     let hits = hits_of.get(*index).copied().unwrap_or(0);
                     self.metrics
                         .store_error(domain, &f.metric_key, hits, err.reason());
@@ -795,25 +797,32 @@ descriptors:
                 },
                 &now,
             );
-            let answer = try_ask(&quotas, "api", vec![descriptor(&[("ten", "x")])]);
+            // A descriptor without a limit first: the failed one is the
+            // second.
+            let answer = try_ask(
+                &quotas,
+                "api",
+                vec![descriptor(&[("nothing", "x")]), descriptor(&[("ten", "x")])],
+            );
             (answer, metrics)
         };
         let (err, metrics) = answer(StoreFailure::Error);
         let err = err.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
-        assert!(
-            series(
-                &metrics,
-                r#"sluice_quota_should_rate_limit_error_total{err_type="redis_error"} 1"#
-            )
-            .is_some()
-        );
+        for line in [
+            r#"sluice_quota_should_rate_limit_error_total{err_type="redis_error"} 1"#,
+            r#"sluice_quota_total_hits_total{domain="api",key="ten"} 1"#,
+            r#"sluice_quota_store_errors_total{reason="store_full"} 1"#,
+        ] {
+            assert!(series(&metrics, line).is_some(), "{line}");
+        }
         for (store_failure, code) in [
             (StoreFailure::Allow, Code::Ok),
             (StoreFailure::Deny, Code::OverLimit),
         ] {
             let answer = answer(store_failure).0.unwrap();
             assert_eq!(answer.overall_code, code as i32);
+            assert_eq!(answer.statuses[1].code, code as i32);
             assert_eq!(answer.response_headers_to_add[0].key, ERROR_HEADER);
             assert_eq!(answer.response_headers_to_add[0].value, "store_full");
         }
