@@ -139,7 +139,7 @@ bench-propagation *ARGS: build-wasm
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
       target/release/bench_propagation {{ARGS}}
 
-# The rate limit service (exact quotas) under load, in memory and on Redis, beside a minimal always-OK service and the limitador library behind it: ShouldRateLimit calls/s, CPU per call, p50/p99 per algorithm; updates BENCHMARKS.md (`--output -`: print only, `--rate N`, `--seconds S`).
+# The rate limit service (exact quotas) under load, in memory, on Redis and on a Redis Cluster (3 masters + 3 replicas) in the same run, beside a minimal always-OK service and the limitador library behind it: ShouldRateLimit calls/s, CPU per call (Redis's too), p50/p99 per algorithm; updates BENCHMARKS.md (`--output -`: print only, `--rate N`, `--seconds S`).
 bench-rls *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins
