@@ -863,6 +863,27 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_loads() {
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/quotas.md"),
+        )
+        .unwrap();
+        let from = doc.find("## Configuration").unwrap();
+        let start = from + doc[from..].find("```yaml\n").unwrap() + "```yaml\n".len();
+        let end = start + doc[start..].find("```").unwrap();
+        let config = load_one(&doc[start..end]).unwrap();
+        let api = &config.domains["api"];
+        assert!(api.children.contains_key("path_/api/*/export"));
+        assert!(
+            api.children["service_checkout"]
+                .limit
+                .as_ref()
+                .unwrap()
+                .quota_mode
+        );
+    }
+
+    #[test]
     fn wildcards_match_as_envoyproxy_ratelimit_matches_them() {
         let w = Wildcard::new("midWild_bar*b");
         assert!(w.matches("midWild_barab") && w.matches("midWild_barb"));
