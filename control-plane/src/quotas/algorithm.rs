@@ -355,6 +355,29 @@ mod tests {
             }
         }
 
+        /// Every algorithm: a refused request has nothing remaining and a
+        /// reset in the future, whatever its hits (more than the limit
+        /// too).
+        #[test]
+        fn a_refusal_leaves_nothing_and_resets_later(limit in 0_u32..20, hits in 0_u32..60, steps in steps()) {
+            for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::Gcra] {
+                let q = quota(limit, 1_000);
+                let mut state = State::default();
+                let mut now: i64 = 10_000_000;
+                for &(step, step_hits) in &steps {
+                    now = (now + step).max(0);
+                    let t = u64::try_from(now).unwrap();
+                    for h in [step_hits, hits] {
+                        let d = algorithm.decide(&mut state, q, t, h);
+                        if !d.admitted {
+                            prop_assert_eq!(d.remaining, 0, "{:?} {:?}", algorithm, d);
+                            prop_assert!(d.reset_ms > 0, "{:?} {:?}", algorithm, d);
+                        }
+                    }
+                }
+            }
+        }
+
         /// Sliding window: the weighted estimate at every admission stays
         /// within the limit.
         #[test]
