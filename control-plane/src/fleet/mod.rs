@@ -208,6 +208,32 @@ struct Proxy {
     /// Ticks of probation left (see [`ShareCap::probation_ticks`]): 0 once
     /// established.
     unproven_ticks: u32,
+    /// Reports accepted from this instance.
+    reports: u64,
+    /// Set when this instance said Hello beside a live one: which, and how
+    /// many reports it had then. See [`Fleet::take_conflicts`].
+    unconfirmed_conflict: Option<UnconfirmedConflict>,
+}
+
+/// A Hello beside a live instance of the same proxy id, not yet known to be
+/// two processes: a restarted Envoy says Hello while the connection of its
+/// frozen predecessor lingers, and that is no conflict.
+#[derive(Debug, Clone, Copy)]
+struct UnconfirmedConflict {
+    holder: u64,
+    holder_reports: u64,
+}
+
+/// Two live processes that share one proxy id: both reported after the
+/// second one's Hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyIdConflict {
+    /// The shared proxy id.
+    pub proxy_id: String,
+    /// The instance that held the id first.
+    pub holder: u64,
+    /// The instance that said Hello beside it.
+    pub newcomer: u64,
 }
 
 impl Proxy {
@@ -233,6 +259,8 @@ impl Proxy {
             quiet_ticks: 0,
             carry_ticks: None,
             unproven_ticks: probation_ticks,
+            reports: 0,
+            unconfirmed_conflict: None,
         }
     }
 
@@ -277,6 +305,55 @@ pub struct Fleet {
     weights: ClaimWeights,
     /// Streams of silent instances closed by the last tick.
     superseded: Vec<StreamId>,
+    /// Conflicts the last tick confirmed.
+    conflicts: Vec<ProxyIdConflict>,
+}
+
+/// Reports a holder must send after a newcomer's Hello before the two are
+/// a conflict: one may have been on its way when its process froze.
+pub const CONFLICT_HOLDER_REPORTS: u64 = 2;
+
+/// Settles the unconfirmed conflicts of one proxy id's instances: confirmed
+/// ones go to `conflicts`; those whose holder has no live stream any more
+/// (it closed, or was superseded as silent) were a restart.
+fn confirm_conflicts(
+    proxy_id: &str,
+    instances: &mut [Proxy],
+    conflicts: &mut Vec<ProxyIdConflict>,
+) {
+    let holders: Vec<(u64, u64)> = instances
+        .iter()
+        .filter(|proxy| proxy.stream.is_some())
+        .map(|proxy| (proxy.instance_id, proxy.reports))
+        .collect();
+    for proxy in instances.iter_mut() {
+        let Some(pending) = proxy.unconfirmed_conflict else {
+            continue;
+        };
+        let holder_reports = holders
+            .iter()
+            .find(|(instance, _)| *instance == pending.holder)
+            .map(|(_, reports)| *reports);
+        match holder_reports {
+            None => proxy.unconfirmed_conflict = None,
+            Some(_) if proxy.stream.is_none() => proxy.unconfirmed_conflict = None,
+            Some(reports)
+                if proxy.reports > 0
+                    && reports
+                        >= pending
+                            .holder_reports
+                            .saturating_add(CONFLICT_HOLDER_REPORTS) =>
+            {
+                proxy.unconfirmed_conflict = None;
+                conflicts.push(ProxyIdConflict {
+                    proxy_id: proxy_id.to_owned(),
+                    holder: pending.holder,
+                    newcomer: proxy.instance_id,
+                });
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 impl Fleet {
@@ -301,6 +378,7 @@ impl Fleet {
             sums: Sums::default(),
             weights: ClaimWeights::default(),
             superseded: Vec::new(),
+            conflicts: Vec::new(),
         }
     }
 
@@ -393,14 +471,15 @@ impl Fleet {
                     .position(|proxy| proxy.is_silent(carry_ticks))
             });
         let Some(proxy) = taken.and_then(|at| instances.get_mut(at)) else {
-            let holder = instances.first().map_or(0, |proxy| proxy.instance_id);
-            instances.push(Proxy::new(
-                stream,
-                principal,
-                instance_id,
-                zone,
-                probation_ticks,
-            ));
+            let (holder, holder_reports) = instances
+                .first()
+                .map_or((0, 0), |proxy| (proxy.instance_id, proxy.reports));
+            let mut newcomer = Proxy::new(stream, principal, instance_id, zone, probation_ticks);
+            newcomer.unconfirmed_conflict = Some(UnconfirmedConflict {
+                holder,
+                holder_reports,
+            });
+            instances.push(newcomer);
             return Connected::Conflict { holder };
         };
         let previous = proxy.stream.replace(stream);
@@ -409,6 +488,8 @@ impl Fleet {
             // A new process earns its weight anew.
             proxy.instance_id = instance_id;
             proxy.unproven_ticks = probation_ticks;
+            proxy.reports = 0;
+            proxy.unconfirmed_conflict = None;
         }
         proxy.principal = principal;
         zone.clone_into(&mut proxy.zone);
@@ -464,6 +545,7 @@ impl Fleet {
             return Err(ReportRejected::EmptyWindow);
         }
         proxy.window_ms = proxy.window_ms.saturating_add(report.window_ms);
+        proxy.reports = proxy.reports.saturating_add(1);
         proxy.last_report = Instant::now();
         proxy.directive_age_ms = report.directive_age_ms;
         proxy.hints.resize(report.buckets.len(), NO_CELL);
@@ -569,6 +651,15 @@ impl Fleet {
         std::mem::take(&mut self.superseded)
     }
 
+    /// Proxy ids the last [`Fleet::tick`] found held by two live processes:
+    /// an instance that said Hello beside another is a conflict once it
+    /// has reported and the other has reported [`CONFLICT_HOLDER_REPORTS`]
+    /// times since that Hello (a frozen predecessor's stream, superseded
+    /// meanwhile, is not one). Taken once.
+    pub fn take_conflicts(&mut self) -> Vec<ProxyIdConflict> {
+        std::mem::take(&mut self.conflicts)
+    }
+
     /// Every tracked proxy, sorted by proxy id then instance: connected ones
     /// and disconnected ones whose rates are still carried.
     pub fn proxies(&self) -> Vec<ProxyStatus> {
@@ -636,7 +727,9 @@ impl Fleet {
         let carry_ticks = self.carry_ticks;
         let superseded = &mut self.superseded;
         superseded.clear();
-        self.proxies.retain(|_, instances| {
+        let conflicts = &mut self.conflicts;
+        conflicts.clear();
+        self.proxies.retain(|proxy_id, instances| {
             for proxy in instances.iter_mut() {
                 proxy.close_window(proxy.carry_ticks.unwrap_or(carry_ticks));
             }
@@ -655,6 +748,7 @@ impl Fleet {
                     }
                 }
             }
+            confirm_conflicts(proxy_id, instances, conflicts);
             instances.retain(|proxy| proxy.stream.is_some() || !proxy.rates.is_empty());
             !instances.is_empty()
         });

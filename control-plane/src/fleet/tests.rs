@@ -565,6 +565,26 @@ fn a_second_live_instance_of_a_proxy_id_is_a_proxy_of_its_own() {
         .unwrap();
     let load = fleet.tick();
     assert_eq!(offered(&load, "acme"), 300.0, "both count");
+    // One report of the holder since the Hello may have been on its way
+    // when it froze; the second confirms two live processes.
+    assert!(fleet.take_conflicts().is_empty());
+    fleet
+        .report("twin", StreamId(1), &report(100, &[("acme", 15, 15)]))
+        .unwrap();
+    fleet.tick();
+    assert_eq!(
+        fleet.take_conflicts(),
+        [ProxyIdConflict {
+            proxy_id: "twin".to_owned(),
+            holder: 1,
+            newcomer: 2
+        }]
+    );
+    fleet
+        .report("twin", StreamId(1), &report(100, &[("acme", 15, 15)]))
+        .unwrap();
+    fleet.tick();
+    assert!(fleet.take_conflicts().is_empty(), "counted once");
     assert_eq!(load.get("acme").unwrap().load.proxies_reporting, 2);
     let proxies = fleet.proxies();
     assert_eq!(proxies.len(), 2);
@@ -637,6 +657,7 @@ fn a_frozen_instance_beside_a_live_one_is_let_go() {
             .report("edge", StreamId(2), &report(100, &[("acme", 10, 10)]))
             .unwrap();
         fleet.tick();
+        assert!(fleet.take_conflicts().is_empty(), "tick {tick}: a restart");
         let superseded = fleet.take_superseded();
         if tick < 4 {
             assert!(superseded.is_empty(), "tick {tick}: {superseded:?}");

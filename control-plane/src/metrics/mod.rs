@@ -573,7 +573,7 @@ impl Metrics {
         self.trust.stream_superseded();
     }
 
-    /// A second live process said Hello with a proxy id another holds.
+    /// Two live processes report with one proxy id.
     pub fn proxy_id_conflict(&self) {
         self.trust.proxy_id_conflict();
     }

@@ -93,7 +93,7 @@ impl TrustMetrics {
         );
         registry.register(
             "proxy_id_conflicts",
-            "Hellos of a second live process with a proxy id another live process holds; both are counted, as proxies of their own",
+            "Proxy ids found held by two live processes (both reported after the second one's Hello); both are counted, as proxies of their own",
             metrics.proxy_id_conflicts.clone(),
         );
         registry.register(

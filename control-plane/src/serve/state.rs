@@ -149,12 +149,21 @@ impl AppState {
     /// [`Fleet::take_superseded`]); `then` reads the fleet under the same
     /// lock.
     pub fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
-        let (load, read, superseded) = {
+        let (load, read, superseded, conflicts) = {
             let mut fleet = self.fleet();
             let load = fleet.tick();
             let read = then(&fleet);
-            (load, read, fleet.take_superseded())
+            (load, read, fleet.take_superseded(), fleet.take_conflicts())
         };
+        for conflict in conflicts {
+            self.metrics().proxy_id_conflict();
+            tracing::warn!(
+                proxy_id = conflict.proxy_id,
+                holder = format_args!("{:#018x}", conflict.holder),
+                newcomer = format_args!("{:#018x}", conflict.newcomer),
+                "two live processes share one proxy id (both report): both are counted, as proxies of their own; give each Envoy a unique proxy_id"
+            );
+        }
         for stream in superseded {
             self.metrics().stream_superseded();
             tracing::info!(

@@ -104,8 +104,9 @@ impl StreamGate {
     /// Takes `claim.proxy_id` for `stream` in the fleet, if the Hello's
     /// names are within the limits and the stream's client certificate
     /// (`peer`) allows it. A stream this one supersedes is closed with
-    /// `ABORTED`; a live instance of another process with the same id is a
-    /// conflict, logged and counted, and both count as proxies. Refusals
+    /// `ABORTED`; a live instance of another process with the same id is
+    /// admitted beside it, both counting as proxies (a conflict once both
+    /// report, see [`crate::fleet::Fleet::take_conflicts`]). Refusals
     /// are counted, logged once per peer and reason, and returned as
     /// `INVALID_ARGUMENT` (names) or `PERMISSION_DENIED` (identity).
     pub fn admit(
@@ -159,12 +160,14 @@ impl StreamGate {
                 state.close_stream(previous, status);
             }
             Connected::Conflict { holder } => {
-                state.metrics().proxy_id_conflict();
-                self.log_first(
-                    &format!("conflict\u{1f}{proxy_id}"),
-                    &format!(
-                        "proxy_id \"{proxy_id}\": instance {instance_id:#018x} says Hello while instance {holder:#018x} holds a live stream and reports: two processes share one proxy id. Both are counted, as proxies of their own; give each Envoy a unique proxy_id"
-                    ),
+                // Counted and warned about once both report (see
+                // `Fleet::take_conflicts`): a restarted Envoy whose frozen
+                // predecessor's connection lingers looks the same here.
+                tracing::info!(
+                    proxy_id,
+                    instance = format_args!("{instance_id:#018x}"),
+                    holder = format_args!("{holder:#018x}"),
+                    "Hello beside a live instance of the same proxy id: counted as a proxy of its own"
                 );
             }
         }
