@@ -25,6 +25,21 @@ async fn start_envoy(
     patch: Json,
     data_plane: DataPlane,
 ) -> Envoy {
+    start_envoy_with(
+        EnvoyOptions::new("envoy-contract", dir),
+        control_plane,
+        patch,
+        data_plane,
+    )
+    .await
+}
+
+async fn start_envoy_with(
+    options: EnvoyOptions,
+    control_plane: SocketAddr,
+    patch: Json,
+    data_plane: DataPlane,
+) -> Envoy {
     let (file, rewrite) = match data_plane {
         DataPlane::Wasm => ("demo-a.yaml", Rewrite::for_test(control_plane, patch)),
         DataPlane::Native => (
@@ -34,9 +49,7 @@ async fn start_envoy(
     };
     let mut config = envoy::load_repo_config(file).unwrap();
     envoy::rewrite(&mut config, &rewrite.unwrap()).unwrap();
-    Envoy::start(&config, &EnvoyOptions::new("envoy-contract", dir))
-        .await
-        .unwrap()
+    Envoy::start(&config, &options).await.unwrap()
 }
 
 /// A port nobody listens on.
@@ -158,8 +171,12 @@ async fn native_new_buckets_are_limited_locally_without_a_control_plane() {
 
 async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: DataPlane) {
     let dir = tempfile::tempdir().unwrap();
-    let envoy = start_envoy(
-        dir.path(),
+    // One worker, as in the fallback test below: the split between workers
+    // follows where the kernel puts connections, not what is tested here.
+    let mut options = EnvoyOptions::new("envoy-contract", dir.path());
+    options.concurrency = 1;
+    let envoy = start_envoy_with(
+        options,
         dead_port(),
         json!({
             "proxy_id": "lonely",
@@ -184,14 +201,10 @@ async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: 
     println!("{summary}");
     let counts = result.tenant_counts(steady, "fresh");
     assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
-    // 40 rps over 2 expected proxies: 20 rps here, split evenly over the
-    // workers that serve requests. Envoy spreads the client's connections
-    // over its workers unevenly, so a busy worker runs into its half while
-    // the other leaves some of its own unused: the proxy admits up to its
-    // share, never more.
+    // 40 rps over 2 expected proxies: 20 rps here, on its one worker.
     let admitted = rate(counts.ok, steady);
     assert!(
-        admitted > 5.0 && admitted <= 20.0 * 1.15,
+        within(admitted, 20.0, 0.25),
         "admitted {admitted:.1} rps\n{summary}"
     );
 
@@ -342,8 +355,15 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
     )
     .await
     .unwrap();
-    let envoy = start_envoy(
-        dir.path(),
+    // One worker: the local limit splits this proxy's part evenly between
+    // the workers that served requests in the last 2 s (docs/filter.md), so
+    // on two workers the load's few connections, placed by the kernel, and
+    // the probes' could take it anywhere from the limit to half of it. What
+    // is measured here is the fallback's rate, not where connections land.
+    let mut options = EnvoyOptions::new("envoy-contract", dir.path());
+    options.concurrency = 1;
+    let envoy = start_envoy_with(
+        options,
         control_plane.grpc_addr(),
         json!({
             "proxy_id": "fallback",
