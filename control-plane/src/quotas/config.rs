@@ -240,8 +240,14 @@ impl QuotaConfig {
     }
 
     /// The files [`Self::load`] reads: `path` itself, or the `*.yaml` and
-    /// `*.yml` files directly in the directory `path`, in name order, as
-    /// `(name, text)`.
+    /// `*.yml` files in the directory `path` and its subdirectories, in
+    /// path order, as `(name, text)`. envoyproxy/ratelimit loads every
+    /// file under its configuration directory, so a file there that is
+    /// neither is refused (naming it) rather than left out: its limits
+    /// would silently not apply. Entries whose name starts with `.` are
+    /// skipped, as ratelimit does with `RUNTIME_IGNOREDOTFILES=true`: a
+    /// Kubernetes ConfigMap volume keeps its files twice, in `..data/` and
+    /// a timestamped `..<date>/` beside the links at the top.
     pub fn read_files(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
         let read = |path: &Path| {
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -249,27 +255,16 @@ impl QuotaConfig {
                 source,
             })
         };
-        let mut files = Vec::new();
-        if path.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|source| ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let mut names: Vec<_> = entries
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-                .filter(|p| p.is_file())
-                .collect();
-            names.sort();
-            for name in names {
-                let text = read(&name)?;
-                files.push((name.display().to_string(), text));
-            }
-        } else {
-            files.push((path.display().to_string(), read(path)?));
+        if !path.is_dir() {
+            return Ok(vec![(path.display().to_string(), read(path)?)]);
         }
-        Ok(files)
+        let mut names = Vec::new();
+        collect_config_files(path, 0, &mut names)?;
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| Ok((name.display().to_string(), read(&name)?)))
+            .collect()
     }
 
     /// Builds the configuration from `(file name, YAML)` pairs, a domain
@@ -844,6 +839,50 @@ fn yaml11_integer(text: &str) -> Option<u64> {
     u64::from_str_radix(digits, radix).ok()
 }
 
+/// How deep [`QuotaConfig::read_files`] follows subdirectories: far more
+/// than any configuration tree, and a bound on a link that loops.
+const MAX_CONFIG_DEPTH: usize = 16;
+
+/// Adds the configuration files under `dir` to `files` (see
+/// [`QuotaConfig::read_files`]).
+fn collect_config_files(
+    dir: &Path,
+    depth: usize,
+    files: &mut Vec<std::path::PathBuf>,
+) -> Result<(), ConfigError> {
+    let unreadable = |source| ConfigError::Read {
+        path: dir.to_path_buf(),
+        source,
+    };
+    if depth > MAX_CONFIG_DEPTH {
+        return Err(unreadable(std::io::Error::other(format!(
+            "more than {MAX_CONFIG_DEPTH} levels of subdirectories (a link that loops?)"
+        ))));
+    }
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let path = entry.map_err(unreadable)?.path();
+        let hidden = path
+            .file_name()
+            .is_some_and(|name| name.as_encoded_bytes().starts_with(b"."));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            collect_config_files(&path, depth + 1, files)?;
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            files.push(path);
+        } else if path.is_file() {
+            return Err(ConfigError::Read {
+                path,
+                source: std::io::Error::other(
+                    "not a .yaml or .yml file, so not read; envoyproxy/ratelimit would load it as configuration: rename it to .yaml or move it out of the directory",
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
@@ -853,6 +892,41 @@ mod tests {
     fn load_one(yaml: &str) -> Result<QuotaConfig, String> {
         QuotaConfig::from_files(&[("quotas.yaml".to_owned(), yaml.to_owned())])
             .map_err(|err| err.to_string())
+    }
+
+    /// envoyproxy/ratelimit loads every file under its directory; one in a
+    /// subdirectory used to be left out, its limits silently not applied.
+    #[test]
+    fn a_directory_is_read_with_its_subdirectories_and_without_dot_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, domain: &str| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(
+                path,
+                format!(
+                    "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+                ),
+            )
+            .unwrap();
+        };
+        write("top.yaml", "top");
+        write("team/nested.yml", "nested");
+        write("team/deeper/deepest.yaml", "deepest");
+        // A ConfigMap volume: the files again under `..data/` and a
+        // timestamped directory, with links at the top.
+        write("..data/top.yaml", "top");
+        write("..2026_11_28_12_00_00.1/top.yaml", "top");
+        write(".hidden.yaml", "top");
+        let config = QuotaConfig::from_path(dir.path()).unwrap();
+        let mut domains: Vec<_> = config.domains.keys().cloned().collect();
+        domains.sort();
+        assert_eq!(domains, ["deepest", "nested", "top"]);
+
+        std::fs::write(dir.path().join("team/notes"), "domain: x\n").unwrap();
+        let err = QuotaConfig::from_path(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("team/notes"), "{err}");
+        assert!(err.contains("not a .yaml or .yml file"), "{err}");
     }
 
     #[test]
