@@ -10,13 +10,19 @@
 //! call across the crate boundary would cost more than the work it does.
 
 pub mod allowance;
+pub mod backoff;
+pub mod cell;
 pub mod cell_decision;
+pub mod control_interval;
 pub mod credit;
 pub mod decision;
+pub mod directive;
 mod drop_ratio;
 pub mod gcra;
 pub mod glob;
+pub mod histogram;
 mod keys;
+pub mod limit;
 mod priority;
 pub mod proxy_cap;
 mod reason;

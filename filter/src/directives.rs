@@ -20,11 +20,10 @@ use crate::modes::ModeSettings;
 use crate::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use prost::Message;
 use sluice_core::allowance::DirectiveRates;
+use sluice_core::directive::{CellDirective, is_lift};
 use sluice_core::gcra::Gcra;
 use sluice_core::glob::{Glob, MAX_AGGREGATE_PATTERNS};
-use sluice_core::{
-    DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES, Priority,
-};
+use sluice_core::{DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, Priority};
 use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::sync::Arc;
 use thiserror::Error;
@@ -58,51 +57,6 @@ pub struct MergeOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("undecodable directive table: {0}")]
 pub struct DecodeError(String);
-
-/// A validated directive of one cell.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CellDirective {
-    /// Probability of dropping a request.
-    pub drop_ratio: DropRatio,
-    /// The same, in the form the coin flip compares against.
-    pub threshold: DropThreshold,
-    /// The bucket's fleet-wide limit (`None`: unlimited; 0: blocked).
-    pub limit_rps: Option<f64>,
-    /// The cell's admitted share (0: not given).
-    pub share_rps: f64,
-    /// Proxies that reported the bucket (0: unknown).
-    pub reporting_proxies: u32,
-    /// Wire mode (inherit, shadow, enforce).
-    pub mode: i32,
-    /// Why the cell drops.
-    pub reason: DropReason,
-    /// Retry hint for clients (0: configured default).
-    pub retry_after_ms: u64,
-    /// Burst multiplier of the tenant (>= 1).
-    pub burst: f64,
-    /// The cell's fleet offered rate the ratio came from (0: unknown);
-    /// local allowances are derived from it.
-    pub offered_rps: f64,
-}
-
-impl CellDirective {
-    /// The limit a client is told: the share, else the bucket limit
-    /// (`None`: unlimited; 0: blocked).
-    pub fn stated_limit_rps(&self) -> Option<f64> {
-        if self.share_rps > 0.0 {
-            Some(self.share_rps)
-        } else {
-            self.limit_rps
-        }
-    }
-
-    /// This proxy's part of the cell's limit when it limits locally: the
-    /// stated limit over the reporting proxies; `None` when unlimited.
-    pub fn per_proxy_rps(&self) -> Option<f64> {
-        self.stated_limit_rps()
-            .map(|limit| limit / f64::from(self.reporting_proxies.max(1)))
-    }
-}
 
 /// Mutable state of a directive kept across table updates, shared by every
 /// cell it governs (a cell's own state is in its record,
@@ -397,7 +351,7 @@ impl DirectiveTable {
     }
 
     fn apply(&mut self, wire: Directive, previous: Option<&Self>) -> bool {
-        let Some(directive) = validate(&wire) else {
+        let Some(directive) = CellDirective::from_wire(&wire) else {
             return false;
         };
         let priority = Priority::from_wire(wire.priority);
@@ -634,43 +588,6 @@ fn same_response_facts(old: &CellDirective, new: &CellDirective) -> bool {
     old.reason == new.reason
         && old.stated_limit_rps().map(f64::to_bits) == new.stated_limit_rps().map(f64::to_bits)
         && old.retry_after_ms == new.retry_after_ms
-}
-
-/// Whether a directive enforces nothing (no ratio, no limit, no share, no
-/// mode): the control plane's way of lifting a cell. A limit of 0 is a
-/// block, not the absence of a limit.
-pub fn is_lift(wire: &Directive) -> bool {
-    wire.drop_ratio == 0.0 && wire.limit_rps.is_none() && wire.share_rps == 0.0 && wire.mode == 0
-}
-
-fn finite_non_negative(value: f64) -> Option<f64> {
-    (value.is_finite() && value >= 0.0).then_some(value + 0.0)
-}
-
-fn validate(wire: &Directive) -> Option<CellDirective> {
-    if wire.bucket.is_empty()
-        || wire.bucket.len() > MAX_BUCKET_KEY_BYTES
-        || wire.tenant.len() > MAX_TENANT_BYTES
-    {
-        return None;
-    }
-    let drop_ratio = DropRatio::new(wire.drop_ratio).ok()?;
-    let burst = finite_non_negative(wire.burst)?;
-    Some(CellDirective {
-        drop_ratio,
-        threshold: drop_ratio.threshold(),
-        limit_rps: match wire.limit_rps {
-            Some(limit) => Some(finite_non_negative(limit)?),
-            None => None,
-        },
-        share_rps: finite_non_negative(wire.share_rps)?,
-        reporting_proxies: wire.reporting_proxies,
-        mode: wire.mode,
-        reason: DropReason::of_directive(wire.reason),
-        retry_after_ms: wire.retry_after_ms,
-        burst: burst.max(1.0),
-        offered_rps: finite_non_negative(wire.offered_rps)?,
-    })
 }
 
 #[cfg(test)]

@@ -91,7 +91,7 @@ fn invalid_directives_are_counted_and_skipped() {
                 ..directive("nan-share", 0.5)
             },
             Directive {
-                tenant: "t".repeat(MAX_TENANT_BYTES + 1),
+                tenant: "t".repeat(sluice_core::MAX_TENANT_BYTES + 1),
                 ..directive("long-tenant", 0.5)
             },
             directive("ok", 0.5),

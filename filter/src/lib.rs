@@ -16,7 +16,6 @@
 
 pub mod agent;
 mod audit;
-pub mod backoff;
 pub mod bucket_key;
 mod cell;
 mod cell_map;

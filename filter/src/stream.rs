@@ -5,8 +5,8 @@
 //! the failure arrives as a close a millisecond later. So a stream counts as
 //! healthy, and the backoff resets, only once a message arrives on it.
 
-use crate::backoff::Backoff;
 use rand::Rng;
+use sluice_core::backoff::Backoff;
 
 /// Where the stream is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,9 +164,9 @@ impl ControlStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::MAX_DELAY_MS;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
+    use sluice_core::backoff::MAX_DELAY_MS;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -28,7 +28,7 @@ use sluice_control_plane::fleet::health::UpstreamHealth;
 use sluice_control_plane::fleet::{BucketLoad, BucketTraffic, FleetLoad};
 use sluice_control_plane::replicas::{Keys, Replica, ReplicaError, ReplicaOptions, Upstream};
 use sluice_control_plane::store::{DEFAULT_TIMEOUT, Store, StoreOptions};
-use sluice_filter::upstream::LatencyHistogram;
+use sluice_core::histogram::LatencyHistogram;
 use sluice_integration_tests::control_plane::AdminClient;
 use sluice_integration_tests::fake_proxy::FakeProxy;
 use sluice_integration_tests::fault_proxy::FaultProxy;

@@ -255,7 +255,7 @@ mod tests {
     use crate::config::Config;
     use crate::fleet::health::UpstreamHealth;
     use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad};
-    use sluice_filter::upstream::LatencyHistogram;
+    use sluice_core::histogram::LatencyHistogram;
 
     fn cell(tenant: &str, priority: Priority, offered: f64) -> CellLoad {
         CellLoad {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sluice_filter::upstream::LatencyHistogram;
+use sluice_core::histogram::LatencyHistogram;
 use sluice_proto::v1::UpstreamSignal;
 
 /// Most buckets with signals held per interval: a proxy naming more

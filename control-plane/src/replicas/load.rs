@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sluice_filter::upstream::LatencyHistogram;
+use sluice_core::histogram::LatencyHistogram;
 
 use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
 use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};

@@ -115,7 +115,7 @@ impl ReplicaOptions {
     pub fn orphan_hold(&self) -> Duration {
         self.store_grace
             + self.share_ttl()
-            + Duration::from_millis(sluice_filter::backoff::MAX_DELAY_MS)
+            + Duration::from_millis(sluice_core::backoff::MAX_DELAY_MS)
     }
 }
 
@@ -313,7 +313,7 @@ impl Replica {
     /// How long a replica back from a hand-off waits before deciding: the
     /// filter's longest reconnect delay and a share lifetime.
     fn rejoin_hold(&self) -> Duration {
-        Duration::from_millis(sluice_filter::backoff::MAX_DELAY_MS) + self.options.share_ttl()
+        Duration::from_millis(sluice_core::backoff::MAX_DELAY_MS) + self.options.share_ttl()
     }
 
     /// Notes that this replica let its proxies go (closed their streams

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use prost::Message;
 use sluice_proto::v1::{Directive, DirectiveBatch, ModePolicy};
 
-use crate::control::controller::{RetiredCell, is_lift};
+use crate::control::controller::RetiredCell;
+use sluice_core::directive::is_lift;
 
 /// A directive's identity: bucket, tenant, priority.
 type Key = (String, String, i32);

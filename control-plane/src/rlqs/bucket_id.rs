@@ -15,17 +15,10 @@
 use std::collections::HashMap;
 
 use sluice_core::Priority;
+use sluice_core::cell::Cell;
 
-/// The cell a bucket id stands for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CellOfBucket {
-    /// Bucket key.
-    pub bucket: String,
-    /// Tenant; empty when the id names none.
-    pub tenant: String,
-    /// Priority class.
-    pub priority: Priority,
-}
+/// The cell a bucket id stands for: the core's cell, owned.
+pub type CellOfBucket = Cell;
 
 /// Maps a bucket id's map to its cell; `None` when it names no bucket at
 /// all (an empty map).

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sluice_proto::v1::{Directive, DirectiveBatch, ModePolicy};
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use crate::control::controller::{RetiredCell, is_lift};
+use crate::control::controller::RetiredCell;
 use crate::types::DirectiveTtl;
+use sluice_core::directive::is_lift;
 
 /// Longest time between two batches while the control plane runs.
 pub const MAX_HEARTBEAT: Duration = Duration::from_secs(1);

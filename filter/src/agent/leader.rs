@@ -497,7 +497,7 @@ impl Agent {
         }
         self.sync.directives_sequence = Some(sequence);
         self.sync.freshness.received_at_ms = Some(now_ms);
-        self.sync.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl_ms);
+        self.sync.freshness.ttl_ms = effective_ttl(ttl_ms, self.settings.directive_ttl.as_millis());
         self.update_regime(host, now_ms);
     }
 }

@@ -63,6 +63,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::allowance::AllowanceSettings;
 use sluice_core::decision::{Fallback, Regime, Verdict};
+use sluice_core::directive::DirectiveTtl;
 use std::sync::Arc;
 
 /// The slow cadence: lease, hand-offs, metrics.
@@ -77,8 +78,6 @@ pub const MAX_DEQUEUES_PER_TICK: usize = 256;
 /// Default for giving up on a control-plane stream that stays silent: ten
 /// missed heartbeats of a healthy control plane.
 pub const DEFAULT_STREAM_IDLE_TIMEOUT_MS: u64 = 10_000;
-/// Default TTL of the directives when batches name none.
-pub const DEFAULT_DIRECTIVE_TTL_MS: u64 = 90_000;
 /// Least time between two warnings about buckets beyond `max_buckets`.
 const OVERFLOW_LOG_INTERVAL_MS: u64 = 10_000;
 /// While the control plane stays unreachable, warn again every this many
@@ -102,7 +101,7 @@ pub struct AgentSettings {
     /// Cap on cells counted and directives held.
     pub max_buckets: usize,
     /// TTL of the directives when batches name none.
-    pub directive_ttl_ms: u64,
+    pub directive_ttl: DirectiveTtl,
     /// What applies once the directives are stale.
     pub fallback: Fallback,
     /// What applies to cells without a directive.
@@ -144,7 +143,7 @@ impl AgentSettings {
             zone: String::new(),
             report_interval_ms: DEFAULT_REPORT_INTERVAL_MS,
             max_buckets: DEFAULT_MAX_BUCKETS,
-            directive_ttl_ms: DEFAULT_DIRECTIVE_TTL_MS,
+            directive_ttl: DirectiveTtl::DEFAULT,
             fallback: Fallback::KeepLast,
             new_bucket: NewBucketPolicy::Allow,
             responses: Arc::new(ResponseSettings::default()),
@@ -220,7 +219,7 @@ impl Agent {
         let vm_id = rng.next_u64();
         Self {
             path: RequestPath::new(&settings),
-            sync: VmSync::new(settings.directive_ttl_ms),
+            sync: VmSync::new(settings.directive_ttl.as_millis()),
             name: settings.proxy_id.name().map(str::to_owned),
             warned_made_up_name: false,
             settings,

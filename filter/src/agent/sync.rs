@@ -190,7 +190,8 @@ impl Agent {
             let heartbeat = !meta.stream_lost
                 && self.sync.freshness.received_at_ms != Some(meta.received_at_ms);
             self.sync.freshness.received_at_ms = Some(meta.received_at_ms);
-            self.sync.freshness.ttl_ms = effective_ttl(meta.ttl_ms, self.settings.directive_ttl_ms);
+            self.sync.freshness.ttl_ms =
+                effective_ttl(meta.ttl_ms, self.settings.directive_ttl.as_millis());
             // Whether the control plane is there before the batch is used:
             // the first batch after an outage derives the budgets, which a
             // pacer that still counted itself lost would leave frozen.

@@ -19,6 +19,7 @@ use crate::reject::ResponseSettings;
 use raw::RawConfig;
 use sluice_core::allowance::AllowanceSettings;
 use sluice_core::decision::Fallback;
+use sluice_core::directive::DirectiveTtl;
 use thiserror::Error;
 
 /// The validated plugin configuration.
@@ -45,7 +46,7 @@ pub struct FilterConfig {
     /// priority).
     pub classifier: Classifier,
     /// Directive TTL when batches name none.
-    pub directive_ttl_ms: u64,
+    pub directive_ttl: DirectiveTtl,
     /// What applies once the directives are stale.
     pub fallback: Fallback,
     /// What applies to cells without a directive.
@@ -132,7 +133,7 @@ impl FilterConfig {
                 zone: self.zone.unwrap_or_else(zone),
                 report_interval_ms: self.report_interval_ms,
                 max_buckets: self.max_buckets,
-                directive_ttl_ms: self.directive_ttl_ms,
+                directive_ttl: self.directive_ttl,
                 fallback: self.fallback,
                 new_bucket: self.new_bucket,
                 responses: Arc::new(self.response),

@@ -1,12 +1,11 @@
 //! The configuration exactly as written: serde types with their defaults,
 //! unknown fields rejected. Nothing here is validated yet.
 
-use crate::agent::{
-    DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_DIRECTIVE_TTL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS,
-};
+use crate::agent::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS};
 use serde::Deserialize;
 use sluice_core::Priority;
 use sluice_core::allowance::AllowanceSettings;
+use sluice_core::directive::DirectiveTtl;
 use std::collections::BTreeMap;
 
 #[derive(Deserialize)]
@@ -207,7 +206,7 @@ pub(super) fn default_true() -> bool {
     true
 }
 pub(super) fn default_directive_ttl_ms() -> u64 {
-    DEFAULT_DIRECTIVE_TTL_MS
+    DirectiveTtl::DEFAULT.as_millis()
 }
 pub(super) fn default_directive_poll_ms() -> u64 {
     DEFAULT_DIRECTIVE_POLL_MS

@@ -4,6 +4,7 @@ use super::*;
 use crate::bucket_key::{KeyPart, KeySource};
 use sluice_core::Priority;
 use sluice_core::allowance::Engage;
+use sluice_core::directive::DirectiveTtl;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -275,7 +276,7 @@ fn classification_and_behaviour_keys_parse() {
         vec![("checkout".to_owned(), Priority::Critical)]
     );
     assert_eq!(priority.default, Priority::Degraded);
-    assert_eq!(config.directive_ttl_ms, 5000);
+    assert_eq!(config.directive_ttl.as_millis(), 5000);
     assert_eq!(config.fallback, Fallback::LocalLimit);
     assert_eq!(
         config.new_bucket,
@@ -295,7 +296,7 @@ fn behaviour_defaults_are_explicit() {
     let config = FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#).unwrap();
     assert_eq!(config.classifier.tenant, None);
     assert_eq!(config.classifier.priority, None);
-    assert_eq!(config.directive_ttl_ms, 90_000);
+    assert_eq!(config.directive_ttl, DirectiveTtl::DEFAULT);
     assert_eq!(config.fallback, Fallback::KeepLast);
     assert_eq!(config.new_bucket, NewBucketPolicy::Allow);
     assert_eq!(config.response, ResponseSettings::default());
@@ -315,7 +316,13 @@ fn new_keys_name_the_field_in_errors() {
     let cases = [
         (
             r#""directive_ttl_ms": 10"#,
-            "directive_ttl_ms: must be between 100 and 86400000, got 10",
+            "directive_ttl_ms: must be between 1000 and 86400000, got 10",
+        ),
+        // The control plane's rule: below a second, proxies would fall
+        // back between two heartbeats.
+        (
+            r#""directive_ttl_ms": 999"#,
+            "directive_ttl_ms: must be between 1000 and 86400000, got 999",
         ),
         (
             r#""directive_poll_ms": 1"#,
@@ -437,7 +444,7 @@ fn parts_carry_every_setting_and_name_the_proxy_only_when_unnamed() {
     assert_eq!(parts.agent.zone, "z1");
     assert_eq!(parts.agent.report_interval_ms, 500);
     assert_eq!(parts.agent.max_buckets, 300);
-    assert_eq!(parts.agent.directive_ttl_ms, expected.directive_ttl_ms);
+    assert_eq!(parts.agent.directive_ttl, expected.directive_ttl);
     assert_eq!(parts.agent.fallback, expected.fallback);
     assert_eq!(parts.agent.new_bucket, expected.new_bucket);
     assert_eq!(*parts.agent.responses, expected.response);

@@ -14,6 +14,7 @@ use crate::pacing::DecisionMode;
 use crate::reject::ResponseSettings;
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_core::decision::Fallback;
+use sluice_core::directive::DirectiveTtl;
 use sluice_core::{MAX_BUCKET_KEY_BYTES, Priority};
 use std::ops::RangeInclusive;
 
@@ -23,7 +24,6 @@ pub(super) const REPORT_INTERVAL_MS: RangeInclusive<u64> = 50..=60_000;
 pub(super) const RETRY_AFTER_SECONDS: RangeInclusive<u32> = 1..=3600;
 pub(super) const MAX_BUCKETS: RangeInclusive<usize> = 1..=1_000_000;
 pub(super) const MAX_SEPARATOR_BYTES: usize = 16;
-pub(super) const DIRECTIVE_TTL_MS: RangeInclusive<u64> = 100..=86_400_000;
 pub(super) const DIRECTIVE_POLL_MS: RangeInclusive<u64> = 4..=100;
 // Above the control plane's one-second heartbeat with room for a slow
 // network; at most ten minutes so a wedged stream is always given up.
@@ -84,7 +84,13 @@ impl RawConfig {
             &RETRY_AFTER_SECONDS,
         )?;
         check_range("max_buckets", self.max_buckets, &MAX_BUCKETS)?;
-        check_range("directive_ttl_ms", self.directive_ttl_ms, &DIRECTIVE_TTL_MS)?;
+        let directive_ttl = DirectiveTtl::from_millis(self.directive_ttl_ms).map_err(|_| {
+            range_error(
+                "directive_ttl_ms",
+                self.directive_ttl_ms,
+                &(DirectiveTtl::MIN_MS..=DirectiveTtl::MAX_MS),
+            )
+        })?;
         check_range(
             "directive_poll_ms",
             self.directive_poll_ms,
@@ -180,7 +186,7 @@ impl RawConfig {
             report_interval_ms: self.report_interval_ms,
             retry_after_seconds: self.retry_after_seconds,
             max_buckets: self.max_buckets,
-            directive_ttl_ms: self.directive_ttl_ms,
+            directive_ttl,
             fallback: match self.fallback {
                 RawFallback::KeepLast => Fallback::KeepLast,
                 RawFallback::LocalLimit => Fallback::LocalLimit,
@@ -382,13 +388,22 @@ pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
     if range.contains(&value) {
         Ok(())
     } else {
-        Err(ConfigError::new(
-            path,
-            format!(
-                "must be between {} and {}, got {value}",
-                range.start(),
-                range.end()
-            ),
-        ))
+        Err(range_error(path, value, range))
     }
+}
+
+/// The error of a `value` outside `range` at `path`.
+fn range_error<T: std::fmt::Display>(
+    path: &str,
+    value: T,
+    range: &RangeInclusive<T>,
+) -> ConfigError {
+    ConfigError::new(
+        path,
+        format!(
+            "must be between {} and {}, got {value}",
+            range.start(),
+            range.end()
+        ),
+    )
 }

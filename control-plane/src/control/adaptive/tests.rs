@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use sluice_filter::upstream::LatencyHistogram;
+use sluice_core::histogram::LatencyHistogram;
 
 /// An upstream that serves `capacity` rps at 50 ms; past it the p99 climbs
 /// steeply (a queue) and, past 1.3x, the excess fails.

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use sluice_core::{Priority, Reason};
 use sluice_proto::v1::Directive;
 
-use super::{Decision, is_lift, lift};
+use super::{Decision, lift};
 use crate::config::limits::LimitTable;
 use crate::config::policy::{Mode, Modes};
+use sluice_core::directive::is_lift;
 
 /// A standing block in force.
 #[derive(Debug, Clone, PartialEq)]

@@ -642,14 +642,6 @@ pub fn lift(bucket: &str, tenant: &str, priority: Priority) -> Directive {
     }
 }
 
-/// Whether a directive is a [`lift`]: it enforces nothing.
-pub fn is_lift(directive: &Directive) -> bool {
-    directive.drop_ratio == 0.0
-        && directive.limit_rps.is_none()
-        && directive.share_rps == 0.0
-        && directive.mode == 0
-}
-
 /// The wire form: `limit_rps` is absent for an unlimited bucket and 0 for
 /// a blocked one, as in the limits file.
 fn directive(

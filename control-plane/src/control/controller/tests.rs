@@ -13,6 +13,7 @@ use super::*;
 use crate::config::limits::{LimitRule, Selector};
 use crate::config::policy::{BurstMultiplier, TenantPolicy, Weight};
 use crate::fleet::BucketLoad;
+use sluice_core::directive::is_lift;
 
 fn limit(rps: f64) -> LimitRps {
     LimitRps::new(rps).unwrap()

@@ -8,6 +8,7 @@ use crate::shared::DIRECTIVES_META_KEY;
 use crate::shared::DirectivesMeta;
 use sluice_core::allowance::Engage;
 use sluice_core::decision::Fallback;
+use sluice_core::directive::DirectiveTtl;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -408,7 +409,7 @@ fn fallback_fleet(fallback: Fallback) -> Fleet {
     let mut fleet = Fleet::with_settings(
         2,
         AgentSettings {
-            directive_ttl_ms: 1_000,
+            directive_ttl: DirectiveTtl::from_millis(1_000).unwrap(),
             fallback,
             ..settings()
         },
@@ -1009,7 +1010,7 @@ fn a_blocked_buckets_standing_block_refuses_cells_never_seen_in_every_regime() {
         let mut fleet = Fleet::with_settings(
             2,
             AgentSettings {
-                directive_ttl_ms: 1_000,
+                directive_ttl: DirectiveTtl::from_millis(1_000).unwrap(),
                 fallback,
                 ..base
             },

@@ -523,7 +523,7 @@ fn reports_carry_the_upstream_signals_of_every_vm() {
     let errors: u64 = signals.iter().map(|s| s.errors).sum();
     assert_eq!(responses, 10, "one in two of 20 admitted requests");
     assert_eq!(errors, 6, "{signals:?}");
-    let mut latency = crate::upstream::LatencyHistogram::default();
+    let mut latency = sluice_core::histogram::LatencyHistogram::default();
     for signal in &signals {
         assert_eq!(signal.bucket, "acme");
         latency.merge_wire(&signal.latency);

@@ -1,0 +1,247 @@
+//! What the control plane says about one cell, as a proxy may act on it:
+//! the wire directive checked into a [`CellDirective`], the rule that a
+//! directive enforcing nothing is a lift ([`is_lift`]), and how long
+//! directives stay fresh ([`DirectiveTtl`]). One rule for the side that
+//! sends them and the side that enforces them.
+
+use serde::{Deserialize, Serialize};
+use sluice_proto::v1::Directive;
+
+use crate::{DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES};
+
+/// A validated directive of one cell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellDirective {
+    /// Probability of dropping a request.
+    pub drop_ratio: DropRatio,
+    /// The same, in the form the coin flip compares against.
+    pub threshold: DropThreshold,
+    /// The bucket's fleet-wide limit (`None`: unlimited; 0: blocked).
+    pub limit_rps: Option<f64>,
+    /// The cell's admitted share (0: not given).
+    pub share_rps: f64,
+    /// Proxies that reported the bucket (0: unknown).
+    pub reporting_proxies: u32,
+    /// Wire mode (inherit, shadow, enforce).
+    pub mode: i32,
+    /// Why the cell drops.
+    pub reason: DropReason,
+    /// Retry hint for clients (0: configured default).
+    pub retry_after_ms: u64,
+    /// Burst multiplier of the tenant (>= 1).
+    pub burst: f64,
+    /// The cell's fleet offered rate the ratio came from (0: unknown);
+    /// local allowances are derived from it.
+    pub offered_rps: f64,
+}
+
+impl CellDirective {
+    /// Checks a wire directive: a bucket of 1 to [`MAX_BUCKET_KEY_BYTES`]
+    /// bytes, a tenant of at most [`MAX_TENANT_BYTES`], a drop ratio in
+    /// `[0, 1]`, and finite, non-negative rates. `None` when it is not one a
+    /// proxy may apply.
+    pub fn from_wire(wire: &Directive) -> Option<Self> {
+        if wire.bucket.is_empty()
+            || wire.bucket.len() > MAX_BUCKET_KEY_BYTES
+            || wire.tenant.len() > MAX_TENANT_BYTES
+        {
+            return None;
+        }
+        let drop_ratio = DropRatio::new(wire.drop_ratio).ok()?;
+        let burst = finite_non_negative(wire.burst)?;
+        Some(Self {
+            drop_ratio,
+            threshold: drop_ratio.threshold(),
+            limit_rps: match wire.limit_rps {
+                Some(limit) => Some(finite_non_negative(limit)?),
+                None => None,
+            },
+            share_rps: finite_non_negative(wire.share_rps)?,
+            reporting_proxies: wire.reporting_proxies,
+            mode: wire.mode,
+            reason: DropReason::of_directive(wire.reason),
+            retry_after_ms: wire.retry_after_ms,
+            burst: burst.max(1.0),
+            offered_rps: finite_non_negative(wire.offered_rps)?,
+        })
+    }
+
+    /// The limit a client is told: the share, else the bucket limit
+    /// (`None`: unlimited; 0: blocked).
+    pub fn stated_limit_rps(&self) -> Option<f64> {
+        if self.share_rps > 0.0 {
+            Some(self.share_rps)
+        } else {
+            self.limit_rps
+        }
+    }
+
+    /// This proxy's part of the cell's limit when it limits locally: the
+    /// stated limit over the reporting proxies; `None` when unlimited.
+    pub fn per_proxy_rps(&self) -> Option<f64> {
+        self.stated_limit_rps()
+            .map(|limit| limit / f64::from(self.reporting_proxies.max(1)))
+    }
+}
+
+/// Whether a directive enforces nothing (no ratio, no limit, no share, no
+/// mode): the control plane's way of lifting a cell, which removes it from
+/// a proxy's table. A limit of 0 is a block, not the absence of a limit.
+pub fn is_lift(wire: &Directive) -> bool {
+    wire.drop_ratio == 0.0 && wire.limit_rps.is_none() && wire.share_rps == 0.0 && wire.mode == 0
+}
+
+fn finite_non_negative(value: f64) -> Option<f64> {
+    (value.is_finite() && value >= 0.0).then_some(value + 0.0)
+}
+
+/// How long proxies keep enforcing directives after the last batch from the
+/// control plane arrived, before their configured fallback applies:
+/// `1000 ..= 86400000` ms. The control plane names it in every batch; a
+/// proxy's configuration names the one it applies to batches that name
+/// none. At least a second: the control plane sends a heartbeat every
+/// second, and a shorter TTL would have proxies fall back between two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct DirectiveTtl(u64);
+
+impl DirectiveTtl {
+    /// Shortest accepted TTL in milliseconds.
+    pub const MIN_MS: u64 = 1_000;
+    /// Longest accepted TTL in milliseconds (one day).
+    pub const MAX_MS: u64 = 86_400_000;
+    /// Long enough to ride out a control-plane restart or a minute-long
+    /// outage on the last-known directives.
+    pub const DEFAULT: Self = Self(90_000);
+
+    /// Validates a TTL in milliseconds.
+    pub fn from_millis(ms: u64) -> Result<Self, InvalidDirectiveTtl> {
+        if (Self::MIN_MS..=Self::MAX_MS).contains(&ms) {
+            Ok(Self(ms))
+        } else {
+            Err(InvalidDirectiveTtl)
+        }
+    }
+
+    /// The TTL in milliseconds.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for DirectiveTtl {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl TryFrom<u64> for DirectiveTtl {
+    type Error = InvalidDirectiveTtl;
+
+    fn try_from(ms: u64) -> Result<Self, Self::Error> {
+        Self::from_millis(ms)
+    }
+}
+
+impl From<DirectiveTtl> for u64 {
+    fn from(ttl: DirectiveTtl) -> Self {
+        ttl.0
+    }
+}
+
+/// A TTL outside `1000 ..= 86400000` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be between 1000 and 86400000 (milliseconds)")]
+pub struct InvalidDirectiveTtl;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn wire(bucket: &str) -> Directive {
+        Directive {
+            bucket: bucket.to_owned(),
+            drop_ratio: 0.25,
+            limit_rps: Some(100.0),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_valid_directive_is_kept_with_its_threshold() {
+        let directive = CellDirective::from_wire(&wire("acme")).unwrap();
+        assert_eq!(directive.drop_ratio.get(), 0.25);
+        assert_eq!(directive.threshold, directive.drop_ratio.threshold());
+        assert_eq!(directive.stated_limit_rps(), Some(100.0));
+        assert_eq!(directive.burst, 1.0);
+    }
+
+    #[test]
+    fn out_of_range_directives_are_refused() {
+        let bad = [
+            wire(""),
+            wire(&"b".repeat(MAX_BUCKET_KEY_BYTES + 1)),
+            Directive {
+                tenant: "t".repeat(MAX_TENANT_BYTES + 1),
+                ..wire("acme")
+            },
+            Directive {
+                drop_ratio: 1.5,
+                ..wire("acme")
+            },
+            Directive {
+                limit_rps: Some(f64::NAN),
+                ..wire("acme")
+            },
+            Directive {
+                share_rps: -1.0,
+                ..wire("acme")
+            },
+            Directive {
+                burst: f64::INFINITY,
+                ..wire("acme")
+            },
+        ];
+        for directive in bad {
+            assert_eq!(CellDirective::from_wire(&directive), None, "{directive:?}");
+        }
+    }
+
+    #[test]
+    fn a_directive_that_enforces_nothing_is_a_lift() {
+        let lift = Directive {
+            bucket: "acme".to_owned(),
+            ..Default::default()
+        };
+        assert!(is_lift(&lift));
+        // A limit of 0 blocks the bucket: not a lift.
+        assert!(!is_lift(&Directive {
+            limit_rps: Some(0.0),
+            ..lift.clone()
+        }));
+        assert!(!is_lift(&Directive {
+            mode: 1,
+            ..lift.clone()
+        }));
+        assert!(!is_lift(&Directive {
+            share_rps: 5.0,
+            ..lift
+        }));
+    }
+
+    #[test]
+    fn the_ttl_is_a_second_to_a_day() {
+        assert_eq!(DirectiveTtl::from_millis(999), Err(InvalidDirectiveTtl));
+        assert_eq!(DirectiveTtl::from_millis(1_000).unwrap().as_millis(), 1_000);
+        assert_eq!(
+            DirectiveTtl::from_millis(86_400_000).unwrap().as_millis(),
+            86_400_000
+        );
+        assert!(DirectiveTtl::from_millis(86_400_001).is_err());
+        assert_eq!(DirectiveTtl::default().as_millis(), 90_000);
+    }
+}
