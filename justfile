@@ -90,18 +90,18 @@ fmt:
 clippy: setup
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy -p sluice-control-plane --no-default-features -- -D warnings
-    cargo clippy -p sluice-core -p sluice-filter -p sluice-empty-filter --target wasm32-wasip1 -- -D warnings
-    cargo clippy -p sluice-core -p sluice-filter --target wasm32-unknown-unknown --tests -- -D warnings
+    cargo clippy -p sluice-core -p sluice-agent -p sluice-filter -p sluice-empty-filter --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p sluice-core -p sluice-agent --target wasm32-unknown-unknown --tests -- -D warnings
 
 # Unit and property tests, native.
 test-unit:
     cargo test --workspace --exclude sluice-integration-tests
 
-# The core and the filter's logic on wasm32, under wasm-bindgen-test in Node.
+# The core and the agent library on wasm32, under wasm-bindgen-test in Node.
 test-wasm: setup
     runner="$(./scripts/ensure-wasm-bindgen.sh)"; node_dir="$(./scripts/ensure-node.sh)"; \
       PATH="$node_dir:$PATH" CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner" \
-      cargo test -p sluice-core -p sluice-filter --target wasm32-unknown-unknown
+      cargo test -p sluice-core -p sluice-agent --target wasm32-unknown-unknown
 
 # Integration tests: real Envoy processes with the built .wasm (and the native module) and the real control plane.
 test-integration: build

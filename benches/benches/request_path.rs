@@ -10,16 +10,16 @@
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use sluice_agent::agent::Agent;
+use sluice_agent::directives::DirectiveTable;
+use sluice_agent::leader::counters::BucketCounters;
+use sluice_agent::request::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_aggregate_agent,
     warm_credit_agent, warm_tenant_agent,
 };
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
-use sluice_filter::agent::Agent;
-use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
-use sluice_filter::counters::BucketCounters;
-use sluice_filter::directives::DirectiveTable;
 use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::hint::black_box;
 

@@ -19,13 +19,13 @@
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use sluice_agent::agent::{Agent, AgentSettings, Decision};
+use sluice_agent::directives::DirectiveTable;
+use sluice_agent::leader::counters::BucketCounters;
+use sluice_agent::request::new_cells::NewBucketPolicy;
 use sluice_benches::{bench_settings, bucket_names, table_with};
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};
-use sluice_filter::agent::{Agent, AgentSettings, Decision};
-use sluice_filter::counters::BucketCounters;
-use sluice_filter::directives::DirectiveTable;
-use sluice_filter::new_cells::NewBucketPolicy;
 use sluice_proto::v1::{Directive, DirectiveBatch, Mode};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -17,10 +17,10 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use serde_json::Value;
+use sluice_agent::metrics::{Counter, Gauge};
 use sluice_control_plane::fleet::StreamId;
 use sluice_control_plane::serve::control_loop::step;
 use sluice_control_plane::{AppState, Config, Controller, Settings, router};
-use sluice_filter::metrics::{Counter, Gauge};
 use sluice_proto::v1::{BucketCount, Report};
 use tower::ServiceExt;
 

@@ -1,54 +1,31 @@
-//! Sluice's Envoy filter: a proxy-wasm HTTP filter that classifies every
-//! request into a cell (bucket, tenant, priority), counts it, and drops it
-//! as the cell's directive, pushed by the Sluice control plane, says.
+//! Sluice's Envoy filter as a proxy-wasm module: the glue between Envoy's
+//! proxy-wasm ABI and the agent library (`sluice-agent`), which does all the
+//! work. One agent per VM; the root context configures it, runs its ticks
+//! and carries its control-plane stream ([`root`]); each request's context
+//! hands the request to the agent's request handler ([`http`]); the agent's
+//! host services are proxy-wasm host calls ([`envoy_host`]).
 //!
-//! Nothing on the request path does network I/O or reads shared data: each VM
-//! keeps a cache of the directives and its own counters, and reconciles them
-//! with the rest of the process on its ticks (see [`agent`]).
+//! It uses the `proxy_wasm::hostcalls` functions, which return `Result`,
+//! rather than the SDK's trait helpers, which unwrap: every failed host call
+//! becomes a [`sluice_agent::host::HostError`] that is logged, and the
+//! request passes. A panic here would take the worker's VM down.
 //!
-//! Everything except `host` (the proxy-wasm binding) is plain Rust behind the [`host_api::Host`]
-//! trait, so the logic is unit-tested natively and under wasm32 in Node.
+//! Only the Envoy build (`wasm32-wasip1`) has anything in it.
 
-// The public modules are what the native module, the benchmarks and the
-// simulator use; the docs also link into the private ones and are meant to
-// be read with `cargo doc --document-private-items`.
-#![allow(rustdoc::private_intra_doc_links)]
-
-pub mod agent;
-mod audit;
-pub mod bucket_key;
-mod cell;
-mod cell_map;
-mod cell_table;
-mod classify;
-pub mod config;
-pub mod counters;
-pub mod directives;
-mod fast_map;
-mod freshness;
-mod grpc_service;
-pub mod host_api;
-pub mod identity;
-mod lease;
-pub mod metrics;
-pub mod modes;
-pub mod new_cells;
-pub mod pacing;
-mod process_budget;
-mod process_rates;
-mod reject;
-mod report_window;
-pub mod request_attributes;
-mod shared;
-mod stream;
-pub mod upstream;
-
-/// The proxy-wasm binding; only exists in the Envoy build.
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
-mod host;
+mod envoy_host;
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+mod http;
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+mod root;
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+mod status;
 
-/// In-memory hosts: the agent outside Envoy, in tests and the simulator.
-#[cfg(any(test, feature = "testing"))]
-pub mod fake_host;
-#[cfg(test)]
-mod fake_request;
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+proxy_wasm::main! {{
+    // Installs the SDK's panic hook, so a panic (a bug) is at least logged.
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Trace);
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::SluiceRoot::new(context_id))
+    });
+}}

@@ -11,16 +11,16 @@
 use std::borrow::Cow;
 
 use prost::Message;
+use sluice_agent::agent::Agent;
+use sluice_agent::config::FilterConfig;
+use sluice_agent::directives::DirectiveTable;
+use sluice_agent::identity::ProxyIdentity;
+use sluice_agent::metrics::Counter;
+use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::bucket_key::{BucketKeySpec, KeyPart, KeySource};
 use sluice_control_plane::config::Config;
 use sluice_control_plane::fleet::{Fleet, StreamId};
 use sluice_core::MAX_BUCKET_KEY_BYTES;
-use sluice_filter::agent::Agent;
-use sluice_filter::bucket_key::{BucketKeySpec, KeyPart, KeySource};
-use sluice_filter::config::FilterConfig;
-use sluice_filter::directives::DirectiveTable;
-use sluice_filter::identity::ProxyIdentity;
-use sluice_filter::metrics::Counter;
-use sluice_filter::request_attributes::RequestAttributes;
 use sluice_proto::v1::{DirectiveBatch, ProxyMessage, proxy_message};
 
 /// A check: panics when the input breaks an invariant.

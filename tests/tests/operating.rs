@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
-use sluice_filter::modes::canary_point;
+use sluice_agent::modes::canary_point;
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};

@@ -6,9 +6,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
+use sluice_agent::directives::DirectiveTable;
 use sluice_core::Priority;
 use sluice_core::allowance::{AllowanceSettings, DirectiveRates, LocalRate, allowance_rps};
-use sluice_filter::directives::DirectiveTable;
 
 use super::assignment::Assignment;
 use super::bucket_id::CellOfBucket;

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use sluice_core::proxy_cap;
-use sluice_filter::directives::DirectiveTable;
+use sluice_agent::directives::DirectiveTable;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;

@@ -17,9 +17,9 @@
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_agent::agent::{Agent, AgentSettings, DEFAULT_DIRECTIVE_POLL_MS, Decision};
+use sluice_agent::testing::host::{FakeHost, FakeProcess};
 use sluice_core::Priority;
-use sluice_filter::agent::{Agent, AgentSettings, DEFAULT_DIRECTIVE_POLL_MS, Decision};
-use sluice_filter::fake_host::{FakeHost, FakeProcess};
 use sluice_proto::v1::{ControlMessage, DirectiveBatch, ProxyMessage, control_message};
 
 /// The Envoy cluster the agents open their stream on; any name will do.

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_agent::tick::pacing::DecisionMode;
 use sluice_core::allowance::{AllowanceSettings, Engage};
-use sluice_filter::pacing::DecisionMode;
 use sluice_proto::v1::{Directive, DirectiveBatch, ProxyMessage, proxy_message};
 
 use crate::config::limits::{LimitRule, LimitTable, Selector};

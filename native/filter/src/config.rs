@@ -4,7 +4,7 @@
 //! mutual TLS, `control_plane_tls`.
 
 use serde::Deserialize;
-use sluice_filter::config::FilterConfig;
+use sluice_agent::config::FilterConfig;
 
 /// Field naming where the control plane listens (the module dials it itself).
 const URI_FIELD: &str = "control_plane_uri";

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use prost::Message;
-use sluice_filter::host_api::HostError;
+use sluice_agent::host::HostError;
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
 use sluice_proto::v1::{ControlMessage, ProxyMessage};
 use tokio::sync::mpsc;

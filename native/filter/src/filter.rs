@@ -4,11 +4,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_filter::agent::Decision;
-use sluice_filter::config::RequestPolicy;
-use sluice_filter::identity::{ProxyIdentity, made_up_name_warning};
-use sluice_filter::request_attributes::RequestAttributes;
-use sluice_filter::upstream::status_of;
+use sluice_agent::agent::Decision;
+use sluice_agent::config::RequestPolicy;
+use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
+use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::upstream::status_of;
 
 use crate::config::NativeConfig;
 use crate::control_stream::ControlStreams;
@@ -179,7 +179,7 @@ impl NativeFilter {
     /// `sluice.native_hook_panics`.
     pub fn count_hook_panic(&self) {
         let id = self.shared.metrics.define(
-            sluice_filter::host_api::MetricKind::Counter,
+            sluice_agent::host::MetricKind::Counter,
             crate::stats::HOOK_PANICS,
         );
         // The id was just defined, so it exists.
@@ -202,7 +202,7 @@ impl Drop for NativeFilter {
 
 /// The request as the classifier reads it: Envoy's bytes, borrowed for the
 /// hook. What bytes that are not UTF-8 mean is the wasm filter's rule
-/// (`sluice_filter::request_attributes`), so both data planes classify a
+/// (`sluice_agent::request::attributes`), so both data planes classify a
 /// request alike.
 struct Attributes<'a, H: RequestHost>(&'a H);
 

@@ -5,7 +5,7 @@
 //! the host around it: instead of proxy-wasm VMs, Envoy's worker threads call
 //! the module directly, so
 //!
-//! - each worker thread gets its own [`sluice_filter::agent::Agent`] the first
+//! - each worker thread gets its own [`sluice_agent::agent::Agent`] the first
 //!   time it sees a request ([`workers`]), exactly as each wasm VM has one;
 //! - the agents share one process-wide store of shared data and queues
 //!   ([`process`]), so they elect a leader and pass counts and directives
@@ -36,5 +36,5 @@ pub mod workers;
 pub use config::{ConfigError, NativeConfig};
 pub use filter::{HeadersAction, NativeFilter, RequestHost};
 pub use followed::FollowedRequest;
-pub use sluice_filter::host_api::MetricKind;
+pub use sluice_agent::host::MetricKind;
 pub use stats::{StatsSink, metric_names};

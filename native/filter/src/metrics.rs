@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use sluice_filter::host_api::{HostError, MetricKind};
+use sluice_agent::host::{HostError, MetricKind};
 
 /// One metric and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]

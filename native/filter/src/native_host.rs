@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_filter::host_api::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use sluice_agent::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 
 use crate::control_stream::{ControlStreams, StreamEvent};
 use crate::metrics::MetricRegistry;

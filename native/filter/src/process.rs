@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use sluice_filter::host_api::{HostError, SharedValue};
+use sluice_agent::host::{HostError, SharedValue};
 
 /// Most messages a queue holds; the oldest are dropped beyond it (a leader
 /// drains every tick, so this only bounds a process without a leader).

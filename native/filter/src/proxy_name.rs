@@ -8,7 +8,7 @@
 //! configurations, each with a stream of its own), so a random part makes
 //! the name unique. It changes when Envoy restarts or the configuration is
 //! replaced; the module warns once with how to set a stable one
-//! ([`sluice_filter::identity::made_up_name_warning`]).
+//! ([`sluice_agent::identity::made_up_name_warning`]).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

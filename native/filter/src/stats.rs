@@ -1,12 +1,12 @@
 //! The agents' metrics, exported to Envoy's stats: counters as the deltas
 //! since the last export, gauges at their value. The metric names are the
-//! wasm filter's (`sluice_filter::metrics`), so dashboards and the stats
+//! wasm filter's (`sluice_agent::metrics`), so dashboards and the stats
 //! tags regexes of `envoy/README.md` work for both builds.
 
 use std::collections::HashMap;
 
-use sluice_filter::host_api::MetricKind;
-use sluice_filter::metrics::{Counter, Gauge};
+use sluice_agent::host::MetricKind;
+use sluice_agent::metrics::{Counter, Gauge};
 
 use crate::metrics::MetricValue;
 

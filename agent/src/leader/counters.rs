@@ -1,0 +1,474 @@
+//! Bounded per-cell request counts for one window: what the leader adds up
+//! from its VMs' hand-offs before it reports (a VM's own counts live in its
+//! cell records, [`crate::request::cell_table`]).
+//!
+//! Cells with a directive (limited cells) are never crowded out by cells
+//! without one: those may fill only `max_cells` minus a reserved quarter, so
+//! a flood of one-off unlimited keys leaves room for every limited cell the
+//! control plane needs counts of. The limited cells are what the counts are
+//! for; an unlimited cell that is not counted costs nothing but its rate in
+//! the admin view.
+
+use crate::request::cell::{key_of, parse_key};
+use crate::request::cell_map::CellMap;
+use sluice_core::Priority;
+use sluice_proto::v1::BucketCount;
+
+/// Requests seen, let through and shadow-dropped for one cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// All requests seen, dropped or not.
+    pub offered: u64,
+    /// Requests let through (shadow drops included).
+    pub admitted: u64,
+    /// Requests the decision would have dropped but shadow mode let through.
+    pub shadow_dropped: u64,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Let through, nothing to note.
+    Admitted,
+    /// Let through although the decision said drop (shadow mode).
+    ShadowDropped,
+    /// Rejected.
+    Dropped,
+}
+
+impl Counts {
+    pub(crate) fn one(outcome: Outcome) -> Self {
+        Self {
+            offered: 1,
+            admitted: u64::from(outcome != Outcome::Dropped),
+            shadow_dropped: u64::from(outcome == Outcome::ShadowDropped),
+        }
+    }
+
+    pub(crate) fn add(&mut self, other: Counts) {
+        self.offered = self.offered.saturating_add(other.offered);
+        self.admitted = self.admitted.saturating_add(other.admitted);
+        self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
+    }
+
+    /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
+    /// rest, rounding so the parts add up exactly and each part keeps
+    /// `shadow_dropped <= admitted <= offered`.
+    pub fn split(self, fraction: f64) -> (Counts, Counts) {
+        let f = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        let part = |n: u64| ((n as f64) * f).round() as u64;
+        let offered = part(self.offered).min(self.offered);
+        let rest_offered = self.offered - offered;
+        let admitted = part(self.admitted)
+            .max(self.admitted.saturating_sub(rest_offered))
+            .min(offered)
+            .min(self.admitted);
+        let rest_admitted = self.admitted - admitted;
+        let shadow = part(self.shadow_dropped)
+            .max(self.shadow_dropped.saturating_sub(rest_admitted))
+            .min(admitted)
+            .min(self.shadow_dropped);
+        (
+            Counts {
+                offered,
+                admitted,
+                shadow_dropped: shadow,
+            },
+            Counts {
+                offered: rest_offered,
+                admitted: rest_admitted,
+                shadow_dropped: self.shadow_dropped - shadow,
+            },
+        )
+    }
+
+    /// The counts of a wire record.
+    pub fn of(count: &BucketCount) -> Self {
+        Self {
+            offered: count.offered,
+            admitted: count.admitted,
+            shadow_dropped: count.shadow_dropped,
+        }
+    }
+}
+
+/// A cell's counts in this window.
+#[derive(Debug, Clone, Copy, Default)]
+struct CellSlot {
+    counts: Counts,
+    /// Whether the cell had a directive when it was first counted: it may
+    /// use the reserved share.
+    limited: bool,
+}
+
+impl CellSlot {
+    fn of(counts: Counts, limited: bool) -> Self {
+        Self { counts, limited }
+    }
+}
+
+/// Counts per cell, holding at most `max_cells` cells, of which cells
+/// without a directive may take at most [`unlimited_cap`]. Requests of a new
+/// cell beyond its cap are not attributed; they are tallied in
+/// [`BucketCounters::take_untracked`] so the caller can report the overflow.
+#[derive(Debug, Clone)]
+pub struct BucketCounters {
+    /// By cell key ([`crate::request::cell`]).
+    counts: CellMap<CellSlot>,
+    max_cells: usize,
+    untracked: u64,
+}
+
+/// The cell key of a wire record's cell.
+pub(crate) fn key_of_count(count: &BucketCount) -> String {
+    key_of(
+        &count.bucket,
+        &count.tenant,
+        Priority::from_wire(count.priority),
+    )
+}
+
+/// How many of `max_cells` cells without a directive may take: all but a
+/// quarter, which stays reserved for cells with one (at least one cell
+/// each way once `max_cells` is 2 or more).
+pub fn unlimited_cap(max_cells: usize) -> usize {
+    max_cells
+        .saturating_sub(max_cells.div_ceil(4))
+        .max(usize::from(max_cells >= 2))
+}
+
+impl BucketCounters {
+    /// Empty counters for at most `max_cells` cells.
+    pub fn new(max_cells: usize) -> Self {
+        Self {
+            counts: CellMap::default(),
+            max_cells,
+            untracked: 0,
+        }
+    }
+
+    /// Counts one request of a bucket without tenant or priority.
+    pub fn record(&mut self, bucket: &str, admitted: bool) {
+        let outcome = if admitted {
+            Outcome::Admitted
+        } else {
+            Outcome::Dropped
+        };
+        let one = Counts::one(outcome);
+        if let Some(slot) = self.counts.get_bucket_wide_mut(bucket) {
+            slot.counts.add(one);
+        } else if self.has_room(false) {
+            self.insert(key_of(bucket, "", Priority::Unspecified), one, false);
+        } else {
+            // Not even the key is built for a cell that does not fit.
+            self.untracked = self.untracked.saturating_add(one.offered);
+        }
+    }
+
+    /// Counts one request of the cell with key `cell_key`, `limited` if it
+    /// has a directive. Allocates only for a cell not seen this window.
+    pub fn record_cell(&mut self, cell_key: &str, outcome: Outcome, limited: bool) {
+        let one = Counts::one(outcome);
+        if let Some(slot) = self.counts.get_mut(cell_key) {
+            slot.counts.add(one);
+        } else if self.has_room(limited) {
+            self.insert(cell_key.to_owned(), one, limited);
+        } else {
+            // Not even the key is copied for a cell that does not fit.
+            self.untracked = self.untracked.saturating_add(one.offered);
+        }
+    }
+
+    /// Adds counts for a cell key (saturating), `limited` if the cell has
+    /// a directive.
+    pub fn add(&mut self, cell_key: String, counts: Counts, limited: bool) {
+        if let Some(existing) = self.counts.get_mut(&cell_key) {
+            existing.counts.add(counts);
+            existing.limited |= limited;
+        } else {
+            self.insert(cell_key, counts, limited);
+        }
+    }
+
+    /// Adds counts drained elsewhere, for example from the shared queue;
+    /// `limited` says which cell keys have a directive.
+    pub fn merge(
+        &mut self,
+        counts: impl IntoIterator<Item = BucketCount>,
+        mut limited: impl FnMut(&str) -> bool,
+    ) {
+        for count in counts {
+            let key = key_of_count(&count);
+            let is_limited = limited(&key);
+            self.add(key, Counts::of(&count), is_limited);
+        }
+    }
+
+    /// Moves every cell into `other`.
+    pub fn move_into(&mut self, other: &mut BucketCounters) {
+        for (key, slot) in self.counts.drain() {
+            other.add(key, slot.counts, slot.limited);
+        }
+    }
+
+    /// Takes every cell with traffic, leaving the counters empty (with
+    /// their capacity kept for the next window).
+    pub fn drain(&mut self) -> Vec<BucketCount> {
+        self.counts
+            .drain()
+            .filter(|(_, slot)| slot.counts.offered > 0)
+            .filter_map(|(key, CellSlot { counts, .. })| {
+                let (bucket, tenant, priority) = parse_key(&key)?;
+                Some(BucketCount {
+                    bucket: bucket.to_owned(),
+                    offered: counts.offered,
+                    admitted: counts.admitted,
+                    tenant: tenant.to_owned(),
+                    priority: priority as i32,
+                    shadow_dropped: counts.shadow_dropped,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether nothing is counted.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// Number of cells held.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Requests not attributed because the cap was reached; resets to 0.
+    pub fn take_untracked(&mut self) -> u64 {
+        std::mem::take(&mut self.untracked)
+    }
+
+    /// Whether a new cell (`limited` if it has a directive) fits.
+    fn has_room(&self, limited: bool) -> bool {
+        let cap = if limited {
+            self.max_cells
+        } else {
+            unlimited_cap(self.max_cells)
+        };
+        self.counts.len() < cap
+    }
+
+    fn insert(&mut self, key: String, counts: Counts, limited: bool) {
+        if self.has_room(limited) {
+            self.counts.insert(key, CellSlot::of(counts, limited));
+        } else {
+            self.untracked = self.untracked.saturating_add(counts.offered);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn sorted(mut counts: Vec<BucketCount>) -> Vec<BucketCount> {
+        counts.sort_by(|a, b| {
+            (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+        });
+        counts
+    }
+
+    fn count(bucket: &str, offered: u64, admitted: u64) -> BucketCount {
+        BucketCount {
+            bucket: bucket.into(),
+            offered,
+            admitted,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn records_offered_and_admitted() {
+        let mut counters = BucketCounters::new(10);
+        counters.record("a", true);
+        counters.record("a", false);
+        counters.record("b", true);
+        assert_eq!(
+            sorted(counters.drain()),
+            vec![count("a", 2, 1), count("b", 1, 1)]
+        );
+        assert!(counters.is_empty());
+        assert!(counters.drain().is_empty());
+    }
+
+    #[test]
+    fn cells_are_counted_apart_with_shadow_drops() {
+        let mut counters = BucketCounters::new(10);
+        let acme = key_of("api", "acme", Priority::Bulk);
+        let globex = key_of("api", "globex", Priority::Critical);
+        counters.record_cell(&acme, Outcome::Admitted, false);
+        counters.record_cell(&acme, Outcome::ShadowDropped, false);
+        counters.record_cell(&acme, Outcome::Dropped, true);
+        counters.record_cell(&globex, Outcome::Admitted, false);
+        counters.record("api", true);
+        assert_eq!(
+            sorted(counters.drain()),
+            vec![
+                count("api", 1, 1),
+                BucketCount {
+                    tenant: "acme".into(),
+                    priority: Priority::Bulk as i32,
+                    shadow_dropped: 1,
+                    ..count("api", 3, 2)
+                },
+                BucketCount {
+                    tenant: "globex".into(),
+                    priority: Priority::Critical as i32,
+                    ..count("api", 1, 1)
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn merge_adds_and_saturates() {
+        let mut counters = BucketCounters::new(10);
+        counters.merge([count("a", u64::MAX - 1, 5)], |_| false);
+        counters.merge([count("a", 10, 10), count("b", 3, 0)], |_| true);
+        assert_eq!(
+            sorted(counters.drain()),
+            vec![count("a", u64::MAX, 15), count("b", 3, 0)]
+        );
+    }
+
+    #[test]
+    fn new_cells_beyond_the_cap_are_untracked() {
+        // Three cells, one of them reserved for cells with a directive.
+        let mut counters = BucketCounters::new(3);
+        counters.record("a", true);
+        counters.record("b", true);
+        counters.record("c", true);
+        counters.merge([count("d", 5, 5)], |_| false);
+        counters.record("a", true);
+        assert_eq!(counters.len(), 2);
+        assert_eq!(counters.take_untracked(), 6);
+        assert_eq!(counters.take_untracked(), 0);
+        assert_eq!(
+            sorted(counters.drain()),
+            vec![count("a", 2, 2), count("b", 1, 1)]
+        );
+    }
+
+    #[test]
+    fn a_flood_of_unlimited_cells_leaves_room_for_limited_ones() {
+        let mut counters = BucketCounters::new(200);
+        for i in 0..2_000 {
+            counters.record_cell(
+                &key_of(&format!("flood-{i}"), "", Priority::Unspecified),
+                Outcome::Admitted,
+                false,
+            );
+        }
+        assert_eq!(counters.len(), unlimited_cap(200));
+        assert_eq!(counters.take_untracked(), 2_000 - 150);
+        for i in 0..50 {
+            let key = key_of(&format!("limited-{i}"), "", Priority::Unspecified);
+            counters.record_cell(&key, Outcome::Dropped, true);
+        }
+        assert_eq!(counters.len(), 200);
+        assert_eq!(counters.take_untracked(), 0);
+        // Moving them on (the leader's window) keeps the reservation.
+        let mut window = BucketCounters::new(200);
+        for i in 0..500 {
+            window.add(
+                key_of(&format!("other-{i}"), "", Priority::Unspecified),
+                Counts::one(Outcome::Admitted),
+                false,
+            );
+        }
+        counters.move_into(&mut window);
+        let limited = window
+            .drain()
+            .into_iter()
+            .filter(|c| c.bucket.starts_with("limited-"))
+            .count();
+        assert_eq!(limited, 50);
+    }
+
+    #[test]
+    fn the_reserve_leaves_small_tables_usable() {
+        assert_eq!(unlimited_cap(0), 0);
+        assert_eq!(unlimited_cap(1), 0);
+        assert_eq!(unlimited_cap(2), 1);
+        assert_eq!(unlimited_cap(4), 3);
+        assert_eq!(unlimited_cap(10_000), 7_500);
+    }
+
+    #[test]
+    fn drain_skips_cells_without_traffic() {
+        let mut counters = BucketCounters::new(10);
+        counters.merge([count("idle", 0, 0), count("busy", 1, 0)], |_| false);
+        assert_eq!(counters.drain(), vec![count("busy", 1, 0)]);
+    }
+
+    #[test]
+    fn split_examples() {
+        let c = Counts {
+            offered: 10,
+            admitted: 6,
+            shadow_dropped: 2,
+        };
+        let (a, b) = c.split(0.25);
+        assert_eq!(a.offered + b.offered, 10);
+        assert_eq!(a.offered, 3);
+        assert_eq!(c.split(0.0).0, Counts::default());
+        assert_eq!(c.split(1.0).0, c);
+        assert_eq!(c.split(f64::NAN).1, c);
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn counts_never_wrap(adds in proptest::collection::vec((0u8..4, any::<u64>(), any::<u64>()), 0..64)) {
+            let mut counters = BucketCounters::new(8);
+            let mut expected: std::collections::HashMap<String, (u128, u128)> =
+                std::collections::HashMap::new();
+            for (bucket, offered, admitted) in adds {
+                let bucket = format!("b{bucket}");
+                counters.merge([BucketCount { bucket: bucket.clone(), offered, admitted, ..Default::default() }], |_| false);
+                let entry = expected.entry(bucket).or_default();
+                entry.0 += u128::from(offered);
+                entry.1 += u128::from(admitted);
+            }
+            for count in counters.drain() {
+                let (offered, admitted) = expected.get(&count.bucket).copied().unwrap_or_default();
+                prop_assert_eq!(u128::from(count.offered), offered.min(u128::from(u64::MAX)));
+                prop_assert_eq!(u128::from(count.admitted), admitted.min(u128::from(u64::MAX)));
+            }
+        }
+
+        #[test]
+        fn split_preserves_totals_and_invariants(offered in 0u64..1_000_000, a in 0u64..1_000_000, s in 0u64..1_000_000, f in 0.0f64..=1.0) {
+            let admitted = a.min(offered);
+            let shadow = s.min(admitted);
+            let c = Counts { offered, admitted, shadow_dropped: shadow };
+            let (x, y) = c.split(f);
+            prop_assert_eq!(x.offered + y.offered, offered);
+            prop_assert_eq!(x.admitted + y.admitted, admitted);
+            prop_assert_eq!(x.shadow_dropped + y.shadow_dropped, shadow);
+            for part in [x, y] {
+                prop_assert!(part.shadow_dropped <= part.admitted && part.admitted <= part.offered);
+            }
+            prop_assert!((x.offered as f64 - offered as f64 * f).abs() <= 1.0);
+        }
+    }
+}

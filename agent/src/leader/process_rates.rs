@@ -1,0 +1,308 @@
+//! Each VM's share of the process's recent traffic per limited cell, so
+//! that the allowance can follow load that moves between VMs while the
+//! control plane is lost.
+//!
+//! A VM's cap is derived from its own offered rate when a directive
+//! arrives. While the control plane is lost no directive arrives, and with
+//! several workers the load moves between VMs (connections come and go, and
+//! Envoy balances them per connection): caps frozen per VM then under-admit,
+//! one VM starved at its old share while another leaves its own unused.
+//! The leader sees every VM's counts (its own and the hand-offs), keeps each
+//! source's rate per cell over the last second here, and publishes them;
+//! once the control plane is lost, each VM freezes the process's budget per
+//! cell (the allowance of the process's offered rate) and caps itself at
+//! its current share of it ([`crate::tick::pacing::Pacer::rescale_caps`]).
+//! Shares come from the leader's one view of every source, so they lag
+//! alike and add up to one.
+//! Each source's rate is its counts over the time its hand-offs covered
+//! ([`ProcessRates::add_span`]), not over the leader's slots: a follower
+//! hands off on its slow ticks and again when a report window closes, so a
+//! slot may hold one, two or no hand-off of it, and counts over slot time
+//! swung a share by a hand-off's worth.
+//! The published form is [`crate::shared::process_rates`].
+
+use crate::fast_map::{self, FastMap};
+use crate::shared::process_rates::PublishedRates;
+#[cfg(test)]
+use crate::shared::process_rates::shares_of;
+
+/// Slots of the rolling window; the open one is not counted, so the rate
+/// covers the last `SLOTS - 1` closed slots (slow ticks).
+const SLOTS: usize = 11;
+/// Slot length assumed before the first close measured one.
+const DEFAULT_SPAN_MS: u64 = 100;
+/// Most sources kept per cell (VMs of one Envoy process).
+const MAX_SOURCES: usize = 64;
+
+type Slots = [u64; SLOTS];
+
+/// A cell's sources, and for how many slots it has had traffic.
+#[derive(Debug, Default)]
+struct Cell {
+    sources: Vec<(u64, Slots)>,
+    slots_seen: usize,
+}
+
+/// Counts of the last second per cell and source (leader side).
+#[derive(Debug)]
+pub struct ProcessRates {
+    cells: FastMap<String, Cell>,
+    /// Per source, the time its counts covered in each slot.
+    covered_ms: FastMap<u64, Slots>,
+    spans_ms: [u64; SLOTS],
+    /// The open slot.
+    current: usize,
+    closed_at_ms: Option<u64>,
+    max_cells: usize,
+}
+
+impl ProcessRates {
+    /// Rates of at most `max_cells` cells.
+    pub fn new(max_cells: usize) -> Self {
+        Self {
+            cells: fast_map::new(),
+            covered_ms: fast_map::new(),
+            spans_ms: [0; SLOTS],
+            current: 0,
+            closed_at_ms: None,
+            max_cells,
+        }
+    }
+
+    /// Counts `offered` requests of `key` from VM `source` in the open slot.
+    pub fn add(&mut self, key: &str, source: u64, offered: u64) {
+        if offered == 0 {
+            return;
+        }
+        let current = self.current;
+        if !self.cells.contains_key(key) {
+            if self.cells.len() >= self.max_cells {
+                return;
+            }
+            self.cells.insert(key.to_owned(), Cell::default());
+        }
+        let Some(Cell { sources, .. }) = self.cells.get_mut(key) else {
+            return;
+        };
+        let slots = match sources.iter().position(|(id, _)| *id == source) {
+            Some(index) => sources.get_mut(index).map(|(_, slots)| slots),
+            None if sources.len() >= MAX_SOURCES => None,
+            None => {
+                sources.push((source, [0; SLOTS]));
+                sources.last_mut().map(|(_, slots)| slots)
+            }
+        };
+        if let Some(slot) = slots.and_then(|slots| slots.get_mut(current)) {
+            *slot = slot.saturating_add(offered);
+        }
+    }
+
+    /// Records that `source`'s counts added in the open slot (one
+    /// hand-off, or the leader's own since it last added them) cover
+    /// `span_ms`. A source with no span recorded is measured over the
+    /// slots' own time.
+    pub fn add_span(&mut self, source: u64, span_ms: u64) {
+        if span_ms == 0
+            || (!self.covered_ms.contains_key(&source) && self.covered_ms.len() >= MAX_SOURCES)
+        {
+            return;
+        }
+        let current = self.current;
+        let covered = self.covered_ms.entry(source).or_insert([0; SLOTS]);
+        if let Some(slot) = covered.get_mut(current) {
+            *slot = slot.saturating_add(span_ms);
+        }
+    }
+
+    /// Closes the open slot at `now_ms` and opens the next (the oldest
+    /// leaves the window); sources and cells with no count left are
+    /// forgotten.
+    pub fn close_slot(&mut self, now_ms: u64) {
+        let span = match self.closed_at_ms {
+            Some(closed) if now_ms > closed => now_ms - closed,
+            _ => DEFAULT_SPAN_MS,
+        };
+        self.closed_at_ms = Some(now_ms);
+        if let Some(slot) = self.spans_ms.get_mut(self.current) {
+            *slot = span;
+        }
+        self.current = (self.current + 1) % SLOTS;
+        let current = self.current;
+        if let Some(slot) = self.spans_ms.get_mut(current) {
+            *slot = 0;
+        }
+        self.covered_ms.retain(|_, covered| {
+            if let Some(slot) = covered.get_mut(current) {
+                *slot = 0;
+            }
+            covered.iter().any(|&ms| ms > 0)
+        });
+        self.cells.retain(|_, cell| {
+            cell.slots_seen = cell.slots_seen.saturating_add(1);
+            cell.sources.retain_mut(|(_, slots)| {
+                if let Some(slot) = slots.get_mut(current) {
+                    *slot = 0;
+                }
+                slots.iter().any(|&count| count > 0)
+            });
+            !cell.sources.is_empty()
+        });
+    }
+
+    /// The sum of the closed slots.
+    fn closed(&self, slots: &Slots) -> u64 {
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.current)
+            .map(|(_, value)| *value)
+            .sum()
+    }
+
+    /// `source`'s rate from its `slots` of counts: over the time its counts
+    /// covered, else over the slots' `span_ms`.
+    fn rate(&self, source: u64, slots: &Slots, span_ms: u64) -> f64 {
+        let covered = self
+            .covered_ms
+            .get(&source)
+            .map_or(0, |covered| self.closed(covered));
+        let span_ms = if covered > 0 { covered } else { span_ms };
+        self.closed(slots) as f64 * 1000.0 / span_ms as f64
+    }
+
+    #[cfg(test)]
+    /// The rate of `key` from `source` over the closed slots, in requests
+    /// per second.
+    pub fn rate_rps(&self, key: &str, source: u64) -> Option<f64> {
+        let span: u64 = self.spans_ms.iter().sum();
+        let (_, slots) = self
+            .cells
+            .get(key)?
+            .sources
+            .iter()
+            .find(|(id, _)| *id == source)?;
+        (span > 0).then(|| self.rate(source, slots, span))
+    }
+
+    /// The published form: every cell's per-source rates (at most
+    /// [`crate::shared::process_rates::MAX_PUBLISHED`] cells).
+    pub fn encode(&self) -> Vec<u8> {
+        let span: u64 = self.spans_ms.iter().sum();
+        let mut written = PublishedRates::new();
+        if span > 0 {
+            for (key, cell) in &self.cells {
+                let rates = cell
+                    .sources
+                    .iter()
+                    .map(|(source, slots)| (*source, self.rate(*source, slots, span)));
+                written.push(key, cell.slots_seen >= SLOTS - 1, rates);
+            }
+        }
+        written.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// Without spans recorded (as here), a source is measured over the
+    /// slots' own time.
+    #[test]
+    fn the_rate_covers_the_closed_slots() {
+        let mut rates = ProcessRates::new(10);
+        for tick in 0..20_u64 {
+            rates.add("a", 1, 10);
+            rates.close_slot(1_000 + tick * 100);
+        }
+        // 10 closed slots of 100 ms with 10 requests each: 100 rps.
+        let rate = rates.rate_rps("a", 1).unwrap_or_default();
+        assert!((rate - 100.0).abs() < 1e-9, "{rate}");
+        assert_eq!(rates.rate_rps("a", 2), None);
+        assert_eq!(rates.rate_rps("b", 1), None);
+    }
+
+    #[test]
+    fn a_source_is_measured_over_the_time_its_hand_offs_covered() {
+        let mut rates = ProcessRates::new(10);
+        // 100 rps handed off in 80 ms spans (8 requests each), landing in
+        // the leader's 100 ms slots as they come: eleven spans in the ten
+        // slots the rate covers, so 880 ms of traffic in 1 s of slots.
+        for tick in 0..11_u64 {
+            let handoffs = if tick == 0 {
+                0
+            } else if tick == 5 {
+                2
+            } else {
+                1
+            };
+            for _ in 0..handoffs {
+                rates.add("a", 1, 8);
+                rates.add_span(1, 80);
+            }
+            rates.close_slot(1_000 + tick * 100);
+        }
+        let rate = rates.rate_rps("a", 1).unwrap_or_default();
+        assert!((rate - 100.0).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn idle_cells_are_forgotten_and_the_table_is_bounded() {
+        let mut rates = ProcessRates::new(2);
+        rates.add("a", 1, 1);
+        rates.add("b", 1, 1);
+        rates.add("c", 1, 1);
+        assert_eq!(rates.cells.len(), 2);
+        for tick in 0..SLOTS as u64 {
+            rates.close_slot(tick * 100);
+        }
+        assert!(rates.cells.is_empty());
+    }
+
+    #[test]
+    fn each_source_reads_its_share() {
+        let mut rates = ProcessRates::new(10);
+        rates.add("a", 1, 30);
+        rates.add("a", 2, 10);
+        rates.add("b", 2, 5);
+        rates.close_slot(100);
+        rates.close_slot(200);
+        let bytes = rates.encode();
+        let share = |source, key| {
+            shares_of(&bytes, source)
+                .unwrap_or_default()
+                .get(key)
+                .map(|p| (p.share, p.total_rps))
+        };
+        let close = |got: Option<(f64, f64)>, want: (f64, f64)| {
+            got.is_some_and(|(s, t)| (s - want.0).abs() < 1e-6 && (t - want.1).abs() < 1e-3)
+        };
+        // 40 requests over two closed 100 ms slots: 200 rps.
+        assert!(close(share(1, "a"), (0.75, 200.0)), "{:?}", share(1, "a"));
+        assert!(close(share(1, "b"), (0.0, 25.0)), "{:?}", share(1, "b"));
+        assert!(close(share(2, "a"), (0.25, 200.0)), "{:?}", share(2, "a"));
+        assert!(close(share(2, "b"), (1.0, 25.0)), "{:?}", share(2, "b"));
+    }
+
+    #[test]
+    fn a_cell_is_established_after_a_whole_window_of_traffic() {
+        let mut rates = ProcessRates::new(10);
+        let established = |rates: &ProcessRates| {
+            shares_of(&rates.encode(), 1)
+                .unwrap_or_default()
+                .get("a")
+                .is_some_and(|p| p.established)
+        };
+        for tick in 0..SLOTS as u64 {
+            rates.add("a", 1, 5);
+            rates.close_slot(tick * 100);
+            assert_eq!(
+                established(&rates),
+                tick as usize >= SLOTS - 2,
+                "tick {tick}"
+            );
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The request path: from a request's attributes to its cell, its decision
+//! and what the host does about it. Nothing here makes a host call beyond
+//! the attribute reads the classification needs.
+
+pub mod attributes;
+pub mod bucket_key;
+pub(crate) mod cell;
+pub(crate) mod cell_map;
+pub(crate) mod cell_table;
+pub mod classify;
+pub mod new_cells;
+pub(crate) mod path;
+pub(crate) mod record;
+pub(crate) mod reject;
