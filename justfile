@@ -113,9 +113,9 @@ validate-envoy: build-wasm
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
       cargo test -p sluice-integration-tests --test envoy_configs
 
-# Run the deterministic simulator (the filter's agent in every simulated Envoy and the real controller, simulated clock): baseline vs improved table, time series and SVG plots in target/simulate.
+# Run the deterministic simulator (the agent library's agents in every simulated Envoy and the real controller, simulated clock): baseline vs improved table, time series and SVG plots in target/simulate.
 simulate *ARGS="--scenario all --out target/simulate":
-    cargo run -q --release -p sluice-control-plane --bin sluice -- simulate {{ARGS}}
+    cargo run -q --release -p sluice-simulator --bin sluice-simulate -- {{ARGS}}
 
 # Criterion benchmarks of the pure hot path and controller.
 bench:

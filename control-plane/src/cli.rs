@@ -1,4 +1,4 @@
-//! The `sluice` command line: `serve`, `check-config`, `simulate` and `ctl`.
+//! The `sluice` command line: `serve`, `check-config`, `ctl` and `config`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,10 +39,6 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Validate a limits file and exit.
     CheckConfig(CheckConfigArgs),
-    /// Run a traffic scenario through the real controller on a simulated
-    /// clock and print accuracy metrics.
-    #[cfg(feature = "simulate")]
-    Simulate(crate::simulate::command::SimulateArgs),
     /// Read and change a running control plane through its admin API.
     #[cfg(feature = "ctl")]
     Ctl(crate::ctl::CtlArgs),
@@ -375,8 +371,6 @@ pub async fn execute(cli: Cli) -> ExitCode {
             }
             code
         }
-        #[cfg(feature = "simulate")]
-        Command::Simulate(args) => crate::simulate::command::run(&args),
         #[cfg(feature = "ctl")]
         Command::Ctl(args) => crate::ctl::execute(args).await,
         Command::Config(args) => match crate::replicas::transfer::execute(&args).await {

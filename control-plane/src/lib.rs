@@ -19,7 +19,7 @@
 //! in force), [`control`] (deciding), [`serve`] (streams, fan-out, the
 //! control loop), [`fleet`] (aggregation), [`replicas`] and [`store`]
 //! (running as several processes), [`admin`], [`metrics`], [`cli`],
-//! `ctl` and `simulate` (tools).
+//! `ctl` (a tool).
 //!
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
@@ -43,8 +43,6 @@ pub mod quotas;
 pub mod replicas;
 pub(crate) mod rlqs;
 pub mod serve;
-#[cfg(feature = "simulate")]
-pub(crate) mod simulate;
 pub mod store;
 pub(crate) mod trust;
 pub mod types;

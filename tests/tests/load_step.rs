@@ -5,7 +5,7 @@
 //! allowance engaged (`"engage": "always"`) and the credit decision, each VM
 //! holds its share of the limit meanwhile. Two
 //! runs with the same control plane build and the same load measure both,
-//! as the simulator does (`sluice simulate --scenario step-10x`): the
+//! as the simulator does (`sluice-simulate --scenario step-10x`): the
 //! allowance overshoots less in the first second after the step, and both
 //! settle near the limit. The Envoys run one worker, then two, then four (a
 //! step's connections land on any of them), held to the same bounds.

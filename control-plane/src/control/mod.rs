@@ -2,8 +2,8 @@
 //! controller that turns fleet load into directives every interval; the
 //! recent fleet totals and what-if replays over them.
 
-pub(crate) mod adaptive;
-pub(crate) mod controller;
+pub mod adaptive;
+pub mod controller;
 pub mod estimator;
 pub mod fairness;
 pub(crate) mod history;

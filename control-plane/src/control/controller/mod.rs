@@ -222,8 +222,8 @@ impl Controller {
     }
 
     /// The controller the service runs: the tracking policy (it beats the
-    /// proportional baseline in every simulated scenario, `sluice
-    /// simulate`; see `estimator`) at `interval`. The start-up hold's
+    /// proportional baseline in every simulated scenario,
+    /// `sluice-simulate`; see `estimator`) at `interval`. The start-up hold's
     /// status and the what-if replays use a fresh one, so they show what
     /// the service would push.
     pub fn tracking(interval: ControlInterval) -> Self {

@@ -5,15 +5,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use super::adaptive_plot;
-use super::scenario::Scenario;
-use super::sim::{SLOT_MS, Trace};
-
-/// Slots in the 1 s window the rates are averaged over.
-const RATE_SLOTS: usize = (1_000 / SLOT_MS) as usize;
+use crate::adaptive_plot;
+use crate::chart::{COLOURS, GREY, legend, line, points, rates};
+use crate::scenario::Scenario;
+use crate::sim::{SLOT_MS, Trace};
 
 /// Why the files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -34,18 +31,6 @@ pub enum PlotError {
         /// What went wrong.
         message: String,
     },
-}
-
-/// 1 s trailing rates, one per slot (shorter at the start).
-pub fn rates(counts: &[u64]) -> Vec<f64> {
-    (0..counts.len())
-        .map(|end| {
-            let start = (end + 1).saturating_sub(RATE_SLOTS);
-            let window = counts.get(start..=end).unwrap_or(&[]);
-            let seconds = (window.len() as u64 * SLOT_MS) as f64 / 1000.0;
-            window.iter().sum::<u64>() as f64 / seconds.max(f64::MIN_POSITIVE)
-        })
-        .collect()
 }
 
 /// The time series CSV of one run: `time_s,bucket,limit_rps,offered_rps,admitted_rps`.
@@ -88,56 +73,6 @@ pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
         path: path.display().to_string(),
         message,
     })
-}
-
-/// The colour of limits, capacities and targets.
-pub(super) const GREY: RGBColor = RGBColor(127, 127, 127);
-
-/// One colour per variant, in run order.
-pub(super) const COLOURS: [RGBColor; 4] = [
-    RGBColor(214, 39, 40),
-    RGBColor(31, 119, 180),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-];
-
-/// A chart of the plots: seconds against a value.
-pub(super) type Chart<'a, 'b> =
-    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
-
-/// Draws one labelled line on `chart`.
-pub(super) fn line(
-    chart: &mut Chart<'_, '_>,
-    points: Vec<(f64, f64)>,
-    style: ShapeStyle,
-    label: String,
-) -> Result<(), String> {
-    chart
-        .draw_series(LineSeries::new(points, style))
-        .map_err(|e| e.to_string())?
-        .label(label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-    Ok(())
-}
-
-/// Draws `chart`'s legend in its upper right corner.
-pub(super) fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| e.to_string())
-}
-
-/// The points of per-slot `values`, at each slot's end in seconds.
-pub(super) fn points(values: &[f64]) -> Vec<(f64, f64)> {
-    values
-        .iter()
-        .enumerate()
-        .map(|(slot, v)| (((slot as u64 + 1) * SLOT_MS) as f64 / 1000.0, *v))
-        .collect()
 }
 
 fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), String> {
@@ -204,8 +139,8 @@ fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), 
 #[allow(clippy::float_cmp)]
 mod tests {
     use super::*;
-    use crate::simulate::scenario;
-    use crate::simulate::sim::{Variant, run_variant};
+    use crate::scenario;
+    use crate::sim::{Variant, run_variant};
 
     #[test]
     fn trailing_rates() {

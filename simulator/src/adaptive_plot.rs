@@ -7,10 +7,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::adaptive::quantile;
-use super::plot::{COLOURS, GREY, legend, line, points, rates};
-use super::scenario::Scenario;
-use super::sim::{SLOT_MS, Trace, UpstreamTrace};
+use crate::adaptive::quantile;
+use crate::chart::{COLOURS, GREY, legend, line, points, rates};
+use crate::scenario::Scenario;
+use crate::sim::{SLOT_MS, Trace, UpstreamTrace};
 
 /// Slots in one second.
 const PER_SECOND: usize = (1_000 / SLOT_MS) as usize;

@@ -1,10 +1,10 @@
-//! Presenting [`Metrics`]: an aligned table for the terminal and CSV for
+//! Presenting [`RunMetrics`]: an aligned table for the terminal and CSV for
 //! the study's notebooks.
 
 use std::fmt::Write as _;
 
-use super::adaptive::{AdaptiveMetrics, Phase};
-use super::metrics::{Metrics, TenantShare};
+use crate::adaptive::{AdaptiveMetrics, Phase};
+use crate::metrics::{RunMetrics, TenantShare};
 
 /// One scenario's result, as shown in a table row.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,7 +16,7 @@ pub struct Row {
     /// Seed it ran with.
     pub seed: u64,
     /// Its metrics.
-    pub metrics: Metrics,
+    pub metrics: RunMetrics,
 }
 
 const HEADERS: [&str; 11] = [
@@ -331,7 +331,7 @@ mod tests {
             scenario: "steady".to_owned(),
             variant: "baseline".to_owned(),
             seed: 7,
-            metrics: Metrics {
+            metrics: RunMetrics {
                 error_p95_1s: Some(0.05),
                 error_p95_10s: None,
                 peak_overshoot_pct: None,

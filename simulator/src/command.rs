@@ -1,15 +1,17 @@
-//! `sluice simulate`: its arguments, and the run that prints the table.
+//! `sluice-simulate`: its arguments, and the run that prints the table.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::Parser;
 
-use super::sim::Variant;
-use super::{adaptive, metrics, plot, report, scenario, sim};
+use crate::sim::Variant;
+use crate::{adaptive, metrics, plot, report, scenario, sim};
 
-/// `sluice simulate`.
-#[derive(Debug, Args)]
+/// `sluice-simulate`: a traffic scenario through the real controller and
+/// the filter's agents on a simulated clock, and its accuracy metrics.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-simulate", version, about)]
 pub struct SimulateArgs {
     /// Scenario to run, or `all`.
     #[arg(long, value_name = "NAME", value_parser = parse_scenario)]
@@ -70,7 +72,7 @@ fn parse_scenario(value: &str) -> Result<String, String> {
     }
 }
 
-/// `sluice simulate`: runs the scenarios and prints one table row each.
+/// Runs the scenarios and prints one table row each.
 pub fn run(args: &SimulateArgs) -> ExitCode {
     let scenarios = if args.scenario == "all" {
         scenario::all()
@@ -84,7 +86,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
     if let Some(dir) = &args.out
         && let Err(err) = std::fs::create_dir_all(dir)
     {
-        eprintln!("sluice: cannot create {}: {err}", dir.display());
+        eprintln!("sluice-simulate: cannot create {}: {err}", dir.display());
         return ExitCode::FAILURE;
     }
     let workers = args.workers as usize;
@@ -96,7 +98,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
             let trace = match sim::run_workers(scenario, args.seed, variant, workers) {
                 Ok(trace) => trace,
                 Err(err) => {
-                    eprintln!("sluice: scenario {}: {err}", scenario.name);
+                    eprintln!("sluice-simulate: scenario {}: {err}", scenario.name);
                     return ExitCode::FAILURE;
                 }
             };
@@ -122,7 +124,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         if let Some(dir) = &args.out
             && let Err(err) = plot::write(dir, scenario, &traces)
         {
-            eprintln!("sluice: scenario {}: {err}", scenario.name);
+            eprintln!("sluice-simulate: scenario {}: {err}", scenario.name);
             return ExitCode::FAILURE;
         }
     }
@@ -135,7 +137,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         if let Some(dir) = &args.out {
             let path = dir.join("tenants.csv");
             if let Err(err) = std::fs::write(&path, report::tenant_csv(&rows)) {
-                eprintln!("sluice: cannot write {}: {err}", path.display());
+                eprintln!("sluice-simulate: cannot write {}: {err}", path.display());
                 return ExitCode::FAILURE;
             }
         }
@@ -149,7 +151,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
         if let Some(dir) = &args.out {
             let path = dir.join("adaptive.csv");
             if let Err(err) = std::fs::write(&path, report::adaptive_csv(&adaptive_rows)) {
-                eprintln!("sluice: cannot write {}: {err}", path.display());
+                eprintln!("sluice-simulate: cannot write {}: {err}", path.display());
                 return ExitCode::FAILURE;
             }
         }
@@ -157,7 +159,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
     if let Some(path) = &args.csv
         && let Err(err) = std::fs::write(path, report::csv(&rows))
     {
-        eprintln!("sluice: cannot write {}: {err}", path.display());
+        eprintln!("sluice-simulate: cannot write {}: {err}", path.display());
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
@@ -165,19 +167,18 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use crate::cli::{Cli, Command};
-    use clap::Parser;
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
 
     #[test]
     fn simulate_arguments() {
-        let cli = Cli::try_parse_from(["sluice", "simulate", "--scenario", "all"]).unwrap();
-        let Command::Simulate(args) = cli.command else {
-            panic!("not simulate")
-        };
+        let args = SimulateArgs::try_parse_from(["sluice-simulate", "--scenario", "all"]).unwrap();
         assert_eq!(args.scenario, "all");
         assert_eq!(args.seed, 1);
         assert!(args.csv.is_none());
-        let err = Cli::try_parse_from(["sluice", "simulate", "--scenario", "nope"]).unwrap_err();
+        let err =
+            SimulateArgs::try_parse_from(["sluice-simulate", "--scenario", "nope"]).unwrap_err();
         assert!(err.to_string().contains("unknown scenario"), "{err}");
     }
 }

@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::scenario::Load;
+use crate::load::Load;
 
 /// Below this capacity the service is treated as serving this much: a
 /// capacity of 0 would make every service time infinite.

@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use super::scenario::Scenario;
-use super::sim::{SLOT_MS, Trace};
+use crate::scenario::Scenario;
+use crate::sim::{SLOT_MS, Trace};
 
 /// The limit has found a capacity once it is within this share of it.
 pub const FOUND_WITHIN: f64 = 0.10;
@@ -170,9 +170,10 @@ pub(super) fn quantile(values: &mut [u64], q: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::adaptive::spec::Signal;
-    use crate::simulate::scenario::{self, Load};
-    use crate::simulate::sim::{self, Variant};
+    use crate::load::Load;
+    use crate::scenario;
+    use crate::sim::{self, Variant};
+    use sluice_control_plane::control::adaptive::spec::Signal;
 
     fn measured(scenario: &Scenario) -> (AdaptiveMetrics, Trace) {
         let trace = sim::run_variant(scenario, 1, Variant::IMPROVED).unwrap();

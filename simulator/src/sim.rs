@@ -23,19 +23,19 @@ use sluice_agent::tick::pacing::DecisionMode;
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_proto::v1::{Directive, DirectiveBatch, ProxyMessage, proxy_message};
 
-use crate::config::limits::{LimitRule, LimitTable, Selector};
-use crate::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
-use crate::control::adaptive::AdaptiveLimits;
-use crate::control::adaptive::spec::AdaptiveSpecs;
-use crate::control::controller::{Controller, Proportional};
-use crate::control::estimator::Tracking;
-use crate::fleet::health::HealthWindow;
-use crate::fleet::{Fleet, StreamId};
-use crate::types::{InvalidLimit, LimitRps};
+use sluice_control_plane::config::limits::{LimitRule, LimitTable, Selector};
+use sluice_control_plane::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
+use sluice_control_plane::control::adaptive::AdaptiveLimits;
+use sluice_control_plane::control::adaptive::spec::AdaptiveSpecs;
+use sluice_control_plane::control::controller::{Controller, Proportional};
+use sluice_control_plane::control::estimator::Tracking;
+use sluice_control_plane::fleet::health::HealthWindow;
+use sluice_control_plane::fleet::{Fleet, StreamId};
+use sluice_core::limit::{InvalidLimit, LimitRps};
 
-use super::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS};
-use super::scenario::{Arrivals, Scenario};
-use super::upstream::Upstream;
+use crate::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS};
+use crate::scenario::{Arrivals, Scenario};
+use crate::upstream::Upstream;
 
 /// Width of one slot of the recorded trace.
 pub const SLOT_MS: u64 = 100;

@@ -7,11 +7,11 @@
 //! windows where the offered rate exceeds the limit: below it, Sluice has
 //! nothing to do.
 
-use crate::control::fairness::{TenantDemand, allocate};
+use sluice_control_plane::control::fairness::{TenantDemand, allocate};
 use sluice_core::{CLASSES, Priority};
 
-use super::scenario::{BucketSpec, Scenario};
-use super::sim::{BucketTrace, SLOT_MS, Trace};
+use crate::scenario::{BucketSpec, Scenario};
+use crate::sim::{BucketTrace, SLOT_MS, Trace};
 
 /// Slots in a 1 s window.
 const SHORT_SLOTS: usize = (1_000 / SLOT_MS) as usize;
@@ -24,7 +24,7 @@ const OVERSHOOT_HORIZON_MS: u64 = 5_000;
 
 /// The outcome of one scenario.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Metrics {
+pub struct RunMetrics {
     /// p95 of |admitted − limit| / limit over 1 s steady-state windows above
     /// the limit; `None` when there is no such window.
     pub error_p95_1s: Option<f64>,
@@ -80,7 +80,7 @@ impl TenantShare {
     }
 }
 
-impl Metrics {
+impl RunMetrics {
     /// The largest |admitted − fair share| / fair share over the tenants;
     /// `None` without tenants.
     pub fn worst_tenant_error(&self) -> Option<f64> {
@@ -166,7 +166,7 @@ fn quantile(mut values: Vec<f64>, q: f64) -> Option<f64> {
 }
 
 /// Computes every metric of `scenario` from its `trace`.
-pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
+pub fn compute(scenario: &Scenario, trace: &Trace) -> RunMetrics {
     let disturbances = scenario.disturbances();
     let mut settle_from = vec![0];
     settle_from.extend(&disturbances);
@@ -275,7 +275,7 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
     let utilisation = (target_sum > 0.0).then(|| admitted_sum / target_sum);
     let oscillations_per_min = (oscillation_windows > 0)
         .then(|| sign_changes as f64 / (oscillation_windows as f64 / 60.0));
-    Metrics {
+    RunMetrics {
         error_p95_1s: quantile(short_errors, 0.95),
         error_p95_10s: quantile(long_errors, 0.95),
         peak_overshoot_pct: peak_overshoot,
@@ -290,7 +290,7 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Metrics {
 
 /// Each tenant's mean offered, fair-share and admitted rates over the
 /// steady-state slots. The fair share of a slot is what
-/// [`crate::control::fairness::allocate`] gives the tenant at the offered rates the
+/// [`sluice_control_plane::control::fairness::allocate`] gives the tenant at the offered rates the
 /// scenario sets for that slot (unclassified traffic, as the simulated
 /// filter derives no priority).
 fn tenant_shares(
