@@ -25,9 +25,11 @@ pub mod leader;
 pub mod metrics;
 pub mod modes;
 pub mod request;
+pub mod settings;
 pub(crate) mod shared;
 pub mod tick;
 pub mod upstream;
+mod vm;
 
 /// In-memory hosts: the agent outside a proxy, in tests and the simulator.
 #[cfg(any(test, feature = "testing"))]

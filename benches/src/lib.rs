@@ -10,10 +10,11 @@ pub mod limitador_rls;
 pub mod rls;
 pub mod upstream;
 
-use sluice_agent::agent::{Agent, AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
+use sluice_agent::agent::Agent;
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
 use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::settings::{AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_agent::tick::pacing::DecisionMode;
 use sluice_core::Priority;
 use sluice_proto::v1::{Directive, DirectiveBatch};

@@ -19,10 +19,11 @@
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_agent::agent::{Agent, AgentSettings, Decision};
+use sluice_agent::agent::{Agent, Decision};
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::leader::counters::BucketCounters;
 use sluice_agent::request::new_cells::NewBucketPolicy;
+use sluice_agent::settings::AgentSettings;
 use sluice_benches::{bench_settings, bucket_names, table_with};
 use sluice_core::Priority;
 use sluice_core::decision::{Verdict, decide};

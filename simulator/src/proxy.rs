@@ -17,7 +17,8 @@
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sluice_agent::agent::{Agent, AgentSettings, DEFAULT_DIRECTIVE_POLL_MS, Decision};
+use sluice_agent::agent::{Agent, Decision};
+use sluice_agent::settings::{AgentSettings, DEFAULT_DIRECTIVE_POLL_MS};
 use sluice_agent::testing::host::{FakeHost, FakeProcess};
 use sluice_core::Priority;
 use sluice_proto::v1::{ControlMessage, DirectiveBatch, ProxyMessage, control_message};

@@ -8,13 +8,13 @@ mod validate;
 
 use std::sync::Arc;
 
-use crate::agent::AgentSettings;
 use crate::identity::ProxyIdentity;
 use crate::request::bucket_key::BucketKeySpec;
 use crate::request::classify::Classifier;
 use crate::request::new_cells::NewBucketPolicy;
 use crate::request::record::RecordMode;
 use crate::request::reject::ResponseSettings;
+use crate::settings::AgentSettings;
 use crate::tick::pacing::DecisionMode;
 use raw::RawConfig;
 use sluice_core::allowance::AllowanceSettings;

@@ -1,7 +1,7 @@
 //! The configuration exactly as written: serde types with their defaults,
 //! unknown fields rejected. Nothing here is validated yet.
 
-use crate::agent::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS};
+use crate::settings::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS};
 use serde::Deserialize;
 use sluice_core::Priority;
 use sluice_core::allowance::AllowanceSettings;
@@ -215,7 +215,7 @@ pub(super) fn default_stream_idle_timeout_ms() -> u64 {
     DEFAULT_STREAM_IDLE_TIMEOUT_MS
 }
 pub(super) fn default_upstream_sample_every() -> u32 {
-    crate::agent::DEFAULT_UPSTREAM_SAMPLE_EVERY
+    crate::settings::DEFAULT_UPSTREAM_SAMPLE_EVERY
 }
 pub(super) fn default_fallback() -> RawFallback {
     RawFallback::KeepLast
@@ -253,11 +253,11 @@ pub(super) fn default_separator() -> String {
     "/".into()
 }
 pub(super) fn default_report_interval_ms() -> u64 {
-    crate::agent::DEFAULT_REPORT_INTERVAL_MS
+    crate::settings::DEFAULT_REPORT_INTERVAL_MS
 }
 pub(super) fn default_retry_after_seconds() -> u32 {
     1
 }
 pub(super) fn default_max_buckets() -> usize {
-    crate::agent::DEFAULT_MAX_BUCKETS
+    crate::settings::DEFAULT_MAX_BUCKETS
 }

@@ -3,7 +3,6 @@
 //! allowance, the new-cell limiter), and the decision itself. The ticks keep it in
 //! step ([`crate::tick::sync`]); nothing here makes a host call.
 
-use crate::agent::{AgentSettings, Decision, TICK_MS};
 use crate::directives::DirectiveTable;
 use crate::leader::counters::Outcome;
 use crate::metrics::Metrics;
@@ -11,6 +10,8 @@ use crate::request::cell::CellKeyBuf;
 use crate::request::cell_table::CellTable;
 use crate::request::new_cells::NewCellRule;
 use crate::request::record::{LastDecision, Undirected};
+use crate::request::reject::RejectResponse;
+use crate::settings::{AgentSettings, TICK_MS};
 use crate::tick::pacing::Pacer;
 use crate::tick::sync::VmSync;
 use crate::upstream::ResponseSampler;
@@ -19,6 +20,15 @@ use sluice_core::DropReason;
 use sluice_core::cell_decision::{self, CellState, Directed};
 use sluice_core::decision::Regime;
 use std::sync::Arc;
+
+/// What the request path does with a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Let it through (also a shadow drop).
+    Admit,
+    /// Answer with this prepared 429.
+    Reject(Arc<RejectResponse>),
+}
 
 /// What the request path reads and writes.
 #[derive(Debug)]
@@ -200,6 +210,15 @@ impl RequestPath {
         let directives = &self.directives;
         self.pacer
             .budgets_at_batch(|key| directives.rates_for_cell(key));
+    }
+
+    /// Replaces the directive table with `table`, keeping the per-cell
+    /// state of cells both hold, and derives the allowances of cells whose
+    /// directive changed.
+    pub(crate) fn replace_directives(&mut self, mut table: DirectiveTable) {
+        table.adopt_state(&mut self.directives);
+        self.directives = table;
+        self.pace_directives();
     }
 
     /// Lets the pacer derive allowances of cells whose directive changed.

@@ -34,6 +34,16 @@ impl Freshness {
         self.received_at_ms.is_some() && self.age_ms(now_ms) > self.ttl_ms
     }
 
+    /// Takes the TTL a batch named, else (`batch_ttl_ms` 0) the
+    /// configured one.
+    pub fn set_ttl(&mut self, batch_ttl_ms: u64, configured_ms: u64) {
+        self.ttl_ms = if batch_ttl_ms == 0 {
+            configured_ms
+        } else {
+            batch_ttl_ms
+        };
+    }
+
     /// The regime of the request path.
     pub fn regime(&self, now_ms: u64, fallback: Fallback) -> Regime {
         if self.is_stale(now_ms) {

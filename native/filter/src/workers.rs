@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluice_agent::agent::{Agent, AgentSettings};
+use sluice_agent::agent::Agent;
+use sluice_agent::settings::AgentSettings;
 
 use crate::control_stream::StreamEvent;
 use crate::native_host::{NativeHost, Shared};

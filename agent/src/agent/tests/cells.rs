@@ -11,6 +11,7 @@ use sluice_core::decision::Fallback;
 use sluice_core::directive::DirectiveTtl;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
+use std::sync::Arc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -9,6 +9,7 @@
 use super::*;
 use crate::host::{HostError, LogLevel};
 use crate::identity::ProxyIdentity;
+use crate::settings::{AgentSettings, TICK_MS};
 use crate::shared::DirectivesMeta;
 use crate::shared::{
     COUNTS_QUEUE, DIRECTIVES_KEY, DIRECTIVES_META_KEY, LEASE_KEY, WINDOW_END_KEY, WindowEnd,
@@ -16,6 +17,7 @@ use crate::shared::{
 use crate::testing::host::{FakeHost, FakeProcess};
 use prost::Message;
 use sluice_core::Priority;
+use sluice_core::cell_decision::DecisionMode;
 use sluice_proto::v1::{
     BucketCount, ControlMessage, Directive, DirectiveBatch, ProxyMessage, Report, control_message,
     proxy_message,
