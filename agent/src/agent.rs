@@ -40,20 +40,21 @@
 
 use crate::directives::DirectiveTable;
 use crate::host::{Host, LogLevel};
-use crate::leader::counters::Outcome;
 use crate::leader::leadership::Leadership;
 use crate::metrics::{Counter, Gauge, Metrics};
 use crate::request::attributes::RequestAttributes;
 use crate::request::classify::Classifier;
-pub use crate::request::path::Decision;
 use crate::request::path::RequestPath;
-use crate::request::record::LastDecision;
+use crate::request::record;
+use crate::request::reject::RejectResponse;
 use crate::settings::{AgentSettings, TICK_MS};
 use crate::shared::{LEASE_KEY, Lease};
 use crate::tick::lease::{LEASE_TTL_TICKS, LeaseStep, next_step};
 use crate::tick::sync::VmSync;
 use crate::vm::Vm;
-use sluice_core::decision::{Regime, Verdict};
+use sluice_core::decision::{Decision, Outcome};
+use sluice_core::regime::Regime;
+use std::sync::Arc;
 
 /// How long a lease outlives its last renewal.
 pub const LEASE_TTL_MS: u64 = LEASE_TTL_TICKS * TICK_MS;
@@ -80,14 +81,23 @@ impl Agent {
     /// A follower with no directives. `seed` seeds the VM's PRNG (the host
     /// passes entropy; tests pass a constant).
     pub fn new(settings: AgentSettings, seed: u64) -> Self {
-        Self {
+        let mut agent = Self {
             path: RequestPath::new(&settings),
             sync: VmSync::new(settings.directive_ttl.as_millis()),
             vm: Vm::new(settings, seed),
             leader: None,
             untracked: 0,
             last_overflow_log_ms: None,
-        }
+        };
+        agent.refresh();
+        agent
+    }
+
+    /// Hands the request path what a tick or a batch changed
+    /// ([`RequestPath::refresh`]); every entry point that may change it
+    /// ends here.
+    fn refresh(&mut self) {
+        self.path.refresh(&self.sync.freshness, self.sync.workers);
     }
 
     /// The request path: classifies the request into its cell, decides and
@@ -130,15 +140,12 @@ impl Agent {
     }
 
     /// Decides a request of a bucket without tenant or priority.
-    pub fn admit(&mut self, bucket: &str) -> Verdict {
+    pub fn admit(&mut self, bucket: &str) -> Decision {
         self.path.cell.bucket.clear();
         self.path.cell.bucket.push_str(bucket);
         self.path.cell.tenant.clear();
         self.path.cell.priority = Default::default();
-        match self.decide_current() {
-            Decision::Admit => Verdict::Admit,
-            Decision::Reject(_) => Verdict::Drop,
-        }
+        self.decide_current()
     }
 
     /// Decides a request of the cell (`bucket`, `tenant`, `priority`).
@@ -157,26 +164,34 @@ impl Agent {
     }
 
     fn decide_current(&mut self) -> Decision {
-        self.path
-            .decide(&self.sync, &mut self.vm.metrics, &mut self.vm.rng)
+        self.path.decide(&mut self.vm.metrics, &mut self.vm.rng)
     }
 
     /// What the last request's decision was, for its record and the
     /// upstream header.
-    pub fn last_decision(&self) -> &LastDecision {
+    pub fn last_decision(&self) -> &Decision {
         &self.path.last
+    }
+
+    /// The 429 to answer the last request with, when it was dropped.
+    pub fn rejection(&self) -> Option<&Arc<RejectResponse>> {
+        match self.path.last.outcome {
+            Outcome::Dropped => self.path.rejection.as_ref(),
+            Outcome::Admitted | Outcome::ShadowDropped => None,
+        }
     }
 
     /// The last request's record ([`crate::request::record`]), written into
     /// a buffer the VM reuses.
     pub fn last_record(&mut self) -> &str {
-        self.path.last.write(
-            &mut self.path.record,
-            &self.path.cell.bucket,
-            &self.path.cell.tenant,
-            self.path.cell.priority,
+        let path = &mut self.path;
+        let cell = (
+            path.cell.bucket.as_str(),
+            path.cell.tenant.as_str(),
+            path.cell.priority,
         );
-        &self.path.record
+        record::write(&mut path.record, &path.last, path.table, cell);
+        &path.record
     }
 
     /// Replaces the directive table, as if it had arrived fresh at the last
@@ -184,8 +199,9 @@ impl Agent {
     /// VMs take the table from shared data.
     pub fn load_directives(&mut self, table: DirectiveTable) {
         self.path.replace_directives(table);
-        self.sync.freshness.received_at_ms = Some(self.path.clock_ms);
-        self.path.regime = Regime::Fresh;
+        self.sync.freshness.received_at_ms = Some(self.path.now.now_ms);
+        self.path.rules.regime = Regime::Fresh;
+        self.refresh();
     }
 
     /// The name the proxy reports as; `None` until an unnamed proxy's
@@ -211,7 +227,7 @@ impl Agent {
 
     /// Whether the configured fallback applies (directives past their TTL).
     pub fn in_fallback(&self) -> bool {
-        matches!(self.path.regime, Regime::Stale(_))
+        matches!(self.path.rules.regime, Regime::Stale(_))
     }
 
     /// VMs of this proxy sharing local limits, as last published.
@@ -228,24 +244,30 @@ impl Agent {
         {
             self.vm.adopt_name(name, &mut self.path.directives);
         }
-        self.path.clock_ms = now_ms;
         self.path.close_pacer_window(now_ms, &mut self.vm.rng);
         let leading = self.is_leader();
         self.sync
             .poll_directives(host, &mut self.vm, &mut self.path, leading, now_ms);
         if self.sync.slow_tick_due(now_ms) {
             self.slow_tick(host, now_ms);
-            return;
-        }
-        match &mut self.leader {
-            Some(leader) => {
-                leader.report_due_window(host, &mut self.vm, &mut self.path, &self.sync, now_ms);
+        } else {
+            match &mut self.leader {
+                Some(leader) => {
+                    leader.report_due_window(
+                        host,
+                        &mut self.vm,
+                        &mut self.path,
+                        &self.sync,
+                        now_ms,
+                    );
+                }
+                None => {
+                    self.sync
+                        .hand_off_for_closed_window(host, self.vm.id, &mut self.path, now_ms);
+                }
             }
-            None => {
-                self.sync
-                    .hand_off_for_closed_window(host, self.vm.id, &mut self.path, now_ms);
-            }
         }
+        self.refresh();
     }
 
     fn slow_tick(&mut self, host: &mut impl Host, now_ms: u64) {
@@ -354,6 +376,7 @@ impl Agent {
             (token, message),
             now_ms,
         );
+        self.refresh();
     }
 
     /// The host closed stream `token` with gRPC `status`.

@@ -13,8 +13,8 @@
 //! becomes `sluice_decisions{result="drop",reason="cluster_overload"}`.
 
 use crate::host::{Host, HostError, LogLevel, MetricId, MetricKind};
-use crate::leader::counters::Outcome;
 use sluice_core::DropReason;
+use sluice_core::decision::Outcome;
 
 /// Counters, each flushed as a delta on every tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use crate::identity::ProxyIdentity;
 use crate::request::new_cells::NewBucketPolicy;
 use crate::request::reject::ResponseSettings;
 use sluice_core::allowance::AllowanceSettings;
-use sluice_core::cell_decision::DecisionMode;
-use sluice_core::decision::Fallback;
+use sluice_core::decision::DecisionMode;
 use sluice_core::directive::DirectiveTtl;
+use sluice_core::regime::Fallback;
 use std::sync::Arc;
 
 /// The slow cadence: lease, hand-offs, metrics, and the rate slots of the

@@ -19,7 +19,7 @@ use sluice_benches::{
     warm_credit_agent, warm_tenant_agent,
 };
 use sluice_core::Priority;
-use sluice_core::decision::{Verdict, decide};
+use sluice_core::coin;
 use sluice_proto::v1::{Directive, DirectiveBatch};
 use std::hint::black_box;
 
@@ -38,9 +38,9 @@ fn decision(c: &mut Criterion) {
             b.iter(|| {
                 next = (next + 1) % names.len();
                 let bucket = names.get(next).map_or("", String::as_str);
-                let verdict = decide(table.threshold(black_box(bucket)), &mut rng);
-                counters.record(bucket, verdict == Verdict::Admit);
-                verdict
+                let drops = coin::flip(table.threshold(black_box(bucket)), &mut rng);
+                counters.record(bucket, !drops);
+                drops
             })
         });
     }

@@ -19,14 +19,15 @@
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use sluice_agent::agent::{Agent, Decision};
+use sluice_agent::agent::Agent;
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::leader::counters::BucketCounters;
 use sluice_agent::request::new_cells::NewBucketPolicy;
 use sluice_agent::settings::AgentSettings;
 use sluice_benches::{bench_settings, bucket_names, table_with};
 use sluice_core::Priority;
-use sluice_core::decision::{Verdict, decide};
+use sluice_core::coin;
+use sluice_core::decision::Outcome;
 use sluice_proto::v1::{Directive, DirectiveBatch, Mode};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -107,9 +108,9 @@ fn warm_decision_path_does_not_allocate() {
     let allocations = allocations_in(|| {
         for i in 0..REQUESTS {
             let bucket = names[i % names.len()].as_str();
-            let verdict = decide(table.threshold(black_box(bucket)), &mut rng);
-            counters.record(bucket, verdict == Verdict::Admit);
-            dropped += usize::from(verdict == Verdict::Drop);
+            let drops = coin::flip(table.threshold(black_box(bucket)), &mut rng);
+            counters.record(bucket, !drops);
+            dropped += usize::from(drops);
         }
     });
 
@@ -209,8 +210,8 @@ fn warm_cell_admit_does_not_allocate() {
         for i in 0..REQUESTS {
             let (bucket, tenant, priority) = &cells[i % cells.len()];
             let decision = agent.admit_cell(black_box(bucket), tenant, *priority);
-            rejected += usize::from(matches!(decision, Decision::Reject(_)));
-            drop(black_box(decision));
+            rejected += usize::from(decision.outcome == Outcome::Dropped);
+            black_box(decision);
         }
     });
 
@@ -248,8 +249,8 @@ fn warm_ticked_agent_does_not_allocate() {
     let mut dropped = 0usize;
     let allocations = allocations_in(|| {
         for i in 0..REQUESTS {
-            let verdict = agent.admit(black_box(&names[i % names.len()]));
-            dropped += usize::from(verdict == Verdict::Drop);
+            let decision = agent.admit(black_box(&names[i % names.len()]));
+            dropped += usize::from(decision.outcome == Outcome::Dropped);
         }
     });
 

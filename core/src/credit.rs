@@ -11,7 +11,6 @@
 //! the result is the same natively and on wasm32 and nothing can wrap.
 
 use crate::DropThreshold;
-use crate::decision::Verdict;
 
 /// One whole request in the balance's fixed-point unit.
 const ONE: u64 = 1 << 32;
@@ -39,17 +38,18 @@ impl Credit {
         }
     }
 
-    /// Decides one request of a bucket whose directive is `threshold`.
+    /// Decides one request of a bucket whose directive is `threshold`:
+    /// whether it drops (the balance has not reached one whole request).
     #[inline]
-    pub fn decide(&mut self, threshold: DropThreshold) -> Verdict {
+    pub fn drops(&mut self, threshold: DropThreshold) -> bool {
         // balance < ONE and share <= ONE, so the sum stays below 2^33.
         let balance = self.balance.saturating_add(admit_share(threshold));
         if balance >= ONE {
             self.balance = balance - ONE;
-            Verdict::Admit
+            false
         } else {
             self.balance = balance;
-            Verdict::Drop
+            true
         }
     }
 }
@@ -66,7 +66,7 @@ mod tests {
         let mut credit = Credit::new(phase);
         let mut admitted = 0;
         for _ in 0..requests {
-            if credit.decide(threshold) == Verdict::Admit {
+            if !credit.drops(threshold) {
                 admitted += 1;
             }
         }
@@ -97,11 +97,8 @@ mod tests {
     fn alternates_at_one_half() {
         let threshold = DropRatio::new(0.5).unwrap().threshold();
         let mut credit = Credit::new(0);
-        let verdicts: Vec<Verdict> = (0..4).map(|_| credit.decide(threshold)).collect();
-        assert_eq!(
-            verdicts,
-            [Verdict::Drop, Verdict::Admit, Verdict::Drop, Verdict::Admit]
-        );
+        let drops: Vec<bool> = (0..4).map(|_| credit.drops(threshold)).collect();
+        assert_eq!(drops, [true, false, true, false]);
     }
 }
 
@@ -118,7 +115,7 @@ mod proptests {
             let mut credit = Credit::new(phase);
             let mut admitted = 0u32;
             for i in 1..=n {
-                if credit.decide(threshold) == Verdict::Admit {
+                if !credit.drops(threshold) {
                     admitted += 1;
                 }
                 prop_assert!(admitted <= i, "admitted more than offered");

@@ -17,10 +17,12 @@ use crate::envoy_host::log;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
-use sluice_agent::agent::{Agent, Decision};
+use sluice_agent::agent::Agent;
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::reject::RejectResponse;
 use sluice_agent::upstream::status_of;
+use sluice_core::decision::Decision;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -40,22 +42,23 @@ impl HttpContext for SluiceHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         // The agent is never borrowed across host callbacks, so this cannot
         // fail; if it somehow did, the request passes.
-        let decision = match self.agent.try_borrow_mut() {
+        let rejection = match self.agent.try_borrow_mut() {
             Ok(mut agent) => {
                 let decision = agent.admit_request(&self.policy.classifier, &EnvoyRequest);
                 self.note(&mut agent, &decision);
-                if matches!(decision, Decision::Admit)
+                if decision.admits()
                     && let Some(bucket) = agent.follow_response()
                 {
                     self.followed = Some((bucket, hostcalls::get_current_time().ok()));
                 }
-                decision
+                agent.rejection().cloned()
             }
-            Err(_) => Decision::Admit,
+            Err(_) => None,
         };
-        let Decision::Reject(response) = decision else {
+        let Some(response) = rejection else {
             return Action::Continue;
         };
+        let response: &RejectResponse = &response;
         let headers = response
             .headers
             .iter()
@@ -106,8 +109,7 @@ impl SluiceHttp {
     /// for upstream, as configured. A failing host call only costs the
     /// record or the flag: the decision stands.
     fn note(&self, agent: &mut Agent, decision: &Decision) {
-        let last = *agent.last_decision();
-        if last.recorded_under(self.policy.decision_record) {
+        if self.policy.decision_record.records(decision) {
             let record = agent.last_record();
             if let Err(status) = hostcalls::set_property(vec![RECORD_KEY], Some(record.as_bytes()))
             {
@@ -117,12 +119,14 @@ impl SluiceHttp {
                 );
             }
         }
-        if let (Decision::Admit, Some(undirected), Some(header)) = (
-            decision,
-            last.undirected,
-            self.policy.undirected_header.as_deref(),
-        ) && let Err(status) =
-            hostcalls::add_map_value(MapType::HttpRequestHeaders, header, undirected.name())
+        if decision.admits()
+            && decision.source.is_undirected()
+            && let Some(header) = self.policy.undirected_header.as_deref()
+            && let Err(status) = hostcalls::add_map_value(
+                MapType::HttpRequestHeaders,
+                header,
+                decision.source.name(),
+            )
         {
             log(
                 LogLevel::Debug,

@@ -17,7 +17,7 @@
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sluice_agent::agent::{Agent, Decision};
+use sluice_agent::agent::Agent;
 use sluice_agent::settings::{AgentSettings, DEFAULT_DIRECTIVE_POLL_MS};
 use sluice_agent::testing::host::{FakeHost, FakeProcess};
 use sluice_core::Priority;
@@ -189,7 +189,9 @@ impl AgentProxy {
         };
         self.last_vm = worker;
         self.vms.get_mut(worker).is_some_and(|vm| {
-            vm.agent.admit_cell(bucket, tenant, Priority::Unspecified) == Decision::Admit
+            vm.agent
+                .admit_cell(bucket, tenant, Priority::Unspecified)
+                .admits()
         })
     }
 

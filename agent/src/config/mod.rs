@@ -18,8 +18,8 @@ use crate::settings::AgentSettings;
 use crate::tick::pacing::DecisionMode;
 use raw::RawConfig;
 use sluice_core::allowance::AllowanceSettings;
-use sluice_core::decision::Fallback;
 use sluice_core::directive::DirectiveTtl;
+use sluice_core::regime::Fallback;
 use thiserror::Error;
 
 /// The validated plugin configuration.

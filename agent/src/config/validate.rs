@@ -13,8 +13,8 @@ use crate::request::record::RecordMode;
 use crate::request::reject::ResponseSettings;
 use crate::tick::pacing::DecisionMode;
 use sluice_core::allowance::{AllowanceSettings, Engage};
-use sluice_core::decision::Fallback;
 use sluice_core::directive::DirectiveTtl;
+use sluice_core::regime::Fallback;
 use sluice_core::{MAX_BUCKET_KEY_BYTES, Priority};
 use std::ops::RangeInclusive;
 

@@ -12,6 +12,7 @@
 use crate::request::cell::{key_of, parse_key};
 use crate::request::cell_map::CellMap;
 use sluice_core::Priority;
+use sluice_core::decision::Outcome;
 use sluice_proto::v1::BucketCount;
 
 /// Requests seen, let through and shadow-dropped for one cell.
@@ -23,17 +24,6 @@ pub struct Counts {
     pub admitted: u64,
     /// Requests the decision would have dropped but shadow mode let through.
     pub shadow_dropped: u64,
-}
-
-/// What happened to one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Let through, nothing to note.
-    Admitted,
-    /// Let through although the decision said drop (shadow mode).
-    ShadowDropped,
-    /// Rejected.
-    Dropped,
 }
 
 impl Counts {

@@ -217,7 +217,7 @@ impl ReportWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::counters::Outcome;
+    use sluice_core::decision::Outcome;
 
     /// Counts one admitted request of the bucket-wide cell of `bucket`.
     fn count_own(own: &mut CellTable, bucket: &str) {

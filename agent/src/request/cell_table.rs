@@ -17,11 +17,12 @@
 //! still to report or a cap that decides are never evicted. A request of a
 //! cell that finds no room is tallied as untracked.
 
-use crate::leader::counters::{BucketCounters, Counts, Outcome, key_of_count, unlimited_cap};
+use crate::leader::counters::{BucketCounters, Counts, key_of_count, unlimited_cap};
 use crate::request::cell::parse_key;
 use crate::request::cell_map::CellMap;
 use crate::request::reject::RejectResponse;
-use sluice_core::cell_decision::CellState;
+use sluice_core::decision::CellState;
+use sluice_core::decision::Outcome;
 use sluice_proto::v1::BucketCount;
 use std::sync::Arc;
 
@@ -325,7 +326,7 @@ mod tests {
     use super::*;
     use crate::request::cell::key_of;
     use sluice_core::Priority;
-    use sluice_core::cell_decision::NewCellLimit;
+    use sluice_core::decision::NewCellLimit;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

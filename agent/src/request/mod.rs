@@ -10,5 +10,5 @@ pub(crate) mod cell_table;
 pub mod classify;
 pub mod new_cells;
 pub(crate) mod path;
-pub(crate) mod record;
-pub(crate) mod reject;
+pub mod record;
+pub mod reject;

@@ -12,7 +12,7 @@
 //! control plane knows it and chose to send nothing, and it passes.
 //!
 //! A new cell's limit is part of its decision state
-//! ([`sluice_core::cell_decision`]), kept in the cell's record
+//! ([`sluice_core::decision`]), kept in the cell's record
 //! ([`crate::request::cell_table`]) and bounded and evicted with it. Cells that find
 //! no room in a full table share one state whose limit never expires, so a
 //! flood of one-off keys cannot lift the new-cell limit by giving each key
@@ -23,7 +23,7 @@ use crate::request::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use sluice_core::DropReason;
 use std::sync::Arc;
 
-pub use sluice_core::cell_decision::NEW_CELL_GRACE_MS;
+pub use sluice_core::decision::NEW_CELL_GRACE_MS;
 
 /// The configured behaviour for cells without a directive.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,14 +98,14 @@ impl NewCellRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::counters::Outcome;
     use crate::request::cell::key_of;
     use crate::request::cell_table::CellTable;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
     use sluice_core::Priority;
-    use sluice_core::cell_decision::{CellState, DecisionMode, Now, Rules, decide};
-    use sluice_core::decision::Regime;
+    use sluice_core::decision::Outcome;
+    use sluice_core::decision::{CellState, DecisionMode, Now, Rules, decide};
+    use sluice_core::regime::Regime;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -140,7 +140,8 @@ mod tests {
                 mode: DecisionMode::Credit,
                 caps_engaged: false,
                 new_cell_rps: self.rule.rate_rps(workers),
-                directed,
+                regime: Regime::Fresh,
+                has_directives: directed,
             };
             let now = Now {
                 now_ms,
@@ -151,32 +152,18 @@ mod tests {
             let (record, _) = self.table.record(key, 0, || None);
             match record {
                 Some(record) => {
-                    let decision = decide(
-                        &mut record.state,
-                        None,
-                        Regime::Fresh,
-                        &rules,
-                        now,
-                        &mut rng,
-                    );
+                    let decision = decide(&mut record.state, None, &rules, now, &mut rng);
                     record.count(Outcome::Admitted);
                     let response = &mut record.new_cell_response;
                     decision
-                        .drop
+                        .reason
                         .map(|reason| (reason, self.rule.response(response, key)))
                 }
                 None => {
-                    let decision = decide(
-                        &mut self.unrecorded,
-                        None,
-                        Regime::Fresh,
-                        &rules,
-                        now,
-                        &mut rng,
-                    );
+                    let decision = decide(&mut self.unrecorded, None, &rules, now, &mut rng);
                     self.table.count_untracked();
                     decision
-                        .drop
+                        .reason
                         .map(|reason| (reason, self.rule.response(&mut None, key)))
                 }
             }

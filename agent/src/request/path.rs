@@ -1,34 +1,27 @@
-//! The request path's state: the directive table requests read, the
-//! cells (each one record: this VM's counts, the pacer's credit and
-//! allowance, the new-cell limiter), and the decision itself. The ticks keep it in
-//! step ([`crate::tick::sync`]); nothing here makes a host call.
+//! The request path: the state requests read and write (the directive
+//! table, the cells, each one record of this VM's counts and decision
+//! state, and what the last tick derived for them) and the agent's part of
+//! the decision, around the core's ([`sluice_core::decision::decide`]):
+//! find the cell's record and directive, decide, apply the mode, count.
+//! The ticks keep it in step ([`crate::tick::sync`]); nothing here makes a
+//! host call or reads a clock.
 
 use crate::directives::DirectiveTable;
-use crate::leader::counters::Outcome;
 use crate::metrics::Metrics;
 use crate::request::cell::CellKeyBuf;
 use crate::request::cell_table::CellTable;
 use crate::request::new_cells::NewCellRule;
-use crate::request::record::{LastDecision, Undirected};
+use crate::request::record::TableStatus;
 use crate::request::reject::RejectResponse;
 use crate::settings::{AgentSettings, TICK_MS};
+use crate::tick::freshness::Freshness;
 use crate::tick::pacing::Pacer;
-use crate::tick::sync::VmSync;
 use crate::upstream::ResponseSampler;
 use rand::rngs::SmallRng;
 use sluice_core::DropReason;
-use sluice_core::cell_decision::{self, CellState, Directed};
-use sluice_core::decision::Regime;
+use sluice_core::decision::{self, CellState, Decision, Directed, Now, Outcome, Rules};
+use sluice_core::regime::Regime;
 use std::sync::Arc;
-
-/// What the request path does with a request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// Let it through (also a shadow drop).
-    Admit,
-    /// Answer with this prepared 429.
-    Reject(Arc<RejectResponse>),
-}
 
 /// What the request path reads and writes.
 #[derive(Debug)]
@@ -37,21 +30,32 @@ pub(crate) struct RequestPath {
     /// its decision state.
     pub(crate) cells: CellTable,
     pub(crate) directives: DirectiveTable,
-    /// The decision strategy, and the process's budgets and shares.
+    /// The tick side of the cells' strategies, and the process's budgets
+    /// and shares.
     pub(crate) pacer: Pacer,
     /// When the pacer's next 100 ms window closes.
-    pub(crate) pacer_due_ms: Option<u64>,
-    pub(crate) new_cells: NewCellRule,
+    pacer_due_ms: Option<u64>,
+    new_cells: NewCellRule,
     /// The decision state of every cell that found no room in [`Self::cells`].
-    pub(crate) unrecorded: CellState,
-    pub(crate) regime: Regime,
+    unrecorded: CellState,
+    /// The VM's clock: its last tick (the request path reads no clock),
+    /// with the workers a local limit is split between.
+    pub(crate) now: Now,
+    /// What requests decide by until something changes; its regime is the
+    /// freshness regime of the directives.
+    pub(crate) rules: Rules,
+    /// The table requests are decided under, as of the last change.
+    pub(crate) table: TableStatus,
+    /// Whether this proxy enforces the local limits (new cells), by the
+    /// table's modes.
+    enforces_local: bool,
     /// The request's cell, built in reused buffers.
     pub(crate) cell: CellKeyBuf,
-    /// The VM's clock as of its last tick (the request path reads no clock).
-    pub(crate) clock_ms: u64,
-    /// The last request's decision, for its record.
-    pub(crate) last: LastDecision,
-    /// The reused buffer of [`crate::agent::Agent::last_record`].
+    /// The last request's decision.
+    pub(crate) last: Decision,
+    /// The 429 of the last dropped request.
+    pub(crate) rejection: Option<Arc<RejectResponse>>,
+    /// The reused buffer of the last request's record.
     pub(crate) record: String,
     /// Admitted requests followed to their responses, and what they said.
     pub(crate) responses: ResponseSampler,
@@ -60,6 +64,8 @@ pub(crate) struct RequestPath {
 impl RequestPath {
     /// An empty table and no state, sized by `settings`.
     pub(crate) fn new(settings: &AgentSettings) -> Self {
+        let pacer = Pacer::new(settings.decision, settings.allowance, TICK_MS);
+        let new_cells = NewCellRule::new(settings.new_bucket, Arc::clone(&settings.responses));
         Self {
             cells: CellTable::new(settings.max_buckets),
             directives: DirectiveTable::with_settings(
@@ -67,30 +73,53 @@ impl RequestPath {
                 Arc::clone(&settings.responses),
                 settings.proxy_id.name().unwrap_or_default(),
             ),
-            pacer: Pacer::new(settings.decision, settings.allowance, TICK_MS),
+            rules: Rules {
+                mode: pacer.mode(),
+                caps_engaged: pacer.caps_engaged(),
+                new_cell_rps: new_cells.rate_rps(1),
+                regime: Regime::Fresh,
+                has_directives: false,
+            },
+            pacer,
             pacer_due_ms: None,
-            new_cells: NewCellRule::new(settings.new_bucket, Arc::clone(&settings.responses)),
+            new_cells,
             unrecorded: CellState {
                 shared: true,
                 ..CellState::default()
             },
-            regime: Regime::Fresh,
+            now: Now {
+                workers: 1,
+                ..Now::default()
+            },
+            table: TableStatus::default(),
+            enforces_local: true,
             cell: CellKeyBuf::default(),
-            clock_ms: 0,
-            last: LastDecision::default(),
+            last: Decision::default(),
+            rejection: None,
             record: String::new(),
             responses: ResponseSampler::new(settings.upstream_sample_every),
         }
     }
 
-    /// Decides and counts a request of the cell in [`Self::cell`], with
-    /// what the VM knows of its process (`sync`).
-    pub(crate) fn decide(
-        &mut self,
-        sync: &VmSync,
-        metrics: &mut Metrics,
-        rng: &mut SmallRng,
-    ) -> Decision {
+    /// Derives what requests decide by from what the ticks and batches
+    /// changed: the directives' `freshness`, the `workers` local limits
+    /// are split between, and the pacer's and the table's state. The agent
+    /// calls it after everything that may change them, so a request reads
+    /// them as plain fields.
+    pub(crate) fn refresh(&mut self, freshness: &Freshness, workers: u32) {
+        self.now.workers = workers;
+        self.rules.caps_engaged = self.pacer.caps_engaged();
+        self.rules.new_cell_rps = self.new_cells.rate_rps(workers);
+        self.rules.has_directives = freshness.received_at_ms.is_some();
+        self.table = TableStatus {
+            version: self.directives.provenance().version,
+            age_ms: freshness.age_ms(self.now.now_ms),
+        };
+        self.enforces_local = self.directives.modes().enforces_local();
+    }
+
+    /// Decides and counts a request of the cell in [`Self::cell`].
+    pub(crate) fn decide(&mut self, metrics: &mut Metrics, rng: &mut SmallRng) -> Decision {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
         if let Some(pattern) = self.directives.aggregate_of(&self.cell.bucket) {
@@ -99,7 +128,6 @@ impl RequestPath {
         }
         let wide = self.cell.is_bucket_wide();
         let (exact, bucket) = self.cell.keys();
-        let now = self.pacer.now(sync.workers);
         // A cell met before remembers its directive: one probe (its
         // record's) for everything the decision reads and writes.
         let generation = self.directives.generation();
@@ -107,10 +135,6 @@ impl RequestPath {
         let (mut record, found) = self.cells.record(exact, generation, || {
             directives.find((!wide).then_some(exact), bucket)
         });
-        let directed = sync.freshness.received_at_ms.is_some() && self.regime == Regime::Fresh;
-        let rules = self
-            .pacer
-            .rules(self.new_cells.rate_rps(sync.workers), directed);
         // A cell without a record (a full table) decides with the state
         // they all share.
         let (state, new_cell_response) = match record.as_deref_mut() {
@@ -118,81 +142,70 @@ impl RequestPath {
             None => (&mut self.unrecorded, None),
         };
         let mut entry = found.and_then(|i| self.directives.entry_mut(i));
-        let drop_ratio = entry
-            .as_ref()
-            .map_or(0.0, |entry| entry.directive.drop_ratio.get());
         let directive = entry.as_deref_mut().map(|entry| Directed {
+            drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
             reason: entry.directive.reason,
             limit_rps: entry.directive.stated_limit_rps(),
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
         });
-        let decided = cell_decision::decide(state, directive, self.regime, &rules, now, rng);
-        let reason = decided.drop;
+        let decided = decision::decide(state, directive, &self.rules, self.now, rng);
         // A new cell's 429 is rendered with its state, at its first request
         // (allocating then, not at a warm cell's first drop).
-        let new_cell_response = match (decided.as_new_cell, new_cell_response) {
+        let new_cell_response = match (decided.new_cell, new_cell_response) {
             (true, Some(cached)) => Some(self.new_cells.response(cached, exact)),
             _ => None,
         };
-        let (enforce, response) = match (reason, entry) {
+        let (enforce, response) = match (decided.reason, entry) {
             (None, _) => (false, None),
             (Some(DropReason::FallbackLimit), Some(entry)) => {
                 (entry.enforce, Some(Arc::clone(&entry.fallback_response)))
             }
             (Some(_), Some(entry)) => (entry.enforce, Some(Arc::clone(&entry.response))),
             (Some(_), None) => (
-                self.directives.modes().enforces_local(),
+                self.enforces_local,
                 Some(
                     new_cell_response.unwrap_or_else(|| self.new_cells.response(&mut None, exact)),
                 ),
             ),
         };
-        let new_bucket = decided.as_new_cell;
-        let (outcome, decision) = match (reason, response) {
-            (Some(_), Some(response)) if enforce => (Outcome::Dropped, Decision::Reject(response)),
-            (Some(_), _) => (Outcome::ShadowDropped, Decision::Admit),
-            (None, _) => (Outcome::Admitted, Decision::Admit),
+        // The mode: a drop this proxy does not enforce is a shadow drop.
+        let outcome = match (decided.reason, response) {
+            (Some(_), Some(response)) if enforce => {
+                self.rejection = Some(response);
+                Outcome::Dropped
+            }
+            (Some(_), _) => Outcome::ShadowDropped,
+            (None, _) => Outcome::Admitted,
         };
         match record {
             Some(record) => record.count(outcome),
             None => self.cells.count_untracked(),
         }
-        metrics.count_decision(outcome, reason);
-        self.last = LastDecision {
-            outcome,
-            reason,
-            drop_ratio,
-            undirected: if sync.freshness.received_at_ms.is_none() {
-                Some(Undirected::NoDirectives)
-            } else if matches!(self.regime, Regime::Stale(_)) {
-                Some(Undirected::Fallback)
-            } else if new_bucket {
-                Some(Undirected::NewBucket)
-            } else {
-                None
-            },
-            version: self.directives.provenance().version,
-            age_ms: sync.freshness.age_ms(self.clock_ms),
-        };
-        decision
+        metrics.count_decision(outcome, decided.reason);
+        self.last = Decision { outcome, ..decided };
+        self.last
     }
 
     /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever
     /// the tick period, so its per-window counts are rates. Counts are
     /// taken before the slow tick hands them on.
     pub(crate) fn close_pacer_window(&mut self, now_ms: u64, rng: &mut SmallRng) {
-        self.pacer.advance_clock(now_ms);
+        self.now.advance(now_ms);
         let due = *self.pacer_due_ms.get_or_insert(now_ms);
         if now_ms < due {
             return;
         }
         self.pacer.on_tick(now_ms, &mut self.cells, rng);
         let directives = &self.directives;
-        self.pacer
-            .resolve_new(&mut self.cells, |key| directives.rates_for_cell(key));
-        self.pacer.rescale_caps(&mut self.cells);
+        let clock_ms = self.now.now_ms;
+        self.pacer.resolve_new(
+            &mut self.cells,
+            |key| directives.rates_for_cell(key),
+            clock_ms,
+        );
+        self.pacer.rescale_caps(&mut self.cells, clock_ms);
         // After a stall, restart the cadence rather than closing a burst of
         // empty windows.
         let next = due.saturating_add(TICK_MS);
@@ -224,8 +237,11 @@ impl RequestPath {
     /// Lets the pacer derive allowances of cells whose directive changed.
     pub(crate) fn pace_directives(&mut self) {
         let directives = &self.directives;
-        self.pacer
-            .resolve_all(&mut self.cells, |key| directives.rates_for_cell(key));
+        self.pacer.resolve_all(
+            &mut self.cells,
+            |key| directives.rates_for_cell(key),
+            self.now.now_ms,
+        );
         self.pacer
             .budgets_for_directives(|key| directives.rates_for_cell(key));
     }

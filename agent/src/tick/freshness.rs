@@ -3,7 +3,7 @@
 //! every VM reads it on its short tick, so all VMs of a process agree on the
 //! table's age without comparing clocks of different hosts.
 
-use sluice_core::decision::{Fallback, Regime};
+use sluice_core::regime::{Fallback, Regime};
 
 /// A VM's view of the table's freshness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! cell's state ([`Pace`], in its record, [`crate::request::cell_table`]) is made,
 //! its rate slots closed, its allowance derived from its directive, and its
 //! cap rescaled to the process's budget. The request path's decision over
-//! that state is the core's ([`sluice_core::cell_decision::decide`]).
+//! that state is the core's ([`sluice_core::decision::decide`]).
 //!
 //! - [`DecisionMode::Coin`]: an independent biased coin per request (the
 //!   original behaviour);
@@ -23,8 +23,8 @@ use crate::request::cell_table::CellTable;
 use crate::shared::process_rates::ProcessShare;
 use crate::tick::process_budget::ProcessBudget;
 use sluice_core::allowance::{AllowanceSettings, DirectiveRates, Engage};
-pub use sluice_core::cell_decision::DecisionMode;
-use sluice_core::cell_decision::{Now, Pace, Rules};
+pub use sluice_core::decision::DecisionMode;
+use sluice_core::decision::Pace;
 
 /// Ticks without a request after which an uncapped bucket is forgotten.
 const IDLE_TICKS: u32 = 100;
@@ -36,10 +36,6 @@ pub struct Pacer {
     mode: DecisionMode,
     allowance: Option<AllowanceSettings>,
     tick_ms: u64,
-    /// Time of the last tick: the request path's clock.
-    now_ms: u64,
-    /// How far the clock moved at its last reading.
-    last_step_ms: u64,
     /// When the rate slots were last closed.
     closed_at_ms: Option<u64>,
     /// Cells the last tick started tracking whose directive has not been
@@ -67,8 +63,6 @@ impl Pacer {
             mode,
             allowance,
             tick_ms,
-            now_ms: 0,
-            last_step_ms: 0,
             closed_at_ms: None,
             unresolved: Vec::new(),
             caps_engaged: allowance.is_some_and(|a| a.engage == Engage::Always),
@@ -181,7 +175,7 @@ impl Pacer {
     /// workers (connections come and go); a surge spread over the VMs
     /// leaves the shares, and so the caps, where they were. A cell without a
     /// budget or a share keeps the cap it has.
-    pub fn rescale_caps(&mut self, cells: &mut CellTable) {
+    pub fn rescale_caps(&mut self, cells: &mut CellTable, now_ms: u64) {
         let Some(settings) = self.allowance else {
             return;
         };
@@ -189,7 +183,6 @@ impl Pacer {
             return;
         }
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
-        let now_ms = self.now_ms;
         for (key, pace) in paces(cells) {
             if !pace.is_directed() {
                 continue;
@@ -222,44 +215,15 @@ impl Pacer {
         self.caps_engaged
     }
 
-    /// The rules the core decides this VM's requests by: cells without a
-    /// directive limited to `new_cell_rps` (if any), `directed` if the
-    /// directives are fresh.
-    pub fn rules(&self, new_cell_rps: Option<f64>, directed: bool) -> Rules {
-        Rules {
-            mode: self.mode,
-            caps_engaged: self.caps_engaged,
-            new_cell_rps,
-            directed,
-        }
-    }
-
-    /// The request path's clock: the last tick, for `workers` VMs.
-    pub fn now(&self, workers: u32) -> Now {
-        Now {
-            now_ms: self.now_ms,
-            last_step_ms: self.last_step_ms,
-            workers,
-        }
+    /// How a drop ratio is applied.
+    pub fn mode(&self) -> DecisionMode {
+        self.mode
     }
 
     /// Whether any bucket state is used: a coin without allowances reads
     /// none, so it keeps none and the request path skips the probe.
     fn keeps_state(&self) -> bool {
         self.mode == DecisionMode::Credit || self.allowance.is_some()
-    }
-
-    /// Moves the request path's clock to `now_ms` (never back). VMs call it
-    /// on every timer tick, more often than slots close, so that the caps
-    /// see time advance in small steps even when a slot closes late.
-    pub fn advance_clock(&mut self, now_ms: u64) {
-        if now_ms > self.now_ms {
-            // The first reading has no previous one to measure a stall from.
-            if self.now_ms > 0 {
-                self.last_step_ms = now_ms - self.now_ms;
-            }
-            self.now_ms = now_ms;
-        }
     }
 
     /// The tick: closes every cell's rate slot, and starts tracking the
@@ -270,7 +234,6 @@ impl Pacer {
     /// allowance: records are what the table bounds, with a quarter kept for
     /// cells with a directive.
     pub fn on_tick(&mut self, now_ms: u64, cells: &mut CellTable, rng: &mut impl Rng) {
-        self.advance_clock(now_ms);
         let span_ms = match self.closed_at_ms {
             Some(closed) if now_ms > closed => now_ms - closed,
             _ => self.tick_ms,
@@ -316,6 +279,7 @@ impl Pacer {
         &mut self,
         cells: &mut CellTable,
         mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>,
+        now_ms: u64,
     ) {
         let Some(settings) = self.allowance else {
             return;
@@ -323,7 +287,7 @@ impl Pacer {
         self.unresolved.clear();
         let slack_ms = self.tick_ms.saturating_add(settings.burst_ms);
         for (key, pace) in paces(cells) {
-            pace.reconcile(rates_of(key), settings, slack_ms, self.now_ms);
+            pace.reconcile(rates_of(key), settings, slack_ms, now_ms);
         }
     }
 
@@ -335,6 +299,7 @@ impl Pacer {
         &mut self,
         cells: &mut CellTable,
         mut rates_of: impl FnMut(&str) -> Option<DirectiveRates>,
+        now_ms: u64,
     ) {
         let Some(settings) = self.allowance else {
             return;
@@ -345,7 +310,7 @@ impl Pacer {
                 .get_mut(&key)
                 .and_then(|record| record.state.pace.as_deref_mut())
             {
-                pace.reconcile(rates_of(&key), settings, slack_ms, self.now_ms);
+                pace.reconcile(rates_of(&key), settings, slack_ms, now_ms);
             }
         }
     }
@@ -361,9 +326,10 @@ fn paces(cells: &mut CellTable) -> impl Iterator<Item = (&str, &mut Pace)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::counters::{Outcome, unlimited_cap};
-    use sluice_core::cell_decision::{CellState, Directed, decide};
-    use sluice_core::decision::{Regime, Verdict};
+    use crate::leader::counters::unlimited_cap;
+    use sluice_core::decision::Outcome;
+    use sluice_core::decision::{CellState, Directed, Now, Rules, decide};
+    use sluice_core::regime::Regime;
     use sluice_core::{DropReason, DropThreshold};
     use std::ops::{Deref, DerefMut};
 
@@ -373,6 +339,8 @@ mod tests {
     struct Paced {
         pacer: Pacer,
         cells: CellTable,
+        /// The clock, as the request path keeps it.
+        now: Now,
     }
 
     impl Deref for Paced {
@@ -398,6 +366,10 @@ mod tests {
             Self {
                 pacer: Pacer::new(mode, allowance, tick_ms),
                 cells: CellTable::new(max_cells),
+                now: Now {
+                    workers: 1,
+                    ..Now::default()
+                },
             }
         }
 
@@ -425,16 +397,28 @@ mod tests {
                     None => self.cells.count_untracked(),
                 }
             }
+            self.now.advance(now_ms);
             self.pacer.on_tick(now_ms, &mut self.cells, rng);
             self.cells.drain();
         }
 
+        /// Moves the clock, as the request path's tick does.
+        fn advance_clock(&mut self, now_ms: u64) {
+            self.now.advance(now_ms);
+        }
+
         /// Decides a request of `key` as the request path does, under a
-        /// fresh directive of `threshold`.
-        fn decide(&mut self, key: &str, threshold: DropThreshold, rng: &mut SmallRng) -> Verdict {
-            let rules = self.pacer.rules(None, true);
-            let now = self.pacer.now(1);
+        /// fresh directive of `threshold`: whether it is admitted.
+        fn decide(&mut self, key: &str, threshold: DropThreshold, rng: &mut SmallRng) -> bool {
+            let rules = Rules {
+                mode: self.pacer.mode(),
+                caps_engaged: self.pacer.caps_engaged(),
+                new_cell_rps: None,
+                regime: Regime::Fresh,
+                has_directives: true,
+            };
             let directive = Directed {
+                drop_ratio: sluice_core::DropRatio::saturating(0.0),
                 threshold,
                 reason: DropReason::PriorityShed,
                 limit_rps: None,
@@ -446,22 +430,21 @@ mod tests {
                 Some(record) => &mut record.state,
                 None => &mut stateless,
             };
-            match decide(state, Some(directive), Regime::Fresh, &rules, now, rng).drop {
-                Some(_) => Verdict::Drop,
-                None => Verdict::Admit,
-            }
+            decide(state, Some(directive), &rules, self.now, rng).admits()
         }
 
         fn resolve_all(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
-            self.pacer.resolve_all(&mut self.cells, rates_of);
+            self.pacer
+                .resolve_all(&mut self.cells, rates_of, self.now.now_ms);
         }
 
         fn resolve_new(&mut self, rates_of: impl FnMut(&str) -> Option<DirectiveRates>) {
-            self.pacer.resolve_new(&mut self.cells, rates_of);
+            self.pacer
+                .resolve_new(&mut self.cells, rates_of, self.now.now_ms);
         }
 
         fn rescale_caps(&mut self) {
-            self.pacer.rescale_caps(&mut self.cells);
+            self.pacer.rescale_caps(&mut self.cells, self.now.now_ms);
         }
 
         fn pace(&mut self, key: &str) -> Option<Pace> {
@@ -500,7 +483,7 @@ mod tests {
         for tick in start..start + ticks {
             pacer.on_tick(tick * 100, ["a"], &mut rng);
             for _ in 0..per_tick {
-                admitted += u32::from(pacer.decide("a", threshold, &mut rng) == Verdict::Admit);
+                admitted += u32::from(pacer.decide("a", threshold, &mut rng));
             }
         }
         admitted
@@ -568,7 +551,7 @@ mod tests {
             // 200 rps for a second, then 800 rps before the next directive.
             let per_tick = if tick < 10 { 20 } else { 80 };
             for _ in 0..per_tick {
-                let admit = pacer.decide("a", threshold, &mut rng) == Verdict::Admit;
+                let admit = pacer.decide("a", threshold, &mut rng);
                 admitted[usize::from(tick >= 10)] += u32::from(admit);
             }
         }
@@ -612,7 +595,7 @@ mod tests {
             pacer.on_tick(tick * 150, ["a"], &mut rng);
             for _ in 0..30 {
                 let verdict = pacer.decide("a", threshold, &mut rng);
-                admitted += u32::from(tick > 20 && verdict == Verdict::Admit);
+                admitted += u32::from(tick > 20 && verdict);
             }
         }
         // 180 ticks of 150 ms: 27 s at 100 rps.
@@ -630,13 +613,13 @@ mod tests {
         }
         // 10 rps here, 20 fleet-wide against a limit of 10: 5 rps.
         pacer.resolve_all(|_| Some(rates(0.5, Some(10.0), 20.0)));
-        while pacer.decide("a", threshold, &mut rng) == Verdict::Admit {}
-        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
+        while pacer.decide("a", threshold, &mut rng) {}
+        assert!(!pacer.decide("a", threshold, &mut rng));
         // 200 ms later, without a slot closing, one more request fits.
         pacer.advance_clock(1_100);
-        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Admit);
+        assert!(pacer.decide("a", threshold, &mut rng));
         pacer.advance_clock(500);
-        assert_eq!(pacer.decide("a", threshold, &mut rng), Verdict::Drop);
+        assert!(!pacer.decide("a", threshold, &mut rng));
     }
 
     #[test]
@@ -685,7 +668,7 @@ mod tests {
             let mut admitted = 0;
             for tick in 0..10u64 {
                 for _ in 0..20 {
-                    admitted += u32::from(pacer.decide("a", threshold, rng) == Verdict::Admit);
+                    admitted += u32::from(pacer.decide("a", threshold, rng));
                 }
                 pacer.on_tick(start + tick * 100, ["a"], rng);
             }
@@ -806,7 +789,7 @@ mod tests {
         let mut admitted = 0;
         for tick in 0..10u64 {
             for _ in 0..30 {
-                admitted += u32::from(pacer.decide("a", threshold, rng) == Verdict::Admit);
+                admitted += u32::from(pacer.decide("a", threshold, rng));
             }
             pacer.on_tick(from_ms + tick * 100, ["a"], rng);
             pacer.rescale_caps();

@@ -19,7 +19,7 @@ use crate::shared::{
 use crate::tick::freshness::Freshness;
 use crate::vm::Vm;
 use sluice_core::allowance::LOST_AFTER_MS;
-use sluice_core::decision::{Fallback, Regime};
+use sluice_core::regime::{Fallback, Regime};
 
 /// A slow tick is due this long after the previous one (a little less than
 /// [`TICK_MS`], so short ticks that jitter do not skip a beat).
@@ -191,11 +191,11 @@ impl VmSync {
         now_ms: u64,
     ) {
         let regime = self.freshness.regime(now_ms, vm.settings.fallback);
-        if regime == path.regime {
+        if regime == path.rules.regime {
             return;
         }
-        let was_stale = matches!(path.regime, Regime::Stale(_));
-        path.regime = regime;
+        let was_stale = matches!(path.rules.regime, Regime::Stale(_));
+        path.rules.regime = regime;
         let stale = matches!(regime, Regime::Stale(_));
         if stale == was_stale {
             return;

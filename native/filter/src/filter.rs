@@ -4,7 +4,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_agent::agent::Decision;
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
 use sluice_agent::request::attributes::RequestAttributes;
@@ -126,7 +125,7 @@ impl NativeFilter {
             let decision = state
                 .agent
                 .admit_request(&self.request.classifier, &Attributes(&*host));
-            if matches!(decision, Decision::Admit)
+            if decision.admits()
                 && let Some(bucket) = state.agent.follow_response()
             {
                 *followed = Some(FollowedRequest {
@@ -134,22 +133,20 @@ impl NativeFilter {
                     started: Instant::now(),
                 });
             }
-            let last = *state.agent.last_decision();
-            if last.recorded_under(self.request.decision_record) {
+            if self.request.decision_record.records(&decision) {
                 host.set_decision_record(state.agent.last_record().as_bytes());
             }
-            if let (Decision::Admit, Some(undirected), Some(header)) = (
-                &decision,
-                last.undirected,
-                self.request.undirected_header.as_deref(),
-            ) {
-                host.add_request_header(header, undirected.name().as_bytes());
+            if decision.admits()
+                && decision.source.is_undirected()
+                && let Some(header) = self.request.undirected_header.as_deref()
+            {
+                host.add_request_header(header, decision.source.name().as_bytes());
             }
-            decision
+            state.agent.rejection().cloned()
         };
         match decision {
-            Decision::Admit => HeadersAction::Continue,
-            Decision::Reject(response) => {
+            None => HeadersAction::Continue,
+            Some(response) => {
                 let headers: Vec<(&str, &[u8])> = response
                     .headers
                     .iter()

@@ -7,8 +7,8 @@ use crate::shared::DIRECTIVES_META_KEY;
 use crate::shared::DirectivesMeta;
 use crate::testing::request::FakeRequest;
 use sluice_core::allowance::Engage;
-use sluice_core::decision::Fallback;
 use sluice_core::directive::DirectiveTtl;
+use sluice_core::regime::Fallback;
 use sluice_core::{DropReason, Priority};
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
 use std::sync::Arc;
@@ -42,9 +42,10 @@ impl Fleet {
         let mut rejected = 0;
         let mut last = None;
         for _ in 0..n {
-            if let Decision::Reject(response) = self.vms[vm].1.admit_cell(cell.0, cell.1, cell.2) {
+            let agent = &mut self.vms[vm].1;
+            if agent.admit_cell(cell.0, cell.1, cell.2).outcome == Outcome::Dropped {
                 rejected += 1;
-                last = Some(response);
+                last = agent.rejection().cloned();
             }
         }
         (rejected, last)
@@ -136,18 +137,12 @@ fn requests_are_classified_into_their_cells() {
     ]);
     let plain = FakeRequest::with_headers(&[(":authority", "api"), ("x-tenant", "acme")]);
     let anonymous = FakeRequest::with_headers(&[(":authority", "api")]);
-    assert!(matches!(
-        agent.admit_request(&config.classifier, &bulk),
-        Decision::Reject(_)
-    ));
     assert_eq!(
-        agent.admit_request(&config.classifier, &plain),
-        Decision::Admit
+        agent.admit_request(&config.classifier, &bulk).outcome,
+        Outcome::Dropped
     );
-    assert_eq!(
-        agent.admit_request(&config.classifier, &anonymous),
-        Decision::Admit
-    );
+    assert!(agent.admit_request(&config.classifier, &plain).admits());
+    assert!(agent.admit_request(&config.classifier, &anonymous).admits());
     let mut cells = agent.path.cells.clone().drain();
     cells.sort_by(|a, b| (&a.tenant, a.priority).cmp(&(&b.tenant, b.priority)));
     let seen: Vec<(&str, i32, u64, u64)> = cells
@@ -190,16 +185,13 @@ fn values_that_are_not_utf8_get_the_defaults_and_are_counted() {
     garbage.raw_headers.insert("x-tenant", b"\xfe\xff");
     garbage.raw_headers.insert("x-priority", b"batch\xc3");
     for _ in 0..3 {
-        assert!(matches!(
-            agent.admit_request(&config.classifier, &garbage),
-            Decision::Reject(_)
-        ));
+        assert_eq!(
+            agent.admit_request(&config.classifier, &garbage).outcome,
+            Outcome::Dropped
+        );
     }
     let good = FakeRequest::with_headers(&[("x-key", "api"), ("x-tenant", "acme")]);
-    assert_eq!(
-        agent.admit_request(&config.classifier, &good),
-        Decision::Admit
-    );
+    assert!(agent.admit_request(&config.classifier, &good).admits());
     assert_eq!(agent.metrics().pending(Counter::HeaderValuesInvalid), 9);
     fleet.tick();
     assert_eq!(fleet.metric(Counter::HeaderValuesInvalid.name()), Some(9));
@@ -636,7 +628,7 @@ fn every_vm_caps_a_cell_it_meets_after_the_directive() {
 
 #[test]
 fn decisions_without_fresh_directives_say_so() {
-    use crate::request::record::Undirected;
+    use sluice_core::decision::Source;
     let mut fleet = Fleet::with_settings(
         1,
         AgentSettings {
@@ -652,28 +644,22 @@ fn decisions_without_fresh_directives_say_so() {
         fleet.vms[0].1.admit_cell(bucket, "", Priority::Unspecified);
         *fleet.vms[0].1.last_decision()
     };
-    assert_eq!(
-        last(&mut fleet, "acme").undirected,
-        Some(Undirected::NoDirectives)
-    );
+    assert_eq!(last(&mut fleet, "acme").source, Source::NoDirectives);
     fleet.push_batch(DirectiveBatch {
         version: 7,
         ..batch(vec![cell("acme", "", Priority::Unspecified, 0.5)])
     });
     fleet.tick();
     let directed = last(&mut fleet, "acme");
-    assert_eq!(directed.undirected, None);
+    assert_eq!(directed.source, Source::Directive);
     assert_eq!(directed.drop_ratio, 0.5);
-    assert_eq!(directed.version, 7);
+    assert_eq!(fleet.vms[0].1.path.table.version, 7);
     let record = fleet.vms[0].1.last_record().to_owned();
     assert!(record.contains("bucket=acme "), "{record}");
     assert!(record.contains(" version=7 "), "{record}");
     assert!(record.ends_with(" source=directive"), "{record}");
     // A cell the control plane has not directed yet is new …
-    assert_eq!(
-        last(&mut fleet, "other").undirected,
-        Some(Undirected::NewBucket)
-    );
+    assert_eq!(last(&mut fleet, "other").source, Source::NewBucket);
     // … until it had time to: then it is known to need no directive.
     fleet.ticks(60);
     fleet.push_batch(DirectiveBatch {
@@ -681,12 +667,12 @@ fn decisions_without_fresh_directives_say_so() {
         ..batch(vec![])
     });
     fleet.tick();
-    assert_eq!(last(&mut fleet, "other").undirected, None);
+    assert_eq!(last(&mut fleet, "other").source, Source::Directive);
 }
 
 #[test]
 fn a_stale_table_flags_its_decisions_as_fallback() {
-    use crate::request::record::Undirected;
+    use sluice_core::decision::Source;
     let mut fleet = fallback_fleet(Fallback::KeepLast);
     fleet.ticks(12);
     assert!(fleet.vms[0].1.in_fallback());
@@ -694,8 +680,8 @@ fn a_stale_table_flags_its_decisions_as_fallback() {
         .1
         .admit_cell("api", "acme", Priority::Unspecified);
     let last = *fleet.vms[0].1.last_decision();
-    assert_eq!(last.undirected, Some(Undirected::Fallback));
-    assert_eq!(last.outcome, crate::leader::counters::Outcome::Dropped);
+    assert_eq!(last.source, Source::Fallback);
+    assert_eq!(last.outcome, sluice_core::decision::Outcome::Dropped);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use crate::shared::{
 use crate::testing::host::{FakeHost, FakeProcess};
 use prost::Message;
 use sluice_core::Priority;
-use sluice_core::cell_decision::DecisionMode;
+use sluice_core::decision::DecisionMode;
 use sluice_proto::v1::{
     BucketCount, ControlMessage, Directive, DirectiveBatch, ProxyMessage, Report, control_message,
     proxy_message,
@@ -175,7 +175,7 @@ impl Fleet {
 
     fn admit_n(&mut self, vm: usize, bucket: &str, n: usize) -> usize {
         (0..n)
-            .filter(|_| self.vms[vm].1.admit(bucket) == Verdict::Drop)
+            .filter(|_| !self.vms[vm].1.admit(bucket).admits())
             .count()
     }
 
@@ -502,7 +502,7 @@ fn reports_carry_the_upstream_signals_of_every_vm() {
     for vm in 0..2 {
         for n in 0..10u32 {
             let (_, agent) = &mut fleet.vms[vm];
-            assert_eq!(agent.admit("acme"), Verdict::Admit);
+            assert!(agent.admit("acme").admits());
             if let Some(bucket) = agent.follow_response() {
                 assert_eq!(bucket, "acme");
                 // Every other followed response is a 503 after 80 ms.
@@ -883,17 +883,17 @@ fn a_directive_arriving_mid_window_applies_to_the_next_request() {
     // a new table must void it at once, not at the next window.
     let mut agent = Agent::new(settings(), 7);
     for _ in 0..3 {
-        assert_eq!(agent.admit("acme"), Verdict::Admit);
+        assert!(agent.admit("acme").admits());
     }
     agent.load_directives(table_of(&[("acme", "", Priority::Unspecified, 1.0)]));
-    assert_eq!(agent.admit("acme"), Verdict::Drop);
-    assert_eq!(agent.admit("acme"), Verdict::Drop);
+    assert_eq!(agent.admit("acme").outcome, Outcome::Dropped);
+    assert_eq!(agent.admit("acme").outcome, Outcome::Dropped);
     // Another layout: the remembered index now holds another bucket's.
     agent.load_directives(table_of(&[
         ("other", "", Priority::Unspecified, 1.0),
         ("acme", "", Priority::Unspecified, 0.0),
     ]));
-    assert_eq!(agent.admit("acme"), Verdict::Admit);
+    assert!(agent.admit("acme").admits());
 }
 
 #[test]
@@ -902,7 +902,7 @@ fn a_cell_given_its_own_directive_mid_window_leaves_the_bucket_wide_one() {
     agent.load_directives(table_of(&[("acme", "", Priority::Unspecified, 0.0)]));
     for _ in 0..3 {
         let decision = agent.admit_cell("acme", "t1", Priority::Bulk);
-        assert_eq!(decision, Decision::Admit);
+        assert!(decision.admits());
     }
     let mut batch_table = agent.directives().clone();
     batch_table.merge(DirectiveBatch {
@@ -917,15 +917,12 @@ fn a_cell_given_its_own_directive_mid_window_leaves_the_bucket_wide_one() {
         ..Default::default()
     });
     agent.load_directives(batch_table);
-    assert!(matches!(
-        agent.admit_cell("acme", "t1", Priority::Bulk),
-        Decision::Reject(_)
-    ));
-    // Other cells of the bucket keep the bucket-wide directive.
     assert_eq!(
-        agent.admit_cell("acme", "t2", Priority::Bulk),
-        Decision::Admit
+        agent.admit_cell("acme", "t1", Priority::Bulk).outcome,
+        Outcome::Dropped
     );
+    // Other cells of the bucket keep the bucket-wide directive.
+    assert!(agent.admit_cell("acme", "t2", Priority::Bulk).admits());
     // The counts are those of every request, remembered lookup or not.
     let counts = agent.path.cells.drain();
     let t1 = counts.iter().find(|c| c.tenant == "t1").unwrap();
