@@ -22,6 +22,7 @@ mod fast_map;
 pub mod host;
 pub mod identity;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod modes;
 pub mod request;

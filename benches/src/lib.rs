@@ -12,7 +12,10 @@ pub mod upstream;
 
 use sluice_agent::agent::Agent;
 use sluice_agent::directives::DirectiveTable;
-use sluice_agent::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use sluice_agent::host::{
+    ControlStreams, HostError, Log, LogLevel, MetricId, MetricKind, MetricSink, SharedData,
+    SharedValue,
+};
 use sluice_agent::request::attributes::RequestAttributes;
 use sluice_agent::settings::{AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_agent::tick::pacing::DecisionMode;
@@ -73,7 +76,7 @@ impl RequestAttributes for Request {
 #[derive(Debug, Default)]
 pub struct QuietHost;
 
-impl Host for QuietHost {
+impl SharedData for QuietHost {
     fn get_shared_data(&self, _key: &str) -> Result<Option<SharedValue>, HostError> {
         Ok(None)
     }
@@ -98,7 +101,9 @@ impl Host for QuietHost {
     fn dequeue_shared_queue(&mut self, _queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
         Ok(None)
     }
+}
 
+impl ControlStreams for QuietHost {
     fn open_control_stream(&mut self, _cluster: &str) -> Result<u32, HostError> {
         Ok(1)
     }
@@ -110,7 +115,9 @@ impl Host for QuietHost {
     fn close_stream(&mut self, _token: u32) -> Result<(), HostError> {
         Ok(())
     }
+}
 
+impl MetricSink for QuietHost {
     fn define_metric(&mut self, _kind: MetricKind, _name: &str) -> Result<MetricId, HostError> {
         Ok(MetricId(1))
     }
@@ -122,7 +129,9 @@ impl Host for QuietHost {
     fn record_metric(&mut self, _id: MetricId, _value: u64) -> Result<(), HostError> {
         Ok(())
     }
+}
 
+impl Log for QuietHost {
     fn log(&self, _level: LogLevel, _message: &str) {}
 }
 

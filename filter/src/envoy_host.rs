@@ -1,19 +1,23 @@
-//! [`Host`] over proxy-wasm host calls, plus the clock and entropy the root
+//! The agent's host over proxy-wasm host calls (shared data and queues,
+//! the gRPC stream, metrics, the log), plus the clock and entropy the root
 //! context needs.
 
 use crate::status::host_error;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel as ProxyLogLevel, MetricType};
-use sluice_agent::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use sluice_agent::host::{
+    ControlStreams, HostError, Log, LogLevel, MetricId, MetricKind, MetricSink, SharedData,
+    SharedValue,
+};
 use sluice_proto::{SERVICE_NAME, STREAM_METHOD};
 use std::time::UNIX_EPOCH;
 
-/// The [`Host`] of the VM this module runs in. Stateless: the host keeps
-/// the state and knows which context is current.
+/// The host of the VM this module runs in. Stateless: the host keeps the
+/// state and knows which context is current.
 #[derive(Debug, Default)]
 pub(super) struct EnvoyHost;
 
-impl Host for EnvoyHost {
+impl SharedData for EnvoyHost {
     fn get_shared_data(&self, key: &str) -> Result<Option<SharedValue>, HostError> {
         match hostcalls::get_shared_data(key).map_err(host_error)? {
             (Some(bytes), Some(cas)) => Ok(Some(SharedValue { bytes, cas })),
@@ -43,7 +47,9 @@ impl Host for EnvoyHost {
     fn dequeue_shared_queue(&mut self, queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
         hostcalls::dequeue_shared_queue(queue_id).map_err(host_error)
     }
+}
 
+impl ControlStreams for EnvoyHost {
     fn open_control_stream(&mut self, cluster: &str) -> Result<u32, HostError> {
         hostcalls::open_grpc_stream(cluster, SERVICE_NAME, STREAM_METHOD, Vec::new())
             .map_err(host_error)
@@ -56,7 +62,9 @@ impl Host for EnvoyHost {
     fn close_stream(&mut self, token: u32) -> Result<(), HostError> {
         hostcalls::close_grpc_stream(token).map_err(host_error)
     }
+}
 
+impl MetricSink for EnvoyHost {
     fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError> {
         let metric_type = match kind {
             MetricKind::Counter => MetricType::Counter,
@@ -77,7 +85,9 @@ impl Host for EnvoyHost {
     fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError> {
         hostcalls::record_metric(id.0, value).map_err(host_error)
     }
+}
 
+impl Log for EnvoyHost {
     fn log(&self, level: LogLevel, message: &str) {
         log(
             match level {

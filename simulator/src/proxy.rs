@@ -14,6 +14,9 @@
 //! random worker. The simulator only moves messages: what the VMs sent on
 //! their streams after each tick, and the batches due to them.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -45,6 +48,8 @@ pub struct AgentProxy {
     /// Starts so far: each one is a new Envoy process.
     starts: u64,
     vms: Vec<Vm>,
+    /// What the VMs of the current process share.
+    process: Rc<RefCell<FakeProcess>>,
     /// The clients' connections: the worker each is on, and the requests
     /// it still carries.
     connections: Vec<(usize, u32)>,
@@ -74,6 +79,7 @@ impl AgentProxy {
             workers,
             starts: 0,
             vms: Vec::new(),
+            process: FakeProcess::new(CLUSTER),
             connections: Vec::new(),
             next_connection: 0,
             rng: SmallRng::seed_from_u64(seed),
@@ -100,13 +106,11 @@ impl AgentProxy {
         self.starts += 1;
         self.rng = SmallRng::seed_from_u64(seed);
         let process = FakeProcess::new(CLUSTER);
+        self.process = Rc::clone(&process);
         self.vms = (0..self.workers)
             .map(|vm| Vm {
                 agent: Agent::new(self.settings.clone(), self.rng.next_u64()),
-                host: FakeHost {
-                    vm,
-                    process: process.clone(),
-                },
+                host: FakeProcess::host(&process, vm),
                 // Each worker's timer runs at its own phase.
                 next_tick_ms: first_tick_ms
                     + self.rng.next_u64() % DEFAULT_DIRECTIVE_POLL_MS * u64::from(vm > 0),
@@ -128,10 +132,7 @@ impl AgentProxy {
             vm.next_tick_ms = t_ms + DEFAULT_DIRECTIVE_POLL_MS;
             vm.agent.on_tick(&mut vm.host, CLOCK_ORIGIN_MS + t_ms);
         }
-        let Some(vm) = self.vms.first() else {
-            return;
-        };
-        let mut process = vm.host.process.borrow_mut();
+        let mut process = self.process.borrow_mut();
         // Nobody reads the logs of a simulated VM: keep memory flat.
         process.logs.clear();
         for (&token, stream) in &mut process.streams {
@@ -147,14 +148,13 @@ impl AgentProxy {
     /// Hands `batch` to the VM that opened stream `token`; nothing when it
     /// has closed that stream since.
     pub fn deliver(&mut self, token: u32, batch: DirectiveBatch, t_ms: u64) {
-        let owner = self.vms.first().and_then(|vm| {
-            let process = vm.host.process.borrow();
-            process
-                .streams
-                .get(&token)
-                .filter(|stream| stream.open)
-                .map(|stream| stream.vm)
-        });
+        let owner = self
+            .process
+            .borrow()
+            .streams
+            .get(&token)
+            .filter(|stream| stream.open)
+            .map(|stream| stream.vm);
         let Some(vm) = owner.and_then(|owner| self.vms.get_mut(owner)) else {
             return;
         };

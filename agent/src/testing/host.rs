@@ -1,11 +1,17 @@
-//! An in-memory [`Host`] for tests. Several `FakeHost`s share one
-//! [`FakeProcess`] the way VMs of one `vm_id` share an Envoy process: shared
-//! data (with Envoy's CAS semantics), queues and gRPC streams.
+//! An in-memory host for tests and the simulator: several [`FakeHost`]s
+//! share one [`FakeProcess`] the way VMs of one `vm_id` share an Envoy
+//! process. Shared data, queues and metrics are the in-memory parts every
+//! in-memory host uses ([`crate::memory`]); the streams and the log are
+//! recorded, for tests to read and the simulator to carry.
 
-use crate::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use crate::host::{
+    ControlStreams, HostError, HostParts, Log, LogLevel, MetricId, MetricKind, MetricSink,
+};
+use crate::memory::{MetricRegistry, ProcessStore};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// A gRPC stream some VM opened.
 #[derive(Debug, Default)]
@@ -21,70 +27,76 @@ pub struct FakeStream {
 /// What the VMs of one process share.
 #[derive(Debug)]
 pub struct FakeProcess {
-    data: HashMap<String, SharedValue>,
-    next_cas: u32,
-    queues: HashMap<String, u32>,
-    queue_contents: HashMap<u32, VecDeque<Vec<u8>>>,
+    /// Shared data and queues.
+    pub store: Arc<ProcessStore>,
+    /// Metrics, summed over the VMs.
+    pub registry: Arc<MetricRegistry>,
+    /// Every stream opened, by token.
     pub streams: BTreeMap<u32, FakeStream>,
     next_token: u32,
     /// Clusters that exist; opening a stream to another is `BadArgument`.
     pub clusters: Vec<String>,
+    /// Every line logged, with the VM that logged it.
     pub logs: Vec<(usize, LogLevel, String)>,
-    /// Metric values by name: counters summed over VMs, gauges last write.
-    pub metrics: BTreeMap<String, (MetricKind, u64)>,
-    /// Name of every id handed out. Like Envoy, every define call returns a
-    /// fresh id, even for a known name.
-    metric_ids: Vec<String>,
     /// Metric host calls made, by VM.
     pub metric_calls: BTreeMap<usize, usize>,
     /// When set, every metric call fails with this error.
     pub metric_error: Option<HostError>,
-    /// Messages ever enqueued, by queue id.
-    pub enqueued: BTreeMap<u32, usize>,
+    /// Metric definitions made, across VMs (Envoy hands out a fresh id on
+    /// every one).
+    definitions: usize,
 }
 
+/// One VM's view of its process.
+pub type FakeHost = HostParts<Arc<ProcessStore>, FakeStreams, FakeMetrics, FakeLog>;
+
 impl FakeProcess {
+    /// A process whose one cluster is `cluster`.
     pub fn new(cluster: &str) -> Rc<RefCell<Self>> {
         Rc::new(RefCell::new(Self {
-            data: HashMap::new(),
-            next_cas: 1,
-            queues: HashMap::new(),
-            queue_contents: HashMap::new(),
+            store: Arc::default(),
+            registry: Arc::default(),
             streams: BTreeMap::new(),
             next_token: 1,
             clusters: vec![cluster.to_owned()],
             logs: Vec::new(),
-            metrics: BTreeMap::new(),
-            metric_ids: Vec::new(),
             metric_calls: BTreeMap::new(),
             metric_error: None,
-            enqueued: BTreeMap::new(),
+            definitions: 0,
         }))
     }
 
+    /// The host of VM `vm` of `process`.
+    pub fn host(process: &Rc<RefCell<Self>>, vm: usize) -> FakeHost {
+        let view = || FakeView {
+            vm,
+            process: Rc::clone(process),
+        };
+        HostParts {
+            data: Arc::clone(&process.borrow().store),
+            streams: FakeStreams(view()),
+            metrics: FakeMetrics(view()),
+            log: FakeLog(view()),
+        }
+    }
+
+    /// Messages waiting in the named queue.
     pub fn queue_len(&self, name: &str) -> usize {
-        self.queues
-            .get(name)
-            .and_then(|id| self.queue_contents.get(id))
-            .map_or(0, VecDeque::len)
+        self.store.queue_len(name)
     }
 
-    pub fn get(&self, key: &str) -> Option<SharedValue> {
-        self.data.get(key).cloned()
+    /// A shared-data value.
+    pub fn get(&self, key: &str) -> Option<crate::host::SharedValue> {
+        self.store.get(key)
     }
 
+    /// Writes a shared-data value, as some VM would.
     pub fn set(&mut self, key: &str, bytes: &[u8]) {
-        let cas = self.bump_cas();
-        self.data.insert(
-            key.to_owned(),
-            SharedValue {
-                bytes: bytes.to_vec(),
-                cas,
-            },
-        );
+        // A write without CAS always succeeds.
+        let _ = self.store.set(key, bytes, None);
     }
 
-    /// Open streams, by token.
+    /// Open streams, by token, with the VM that opened each.
     pub fn open_streams(&self) -> Vec<(u32, usize)> {
         self.streams
             .iter()
@@ -95,12 +107,17 @@ impl FakeProcess {
 
     /// A metric's value, if defined.
     pub fn metric(&self, name: &str) -> Option<u64> {
-        self.metrics.get(name).map(|(_, value)| *value)
+        self.registry.value(name)
     }
 
-    /// Ids defined so far, across VMs.
+    /// Metric definitions made so far, across VMs.
     pub fn metric_definitions(&self) -> usize {
-        self.metric_ids.len()
+        self.definitions
+    }
+
+    /// Messages ever enqueued, all queues together.
+    pub fn enqueued(&self) -> usize {
+        self.store.enqueued()
     }
 
     /// Counts a metric call by `vm` and fails it if told to.
@@ -108,86 +125,24 @@ impl FakeProcess {
         *self.metric_calls.entry(vm).or_default() += 1;
         self.metric_error.map_or(Ok(()), Err)
     }
-
-    fn metric_mut(&mut self, id: MetricId, kind: MetricKind) -> Result<&mut u64, HostError> {
-        let name = usize::try_from(id.0)
-            .ok()
-            .and_then(|index| self.metric_ids.get(index))
-            .ok_or(HostError::NotFound)?;
-        match self.metrics.get_mut(name) {
-            Some((k, value)) if *k == kind => Ok(value),
-            _ => Err(HostError::BadArgument),
-        }
-    }
-
-    fn bump_cas(&mut self) -> u32 {
-        // Like Envoy: one process-wide counter, odd values.
-        let cas = self.next_cas;
-        self.next_cas = self.next_cas.wrapping_add(2);
-        cas
-    }
 }
 
-/// One VM's view of the process.
+/// One VM's handle on its process, which each recorded part holds.
 #[derive(Debug)]
-pub struct FakeHost {
+pub struct FakeView {
+    /// Index of the VM.
     pub vm: usize,
+    /// Its process.
     pub process: Rc<RefCell<FakeProcess>>,
 }
 
-impl Host for FakeHost {
-    fn get_shared_data(&self, key: &str) -> Result<Option<SharedValue>, HostError> {
-        Ok(self.process.borrow().get(key))
-    }
+/// The streams of one VM, recorded in its process.
+#[derive(Debug)]
+pub struct FakeStreams(pub FakeView);
 
-    fn set_shared_data(
-        &mut self,
-        key: &str,
-        value: &[u8],
-        cas: Option<u32>,
-    ) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
-        // Envoy checks the CAS only when the key exists.
-        if let (Some(existing), Some(cas)) = (process.data.get(key), cas)
-            && existing.cas != cas
-        {
-            return Err(HostError::CasMismatch);
-        }
-        process.set(key, value);
-        Ok(())
-    }
-
-    fn register_shared_queue(&mut self, name: &str) -> Result<u32, HostError> {
-        let mut process = self.process.borrow_mut();
-        let next_id =
-            u32::try_from(process.queues.len()).map_err(|_| HostError::InternalFailure)? + 1;
-        let id = *process.queues.entry(name.to_owned()).or_insert(next_id);
-        process.queue_contents.entry(id).or_default();
-        Ok(id)
-    }
-
-    fn enqueue_shared_queue(&mut self, queue_id: u32, message: &[u8]) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
-        let queue = process
-            .queue_contents
-            .get_mut(&queue_id)
-            .ok_or(HostError::NotFound)?;
-        queue.push_back(message.to_vec());
-        *process.enqueued.entry(queue_id).or_default() += 1;
-        Ok(())
-    }
-
-    fn dequeue_shared_queue(&mut self, queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
-        let mut process = self.process.borrow_mut();
-        let queue = process
-            .queue_contents
-            .get_mut(&queue_id)
-            .ok_or(HostError::NotFound)?;
-        Ok(queue.pop_front())
-    }
-
+impl ControlStreams for FakeStreams {
     fn open_control_stream(&mut self, cluster: &str) -> Result<u32, HostError> {
-        let mut process = self.process.borrow_mut();
+        let mut process = self.0.process.borrow_mut();
         if !process.clusters.iter().any(|c| c == cluster) {
             return Err(HostError::BadArgument);
         }
@@ -196,7 +151,7 @@ impl Host for FakeHost {
         process.streams.insert(
             token,
             FakeStream {
-                vm: self.vm,
+                vm: self.0.vm,
                 sent: Vec::new(),
                 open: true,
             },
@@ -205,7 +160,7 @@ impl Host for FakeHost {
     }
 
     fn send_stream_message(&mut self, token: u32, message: &[u8]) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
+        let mut process = self.0.process.borrow_mut();
         match process.streams.get_mut(&token) {
             Some(stream) if stream.open => {
                 stream.sent.push(message.to_vec());
@@ -216,7 +171,7 @@ impl Host for FakeHost {
     }
 
     fn close_stream(&mut self, token: u32) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
+        let mut process = self.0.process.borrow_mut();
         match process.streams.get_mut(&token) {
             Some(stream) if stream.open => {
                 stream.open = false;
@@ -225,38 +180,44 @@ impl Host for FakeHost {
             _ => Err(HostError::NotFound),
         }
     }
+}
 
+/// The metrics of one VM: the process's registry, each call counted and
+/// failed when the test says so.
+#[derive(Debug)]
+pub struct FakeMetrics(pub FakeView);
+
+impl MetricSink for FakeMetrics {
     fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError> {
-        let mut process = self.process.borrow_mut();
-        process.metric_call(self.vm)?;
-        let entry = process.metrics.entry(name.to_owned()).or_insert((kind, 0));
-        if entry.0 != kind {
-            return Err(HostError::BadArgument);
-        }
-        let id = u32::try_from(process.metric_ids.len()).map_err(|_| HostError::InternalFailure)?;
-        process.metric_ids.push(name.to_owned());
-        Ok(MetricId(id))
+        let mut process = self.0.process.borrow_mut();
+        process.metric_call(self.0.vm)?;
+        process.definitions += 1;
+        process.registry.define_metric(kind, name)
     }
 
     fn increment_metric(&mut self, id: MetricId, delta: u64) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
-        process.metric_call(self.vm)?;
-        let value = process.metric_mut(id, MetricKind::Counter)?;
-        *value = value.saturating_add(delta);
-        Ok(())
+        let mut process = self.0.process.borrow_mut();
+        process.metric_call(self.0.vm)?;
+        process.registry.increment_metric(id, delta)
     }
 
     fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError> {
-        let mut process = self.process.borrow_mut();
-        process.metric_call(self.vm)?;
-        *process.metric_mut(id, MetricKind::Gauge)? = value;
-        Ok(())
+        let mut process = self.0.process.borrow_mut();
+        process.metric_call(self.0.vm)?;
+        process.registry.record_metric(id, value)
     }
+}
 
+/// The log of one VM, kept in its process.
+#[derive(Debug)]
+pub struct FakeLog(pub FakeView);
+
+impl Log for FakeLog {
     fn log(&self, level: LogLevel, message: &str) {
-        self.process
+        self.0
+            .process
             .borrow_mut()
             .logs
-            .push((self.vm, level, message.to_owned()));
+            .push((self.0.vm, level, message.to_owned()));
     }
 }

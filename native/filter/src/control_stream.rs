@@ -48,7 +48,7 @@ struct Inboxes {
 
 /// Every open stream of one configuration, and the runtime they run on.
 #[derive(Debug)]
-pub struct ControlStreams {
+pub struct Streams {
     runtime: Option<tokio::runtime::Runtime>,
     /// One per control-plane replica; each new stream takes the next.
     endpoints: Vec<Endpoint>,
@@ -72,7 +72,7 @@ fn push(inboxes: &Mutex<Inboxes>, token: u32, event: StreamEvent) {
     }
 }
 
-impl ControlStreams {
+impl Streams {
     /// Streams to `uris` (with `tls`, if given), on a runtime of their own
     /// (one thread). With several (replicas), each new stream dials the
     /// next one, so a stream that failed on a dead replica reconnects to
@@ -184,7 +184,7 @@ impl ControlStreams {
     }
 }
 
-impl Drop for ControlStreams {
+impl Drop for Streams {
     fn drop(&mut self) {
         // Envoy's main thread drops the configuration: do not wait for the
         // streams, just stop them.

@@ -6,15 +6,14 @@ use std::time::{Duration, Instant};
 
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
+use sluice_agent::memory::MetricValue;
 use sluice_agent::request::attributes::RequestAttributes;
 use sluice_agent::upstream::status_of;
 
 use crate::config::NativeConfig;
-use crate::control_stream::ControlStreams;
+use crate::control_stream::Streams;
 use crate::followed::FollowedRequest;
-use crate::metrics::{MetricRegistry, MetricValue};
 use crate::native_host::Shared;
-use crate::process::ProcessStore;
 use crate::proxy_name;
 use crate::stats::StatsSink;
 use crate::ticker::Ticker;
@@ -69,15 +68,17 @@ impl NativeFilter {
     /// which exports the agents' metrics to `stats`.
     pub fn start(config: NativeConfig, stats: Arc<dyn StatsSink>) -> Result<Self, StartError> {
         let filter = config.filter;
-        let streams = ControlStreams::new(&config.control_plane_uris, config.tls.as_ref())
-            .map_err(|source| StartError {
-                what: "gRPC client",
-                source,
+        let streams =
+            Streams::new(&config.control_plane_uris, config.tls.as_ref()).map_err(|source| {
+                StartError {
+                    what: "gRPC client",
+                    source,
+                }
             })?;
         let shared = Arc::new(Shared {
-            store: ProcessStore::default(),
+            store: Arc::default(),
             streams,
-            metrics: MetricRegistry::default(),
+            metrics: Arc::default(),
         });
         // A module cannot read Envoy's node id: without a configured id the
         // proxy is named after its host and process.

@@ -8,8 +8,9 @@
 //! - each worker thread gets its own [`sluice_agent::agent::Agent`] the first
 //!   time it sees a request ([`workers`]), exactly as each wasm VM has one;
 //! - the agents share one process-wide store of shared data and queues
-//!   ([`process`]), so they elect a leader and pass counts and directives
-//!   the way wasm VMs do through Envoy's shared data;
+//!   (the agent library's in-memory store, `sluice_agent::memory`), so they
+//!   elect a leader and pass counts and directives the way wasm VMs do
+//!   through Envoy's shared data;
 //! - the leader's stream to the control plane is a tonic client on the
 //!   module's own runtime thread ([`control_stream`]), since a dynamic module
 //!   has no access to Envoy's gRPC client;
@@ -25,9 +26,7 @@ pub mod config;
 pub mod control_stream;
 pub mod filter;
 pub mod followed;
-pub mod metrics;
 pub mod native_host;
-pub mod process;
 pub mod proxy_name;
 pub mod stats;
 pub mod ticker;

@@ -1,44 +1,52 @@
-//! [`Host`] for one agent of the native module: the process store, the
-//! control streams and the metric registry of its configuration.
+//! The host of one agent of the native module: the process's in-memory
+//! shared data and metrics (the agent library's, shared by every agent of
+//! one configuration), the control streams it opened, and Envoy's stderr.
 
 use std::sync::Arc;
 
-use sluice_agent::host::{Host, HostError, LogLevel, MetricId, MetricKind, SharedValue};
+use sluice_agent::host::{ControlStreams, HostError, HostParts, Log, LogLevel};
+use sluice_agent::memory::{MetricRegistry, ProcessStore};
 
-use crate::control_stream::{ControlStreams, StreamEvent};
-use crate::metrics::MetricRegistry;
-use crate::process::ProcessStore;
+use crate::control_stream::{StreamEvent, Streams};
 
 /// What every agent of one configuration shares.
 #[derive(Debug)]
 pub struct Shared {
     /// Shared data and queues.
-    pub store: ProcessStore,
+    pub store: Arc<ProcessStore>,
     /// Streams to the control plane.
-    pub streams: ControlStreams,
+    pub streams: Streams,
     /// Metrics, summed over agents.
-    pub metrics: MetricRegistry,
+    pub metrics: Arc<MetricRegistry>,
 }
 
 /// The host of one agent.
+pub type NativeHost = HostParts<Arc<ProcessStore>, AgentStreams, Arc<MetricRegistry>, Stderr>;
+
+/// The host of an agent over `shared`.
+pub fn native_host(shared: &Arc<Shared>) -> NativeHost {
+    HostParts {
+        data: Arc::clone(&shared.store),
+        streams: AgentStreams {
+            shared: Arc::clone(shared),
+            tokens: Vec::new(),
+        },
+        metrics: Arc::clone(&shared.metrics),
+        log: Stderr,
+    }
+}
+
+/// The control-plane streams one agent opened.
 #[derive(Debug)]
-pub struct NativeHost {
+pub struct AgentStreams {
     shared: Arc<Shared>,
     /// Streams this agent opened and has not closed.
     tokens: Vec<u32>,
 }
 
-impl NativeHost {
-    /// A host over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self {
-            shared,
-            tokens: Vec::new(),
-        }
-    }
-
+impl AgentStreams {
     /// Events of this agent's streams since the last call, stream by stream.
-    pub fn take_stream_events(&mut self) -> Vec<(u32, StreamEvent)> {
+    pub fn take_events(&mut self) -> Vec<(u32, StreamEvent)> {
         let mut events = Vec::new();
         for token in &self.tokens {
             events.extend(
@@ -58,32 +66,7 @@ impl NativeHost {
     }
 }
 
-impl Host for NativeHost {
-    fn get_shared_data(&self, key: &str) -> Result<Option<SharedValue>, HostError> {
-        Ok(self.shared.store.get(key))
-    }
-
-    fn set_shared_data(
-        &mut self,
-        key: &str,
-        value: &[u8],
-        cas: Option<u32>,
-    ) -> Result<(), HostError> {
-        self.shared.store.set(key, value, cas)
-    }
-
-    fn register_shared_queue(&mut self, name: &str) -> Result<u32, HostError> {
-        Ok(self.shared.store.register_queue(name))
-    }
-
-    fn enqueue_shared_queue(&mut self, queue_id: u32, message: &[u8]) -> Result<(), HostError> {
-        self.shared.store.enqueue(queue_id, message)
-    }
-
-    fn dequeue_shared_queue(&mut self, queue_id: u32) -> Result<Option<Vec<u8>>, HostError> {
-        self.shared.store.dequeue(queue_id)
-    }
-
+impl ControlStreams for AgentStreams {
     fn open_control_stream(&mut self, _cluster: &str) -> Result<u32, HostError> {
         let token = self.shared.streams.open()?;
         self.tokens.push(token);
@@ -98,21 +81,14 @@ impl Host for NativeHost {
         self.tokens.retain(|t| *t != token);
         self.shared.streams.close(token)
     }
+}
 
-    fn define_metric(&mut self, kind: MetricKind, name: &str) -> Result<MetricId, HostError> {
-        Ok(MetricId(self.shared.metrics.define(kind, name)))
-    }
+/// Envoy's own log goes to stderr; debug lines stay out of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stderr;
 
-    fn increment_metric(&mut self, id: MetricId, delta: u64) -> Result<(), HostError> {
-        self.shared.metrics.increment(id.0, delta)
-    }
-
-    fn record_metric(&mut self, id: MetricId, value: u64) -> Result<(), HostError> {
-        self.shared.metrics.record(id.0, value)
-    }
-
+impl Log for Stderr {
     fn log(&self, level: LogLevel, message: &str) {
-        // Envoy's own log goes to stderr; debug lines stay out of it.
         match level {
             LogLevel::Debug => {}
             LogLevel::Info => eprintln!("[sluice_native][info] {message}"),

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use sluice_agent::host::MetricKind;
 use sluice_agent::metrics::{Counter, Gauge};
 
-use crate::metrics::MetricValue;
+use sluice_agent::memory::MetricValue;
 
 /// Where exported metrics go: Envoy's stats, through the module boundary.
 pub trait StatsSink: Send + Sync {

@@ -20,7 +20,7 @@ use sluice_agent::agent::Agent;
 use sluice_agent::settings::AgentSettings;
 
 use crate::control_stream::StreamEvent;
-use crate::native_host::{NativeHost, Shared};
+use crate::native_host::{NativeHost, Shared, native_host};
 
 /// An agent and its host.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ impl WorkerState {
     /// it, at `now` (Unix ms).
     pub fn tick(&mut self, now: u64) {
         let Self { agent, host } = self;
-        for (token, event) in host.take_stream_events() {
+        for (token, event) in host.streams.take_events() {
             match event {
                 StreamEvent::Message(bytes, received_ms) => {
                     agent.on_stream_message(host, token, &bytes, received_ms.min(now));
@@ -136,7 +136,7 @@ impl Workers {
     }
 
     fn new_slot(&self, serves_requests: bool) -> Arc<WorkerSlot> {
-        let mut host = NativeHost::new(Arc::clone(&self.shared));
+        let mut host = native_host(&self.shared);
         let mut agent = Agent::new(self.settings.clone(), seed());
         // A first tick sets the agent's clock before it decides a request.
         agent.on_tick(&mut host, now_ms());
@@ -193,17 +193,15 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
     use super::*;
-    use crate::control_stream::ControlStreams;
-    use crate::metrics::MetricRegistry;
-    use crate::process::ProcessStore;
+    use crate::control_stream::Streams;
 
     fn workers() -> Workers {
         // Nothing listens on port 1: the agents' streams fail, which these
         // tests do not look at.
         let shared = Arc::new(Shared {
-            store: ProcessStore::default(),
-            streams: ControlStreams::new(&["http://127.0.0.1:1".to_owned()], None).unwrap(),
-            metrics: MetricRegistry::default(),
+            store: Arc::default(),
+            streams: Streams::new(&["http://127.0.0.1:1".to_owned()], None).unwrap(),
+            metrics: Arc::default(),
         });
         Workers::new(AgentSettings::new("cp", "p"), shared)
     }

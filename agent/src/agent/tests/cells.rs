@@ -103,7 +103,7 @@ fn short_ticks_bring_a_directive_to_every_vm_within_one_poll() {
     // The slow work keeps its cadence: one hand-off per ~100 ms with
     // continuous traffic and one per report window the leader closes
     // (250 ms), not one per short tick.
-    let enqueued = |fleet: &Fleet| fleet.process.borrow().enqueued.values().sum::<usize>();
+    let enqueued = |fleet: &Fleet| fleet.process.borrow().enqueued();
     let before = enqueued(&fleet);
     for step in 3..=52u64 {
         fleet.admit_n(follower, "free", 1);

@@ -56,10 +56,7 @@ impl Fleet {
         let process = FakeProcess::new(CLUSTER);
         let vms = (0..vms)
             .map(|vm| {
-                let host = FakeHost {
-                    vm,
-                    process: Rc::clone(&process),
-                };
+                let host = FakeProcess::host(&process, vm);
                 (host, Agent::new(settings.clone(), 1000 + vm as u64))
             })
             .collect();
