@@ -8,6 +8,7 @@ pub(crate) mod cell;
 pub(crate) mod cell_map;
 pub(crate) mod cell_table;
 pub mod classify;
+pub mod handler;
 pub mod new_cells;
 pub(crate) mod path;
 pub mod record;

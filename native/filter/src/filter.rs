@@ -1,49 +1,20 @@
 //! One configured filter: its agents, its ticker and the request path.
 
-use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
 use sluice_agent::memory::MetricValue;
-use sluice_agent::request::attributes::RequestAttributes;
-use sluice_agent::upstream::status_of;
+use sluice_agent::request::handler::{self, FollowedRequest, HeadersAction, HttpRequest};
 
 use crate::config::NativeConfig;
 use crate::control_stream::Streams;
-use crate::followed::FollowedRequest;
 use crate::native_host::Shared;
 use crate::proxy_name;
 use crate::stats::StatsSink;
 use crate::ticker::Ticker;
 use crate::workers::{Workers, now_ms};
-
-/// Status of a dropped request.
-const REJECT_STATUS: u16 = 429;
-
-/// What the filter needs from the proxy for one request.
-pub trait RequestHost {
-    /// The first value of a request header (`name` in lower case).
-    fn request_header(&self, name: &str) -> Option<&[u8]>;
-    /// The name of the route the request matched, if it has one.
-    fn route_name(&self) -> Option<&[u8]>;
-    /// Adds a request header that goes upstream.
-    fn add_request_header(&mut self, name: &str, value: &[u8]);
-    /// Stores the request's decision record for access logs.
-    fn set_decision_record(&mut self, record: &[u8]);
-    /// Answers the request from the proxy instead of the upstream.
-    fn send_local_reply(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]);
-}
-
-/// Whether Envoy goes on with the request after the headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeadersAction {
-    /// On to the next filter.
-    Continue,
-    /// The filter answered the request.
-    Stop,
-}
 
 /// Why the filter could not start.
 #[derive(Debug, thiserror::Error)]
@@ -109,68 +80,35 @@ impl NativeFilter {
         })
     }
 
-    /// The request headers are complete: classify, count, decide. An
-    /// admitted request picked for the upstream signals is returned in
-    /// `followed`, for [`NativeFilter::on_response_headers`].
+    /// The request headers are complete: this worker's agent ticks if
+    /// its tick is due, then the agent's request handler decides and
+    /// carries the decision out on `request`. An admitted request picked
+    /// for the upstream signals is returned in `followed`, for
+    /// [`NativeFilter::on_response_headers`].
     pub fn on_request_headers(
         &self,
-        host: &mut impl RequestHost,
+        request: &mut impl HttpRequest,
         followed: &mut Option<FollowedRequest>,
     ) -> HeadersAction {
-        let slot = self.workers.local();
-        let decision = {
+        let rejection = {
+            let slot = self.workers.local();
             let mut state = slot.lock();
             if slot.take_tick_due() {
                 state.tick(now_ms());
             }
-            let decision = state
-                .agent
-                .admit_request(&self.request.classifier, &Attributes(&*host));
-            if decision.admits()
-                && let Some(bucket) = state.agent.follow_response()
-            {
-                *followed = Some(FollowedRequest {
-                    bucket,
-                    started: Instant::now(),
-                });
-            }
-            if self.request.decision_record.records(&decision) {
-                host.set_decision_record(state.agent.last_record().as_bytes());
-            }
-            if decision.admits()
-                && decision.source.is_undirected()
-                && let Some(header) = self.request.undirected_header.as_deref()
-            {
-                host.add_request_header(header, decision.source.name().as_bytes());
-            }
-            state.agent.rejection().cloned()
+            handler::decide(&mut state.agent, &self.request, request, followed)
         };
-        match decision {
-            None => HeadersAction::Continue,
-            Some(response) => {
-                let headers: Vec<(&str, &[u8])> = response
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes()))
-                    .collect();
-                host.send_local_reply(REJECT_STATUS, &headers, &response.body);
-                HeadersAction::Stop
-            }
-        }
+        handler::answer(request, rejection)
     }
 
-    /// The response headers of a followed request: its `:status` value and
-    /// the time since its request headers, counted by this worker's agent
-    /// (a stream stays on one worker, so it is the agent that followed it;
-    /// the leader collects every worker's signals for the report).
-    pub fn on_response_headers(&self, followed: FollowedRequest, status: Option<&[u8]>) {
-        let latency_us = followed.latency_us(Instant::now());
-        let status = status_of(status);
+    /// The response headers of a followed request, counted by this
+    /// worker's agent (a stream stays on one worker, so it is the agent
+    /// that followed it; the leader collects every worker's signals for
+    /// the report).
+    pub fn on_response_headers(&self, followed: &FollowedRequest, response: &impl HttpRequest) {
         let slot = self.workers.local();
         let mut state = slot.lock();
-        state
-            .agent
-            .observe_response(&followed.bucket, status, Some(latency_us));
+        handler::observe_response(&mut state.agent, followed, response);
     }
 
     /// A hook panicked for a request, which went on unfiltered: counted in
@@ -195,21 +133,5 @@ impl Drop for NativeFilter {
         // Stop ticking first, then close the agents' streams.
         drop(self.ticker.take());
         self.workers.retire();
-    }
-}
-
-/// The request as the classifier reads it: Envoy's bytes, borrowed for the
-/// hook. What bytes that are not UTF-8 mean is the wasm filter's rule
-/// (`sluice_agent::request::attributes`), so both data planes classify a
-/// request alike.
-struct Attributes<'a, H: RequestHost>(&'a H);
-
-impl<H: RequestHost> RequestAttributes for Attributes<'_, H> {
-    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        self.0.request_header(name).map(Cow::Borrowed)
-    }
-
-    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
-        self.0.route_name().map(Cow::Borrowed)
     }
 }

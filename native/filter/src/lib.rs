@@ -1,7 +1,8 @@
 //! Sluice's HTTP filter for Envoy's dynamic modules, in safe Rust.
 //!
-//! The wasm filter's logic (`sluice-filter`: the agent, its decisions,
-//! directive table, allowance and 429s) runs here unchanged. What changes is
+//! The agent library's logic (`sluice-agent`: the agent, its decisions,
+//! directive table, allowance, 429s and request handler) runs here as in
+//! the wasm filter. What changes is
 //! the host around it: instead of proxy-wasm VMs, Envoy's worker threads call
 //! the module directly, so
 //!
@@ -18,14 +19,14 @@
 //!   their metrics to Envoy's stats ([`stats`]).
 //!
 //! `sluice-envoy-module` turns Envoy's C calls into [`NativeFilter`] calls
-//! with a [`RequestHost`] for the request at hand, and keeps a
-//! [`FollowedRequest`] between a sampled request's headers and its
-//! response's for the upstream signals.
+//! with an [`HttpRequest`] (the agent's request handler's one host trait)
+//! for the request at hand, and keeps a [`FollowedRequest`] between a
+//! sampled request's headers and its response's for the upstream signals.
 
+pub mod clock;
 pub mod config;
 pub mod control_stream;
 pub mod filter;
-pub mod followed;
 pub mod native_host;
 pub mod proxy_name;
 pub mod stats;
@@ -33,7 +34,12 @@ pub mod ticker;
 pub mod workers;
 
 pub use config::{ConfigError, NativeConfig};
-pub use filter::{HeadersAction, NativeFilter, RequestHost};
-pub use followed::FollowedRequest;
-pub use sluice_agent::host::MetricKind;
+pub use filter::NativeFilter;
+pub use native_host::Stderr;
+pub use sluice_agent::host::{HostError, Log, LogLevel, MetricKind};
+pub use sluice_agent::request::attributes::RequestAttributes;
+pub use sluice_agent::request::handler::{
+    FollowedRequest, HeadersAction, HttpRequest, REJECT_STATUS,
+};
+pub use sluice_agent::request::reject::RejectResponse;
 pub use stats::{StatsSink, metric_names};

@@ -231,7 +231,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         "response_headers",
         abi::STATUS_CONTINUE,
         || {
-            native.on_response_headers(followed, request.response_status());
+            native.on_response_headers(&followed, &request);
             abi::STATUS_CONTINUE
         },
         || native.count_hook_panic(),

@@ -1,8 +1,12 @@
-//! One request as the safe filter sees it: [`RequestHost`] over Envoy's
-//! header, filter-state and local-reply callbacks, and the response's
-//! status.
+//! One request as the agent's request handler sees it: [`HttpRequest`]
+//! over Envoy's header, filter-state and local-reply callbacks, the
+//! response's status and the module's monotonic clock.
 
-use sluice_native_filter::RequestHost;
+use std::borrow::Cow;
+
+use sluice_native_filter::{
+    HostError, HttpRequest, Log, LogLevel, REJECT_STATUS, RejectResponse, RequestAttributes, Stderr,
+};
 
 use crate::abi::{self, EnvoyBuffer, EnvoyPtr, ModuleBuffer, ModuleHttpHeader};
 
@@ -31,11 +35,6 @@ impl EnvoyRequest {
 }
 
 impl EnvoyRequest {
-    /// The response's `:status` value, in the response headers hook.
-    pub fn response_status(&self) -> Option<&[u8]> {
-        self.header(abi::HEADER_TYPE_RESPONSE, ":status")
-    }
-
     /// The first value of a header of the map `header_type`.
     fn header(&self, header_type: u32, name: &str) -> Option<&[u8]> {
         let mut value = EnvoyBuffer {
@@ -67,12 +66,13 @@ impl EnvoyRequest {
     }
 }
 
-impl RequestHost for EnvoyRequest {
-    fn request_header(&self, name: &str) -> Option<&[u8]> {
+impl RequestAttributes for EnvoyRequest {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.header(abi::HEADER_TYPE_REQUEST, name)
+            .map(Cow::Borrowed)
     }
 
-    fn route_name(&self) -> Option<&[u8]> {
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
         let mut value = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -92,10 +92,20 @@ impl RequestHost for EnvoyRequest {
         // SAFETY: Envoy returned a view of the route's name, which lives as
         // long as the route configuration, beyond this hook; the slice is
         // tied to `&self`.
-        Some(unsafe { std::slice::from_raw_parts(value.ptr, value.length) })
+        Some(Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(value.ptr, value.length)
+        }))
     }
+}
 
-    fn add_request_header(&mut self, name: &str, value: &[u8]) {
+impl Log for EnvoyRequest {
+    fn log(&self, level: LogLevel, message: &str) {
+        Stderr.log(level, message);
+    }
+}
+
+impl HttpRequest for EnvoyRequest {
+    fn add_request_header(&mut self, name: &str, value: &str) -> Result<(), HostError> {
         // SAFETY: `self.filter` is the live filter of the running hook; both
         // buffers are borrowed for the call and Envoy copies them.
         unsafe {
@@ -103,25 +113,28 @@ impl RequestHost for EnvoyRequest {
                 self.filter,
                 abi::HEADER_TYPE_REQUEST,
                 ModuleBuffer::of(name.as_bytes()),
-                ModuleBuffer::of(value),
+                ModuleBuffer::of(value.as_bytes()),
             );
         }
+        Ok(())
     }
 
-    fn set_decision_record(&mut self, record: &[u8]) {
+    fn set_decision_record(&mut self, record: &str) -> Result<(), HostError> {
         // SAFETY: as for `add_request_header`: live filter, borrowed buffers
         // that Envoy copies.
         unsafe {
             abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
                 self.filter,
                 ModuleBuffer::of(RECORD_KEY),
-                ModuleBuffer::of(record),
+                ModuleBuffer::of(record.as_bytes()),
             );
         }
+        Ok(())
     }
 
-    fn send_local_reply(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) {
-        let headers: Vec<ModuleHttpHeader> = headers
+    fn send_rejection(&mut self, response: &RejectResponse) -> Result<(), HostError> {
+        let headers: Vec<ModuleHttpHeader> = response
+            .headers
             .iter()
             .take(MAX_REPLY_HEADERS)
             .map(|(name, value)| ModuleHttpHeader {
@@ -138,12 +151,22 @@ impl RequestHost for EnvoyRequest {
         unsafe {
             abi::envoy_dynamic_module_callback_http_send_response(
                 self.filter,
-                u32::from(status),
+                u32::from(REJECT_STATUS),
                 headers.as_ptr(),
                 headers.len(),
-                ModuleBuffer::of(body),
+                ModuleBuffer::of(&response.body),
                 ModuleBuffer::of(REPLY_DETAILS),
             );
         }
+        Ok(())
+    }
+
+    fn response_status(&self) -> Option<Cow<'_, [u8]>> {
+        self.header(abi::HEADER_TYPE_RESPONSE, ":status")
+            .map(Cow::Borrowed)
+    }
+
+    fn clock_ns(&self) -> Option<u64> {
+        sluice_native_filter::clock::monotonic_ns()
     }
 }

@@ -1,0 +1,149 @@
+//! One request handler for every host: a request's attributes in, its
+//! effects out. The host implements [`HttpRequest`] over its own calls
+//! (proxy-wasm host calls, the native module's Envoy callbacks, an
+//! in-memory request in tests) and calls [`decide`], then [`answer`]; a
+//! request picked for the upstream signals comes back at its response
+//! through [`observe_response`].
+//!
+//! What a decision leads to, in order: the decision's record when the
+//! configured [`crate::request::record::RecordMode`] asks for it, the
+//! undirected header on an admitted request no fresh directive decided,
+//! the response to follow, and the cell's prepared 429 for a dropped
+//! request. A failing effect costs only that effect: the decision stands,
+//! and a 429 that cannot be sent lets the request pass.
+
+use crate::agent::Agent;
+use crate::config::RequestPolicy;
+use crate::host::{HostError, Log, LogLevel};
+use crate::request::attributes::RequestAttributes;
+use crate::request::reject::RejectResponse;
+use crate::upstream::status_of;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// Status of a dropped request.
+pub const REJECT_STATUS: u16 = 429;
+
+/// What the handler needs of the proxy for one request: its attributes
+/// ([`RequestAttributes`]), the effects of its decision, a clock for a
+/// followed request's latency and the log for an effect that failed.
+pub trait HttpRequest: RequestAttributes + Log {
+    /// Hands the decision's record to the proxy for access logs.
+    fn set_decision_record(&mut self, record: &str) -> Result<(), HostError>;
+    /// Adds a request header that goes upstream.
+    fn add_request_header(&mut self, name: &str, value: &str) -> Result<(), HostError>;
+    /// Answers the request with `response` and [`REJECT_STATUS`] instead
+    /// of the upstream.
+    fn send_rejection(&mut self, response: &RejectResponse) -> Result<(), HostError>;
+    /// The response's `:status` value, in the response headers.
+    fn response_status(&self) -> Option<Cow<'_, [u8]>>;
+    /// Nanoseconds on the host's clock (any origin, one per process);
+    /// `None` when the host cannot tell.
+    fn clock_ns(&self) -> Option<u64>;
+}
+
+/// Whether the proxy goes on with the request after its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadersAction {
+    /// On to the next filter.
+    Continue,
+    /// The filter answered the request.
+    Stop,
+}
+
+/// An admitted request followed to its response for the upstream signals,
+/// held by the host's per-request state between the two hooks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowedRequest {
+    /// The bucket the request was decided in.
+    pub bucket: String,
+    /// When its request headers arrived ([`HttpRequest::clock_ns`]).
+    pub started_ns: Option<u64>,
+}
+
+impl FollowedRequest {
+    /// Microseconds from the request headers to `now_ns`; `None` when
+    /// either reading is missing or the clock went back.
+    pub fn latency_us(&self, now_ns: Option<u64>) -> Option<u64> {
+        let elapsed = now_ns?.checked_sub(self.started_ns?)?;
+        Some(elapsed / 1_000)
+    }
+}
+
+/// The request headers are complete: classify, decide and carry out what
+/// the decision leads to while the agent is at hand (record, header,
+/// follow). Returns the 429 to send, if the request is dropped; the host
+/// lets go of the agent before [`answer`] sends it, since a proxy may run
+/// the response hooks of a local reply at once.
+pub fn decide(
+    agent: &mut Agent,
+    policy: &RequestPolicy,
+    request: &mut impl HttpRequest,
+    followed: &mut Option<FollowedRequest>,
+) -> Option<Arc<RejectResponse>> {
+    let decision = agent.admit_request(&policy.classifier, request);
+    if policy.decision_record.records(&decision)
+        && let Err(err) = request.set_decision_record(agent.last_record())
+    {
+        request.log(
+            LogLevel::Debug,
+            &format!("cannot record the decision: {err}"),
+        );
+    }
+    if decision.admits()
+        && decision.source.is_undirected()
+        && let Some(header) = policy.undirected_header.as_deref()
+        && let Err(err) = request.add_request_header(header, decision.source.name())
+    {
+        request.log(
+            LogLevel::Debug,
+            &format!("cannot flag the request upstream: {err}"),
+        );
+    }
+    if decision.admits()
+        && let Some(bucket) = agent.follow_response()
+    {
+        *followed = Some(FollowedRequest {
+            bucket,
+            started_ns: request.clock_ns(),
+        });
+    }
+    agent.rejection().cloned()
+}
+
+/// Sends the 429 [`decide`] returned, if any: the request stops there,
+/// unless the proxy cannot send it, and then it passes.
+pub fn answer(
+    request: &mut impl HttpRequest,
+    rejection: Option<Arc<RejectResponse>>,
+) -> HeadersAction {
+    let Some(response) = rejection else {
+        return HeadersAction::Continue;
+    };
+    match request.send_rejection(&response) {
+        Ok(()) => HeadersAction::Stop,
+        Err(err) => {
+            request.log(
+                LogLevel::Warn,
+                &format!("cannot send 429, letting the request pass: {err}"),
+            );
+            HeadersAction::Continue
+        }
+    }
+}
+
+/// The response headers of a request [`decide`] followed: its status and
+/// the time since its request headers go into the upstream signals
+/// ([`crate::upstream`]).
+pub fn observe_response(
+    agent: &mut Agent,
+    followed: &FollowedRequest,
+    response: &impl HttpRequest,
+) {
+    let status = status_of(response.response_status().as_deref());
+    let latency_us = followed.latency_us(response.clock_ns());
+    agent.observe_response(&followed.bucket, status, latency_us);
+}
+
+#[cfg(test)]
+mod tests;
