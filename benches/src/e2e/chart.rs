@@ -7,10 +7,9 @@ use std::path::Path;
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
+/// The chart's file name, written next to `BENCHMARKS.md` (which links it).
+pub use super::report::CHART_FILE_NAME as FILE_NAME;
 use super::report::Summary;
-
-/// The chart's file name, written next to `BENCHMARKS.md`.
-pub const FILE_NAME: &str = "benchmarks-cpu-per-request.svg";
 
 const ENVOY: RGBColor = RGBColor(70, 110, 170);
 const SERVICE: RGBColor = RGBColor(220, 130, 50);

@@ -7,6 +7,10 @@ use super::client::LoadOutcome;
 use super::config::Variant;
 use super::measure::Machine;
 
+/// The CPU chart's file name (the chart module's), next to `BENCHMARKS.md`,
+/// which links it.
+pub const CHART_FILE_NAME: &str = "benchmarks-cpu-per-request.svg";
+
 /// One measured run of one variant.
 #[derive(Debug, Clone, Copy)]
 pub struct Run {
@@ -293,7 +297,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
         envoy = m.envoy_version,
         date = m.date,
         command = setup.command,
-        chart = super::chart::FILE_NAME,
+        chart = CHART_FILE_NAME,
     );
     out.push_str(&table(summaries));
     out

@@ -1,8 +1,16 @@
-//! The native module's clock for a followed request's latency: monotonic,
-//! which the native module, unlike a wasm VM, can read.
+//! The native module's clocks: the wall clock the agents tick by, and a
+//! monotonic one for a followed request's latency (which the native
+//! module, unlike a wasm VM, can read).
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// Nanoseconds since the first reading in this process, on a monotonic
 /// clock ([`sluice_agent::request::handler::HttpRequest::clock_ns`]).

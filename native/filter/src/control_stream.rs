@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::clock::now_ms;
 use crate::config::ControlPlaneTls;
-use crate::workers::now_ms;
 
 /// Messages the agent may queue before the stream is up.
 const OUTBOUND_CAPACITY: usize = 64;

@@ -8,13 +8,14 @@ use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
 use sluice_agent::memory::MetricValue;
 use sluice_agent::request::handler::{self, FollowedRequest, HeadersAction, HttpRequest};
 
+use crate::clock::now_ms;
 use crate::config::NativeConfig;
 use crate::control_stream::Streams;
 use crate::native_host::Shared;
 use crate::proxy_name;
 use crate::stats::StatsSink;
 use crate::ticker::Ticker;
-use crate::workers::{Workers, now_ms};
+use crate::workers::Workers;
 
 /// Why the filter could not start.
 #[derive(Debug, thiserror::Error)]

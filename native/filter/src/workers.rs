@@ -14,11 +14,11 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use sluice_agent::agent::Agent;
 use sluice_agent::settings::AgentSettings;
 
+use crate::clock::now_ms;
 use crate::control_stream::StreamEvent;
 use crate::native_host::{NativeHost, Shared, native_host};
 
@@ -104,13 +104,6 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// The slots this thread serves, by configuration.
     static LOCAL: RefCell<Vec<(u64, Arc<WorkerSlot>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn seed() -> u64 {
