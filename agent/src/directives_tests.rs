@@ -1,3 +1,6 @@
+//! The directive table's tests: merging batches, lookups, aggregates, modes
+//! and the 429s rendered per cell.
+
 use super::*;
 use sluice_proto::v1::{Mode, ModePolicy, Reason};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
