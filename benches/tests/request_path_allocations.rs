@@ -20,9 +20,15 @@
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sluice_agent::agent::Agent;
+use sluice_agent::config::FilterConfig;
 use sluice_agent::directives::DirectiveTable;
+use sluice_agent::host::{HostError, Log, LogLevel};
+use sluice_agent::identity::ProxyIdentity;
 use sluice_agent::leader::counters::BucketCounters;
+use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::handler::{self, HeadersAction, HttpRequest};
 use sluice_agent::request::new_cells::NewBucketPolicy;
+use sluice_agent::request::reject::RejectResponse;
 use sluice_agent::settings::AgentSettings;
 use sluice_benches::{bench_settings, bucket_names, table_with};
 use sluice_core::Priority;
@@ -30,6 +36,7 @@ use sluice_core::coin;
 use sluice_core::decision::Outcome;
 use sluice_proto::v1::{Directive, DirectiveBatch, Mode};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::hint::black_box;
 
@@ -259,4 +266,122 @@ fn warm_ticked_agent_does_not_allocate() {
         dropped > REQUESTS / 3 && dropped < REQUESTS * 2 / 3,
         "dropped {dropped}"
     );
+}
+
+/// A request whose effects only count: the handler's own work, as a host
+/// with no-op effects would see it.
+#[derive(Default)]
+struct CountingRequest<'a> {
+    authority: &'a [u8],
+    records: usize,
+    flags: usize,
+    rejections: usize,
+}
+
+impl RequestAttributes for CountingRequest<'_> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        (name == ":authority").then_some(Cow::Borrowed(self.authority))
+    }
+
+    fn route_name(&self) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+}
+
+impl Log for CountingRequest<'_> {
+    fn log(&self, _level: LogLevel, _message: &str) {}
+}
+
+impl HttpRequest for CountingRequest<'_> {
+    fn set_decision_record(&mut self, record: &str) -> Result<(), HostError> {
+        self.records += usize::from(!black_box(record).is_empty());
+        Ok(())
+    }
+
+    fn add_request_header(&mut self, _name: &str, _value: &str) -> Result<(), HostError> {
+        self.flags += 1;
+        Ok(())
+    }
+
+    fn send_rejection(&mut self, response: &RejectResponse) -> Result<(), HostError> {
+        self.rejections += usize::from(!black_box(&response.body).is_empty());
+        Ok(())
+    }
+
+    fn response_status(&self) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+
+    fn clock_ns(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The request handler every host calls, from the request's header to
+/// its effects: classification, decision, the record of each drop and the
+/// 429, for buckets with and without a directive.
+/// Following a response copies its bucket, so none is followed here.
+#[test]
+fn warm_request_handler_does_not_allocate() {
+    let parts = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision": "coin", "allowance": null,
+             "upstream_sample_every": 0}"#,
+    )
+    .unwrap()
+    .into_parts(|| ProxyIdentity::Named("bench".into()), String::new);
+    let names = bucket_names(200);
+    let (limited, _) = names.split_at(names.len() / 2);
+    let agent_settings = parts.agent.clone();
+    let mut agent = Agent::new(parts.agent, 7);
+    agent.load_directives(table_with(limited, 0.5));
+    let policy = parts.request;
+    let mut followed = None;
+    let mut requests: Vec<CountingRequest> = names
+        .iter()
+        .map(|name| CountingRequest {
+            authority: name.as_bytes(),
+            ..CountingRequest::default()
+        })
+        .collect();
+    for request in &mut requests {
+        let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+        handler::answer(request, rejection);
+    }
+
+    let mut stopped = 0usize;
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let request = &mut requests[i % names.len()];
+            let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+            stopped += usize::from(handler::answer(request, rejection) == HeadersAction::Stop);
+        }
+    });
+
+    assert_eq!(allocations, 0, "{REQUESTS} warm requests allocated");
+    assert!(stopped > 0 && stopped < REQUESTS, "stopped {stopped}");
+    let sum = |count: fn(&CountingRequest) -> usize| requests.iter().map(count).sum::<usize>();
+    assert!(sum(|r| r.rejections) > 0);
+    assert!(sum(|r| r.records) >= sum(|r| r.rejections));
+    // Fresh directives: no request is flagged as undirected.
+    assert_eq!(sum(|r| r.flags), 0);
+    assert!(followed.is_none());
+
+    // No directives yet: every request is recorded and flagged upstream.
+    let mut agent = Agent::new(agent_settings, 7);
+    for request in &mut requests {
+        handler::decide(&mut agent, &policy, request, &mut followed);
+    }
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let request = &mut requests[i % names.len()];
+            let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+            black_box(handler::answer(request, rejection));
+        }
+    });
+    assert_eq!(allocations, 0, "{REQUESTS} undirected requests allocated");
+    assert_eq!(sum_flags(&requests), REQUESTS + names.len());
+}
+
+fn sum_flags(requests: &[CountingRequest]) -> usize {
+    requests.iter().map(|r| r.flags).sum()
 }
