@@ -14,8 +14,8 @@ use crate::admin::auth::{AuthPolicy, Token, TokenError};
 use crate::config::live::LiveConfig;
 use crate::config::{Config, ConfigError};
 use crate::fleet::{FleetCaps, ShareCap};
-use crate::serve::state::{AppState, Settings};
 use crate::serve::tls::{GrpcTlsFiles, TlsError};
+use crate::state::{AppState, Settings};
 use crate::trust::{
     Ceilings, Exposure, HelloLimits, IdentityPolicy, IdentityRule, ListenerRefused, PeerLimits,
     Transport, check_listener,

@@ -45,6 +45,7 @@ pub(crate) mod rlqs;
 pub mod serve;
 #[cfg(feature = "simulate")]
 pub(crate) mod simulate;
+pub(crate) mod state;
 pub mod store;
 pub(crate) mod trust;
 pub mod types;
@@ -64,7 +65,7 @@ pub use control::controller::Controller;
 pub use serve::drain::DRAIN_TIMEOUT;
 pub use serve::grpc::GrpcEndpoint;
 pub use serve::rls_listener::{RlsError, RlsListener};
-pub use serve::state::{AppState, Settings};
+pub use state::{AppState, Settings};
 
 /// Why [`run`] returned an error.
 #[derive(Debug, thiserror::Error)]

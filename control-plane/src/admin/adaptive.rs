@@ -13,7 +13,7 @@ use super::problem::Problem;
 use super::{Admin, write};
 use crate::control::adaptive::AdaptiveStatus;
 use crate::control::adaptive::spec::AdaptiveSpec;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/adaptive` reply.
 #[derive(Debug, Serialize)]

@@ -13,7 +13,7 @@ use crate::config::limits::LimitRule;
 use crate::config::overrides::LimitOverride;
 use crate::control::controller::BucketStatus;
 use crate::metrics;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 use crate::types::LimitRps;
 
 /// `GET /healthz` reply.

@@ -31,7 +31,7 @@ use self::auth::AuthPolicy;
 use crate::config::Config;
 use crate::config::live::LiveConfig;
 use crate::quotas::Quotas;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

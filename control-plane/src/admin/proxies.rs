@@ -4,7 +4,7 @@ use axum::extract::State;
 use serde::Serialize;
 
 use crate::fleet::ProxyStatus;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/proxies` reply.
 #[derive(Debug, Serialize)]

@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 use crate::config::persist;
 use crate::config::{Config, ConfigError};
 use crate::replicas::config_store::{SharedConfig, SharedConfigError};
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Why a change could not be persisted; nothing changed.
 #[derive(Debug, thiserror::Error)]

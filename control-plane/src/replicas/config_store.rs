@@ -152,8 +152,8 @@ impl SharedConfig {
     pub async fn lock(&self) -> Result<WriteLock, SharedConfigError> {
         let token = format!(
             "{:016x}{:016x}",
-            crate::serve::state::random_epoch(),
-            crate::serve::state::random_epoch()
+            crate::state::random_epoch(),
+            crate::state::random_epoch()
         );
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         loop {

@@ -16,7 +16,7 @@ use crate::fleet::Fleet;
 use crate::fleet::health::UpstreamHealth;
 use crate::replicas::{Replica, Upstream};
 use crate::serve::push::{Published, Update};
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Ticks until `shutdown` is cancelled; with `replica`, as one of the
 /// replicas sharing its store.

@@ -26,7 +26,7 @@ use crate::quotas::{Quotas, RateLimitGrpc};
 use crate::rlqs::RlqsService;
 use crate::serve::accept;
 use crate::serve::rls_listener::RlsListener;
-use crate::serve::state::{AppState, StreamCloser};
+use crate::state::{AppState, StreamCloser};
 use crate::trust::{
     Ceilings, Claim, HelloLimits, IdentityPolicy, PeerIdentity, PeerLimits, StreamGate, StreamSlot,
     WindowLedger,

@@ -1,6 +1,6 @@
 //! Serving the proxies: the gRPC streams, the fan-out of directive
-//! batches, the shared state, the start-up hold, TLS, the control loop
-//! that ties them together, and the rate limit service's own listener.
+//! batches, the start-up hold, TLS, the control loop that ties them
+//! together, and the rate limit service's own listener.
 
 pub(crate) mod accept;
 pub mod control_loop;
@@ -8,6 +8,5 @@ pub mod drain;
 pub(crate) mod grpc;
 pub(crate) mod push;
 pub mod rls_listener;
-pub(crate) mod state;
 pub(crate) mod tls;
 pub(crate) mod warmup;

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Shared by the streams of one listener.
 #[derive(Debug)]
