@@ -501,7 +501,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let state = AppState::new(settings);
     let shared_config = store
         .as_ref()
-        .map(|store| crate::replicas::config_store::SharedConfig::new(store.clone()));
+        .map(|store| crate::config::shared::SharedConfig::new(store.clone()));
     let replica = match store {
         Some(store) => {
             let url = store.url().to_string();
@@ -624,7 +624,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
 /// The configuration replicas share: the store's if it holds one (the
 /// file is then not read again), else the file's, stored as version 1.
 async fn shared_configuration(
-    shared: &crate::replicas::config_store::SharedConfig,
+    shared: &crate::config::shared::SharedConfig,
     file_config: Config,
     text: &str,
     args: &ServeArgs,

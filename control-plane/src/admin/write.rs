@@ -7,7 +7,7 @@ use super::problem::Problem;
 use crate::config::Config;
 use crate::config::live::PersistError;
 use crate::config::overrides::unix_now;
-use crate::replicas::config_store::SharedConfigError;
+use crate::config::shared::SharedConfigError;
 use crate::types::{validate_bucket, validate_tenant};
 
 impl From<PersistError> for Problem {

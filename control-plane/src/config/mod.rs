@@ -12,6 +12,7 @@ pub mod overrides;
 pub(crate) mod persist;
 pub mod policy;
 pub(crate) mod reload;
+pub(crate) mod shared;
 
 use std::collections::HashMap;
 use std::fmt;

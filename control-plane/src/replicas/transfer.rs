@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 
-use super::config_store::SharedConfig;
 use crate::config::Config;
+use crate::config::shared::SharedConfig;
 use crate::store::{Store, StoreOptions};
 
 /// `sluice config`.
@@ -68,7 +68,7 @@ pub enum TransferError {
     Store(#[from] crate::store::StoreError),
     /// Reading or writing the shared configuration failed.
     #[error("shared configuration: {0}")]
-    Shared(#[from] super::config_store::SharedConfigError),
+    Shared(#[from] crate::config::shared::SharedConfigError),
     /// The store holds no configuration yet.
     #[error("the store holds no configuration yet (a replica seeds it from its file)")]
     Empty,

@@ -16,6 +16,7 @@
 //! ever shown with its password redacted.
 
 pub mod connection;
+pub(crate) mod keys;
 pub mod sentinel;
 pub mod url;
 
@@ -27,6 +28,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
 pub use connection::StoreConnection;
+pub use keys::Keys;
 pub use url::{StoreSetting, StoreUrl, UrlError};
 
 /// Default bound on one store call on a request path.

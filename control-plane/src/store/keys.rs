@@ -23,10 +23,10 @@ pub struct Keys {
     pub leader: String,
     /// The fence counter: incremented by every new lease.
     pub fence: String,
-    /// The leader's directive table ([`super::record`]).
+    /// The leader's directive table ([`crate::replicas::record`]).
     pub directives: String,
     /// The shared configuration: the limits file's YAML
-    /// ([`super::config_store`]).
+    /// ([`crate::config::shared`]).
     pub config: String,
     /// Its version, incremented by every write.
     pub config_version: String,

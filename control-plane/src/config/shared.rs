@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::keys::Keys;
 use crate::store::Store;
+use crate::store::keys::Keys;
 
 /// How long a writer may hold the lock.
 const LOCK_TTL: Duration = Duration::from_secs(5);
