@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{Limit, Node, Unit, Wildcard};
+use super::quota_file::{Limit, Node, Unit, Wildcard};
 use crate::types::{validate_bucket, validate_tenant};
 
 /// The rate limit service domain the section is served under.
