@@ -7,10 +7,12 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::control::adaptive::AdaptiveStatus;
 use crate::control::adaptive::spec::AdaptiveSpec;
 use crate::state::AppState;
@@ -50,7 +52,7 @@ pub async fn get(
         .get(&bucket)
         .cloned()
         .ok_or_else(|| Problem::not_found(format!("bucket {bucket:?} is not adaptive")))?;
-    let tag = etag::adaptive(&config, &bucket);
+    let tag = adaptive_tag(&config, &bucket);
     let status = admin
         .state()
         .adaptive_status()
@@ -77,9 +79,9 @@ pub async fn put(
     let name = bucket.clone();
     let stored = spec.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(etag::adaptive(config, &name).as_ref())?;
+        if_match.check(adaptive_tag(config, &name).as_ref())?;
         config.adaptive.set(stored);
-        Ok(etag::adaptive(config, &name))
+        Ok(adaptive_tag(config, &name))
     })
     .await?;
     tracing::info!(bucket, ?spec, "adaptive spec set");
@@ -99,7 +101,7 @@ pub async fn delete(
 ) -> Result<StatusCode, Problem> {
     let name = bucket.clone();
     write::change(&admin, move |config| {
-        if_match.check(etag::adaptive(config, &name).as_ref())?;
+        if_match.check(adaptive_tag(config, &name).as_ref())?;
         if config.adaptive.remove(&name) {
             Ok(())
         } else {
@@ -129,4 +131,9 @@ fn parse_spec(bucket: &str, mut body: Map<String, Value>) -> Result<AdaptiveSpec
     }
     serde_json::from_value(Value::Object(body))
         .map_err(|err| Problem::unprocessable(err.to_string()))
+}
+
+/// The tag of bucket `bucket`'s adaptive spec, if it is adaptive.
+fn adaptive_tag(config: &Config, bucket: &str) -> Option<ETag> {
+    config.adaptive.get(bucket).map(ETag::of)
 }

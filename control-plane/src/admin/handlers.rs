@@ -5,16 +5,21 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, OPENAPI_JSON, write};
+use super::write;
+use crate::config::Config;
 use crate::config::limits::LimitRule;
 use crate::config::overrides::LimitOverride;
 use crate::control::controller::BucketStatus;
 use crate::metrics;
 use crate::state::AppState;
 use crate::types::LimitRps;
+
+/// The OpenAPI 3 description of this API (`control-plane/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 
 /// `GET /healthz` reply.
 #[derive(Debug, Serialize)]
@@ -126,7 +131,7 @@ pub async fn get_limit(
         .limits
         .exact(&bucket)
         .ok_or_else(|| Problem::not_found(format!("no exact limit for bucket {bucket:?}")))?;
-    let tag = etag::limit(&config, &bucket);
+    let tag = limit_tag(&config, &bucket);
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
         axum::Json(LimitReply { bucket, limit_rps }),
@@ -146,9 +151,9 @@ pub async fn put_limit(
     let limit = body.limit_rps;
     let key = bucket.clone();
     let (previous, tag) = write::change(&admin, move |config| {
-        if_match.check(etag::limit(config, &key).as_ref())?;
+        if_match.check(limit_tag(config, &key).as_ref())?;
         let previous = config.limits.set_exact(key.clone(), limit);
-        Ok((previous, etag::limit(config, &key)))
+        Ok((previous, limit_tag(config, &key)))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %limit, previous = ?previous.map(LimitRps::get), "limit set");
@@ -170,7 +175,7 @@ pub async fn delete_limit(
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     let previous = write::change(&admin, move |config| {
-        if_match.check(etag::limit(config, &key).as_ref())?;
+        if_match.check(limit_tag(config, &key).as_ref())?;
         config
             .limits
             .remove_exact(&key)
@@ -192,4 +197,14 @@ pub async fn method_not_allowed() -> impl IntoResponse {
         StatusCode::METHOD_NOT_ALLOWED,
         "method not allowed for this resource",
     )
+}
+
+/// The tag of bucket `bucket`'s exact limit, if it has one.
+fn limit_tag(config: &Config, bucket: &str) -> Option<ETag> {
+    config.limits.exact(bucket).map(|limit_rps| {
+        ETag::of(&LimitReply {
+            bucket: bucket.to_owned(),
+            limit_rps,
+        })
+    })
 }

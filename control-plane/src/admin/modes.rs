@@ -8,10 +8,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::policy::{Fraction, Mode, Modes};
 
 /// Modes with their entity tag.
@@ -20,7 +22,7 @@ type Reply = (HeaderMap, axum::Json<Modes>);
 /// `GET /v1/modes`, with its `ETag`.
 pub async fn get(State(admin): State<Admin>) -> Reply {
     let config = admin.live().config();
-    (etag::modes(&config).header(), axum::Json(config.modes))
+    (modes_tag(&config).header(), axum::Json(config.modes))
 }
 
 /// `PUT /v1/modes`: replaces the whole rollout state (fields left out take
@@ -159,10 +161,15 @@ async fn modify(
     change: impl FnOnce(&mut Modes) -> Result<(), Problem> + Send + 'static,
 ) -> Result<Reply, Problem> {
     let (modes, tag) = write::change(admin, move |config| {
-        if_match.check(Some(&etag::modes(config)))?;
+        if_match.check(Some(&modes_tag(config)))?;
         change(&mut config.modes)?;
-        Ok((config.modes.clone(), etag::modes(config)))
+        Ok((config.modes.clone(), modes_tag(config)))
     })
     .await?;
     Ok((tag.header(), axum::Json(modes)))
+}
+
+/// The tag of the rollout state (always present).
+fn modes_tag(config: &Config) -> ETag {
+    ETag::of(&config.modes)
 }

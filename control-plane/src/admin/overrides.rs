@@ -9,10 +9,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
 use crate::config::policy::{BurstMultiplier, Weight};
 use crate::types::LimitRps;
@@ -23,7 +25,7 @@ pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Override
     let mut config = admin.live().config();
     config.overrides.remove_expired(unix_now());
     (
-        etag::overrides(&config).header(),
+        overrides_tag(&config).header(),
         axum::Json(config.overrides),
     )
 }
@@ -52,9 +54,9 @@ pub async fn put_limit(
     };
     let key = bucket.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config.overrides.limits.insert(key, over);
-        Ok(etag::overrides(config))
+        Ok(overrides_tag(config))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %over.limit_rps, ttl_s = body.ttl_s.as_secs(), "limit override set");
@@ -69,7 +71,7 @@ pub async fn delete_limit(
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config
             .overrides
             .limits
@@ -120,9 +122,9 @@ pub async fn put_tenant(
     };
     let key = tenant.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config.overrides.tenants.insert(key, over);
-        Ok(etag::overrides(config))
+        Ok(overrides_tag(config))
     })
     .await?;
     tracing::info!(
@@ -142,7 +144,7 @@ pub async fn delete_tenant(
 ) -> Result<StatusCode, Problem> {
     let key = tenant.clone();
     write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config
             .overrides
             .tenants
@@ -153,4 +155,9 @@ pub async fn delete_tenant(
     .await?;
     tracing::info!(tenant, "tenant override removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The tag of the overrides (always present).
+fn overrides_tag(config: &Config) -> ETag {
+    ETag::of(&config.overrides)
 }

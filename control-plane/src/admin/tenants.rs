@@ -6,10 +6,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::overrides::TenantOverride;
 use crate::config::policy::TenantPolicy;
 
@@ -56,7 +58,7 @@ pub async fn get(
         .tenants
         .get(&tenant)
         .ok_or_else(|| Problem::not_found(format!("no tenant {tenant:?} configured")))?;
-    let tag = etag::tenant(&config, &tenant);
+    let tag = tenant_tag(&config, &tenant);
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
         axum::Json(TenantReply { tenant, policy }),
@@ -75,9 +77,9 @@ pub async fn put(
     write::tenant(&tenant)?;
     let name = tenant.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(etag::tenant(config, &name).as_ref())?;
+        if_match.check(tenant_tag(config, &name).as_ref())?;
         config.tenants.insert(name.clone(), policy);
-        Ok(etag::tenant(config, &name))
+        Ok(tenant_tag(config, &name))
     })
     .await?;
     tracing::info!(tenant, ?policy, "tenant set");
@@ -96,7 +98,7 @@ pub async fn delete(
 ) -> Result<StatusCode, Problem> {
     let name = tenant.clone();
     write::change(&admin, move |config| {
-        if_match.check(etag::tenant(config, &name).as_ref())?;
+        if_match.check(tenant_tag(config, &name).as_ref())?;
         if config.tenants.remove(&name) {
             Ok(())
         } else {
@@ -106,4 +108,14 @@ pub async fn delete(
     .await?;
     tracing::info!(tenant, "tenant removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The tag of `tenant`'s configured policy, if it has one.
+fn tenant_tag(config: &Config, tenant: &str) -> Option<ETag> {
+    config.tenants.get(tenant).map(|policy| {
+        ETag::of(&TenantReply {
+            tenant: tenant.to_owned(),
+            policy,
+        })
+    })
 }

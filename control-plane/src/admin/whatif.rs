@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::Admin;
+use super::context::Admin;
 use super::extract::Json;
 use super::problem::Problem;
 use crate::config::Config;

@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 
-use super::Admin;
+use super::context::Admin;
 use super::problem::Problem;
 use crate::config::Config;
 use crate::config::live::PersistError;
