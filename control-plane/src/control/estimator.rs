@@ -27,7 +27,7 @@ use std::collections::HashMap;
 
 use std::fmt::Write as _;
 
-use crate::control::controller::DropPolicy;
+use crate::control::drop_policy::DropPolicy;
 use crate::fleet::BucketLoad;
 use crate::types::LimitRps;
 use sluice_core::{DropRatio, Priority};

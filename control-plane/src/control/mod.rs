@@ -4,6 +4,7 @@
 
 pub(crate) mod adaptive;
 pub(crate) mod controller;
+pub(crate) mod drop_policy;
 pub mod estimator;
 pub mod fairness;
 pub(crate) mod history;

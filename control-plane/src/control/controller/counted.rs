@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sluice_proto::v1::CountedProxy;
 
-use super::CHANGE_THRESHOLD;
+use super::decision::CHANGE_THRESHOLD;
 use crate::fleet::BucketTraffic;
 use crate::types::LimitRps;
 
