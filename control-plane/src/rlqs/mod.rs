@@ -12,10 +12,8 @@
 mod action;
 mod assignment;
 mod bucket_id;
-mod session;
+pub(crate) mod session;
 mod usage;
-
-pub use session::RlqsService;
 
 /// How often Envoy 1.40's `rate_limit_quota` filter reports (fixed there:
 /// a bucket's `reporting_interval` is not used).

@@ -10,3 +10,13 @@ pub(crate) mod push;
 pub mod rls_listener;
 pub(crate) mod tls;
 pub(crate) mod warmup;
+
+use std::time::Duration;
+
+/// HTTP/2 pings on every gRPC listener (the filters' and the rate limit
+/// service's own) detect peers that vanished without closing the
+/// connection: one every this long...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// ... and a connection whose ping is not answered within this long is
+/// closed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
