@@ -35,6 +35,9 @@ pub enum CtlError {
     },
 }
 
+/// Environment variable holding the admin token for `sluice ctl`.
+const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
+
 /// How long one call may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -54,9 +57,7 @@ impl Client {
     pub fn new(url: &str, token_file: Option<&Path>) -> Result<Self, CtlError> {
         let token = match token_file {
             Some(path) => Some(Token::from_file(path)?),
-            None if std::env::var_os(super::TOKEN_ENV).is_some() => {
-                Some(Token::from_env(super::TOKEN_ENV)?)
-            }
+            None if std::env::var_os(TOKEN_ENV).is_some() => Some(Token::from_env(TOKEN_ENV)?),
             None => None,
         };
         let base = url.trim_end_matches('/');

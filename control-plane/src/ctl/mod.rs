@@ -15,9 +15,6 @@ use serde_json::{Value, json};
 use self::client::{Client, CtlError};
 use crate::config::overrides::{OverrideTtl, parse_duration};
 
-/// Environment variable holding the admin token for `sluice ctl`.
-pub const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
-
 /// `sluice ctl`.
 #[derive(Debug, Args)]
 pub struct CtlArgs {

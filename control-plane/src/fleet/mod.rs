@@ -33,7 +33,9 @@ mod load;
 mod share_cap;
 mod status;
 
-pub use load::{BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, ProxyCap, Rates};
+pub use load::{
+    BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, FleetStats, ProxyCap, Rates,
+};
 pub use share_cap::{ShareCap, Weight};
 pub use status::ProxyStatus;
 
@@ -45,35 +47,6 @@ use interner::{CellId, IdMap, Interner, NO_CELL};
 /// reconnected cannot touch the state of its replacement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u64);
-
-/// Cells refused and evicted since the previous tick, and cells tracked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FleetStats {
-    /// Cells tracked after the tick.
-    pub cells: usize,
-    /// Buckets tracked after the tick.
-    pub buckets: usize,
-    /// Report entries refused: bucket or tenant longer than allowed.
-    pub rejected_key_too_long: u64,
-    /// Report entries refused: the proxy already had its maximum of cells
-    /// in the window.
-    pub rejected_proxy_cap: u64,
-    /// Report entries refused: the fleet already tracked its maximum of
-    /// cells.
-    pub rejected_fleet_cap: u64,
-    /// Report entries of unlimited buckets refused: such cells already
-    /// filled their share ([`unlimited_share`]) of a cap, the rest being
-    /// kept for cells with a limit.
-    pub rejected_unlimited_share: u64,
-    /// Cells forgotten because no proxy's rates mentioned them any more.
-    pub evicted_idle: u64,
-    /// (proxy, bucket) claims counted only up to the bucket's cap.
-    pub claims_capped: u64,
-    /// (proxy, bucket) claims ignored as implausible.
-    pub claims_ignored: u64,
-    /// Connected proxies still on probation after the tick.
-    pub proxies_on_probation: usize,
-}
 
 /// How many of `cap` cells unlimited buckets may fill: three quarters; the
 /// last quarter is kept for cells with a limit (as in the filter).

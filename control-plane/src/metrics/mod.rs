@@ -9,6 +9,7 @@
 //! which all streams would share).
 
 mod histogram;
+mod labels;
 mod proxies;
 pub mod quotas;
 mod replicas;
@@ -23,6 +24,7 @@ pub use quotas::QuotaMetrics;
 pub use replicas::ReplicaMetrics;
 pub use upstream::UpstreamMetrics;
 
+use labels::{BucketLabels, F64Gauge, KindLabels, ReasonLabels, TenantLabels};
 use proxies::Proxies;
 use rlqs::RlqsMetrics;
 use staleness::Staleness;
@@ -30,11 +32,9 @@ use trust::TrustMetrics;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -43,7 +43,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::control::controller::BucketStatus;
 use crate::fleet::{FleetStats, ReportRejected, StreamId};
-use crate::trust::Checked;
+use crate::trust::plausibility::Checked;
 
 /// Most (bucket, tenant) series of the per-tenant gauges; tenants beyond
 /// this many (in bucket order) have none, and
@@ -78,34 +78,6 @@ const TICK_BUCKETS: [f64; 18] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
-
-type F64Gauge = Gauge<f64, AtomicU64>;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BucketLabels {
-    bucket: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
-struct TenantLabels {
-    bucket: String,
-    tenant: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct KindLabels {
-    kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ProxyLabels {
-    proxy: String,
-}
 
 /// What a stream handed to its transport.
 #[derive(Debug, Clone, Copy)]
