@@ -12,14 +12,17 @@ imports from them does. Code under `#[cfg(test)]` (test modules, test
 helpers) may import anything and is not read. Comments and string literals
 are not read either, so intra-doc links are not imports.
 
-Usage: check-module-cycles.py [--verbose] [ROOT]   (--verbose: every
-edge inside each loop's files; ROOT: the workspace, by default the
+Usage: check-module-cycles.py [--verbose] [--skip DIR]... [ROOT]
+(--verbose: every edge inside each loop's files; --skip: a loop all of
+whose files lie under DIR, relative to ROOT, is listed but does not fail,
+for code being restructured elsewhere; ROOT: the workspace, by default the
 repository this script is in). Exit status 1 and one line per loop, each
 edge with the file and line that makes it, when there is a loop; 0 otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -594,11 +597,16 @@ def packages(root: str) -> list[str]:
     return out
 
 
-def find_loops(root: str, verbose: bool = False) -> tuple[list[str], int, int]:
+def find_loops(
+    root: str, verbose: bool = False, skip: tuple[str, ...] = ()
+) -> tuple[list[str], list[str], int, int]:
     """Every loop in the workspace at `root`, one printable line each (with
-    `verbose`, each followed by indented lines: the edges inside it), with
-    how many targets and files were read."""
-    lines: list[str] = []
+    `verbose`, each followed by indented lines: the edges inside it): those
+    that count, those lying wholly under one of the `skip` directories
+    (relative to `root`), and how many targets and files were read."""
+    counted: list[str] = []
+    skipped: list[str] = []
+    skip_dirs = [os.path.normpath(os.path.join(root, d)) for d in skip]
     targets = files = 0
     for package_dir in packages(root):
         for name, root_file in crate_targets(package_dir):
@@ -614,27 +622,55 @@ def find_loops(root: str, verbose: bool = False) -> tuple[list[str], int, int]:
                     steps.append(f"{os.path.relpath(a, root)}:{line} ({written})")
                 more = len(component) - (len(loop) - 1)
                 extra = f" [and {more} more files in this loop]" if more > 0 else ""
-                lines.append(f"{name}: " + " -> ".join(steps) + f" -> {os.path.relpath(loop[-1], root)}{extra}")
+                lines = [f"{name}: " + " -> ".join(steps) + f" -> {os.path.relpath(loop[-1], root)}{extra}"]
                 if verbose:
                     for member in component:
                         inside = sorted(t for t in edges[member] if t in component)
                         lines.append(f"    {os.path.relpath(member, root)} -> " + ", ".join(
                             f"{os.path.relpath(t, root)} ({edges[member][t][1]}:{edges[member][t][0]})" for t in inside))
-    return lines, targets, files
+                under_skip = any(
+                    all(_is_under(member, d) for member in component) for d in skip_dirs
+                )
+                (skipped if under_skip else counted).extend(lines)
+    return counted, skipped, targets, files
+
+
+def _is_under(path: str, directory: str) -> bool:
+    return os.path.commonpath([os.path.abspath(path), os.path.abspath(directory)]) == os.path.abspath(directory)
 
 
 def main(argv: list[str]) -> int:
-    verbose = "--verbose" in argv
-    args = [a for a in argv[1:] if a != "--verbose"]
-    root = args[0] if args else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    loops, targets, files = find_loops(root, verbose)
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(argv[0]) if argv else "check-module-cycles.py",
+        description="Fails when files of one crate import each other in a loop.",
+    )
+    parser.add_argument("--verbose", action="store_true", help="every edge inside each loop's files")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="list, but do not fail on, a loop whose files all lie under DIR (relative to ROOT); repeatable",
+    )
+    parser.add_argument("root", nargs="?", help="the workspace (default: this script's repository)")
+    args = parser.parse_args(argv[1:])
+    root = args.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for d in args.skip:
+        if not os.path.isdir(os.path.join(root, d)):
+            print(f"--skip {d}: no such directory under {root}", file=sys.stderr)
+            return 2
+    loops, skipped, targets, files = find_loops(root, args.verbose, tuple(args.skip))
+    for line in skipped:
+        print(f"skipped: {line}" if not line.startswith(" ") else line)
     for line in loops:
         print(line)
     count = sum(1 for line in loops if not line.startswith(" "))
     if count:
         print(f"{count} import loop(s) between files (see CONTRIBUTING.md)")
         return 1
-    print(f"no import loops: {targets} crate targets, {files} files")
+    known = sum(1 for line in skipped if not line.startswith(" "))
+    note = f", {known} loop(s) skipped under {', '.join(args.skip)}" if known else ""
+    print(f"no import loops: {targets} crate targets, {files} files{note}")
     return 0
 
 

@@ -42,7 +42,7 @@ class Workspace:
                 f.write(textwrap.dedent(text))
 
     def loops(self) -> list[str]:
-        lines, _, _ = checker.find_loops(self.root)
+        lines, _, _, _ = checker.find_loops(self.root)
         return lines
 
     def close(self) -> None:
@@ -334,6 +334,48 @@ class CycleTests(unittest.TestCase):
         with contextlib.redirect_stdout(out):
             self.assertEqual(checker.main(["check", self.ws.root]), 1)
         self.assertIn("1 import loop(s)", out.getvalue())
+
+
+    def test_a_skipped_directory_lists_its_loops_but_does_not_fail(self) -> None:
+        looping = {
+            "src/lib.rs": "mod a;\nmod b;\nmod sim;\n",
+            "src/a.rs": "pub struct A;\n",
+            "src/b.rs": "pub struct B;\n",
+            "src/sim/mod.rs": "mod x;\nmod y;\n",
+            "src/sim/x.rs": "use super::y::Y;\npub struct X;\n",
+            "src/sim/y.rs": "use super::x::X;\npub struct Y;\n",
+        }
+        self.ws.crate("c", looping)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(checker.main(["check", "--skip", "c/src/sim", self.ws.root]), 0)
+        self.assertIn("skipped: c lib c: c/src/sim/", out.getvalue())
+        self.assertIn("1 loop(s) skipped under c/src/sim", out.getvalue())
+        # Without --skip the same loop fails.
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(checker.main(["check", self.ws.root]), 1)
+
+    def test_a_loop_reaching_out_of_a_skipped_directory_still_fails(self) -> None:
+        self.ws.crate(
+            "c",
+            {
+                "src/lib.rs": "mod a;\nmod sim;\n",
+                "src/a.rs": "use crate::sim::x::X;\npub struct A;\n",
+                "src/sim/mod.rs": "pub mod x;\n",
+                "src/sim/x.rs": "use crate::a::A;\npub struct X;\n",
+            },
+        )
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(checker.main(["check", "--skip", "c/src/sim", self.ws.root]), 1)
+        self.assertIn("1 import loop(s)", out.getvalue())
+        self.assertNotIn("skipped:", out.getvalue())
+
+    def test_skipping_a_directory_that_does_not_exist_is_an_error(self) -> None:
+        self.ws.crate("c", {"src/lib.rs": ""})
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(checker.main(["check", "--skip", "nowhere", self.ws.root]), 2)
+        self.assertIn("--skip nowhere", err.getvalue())
 
 
 class LexerTests(unittest.TestCase):
