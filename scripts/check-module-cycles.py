@@ -271,6 +271,11 @@ class Parser:
                 if path_attr:
                     self.pending_path = path_attr.group(1)
                 continue
+            if t == "pub" and self.peek(1) == "(":
+                # `pub(crate)`, `pub(in crate::a)`: a visibility, not a path.
+                self.pos += 1
+                self.skip_group()
+                continue
             if t == "mod" and self.peek(1) not in (None, "::") and self._is_item_start():
                 self.module_decl(module, files, child_dir, test=False)
                 continue

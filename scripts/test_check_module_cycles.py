@@ -336,6 +336,15 @@ class CycleTests(unittest.TestCase):
         self.assertIn("1 import loop(s)", out.getvalue())
 
 
+    def test_a_restricted_visibility_is_not_a_path(self) -> None:
+        self.assert_no_loop(
+            {
+                "src/lib.rs": "mod a;\nmod b;\n",
+                "src/a.rs": "use crate::b::f;\npub(crate) fn g() { f() }\n",
+                "src/b.rs": "pub(in crate::a) fn h() {}\npub(crate) fn f() {}\n",
+            }
+        )
+
     def test_a_skipped_directory_lists_its_loops_but_does_not_fail(self) -> None:
         looping = {
             "src/lib.rs": "mod a;\nmod b;\nmod sim;\n",
