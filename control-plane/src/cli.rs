@@ -98,7 +98,7 @@ pub async fn execute(cli: Cli) -> ExitCode {
 }
 
 /// `sluice check-config FILE`: prints `OK` or the error.
-pub fn check_config(file: &Path) -> ExitCode {
+pub(crate) fn check_config(file: &Path) -> ExitCode {
     match Config::from_file(file) {
         Ok(_) => {
             println!("OK");

@@ -19,13 +19,13 @@ use crate::state::AppState;
 
 /// `GET /v1/adaptive` reply.
 #[derive(Debug, Serialize)]
-pub struct AdaptiveReply {
+pub(crate) struct AdaptiveReply {
     /// Per adaptive bucket, by bucket.
     pub buckets: Vec<AdaptiveStatus>,
 }
 
 /// `GET /v1/adaptive`.
-pub async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
+pub(crate) async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
     axum::Json(AdaptiveReply {
         buckets: state.adaptive_status(),
     })
@@ -33,7 +33,7 @@ pub async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
 
 /// `GET /v1/adaptive/{bucket}` reply.
 #[derive(Debug, Serialize)]
-pub struct AdaptiveBucketReply {
+pub(crate) struct AdaptiveBucketReply {
     /// The spec as the limits file holds it (defaults filled in).
     pub spec: AdaptiveSpec,
     /// Where its limit stands; `null` until a control interval ran with it.
@@ -42,7 +42,7 @@ pub struct AdaptiveBucketReply {
 
 /// `GET /v1/adaptive/{bucket}`: the bucket's spec and status (404 if it
 /// is not adaptive), with the spec's `ETag`.
-pub async fn get(
+pub(crate) async fn get(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<AdaptiveBucketReply>), Problem> {
@@ -68,7 +68,7 @@ pub async fn get(
 /// spec. The body holds the fields of a limits-file entry (`bucket` may be
 /// left out; fields left out take their defaults) and is validated like
 /// the file. With `If-Match`, only if the spec's entity tag matches.
-pub async fn put(
+pub(crate) async fn put(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -94,7 +94,7 @@ pub async fn put(
 /// `DELETE /v1/adaptive/{bucket}`: the bucket's limit is its configured one
 /// again from the next control interval. With `If-Match`, only if the
 /// spec's entity tag matches.
-pub async fn delete(
+pub(crate) async fn delete(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,

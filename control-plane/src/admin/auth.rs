@@ -121,7 +121,7 @@ const METRICS: &str = "/metrics";
 /// Middleware: answers 401 (no or malformed credentials) or 403 (wrong
 /// token, or without a token a host that is not loopback) before the
 /// handler runs, so a refused request never reads its body.
-pub async fn require_token(
+pub(crate) async fn require_token(
     State(policy): State<Arc<AuthPolicy>>,
     request: Request,
     next: Next,

@@ -20,7 +20,7 @@ use super::problem::Problem;
 
 /// A strong entity tag, quoted as it goes on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ETag(String);
+pub(crate) struct ETag(String);
 
 impl ETag {
     /// The tag of `value`'s JSON representation.
@@ -58,7 +58,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// resource's current tag is one of those listed (`*`: if it exists).
 /// Without the header every write goes ahead, as before.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IfMatch(Option<Condition>);
+pub(crate) struct IfMatch(Option<Condition>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Condition {

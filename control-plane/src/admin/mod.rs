@@ -30,7 +30,7 @@ pub use handlers::{BucketsReply, LimitReply, LimitsReply, OPENAPI_JSON, PutLimit
 use crate::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The admin API over `state` without authentication or persistence.
 pub fn router(state: AppState) -> Router {

@@ -21,7 +21,7 @@ use crate::types::LimitRps;
 
 /// `GET /v1/overrides`: those in force (expired ones are removed within a
 /// second or so of their deadline).
-pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Overrides>) {
+pub(crate) async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Overrides>) {
     let mut config = admin.live().config();
     config.overrides.remove_expired(unix_now());
     (
@@ -33,7 +33,7 @@ pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Override
 /// `PUT /v1/overrides/limits/{bucket}` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutLimitOverride {
+pub(crate) struct PutLimitOverride {
     /// The limit while the override lasts.
     pub limit_rps: LimitRps,
     /// How long it lasts, in seconds (at most 30 days).
@@ -41,7 +41,7 @@ pub struct PutLimitOverride {
 }
 
 /// `PUT /v1/overrides/limits/{bucket}`.
-pub async fn put_limit(
+pub(crate) async fn put_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -64,7 +64,7 @@ pub async fn put_limit(
 }
 
 /// `DELETE /v1/overrides/limits/{bucket}`: the base limit applies at once.
-pub async fn delete_limit(
+pub(crate) async fn delete_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -87,7 +87,7 @@ pub async fn delete_limit(
 /// `PUT /v1/overrides/tenants/{tenant}` body: at least one value.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutTenantOverride {
+pub(crate) struct PutTenantOverride {
     /// Weight while the override lasts.
     #[serde(default)]
     pub weight: Option<Weight>,
@@ -102,7 +102,7 @@ pub struct PutTenantOverride {
 }
 
 /// `PUT /v1/overrides/tenants/{tenant}`.
-pub async fn put_tenant(
+pub(crate) async fn put_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
@@ -137,7 +137,7 @@ pub async fn put_tenant(
 }
 
 /// `DELETE /v1/overrides/tenants/{tenant}`: the base values apply at once.
-pub async fn delete_tenant(
+pub(crate) async fn delete_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,

@@ -17,7 +17,7 @@ use crate::config::policy::TenantPolicy;
 
 /// `GET /v1/tenants` reply.
 #[derive(Debug, Serialize)]
-pub struct TenantsReply {
+pub(crate) struct TenantsReply {
     /// Policies in force (overrides included) by tenant; the `default`
     /// entry applies to tenants not listed.
     pub tenants: BTreeMap<String, TenantPolicy>,
@@ -26,7 +26,7 @@ pub struct TenantsReply {
 }
 
 /// `GET /v1/tenants`.
-pub async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
+pub(crate) async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
     let overrides = admin.live().config().overrides.tenants;
     let policy = admin.state().policy();
     let tenants = policy
@@ -39,7 +39,7 @@ pub async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
 
 /// `PUT /v1/tenants/{tenant}` and `GET /v1/tenants/{tenant}` reply.
 #[derive(Debug, Serialize)]
-pub struct TenantReply {
+pub(crate) struct TenantReply {
     /// The tenant.
     pub tenant: String,
     /// Its base policy now.
@@ -49,7 +49,7 @@ pub struct TenantReply {
 
 /// `GET /v1/tenants/{tenant}`: the tenant's own policy (404 if it has
 /// none and follows `default`), with its `ETag`.
-pub async fn get(
+pub(crate) async fn get(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<TenantReply>), Problem> {
@@ -68,7 +68,7 @@ pub async fn get(
 /// `PUT /v1/tenants/{tenant}`: sets the tenant's whole policy (fields left
 /// out take their defaults: weight 1, burst 1, floor 0). With `If-Match`,
 /// only if the tenant's entity tag matches.
-pub async fn put(
+pub(crate) async fn put(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
@@ -91,7 +91,7 @@ pub async fn put(
 
 /// `DELETE /v1/tenants/{tenant}`: the tenant falls back to `default`.
 /// With `If-Match`, only if the tenant's entity tag matches.
-pub async fn delete(
+pub(crate) async fn delete(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,

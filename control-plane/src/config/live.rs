@@ -511,7 +511,7 @@ impl Inner {
 
 /// Every `every`, until `shutdown`: adopt a newer shared configuration and
 /// drop expired overrides. A store outage is logged once, not every time.
-pub async fn follow_store(
+pub(crate) async fn follow_store(
     live: std::sync::Arc<LiveConfig>,
     every: std::time::Duration,
     shutdown: tokio_util::sync::CancellationToken,

@@ -80,7 +80,7 @@ fn tenants_empty(tenants: &Tenants) -> bool {
 }
 
 /// First lines of a limits file written by the control plane.
-pub const WRITTEN_HEADER: &str = "\
+pub(crate) const WRITTEN_HEADER: &str = "\
 # Sluice limits file. The control plane rewrites it when its admin API
 # changes something, so comments and formatting are not preserved; edits
 # made by hand are picked up within seconds.

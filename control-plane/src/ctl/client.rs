@@ -15,7 +15,7 @@ use crate::admin::auth::{Token, TokenError};
 
 /// Why a `sluice ctl` command failed.
 #[derive(Debug, thiserror::Error)]
-pub enum CtlError {
+pub(crate) enum CtlError {
     /// Bad arguments.
     #[error("{0}")]
     Usage(String),
@@ -43,7 +43,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Admin API client.
 #[derive(Debug)]
-pub struct Client {
+pub(crate) struct Client {
     base: String,
     token: Option<Token>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
@@ -206,7 +206,7 @@ impl Client {
 /// Percent-encodes one path segment: everything but letters, digits, `-`,
 /// `_` and `~` (a bucket key may contain `/`, and one named `.` or `..`
 /// must not read as a step up the path).
-pub fn segment(text: &str) -> String {
+pub(crate) fn segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-_~".contains(&byte) {

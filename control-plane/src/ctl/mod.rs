@@ -295,7 +295,7 @@ pub enum OverrideKind {
 }
 
 /// Runs `sluice ctl`; exit code 1 on any error.
-pub async fn execute(args: CtlArgs) -> ExitCode {
+pub(crate) async fn execute(args: CtlArgs) -> ExitCode {
     match run(&args).await {
         Ok(text) => {
             print!("{text}");

@@ -50,7 +50,7 @@ pub struct StreamId(pub u64);
 
 /// How many of `cap` cells unlimited buckets may fill: three quarters; the
 /// last quarter is kept for cells with a limit (as in the filter).
-pub fn unlimited_share(cap: usize) -> usize {
+pub(crate) fn unlimited_share(cap: usize) -> usize {
     cap.saturating_sub(cap.div_ceil(4))
         .max(usize::from(cap >= 2))
 }
@@ -284,7 +284,7 @@ pub struct Fleet {
 
 /// Reports a holder must send after a newcomer's Hello before the two are
 /// a conflict: one may have been on its way when its process froze.
-pub const CONFLICT_HOLDER_REPORTS: u64 = 2;
+pub(crate) const CONFLICT_HOLDER_REPORTS: u64 = 2;
 
 /// Settles the unconfirmed conflicts of one proxy id's instances: confirmed
 /// ones go to `conflicts`; those whose holder has no live stream any more

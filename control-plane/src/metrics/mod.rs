@@ -48,13 +48,13 @@ use crate::trust::plausibility::Checked;
 /// Most (bucket, tenant) series of the per-tenant gauges; tenants beyond
 /// this many (in bucket order) have none, and
 /// `tenant_series_omitted` says how many were left out.
-pub const MAX_TENANT_SERIES: usize = 1_000;
+pub(crate) const MAX_TENANT_SERIES: usize = 1_000;
 
 /// Most buckets with per-bucket series: limited buckets first, then the
 /// busiest unlimited ones. A flood of one-off bucket keys would otherwise
 /// add four series per key to every scrape; `bucket_series_omitted` says
 /// how many were left out.
-pub const MAX_BUCKET_SERIES: usize = 2_000;
+pub(crate) const MAX_BUCKET_SERIES: usize = 2_000;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output. Prometheus negotiates
 /// OpenMetrics by default, and it is what prometheus-client's encoder writes.

@@ -118,7 +118,7 @@ impl ReplicaOptions {
 }
 
 /// Default [`ReplicaOptions::store_grace`].
-pub const DEFAULT_STORE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STORE_GRACE: Duration = Duration::from_secs(10);
 
 /// The last share read from another replica.
 #[derive(Debug)]

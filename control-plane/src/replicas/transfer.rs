@@ -59,7 +59,7 @@ pub enum ConfigCommand {
 
 /// Why an export or import failed.
 #[derive(Debug, thiserror::Error)]
-pub enum TransferError {
+pub(crate) enum TransferError {
     /// `--store` is missing.
     #[error("--store is required")]
     NoStore,
@@ -89,7 +89,7 @@ pub enum TransferError {
 }
 
 /// Runs `sluice config …`; returns what to print on success.
-pub async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
+pub(crate) async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
     let url = args.store.as_deref().ok_or(TransferError::NoStore)?;
     let options = StoreOptions::from_args(
         url,

@@ -18,7 +18,7 @@ use sluice_core::Priority;
 
 /// The cell a bucket id stands for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CellOfBucket {
+pub(crate) struct CellOfBucket {
     /// Bucket key.
     pub bucket: String,
     /// Tenant; empty when the id names none.
@@ -29,7 +29,7 @@ pub struct CellOfBucket {
 
 /// Maps a bucket id's map to its cell; `None` when it names no bucket at
 /// all (an empty map).
-pub fn cell_of(id: &HashMap<String, String>) -> Option<CellOfBucket> {
+pub(crate) fn cell_of(id: &HashMap<String, String>) -> Option<CellOfBucket> {
     let mut rest: Vec<(&String, &String)> = id
         .iter()
         .filter(|(key, _)| !matches!(key.as_str(), "bucket" | "tenant" | "priority"))

@@ -38,7 +38,7 @@ const IDLE_REPORTS_BEFORE_ABANDON: u32 = 3;
 
 /// The RLQS gRPC service.
 #[derive(Debug, Clone)]
-pub struct RlqsService {
+pub(crate) struct RlqsService {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,

@@ -630,7 +630,7 @@ fn local_addr(
 /// Writes `{"grpc": "...", "admin": "..."}` (and `"rls": "..."` when the
 /// rate limit service has a listener of its own) atomically: readers poll
 /// for the file and must never see it half written.
-pub async fn write_ready_file(
+pub(crate) async fn write_ready_file(
     path: &Path,
     grpc: SocketAddr,
     admin: SocketAddr,
@@ -652,7 +652,7 @@ pub async fn write_ready_file(
 /// Completes on the first SIGINT or SIGTERM. The handlers are installed when
 /// this is called, not when the future is first polled.
 #[cfg(unix)]
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+pub(crate) fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
 
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -667,7 +667,7 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
 
 /// Completes on Ctrl-C.
 #[cfg(not(unix))]
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+pub(crate) fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     Ok(async {
         if let Err(err) = tokio::signal::ctrl_c().await {
             tracing::error!(%err, "cannot listen for Ctrl-C");

@@ -142,7 +142,7 @@ fn handed_off() -> Status {
 
 /// The service implementation.
 #[derive(Debug, Clone)]
-pub struct DirectiveGrpc {
+pub(crate) struct DirectiveGrpc {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,

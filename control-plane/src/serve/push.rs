@@ -22,7 +22,7 @@ use crate::control::controller::{RetiredCell, is_lift};
 use crate::types::DirectiveTtl;
 
 /// Longest time between two batches while the control plane runs.
-pub const MAX_HEARTBEAT: Duration = Duration::from_secs(1);
+pub(crate) const MAX_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How many deltas a stream may fall behind before it is resynchronised
 /// with a snapshot instead.

@@ -9,7 +9,7 @@
 //! store instead of misreading it.
 
 /// The layout this build writes and reads.
-pub const FORMAT: &str = "1";
+pub(crate) const FORMAT: &str = "1";
 
 /// Key names.
 #[derive(Debug, Clone)]

@@ -85,7 +85,7 @@ struct Pushed {
 /// rate at the last push times `limit / offered_rps`: an offered rate that
 /// grew by more than this fraction since is pushed again, so the caps follow
 /// a load climbing towards the limit instead of binding below it.
-pub const OFFERED_GROWTH: f64 = 0.1;
+pub(crate) const OFFERED_GROWTH: f64 = 0.1;
 
 impl Pushed {
     fn differs_from(&self, next: &Self) -> bool {
