@@ -529,7 +529,7 @@ impl Metrics {
     }
 
     /// A proxy stream was refused (`reason`: see
-    /// [`crate::trust::HelloRefusal::reason`]; `streams_per_connection`,
+    /// [`crate::trust::hello::HelloRefusal::reason`]; `streams_per_connection`,
     /// `connections_per_identity`).
     pub fn stream_refused(&self, reason: &'static str) {
         self.trust.stream_refused(reason);
@@ -551,7 +551,7 @@ impl Metrics {
     }
 
     /// A Hello was refused for its identity (`reason`: see
-    /// [`crate::trust::Refusal::as_str`], or `no_client_certificate`).
+    /// [`crate::trust::identity::Refusal::as_str`], or `no_client_certificate`).
     pub fn identity_refused(&self, reason: &'static str) {
         self.trust.identity_refused(reason);
     }

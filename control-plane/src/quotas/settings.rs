@@ -73,7 +73,7 @@ impl Default for ResponseHeaders {
     }
 }
 
-/// How [`Quotas`] counts and answers.
+/// How [`Quotas`](super::engine::Quotas) counts and answers.
 #[derive(Debug, Clone)]
 pub struct QuotaSettings {
     /// The algorithm of every quota (fixed windows unless chosen).

@@ -9,7 +9,7 @@
 
 mod gate;
 pub(crate) mod hello;
-mod identity;
+pub(crate) mod identity;
 mod listener;
 mod peers;
 pub(crate) mod plausibility;
