@@ -15,8 +15,9 @@
 //! limit service for exact quotas ([`quotas`]); `trust` bounds what one
 //! proxy can claim.
 //!
-//! The modules, by job: [`config`] (the limits file and the configuration
-//! in force), [`control`] (deciding), [`serve`] (streams, fan-out, the
+//! The modules, by job: `state` (the shared state), [`config`] (the limits
+//! file, the quota files' schema and the configuration in force),
+//! [`control`] (deciding), [`serve`] (`sluice serve`, streams, fan-out, the
 //! control loop), [`fleet`] (aggregation), [`replicas`] and [`store`]
 //! (running as several processes), [`admin`], [`metrics`], [`cli`],
 //! `ctl` and `simulate` (tools).
