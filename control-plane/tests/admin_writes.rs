@@ -20,7 +20,9 @@ use sluice_control_plane::admin::auth::{AuthPolicy, Token};
 use sluice_control_plane::config::live::LiveConfig;
 use sluice_control_plane::config::policy::Mode;
 use sluice_control_plane::types::LimitRps;
-use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router};
+use sluice_control_plane::{
+    Admin, AppState, Config, Listeners, RunOptions, Settings, admin_router,
+};
 use tower::ServiceExt;
 
 const LIMITS: &str = "\
@@ -1302,11 +1304,10 @@ async fn a_new_grpc_stream_gets_its_first_batch_during_a_write_on_a_slow_disk() 
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(sluice_control_plane::run_with(
-        grpc,
-        admin,
-        Admin::new(Arc::clone(&live), AuthPolicy::default()),
-        std::time::Duration::from_millis(200),
+    let server = tokio::spawn(sluice_control_plane::run(
+        Listeners::new(grpc, admin),
+        RunOptions::new(Admin::new(Arc::clone(&live), AuthPolicy::default()))
+            .reload_poll(std::time::Duration::from_millis(200)),
         async {
             let _ = stopped.await;
         },

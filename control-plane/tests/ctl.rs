@@ -16,7 +16,9 @@ use serde_json::Value;
 use sluice_control_plane::admin::auth::{AuthPolicy, Token};
 use sluice_control_plane::config::live::LiveConfig;
 use sluice_control_plane::config::policy::Mode;
-use sluice_control_plane::{Admin, AppState, Config, RunError, Settings, run_with};
+use sluice_control_plane::{
+    Admin, AppState, Config, Listeners, RunError, RunOptions, Settings, run,
+};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -52,11 +54,10 @@ impl Server {
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = admin.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_with(
-            grpc,
-            admin,
-            Admin::new(Arc::new(live), auth),
-            Duration::from_millis(200),
+        let task = tokio::spawn(run(
+            Listeners::new(grpc, admin),
+            RunOptions::new(Admin::new(Arc::new(live), auth))
+                .reload_poll(Duration::from_millis(200)),
             async {
                 let _ = stopped.await;
             },

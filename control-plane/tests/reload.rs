@@ -19,7 +19,9 @@ use sluice_control_plane::admin::auth::AuthPolicy;
 use sluice_control_plane::config::ConfigError;
 use sluice_control_plane::config::live::{LiveConfig, Reload};
 use sluice_control_plane::config::overrides::unix_now;
-use sluice_control_plane::{Admin, AppState, Config, Settings, admin_router, run_with};
+use sluice_control_plane::{
+    Admin, AppState, Config, Listeners, RunOptions, Settings, admin_router, run,
+};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
@@ -129,11 +131,10 @@ async fn a_running_control_plane_picks_up_an_edit() {
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_addr = admin.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run_with(
-        grpc,
-        admin,
-        Admin::new(Arc::clone(&live), AuthPolicy::default()),
-        Duration::from_millis(100),
+    let server = tokio::spawn(run(
+        Listeners::new(grpc, admin),
+        RunOptions::new(Admin::new(Arc::clone(&live), AuthPolicy::default()))
+            .reload_poll(Duration::from_millis(100)),
         async {
             let _ = stopped.await;
         },

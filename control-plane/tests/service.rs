@@ -15,7 +15,7 @@ use serde_json::Value;
 use sluice_control_plane::config::policy::Fraction;
 use sluice_control_plane::fleet::FleetCaps;
 use sluice_control_plane::types::ControlInterval;
-use sluice_control_plane::{AppState, Config, RunError, Settings, run};
+use sluice_control_plane::{AppState, Config, Listeners, RunError, RunOptions, Settings, run};
 use sluice_core::Priority;
 use sluice_integration_tests::prometheus::Exposition;
 use sluice_proto::v1::directive_service_client::DirectiveServiceClient;
@@ -66,7 +66,8 @@ impl ControlPlane {
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(grpc, admin, state.clone(), async {
+        let options = RunOptions::in_memory(state.clone());
+        let task = tokio::spawn(run(Listeners::new(grpc, admin), options, async {
             let _ = stopped.await;
         }));
         Self {

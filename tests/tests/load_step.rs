@@ -19,8 +19,7 @@
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate};
 
 const LIMITS: &str = r#"
@@ -38,52 +37,30 @@ struct Outcome {
     first_second_rps: f64,
     settled_rps: f64,
     report: String,
-    // Kept until the assertions, so their logs can be printed on failure.
-    envoys: Vec<Envoy>,
-    control_plane: ControlPlane,
-    _dir: tempfile::TempDir,
+    // Kept until the assertions, so its logs can be printed on failure.
+    fleet: Fleet,
 }
 
 impl Outcome {
     fn print_logs(&self) {
-        self.control_plane.print_log();
-        for envoy in &self.envoys {
-            envoy.print_log();
-        }
+        self.fleet.print_logs();
     }
 }
 
 async fn run_step(filter_patch: Json, workers: u32) -> Outcome {
-    let dir = tempfile::Builder::new()
-        .prefix("sluice-it-")
-        .tempdir()
-        .unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
-    let mut envoys = Vec::new();
-    for (letter, file) in [("a", "demo-a.yaml"), ("b", "demo-b.yaml")] {
-        let mut config = envoy::load_repo_config(file).unwrap();
-        let mut patch = json!({
-            "proxy_id": format!("step-{letter}"),
-            "report_interval_ms": 100,
-        });
-        if let (Some(patch), Some(extra)) = (patch.as_object_mut(), filter_patch.as_object()) {
-            patch.extend(extra.clone());
-        }
-        let rewrite = Rewrite::for_test(control_plane.grpc_addr(), patch).unwrap();
-        envoy::rewrite(&mut config, &rewrite).unwrap();
-        let mut options = EnvoyOptions::new(&format!("envoy-{letter}"), dir.path());
-        // Several workers: a step connection may land on a VM that meets the
-        // cell only with the step. Each VM caps the cell at its share of the
-        // process's budget from the last directive (docs/accuracy.md,
-        // "Several workers per Envoy"), so where the step lands does not
-        // matter.
-        options.concurrency = workers;
-        envoys.push(Envoy::start(&config, &options).await.unwrap());
-    }
-    let urls: Vec<String> = envoys.iter().map(Envoy::base_url).collect();
+    // Two Envoys (demo-a.yaml, demo-b.yaml), 200 ms control interval,
+    // 100 ms reports.
+    let mut options = FleetOptions::new(LIMITS, 2);
+    options.proxy_ids = vec!["step-a".to_owned(), "step-b".to_owned()];
+    options.filter = filter_patch.clone();
+    // Several workers: a step connection may land on a VM that meets the
+    // cell only with the step. Each VM caps the cell at its share of the
+    // process's budget from the last directive (docs/accuracy.md,
+    // "Several workers per Envoy"), so where the step lands does not
+    // matter.
+    options.concurrency = workers;
+    let fleet = Fleet::start(options).await.unwrap();
+    let urls: Vec<String> = (0..2).map(|i| fleet.url(i).unwrap()).collect();
 
     // 100 rps throughout (75 / 25), then 500 rps more (375 / 125).
     let total = Duration::from_secs(BEFORE_S + AFTER_S);
@@ -131,9 +108,7 @@ async fn run_step(filter_patch: Json, workers: u32) -> Outcome {
             base_result.timeline(Duration::from_millis(250)),
             step_result.timeline(Duration::from_millis(250))
         ),
-        envoys,
-        control_plane,
-        _dir: dir,
+        fleet,
     }
 }
 

@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 
 /// How long the last-known directives are valid.
@@ -34,27 +34,14 @@ async fn fallback_active(envoy: &Envoy) -> Option<bool> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_on_the_last_directives_then_the_fallback() {
-    let dir = tempfile::tempdir().unwrap();
     let limits = format!(
         "directive_ttl_ms: {}\nlimits:\n  - bucket: acme\n    limit_rps: 200\n",
         TTL_S * 1000
     );
-    let mut control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(&limits, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    let rewrite = Rewrite::for_test(
-        control_plane.grpc_addr(),
-        json!({
-            "proxy_id": "outage",
-            "report_interval_ms": 100,
-            "fallback": "local_limit",
-        }),
-    )
-    .unwrap();
-    envoy::rewrite(&mut config, &rewrite).unwrap();
-    let mut options = EnvoyOptions::new("envoy", dir.path());
+    // One Envoy (demo-a.yaml), 200 ms control interval, 100 ms reports.
+    let mut options = FleetOptions::new(&limits, 1);
+    options.proxy_ids = vec!["outage".to_owned()];
+    options.filter = json!({ "fallback": "local_limit" });
     // One worker. With two, the load moves between them as the client's
     // connections change and each caps the cell at its current share of
     // the process's budget: 190.3 rps over a minute-long outage in one run,
@@ -62,7 +49,9 @@ async fn an_outage_on_the_last_directives_then_the_fallback() {
     // caps frozen per worker; outside this test's ±10 % band
     // (docs/accuracy.md, "Several workers per Envoy").
     options.concurrency = 1;
-    let envoy = Envoy::start(&config, &options).await.unwrap();
+    let mut fleet = Fleet::start(options).await.unwrap();
+    let envoy = &fleet.envoys[0];
+    let control_plane = &mut fleet.control_plane;
 
     // An upper bound: the load stops after the fallback's 8 s below.
     let duration = Duration::from_secs(TTL_S + 14);
@@ -89,11 +78,11 @@ async fn an_outage_on_the_last_directives_then_the_fallback() {
     // Just before the TTL: still on the last directives, not in fallback.
     tokio::time::sleep((killed_at + Duration::from_secs(HELD_S)).saturating_sub(load.elapsed()))
         .await;
-    let before_ttl = fallback_active(&envoy).await;
+    let before_ttl = fallback_active(envoy).await;
     // Past the TTL: the fallback applies.
     tokio::time::sleep((killed_at + Duration::from_secs(TTL_S + 2)).saturating_sub(load.elapsed()))
         .await;
-    let after_ttl = fallback_active(&envoy).await;
+    let after_ttl = fallback_active(envoy).await;
     let fallback = Window {
         from: killed_at + Duration::from_secs(TTL_S + 2),
         to: (killed_at + Duration::from_secs(TTL_S + 10)).min(duration),

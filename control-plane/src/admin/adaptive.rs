@@ -7,23 +7,25 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::control::adaptive::AdaptiveStatus;
 use crate::control::adaptive::spec::AdaptiveSpec;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/adaptive` reply.
 #[derive(Debug, Serialize)]
-pub struct AdaptiveReply {
+pub(crate) struct AdaptiveReply {
     /// Per adaptive bucket, by bucket.
     pub buckets: Vec<AdaptiveStatus>,
 }
 
 /// `GET /v1/adaptive`.
-pub async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
+pub(crate) async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
     axum::Json(AdaptiveReply {
         buckets: state.adaptive_status(),
     })
@@ -31,7 +33,7 @@ pub async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveReply> {
 
 /// `GET /v1/adaptive/{bucket}` reply.
 #[derive(Debug, Serialize)]
-pub struct AdaptiveBucketReply {
+pub(crate) struct AdaptiveBucketReply {
     /// The spec as the limits file holds it (defaults filled in).
     pub spec: AdaptiveSpec,
     /// Where its limit stands; `null` until a control interval ran with it.
@@ -40,7 +42,7 @@ pub struct AdaptiveBucketReply {
 
 /// `GET /v1/adaptive/{bucket}`: the bucket's spec and status (404 if it
 /// is not adaptive), with the spec's `ETag`.
-pub async fn get(
+pub(crate) async fn get(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<AdaptiveBucketReply>), Problem> {
@@ -50,7 +52,7 @@ pub async fn get(
         .get(&bucket)
         .cloned()
         .ok_or_else(|| Problem::not_found(format!("bucket {bucket:?} is not adaptive")))?;
-    let tag = etag::adaptive(&config, &bucket);
+    let tag = adaptive_tag(&config, &bucket);
     let status = admin
         .state()
         .adaptive_status()
@@ -66,7 +68,7 @@ pub async fn get(
 /// spec. The body holds the fields of a limits-file entry (`bucket` may be
 /// left out; fields left out take their defaults) and is validated like
 /// the file. With `If-Match`, only if the spec's entity tag matches.
-pub async fn put(
+pub(crate) async fn put(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -77,9 +79,9 @@ pub async fn put(
     let name = bucket.clone();
     let stored = spec.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(etag::adaptive(config, &name).as_ref())?;
+        if_match.check(adaptive_tag(config, &name).as_ref())?;
         config.adaptive.set(stored);
-        Ok(etag::adaptive(config, &name))
+        Ok(adaptive_tag(config, &name))
     })
     .await?;
     tracing::info!(bucket, ?spec, "adaptive spec set");
@@ -92,14 +94,14 @@ pub async fn put(
 /// `DELETE /v1/adaptive/{bucket}`: the bucket's limit is its configured one
 /// again from the next control interval. With `If-Match`, only if the
 /// spec's entity tag matches.
-pub async fn delete(
+pub(crate) async fn delete(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let name = bucket.clone();
     write::change(&admin, move |config| {
-        if_match.check(etag::adaptive(config, &name).as_ref())?;
+        if_match.check(adaptive_tag(config, &name).as_ref())?;
         if config.adaptive.remove(&name) {
             Ok(())
         } else {
@@ -129,4 +131,9 @@ fn parse_spec(bucket: &str, mut body: Map<String, Value>) -> Result<AdaptiveSpec
     }
     serde_json::from_value(Value::Object(body))
         .map_err(|err| Problem::unprocessable(err.to_string()))
+}
+
+/// The tag of bucket `bucket`'s adaptive spec, if it is adaptive.
+fn adaptive_tag(config: &Config, bucket: &str) -> Option<ETag> {
+    config.adaptive.get(bucket).map(ETag::of)
 }

@@ -12,13 +12,13 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::Admin;
 use super::problem::Problem;
 
 /// A bearer token. Its `Debug` output never shows it, so it cannot end up
@@ -121,8 +121,11 @@ const METRICS: &str = "/metrics";
 /// Middleware: answers 401 (no or malformed credentials) or 403 (wrong
 /// token, or without a token a host that is not loopback) before the
 /// handler runs, so a refused request never reads its body.
-pub async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Response {
-    let policy = admin.auth();
+pub(crate) async fn require_token(
+    State(policy): State<Arc<AuthPolicy>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(token) = &policy.token else {
         if let Some(host) = foreign_host(&request) {
             tracing::warn!(host, method = %request.method(), path = request.uri().path(), "admin request for a host that is not loopback refused");

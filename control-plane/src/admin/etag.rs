@@ -5,24 +5,22 @@
 //! A tag is a hash of the resource's JSON representation, not a counter:
 //! replicas that hold the same configuration give the same tag without
 //! agreeing on anything, and a write that changes nothing keeps the tag.
-//! Resources: one exact limit (`/v1/limits/{bucket}`), one tenant
-//! (`/v1/tenants/{tenant}`), the rollout state (`/v1/modes`, which the
-//! kill switch and the canary are part of) and the overrides
-//! (`/v1/overrides`).
+//! Resources, each tagged by its own handlers' module: one exact limit
+//! (`/v1/limits/{bucket}`), one tenant (`/v1/tenants/{tenant}`), one
+//! adaptive bucket (`/v1/adaptive/{bucket}`), the rollout state
+//! (`/v1/modes`, which the kill switch and the canary are part of) and the
+//! overrides (`/v1/overrides`).
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde::Serialize;
 
-use super::handlers::LimitReply;
 use super::problem::Problem;
-use super::tenants::TenantReply;
-use crate::config::Config;
 
 /// A strong entity tag, quoted as it goes on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ETag(String);
+pub(crate) struct ETag(String);
 
 impl ETag {
     /// The tag of `value`'s JSON representation.
@@ -56,46 +54,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The tag of bucket `bucket`'s exact limit, if it has one.
-pub fn limit(config: &Config, bucket: &str) -> Option<ETag> {
-    config.limits.exact(bucket).map(|limit_rps| {
-        ETag::of(&LimitReply {
-            bucket: bucket.to_owned(),
-            limit_rps,
-        })
-    })
-}
-
-/// The tag of `tenant`'s configured policy, if it has one.
-pub fn tenant(config: &Config, tenant: &str) -> Option<ETag> {
-    config.tenants.get(tenant).map(|policy| {
-        ETag::of(&TenantReply {
-            tenant: tenant.to_owned(),
-            policy,
-        })
-    })
-}
-
-/// The tag of bucket `bucket`'s adaptive spec, if it is adaptive.
-pub fn adaptive(config: &Config, bucket: &str) -> Option<ETag> {
-    config.adaptive.get(bucket).map(ETag::of)
-}
-
-/// The tag of the rollout state (always present).
-pub fn modes(config: &Config) -> ETag {
-    ETag::of(&config.modes)
-}
-
-/// The tag of the overrides (always present).
-pub fn overrides(config: &Config) -> ETag {
-    ETag::of(&config.overrides)
-}
-
 /// A request's `If-Match` header: the write goes ahead only if the
 /// resource's current tag is one of those listed (`*`: if it exists).
 /// Without the header every write goes ahead, as before.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IfMatch(Option<Condition>);
+pub(crate) struct IfMatch(Option<Condition>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Condition {

@@ -8,7 +8,7 @@ use super::problem::Problem;
 
 /// Like [`axum::Json`], but rejects with [`Problem`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub T);
 
 impl<S, T> FromRequest<S> for Json<T>
 where
@@ -25,7 +25,7 @@ where
 
 /// Like [`axum::extract::Path`], but rejects with [`Problem`].
 #[derive(Debug, Clone)]
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for Path<T>
 where

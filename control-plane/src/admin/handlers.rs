@@ -5,31 +5,36 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, OPENAPI_JSON, write};
+use super::write;
+use crate::config::Config;
 use crate::config::limits::LimitRule;
 use crate::config::overrides::LimitOverride;
 use crate::control::controller::BucketStatus;
 use crate::metrics;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 use crate::types::LimitRps;
+
+/// The OpenAPI 3 description of this API (`control-plane/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 
 /// `GET /healthz` reply.
 #[derive(Debug, Serialize)]
-pub struct Health {
+pub(crate) struct Health {
     /// Always `"ok"`: answering at all is the signal.
     pub status: &'static str,
 }
 
 /// `GET /healthz`.
-pub async fn healthz() -> axum::Json<Health> {
+pub(crate) async fn healthz() -> axum::Json<Health> {
     axum::Json(Health { status: "ok" })
 }
 
 /// `GET /metrics`: the Prometheus exposition (OpenMetrics text).
-pub async fn metrics(State(admin): State<Admin>) -> Result<impl IntoResponse, Problem> {
+pub(crate) async fn metrics(State(admin): State<Admin>) -> Result<impl IntoResponse, Problem> {
     let encoded = admin.state().metrics().encode().and_then(|main| {
         // Two registries, one exposition: a single `# EOF`, at the end.
         let reloads = admin.live().reload_metrics().encode()?;
@@ -48,7 +53,7 @@ pub async fn metrics(State(admin): State<Admin>) -> Result<impl IntoResponse, Pr
 }
 
 /// `GET /v1/openapi.json`: the description of this API.
-pub async fn openapi() -> impl IntoResponse {
+pub(crate) async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON)
 }
 
@@ -64,7 +69,7 @@ pub struct BucketsReply {
 }
 
 /// `GET /v1/buckets`.
-pub async fn buckets(State(state): State<AppState>) -> axum::Json<BucketsReply> {
+pub(crate) async fn buckets(State(state): State<AppState>) -> axum::Json<BucketsReply> {
     axum::Json(BucketsReply {
         epoch: state.epoch(),
         control_interval_ms: state.control_interval().as_millis(),
@@ -87,7 +92,7 @@ pub struct LimitsReply {
 }
 
 /// `GET /v1/limits`.
-pub async fn limits(State(admin): State<Admin>) -> axum::Json<LimitsReply> {
+pub(crate) async fn limits(State(admin): State<Admin>) -> axum::Json<LimitsReply> {
     let overrides = admin.live().config().overrides.limits;
     let policy = admin.state().policy();
     let limits = &policy.limits;
@@ -117,7 +122,7 @@ pub struct LimitReply {
 
 /// `GET /v1/limits/{bucket}`: the bucket's exact limit (404 if it has
 /// none; a pattern's limit belongs to the pattern), with its `ETag`.
-pub async fn get_limit(
+pub(crate) async fn get_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<LimitReply>), Problem> {
@@ -126,7 +131,7 @@ pub async fn get_limit(
         .limits
         .exact(&bucket)
         .ok_or_else(|| Problem::not_found(format!("no exact limit for bucket {bucket:?}")))?;
-    let tag = etag::limit(&config, &bucket);
+    let tag = limit_tag(&config, &bucket);
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
         axum::Json(LimitReply { bucket, limit_rps }),
@@ -136,7 +141,7 @@ pub async fn get_limit(
 /// `PUT /v1/limits/{bucket}`: persisted, and in force from the next control
 /// interval (unless an override for the bucket is in force). With
 /// `If-Match`, only if the limit's entity tag matches.
-pub async fn put_limit(
+pub(crate) async fn put_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -146,9 +151,9 @@ pub async fn put_limit(
     let limit = body.limit_rps;
     let key = bucket.clone();
     let (previous, tag) = write::change(&admin, move |config| {
-        if_match.check(etag::limit(config, &key).as_ref())?;
+        if_match.check(limit_tag(config, &key).as_ref())?;
         let previous = config.limits.set_exact(key.clone(), limit);
-        Ok((previous, etag::limit(config, &key)))
+        Ok((previous, limit_tag(config, &key)))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %limit, previous = ?previous.map(LimitRps::get), "limit set");
@@ -163,14 +168,14 @@ pub async fn put_limit(
 
 /// `DELETE /v1/limits/{bucket}`: only exact limits can be removed. With
 /// `If-Match`, only if the limit's entity tag matches.
-pub async fn delete_limit(
+pub(crate) async fn delete_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     let previous = write::change(&admin, move |config| {
-        if_match.check(etag::limit(config, &key).as_ref())?;
+        if_match.check(limit_tag(config, &key).as_ref())?;
         config
             .limits
             .remove_exact(&key)
@@ -182,14 +187,24 @@ pub async fn delete_limit(
 }
 
 /// Unknown paths.
-pub async fn not_found() -> impl IntoResponse {
+pub(crate) async fn not_found() -> impl IntoResponse {
     Problem::not_found("no such resource")
 }
 
 /// Known paths with an unsupported method.
-pub async fn method_not_allowed() -> impl IntoResponse {
+pub(crate) async fn method_not_allowed() -> impl IntoResponse {
     Problem::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method not allowed for this resource",
     )
+}
+
+/// The tag of bucket `bucket`'s exact limit, if it has one.
+fn limit_tag(config: &Config, bucket: &str) -> Option<ETag> {
+    config.limits.exact(bucket).map(|limit_rps| {
+        ETag::of(&LimitReply {
+            bucket: bucket.to_owned(),
+            limit_rps,
+        })
+    })
 }

@@ -6,6 +6,7 @@
 
 mod adaptive;
 pub mod auth;
+mod context;
 pub(crate) mod etag;
 mod extract;
 mod handlers;
@@ -18,87 +19,18 @@ mod tenants;
 mod whatif;
 mod write;
 
-use std::sync::Arc;
-
-use axum::extract::{DefaultBodyLimit, FromRef};
+use axum::extract::DefaultBodyLimit;
 use axum::handler::Handler;
 use axum::http::Method;
 use axum::{Router, middleware, routing};
 
-pub use handlers::{BucketsReply, LimitReply, LimitsReply, PutLimit};
+pub use context::Admin;
+pub use handlers::{BucketsReply, LimitReply, LimitsReply, OPENAPI_JSON, PutLimit};
 
-use self::auth::AuthPolicy;
-use crate::config::Config;
-use crate::config::live::LiveConfig;
-use crate::quotas::Quotas;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Request bodies are tiny JSON objects; anything larger is refused (413).
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// The OpenAPI 3 description of this API (`control-plane/openapi.json`).
-pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
-
-/// What the admin handlers share; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Admin {
-    live: Arc<LiveConfig>,
-    auth: Arc<AuthPolicy>,
-    quotas: Option<Arc<Quotas>>,
-}
-
-impl Admin {
-    /// An admin API over `live`, guarded by `auth`.
-    pub fn new(live: Arc<LiveConfig>, auth: AuthPolicy) -> Self {
-        Self {
-            live,
-            auth: Arc::new(auth),
-            quotas: None,
-        }
-    }
-
-    /// Also reads the exact quotas' counters (`GET /v1/quotas/{domain}`).
-    #[must_use]
-    pub fn with_quotas(mut self, quotas: Option<Arc<Quotas>>) -> Self {
-        self.quotas = quotas;
-        self
-    }
-
-    /// The exact quotas, when this control plane serves them.
-    pub fn quotas(&self) -> Option<&Quotas> {
-        self.quotas.as_deref()
-    }
-
-    /// An unauthenticated admin API whose changes live in memory only.
-    pub fn in_memory(state: AppState) -> Self {
-        let config = Config::from_policy(&state.policy());
-        Self::new(
-            Arc::new(LiveConfig::in_memory(state, config)),
-            AuthPolicy::default(),
-        )
-    }
-
-    /// The shared control plane state.
-    pub fn state(&self) -> &AppState {
-        self.live.state()
-    }
-
-    /// The configuration in force and its file.
-    pub fn live(&self) -> &Arc<LiveConfig> {
-        &self.live
-    }
-
-    /// Who may do what.
-    pub fn auth(&self) -> &AuthPolicy {
-        &self.auth
-    }
-}
-
-impl FromRef<Admin> for AppState {
-    fn from_ref(admin: &Admin) -> Self {
-        admin.state().clone()
-    }
-}
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The admin API over `state` without authentication or persistence.
 pub fn router(state: AppState) -> Router {
@@ -112,7 +44,7 @@ pub fn admin_router(admin: Admin) -> Router {
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(middleware::from_fn_with_state(
-            admin.clone(),
+            admin.auth_policy(),
             auth::require_token,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

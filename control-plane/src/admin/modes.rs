@@ -8,24 +8,26 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::policy::{Fraction, Mode, Modes};
 
 /// Modes with their entity tag.
 type Reply = (HeaderMap, axum::Json<Modes>);
 
 /// `GET /v1/modes`, with its `ETag`.
-pub async fn get(State(admin): State<Admin>) -> Reply {
+pub(crate) async fn get(State(admin): State<Admin>) -> Reply {
     let config = admin.live().config();
-    (etag::modes(&config).header(), axum::Json(config.modes))
+    (modes_tag(&config).header(), axum::Json(config.modes))
 }
 
 /// `PUT /v1/modes`: replaces the whole rollout state (fields left out take
 /// their defaults: enforce, no per-bucket modes, kill switch off, no canary).
-pub async fn put(
+pub(crate) async fn put(
     State(admin): State<Admin>,
     if_match: IfMatch,
     Json(modes): Json<Modes>,
@@ -46,13 +48,13 @@ pub async fn put(
 /// `PUT /v1/modes/buckets/{bucket}` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutBucketMode {
+pub(crate) struct PutBucketMode {
     /// `shadow` or `enforce`.
     pub mode: Mode,
 }
 
 /// `PUT /v1/modes/buckets/{bucket}`.
-pub async fn put_bucket(
+pub(crate) async fn put_bucket(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -70,7 +72,7 @@ pub async fn put_bucket(
 }
 
 /// `DELETE /v1/modes/buckets/{bucket}`: the bucket follows the default mode.
-pub async fn delete_bucket(
+pub(crate) async fn delete_bucket(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -89,7 +91,7 @@ pub async fn delete_bucket(
 }
 
 /// `PUT /v1/kill-switch` (no body): every proxy shadows every bucket.
-pub async fn kill_switch_on(
+pub(crate) async fn kill_switch_on(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
@@ -99,7 +101,7 @@ pub async fn kill_switch_on(
 }
 
 /// `DELETE /v1/kill-switch`: the configured modes apply again.
-pub async fn kill_switch_off(
+pub(crate) async fn kill_switch_off(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
@@ -119,13 +121,13 @@ async fn set_kill_switch(admin: &Admin, if_match: IfMatch, on: bool) -> Result<R
 /// `PUT /v1/canary` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutCanary {
+pub(crate) struct PutCanary {
     /// Fraction of proxies that enforce, `0 ..= 1`.
     pub canary_fraction: Fraction,
 }
 
 /// `PUT /v1/canary`.
-pub async fn put_canary(
+pub(crate) async fn put_canary(
     State(admin): State<Admin>,
     if_match: IfMatch,
     Json(body): Json<PutCanary>,
@@ -140,7 +142,7 @@ pub async fn put_canary(
 }
 
 /// `DELETE /v1/canary`: every proxy follows the modes.
-pub async fn delete_canary(
+pub(crate) async fn delete_canary(
     State(admin): State<Admin>,
     if_match: IfMatch,
 ) -> Result<Reply, Problem> {
@@ -159,10 +161,15 @@ async fn modify(
     change: impl FnOnce(&mut Modes) -> Result<(), Problem> + Send + 'static,
 ) -> Result<Reply, Problem> {
     let (modes, tag) = write::change(admin, move |config| {
-        if_match.check(Some(&etag::modes(config)))?;
+        if_match.check(Some(&modes_tag(config)))?;
         change(&mut config.modes)?;
-        Ok((config.modes.clone(), etag::modes(config)))
+        Ok((config.modes.clone(), modes_tag(config)))
     })
     .await?;
     Ok((tag.header(), axum::Json(modes)))
+}
+
+/// The tag of the rollout state (always present).
+fn modes_tag(config: &Config) -> ETag {
+    ETag::of(&config.modes)
 }

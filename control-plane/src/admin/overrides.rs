@@ -9,21 +9,23 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
 use crate::config::policy::{BurstMultiplier, Weight};
 use crate::types::LimitRps;
 
 /// `GET /v1/overrides`: those in force (expired ones are removed within a
 /// second or so of their deadline).
-pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Overrides>) {
+pub(crate) async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Overrides>) {
     let mut config = admin.live().config();
     config.overrides.remove_expired(unix_now());
     (
-        etag::overrides(&config).header(),
+        overrides_tag(&config).header(),
         axum::Json(config.overrides),
     )
 }
@@ -31,7 +33,7 @@ pub async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<Override
 /// `PUT /v1/overrides/limits/{bucket}` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutLimitOverride {
+pub(crate) struct PutLimitOverride {
     /// The limit while the override lasts.
     pub limit_rps: LimitRps,
     /// How long it lasts, in seconds (at most 30 days).
@@ -39,7 +41,7 @@ pub struct PutLimitOverride {
 }
 
 /// `PUT /v1/overrides/limits/{bucket}`.
-pub async fn put_limit(
+pub(crate) async fn put_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
@@ -52,9 +54,9 @@ pub async fn put_limit(
     };
     let key = bucket.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config.overrides.limits.insert(key, over);
-        Ok(etag::overrides(config))
+        Ok(overrides_tag(config))
     })
     .await?;
     tracing::info!(bucket, limit_rps = %over.limit_rps, ttl_s = body.ttl_s.as_secs(), "limit override set");
@@ -62,14 +64,14 @@ pub async fn put_limit(
 }
 
 /// `DELETE /v1/overrides/limits/{bucket}`: the base limit applies at once.
-pub async fn delete_limit(
+pub(crate) async fn delete_limit(
     State(admin): State<Admin>,
     Path(bucket): Path<String>,
     if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = bucket.clone();
     write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config
             .overrides
             .limits
@@ -85,7 +87,7 @@ pub async fn delete_limit(
 /// `PUT /v1/overrides/tenants/{tenant}` body: at least one value.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PutTenantOverride {
+pub(crate) struct PutTenantOverride {
     /// Weight while the override lasts.
     #[serde(default)]
     pub weight: Option<Weight>,
@@ -100,7 +102,7 @@ pub struct PutTenantOverride {
 }
 
 /// `PUT /v1/overrides/tenants/{tenant}`.
-pub async fn put_tenant(
+pub(crate) async fn put_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
@@ -120,9 +122,9 @@ pub async fn put_tenant(
     };
     let key = tenant.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config.overrides.tenants.insert(key, over);
-        Ok(etag::overrides(config))
+        Ok(overrides_tag(config))
     })
     .await?;
     tracing::info!(
@@ -135,14 +137,14 @@ pub async fn put_tenant(
 }
 
 /// `DELETE /v1/overrides/tenants/{tenant}`: the base values apply at once.
-pub async fn delete_tenant(
+pub(crate) async fn delete_tenant(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let key = tenant.clone();
     write::change(&admin, move |config| {
-        if_match.check(Some(&etag::overrides(config)))?;
+        if_match.check(Some(&overrides_tag(config)))?;
         config
             .overrides
             .tenants
@@ -153,4 +155,9 @@ pub async fn delete_tenant(
     .await?;
     tracing::info!(tenant, "tenant override removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The tag of the overrides (always present).
+fn overrides_tag(config: &Config) -> ETag {
+    ETag::of(&config.overrides)
 }

@@ -7,11 +7,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 /// The media type of problem details.
-pub const CONTENT_TYPE: &str = "application/problem+json";
+pub(crate) const CONTENT_TYPE: &str = "application/problem+json";
 
 /// An error response body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// `about:blank`: the status code says it all and `detail` explains.
     #[serde(rename = "type")]
     pub kind: &'static str,

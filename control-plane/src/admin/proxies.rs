@@ -4,11 +4,11 @@ use axum::extract::State;
 use serde::Serialize;
 
 use crate::fleet::ProxyStatus;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/proxies` reply.
 #[derive(Debug, Serialize)]
-pub struct ProxiesReply {
+pub(crate) struct ProxiesReply {
     /// Proxies with an open stream.
     pub connected: usize,
     /// Every tracked proxy, sorted by id: connected ones and disconnected
@@ -17,7 +17,7 @@ pub struct ProxiesReply {
 }
 
 /// `GET /v1/proxies`.
-pub async fn list(State(state): State<AppState>) -> axum::Json<ProxiesReply> {
+pub(crate) async fn list(State(state): State<AppState>) -> axum::Json<ProxiesReply> {
     let proxies = state.fleet().proxies();
     axum::Json(ProxiesReply {
         connected: proxies.iter().filter(|p| p.connected).count(),

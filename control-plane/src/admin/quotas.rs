@@ -5,7 +5,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 
-use super::Admin;
+use super::context::Admin;
 use super::extract::Path;
 use super::problem::Problem;
 use crate::quotas::{QuotaRead, ReadError};

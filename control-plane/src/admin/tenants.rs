@@ -6,16 +6,18 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
-use super::etag::{self, IfMatch};
+use super::context::Admin;
+use super::etag::{ETag, IfMatch};
 use super::extract::{Json, Path};
 use super::problem::Problem;
-use super::{Admin, write};
+use super::write;
+use crate::config::Config;
 use crate::config::overrides::TenantOverride;
 use crate::config::policy::TenantPolicy;
 
 /// `GET /v1/tenants` reply.
 #[derive(Debug, Serialize)]
-pub struct TenantsReply {
+pub(crate) struct TenantsReply {
     /// Policies in force (overrides included) by tenant; the `default`
     /// entry applies to tenants not listed.
     pub tenants: BTreeMap<String, TenantPolicy>,
@@ -24,7 +26,7 @@ pub struct TenantsReply {
 }
 
 /// `GET /v1/tenants`.
-pub async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
+pub(crate) async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
     let overrides = admin.live().config().overrides.tenants;
     let policy = admin.state().policy();
     let tenants = policy
@@ -37,7 +39,7 @@ pub async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply> {
 
 /// `PUT /v1/tenants/{tenant}` and `GET /v1/tenants/{tenant}` reply.
 #[derive(Debug, Serialize)]
-pub struct TenantReply {
+pub(crate) struct TenantReply {
     /// The tenant.
     pub tenant: String,
     /// Its base policy now.
@@ -47,7 +49,7 @@ pub struct TenantReply {
 
 /// `GET /v1/tenants/{tenant}`: the tenant's own policy (404 if it has
 /// none and follows `default`), with its `ETag`.
-pub async fn get(
+pub(crate) async fn get(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<TenantReply>), Problem> {
@@ -56,7 +58,7 @@ pub async fn get(
         .tenants
         .get(&tenant)
         .ok_or_else(|| Problem::not_found(format!("no tenant {tenant:?} configured")))?;
-    let tag = etag::tenant(&config, &tenant);
+    let tag = tenant_tag(&config, &tenant);
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
         axum::Json(TenantReply { tenant, policy }),
@@ -66,7 +68,7 @@ pub async fn get(
 /// `PUT /v1/tenants/{tenant}`: sets the tenant's whole policy (fields left
 /// out take their defaults: weight 1, burst 1, floor 0). With `If-Match`,
 /// only if the tenant's entity tag matches.
-pub async fn put(
+pub(crate) async fn put(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
@@ -75,9 +77,9 @@ pub async fn put(
     write::tenant(&tenant)?;
     let name = tenant.clone();
     let tag = write::change(&admin, move |config| {
-        if_match.check(etag::tenant(config, &name).as_ref())?;
+        if_match.check(tenant_tag(config, &name).as_ref())?;
         config.tenants.insert(name.clone(), policy);
-        Ok(etag::tenant(config, &name))
+        Ok(tenant_tag(config, &name))
     })
     .await?;
     tracing::info!(tenant, ?policy, "tenant set");
@@ -89,14 +91,14 @@ pub async fn put(
 
 /// `DELETE /v1/tenants/{tenant}`: the tenant falls back to `default`.
 /// With `If-Match`, only if the tenant's entity tag matches.
-pub async fn delete(
+pub(crate) async fn delete(
     State(admin): State<Admin>,
     Path(tenant): Path<String>,
     if_match: IfMatch,
 ) -> Result<StatusCode, Problem> {
     let name = tenant.clone();
     write::change(&admin, move |config| {
-        if_match.check(etag::tenant(config, &name).as_ref())?;
+        if_match.check(tenant_tag(config, &name).as_ref())?;
         if config.tenants.remove(&name) {
             Ok(())
         } else {
@@ -106,4 +108,14 @@ pub async fn delete(
     .await?;
     tracing::info!(tenant, "tenant removed");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The tag of `tenant`'s configured policy, if it has one.
+fn tenant_tag(config: &Config, tenant: &str) -> Option<ETag> {
+    config.tenants.get(tenant).map(|policy| {
+        ETag::of(&TenantReply {
+            tenant: tenant.to_owned(),
+            policy,
+        })
+    })
 }

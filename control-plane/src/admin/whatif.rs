@@ -7,19 +7,19 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::Admin;
+use super::context::Admin;
 use super::extract::Json;
 use super::problem::Problem;
 use crate::config::Config;
 use crate::control::whatif::{self, WhatIf};
 
 /// The longest replay one may ask for: the history keeps no more.
-pub const MAX_SECONDS: f64 = crate::control::history::DEFAULT_SPAN.as_secs_f64();
+pub(crate) const MAX_SECONDS: f64 = crate::control::history::DEFAULT_SPAN.as_secs_f64();
 
 /// `?seconds=N`: replay only the last N seconds (default: all recorded, at
 /// most [`MAX_SECONDS`]).
 #[derive(Debug, Deserialize)]
-pub struct Span {
+pub(crate) struct Span {
     seconds: Option<f64>,
 }
 
@@ -27,7 +27,7 @@ pub struct Span {
 /// `tenants`, `adaptive`, `default_limit_rps`, …) that replace the
 /// configuration's own for the replay; sections not given stay as they
 /// are. Adaptive limits move on the recorded upstream signals.
-pub async fn replay(
+pub(crate) async fn replay(
     State(admin): State<Admin>,
     span: Result<Query<Span>, QueryRejection>,
     Json(proposal): Json<Map<String, Value>>,

@@ -2,12 +2,12 @@
 
 use axum::http::StatusCode;
 
-use super::Admin;
+use super::context::Admin;
 use super::problem::Problem;
 use crate::config::Config;
 use crate::config::live::PersistError;
 use crate::config::overrides::unix_now;
-use crate::replicas::config_store::SharedConfigError;
+use crate::config::shared::SharedConfigError;
 use crate::types::{validate_bucket, validate_tenant};
 
 impl From<PersistError> for Problem {
@@ -28,7 +28,7 @@ impl From<PersistError> for Problem {
 
 /// Runs `change` on a copy of the configuration; persists and applies it if
 /// it succeeds. File I/O runs off the async workers.
-pub async fn change<T: Send + 'static>(
+pub(crate) async fn change<T: Send + 'static>(
     admin: &Admin,
     change: impl FnOnce(&mut Config) -> Result<T, Problem> + Send + 'static,
 ) -> Result<T, Problem> {
@@ -45,11 +45,11 @@ pub async fn change<T: Send + 'static>(
 }
 
 /// Checks a bucket key from a path.
-pub fn bucket(bucket: &str) -> Result<(), Problem> {
+pub(crate) fn bucket(bucket: &str) -> Result<(), Problem> {
     validate_bucket(bucket).map_err(|err| Problem::unprocessable(format!("bucket {err}")))
 }
 
 /// Checks a tenant name from a path.
-pub fn tenant(tenant: &str) -> Result<(), Problem> {
+pub(crate) fn tenant(tenant: &str) -> Result<(), Problem> {
     validate_tenant(tenant).map_err(|err| Problem::unprocessable(format!("tenant {err}")))
 }

@@ -16,7 +16,7 @@
 //! parsed with no lock held at all.
 //!
 //! With replicas ([`LiveConfig::shared`]) the configuration lives in the
-//! store instead ([`crate::replicas::config_store`]): a write goes to the
+//! store instead ([`crate::config::shared`]): a write goes to the
 //! store first (or fails with nothing changed), and every replica adopts
 //! a newer stored version on its next [`LiveConfig::sync_from_store`]. The
 //! file is then only read once, to seed an empty store.
@@ -32,9 +32,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::config::persist;
+use crate::config::shared::{SharedConfig, SharedConfigError};
 use crate::config::{Config, ConfigError};
-use crate::replicas::config_store::{SharedConfig, SharedConfigError};
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Why a change could not be persisted; nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -511,7 +511,7 @@ impl Inner {
 
 /// Every `every`, until `shutdown`: adopt a newer shared configuration and
 /// drop expired overrides. A store outage is logged once, not every time.
-pub async fn follow_store(
+pub(crate) async fn follow_store(
     live: std::sync::Arc<LiveConfig>,
     every: std::time::Duration,
     shutdown: tokio_util::sync::CancellationToken,

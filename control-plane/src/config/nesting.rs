@@ -12,15 +12,15 @@ use libyaml_safer::{EventData, Parser};
 
 /// The largest limits file accepted, in bytes: far above any real one
 /// (a hundred thousand buckets take a few megabytes).
-pub const MAX_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// The deepest nesting of mappings and sequences accepted. The limits
 /// file's own schema goes five or six levels deep.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
 /// Why a text was refused before it was parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TooLarge {
+pub(crate) struct TooLarge {
     /// 1-based line and column where it went too deep; `None` when the
     /// text as a whole is too large.
     pub location: Option<(usize, usize)>,
@@ -30,7 +30,7 @@ pub struct TooLarge {
 
 /// Checks `text`'s size and nesting. A syntax error is not reported here:
 /// the real parser reports it, at the same place, after no deeper a scan.
-pub fn check(text: &str) -> Result<(), TooLarge> {
+pub(crate) fn check(text: &str) -> Result<(), TooLarge> {
     if text.len() > MAX_BYTES {
         return Err(TooLarge {
             location: None,

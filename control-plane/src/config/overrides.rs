@@ -15,7 +15,7 @@ use crate::types::LimitRps;
 
 /// Longest accepted override: 30 days. Anything longer is a configuration
 /// change and belongs in the base values.
-pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
+pub(crate) const MAX_TTL_S: u64 = 30 * 24 * 3600;
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> u64 {
@@ -25,7 +25,7 @@ pub fn unix_now() -> u64 {
 }
 
 /// Milliseconds since the Unix epoch (0 before it).
-pub fn unix_now_ms() -> u64 {
+pub(crate) fn unix_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

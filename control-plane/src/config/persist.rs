@@ -14,7 +14,7 @@ use std::path::Path;
 /// directory can redirect the write; the rename replaces `path` itself, so
 /// a symbolic link at `path` becomes a regular file and its target is left
 /// alone.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path does not name a file"))?;

@@ -14,20 +14,20 @@ use crate::config::limits::LimitTable;
 use crate::types::LimitRps;
 
 /// Name of the tenant entry that applies to tenants not listed.
-pub const DEFAULT_TENANT: &str = "default";
+pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Largest accepted weight; the ratio between two tenants' weights is what
 /// matters, and this keeps shares far from floating-point trouble.
-pub const MAX_WEIGHT: f64 = 1e6;
+pub(crate) const MAX_WEIGHT: f64 = 1e6;
 
 /// Smallest accepted weight. The fair share divides demands by weights: a
 /// weight near zero (a subnormal such as 1e-310) overflows that quotient to
 /// infinity and the division admits everything, so weights stay within
 /// nine orders of magnitude of each other.
-pub const MIN_WEIGHT: f64 = 1e-3;
+pub(crate) const MIN_WEIGHT: f64 = 1e-3;
 
 /// Largest accepted burst multiplier.
-pub const MAX_BURST: f64 = 100.0;
+pub(crate) const MAX_BURST: f64 = 100.0;
 
 /// Why a policy value is invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -11,7 +11,7 @@ use crate::config::live::LiveConfig;
 use crate::config::overrides::unix_now;
 
 /// How often the file is read when `--reload-poll-ms` is not given.
-pub const DEFAULT_POLL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(1);
 
 /// Polls every `period` until `shutdown` is cancelled.
 pub async fn run(live: Arc<LiveConfig>, period: Duration, shutdown: CancellationToken) {

@@ -27,26 +27,26 @@ use std::collections::HashMap;
 
 use std::fmt::Write as _;
 
-use crate::control::controller::DropPolicy;
+use crate::control::drop_policy::DropPolicy;
 use crate::fleet::BucketLoad;
 use crate::types::LimitRps;
 use sluice_core::{DropRatio, Priority};
 
 /// Weight of the newest interval in the smoothed offered rate.
-pub const SMOOTHING: f64 = 0.5;
+pub(crate) const SMOOTHING: f64 = 0.5;
 /// A relative change of the offered rate beyond this is a load step.
-pub const STEP: f64 = 0.25;
+pub(crate) const STEP: f64 = 0.25;
 /// Fraction of the measured log error corrected per interval.
-pub const GAIN: f64 = 0.4;
+pub(crate) const GAIN: f64 = 0.4;
 /// Bounds of the correction factor.
-pub const CORRECTION: (f64, f64) = (0.8, 1.25);
+pub(crate) const CORRECTION: (f64, f64) = (0.8, 1.25);
 /// Largest move of the correction in one interval (as a log ratio): one
 /// late or bunched report makes an interval's admitted rate look several
 /// percent off, which must not swing the whole fleet's ratio.
-pub const MAX_STEP: f64 = 0.02;
+pub(crate) const MAX_STEP: f64 = 0.02;
 /// Larger gaps between the limit and the admitted rate (as a log ratio) do
 /// not move the correction.
-pub const MAX_ERROR: f64 = 0.2;
+pub(crate) const MAX_ERROR: f64 = 0.2;
 /// Cells not decided in this many sweeps (one per round of calls over every
 /// tracked cell, or per 1024 calls if fewer are tracked) are forgotten.
 const FORGET_AFTER: u32 = 20;

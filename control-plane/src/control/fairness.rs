@@ -13,7 +13,7 @@
 //! 2. **Priorities, strictly.** What is left goes to CRITICAL traffic, then
 //!    DEGRADED, then BEST_EFFORT (with unclassified traffic), then BULK. The
 //!    first class whose demand does not fit is *constrained*: its tenants
-//!    share what is left by weighted max-min fairness ([`water_fill`]); every
+//!    share what is left by weighted max-min fairness ([`water_fill_with`]); every
 //!    class after it is *shed* down to its floors.
 //!
 //! Whenever the offered rate exceeds the limit (and the floors fit), the
@@ -26,7 +26,7 @@
 
 use sluice_core::{CLASSES, Reason};
 
-/// One tenant's claim in [`water_fill`]: it gets `clamp(weight · level, lo, hi)`.
+/// One tenant's claim in [`water_fill_with`]: it gets `clamp(weight · level, lo, hi)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Claim {
     /// Relative weight, `> 0`.
@@ -47,13 +47,9 @@ pub struct Claim {
 /// The sum is piecewise linear in `λ`, with a kink where a claim starts
 /// growing (`lo/w`) and one where it is satisfied (`hi/w`); the kinks are
 /// sorted once and swept, tracking the total weight of the growing claims.
-pub fn water_fill(claims: &[Claim], capacity: f64, out: &mut Vec<f64>) -> f64 {
-    water_fill_with(claims, capacity, out, &mut Vec::new())
-}
-
-/// [`water_fill`] with a caller-owned buffer for the sorted kinks, so that
-/// a caller dividing many buckets allocates once.
-pub fn water_fill_with(
+/// `kinks` is a caller-owned buffer for them, so that a caller dividing
+/// many buckets allocates once.
+pub(crate) fn water_fill_with(
     claims: &[Claim],
     capacity: f64,
     out: &mut Vec<f64>,
@@ -323,7 +319,7 @@ pub fn allocate_into(
 /// entry covers), replacing their own floors: max-min fairly by what each
 /// offers, so together they are guaranteed `floor` at most, however many
 /// names they come under.
-pub fn share_floor(
+pub(crate) fn share_floor(
     tenants: &mut [TenantDemand],
     members: &[usize],
     floor: f64,
@@ -401,7 +397,7 @@ mod tests {
 
     /// Weighted max-min fairness by its definition: raise every unsatisfied
     /// tenant's allocation in proportion to its weight until the capacity is
-    /// used, found by bisection (independent of the sweep in `water_fill`).
+    /// used, found by bisection (independent of the sweep in `water_fill_with`).
     fn reference(weights: &[f64], offered: &[f64], capacity: f64) -> Vec<f64> {
         let used = |level: f64| -> f64 {
             weights
@@ -675,7 +671,7 @@ mod tests {
             let offered: Vec<f64> = raw.iter().map(|r| r.1).collect();
             let claims: Vec<Claim> = raw.iter().map(|&(weight, hi)| Claim { weight, lo: 0.0, hi }).collect();
             let mut out = Vec::new();
-            water_fill(&claims, capacity, &mut out);
+            water_fill_with(&claims, capacity, &mut out, &mut Vec::new());
             let want = reference(&weights, &offered, capacity);
             for (got, want) in out.iter().zip(&want) {
                 prop_assert!((got - want).abs() <= 1e-6 * capacity.max(1.0), "{got} vs {want}");

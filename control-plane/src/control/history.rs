@@ -9,19 +9,19 @@ use crate::fleet::FleetLoad;
 use crate::fleet::health::UpstreamHealth;
 
 /// How far back the history reaches by default.
-pub const DEFAULT_SPAN: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_SPAN: Duration = Duration::from_secs(5 * 60);
 /// Most cell-intervals held (cells summed over the recorded intervals):
 /// about 100 bytes each, so the history stays under about 100 MB however
 /// many cells the fleet has; a large fleet keeps a shorter span. A
 /// bucket's upstream signals (a latency histogram) count as
 /// [`SIGNAL_CELLS`] cells.
-pub const MAX_CELL_INTERVALS: usize = 1_000_000;
+pub(crate) const MAX_CELL_INTERVALS: usize = 1_000_000;
 /// Cells a bucket's recorded upstream signals count as.
 const SIGNAL_CELLS: usize = 2;
 
 /// One control interval as recorded.
 #[derive(Debug, Clone, Default)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// The fleet's totals.
     pub load: FleetLoad,
     /// The fleet's sampled upstream signals per bucket (what the adaptive
@@ -31,7 +31,7 @@ pub struct Recorded {
 
 /// Recorded intervals, oldest first.
 #[derive(Debug)]
-pub struct History {
+pub(crate) struct History {
     loads: VecDeque<Recorded>,
     cells: usize,
     max_intervals: usize,

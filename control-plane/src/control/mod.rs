@@ -4,6 +4,7 @@
 
 pub mod adaptive;
 pub mod controller;
+pub(crate) mod drop_policy;
 pub mod estimator;
 pub mod fairness;
 pub(crate) mod history;

@@ -31,7 +31,7 @@ use sluice_core::Priority;
 /// What a proposed policy would have done over the replayed intervals;
 /// rates are means over them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WhatIf {
+pub(crate) struct WhatIf {
     /// Control intervals replayed.
     pub intervals: usize,
     /// The time they cover, in seconds.
@@ -44,7 +44,7 @@ pub struct WhatIf {
 
 /// One bucket under the proposal.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BucketWhatIf {
+pub(crate) struct BucketWhatIf {
     /// The bucket key.
     pub bucket: Arc<str>,
     /// Its limit under the proposal at the end of the replay (`None`:
@@ -67,7 +67,7 @@ pub struct BucketWhatIf {
 
 /// Where a proposed adaptive limit went over the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct AdaptiveWhatIf {
+pub(crate) struct AdaptiveWhatIf {
     /// Its limit after the first replayed interval.
     pub first_rps: f64,
     /// The lowest it reached.
@@ -97,7 +97,7 @@ impl AdaptiveWhatIf {
 
 /// One (tenant, priority) cell under the proposal.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CellWhatIf {
+pub(crate) struct CellWhatIf {
     /// The tenant (empty: none).
     pub tenant: Arc<str>,
     /// The priority class.
@@ -122,7 +122,7 @@ struct Sums {
 }
 
 /// Replays `recorded` (oldest first, one per `interval`) under `policy`.
-pub fn replay(recorded: &[Recorded], policy: &Policy, interval: ControlInterval) -> WhatIf {
+pub(crate) fn replay(recorded: &[Recorded], policy: &Policy, interval: ControlInterval) -> WhatIf {
     let mut controller = Controller::tracking(interval);
     let mut adaptive = AdaptiveLimits::default();
     let mut adaptive_paths: BTreeMap<String, AdaptiveWhatIf> = BTreeMap::new();

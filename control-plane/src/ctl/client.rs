@@ -15,7 +15,7 @@ use crate::admin::auth::{Token, TokenError};
 
 /// Why a `sluice ctl` command failed.
 #[derive(Debug, thiserror::Error)]
-pub enum CtlError {
+pub(crate) enum CtlError {
     /// Bad arguments.
     #[error("{0}")]
     Usage(String),
@@ -35,12 +35,15 @@ pub enum CtlError {
     },
 }
 
+/// Environment variable holding the admin token for `sluice ctl`.
+const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
+
 /// How long one call may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Admin API client.
 #[derive(Debug)]
-pub struct Client {
+pub(crate) struct Client {
     base: String,
     token: Option<Token>,
     http: HttpClient<HttpConnector, Full<Bytes>>,
@@ -54,9 +57,7 @@ impl Client {
     pub fn new(url: &str, token_file: Option<&Path>) -> Result<Self, CtlError> {
         let token = match token_file {
             Some(path) => Some(Token::from_file(path)?),
-            None if std::env::var_os(super::TOKEN_ENV).is_some() => {
-                Some(Token::from_env(super::TOKEN_ENV)?)
-            }
+            None if std::env::var_os(TOKEN_ENV).is_some() => Some(Token::from_env(TOKEN_ENV)?),
             None => None,
         };
         let base = url.trim_end_matches('/');
@@ -205,7 +206,7 @@ impl Client {
 /// Percent-encodes one path segment: everything but letters, digits, `-`,
 /// `_` and `~` (a bucket key may contain `/`, and one named `.` or `..`
 /// must not read as a step up the path).
-pub fn segment(text: &str) -> String {
+pub(crate) fn segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-_~".contains(&byte) {

@@ -15,9 +15,6 @@ use serde_json::{Value, json};
 use self::client::{Client, CtlError};
 use crate::config::overrides::{OverrideTtl, parse_duration};
 
-/// Environment variable holding the admin token for `sluice ctl`.
-pub const TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
-
 /// `sluice ctl`.
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -298,7 +295,7 @@ pub enum OverrideKind {
 }
 
 /// Runs `sluice ctl`; exit code 1 on any error.
-pub async fn execute(args: CtlArgs) -> ExitCode {
+pub(crate) async fn execute(args: CtlArgs) -> ExitCode {
     match run(&args).await {
         Ok(text) => {
             print!("{text}");

@@ -64,7 +64,7 @@ fn remaining(expires_at: Option<&Value>) -> String {
 
 /// `GET /v1/buckets`: one row per bucket, then one per (bucket, tenant,
 /// priority) cell with its fair share.
-pub fn buckets(reply: &Value) -> String {
+pub(crate) fn buckets(reply: &Value) -> String {
     let columns = [
         "bucket",
         "limit_rps",
@@ -122,7 +122,7 @@ pub fn proxies(reply: &Value) -> String {
 
 /// `POST /v1/whatif`: one row per bucket, tenant and priority, then a
 /// line per adaptive limit (where it went) and one on CRITICAL drops.
-pub fn whatif(reply: &Value) -> String {
+pub(crate) fn whatif(reply: &Value) -> String {
     let columns = [
         "bucket",
         "limit_rps",
@@ -176,7 +176,7 @@ pub fn whatif(reply: &Value) -> String {
 }
 
 /// `GET /v1/quotas/{domain}`.
-pub fn quota(reply: &Value) -> String {
+pub(crate) fn quota(reply: &Value) -> String {
     let columns = [
         "key",
         "name",
@@ -194,7 +194,7 @@ pub fn quota(reply: &Value) -> String {
 }
 
 /// `GET /v1/adaptive`.
-pub fn adaptive(reply: &Value) -> String {
+pub(crate) fn adaptive(reply: &Value) -> String {
     let columns = [
         "bucket",
         "limit_rps",
@@ -209,7 +209,7 @@ pub fn adaptive(reply: &Value) -> String {
 }
 
 /// `GET /v1/limits`.
-pub fn limits(reply: &Value) -> String {
+pub(crate) fn limits(reply: &Value) -> String {
     let overrides = reply.get("overrides");
     let mut rows = vec![vec![
         "default".to_owned(),
@@ -249,7 +249,7 @@ pub fn limits(reply: &Value) -> String {
 }
 
 /// `GET /v1/tenants`.
-pub fn tenants(reply: &Value) -> String {
+pub(crate) fn tenants(reply: &Value) -> String {
     let overrides = reply.get("overrides");
     let rows: Vec<Vec<String>> = entries(reply.get("tenants"))
         .into_iter()
@@ -275,7 +275,7 @@ pub fn tenants(reply: &Value) -> String {
 }
 
 /// `GET /v1/modes` and every modes write.
-pub fn modes(reply: &Value) -> String {
+pub(crate) fn modes(reply: &Value) -> String {
     let mut out = format!(
         "default: {}\nkill_switch: {}\ncanary_fraction: {}\n",
         cell(reply.get("default")),
@@ -294,7 +294,7 @@ pub fn modes(reply: &Value) -> String {
 }
 
 /// `GET /v1/overrides`.
-pub fn overrides(reply: &Value) -> String {
+pub(crate) fn overrides(reply: &Value) -> String {
     let mut rows = Vec::new();
     for (kind, field) in [("limit", "limits"), ("tenant", "tenants")] {
         for (name, over) in entries(reply.get(field)) {
@@ -317,7 +317,7 @@ pub fn overrides(reply: &Value) -> String {
 }
 
 /// Any other write: the reply, pretty-printed.
-pub fn written(reply: &Value) -> String {
+pub(crate) fn written(reply: &Value) -> String {
     let text = serde_json::to_string_pretty(reply).unwrap_or_else(|_| reply.to_string());
     format!("{text}\n")
 }

@@ -10,7 +10,7 @@ use sluice_proto::v1::UpstreamSignal;
 
 /// Most buckets with signals held per interval: a proxy naming more
 /// (a flood of bucket keys) adds nothing past it.
-pub const MAX_HEALTH_BUCKETS: usize = 4_096;
+pub(crate) const MAX_HEALTH_BUCKETS: usize = 4_096;
 
 /// One bucket's upstream over one interval, fleet-wide.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl UpstreamHealth {
 
 /// Adds `from` to `into` bucket by bucket; past [`MAX_HEALTH_BUCKETS`]
 /// buckets, new ones add nothing.
-pub fn merge_health(
+pub(crate) fn merge_health(
     into: &mut HashMap<String, UpstreamHealth>,
     from: impl IntoIterator<Item = (String, UpstreamHealth)>,
 ) {

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use super::FleetStats;
 use sluice_core::Priority;
 
 /// A rate pair in requests per second.
@@ -18,7 +17,7 @@ pub struct Rates {
 }
 
 /// Fleet-wide load of one bucket or one cell: what a
-/// [`crate::control::controller::DropPolicy`] looks at.
+/// [`crate::control::drop_policy::DropPolicy`] looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BucketLoad {
     /// Σ over proxies of their offered rate.
@@ -156,4 +155,33 @@ impl FleetLoad {
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }
+}
+
+/// Cells refused and evicted since the previous tick, and cells tracked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FleetStats {
+    /// Cells tracked after the tick.
+    pub cells: usize,
+    /// Buckets tracked after the tick.
+    pub buckets: usize,
+    /// Report entries refused: bucket or tenant longer than allowed.
+    pub rejected_key_too_long: u64,
+    /// Report entries refused: the proxy already had its maximum of cells
+    /// in the window.
+    pub rejected_proxy_cap: u64,
+    /// Report entries refused: the fleet already tracked its maximum of
+    /// cells.
+    pub rejected_fleet_cap: u64,
+    /// Report entries of unlimited buckets refused: such cells already
+    /// filled their share ([`super::unlimited_share`]) of a cap, the rest being
+    /// kept for cells with a limit.
+    pub rejected_unlimited_share: u64,
+    /// Cells forgotten because no proxy's rates mentioned them any more.
+    pub evicted_idle: u64,
+    /// (proxy, bucket) claims counted only up to the bucket's cap.
+    pub claims_capped: u64,
+    /// (proxy, bucket) claims ignored as implausible.
+    pub claims_ignored: u64,
+    /// Connected proxies still on probation after the tick.
+    pub proxies_on_probation: usize,
 }

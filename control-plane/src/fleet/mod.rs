@@ -33,7 +33,9 @@ mod load;
 mod share_cap;
 mod status;
 
-pub use load::{BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, ProxyCap, Rates};
+pub use load::{
+    BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, FleetStats, ProxyCap, Rates,
+};
 pub use share_cap::{ShareCap, Weight};
 pub use status::ProxyStatus;
 
@@ -46,38 +48,9 @@ use interner::{CellId, IdMap, Interner, NO_CELL};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u64);
 
-/// Cells refused and evicted since the previous tick, and cells tracked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FleetStats {
-    /// Cells tracked after the tick.
-    pub cells: usize,
-    /// Buckets tracked after the tick.
-    pub buckets: usize,
-    /// Report entries refused: bucket or tenant longer than allowed.
-    pub rejected_key_too_long: u64,
-    /// Report entries refused: the proxy already had its maximum of cells
-    /// in the window.
-    pub rejected_proxy_cap: u64,
-    /// Report entries refused: the fleet already tracked its maximum of
-    /// cells.
-    pub rejected_fleet_cap: u64,
-    /// Report entries of unlimited buckets refused: such cells already
-    /// filled their share ([`unlimited_share`]) of a cap, the rest being
-    /// kept for cells with a limit.
-    pub rejected_unlimited_share: u64,
-    /// Cells forgotten because no proxy's rates mentioned them any more.
-    pub evicted_idle: u64,
-    /// (proxy, bucket) claims counted only up to the bucket's cap.
-    pub claims_capped: u64,
-    /// (proxy, bucket) claims ignored as implausible.
-    pub claims_ignored: u64,
-    /// Connected proxies still on probation after the tick.
-    pub proxies_on_probation: usize,
-}
-
 /// How many of `cap` cells unlimited buckets may fill: three quarters; the
 /// last quarter is kept for cells with a limit (as in the filter).
-pub fn unlimited_share(cap: usize) -> usize {
+pub(crate) fn unlimited_share(cap: usize) -> usize {
     cap.saturating_sub(cap.div_ceil(4))
         .max(usize::from(cap >= 2))
 }
@@ -311,7 +284,7 @@ pub struct Fleet {
 
 /// Reports a holder must send after a newcomer's Hello before the two are
 /// a conflict: one may have been on its way when its process froze.
-pub const CONFLICT_HOLDER_REPORTS: u64 = 2;
+pub(crate) const CONFLICT_HOLDER_REPORTS: u64 = 2;
 
 /// Settles the unconfirmed conflicts of one proxy id's instances: confirmed
 /// ones go to `conflicts`; those whose holder has no live stream any more

@@ -97,7 +97,7 @@ impl Weight {
 /// `weights` (same order) and returns the cap in requests per second, or
 /// `None` when no cap applies to this bucket. `established[i]` says
 /// whether proxy `i` has a say in what is plausible (see the module).
-pub fn weigh(
+pub(crate) fn weigh(
     rates: &[f64],
     established: &[bool],
     cap: &ShareCap,

@@ -9,6 +9,7 @@
 //! which all streams would share).
 
 mod histogram;
+mod labels;
 mod proxies;
 pub mod quotas;
 mod replicas;
@@ -23,6 +24,7 @@ pub use quotas::QuotaMetrics;
 pub use replicas::ReplicaMetrics;
 pub use upstream::UpstreamMetrics;
 
+use labels::{BucketLabels, F64Gauge, KindLabels, ReasonLabels, TenantLabels};
 use proxies::Proxies;
 use rlqs::RlqsMetrics;
 use staleness::Staleness;
@@ -30,11 +32,9 @@ use trust::TrustMetrics;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -43,18 +43,18 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::control::controller::BucketStatus;
 use crate::fleet::{FleetStats, ReportRejected, StreamId};
-use crate::trust::Checked;
+use crate::trust::plausibility::Checked;
 
 /// Most (bucket, tenant) series of the per-tenant gauges; tenants beyond
 /// this many (in bucket order) have none, and
 /// `tenant_series_omitted` says how many were left out.
-pub const MAX_TENANT_SERIES: usize = 1_000;
+pub(crate) const MAX_TENANT_SERIES: usize = 1_000;
 
 /// Most buckets with per-bucket series: limited buckets first, then the
 /// busiest unlimited ones. A flood of one-off bucket keys would otherwise
 /// add four series per key to every scrape; `bucket_series_omitted` says
 /// how many were left out.
-pub const MAX_BUCKET_SERIES: usize = 2_000;
+pub(crate) const MAX_BUCKET_SERIES: usize = 2_000;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output. Prometheus negotiates
 /// OpenMetrics by default, and it is what prometheus-client's encoder writes.
@@ -78,34 +78,6 @@ const TICK_BUCKETS: [f64; 18] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
-
-type F64Gauge = Gauge<f64, AtomicU64>;
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BucketLabels {
-    bucket: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
-struct TenantLabels {
-    bucket: String,
-    tenant: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct KindLabels {
-    kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ProxyLabels {
-    proxy: String,
-}
 
 /// What a stream handed to its transport.
 #[derive(Debug, Clone, Copy)]
@@ -557,7 +529,7 @@ impl Metrics {
     }
 
     /// A proxy stream was refused (`reason`: see
-    /// [`crate::trust::HelloRefusal::reason`]; `streams_per_connection`,
+    /// [`crate::trust::hello::HelloRefusal::reason`]; `streams_per_connection`,
     /// `connections_per_identity`).
     pub fn stream_refused(&self, reason: &'static str) {
         self.trust.stream_refused(reason);
@@ -579,7 +551,7 @@ impl Metrics {
     }
 
     /// A Hello was refused for its identity (`reason`: see
-    /// [`crate::trust::Refusal::as_str`], or `no_client_certificate`).
+    /// [`crate::trust::identity::Refusal::as_str`], or `no_client_certificate`).
     pub fn identity_refused(&self, reason: &'static str) {
         self.trust.identity_refused(reason);
     }

@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Unit;
 
-use super::ProxyLabels;
+use super::labels::ProxyLabels;
 use crate::fleet::StreamId;
 
 /// Most proxy ids with per-proxy series; `proxy_series_omitted` says how

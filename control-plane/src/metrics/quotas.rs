@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::ReasonLabels;
+use super::labels::ReasonLabels;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct LimitLabels {
@@ -96,7 +96,7 @@ pub struct QuotaMetrics {
 /// `value_to_metric`, limit overrides, unknown domains) per process: past
 /// it, hits count under the configured key path, so a flood of distinct
 /// values cannot grow `/metrics` without bound.
-pub const MAX_DETAILED_KEYS: usize = 1_000;
+pub(crate) const MAX_DETAILED_KEYS: usize = 1_000;
 
 /// The key of unknown domains past [`MAX_DETAILED_KEYS`].
 const OTHER_DOMAINS: &str = "_other";

@@ -4,7 +4,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::ReasonLabels;
+use super::labels::ReasonLabels;
 
 /// The RLQS counters.
 #[derive(Debug, Default)]

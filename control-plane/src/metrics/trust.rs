@@ -9,8 +9,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::ReasonLabels;
-use crate::trust::{Checked, HelloRefusal};
+use super::labels::ReasonLabels;
+use crate::trust::hello::HelloRefusal;
+use crate::trust::plausibility::Checked;
 
 /// The families, and their label children resolved once.
 #[derive(Debug, Default)]

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{BucketLabels, F64Gauge};
+use super::labels::{BucketLabels, F64Gauge};
 use crate::fleet::health::UpstreamHealth;
 
 /// The upstream metrics; cheap to clone (clones share the series).

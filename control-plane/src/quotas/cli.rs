@@ -8,10 +8,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{
-    Algorithm, LoadOptions, NearLimitRatio, QuotaConfig, QuotaSettings, ResponseHeaders,
-    StoreFailure,
-};
+use super::algorithm::Algorithm;
+use super::settings::{NearLimitRatio, QuotaSettings, ResponseHeaders, StoreFailure};
+use crate::config::quota_file::{LoadOptions, QuotaConfig};
 
 /// How `sluice serve` counts and answers exact quotas.
 #[derive(Debug, Clone, Args)]

@@ -14,9 +14,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-use super::config::{LoadOptions, QuotaConfig, Unit};
+use super::engine::Quotas;
 use super::lookup::{self, MetricKey};
-use super::{QuotaSettings, Quotas};
+use super::settings::QuotaSettings;
+use crate::config::quota_file::{LoadOptions, QuotaConfig, Unit};
 
 fn load(files: &[(&str, &str)], options: LoadOptions) -> Result<QuotaConfig, String> {
     let files: Vec<(String, String)> = files

@@ -12,7 +12,7 @@
 //! matches shares one counter), and `detailed_metric` / `value_to_metric`
 //! name the request's values in metrics.
 
-use super::config::{Limit, Node, Wildcard};
+use crate::config::quota_file::{Limit, Node, Wildcard};
 
 /// Most entries a descriptor may have to be matched.
 pub const MAX_ENTRIES: usize = 16;
@@ -225,7 +225,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::quotas::config::{QuotaConfig, Unit};
+    use crate::config::quota_file::{QuotaConfig, Unit};
 
     fn config() -> QuotaConfig {
         QuotaConfig::from_files(&[(

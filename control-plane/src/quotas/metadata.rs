@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
-use super::config::Unit;
+use crate::config::quota_file::Unit;
 
 /// The metadata of an answer to `request`, with the `metadata` of the
 /// limits that passed, in request order.

@@ -5,9 +5,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use serde::Serialize;
 
-use super::Quotas;
 use super::algorithm::Quota;
-use super::lookup;
+use super::engine::Quotas;
+use super::lookup::{self, MAX_ENTRIES};
 use super::redis_store::Count;
 use super::service::counter_key;
 use super::store::CountError;
@@ -70,10 +70,10 @@ impl Quotas {
         domain: &str,
         entries: &[(String, String)],
     ) -> Result<QuotaRead, ReadError> {
-        if entries.is_empty() || entries.len() > super::MAX_ENTRIES {
+        if entries.is_empty() || entries.len() > MAX_ENTRIES {
             return Err(ReadError::Entries {
                 found: entries.len(),
-                max: super::MAX_ENTRIES,
+                max: MAX_ENTRIES,
             });
         }
         let config = self.config();

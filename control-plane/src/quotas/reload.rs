@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::time::{self, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::native::NativeQuotas;
-use super::{QuotaConfig, Quotas};
+use super::engine::Quotas;
+use crate::config::quota_file::QuotaConfig;
+use crate::config::quota_section::NativeQuotas;
 
 /// Polls every `period` until `shutdown` is cancelled: `quotas.path` if
 /// set, and `section()` (the limits file's `quotas:` section in force).

@@ -22,10 +22,12 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 
 use super::algorithm::{Algorithm, Quota};
-use super::config::{Limit, Unit};
+use super::engine::{Decided, Quotas};
 use super::lookup::{self, MAX_ENTRIES, MetricKey};
+use super::metadata;
 use super::redis_store::Count;
-use super::{Decided, Quotas, StoreFailure, metadata};
+use super::settings::StoreFailure;
+use crate::config::quota_file::{Limit, Unit};
 use crate::metrics::quotas::{CallError, Outcome};
 use crate::store::StoreConnection;
 

@@ -23,11 +23,11 @@ use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
 use sluice_core::Priority;
 
 /// Layout of a published share; bumped when it changes meaning.
-pub const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 1;
 
 /// Why a published share cannot be read.
 #[derive(Debug, thiserror::Error)]
-pub enum ShareError {
+pub(crate) enum ShareError {
     /// Not JSON of the expected shape.
     #[error("unreadable load share: {0}")]
     Json(#[from] serde_json::Error),
@@ -65,7 +65,7 @@ struct WireUpstream {
 
 /// A share as read from the store: the load and who it came from.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Share {
+pub(crate) struct Share {
     /// The rates per bucket and cell.
     pub buckets: Vec<BucketTraffic>,
     /// The proxies whose streams the replica held, sorted.
@@ -103,7 +103,7 @@ struct WireCell {
 /// `upstream` is what the adaptive limits need of this replica's proxies'
 /// signals (the caller keeps only adaptive buckets: a latency histogram per
 /// bucket is too much to publish for every bucket).
-pub fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) -> Vec<u8> {
+pub(crate) fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) -> Vec<u8> {
     let share = WireShare {
         format: FORMAT,
         proxies: proxies.to_vec(),
@@ -145,7 +145,7 @@ pub fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) -> Vec<
 }
 
 /// Reads a share another replica published.
-pub fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
     let share: WireShare = serde_json::from_slice(bytes)?;
     if share.format != FORMAT {
         return Err(ShareError::Format {
@@ -212,7 +212,7 @@ fn finite(value: f64) -> f64 {
 /// The fleet total: this replica's own tick (its stats are kept: they
 /// count what this replica's streams did) plus the other live replicas'
 /// shares, summed per bucket and per cell.
-pub fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoad {
+pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoad {
     if others.iter().all(Vec::is_empty) {
         return own;
     }
@@ -269,7 +269,7 @@ fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
 /// rates when they were fresh, and must not correct the same error again
 /// each interval (its correction would wind up against numbers that cannot
 /// answer, and overshoot once the replica is back).
-pub fn carried_over(mut buckets: Vec<BucketTraffic>) -> Vec<BucketTraffic> {
+pub(crate) fn carried_over(mut buckets: Vec<BucketTraffic>) -> Vec<BucketTraffic> {
     for bucket in &mut buckets {
         bucket.load.stale_share = 1.0;
         for cell in &mut bucket.cells {

@@ -27,8 +27,6 @@
 //! its streams and refuses new ones, so its proxies move to a replica
 //! that reaches the store (see `serve::control_loop`).
 
-pub(crate) mod config_store;
-pub(crate) mod keys;
 pub(crate) mod load;
 pub(crate) mod record;
 pub(crate) mod transfer;
@@ -44,7 +42,7 @@ use crate::control::controller::RetiredCell;
 use crate::fleet::health::merge_health;
 use crate::fleet::{BucketTraffic, FleetLoad};
 use crate::store::Store;
-pub use keys::Keys;
+use crate::store::keys::{self, Keys};
 pub use load::Upstream;
 pub use record::Record;
 
@@ -120,7 +118,7 @@ impl ReplicaOptions {
 }
 
 /// Default [`ReplicaOptions::store_grace`].
-pub const DEFAULT_STORE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STORE_GRACE: Duration = Duration::from_secs(10);
 
 /// The last share read from another replica.
 #[derive(Debug)]

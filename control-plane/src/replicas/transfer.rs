@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 
-use super::config_store::SharedConfig;
 use crate::config::Config;
+use crate::config::shared::SharedConfig;
 use crate::store::{Store, StoreOptions};
 
 /// `sluice config`.
@@ -59,7 +59,7 @@ pub enum ConfigCommand {
 
 /// Why an export or import failed.
 #[derive(Debug, thiserror::Error)]
-pub enum TransferError {
+pub(crate) enum TransferError {
     /// `--store` is missing.
     #[error("--store is required")]
     NoStore,
@@ -68,7 +68,7 @@ pub enum TransferError {
     Store(#[from] crate::store::StoreError),
     /// Reading or writing the shared configuration failed.
     #[error("shared configuration: {0}")]
-    Shared(#[from] super::config_store::SharedConfigError),
+    Shared(#[from] crate::config::shared::SharedConfigError),
     /// The store holds no configuration yet.
     #[error("the store holds no configuration yet (a replica seeds it from its file)")]
     Empty,
@@ -89,7 +89,7 @@ pub enum TransferError {
 }
 
 /// Runs `sluice config …`; returns what to print on success.
-pub async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
+pub(crate) async fn execute(args: &ConfigArgs) -> Result<String, TransferError> {
     let url = args.store.as_deref().ok_or(TransferError::NoStore)?;
     let options = StoreOptions::from_args(
         url,

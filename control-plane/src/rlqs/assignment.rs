@@ -21,7 +21,7 @@ const GOOD_ENOUGH: f64 = 0.005;
 
 /// An assignment for one bucket id on one Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assignment {
+pub(crate) enum Assignment {
     /// Admit everything: unlimited, not enforced on this Envoy (shadow,
     /// canary, kill switch).
     AllowAll,

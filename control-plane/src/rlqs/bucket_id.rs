@@ -18,11 +18,11 @@ use sluice_core::Priority;
 use sluice_core::cell::Cell;
 
 /// The cell a bucket id stands for: the core's cell, owned.
-pub type CellOfBucket = Cell;
+pub(crate) type CellOfBucket = Cell;
 
 /// Maps a bucket id's map to its cell; `None` when it names no bucket at
 /// all (an empty map).
-pub fn cell_of(id: &HashMap<String, String>) -> Option<CellOfBucket> {
+pub(crate) fn cell_of(id: &HashMap<String, String>) -> Option<CellOfBucket> {
     let mut rest: Vec<(&String, &String)> = id
         .iter()
         .filter(|(key, _)| !matches!(key.as_str(), "bucket" | "tenant" | "priority"))

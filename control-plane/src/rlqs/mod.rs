@@ -12,16 +12,14 @@
 mod action;
 mod assignment;
 mod bucket_id;
-mod session;
+pub(crate) mod session;
 mod usage;
-
-pub use session::RlqsService;
 
 /// How often Envoy 1.40's `rate_limit_quota` filter reports (fixed there:
 /// a bucket's `reporting_interval` is not used).
-pub const ENVOY_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const ENVOY_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The gRPC metadata key an Envoy may set (`initial_metadata` of its
 /// `grpc_service`) to name its proxy id; without it the stream's peer
 /// address is the id.
-pub const PROXY_ID_HEADER: &str = "x-sluice-proxy-id";
+pub(crate) const PROXY_ID_HEADER: &str = "x-sluice-proxy-id";

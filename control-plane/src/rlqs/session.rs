@@ -27,7 +27,7 @@ use super::usage::{SeenBucket, convert, is_periodic};
 use super::{ENVOY_REPORT_INTERVAL, PROXY_ID_HEADER};
 use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
-use crate::serve::state::{AppState, StreamCloser};
+use crate::state::{AppState, StreamCloser};
 use crate::trust::{Claim, PeerIdentity, StreamGate, StreamSlot, WindowLedger};
 
 /// Responses buffered per stream before the stream task waits for Envoy.
@@ -38,7 +38,7 @@ const IDLE_REPORTS_BEFORE_ABANDON: u32 = 3;
 
 /// The RLQS gRPC service.
 #[derive(Debug, Clone)]
-pub struct RlqsService {
+pub(crate) struct RlqsService {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,

@@ -21,7 +21,7 @@ use super::bucket_id::{CellOfBucket, cell_of};
 
 /// One bucket id of a usage report, mapped.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SeenBucket {
+pub(crate) struct SeenBucket {
     /// The cell it stands for.
     pub cell: CellOfBucket,
     /// The id as Envoy sent it; assignments must name it exactly.
@@ -33,7 +33,7 @@ pub struct SeenBucket {
 
 /// Usages that could not be counted, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Refused {
+pub(crate) struct Refused {
     /// No bucket id, or one that names no bucket.
     pub no_bucket: u32,
     /// A negative `time_elapsed`.
@@ -42,7 +42,7 @@ pub struct Refused {
 
 /// A usage report, converted.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Converted {
+pub(crate) struct Converted {
     /// The counts as a Sluice report; `None` when no usage had time elapsed.
     pub report: Option<Report>,
     /// Every bucket the message named.
@@ -53,7 +53,7 @@ pub struct Converted {
 
 /// Whether a message is a periodic report (some bucket has time elapsed),
 /// as opposed to the lone first report of a new bucket.
-pub fn is_periodic(usages: &[BucketQuotaUsage]) -> bool {
+pub(crate) fn is_periodic(usages: &[BucketQuotaUsage]) -> bool {
     usages
         .iter()
         .any(|u| u.time_elapsed.is_some_and(|d| d.seconds > 0 || d.nanos > 0))
@@ -62,7 +62,7 @@ pub fn is_periodic(usages: &[BucketQuotaUsage]) -> bool {
 /// Converts one message's usages; `sequence` numbers the report.
 /// `since_previous` is the time since the stream's previous periodic report
 /// arrived (`None` for the first).
-pub fn convert(
+pub(crate) fn convert(
     usages: &[BucketQuotaUsage],
     sequence: u64,
     since_previous: Option<std::time::Duration>,

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt, wrappers::TcpListenerStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::serve::state::AppState;
+use crate::state::AppState;
 use crate::trust::{ConnectionSlot, PeerLedger, RefusalLog};
 
 /// A connection counted against its address while it is open.
@@ -111,7 +111,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::serve::state::Settings;
+    use crate::state::Settings;
     use crate::trust::PeerLimits;
     use tokio::io::AsyncReadExt;
 

@@ -16,7 +16,7 @@ use crate::fleet::Fleet;
 use crate::fleet::health::UpstreamHealth;
 use crate::replicas::{Replica, Upstream};
 use crate::serve::push::{Published, Update};
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Ticks until `shutdown` is cancelled; with `replica`, as one of the
 /// replicas sharing its store.
@@ -109,7 +109,7 @@ fn hold(state: &AppState) {
 
 /// Between control intervals: publishes a mode change or a heartbeat if
 /// one is due, without touching the fleet.
-pub fn keep_alive(state: &AppState) {
+pub(crate) fn keep_alive(state: &AppState) {
     let modes = state.policy().modes.to_wire();
     heartbeat_with(state, modes);
 }
@@ -137,7 +137,11 @@ fn heartbeat_with(state: &AppState, modes: ModePolicy) {
 /// store failure at any step leaves the pushed table as it was (its
 /// heartbeats go on), so a replica that lost the store never pushes what
 /// it computed from its own partial view.
-pub async fn replicated_step(state: &AppState, controller: &mut Controller, replica: &mut Replica) {
+pub(crate) async fn replicated_step(
+    state: &AppState,
+    controller: &mut Controller,
+    replica: &mut Replica,
+) {
     let started = Instant::now();
     let metrics = state.metrics();
     let (may_push, ended) = state.warmup().check(started);

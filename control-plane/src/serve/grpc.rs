@@ -23,10 +23,11 @@ use std::time::Instant;
 use crate::fleet::{Connected, ReportRejected, StreamId};
 use crate::metrics::{ProxyGuard, Sent};
 use crate::quotas::{Quotas, RateLimitGrpc};
-use crate::rlqs::RlqsService;
+use crate::rlqs::session::RlqsService;
 use crate::serve::accept;
 use crate::serve::rls_listener::RlsListener;
-use crate::serve::state::{AppState, StreamCloser};
+use crate::serve::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use crate::state::{AppState, StreamCloser};
 use crate::trust::{
     Ceilings, Claim, HelloLimits, IdentityPolicy, PeerIdentity, PeerLimits, StreamGate, StreamSlot,
     WindowLedger,
@@ -38,9 +39,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Batches buffered per stream before the stream task waits for the client.
 const OUTBOUND_BUFFER: usize = 8;
-/// HTTP/2 pings detect proxies that vanished without closing the connection.
-pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-pub(super) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Streams of any kind (proxy streams, rate limit calls) one HTTP/2
 /// connection may have open at once, as its SETTINGS tell the client:
 /// hyper's own default, which tonic turns off. Proxy streams have a lower
@@ -144,7 +142,7 @@ fn handed_off() -> Status {
 
 /// The service implementation.
 #[derive(Debug, Clone)]
-pub struct DirectiveGrpc {
+pub(crate) struct DirectiveGrpc {
     state: AppState,
     streams: TaskTracker,
     shutdown: CancellationToken,

@@ -23,7 +23,7 @@ use crate::types::DirectiveTtl;
 use sluice_core::directive::is_lift;
 
 /// Longest time between two batches while the control plane runs.
-pub const MAX_HEARTBEAT: Duration = Duration::from_secs(1);
+pub(crate) const MAX_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How many deltas a stream may fall behind before it is resynchronised
 /// with a snapshot instead.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::ServerTlsConfig;
 
 use super::drain::DRAIN_TIMEOUT;
-use super::grpc::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use super::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use crate::quotas::{Quotas, RateLimitGrpc};
 
 /// Where and how the rate limit service is served apart.

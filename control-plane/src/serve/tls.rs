@@ -12,7 +12,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Where the PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrpcTlsFiles {
+pub(crate) struct GrpcTlsFiles {
     /// Server certificate chain (PEM).
     pub cert: PathBuf,
     /// Private key of the server certificate (PEM).

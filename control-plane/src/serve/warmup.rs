@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 /// Default grace period: the filter's longest reconnect delay (5 s) plus a
 /// report interval and a control interval of margin.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(6);
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(6);
 
 /// Whether the start-up hold is still on.
 #[derive(Debug)]

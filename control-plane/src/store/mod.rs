@@ -16,6 +16,7 @@
 //! ever shown with its password redacted.
 
 pub mod connection;
+pub(crate) mod keys;
 pub mod sentinel;
 pub mod url;
 
@@ -27,6 +28,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
 pub use connection::StoreConnection;
+pub use keys::Keys;
 pub use url::{StoreSetting, StoreUrl, UrlError};
 
 /// Default bound on one store call on a request path.
@@ -34,10 +36,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// Bound on opening a connection (at start and on every reconnect).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Environment variable holding the store's password.
-pub const PASSWORD_ENV: &str = "SLUICE_STORE_PASSWORD";
+pub(crate) const PASSWORD_ENV: &str = "SLUICE_STORE_PASSWORD";
 /// Environment variable holding the sentinels' own password (their
 /// `requirepass`), for a `redis[s]+sentinel://` store.
-pub const SENTINEL_PASSWORD_ENV: &str = "SLUICE_STORE_SENTINEL_PASSWORD";
+pub(crate) const SENTINEL_PASSWORD_ENV: &str = "SLUICE_STORE_SENTINEL_PASSWORD";
 
 /// How to reach the store.
 #[derive(Debug, Clone)]

@@ -269,7 +269,7 @@ fn bracket(host: &str) -> String {
 
 /// `text` with whatever sits between `://…:` and `@` replaced, for URLs
 /// that did not parse (best effort: nothing after the last `@` is secret).
-pub fn redact(text: &str) -> String {
+pub(crate) fn redact(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         // Not a URL at all: it may still be a mistyped secret.
         return if text.contains('@') {

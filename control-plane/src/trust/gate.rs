@@ -9,14 +9,14 @@ use std::sync::Arc;
 use sluice_proto::v1::Report;
 use tonic::Status;
 
-use super::hello::shown;
-use super::{
-    Ceilings, Checked, HelloLimits, IdentityPolicy, PeerIdentity, PeerLedger, PeerLimits, Refusal,
-    RefusalLog, StreamSlot, WindowLedger,
-};
+use super::hello::{HelloLimits, shown};
+use super::identity::{IdentityPolicy, PeerIdentity, Refusal};
+use super::peers::{PeerLedger, PeerLimits, StreamSlot};
+use super::plausibility::{Ceilings, Checked, WindowLedger};
+use super::refusal_log::RefusalLog;
 use crate::fleet::{Connected, StreamId};
 use crate::metrics::ProxyGuard;
-use crate::serve::state::AppState;
+use crate::state::AppState;
 
 /// Shared by the streams of one listener.
 #[derive(Debug)]

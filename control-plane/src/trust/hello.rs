@@ -107,7 +107,7 @@ impl fmt::Display for HelloRefusal {
 /// Whether `byte` may appear in a proxy id or zone: printable ASCII
 /// except the space, `"` and `\` (which a log line, a label value or JSON
 /// would show escaped, or split on).
-pub fn allowed(byte: u8) -> bool {
+pub(crate) fn allowed(byte: u8) -> bool {
     byte.is_ascii_graphic() && byte != b'"' && byte != b'\\'
 }
 
@@ -141,7 +141,7 @@ impl HelloLimits {
 
 /// At most the first 64 bytes of `name`, escaped, for a log line about a
 /// name that was refused (it may be megabytes long or hold newlines).
-pub fn shown(name: &str) -> String {
+pub(crate) fn shown(name: &str) -> String {
     const SHOWN: usize = 64;
     let cut = name.get(..SHOWN).map_or_else(
         || name.chars().take(SHOWN).collect::<String>(),

@@ -8,17 +8,17 @@
 //! [`crate::fleet::ShareCap`].
 
 mod gate;
-mod hello;
-mod identity;
+pub(crate) mod hello;
+pub(crate) mod identity;
 mod listener;
 mod peers;
-mod plausibility;
+pub(crate) mod plausibility;
 mod refusal_log;
 
 pub use gate::{Claim, StreamGate};
-pub use hello::{HelloLimits, HelloRefusal};
-pub use identity::{IdentityPolicy, IdentityRule, PeerIdentity, Refusal};
+pub use hello::HelloLimits;
+pub use identity::{IdentityPolicy, IdentityRule, PeerIdentity};
 pub use listener::{Exposure, ListenerRefused, Transport, check_listener};
 pub use peers::{ConnectionSlot, PeerLedger, PeerLimits, StreamSlot};
-pub use plausibility::{Ceilings, Checked, WindowLedger};
+pub use plausibility::{Ceilings, WindowLedger};
 pub use refusal_log::RefusalLog;

@@ -45,7 +45,7 @@ impl Default for PeerLimits {
 
 /// Why a proxy stream was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StreamsRefusal {
+pub(crate) enum StreamsRefusal {
     /// The connection holds its maximum of proxy streams.
     #[error(
         "too many streams on this connection: {max} are open (--grpc-max-streams-per-connection); an Envoy needs one"

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::StreamSpec;
+use super::spec::StreamSpec;
 
 /// What happened to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use super::spec::{AdaptiveSpec, Algorithm};
 
 /// What one interval's signal says about the upstream.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Too few samples to say anything: the limit holds still.
     NoSignal,
     /// Within target.
@@ -26,7 +26,7 @@ pub enum Verdict {
 /// The next limit after `limit` under `verdict`; `in_use` says whether the
 /// bucket's traffic reaches the limit (a limit nobody uses is not raised:
 /// a healthy signal at low load says nothing about higher load).
-pub fn next_limit(spec: &AdaptiveSpec, limit: f64, verdict: &Verdict, in_use: bool) -> f64 {
+pub(crate) fn next_limit(spec: &AdaptiveSpec, limit: f64, verdict: &Verdict, in_use: bool) -> f64 {
     let next = match (spec.algorithm, verdict) {
         (_, Verdict::NoSignal | Verdict::NearTarget) => limit,
         (_, Verdict::Healthy) if !in_use => limit,

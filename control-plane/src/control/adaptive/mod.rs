@@ -23,7 +23,7 @@ use spec::{AdaptiveSpec, AdaptiveSpecs, Algorithm, Signal};
 /// Fewest sampled responses for a signal to count: fewer say nothing (one
 /// slow response is not congestion). A bucket with fewer in an interval
 /// keeps them and is judged once enough have come in over several.
-pub const MIN_SAMPLES: u64 = 10;
+pub(crate) const MIN_SAMPLES: u64 = 10;
 /// Most intervals a bucket's sparse samples are pooled over before they
 /// are dropped as too old to say anything about the upstream now.
 const MAX_POOLED_INTERVALS: u32 = 20;
@@ -131,7 +131,7 @@ pub struct AdaptiveLimits {
 }
 
 /// What the signal says, for `spec`.
-pub fn judge(
+pub(crate) fn judge(
     spec: &AdaptiveSpec,
     health: Option<&UpstreamHealth>,
 ) -> (Verdict, Option<f64>, Option<f64>) {

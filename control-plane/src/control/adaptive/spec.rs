@@ -61,11 +61,11 @@ pub struct AdaptiveSpec {
 }
 
 /// Default [`AdaptiveSpec::max_error_ratio`].
-pub const DEFAULT_MAX_ERROR_RATIO: f64 = 0.05;
+pub(crate) const DEFAULT_MAX_ERROR_RATIO: f64 = 0.05;
 /// Default [`AdaptiveSpec::decrease_factor`].
-pub const DEFAULT_DECREASE_FACTOR: f64 = 0.8;
+pub(crate) const DEFAULT_DECREASE_FACTOR: f64 = 0.8;
 /// Default [`AdaptiveSpec::smoothing`].
-pub const DEFAULT_SMOOTHING: f64 = 0.3;
+pub(crate) const DEFAULT_SMOOTHING: f64 = 0.3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

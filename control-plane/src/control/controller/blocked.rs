@@ -22,7 +22,7 @@ use std::sync::Arc;
 use sluice_core::{Priority, Reason};
 use sluice_proto::v1::Directive;
 
-use super::{Decision, lift};
+use super::decision::{Decision, lift};
 use crate::config::limits::LimitTable;
 use crate::config::policy::{Mode, Modes};
 use sluice_core::directive::is_lift;

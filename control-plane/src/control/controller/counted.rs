@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use sluice_proto::v1::CountedProxy;
 
-use super::CHANGE_THRESHOLD;
+use super::decision::CHANGE_THRESHOLD;
 use crate::fleet::BucketTraffic;
 use crate::types::LimitRps;
 
 /// Most proxies listed per directive: the ones with the largest uncounted
 /// rates. A proxy left out applies the fleet's ratio to its whole rate.
-pub const MAX_LISTED: usize = 8;
+pub(crate) const MAX_LISTED: usize = 8;
 
 /// A bucket's partly counted proxies and the room left for their
 /// uncounted rates.

@@ -53,44 +53,16 @@ use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
 mod blocked;
 mod counted;
-mod drop_policy;
+mod decision;
 mod retry;
 mod status;
 #[cfg(test)]
 mod tests;
 
-pub use drop_policy::{DropPolicy, Proportional};
+pub use crate::control::drop_policy::{DropPolicy, Proportional};
+pub use decision::{CHANGE_THRESHOLD, Decision, RetiredCell, lift};
 pub use retry::retry_after_ms;
 pub use status::{BucketStatus, CellStatus};
-
-/// A drop ratio that moved by at most this much is not pushed again: the
-/// estimate is noisy and every push goes to every proxy. A share moving by
-/// at most this fraction of itself is not a change either.
-pub const CHANGE_THRESHOLD: f64 = 0.001;
-
-/// The outcome of one control interval.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Decision {
-    /// Every bucket with traffic, sorted by bucket.
-    pub buckets: Vec<BucketStatus>,
-    /// Directives to push now: those that changed since they were last
-    /// pushed, and a final 0 for dropping cells whose traffic stopped.
-    pub changed: Vec<Directive>,
-    /// Cells no longer tracked: take them out of the snapshot (after
-    /// applying `changed`).
-    pub retired: Vec<RetiredCell>,
-}
-
-/// A cell the controller stopped tracking.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RetiredCell {
-    /// Bucket key.
-    pub bucket: Arc<str>,
-    /// Tenant.
-    pub tenant: Arc<str>,
-    /// Priority.
-    pub priority: Priority,
-}
 
 /// What proxies were last told about a cell.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,7 +85,7 @@ struct Pushed {
 /// rate at the last push times `limit / offered_rps`: an offered rate that
 /// grew by more than this fraction since is pushed again, so the caps follow
 /// a load climbing towards the limit instead of binding below it.
-pub const OFFERED_GROWTH: f64 = 0.1;
+pub(crate) const OFFERED_GROWTH: f64 = 0.1;
 
 impl Pushed {
     fn differs_from(&self, next: &Self) -> bool {
@@ -628,18 +600,6 @@ fn retire(bucket: &Arc<str>, cell: CellState, decision: &mut Decision) {
         tenant: cell.tenant,
         priority: cell.priority,
     });
-}
-
-/// The directive that lifts a cell: no ratio, no limit, no share, no mode.
-/// It enforces nothing, so the filter removes the cell's entry instead of
-/// holding it (and a filter that predates this still holds a harmless 0).
-pub fn lift(bucket: &str, tenant: &str, priority: Priority) -> Directive {
-    Directive {
-        bucket: bucket.to_owned(),
-        tenant: tenant.to_owned(),
-        priority: priority.to_wire() as i32,
-        ..Directive::default()
-    }
 }
 
 /// The wire form: `limit_rps` is absent for an unlimited bucket and 0 for

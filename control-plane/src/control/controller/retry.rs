@@ -3,7 +3,7 @@
 use crate::types::ControlInterval;
 
 /// Longest `retry_after_ms` ever pushed.
-pub const MAX_RETRY_AFTER_MS: u64 = 30_000;
+pub(crate) const MAX_RETRY_AFTER_MS: u64 = 30_000;
 
 /// How long a rejected client should wait, from how long its bucket has
 /// been over its limit: one second (or two control intervals, if longer)

@@ -7,11 +7,11 @@ use proptest::prelude::*;
 
 use sluice_proto::v1;
 
-use super::drop_policy::drop_ratio;
 use super::retry::MAX_RETRY_AFTER_MS;
 use super::*;
 use crate::config::limits::{LimitRule, Selector};
 use crate::config::policy::{BurstMultiplier, TenantPolicy, Weight};
+use crate::control::drop_policy::drop_ratio;
 use crate::fleet::BucketLoad;
 use sluice_core::directive::is_lift;
 

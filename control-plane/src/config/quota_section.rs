@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{Limit, Node, Unit, Wildcard};
+use super::quota_file::{Limit, Node, Unit, Wildcard};
 use crate::types::{validate_bucket, validate_tenant};
 
 /// The rate limit service domain the section is served under.
-pub const DOMAIN: &str = "sluice";
+pub(crate) const DOMAIN: &str = "sluice";
 
 /// The `quotas:` section, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -35,7 +35,7 @@ pub struct NativeQuotas(Vec<NativeQuota>);
 /// Hits per unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PerUnit {
+pub(crate) struct PerUnit {
     /// Hits per unit (0: none).
     pub requests_per_unit: u32,
     /// The unit.
@@ -45,7 +45,7 @@ pub struct PerUnit {
 /// One entry of the section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawNativeQuota", into = "RawNativeQuota")]
-pub struct NativeQuota {
+pub(crate) struct NativeQuota {
     /// An exact bucket key, or a prefix (from `pattern: "free-*"`).
     bucket: BucketMatch,
     /// The bucket's own quota.

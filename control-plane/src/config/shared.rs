@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::keys::Keys;
 use crate::store::Store;
+use crate::store::keys::Keys;
 
 /// How long a writer may hold the lock.
 const LOCK_TTL: Duration = Duration::from_secs(5);
@@ -152,8 +152,8 @@ impl SharedConfig {
     pub async fn lock(&self) -> Result<WriteLock, SharedConfigError> {
         let token = format!(
             "{:016x}{:016x}",
-            crate::serve::state::random_epoch(),
-            crate::serve::state::random_epoch()
+            crate::state::random_epoch(),
+            crate::state::random_epoch()
         );
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         loop {

@@ -9,7 +9,7 @@
 //! store instead of misreading it.
 
 /// The layout this build writes and reads.
-pub const FORMAT: &str = "1";
+pub(crate) const FORMAT: &str = "1";
 
 /// Key names.
 #[derive(Debug, Clone)]
@@ -23,10 +23,10 @@ pub struct Keys {
     pub leader: String,
     /// The fence counter: incremented by every new lease.
     pub fence: String,
-    /// The leader's directive table ([`super::record`]).
+    /// The leader's directive table ([`crate::replicas::record`]).
     pub directives: String,
     /// The shared configuration: the limits file's YAML
-    /// ([`super::config_store`]).
+    /// ([`crate::config::shared`]).
     pub config: String,
     /// Its version, incremented by every write.
     pub config_version: String,

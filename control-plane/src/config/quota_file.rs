@@ -22,7 +22,7 @@ use std::path::Path;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, InvalidConfig};
+use crate::config::error::{ConfigError, InvalidConfig};
 
 /// A time unit of envoyproxy/ratelimit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -8,7 +8,7 @@ use sluice_core::{DropRatio, Priority};
 /// The drop ratio that brings `offered_rps` down to `limit`:
 /// `max(0, (offered − limit) / offered)`, and 0 when nothing is offered or
 /// the bucket is unlimited.
-pub fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
+pub(crate) fn drop_ratio(offered_rps: f64, limit: Option<LimitRps>) -> DropRatio {
     match limit {
         Some(limit) if offered_rps > 0.0 => {
             DropRatio::saturating((offered_rps - limit.get()) / offered_rps)
