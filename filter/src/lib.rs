@@ -43,6 +43,7 @@ pub mod request_attributes;
 mod shared;
 mod stream;
 pub mod upstream;
+pub mod usage;
 
 /// The proxy-wasm binding; only exists in the Envoy build.
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
