@@ -220,7 +220,14 @@ impl UsageParser {
 
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
-        for &b in chunk {
+        let mut rest = chunk;
+        while let Some((&b, after)) = rest.split_first() {
+            let skip = self.skippable(rest);
+            if skip > 0 {
+                rest = rest.get(skip..).unwrap_or_default();
+                continue;
+            }
+            rest = after;
             match self.framing {
                 Framing::GaveUp(_) => return,
                 Framing::Unknown => {
@@ -238,6 +245,20 @@ impl UsageParser {
                 _ => self.byte(b),
             }
         }
+    }
+
+    /// How many of `bytes`' first bytes change nothing (the rest of a
+    /// skipped SSE line, the inside of a string that is no key): the
+    /// content of a response passes in one search.
+    fn skippable(&self, bytes: &[u8]) -> usize {
+        let stop: fn(&u8) -> bool = match self.framing {
+            Framing::Sse(Line::Skip) => |b| *b == b'\n',
+            Framing::Sse(Line::Data) | Framing::Json if self.scanner.in_plain_string() => {
+                |b| matches!(*b, b'"' | b'\\' | b'\n')
+            }
+            _ => return 0,
+        };
+        bytes.iter().position(stop).unwrap_or(bytes.len())
     }
 
     fn byte(&mut self, b: u8) {

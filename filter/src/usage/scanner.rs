@@ -33,6 +33,8 @@ pub(crate) struct Scanner {
     /// The last string's first bytes, while it may still be a target.
     key: [u8; KEY_BYTES],
     key_len: usize,
+    /// The string is no target (too long, escaped, or no target starts
+    /// as it does).
     key_too_long: bool,
     /// A string just ended (a key if `:` follows).
     after_string: bool,
@@ -88,6 +90,13 @@ impl Scanner {
                 .key
                 .get(..self.key_len)
                 .is_some_and(|key| TARGETS.contains(&key))
+    }
+
+    /// Whether the bytes up to the next `"`, `\\` or line end change
+    /// nothing: inside a string that is no key to compare, outside a
+    /// capture.
+    pub(crate) fn in_plain_string(&self) -> bool {
+        self.capture_depth.is_none() && self.in_string && !self.escaped && self.key_too_long
     }
 
     /// Reads one byte.
@@ -168,10 +177,17 @@ impl Scanner {
                 self.in_string = false;
                 self.after_string = true;
             }
+            _ if self.key_too_long => {}
             _ => match self.key.get_mut(self.key_len) {
                 Some(slot) => {
                     *slot = b;
                     self.key_len += 1;
+                    // Once no target starts so, the rest of the string is
+                    // skipped.
+                    let key = self.key.get(..self.key_len).unwrap_or_default();
+                    if !TARGETS.iter().any(|target| target.starts_with(key)) {
+                        self.key_too_long = true;
+                    }
                 }
                 None => self.key_too_long = true,
             },
