@@ -545,6 +545,73 @@ mod tests {
         assert_eq!(upstream.tenant("b"), TenantRecord::default());
     }
 
+    /// Sluice's usage parser, fed each response as it arrives (chunk by
+    /// chunk off the socket), reads exactly what the upstream recorded,
+    /// for every API, streamed or not.
+    #[tokio::test]
+    async fn the_filters_usage_parser_reads_what_every_api_reported() {
+        use sluice_filter::usage::{Format, Outcome, UsageParser};
+
+        let upstream = LlmUpstream::start(LlmUpstreamOptions {
+            cached_ratio: 0.25,
+            chunk_interval: Duration::from_millis(1),
+            ..options()
+        })
+        .await
+        .unwrap();
+        let http = reqwest::Client::new();
+        let cases = [
+            (
+                "/v1/chat/completions",
+                r#"{"stream":false}"#,
+                Format::OpenAiJson,
+            ),
+            (
+                "/v1/chat/completions",
+                r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+                Format::OpenAiSse,
+            ),
+            ("/v1/messages", r#"{"stream":false}"#, Format::AnthropicJson),
+            ("/v1/messages", r#"{"stream":true}"#, Format::AnthropicSse),
+            ("/v1beta/models/g:generateContent", "{}", Format::GeminiJson),
+            (
+                "/v1beta/models/g:streamGenerateContent?alt=sse",
+                "{}",
+                Format::GeminiSse,
+            ),
+        ];
+        for (i, (path, body, format)) in cases.into_iter().enumerate() {
+            let tenant = format!("t{i}");
+            let mut response = http
+                .post(format!("{}{path}", upstream.base_url()))
+                .header("x-tenant", &tenant)
+                .body(format!("{body}{}", " ".repeat(400)))
+                .send()
+                .await
+                .unwrap();
+            let mut parser = UsageParser::new(1024);
+            while let Some(chunk) = response.chunk().await.unwrap() {
+                parser.feed(&chunk);
+            }
+            let reported = upstream.tenant(&tenant).usage;
+            let Outcome::Usage(usage, read_as) = parser.outcome() else {
+                panic!("{path}: {:?}", parser.outcome());
+            };
+            assert_eq!(read_as, format, "{path} {body}");
+            assert_eq!(
+                (usage.input, usage.cached_input, usage.output, usage.total),
+                (
+                    reported.input,
+                    reported.cached_input,
+                    reported.output,
+                    reported.total()
+                ),
+                "{path} {body}"
+            );
+            assert!(reported.cached_input > 0);
+        }
+    }
+
     #[tokio::test]
     async fn a_stream_without_include_usage_reports_nothing() {
         let upstream = LlmUpstream::start(options()).await.unwrap();
