@@ -17,6 +17,10 @@
 //!   stream ends: Envoy sends the stream-done descriptors of a refused
 //!   request too).
 //!
+//! - A stream the upstream cuts before its usage is charged nothing (Envoy
+//!   has no value to send), and a reservation is given back: the count
+//!   stays what the upstream reported.
+//!
 //! In the control plane's memory, and on Redis with the local cache of
 //! full windows (`--quota-local-cache-bytes`), whose answers' hits are
 //! written behind rather than dropped.
@@ -29,6 +33,7 @@
 
 use std::time::Duration;
 
+use hyper::header::HeaderName;
 use serde_json::json;
 use sluice_integration_tests::control_plane::{AdminClient, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
@@ -66,6 +71,21 @@ async fn complete(
     stream: bool,
     estimate: Option<u64>,
 ) -> u16 {
+    complete_or_cut(http, base, tenant, stream, estimate, false)
+        .await
+        .unwrap()
+}
+
+/// As [`complete`], the stream cut midway by the upstream when `cut`: the
+/// status, or the error reading the body.
+async fn complete_or_cut(
+    http: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    stream: bool,
+    estimate: Option<u64>,
+    cut: bool,
+) -> Result<u16, reqwest::Error> {
     let body = json!({
         "model": "fake-model",
         "messages": [{"role": "user", "content": "Count the tokens of this question, please."}],
@@ -79,10 +99,13 @@ async fn complete(
     if let Some(estimate) = estimate {
         request = request.header("x-estimated-tokens", estimate.to_string());
     }
-    let response = request.send().await.unwrap();
+    if cut {
+        request = request.header("x-test-abort", "1");
+    }
+    let response = request.send().await?;
     let status = response.status().as_u16();
-    response.bytes().await.unwrap();
-    status
+    response.bytes().await?;
+    Ok(status)
 }
 
 /// Waits until the quota count of `tenant` is `expected` (charges arrive
@@ -138,6 +161,7 @@ async fn check_then_charge_and_reserve_then_settle(
         output_tokens: TokenDistribution::new(150.0, 1_500.0).unwrap(),
         seed: 37,
         tokens_per_chunk: 8,
+        abort_header: Some(HeaderName::from_static("x-test-abort")),
         ..LlmUpstreamOptions::default()
     })
     .await
@@ -245,6 +269,24 @@ async fn check_then_charge_and_reserve_then_settle(
     // The refused reservation was counted (a fixed window counts what it
     // refuses), and given back when its stream ended.
     count_reaches(admin, "umbrella", umbrella.usage.total()).await;
+
+    // Streams cut before their usage: no metadata, so Envoy sends no
+    // charge; a reservation is still given back. Both count nothing, as
+    // the upstream reported nothing.
+    for (tenant, estimate) in [("wayne", None), ("stark", Some(estimate))] {
+        for _ in 0..2 {
+            let cut = complete_or_cut(&http, &base, tenant, true, estimate, true).await;
+            assert!(cut.is_err(), "{tenant}: the stream was cut: {cut:?}");
+        }
+        let record = upstream.tenant(tenant);
+        assert_eq!((record.aborted, record.reported), (2, 0), "{record:?}");
+        // The reservation is counted at first, then given back.
+        count_reaches(admin, tenant, 0).await;
+        let status = complete(&http, &base, tenant, false, estimate).await;
+        assert_eq!(status, 200);
+        count_reaches(admin, tenant, upstream.tenant(tenant).usage.total()).await;
+    }
+
     let metrics = control_plane.admin().metrics().await.unwrap();
     println!(
         "{}",

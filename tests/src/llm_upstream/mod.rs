@@ -58,6 +58,9 @@ pub struct LlmUpstreamOptions {
     pub error_rate: f64,
     /// The status of those answers.
     pub error_status: StatusCode,
+    /// A request carrying this header (any value) is cut midway if
+    /// streamed, whatever `abort_rate` draws: a test picks its aborts.
+    pub abort_header: Option<HeaderName>,
     /// The request header naming the tenant (`anonymous` without it).
     pub tenant_header: HeaderName,
     /// If set, every answer that reports usage also carries its total
@@ -78,6 +81,7 @@ impl Default for LlmUpstreamOptions {
             abort_rate: 0.0,
             error_rate: 0.0,
             error_status: StatusCode::SERVICE_UNAVAILABLE,
+            abort_header: None,
             tenant_header: HeaderName::from_static("x-tenant"),
             usage_header: None,
         }
@@ -331,7 +335,11 @@ async fn answer(
         let mut state = lock(&state);
         let output = state.sampler.tokens();
         let error = state.sampler.chance(options.error_rate);
-        let abort = asked.stream && state.sampler.chance(options.abort_rate);
+        let asked_to_abort = options
+            .abort_header
+            .as_ref()
+            .is_some_and(|name| parts.headers.contains_key(name));
+        let abort = asked.stream && (state.sampler.chance(options.abort_rate) || asked_to_abort);
         state.next_id += 1;
         let cached_input = (asked.input as f64 * options.cached_ratio).floor() as u64;
         Drawn {
@@ -646,6 +654,26 @@ mod tests {
         let record = upstream.tenant("anonymous");
         assert_eq!((record.aborted, record.reported), (1, 0));
         assert_eq!(record.usage, Usage::default());
+
+        // Aborts picked by a request header.
+        let picked = LlmUpstream::start(LlmUpstreamOptions {
+            abort_header: Some(HeaderName::from_static("x-abort")),
+            ..options()
+        })
+        .await
+        .unwrap();
+        for abort in [false, true] {
+            let mut request = reqwest::Client::new()
+                .post(format!("{}/v1/messages", picked.base_url()))
+                .json(&serde_json::json!({"stream": true}));
+            if abort {
+                request = request.header("x-abort", "1");
+            }
+            let body = request.send().await.unwrap().bytes().await;
+            assert_eq!(body.is_err(), abort);
+        }
+        let record = picked.tenant("anonymous");
+        assert_eq!((record.aborted, record.reported), (1, 1));
 
         let failing = LlmUpstream::start(LlmUpstreamOptions {
             error_rate: 1.0,
