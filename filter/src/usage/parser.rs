@@ -248,17 +248,28 @@ impl UsageParser {
     }
 
     /// How many of `bytes`' first bytes change nothing (the rest of a
-    /// skipped SSE line, the inside of a string that is no key): the
-    /// content of a response passes in one search.
+    /// skipped SSE line, the inside of a string that is no key, what lies
+    /// between values): the content of a response passes in a few
+    /// searches.
     fn skippable(&self, bytes: &[u8]) -> usize {
-        let stop: fn(&u8) -> bool = match self.framing {
-            Framing::Sse(Line::Skip) => |b| *b == b'\n',
-            Framing::Sse(Line::Data) | Framing::Json if self.scanner.in_plain_string() => {
-                |b| matches!(*b, b'"' | b'\\' | b'\n')
+        let found = match self.framing {
+            Framing::Sse(Line::Skip) => bytes.iter().position(|&b| b == b'\n'),
+            Framing::Sse(Line::Data) | Framing::Json => {
+                if self.scanner.in_plain_string() {
+                    bytes
+                        .iter()
+                        .position(|&b| matches!(b, b'"' | b'\\' | b'\n'))
+                } else if self.scanner.between_values() {
+                    bytes
+                        .iter()
+                        .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b'\n'))
+                } else {
+                    return 0;
+                }
             }
-            _ => return 0,
+            Framing::Unknown | Framing::Sse(_) | Framing::GaveUp(_) => return 0,
         };
-        bytes.iter().position(stop).unwrap_or(bytes.len())
+        found.unwrap_or(bytes.len())
     }
 
     fn byte(&mut self, b: u8) {

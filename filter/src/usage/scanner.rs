@@ -99,6 +99,17 @@ impl Scanner {
         self.capture_depth.is_none() && self.in_string && !self.escaped && self.key_too_long
     }
 
+    /// Whether the bytes up to the next quote, bracket or line end change
+    /// nothing: between values, no key just read, outside a capture
+    /// (numbers, literals, commas, colons and blanks only count depth and
+    /// strings, which they do not open or close).
+    pub(crate) fn between_values(&self) -> bool {
+        self.capture_depth.is_none()
+            && !self.in_string
+            && !self.after_string
+            && !self.value_of_target
+    }
+
     /// Reads one byte.
     pub(crate) fn byte(&mut self, b: u8) -> Step {
         if let Some(close_at) = self.capture_depth {
