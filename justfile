@@ -168,7 +168,7 @@ certs:
 # Fuzz every target for SECONDS each with cargo fuzz (nightly and cargo-fuzz are
 # installed on first use). Crashes land in fuzz/artifacts/<target>/; move one
 # into fuzz/regressions/<target>/ to keep it as a regression test.
-fuzz SECONDS="60" *TARGETS="filter_config limits_file directive_batch bucket_key report header_bytes":
+fuzz SECONDS="60" *TARGETS="filter_config limits_file directive_batch bucket_key report header_bytes usage_stream cost_rule":
     rustup toolchain install nightly --profile minimal
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     for target in {{TARGETS}}; do \

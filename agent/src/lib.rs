@@ -30,6 +30,7 @@ pub mod settings;
 pub(crate) mod shared;
 pub mod tick;
 pub mod upstream;
+pub mod usage;
 mod vm;
 
 /// In-memory hosts: the agent outside a proxy, in tests and the simulator.

@@ -8,6 +8,8 @@
 //! asserts what must hold for any input: no panic, and the bounds the code
 //! promises (key lengths, table sizes, ratios in `[0, 1]`, finite rates).
 
+pub mod usage;
+
 use std::borrow::Cow;
 
 use prost::Message;
@@ -34,6 +36,8 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("bucket_key", bucket_key),
     ("report", report),
     ("header_bytes", header_bytes),
+    ("usage_stream", usage::usage_stream),
+    ("cost_rule", usage::cost_rule),
 ];
 
 /// Directive tables in the checks hold at most this many buckets.

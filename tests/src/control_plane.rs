@@ -490,6 +490,34 @@ impl AdminClient {
         .await
     }
 
+    /// `GET /v1/quotas/{domain}?KEY=VALUE&…`: where the descriptor
+    /// `entries` stands (`used`, `remaining`, …), counting nothing.
+    pub async fn quota(&self, domain: &str, entries: &[(&str, &str)]) -> Result<serde_json::Value> {
+        let url =
+            reqwest::Url::parse_with_params(&format!("{}/v1/quotas/{domain}", self.base), entries)
+                .with_context(|| format!("a quota read of {domain} {entries:?}"))?;
+        let url = url.to_string();
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        let response = check(response, &url).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("GET {url}: bad JSON"))
+    }
+
+    /// The `used` of [`Self::quota`]: the descriptor's count now.
+    pub async fn quota_used(&self, domain: &str, entries: &[(&str, &str)]) -> Result<u64> {
+        let read = self.quota(domain, entries).await?;
+        read.get("used")
+            .and_then(serde_json::Value::as_u64)
+            .with_context(|| format!("no `used` in {read}"))
+    }
+
     /// `GET /v1/adaptive`: every adaptive bucket's limit and why it moved.
     pub async fn adaptive(&self) -> Result<serde_json::Value> {
         self.get_json("/v1/adaptive").await

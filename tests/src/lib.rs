@@ -14,6 +14,7 @@
 //! - [`fault_proxy`]: a TCP proxy that can cut one process off from a server (a partition).
 //! - [`fake_proxy`]: a gRPC client that says Hello as any proxy and reports any counts.
 //! - [`fleet`]: a control plane plus N Envoys, ready for a test.
+//! - [`llm_upstream`]: a fake LLM provider (OpenAI, Anthropic, Gemini; streamed or not) that records the usage it reported.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
 //! - [`mesh`]: Istio's and Envoy Gateway's delivery of the wasm filter, as their sources build it.
 //! - [`quotas`]: Envoys with the Sluice filter and Envoy's `ratelimit` filter (exact quotas).
@@ -36,6 +37,7 @@ pub mod envoy;
 pub mod fake_proxy;
 pub mod fault_proxy;
 pub mod fleet;
+pub mod llm_upstream;
 pub mod load;
 pub mod mesh;
 pub mod oci;

@@ -18,6 +18,13 @@
 //! future. Clocks may jump backwards (an NTP step): a decision never
 //! admits more than the state allows, it only stops the clock from
 //! refilling.
+//!
+//! Hits arrive in one of three [`Direction`]s: taken (a request asking to
+//! pass: counted if admitted, and by the fixed window when refused too),
+//! charged (a cost already spent, such as tokens charged when a stream
+//! ends: counted whether it fits or not, so a quota already over its limit
+//! never loses it) or refunded (Envoy's `is_negative_hits`: given back,
+//! never refused, never below zero).
 
 /// Which algorithm a quota uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -30,6 +37,20 @@ pub enum Algorithm {
     /// Windows aligned to the clock (envoyproxy/ratelimit's).
     #[default]
     FixedWindow,
+}
+
+/// How a request's hits change a counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    /// Asked for: counted when admitted (the fixed window counts refused
+    /// hits too, as envoyproxy/ratelimit does).
+    #[default]
+    Take,
+    /// Already spent: counted whether admitted or not (the answer still
+    /// says whether they fitted).
+    Charge,
+    /// Given back: subtracted down to zero at most, always admitted.
+    Refund,
 }
 
 /// `limit` hits per `window_ms`.
@@ -79,13 +100,27 @@ pub struct Decision {
 }
 
 impl Algorithm {
-    /// Decides `hits` units at `now_ms` against `quota`, updating `state`.
+    /// Decides `hits` units taken at `now_ms` against `quota`, updating
+    /// `state`.
     pub fn decide(self, state: &mut State, quota: Quota, now_ms: u64, hits: u32) -> Decision {
+        self.apply(state, quota, now_ms, hits, Direction::Take)
+    }
+
+    /// Applies `hits` units in `direction` at `now_ms` against `quota`,
+    /// updating `state`.
+    pub fn apply(
+        self,
+        state: &mut State,
+        quota: Quota,
+        now_ms: u64,
+        hits: u32,
+        direction: Direction,
+    ) -> Decision {
         let window = quota.window_ms.max(1);
         match self {
-            Algorithm::FixedWindow => fixed(state, quota, window, now_ms, hits),
-            Algorithm::SlidingWindow => sliding(state, quota, window, now_ms, hits),
-            Algorithm::Gcra => gcra(state, quota, window, now_ms, hits),
+            Algorithm::FixedWindow => fixed(state, quota, window, now_ms, hits, direction),
+            Algorithm::SlidingWindow => sliding(state, quota, window, now_ms, hits, direction),
+            Algorithm::Gcra => gcra(state, quota, window, now_ms, hits, direction),
         }
     }
 }
@@ -94,7 +129,14 @@ fn window_start(now_ms: u64, window: u64) -> u64 {
     now_ms - now_ms % window
 }
 
-fn fixed(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -> Decision {
+fn fixed(
+    state: &mut State,
+    quota: Quota,
+    window: u64,
+    now_ms: u64,
+    hits: u32,
+    direction: Direction,
+) -> Decision {
     let start = window_start(now_ms, window);
     // A clock that went back stays in the window it had reached.
     if start > state.mark || state.window != window {
@@ -106,10 +148,15 @@ fn fixed(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -
         };
     }
     let limit = u64::from(quota.limit);
-    let after = state.current.saturating_add(u64::from(hits));
-    // As envoyproxy/ratelimit: the counter counts refused hits too.
+    let (after, admitted) = if direction == Direction::Refund {
+        let after = state.current.saturating_sub(u64::from(hits));
+        (after, true)
+    } else {
+        // As envoyproxy/ratelimit: the counter counts refused hits too.
+        let after = state.current.saturating_add(u64::from(hits));
+        (after, after <= limit)
+    };
     state.current = after;
-    let admitted = after <= limit;
     Decision {
         admitted,
         remaining: to_u32(limit.saturating_sub(after)),
@@ -118,7 +165,14 @@ fn fixed(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -
     }
 }
 
-fn sliding(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -> Decision {
+fn sliding(
+    state: &mut State,
+    quota: Quota,
+    window: u64,
+    now_ms: u64,
+    hits: u32,
+    direction: Direction,
+) -> Decision {
     let start = window_start(now_ms, window);
     if start > state.mark {
         let previous = if start - state.mark == window {
@@ -137,10 +191,23 @@ fn sliding(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32)
     let weight = (window - into) as f64 / window as f64;
     let estimate = state.previous as f64 * weight + state.current as f64;
     let limit = f64::from(quota.limit);
-    let admitted = estimate + f64::from(hits) <= limit;
-    if admitted {
-        state.current = state.current.saturating_add(u64::from(hits));
-    }
+    let admitted = match direction {
+        Direction::Refund => {
+            // The current window's hits first, then the previous one's.
+            let hits = u64::from(hits);
+            let from_current = hits.min(state.current);
+            state.current -= from_current;
+            state.previous = state.previous.saturating_sub(hits - from_current);
+            true
+        }
+        Direction::Take | Direction::Charge => {
+            let admitted = estimate + f64::from(hits) <= limit;
+            if admitted || direction == Direction::Charge {
+                state.current = state.current.saturating_add(u64::from(hits));
+            }
+            admitted
+        }
+    };
     let used = state.previous as f64 * weight + state.current as f64;
     let remaining = if admitted {
         to_u32((limit - used).max(0.0).floor() as u64)
@@ -155,11 +222,18 @@ fn sliding(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32)
     }
 }
 
-fn gcra(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) -> Decision {
+fn gcra(
+    state: &mut State,
+    quota: Quota,
+    window: u64,
+    now_ms: u64,
+    hits: u32,
+    direction: Direction,
+) -> Decision {
     let now = now_ms.saturating_mul(1_000);
     if quota.limit == 0 {
         return Decision {
-            admitted: hits == 0,
+            admitted: hits == 0 || direction == Direction::Refund,
             remaining: 0,
             reset_ms: window,
             used: 0,
@@ -169,23 +243,35 @@ fn gcra(state: &mut State, quota: Quota, window: u64, now_ms: u64, hits: u32) ->
     let interval = (window.saturating_mul(1_000) / u64::from(quota.limit)).max(1);
     let burst = u64::from(quota.burst.max(1));
     let tolerance = interval.saturating_mul(burst - 1);
-    let tat = state.mark.max(now);
-    let new_tat = tat.saturating_add(interval.saturating_mul(u64::from(hits)));
-    // Admitted while the schedule runs at most `tolerance + interval` ahead
-    // of now (the first hit's own slot plus the burst).
-    let admitted = hits == 0 || new_tat.saturating_sub(now) <= tolerance.saturating_add(interval);
-    if admitted {
-        state.mark = new_tat;
-    }
+    let allowance = tolerance.saturating_add(interval);
+    let spread = interval.saturating_mul(u64::from(hits));
+    let (admitted, new_tat) = if direction == Direction::Refund {
+        // Back by the refunded hits' slots (a schedule behind now is whole:
+        // the next hit starts from now).
+        state.mark = state.mark.saturating_sub(spread);
+        (true, state.mark)
+    } else {
+        let tat = state.mark.max(now);
+        let new_tat = tat.saturating_add(spread);
+        // Admitted while the schedule runs at most `tolerance + interval`
+        // ahead of now (the first hit's own slot plus the burst); a charge
+        // beyond it is a debt that refuses what follows until it is paid.
+        let admitted = new_tat.saturating_sub(now) <= allowance;
+        if admitted || direction == Direction::Charge {
+            state.mark = new_tat;
+        }
+        (admitted, new_tat)
+    };
     let ahead = state.mark.max(now) - now;
     let in_flight = ahead.div_ceil(interval);
     if !admitted {
         // When these hits would pass: once the schedule is back within the
-        // allowance; never if they are more than the burst (then a window).
-        let wait = if u64::from(hits) > burst {
+        // allowance; never if they are more than the burst (then a
+        // window). A charge is counted already: until its debt is paid.
+        let wait = if direction == Direction::Take && u64::from(hits) > burst {
             window.saturating_mul(1_000)
         } else {
-            new_tat.saturating_sub(now.saturating_add(tolerance.saturating_add(interval)))
+            new_tat.saturating_sub(now.saturating_add(allowance))
         };
         return Decision {
             admitted,
@@ -312,6 +398,147 @@ mod tests {
             ),
             1..400,
         )
+    }
+
+    const ALL: [Algorithm; 3] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ];
+
+    /// A charge on a quota already spent is counted all the same (the next
+    /// check is refused for longer), where a refused take of the sliding
+    /// window or GCRA is not.
+    #[test]
+    fn a_charge_over_the_limit_is_counted_a_take_may_not_be() {
+        let q = quota(10, 1_000);
+        for algorithm in ALL {
+            let mut state = State::default();
+            assert!(algorithm.decide(&mut state, q, 0, 10).admitted);
+            let taken = {
+                let mut s = state;
+                let d = algorithm.apply(&mut s, q, 0, 5, Direction::Take);
+                assert!(!d.admitted, "{algorithm:?}");
+                s
+            };
+            let charged = algorithm.apply(&mut state, q, 0, 5, Direction::Charge);
+            assert!(!charged.admitted, "{algorithm:?}: it did not fit");
+            assert_eq!(charged.remaining, 0);
+            assert!(charged.reset_ms > 0, "{algorithm:?}");
+            match algorithm {
+                Algorithm::FixedWindow => {
+                    assert_eq!(taken, state, "the fixed window counts both");
+                    assert_eq!(charged.used, 15);
+                }
+                _ => assert_ne!(taken, state, "{algorithm:?}: only the charge counts"),
+            }
+            // A zero-hit check sees the debt: refused, and refused later
+            // than a full quota alone would be.
+            let check = algorithm.apply(&mut state, q, 1, 0, Direction::Take);
+            assert!(!check.admitted, "{algorithm:?}: {check:?}");
+        }
+    }
+
+    /// A refund is always admitted, gives back what it names and never
+    /// goes below zero.
+    #[test]
+    fn a_refund_gives_back_and_stops_at_zero() {
+        let q = quota(10, 1_000);
+        for algorithm in ALL {
+            let mut state = State::default();
+            algorithm.apply(&mut state, q, 100, 12, Direction::Charge);
+            let refund = algorithm.apply(&mut state, q, 100, 7, Direction::Refund);
+            assert!(refund.admitted, "{algorithm:?}");
+            assert_eq!(refund.used, 5, "{algorithm:?}: {refund:?}");
+            assert_eq!(refund.remaining, 5, "{algorithm:?}: {refund:?}");
+            let refund = algorithm.apply(&mut state, q, 100, 1_000, Direction::Refund);
+            assert_eq!((refund.used, refund.remaining), (0, 10), "{algorithm:?}");
+            // Nothing is owed: the whole quota passes.
+            assert!(
+                algorithm.decide(&mut state, q, 100, 10).admitted,
+                "{algorithm:?}"
+            );
+        }
+        // A refund of a limit of 0 is admitted too.
+        let mut state = State::default();
+        assert!(
+            Algorithm::Gcra
+                .apply(&mut state, quota(0, 1_000), 0, 3, Direction::Refund)
+                .admitted
+        );
+    }
+
+    /// The sliding window gives back the current window's hits first, then
+    /// the previous window's.
+    #[test]
+    fn a_sliding_refund_reaches_into_the_previous_window() {
+        let q = quota(100, 1_000);
+        let mut state = State::default();
+        Algorithm::SlidingWindow.apply(&mut state, q, 500, 80, Direction::Charge);
+        Algorithm::SlidingWindow.apply(&mut state, q, 1_500, 10, Direction::Charge);
+        // Half the previous window still weighs: 80 / 2 + 10.
+        let refund = Algorithm::SlidingWindow.apply(&mut state, q, 1_500, 30, Direction::Refund);
+        // 10 from the current window, 20 from the previous: 60 / 2 + 0.
+        assert_eq!(refund.used, 30);
+    }
+
+    proptest! {
+        /// Whatever came before, a charge followed by a refund of the same
+        /// hits at the same instant changes nothing any later decision
+        /// sees.
+        #[test]
+        fn a_refunded_charge_leaves_no_trace(
+            limit in 1_u32..50,
+            steps in steps(),
+            hits in 0_u32..200,
+            later in proptest::collection::vec((0_u64..3_000, 0_u32..5), 1..20),
+        ) {
+            for algorithm in ALL {
+                let q = quota(limit, 1_000);
+                let mut state = State::default();
+                let mut now: i64 = 10_000_000;
+                for &(step, step_hits) in &steps {
+                    now = (now + step).max(0);
+                    algorithm.decide(&mut state, q, u64::try_from(now).unwrap(), step_hits);
+                }
+                let now = u64::try_from(now).unwrap();
+                let mut with = state;
+                algorithm.apply(&mut with, q, now, hits, Direction::Charge);
+                algorithm.apply(&mut with, q, now, hits, Direction::Refund);
+                let mut without = state;
+                let mut t = now;
+                for &(step, step_hits) in &later {
+                    t += step;
+                    let a = algorithm.decide(&mut with, q, t, step_hits);
+                    let b = algorithm.decide(&mut without, q, t, step_hits);
+                    prop_assert_eq!(a, b, "{:?} at {}", algorithm, t);
+                }
+            }
+        }
+
+        /// Charges are never lost: within one fixed window the count is
+        /// every charge, over the limit or not, less the refunds (never
+        /// below zero).
+        #[test]
+        fn fixed_window_counts_every_charge(
+            limit in 0_u32..100,
+            ops in proptest::collection::vec((0_u32..500, proptest::bool::ANY), 1..50),
+        ) {
+            let q = quota(limit, 60_000);
+            let mut state = State::default();
+            let mut expected: u64 = 0;
+            for (i, (hits, refund)) in ops.into_iter().enumerate() {
+                let direction = if refund { Direction::Refund } else { Direction::Charge };
+                let d = Algorithm::FixedWindow.apply(&mut state, q, 1_000 + i as u64, hits, direction);
+                expected = if refund {
+                    expected.saturating_sub(u64::from(hits))
+                } else {
+                    expected + u64::from(hits)
+                };
+                prop_assert_eq!(d.used, expected);
+                prop_assert!(d.admitted || !refund);
+            }
+        }
     }
 
     proptest! {

@@ -47,10 +47,20 @@ pub struct QuotaArgs {
     pub quota_near_limit_ratio: NearLimitRatio,
     /// When a request would take a fixed window over its limit, count its
     /// hits only in the windows that go over (its other descriptors are
-    /// not charged for a refused request).
+    /// not charged for a refused request). It costs after-the-fact charges
+    /// (`apply_on_stream_done`): a charge that takes one of its descriptors
+    /// over is not counted in the others.
     #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
     pub quota_stop_increment_when_over_limit: bool,
+    /// With sliding_window or gcra: count the hits a quota refuses too (the
+    /// fixed window always does), so that a cost charged after the fact
+    /// (tokens charged when a stream ends) is never dropped because its
+    /// quota is already spent. Requests refused then keep a quota spent
+    /// while they are retried, as a fixed window's do.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
+    pub quota_count_refused_hits: bool,
     /// Add the tightest limit's quota, remaining hits and seconds to reset
     /// to every answer, as response headers (named by the next three
     /// options). Off by default: Envoy's `enable_x_ratelimit_headers` adds
@@ -116,6 +126,7 @@ impl QuotaArgs {
             local_cache_bytes: self.quota_local_cache_bytes,
             near_limit_ratio: self.quota_near_limit_ratio,
             stop_increment_when_over_limit: self.quota_stop_increment_when_over_limit,
+            count_refused_hits: self.quota_count_refused_hits,
             response_headers: self.quota_response_headers.then(|| ResponseHeaders {
                 limit: self.quota_header_limit.clone(),
                 remaining: self.quota_header_remaining.clone(),
@@ -250,6 +261,12 @@ mod tests {
         assert_eq!(defaults.store_failure, StoreFailure::Error);
         assert_eq!(defaults.response_headers, None);
         assert!(!defaults.stop_increment_when_over_limit && !defaults.load.merge_domains);
+        assert!(!defaults.count_refused_hits);
+        assert!(
+            settings(&["--quota-count-refused-hits"])
+                .unwrap()
+                .count_refused_hits
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use super::algorithm::{self, Algorithm};
+use super::algorithm::{self, Algorithm, Direction};
 use super::over_limit_cache::OverLimitCache;
 use super::redis_store::{self, RedisCounters};
 use super::settings::QuotaSettings;
@@ -103,7 +103,7 @@ impl Quotas {
     pub fn with_redis(mut self, counters: RedisCounters) -> Self {
         self.counters = Counters::Redis {
             counters: Box::new(counters),
-            over_limit: OverLimitCache::new(self.settings.local_cache_bytes),
+            over_limit: OverLimitCache::new(self.settings.local_cache_bytes).map(Arc::new),
         };
         self
     }
@@ -182,10 +182,10 @@ pub(super) enum Counters {
     /// In the shared store, one round trip per request (boxed: the
     /// store's client is much larger than the in-memory store's handle),
     /// unless every counted descriptor is a fixed window known to be over
-    /// its limit (`over_limit`).
+    /// its limit (`over_limit`: their hits are then written behind).
     Redis {
         counters: Box<RedisCounters>,
-        over_limit: Option<OverLimitCache>,
+        over_limit: Option<Arc<OverLimitCache>>,
     },
 }
 
@@ -213,7 +213,11 @@ impl Counters {
                 Ok(memory.peek(&count.counter, algorithm, count.quota, now_ms))
             }
             Counters::Redis { counters, .. } => {
-                let zero = redis_store::Count { hits: 0, ..count };
+                let zero = redis_store::Count {
+                    hits: 0,
+                    direction: Direction::Take,
+                    ..count
+                };
                 counters
                     .decide(algorithm, std::slice::from_ref(&zero), false, None)
                     .await?
@@ -244,23 +248,25 @@ impl Counters {
                         .iter()
                         .map(|count| {
                             let now = memory.peek(&count.counter, algorithm, count.quota, now_ms);
-                            now.used + u64::from(count.hits) > u64::from(count.quota.limit)
+                            count.adds()
+                                && now.used + u64::from(count.hits) > u64::from(count.quota.limit)
                         })
                         .collect();
-                    if over.iter().any(|over| *over) {
-                        for (hits, over) in hits.iter_mut().zip(&over) {
-                            if !over {
-                                *hits = 0;
-                            }
-                        }
-                    }
+                    stop_increment(&mut hits, &over, counts);
                 }
                 counts
                     .iter()
                     .zip(hits)
                     .map(|(count, hits)| {
                         memory
-                            .decide(&count.counter, algorithm, count.quota, now_ms, hits)
+                            .apply(
+                                &count.counter,
+                                algorithm,
+                                count.quota,
+                                now_ms,
+                                hits,
+                                count.direction,
+                            )
                             .map(Decided::Counted)
                     })
                     .collect()
@@ -274,7 +280,12 @@ impl Counters {
                     .filter(|_| algorithm == Algorithm::FixedWindow);
                 match cache {
                     Some(cache) => {
-                        decide_cached(counters, connection, cache, counts, stop, now_ms).await
+                        let cached = Cached {
+                            counters,
+                            connection,
+                            cache,
+                        };
+                        cached.decide(counts, stop, now_ms).await
                     }
                     None => match counters.decide(algorithm, counts, stop, connection).await {
                         Ok(decisions) => decisions
@@ -298,72 +309,149 @@ pub(super) enum Decided {
     Cached(algorithm::Decision),
 }
 
-/// Fixed-window counts: those `cache` knows to be over their limit are
-/// refused here, the rest go to Redis in one call (with `stop_increment`
-/// and a descriptor refused here, without hits, as envoyproxy/ratelimit
-/// sends them); counters Redis finds full are noted until their window
-/// ends.
-async fn decide_cached(
-    counters: &RedisCounters,
-    connection: Option<&StoreConnection>,
-    cache: &OverLimitCache,
-    counts: &[redis_store::Count],
-    stop_increment: bool,
-    now_ms: u64,
-) -> Vec<Result<Decided, CountError>> {
-    let mut answers: Vec<Option<Result<Decided, CountError>>> = Vec::with_capacity(counts.len());
-    let mut sent = Vec::new();
-    for count in counts {
-        // A zero-hit peek reads the counter itself.
-        let cached = (count.hits > 0)
-            .then(|| cache.over_for(&count.counter, now_ms))
-            .flatten();
-        match cached {
-            Some(left_ms) => {
-                answers.push(Some(Ok(Decided::Cached(algorithm::Decision {
-                    admitted: false,
-                    remaining: 0,
-                    reset_ms: left_ms,
-                    used: u64::from(count.quota.limit).saturating_add(u64::from(count.hits)),
-                }))));
-            }
-            None => {
-                answers.push(None);
-                sent.push(count.clone());
+/// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when a count would go
+/// over its limit (`over`), the hits of the others that add are not
+/// counted (a refund is always given).
+fn stop_increment(hits: &mut [u32], over: &[bool], counts: &[redis_store::Count]) {
+    if over.iter().any(|over| *over) {
+        for ((hits, over), count) in hits.iter_mut().zip(over).zip(counts) {
+            if !over && count.adds() {
+                *hits = 0;
             }
         }
     }
-    let any_cached = sent.len() < counts.len();
-    if stop_increment && any_cached {
-        for count in &mut sent {
-            count.hits = 0;
-        }
-    }
-    let decided = counters
-        .decide(Algorithm::FixedWindow, &sent, stop_increment, connection)
-        .await;
-    let mut decided = match decided {
-        Ok(decisions) => decisions.into_iter().map(Ok).collect::<Vec<_>>(),
-        Err(err) => vec![Err(err); sent.len()],
-    }
-    .into_iter()
-    .zip(sent);
-    answers
-        .into_iter()
-        .map(|answer| match answer {
-            Some(answer) => answer,
-            None => match decided.next() {
-                Some((decision, count)) => decision.map(|d| {
-                    // A refused fixed window stays full until it ends.
-                    if !d.admitted {
-                        cache.insert(&count.counter, d.reset_ms, now_ms);
+}
+
+/// The Redis counters behind a local cache of full fixed windows.
+struct Cached<'a> {
+    counters: &'a RedisCounters,
+    connection: Option<&'a StoreConnection>,
+    cache: &'a Arc<OverLimitCache>,
+}
+
+impl Cached<'_> {
+    /// Fixed-window counts: those the cache knows to be over their limit
+    /// are refused here and their hits written behind (never dropped);
+    /// the rest go to Redis in one call (with `stop_increment` and a
+    /// descriptor refused here, the others' hits not counted, as
+    /// envoyproxy/ratelimit sends them). Counters Redis finds full are
+    /// noted until their window ends; a refund always goes to Redis and
+    /// takes its counter out of the cache.
+    async fn decide(
+        &self,
+        counts: &[redis_store::Count],
+        stop_increment: bool,
+        now_ms: u64,
+    ) -> Vec<Result<Decided, CountError>> {
+        let cache = self.cache;
+        let mut answers: Vec<Option<Result<Decided, CountError>>> =
+            Vec::with_capacity(counts.len());
+        let mut sent = Vec::new();
+        for count in counts {
+            let cached = count
+                .adds()
+                .then(|| cache.over_for(&count.counter, now_ms))
+                .flatten();
+            match cached {
+                Some(left_ms) => {
+                    if count.hits > 0 && cache.owe(&count.counter, u64::from(count.hits)) {
+                        self.write_behind(count);
                     }
-                    Decided::Counted(d)
-                }),
-                None => Err(CountError::Unavailable(
-                    "no answer for the counter".to_owned(),
-                )),
-            },
-        })
-        .collect()
+                    answers.push(Some(Ok(Decided::Cached(algorithm::Decision {
+                        admitted: false,
+                        remaining: 0,
+                        reset_ms: left_ms,
+                        used: u64::from(count.quota.limit).saturating_add(u64::from(count.hits)),
+                    }))));
+                }
+                None => {
+                    answers.push(None);
+                    sent.push(count.clone());
+                }
+            }
+        }
+        let any_cached = sent.len() < counts.len();
+        if stop_increment && any_cached {
+            for count in sent.iter_mut().filter(|count| count.adds()) {
+                count.hits = 0;
+            }
+        }
+        let decided = self
+            .counters
+            .decide(
+                Algorithm::FixedWindow,
+                &sent,
+                stop_increment,
+                self.connection,
+            )
+            .await;
+        let mut decided = match decided {
+            Ok(decisions) => decisions.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(err) => vec![Err(err); sent.len()],
+        }
+        .into_iter()
+        .zip(sent);
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Some(answer) => answer,
+                None => match decided.next() {
+                    Some((decision, count)) => decision.map(|d| {
+                        if count.direction == Direction::Refund {
+                            // It may be under its limit again.
+                            cache.forget(&count.counter);
+                        } else if !d.admitted {
+                            // A refused fixed window stays full until it
+                            // ends (unless a refund comes).
+                            cache.insert(&count.counter, d.reset_ms, now_ms);
+                        }
+                        Decided::Counted(d)
+                    }),
+                    None => Err(CountError::Unavailable(
+                        "no answer for the counter".to_owned(),
+                    )),
+                },
+            })
+            .collect()
+    }
+
+    /// Starts writing the hits `count`'s counter owes to Redis: one call
+    /// at a time, each taking every hit owed when it starts, until none
+    /// is left. Hits that cannot be written (Redis down) are lost as any
+    /// hit is while the store fails.
+    fn write_behind(&self, count: &redis_store::Count) {
+        let counters = self.counters.clone();
+        let connection = self.connection.cloned();
+        let cache = Arc::clone(self.cache);
+        let template = redis_store::Count {
+            hits: 0,
+            direction: Direction::Take,
+            ..count.clone()
+        };
+        let flush = tokio::spawn(async move {
+            loop {
+                let owed = cache.take_owed(&template.counter, u64::from(u32::MAX));
+                if owed == 0 {
+                    break;
+                }
+                let hits = u32::try_from(owed).unwrap_or(u32::MAX);
+                let owed_count = redis_store::Count {
+                    hits,
+                    ..template.clone()
+                };
+                if let Err(err) = counters
+                    .decide(
+                        Algorithm::FixedWindow,
+                        std::slice::from_ref(&owed_count),
+                        false,
+                        connection.as_ref(),
+                    )
+                    .await
+                {
+                    tracing::warn!(%err, hits, "hits answered by the local cache could not be written to the quota store");
+                }
+            }
+        });
+        self.cache.track(flush);
+    }
 }

@@ -23,7 +23,7 @@ pub(crate) mod settings;
 pub(crate) mod store;
 
 pub use crate::config::quota_file::{LoadOptions, QuotaConfig, Unit};
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, Direction};
 pub use engine::{Clock, Quotas, system_clock};
 pub use lookup::MAX_ENTRIES;
 pub use over_limit_cache::OverLimitCache;

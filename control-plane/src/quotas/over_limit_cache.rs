@@ -1,25 +1,50 @@
 //! Counters known to be over their limit until their window ends, answered
-//! in this process without a round trip to the shared store
+//! in this process without waiting for the shared store
 //! (`--quota-local-cache-bytes`, envoyproxy/ratelimit's local cache).
 //!
 //! Only fixed windows are cached: a fixed-window counter that has reached
 //! its limit refuses every hit until its window ends, so the cached answer
 //! is the one Redis would give. A sliding window's estimate falls during
 //! the window and a GCRA schedule admits again before it is whole, so their
-//! refusals say nothing exact about the next hit. What is not sent is not
-//! counted in Redis either (envoyproxy/ratelimit skips it too): refused
-//! hits of a fixed window change no later answer.
+//! refusals say nothing exact about the next hit.
+//!
+//! Unlike envoyproxy/ratelimit's, this cache never swallows a hit: the
+//! hits it answers are owed to the store and written behind, one call per
+//! counter at a time however many arrive meanwhile (see [`Self::owe`]), so
+//! that a charge made after the fact (a stream's tokens) is counted even on
+//! a window already full, and a later refund subtracts from the true
+//! count. A refund (`is_negative_hits`) is never answered here: it goes to
+//! the store and the counter leaves the cache, as it may be under its limit
+//! again.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use tokio::task::JoinHandle;
+
 /// Bytes counted per entry besides its key (the map's own share).
 const ENTRY_OVERHEAD: usize = 48;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    /// When its window ends (the service's clock, ms); 0 once refunded.
+    until_ms: u64,
+    /// Hits answered here that the store has not counted yet.
+    owed: u64,
+    /// Whether a write-behind of the owed hits is under way.
+    flushing: bool,
+}
+
+impl Entry {
+    /// Whether the entry still has work: hits to hand to the store.
+    fn busy(&self) -> bool {
+        self.owed > 0 || self.flushing
+    }
+}
+
 #[derive(Debug, Default)]
 struct Entries {
-    /// Counter key → when its window ends (the service's clock, ms).
-    until_ms: HashMap<String, u64>,
+    by_counter: HashMap<String, Entry>,
     bytes: usize,
 }
 
@@ -28,6 +53,8 @@ struct Entries {
 pub struct OverLimitCache {
     entries: Mutex<Entries>,
     max_bytes: usize,
+    /// The write-behind tasks still running.
+    flushes: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl OverLimitCache {
@@ -36,6 +63,7 @@ impl OverLimitCache {
         (max_bytes > 0).then(|| Self {
             entries: Mutex::default(),
             max_bytes,
+            flushes: Mutex::default(),
         })
     }
 
@@ -43,45 +71,121 @@ impl OverLimitCache {
     /// over its limit at `now_ms`.
     pub fn over_for(&self, counter: &str, now_ms: u64) -> Option<u64> {
         let entries = self.lock();
-        let until = *entries.until_ms.get(counter)?;
+        let until = entries.by_counter.get(counter)?.until_ms;
         (until > now_ms).then(|| until - now_ms)
     }
 
     /// Notes that `counter` is over its limit for `for_ms` from `now_ms`.
-    /// When the budget is spent, expired entries go first; if it is still
-    /// spent the entry is not kept (a flood of keys over their limit then
-    /// costs a round trip each, as without the cache).
+    /// When the budget is spent, expired entries with nothing owed go
+    /// first; if it is still spent the entry is not kept (a flood of keys
+    /// over their limit then costs a round trip each, as without the
+    /// cache).
     pub fn insert(&self, counter: &str, for_ms: u64, now_ms: u64) {
         if for_ms == 0 {
             return;
         }
         let until = now_ms.saturating_add(for_ms);
         let mut entries = self.lock();
-        if let Some(existing) = entries.until_ms.get_mut(counter) {
-            *existing = until;
+        if let Some(existing) = entries.by_counter.get_mut(counter) {
+            existing.until_ms = until;
             return;
         }
         let cost = counter.len() + ENTRY_OVERHEAD;
         if entries.bytes + cost > self.max_bytes {
-            let Entries { until_ms, bytes } = &mut *entries;
-            until_ms.retain(|key, until| {
-                let live = *until > now_ms;
-                if !live {
+            let Entries { by_counter, bytes } = &mut *entries;
+            by_counter.retain(|key, entry| {
+                let keep = entry.until_ms > now_ms || entry.busy();
+                if !keep {
                     *bytes = bytes.saturating_sub(key.len() + ENTRY_OVERHEAD);
                 }
-                live
+                keep
             });
             if entries.bytes + cost > self.max_bytes {
                 return;
             }
         }
-        entries.until_ms.insert(counter.to_owned(), until);
+        entries.by_counter.insert(
+            counter.to_owned(),
+            Entry {
+                until_ms: until,
+                owed: 0,
+                flushing: false,
+            },
+        );
         entries.bytes += cost;
+    }
+
+    /// Notes `hits` answered from the cache for `counter`, owed to the
+    /// store. True when the caller is to start the write-behind (none is
+    /// under way for this counter): it then calls [`Self::take_owed`] until
+    /// that answers 0.
+    pub fn owe(&self, counter: &str, hits: u64) -> bool {
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_counter.get_mut(counter) else {
+            return false;
+        };
+        entry.owed = entry.owed.saturating_add(hits);
+        if entry.flushing || entry.owed == 0 {
+            return false;
+        }
+        entry.flushing = true;
+        true
+    }
+
+    /// Takes up to `at_most` of the hits owed for `counter`, for the
+    /// write-behind to send; 0 ends it (the next [`Self::owe`] starts
+    /// another).
+    pub fn take_owed(&self, counter: &str, at_most: u64) -> u64 {
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_counter.get_mut(counter) else {
+            return 0;
+        };
+        let taken = entry.owed.min(at_most);
+        entry.owed -= taken;
+        if taken == 0 {
+            entry.flushing = false;
+        }
+        taken
+    }
+
+    /// Hits owed for `counter` not taken yet.
+    pub fn owed(&self, counter: &str) -> u64 {
+        self.lock().by_counter.get(counter).map_or(0, |e| e.owed)
+    }
+
+    /// `counter` may be under its limit again (a refund reached the
+    /// store): it is no longer answered here; hits it still owes are still
+    /// written behind.
+    pub fn forget(&self, counter: &str) {
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_counter.get_mut(counter) else {
+            return;
+        };
+        if entry.busy() {
+            entry.until_ms = 0;
+        } else {
+            entries.by_counter.remove(counter);
+            entries.bytes = entries.bytes.saturating_sub(counter.len() + ENTRY_OVERHEAD);
+        }
+    }
+
+    /// Keeps a write-behind task's handle (finished ones are let go).
+    pub fn track(&self, flush: JoinHandle<()>) {
+        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
+        flushes.retain(|flush| !flush.is_finished());
+        flushes.push(flush);
+    }
+
+    /// Write-behind tasks still running.
+    pub fn flushes_running(&self) -> usize {
+        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
+        flushes.retain(|flush| !flush.is_finished());
+        flushes.len()
     }
 
     /// Entries held (expired ones included until swept).
     pub fn len(&self) -> usize {
-        self.lock().until_ms.len()
+        self.lock().by_counter.len()
     }
 
     /// Whether no entry is held.
@@ -96,6 +200,8 @@ impl OverLimitCache {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -135,5 +241,46 @@ mod tests {
         cache.insert("b", 5_000, 300);
         assert_eq!(cache.len(), 2);
         assert_eq!(cache.over_for("b", 300), Some(5_000));
+    }
+
+    /// Hits answered here are owed, one write-behind at a time takes them
+    /// all, and an expired entry that still owes hits is not swept.
+    #[test]
+    fn answered_hits_are_owed_until_written_behind() {
+        let cache = OverLimitCache::new(2 * (1 + ENTRY_OVERHEAD)).unwrap();
+        cache.insert("a", 100, 0);
+        assert!(cache.owe("a", 3), "the first owed hits start a flush");
+        assert!(!cache.owe("a", 4), "one flush at a time");
+        assert_eq!(cache.owed("a"), 7);
+        assert_eq!(cache.take_owed("a", 5), 5);
+        assert!(!cache.owe("a", 1), "still flushing");
+        assert_eq!(cache.take_owed("a", u64::MAX), 3);
+        // Expired, but flushing: kept when room is needed.
+        cache.insert("b", 1_000, 0);
+        cache.insert("c", 100, 500);
+        assert_eq!(cache.over_for("c", 500), None, "no room: `a` is busy");
+        assert_eq!(cache.take_owed("a", u64::MAX), 0, "done");
+        assert!(cache.owe("a", 1), "a new flush");
+        assert_eq!(cache.take_owed("a", u64::MAX), 1);
+        assert_eq!(cache.take_owed("a", u64::MAX), 0);
+        cache.insert("c", 100, 500);
+        assert_eq!(cache.over_for("c", 500), Some(100), "`a` made room");
+        // An unknown counter owes nothing and starts nothing.
+        assert!(!cache.owe("zzz", 5));
+    }
+
+    #[test]
+    fn a_refunded_counter_is_no_longer_answered_here() {
+        let cache = OverLimitCache::new(1 << 10).unwrap();
+        cache.insert("a", 1_000, 0);
+        cache.forget("a");
+        assert_eq!(cache.over_for("a", 10), None);
+        assert!(cache.is_empty());
+        // One that still owes hits keeps them for its flush.
+        cache.insert("b", 1_000, 0);
+        assert!(cache.owe("b", 2));
+        cache.forget("b");
+        assert_eq!(cache.over_for("b", 10), None);
+        assert_eq!(cache.take_owed("b", u64::MAX), 2);
     }
 }

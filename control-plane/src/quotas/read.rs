@@ -110,6 +110,7 @@ impl Quotas {
                 burst: requests.max(1),
             },
             hits: 0,
+            direction: super::algorithm::Direction::Take,
         };
         let decision = self
             .counters

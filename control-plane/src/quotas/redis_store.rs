@@ -25,7 +25,7 @@
 use redis::Script;
 use redis::cluster_routing::Slot;
 
-use super::algorithm::{Algorithm, Decision, Quota};
+use super::algorithm::{Algorithm, Decision, Direction, Quota};
 use super::store::CountError;
 use crate::store::{Store, StoreConnection};
 
@@ -39,8 +39,19 @@ pub struct Count {
     pub counter: String,
     /// Its quota.
     pub quota: Quota,
-    /// Hits to add.
+    /// Hits to add (or give back).
     pub hits: u32,
+    /// Whether they are taken, charged or refunded.
+    pub direction: Direction,
+}
+
+impl Count {
+    /// Whether these hits could take the counter over its limit (and so
+    /// take part in `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`): a refund
+    /// never does.
+    pub fn adds(&self) -> bool {
+        self.direction != Direction::Refund
+    }
 }
 
 /// Counters in the shared store.
@@ -156,18 +167,26 @@ impl RedisCounters {
         let mut hits: Vec<u32> = counts.iter().map(|count| count.hits).collect();
         if stop_increment && algorithm == Algorithm::FixedWindow {
             let peeked = self
-                .per_group(&connection, algorithm, counts, &groups, |_| 0, now_ms)
+                .per_group(
+                    &connection,
+                    algorithm,
+                    &peeks(counts),
+                    &groups,
+                    |_| 0,
+                    now_ms,
+                )
                 .await?;
             let over: Vec<bool> = peeked
                 .iter()
                 .zip(counts)
                 .map(|(decision, count)| {
-                    decision.used + u64::from(count.hits) > u64::from(count.quota.limit)
+                    count.adds()
+                        && decision.used + u64::from(count.hits) > u64::from(count.quota.limit)
                 })
                 .collect();
             if over.iter().any(|over| *over) {
-                for (hits, over) in hits.iter_mut().zip(&over) {
-                    if !over {
+                for ((hits, over), count) in hits.iter_mut().zip(&over).zip(counts) {
+                    if !over && count.adds() {
                         *hits = 0;
                     }
                 }
@@ -248,7 +267,8 @@ impl RedisCounters {
                 .arg(count.quota.limit)
                 .arg(count.quota.window_ms)
                 .arg(count.quota.burst)
-                .arg(count.hits);
+                .arg(count.hits)
+                .arg(direction_name(count.direction));
         }
         let answers = invocation
             .invoke_async::<Vec<(i64, i64, i64, i64)>>(connection)
@@ -276,6 +296,26 @@ impl RedisCounters {
                 used: u64::try_from(used).unwrap_or(0),
             })
             .collect())
+    }
+}
+
+/// Zero-hit reads of `counts` (a refund's counter read as any other).
+fn peeks(counts: &[Count]) -> Vec<Count> {
+    counts
+        .iter()
+        .map(|count| Count {
+            hits: 0,
+            direction: Direction::Take,
+            ..count.clone()
+        })
+        .collect()
+}
+
+fn direction_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Take => "t",
+        Direction::Charge => "c",
+        Direction::Refund => "r",
     }
 }
 

@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tonic::{Request, Response, Status};
 
-use super::algorithm::{Algorithm, Quota};
+use super::algorithm::{Algorithm, Direction, Quota};
 use super::engine::{Decided, Quotas};
 use super::lookup::{self, MAX_ENTRIES, MetricKey};
 use super::metadata;
@@ -198,7 +198,15 @@ impl Quotas {
             .flatten()
             .flat_map(|f| f.limit.replaces.iter().map(String::as_str))
             .collect();
+        // A request's hits_addend of 0 is its default, 1 (the field is
+        // not optional); a descriptor's own is, and may be 0: a check that
+        // counts nothing.
         let default_hits = u64::from(request.hits_addend.max(1));
+        let charge = if settings.count_refused_hits {
+            Direction::Charge
+        } else {
+            Direction::Take
+        };
         let mut plans = Vec::with_capacity(found.len());
         let mut counts = Vec::new();
         let mut hits_of = Vec::new();
@@ -212,6 +220,13 @@ impl Quotas {
                 Some(f) => {
                     let (requests, unit) = f.limit.quota.unwrap_or((0, Unit::Second));
                     let hits = descriptor.hits_addend.map_or(default_hits, |h| h.value);
+                    let hits = u32::try_from(hits).unwrap_or(u32::MAX);
+                    // Envoy's `is_negative_hits` (1.38+): a refund.
+                    let direction = if descriptor.is_negative_hits {
+                        Direction::Refund
+                    } else {
+                        charge
+                    };
                     counts.push(Count {
                         counter: counter_key(domain, descriptor, f.shared.as_deref()),
                         quota: Quota {
@@ -219,9 +234,10 @@ impl Quotas {
                             window_ms: unit.window_ms(),
                             burst: requests.max(1),
                         },
-                        hits: u32::try_from(hits).unwrap_or(u32::MAX),
+                        hits,
+                        direction,
                     });
-                    hits_of.push(hits);
+                    hits_of.push(u64::from(hits));
                     Plan::Counted(f, counts.len() - 1)
                 }
             };
@@ -280,6 +296,9 @@ impl Quotas {
                     let limit = &f.limit;
                     let hits = hits_of.get(*count_index).copied().unwrap_or(0);
                     let (requests, unit) = limit.quota.unwrap_or((0, Unit::Second));
+                    let direction = counts
+                        .get(*count_index)
+                        .map_or(Direction::Take, |count| count.direction);
                     let status = match decisions.get(*count_index) {
                         Some(Ok(decided)) => {
                             let (decision, cached) = match decided {
@@ -294,11 +313,17 @@ impl Quotas {
                                     hits,
                                     limit.shadow_mode,
                                 );
+                            } else if direction == Direction::Refund {
+                                // Hits given back are no hits: envoyproxy/
+                                // ratelimit's statistics have no place for
+                                // them.
                             } else {
                                 // The fixed window's count includes these
-                                // hits; the others' "used" does when they
-                                // were admitted.
-                                let after = if over && settings.algorithm != Algorithm::FixedWindow
+                                // hits, and so does a charge's; the others'
+                                // "used" does when they were admitted.
+                                let after = if over
+                                    && settings.algorithm != Algorithm::FixedWindow
+                                    && direction == Direction::Take
                                 {
                                     decision.used.saturating_add(hits)
                                 } else {
@@ -853,6 +878,130 @@ descriptors:
             block_on(quotas.answer(&many)).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    /// A descriptor with its own hits (Envoy's per-descriptor
+    /// `hits_addend`), given back when `refund` (`is_negative_hits`).
+    fn costed(pairs: &[(&str, &str)], hits: u64, refund: bool) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+            is_negative_hits: refund,
+            ..descriptor(pairs)
+        }
+    }
+
+    /// `(code, remaining)` of each descriptor of one answer.
+    fn answered(quotas: &Quotas, descriptors: Vec<RateLimitDescriptor>) -> Vec<(i32, u32)> {
+        ask(quotas, "api", descriptors)
+            .statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect()
+    }
+
+    const OK: i32 = Code::Ok as i32;
+    const OVER: i32 = Code::OverLimit as i32;
+
+    /// Envoy AI Gateway's two calls: a check that counts nothing (a
+    /// descriptor's `hits_addend` of 0; a request's 0 is its default of
+    /// 1), then the charge when the stream ends, counted in full even
+    /// past the limit, and a refund (`is_negative_hits`) that gives hits
+    /// back and is never refused.
+    #[test]
+    fn checks_charges_and_refunds() {
+        let now = Arc::new(AtomicU64::new(0));
+        let (quotas, metrics) = quotas_with(QuotaSettings::default(), &now);
+        let ten = [("ten", "t")];
+        // A request's hits_addend 0 counts one hit.
+        assert_eq!(answered(&quotas, vec![descriptor(&ten)]), [(OK, 9)]);
+        // A check counts nothing.
+        assert_eq!(answered(&quotas, vec![costed(&ten, 0, false)]), [(OK, 9)]);
+        // The stream used 25: over the limit, counted all the same.
+        assert_eq!(
+            answered(&quotas, vec![costed(&ten, 25, false)]),
+            [(OVER, 0)]
+        );
+        assert_eq!(answered(&quotas, vec![costed(&ten, 0, false)]), [(OVER, 0)]);
+        // A refund of 20 (26 - 20 = 6 used): OK, and the check passes again.
+        assert_eq!(answered(&quotas, vec![costed(&ten, 20, true)]), [(OK, 4)]);
+        assert_eq!(answered(&quotas, vec![costed(&ten, 0, false)]), [(OK, 4)]);
+        // A refund of more than was counted stops at zero.
+        assert_eq!(
+            answered(&quotas, vec![costed(&ten, 1_000, true)]),
+            [(OK, 10)]
+        );
+        // A refund is no hit in the statistics: 1 + 0 + 25 + 0 + 0.
+        assert!(
+            series(
+                &metrics,
+                r#"sluice_quota_total_hits_total{domain="api",key="ten"} 26"#
+            )
+            .is_some(),
+            "{:?}",
+            series(&metrics, "sluice_quota_total_hits_total")
+        );
+    }
+
+    /// The sliding window and GCRA drop a take they refuse; with
+    /// `count_refused_hits` a charge on a spent quota counts all the same,
+    /// and a refund gives it back.
+    #[test]
+    fn refused_hits_count_when_asked_on_every_algorithm() {
+        for algorithm in [Algorithm::SlidingWindow, Algorithm::Gcra] {
+            for count_refused_hits in [false, true] {
+                let now = Arc::new(AtomicU64::new(0));
+                let (quotas, _) = quotas_with(
+                    QuotaSettings {
+                        algorithm,
+                        count_refused_hits,
+                        ..QuotaSettings::default()
+                    },
+                    &now,
+                );
+                let ten = [("ten", "t")];
+                assert_eq!(answered(&quotas, vec![costed(&ten, 8, false)])[0].0, OK);
+                assert_eq!(answered(&quotas, vec![costed(&ten, 30, false)])[0].0, OVER);
+                // 8 + 30 counted, or only 8: a check sees the difference.
+                let check = answered(&quotas, vec![costed(&ten, 0, false)])[0];
+                if count_refused_hits {
+                    assert_eq!(check, (OVER, 0), "{algorithm:?}");
+                    // The 30 given back: 8 counted again.
+                    assert_eq!(answered(&quotas, vec![costed(&ten, 30, true)]), [(OK, 2)]);
+                } else {
+                    assert_eq!(check, (OK, 2), "{algorithm:?}");
+                }
+            }
+        }
+    }
+
+    /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a charge that takes
+    /// one descriptor over is not counted in the others (the documented
+    /// cost), but a refund is always given.
+    #[test]
+    fn stop_increment_never_withholds_a_refund() {
+        let now = Arc::new(AtomicU64::new(0));
+        let (quotas, _) = quotas_with(
+            QuotaSettings {
+                stop_increment_when_over_limit: true,
+                ..QuotaSettings::default()
+            },
+            &now,
+        );
+        let (ten, plan) = ([("ten", "t")], [("plan", "free")]);
+        // `plan` allows 2 a second: a charge of 5 takes it over, so `ten`
+        // does not count it.
+        let charged = answered(
+            &quotas,
+            vec![costed(&ten, 5, false), costed(&plan, 5, false)],
+        );
+        assert_eq!(charged, [(OK, 10), (OVER, 0)]);
+        assert_eq!(answered(&quotas, vec![costed(&ten, 4, false)]), [(OK, 6)]);
+        // A refund beside a descriptor going over is still given.
+        let mixed = answered(
+            &quotas,
+            vec![costed(&ten, 3, true), costed(&plan, 1, false)],
+        );
+        assert_eq!(mixed, [(OK, 9), (OVER, 0)]);
     }
 
     #[test]

@@ -91,6 +91,10 @@ pub struct QuotaSettings {
     /// windows that go over count its hits
     /// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
     pub stop_increment_when_over_limit: bool,
+    /// Sliding windows and GCRA count hits they refuse too, as charges
+    /// (the fixed window always does): a cost charged after the fact is
+    /// then never dropped because its quota is already spent.
+    pub count_refused_hits: bool,
     /// Rate limit headers to add to every answer with a limit (none by
     /// default: Envoy's `enable_x_ratelimit_headers` adds its own).
     pub response_headers: Option<ResponseHeaders>,
@@ -115,6 +119,7 @@ impl Default for QuotaSettings {
             local_cache_bytes: 0,
             near_limit_ratio: NearLimitRatio::default(),
             stop_increment_when_over_limit: false,
+            count_refused_hits: false,
             response_headers: None,
             global_shadow_mode: false,
             global_quota_mode: false,

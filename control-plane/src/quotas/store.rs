@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, PoisonError};
 
-use super::algorithm::{Algorithm, Decision, Quota, State};
+use super::algorithm::{Algorithm, Decision, Direction, Quota, State};
 
 const SHARDS: usize = 16;
 /// Expired entries are swept from a shard every this many inserts.
@@ -69,7 +69,7 @@ impl MemoryStore {
         }
     }
 
-    /// Decides `hits` for the counter `key`.
+    /// Decides `hits` taken from the counter `key`.
     pub fn decide(
         &self,
         key: &str,
@@ -77,6 +77,20 @@ impl MemoryStore {
         quota: Quota,
         now_ms: u64,
         hits: u32,
+    ) -> Result<Decision, CountError> {
+        self.apply(key, algorithm, quota, now_ms, hits, Direction::Take)
+    }
+
+    /// Applies `hits` in `direction` to the counter `key`. A refund to a
+    /// counter that holds nothing stores nothing.
+    pub fn apply(
+        &self,
+        key: &str,
+        algorithm: Algorithm,
+        quota: Quota,
+        now_ms: u64,
+        hits: u32,
+        direction: Direction,
     ) -> Result<Decision, CountError> {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         let Some(shard) = self.shards.get(index) else {
@@ -87,9 +101,13 @@ impl MemoryStore {
         // Two windows: the sliding window still reads the previous one.
         let expires_ms = now_ms.saturating_add(quota.window_ms.saturating_mul(2));
         if let Some(entry) = shard.entries.get_mut(key) {
-            let decision = algorithm.decide(&mut entry.state, quota, now_ms, hits);
+            let decision = algorithm.apply(&mut entry.state, quota, now_ms, hits, direction);
             entry.expires_ms = entry.expires_ms.max(expires_ms);
             return Ok(decision);
+        }
+        if direction == Direction::Refund {
+            let mut state = State::default();
+            return Ok(algorithm.apply(&mut state, quota, now_ms, hits, direction));
         }
         let cost = key.len() + std::mem::size_of::<Entry>() + 32;
         shard.inserts = shard.inserts.wrapping_add(1);
@@ -102,7 +120,7 @@ impl MemoryStore {
             return Err(CountError::Full);
         }
         let mut state = State::default();
-        let decision = algorithm.decide(&mut state, quota, now_ms, hits);
+        let decision = algorithm.apply(&mut state, quota, now_ms, hits, direction);
         shard.bytes += cost;
         shard
             .entries

@@ -12,6 +12,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
@@ -182,6 +183,12 @@ fn files(variant: &str) -> Vec<(String, String)> {
             ),
         ),
         (
+            "costs.yaml".to_owned(),
+            format!(
+                "domain: costs-{variant}\ndescriptors:\n  - key: tenant\n    rate_limit: {{unit: hour, requests_per_unit: 100}}\n"
+            ),
+        ),
+        (
             "share.yml".to_owned(),
             format!(
                 "domain: share-{variant}\ndescriptors:\n  - key: files\n    value: files/*\n    share_threshold: true\n    rate_limit: {{unit: hour, requests_per_unit: 10}}\n  - key: files_no_share\n    value: files_no_share/*\n    rate_limit: {{unit: hour, requests_per_unit: 10}}\n"
@@ -222,11 +229,100 @@ pub async fn replay(dir: &std::path::Path, store: Store<'_>, variants: &[Variant
         let mut client = RlsClient::connect(control_plane.grpc_addr()).await.unwrap();
         basic_config(&control_plane, &mut client, *variant).await;
         share_threshold(&mut client, variant.name).await;
+        costs(&control_plane, &mut client, variant.name).await;
         if variant.name == "plain" {
             config_reload(&control_plane, &mut client, &quota_dir).await;
         }
     }
     service(dir, store).await;
+}
+
+/// A descriptor of `tenant` with its own hits, given back when `refund`.
+fn costed(tenant: &str, hits: u64, refund: bool) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        is_negative_hits: refund,
+        ..descriptor(&[("tenant", tenant)])
+    }
+}
+
+/// Not envoyproxy/ratelimit's (it has no refunds, and its local cache and
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` lose charges made after the
+/// fact): Envoy AI Gateway's calls, a check of no hits before a request
+/// and its cost charged when the stream ends, counted in full on a quota
+/// already spent (also when the local cache answers it: it is written
+/// behind), and refunds (`is_negative_hits`) that give hits back, never
+/// below zero, and are never answered from the cache.
+async fn costs(control_plane: &ControlPlane, client: &mut RlsClient, variant: &str) {
+    let domain = format!("costs-{variant}");
+    let tenant = fresh("tenant");
+    let tenant = tenant.as_str();
+    room_in_hour(Duration::from_secs(20)).await;
+    let mut call = async |hits: u64, refund: bool| {
+        let answer = client
+            .call(request(&domain, vec![costed(tenant, hits, refund)]))
+            .await
+            .unwrap();
+        (answer.overall_code, answer.statuses[0].limit_remaining)
+    };
+    let context = |what: &str| format!("{variant}: {what}");
+    assert_eq!(call(0, false).await, (OK, 100), "{}", context("a check"));
+    assert_eq!(call(60, false).await, (OK, 40), "{}", context("a charge"));
+    assert_eq!(
+        call(70, false).await,
+        (OVER_LIMIT, 0),
+        "{}",
+        context("over")
+    );
+    assert_eq!(
+        call(0, false).await,
+        (OVER_LIMIT, 0),
+        "{}",
+        context("spent")
+    );
+    // With the local cache this one is answered from it, and written
+    // behind.
+    assert_eq!(
+        call(15, false).await,
+        (OVER_LIMIT, 0),
+        "{}",
+        context("again")
+    );
+    let admin = control_plane.admin();
+    let used = wait::until(
+        &context("every charge in the store"),
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async {
+            let used = admin.quota_used(&domain, &[("tenant", tenant)]).await?;
+            Ok((used == 145).then_some(used))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(used, 145);
+    assert_eq!(call(100, true).await, (OK, 55), "{}", context("a refund"));
+    assert_eq!(call(0, false).await, (OK, 55), "{}", context("room again"));
+    assert_eq!(call(1_000, true).await, (OK, 100), "{}", context("to zero"));
+    assert_eq!(
+        admin
+            .quota_used(&domain, &[("tenant", tenant)])
+            .await
+            .unwrap(),
+        0,
+        "{}",
+        context("nothing used")
+    );
+}
+
+/// Waits, if needed, so that at least `needed` of the current hour is
+/// left.
+async fn room_in_hour(needed: Duration) {
+    let left = 3_600_000 - unix_ms() % 3_600_000;
+    let needed = u64::try_from(needed.as_millis()).unwrap();
+    if left < needed {
+        tokio::time::sleep(Duration::from_millis(left + 50)).await;
+    }
 }
 
 /// `testBasicBaseConfig`: an unknown domain, a first hit, a minute quota

@@ -1,10 +1,11 @@
 //! The Lua script that counts quotas in Redis decides exactly what
 //! `algorithm.rs` decides, on the same instants: random arrivals, several
-//! hits at once, clock jumps forwards and backwards, several counters per
-//! call.
+//! hits at once, taken, charged (counted even when refused) and refunded
+//! (`is_negative_hits`), clock jumps forwards and backwards, several
+//! counters per call.
 
 use sluice_control_plane::quotas::RedisCounters;
-use sluice_control_plane::quotas::algorithm::{Algorithm, Quota, State};
+use sluice_control_plane::quotas::algorithm::{Algorithm, Direction, Quota, State};
 use sluice_control_plane::quotas::redis_store::Count;
 use sluice_control_plane::store::{Store, StoreOptions};
 use sluice_integration_tests::redis::RedisServer;
@@ -71,12 +72,19 @@ async fn the_redis_script_decides_as_the_rust_algorithms() {
                     counter: format!("parity-{i}"),
                     quota: *quota,
                     hits: u32::try_from(random.below(3)).unwrap() + u32::from(i == 0),
+                    direction: match random.below(8) {
+                        0 => Direction::Refund,
+                        1 | 2 => Direction::Charge,
+                        _ => Direction::Take,
+                    },
                 })
                 .collect();
             let expected: Vec<_> = counts
                 .iter()
                 .zip(states.iter_mut())
-                .map(|(count, state)| algorithm.decide(state, count.quota, now, count.hits))
+                .map(|(count, state)| {
+                    algorithm.apply(state, count.quota, now, count.hits, count.direction)
+                })
                 .collect();
             let got = counters
                 .decide_at(algorithm, &counts, false, Some(now))

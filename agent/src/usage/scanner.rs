@@ -1,0 +1,207 @@
+//! A streaming JSON scanner that keeps only the objects under the keys
+//! `usage` and `usageMetadata` (at most [`MAX_KEY_DEPTH`] levels deep),
+//! byte by byte, whatever the chunking: strings, numbers and every other
+//! value pass without being stored. Malformed input is never an error: it
+//! only yields no usage.
+
+/// Keys whose object value is captured.
+const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
+/// Longest key compared (longer ones are not targets).
+const KEY_BYTES: usize = 16;
+/// Usage objects deeper than this are not captured (OpenAI's and Gemini's
+/// are at depth 1, Anthropic's `message.usage` at 2, a Gemini JSON array's
+/// at 2).
+const MAX_KEY_DEPTH: u32 = 3;
+
+/// What one byte did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing to report.
+    Continue,
+    /// A usage object was completed: its bytes are in the capture.
+    Captured,
+    /// The capture would exceed its cap.
+    Overflow,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Scanner {
+    /// Open containers (saturating: only compared with small depths).
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// The last string's first bytes, while it may still be a target.
+    key: [u8; KEY_BYTES],
+    key_len: usize,
+    /// The string is no target (too long, escaped, or no target starts
+    /// as it does).
+    key_too_long: bool,
+    /// A string just ended (a key if `:` follows).
+    after_string: bool,
+    /// A target key and its `:` were read: the next value may be captured.
+    value_of_target: bool,
+    /// Capturing: the depth the captured object closes back to.
+    capture_depth: Option<u32>,
+    capture: Vec<u8>,
+    cap: usize,
+}
+
+impl Scanner {
+    /// Captures at most `cap` bytes per usage object.
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            depth: 0,
+            in_string: false,
+            escaped: false,
+            key: [0; KEY_BYTES],
+            key_len: 0,
+            key_too_long: false,
+            after_string: false,
+            value_of_target: false,
+            capture_depth: None,
+            capture: Vec::new(),
+            cap,
+        }
+    }
+
+    /// Starts a new JSON document (the next SSE event); an unfinished
+    /// capture is dropped.
+    pub(crate) fn reset(&mut self) {
+        let cap = self.cap;
+        let mut capture = std::mem::take(&mut self.capture);
+        capture.clear();
+        *self = Self::new(cap);
+        self.capture = capture;
+    }
+
+    /// The last completed usage object's bytes.
+    pub(crate) fn captured(&self) -> &[u8] {
+        &self.capture
+    }
+
+    /// Bytes held.
+    pub(crate) fn held(&self) -> usize {
+        self.capture.len()
+    }
+
+    fn is_target(&self) -> bool {
+        !self.key_too_long
+            && self
+                .key
+                .get(..self.key_len)
+                .is_some_and(|key| TARGETS.contains(&key))
+    }
+
+    /// Whether the bytes up to the next `"`, `\\` or line end change
+    /// nothing: inside a string that is no key to compare, outside a
+    /// capture.
+    pub(crate) fn in_plain_string(&self) -> bool {
+        self.capture_depth.is_none() && self.in_string && !self.escaped && self.key_too_long
+    }
+
+    /// Whether the bytes up to the next quote, bracket or line end change
+    /// nothing: between values, no key just read, outside a capture
+    /// (numbers, literals, commas, colons and blanks only count depth and
+    /// strings, which they do not open or close).
+    pub(crate) fn between_values(&self) -> bool {
+        self.capture_depth.is_none()
+            && !self.in_string
+            && !self.after_string
+            && !self.value_of_target
+    }
+
+    /// Reads one byte.
+    pub(crate) fn byte(&mut self, b: u8) -> Step {
+        if let Some(close_at) = self.capture_depth {
+            if self.capture.len() >= self.cap {
+                self.capture_depth = None;
+                self.capture.clear();
+                return Step::Overflow;
+            }
+            self.capture.push(b);
+            self.structure(b);
+            if !self.in_string && self.depth == close_at {
+                self.capture_depth = None;
+                return Step::Captured;
+            }
+            return Step::Continue;
+        }
+        if self.in_string {
+            self.string_byte(b);
+            return Step::Continue;
+        }
+        if b.is_ascii_whitespace() {
+            return Step::Continue;
+        }
+        let after_string = std::mem::take(&mut self.after_string);
+        let value_of_target = std::mem::take(&mut self.value_of_target);
+        if after_string && b == b':' {
+            self.value_of_target = self.is_target() && self.depth <= MAX_KEY_DEPTH;
+            return Step::Continue;
+        }
+        if value_of_target && b == b'{' {
+            self.capture.clear();
+            self.capture.push(b);
+            self.capture_depth = Some(self.depth);
+            self.depth = self.depth.saturating_add(1);
+            return Step::Continue;
+        }
+        self.structure(b);
+        Step::Continue
+    }
+
+    /// Depth and string state (outside a capture, a string's bytes go to
+    /// `string_byte`).
+    fn structure(&mut self, b: u8) {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_string = false;
+            }
+            return;
+        }
+        match b {
+            b'"' => {
+                self.in_string = true;
+                self.key_len = 0;
+                self.key_too_long = false;
+            }
+            b'{' | b'[' => self.depth = self.depth.saturating_add(1),
+            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+
+    fn string_byte(&mut self, b: u8) {
+        if self.escaped {
+            // An escaped key is never a target.
+            self.escaped = false;
+            self.key_too_long = true;
+            return;
+        }
+        match b {
+            b'\\' => self.escaped = true,
+            b'"' => {
+                self.in_string = false;
+                self.after_string = true;
+            }
+            _ if self.key_too_long => {}
+            _ => match self.key.get_mut(self.key_len) {
+                Some(slot) => {
+                    *slot = b;
+                    self.key_len += 1;
+                    // Once no target starts so, the rest of the string is
+                    // skipped.
+                    let key = self.key.get(..self.key_len).unwrap_or_default();
+                    if !TARGETS.iter().any(|target| target.starts_with(key)) {
+                        self.key_too_long = true;
+                    }
+                }
+                None => self.key_too_long = true,
+            },
+        }
+    }
+}
