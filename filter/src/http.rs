@@ -56,10 +56,11 @@ impl HttpContext for SluiceHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Some(followed) = self.followed.take()
-            && let Ok(mut agent) = self.agent.try_borrow_mut()
-        {
-            handler::observe_response(&mut agent, &followed, &EnvoyRequest);
+        if let Some(followed) = self.followed.take() {
+            let observed = handler::observe_response(&followed, &EnvoyRequest);
+            if let Ok(mut agent) = self.agent.try_borrow_mut() {
+                observed.count(&mut agent);
+            }
         }
         Action::Continue
     }

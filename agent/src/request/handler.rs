@@ -132,17 +132,35 @@ pub fn answer(
     }
 }
 
-/// The response headers of a request [`decide`] followed: its status and
-/// the time since its request headers go into the upstream signals
-/// ([`crate::upstream`]).
-pub fn observe_response(
-    agent: &mut Agent,
-    followed: &FollowedRequest,
+/// The response headers of a request [`decide`] followed, read from the
+/// host before the agent is at hand, so that waiting for it is not counted
+/// as the upstream's latency; [`ObservedResponse::count`] then adds it to
+/// the upstream signals ([`crate::upstream`]).
+pub fn observe_response<'f>(
+    followed: &'f FollowedRequest,
     response: &impl HttpRequest,
-) {
-    let status = status_of(response.response_status().as_deref());
-    let latency_us = followed.latency_us(response.clock_ns());
-    agent.observe_response(&followed.bucket, status, latency_us);
+) -> ObservedResponse<'f> {
+    ObservedResponse {
+        bucket: &followed.bucket,
+        status: status_of(response.response_status().as_deref()),
+        latency_us: followed.latency_us(response.clock_ns()),
+    }
+}
+
+/// What a followed request's response said: its HTTP status and the time
+/// since its request headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObservedResponse<'f> {
+    bucket: &'f str,
+    status: u32,
+    latency_us: Option<u64>,
+}
+
+impl ObservedResponse<'_> {
+    /// Counts the response in the agent that followed its request.
+    pub fn count(self, agent: &mut Agent) {
+        agent.observe_response(self.bucket, self.status, self.latency_us);
+    }
 }
 
 #[cfg(test)]

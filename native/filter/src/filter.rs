@@ -107,9 +107,11 @@ impl NativeFilter {
     /// that followed it; the leader collects every worker's signals for
     /// the report).
     pub fn on_response_headers(&self, followed: &FollowedRequest, response: &impl HttpRequest) {
+        // Read before taking the lock: waiting for it is not latency.
+        let observed = handler::observe_response(followed, response);
         let slot = self.workers.local();
         let mut state = slot.lock();
-        handler::observe_response(&mut state.agent, followed, response);
+        observed.count(&mut state.agent);
     }
 
     /// A hook panicked for a request, which went on unfiltered: counted in

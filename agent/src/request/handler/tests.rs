@@ -133,7 +133,10 @@ fn a_followed_request_brings_its_status_and_latency_to_the_signals() {
     assert_eq!(followed.started_ns, Some(5_000_000));
     request.clock_ns = Some(7_500_999);
     request.status = Some(b"503");
-    observe_response(&mut agent, &followed, &request);
+    let observed = observe_response(&followed, &request);
+    // Read before the agent is at hand: a later clock does not count.
+    request.clock_ns = Some(9_000_000);
+    observed.count(&mut agent);
     let signals = agent.path.responses.signals.drain();
     assert_eq!(signals.len(), 1);
     let signal = signals.first().unwrap();
