@@ -348,13 +348,14 @@ impl Cached<'_> {
             Vec::with_capacity(counts.len());
         let mut sent = Vec::new();
         for count in counts {
+            // Answered here only if its hits are owed in the same step.
             let cached = count
                 .adds()
-                .then(|| cache.over_for(&count.counter, now_ms))
+                .then(|| cache.answer(&count.counter, now_ms, u64::from(count.hits)))
                 .flatten();
             match cached {
-                Some(left_ms) => {
-                    if count.hits > 0 && cache.owe(&count.counter, u64::from(count.hits)) {
+                Some((left_ms, start_flush)) => {
+                    if start_flush {
                         self.write_behind(count);
                     }
                     answers.push(Some(Ok(Decided::Cached(algorithm::Decision {

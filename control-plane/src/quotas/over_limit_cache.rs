@@ -115,6 +115,24 @@ impl OverLimitCache {
         entries.bytes += cost;
     }
 
+    /// If `counter` is over its limit at `now_ms`: the time left, with
+    /// `hits` noted as owed to the store in the same step (a refund that
+    /// takes the counter out of the cache meanwhile cannot lose them), and
+    /// whether the caller is to start the write-behind (as [`Self::owe`]).
+    pub fn answer(&self, counter: &str, now_ms: u64, hits: u64) -> Option<(u64, bool)> {
+        let mut entries = self.lock();
+        let entry = entries.by_counter.get_mut(counter)?;
+        if entry.until_ms <= now_ms {
+            return None;
+        }
+        entry.owed = entry.owed.saturating_add(hits);
+        let start = !entry.flushing && entry.owed > 0;
+        if start {
+            entry.flushing = true;
+        }
+        Some((entry.until_ms - now_ms, start))
+    }
+
     /// Notes `hits` answered from the cache for `counter`, owed to the
     /// store. True when the caller is to start the write-behind (none is
     /// under way for this counter): it then calls [`Self::take_owed`] until
@@ -267,6 +285,32 @@ mod tests {
         assert_eq!(cache.over_for("c", 500), Some(100), "`a` made room");
         // An unknown counter owes nothing and starts nothing.
         assert!(!cache.owe("zzz", 5));
+    }
+
+    /// An answer from the cache owes its hits in the same step; an
+    /// expired or forgotten counter is not answered (its hits go to the
+    /// store).
+    #[test]
+    fn an_answer_owes_its_hits_at_once() {
+        let cache = OverLimitCache::new(1 << 10).unwrap();
+        cache.insert("a", 1_000, 0);
+        assert_eq!(
+            cache.answer("a", 100, 0),
+            Some((900, false)),
+            "a check owes nothing"
+        );
+        assert_eq!(cache.answer("a", 100, 7), Some((900, true)));
+        assert_eq!(
+            cache.answer("a", 200, 5),
+            Some((800, false)),
+            "one flush at a time"
+        );
+        assert_eq!(cache.owed("a"), 12);
+        assert_eq!(cache.answer("a", 1_000, 5), None, "expired");
+        cache.forget("a");
+        assert_eq!(cache.answer("a", 300, 5), None, "forgotten");
+        assert_eq!(cache.take_owed("a", u64::MAX), 12, "still written behind");
+        assert_eq!(cache.answer("zzz", 0, 5), None);
     }
 
     #[test]
