@@ -220,6 +220,7 @@ impl BucketCounters {
                     tenant: tenant.to_owned(),
                     priority: priority as i32,
                     shadow_dropped: counts.shadow_dropped,
+                    ..BucketCount::default()
                 })
             })
             .collect()

@@ -221,6 +221,7 @@ impl CellTable {
                     tenant: tenant.to_owned(),
                     priority: priority as i32,
                     shadow_dropped: taken.shadow_dropped,
+                    ..BucketCount::default()
                 });
             }
         });

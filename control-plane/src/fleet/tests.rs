@@ -35,6 +35,7 @@ fn cell(bucket: &str, tenant: &str, priority: Priority, offered: u64) -> BucketC
         offered,
         admitted: offered / 2,
         shadow_dropped: offered / 4,
+        ..BucketCount::default()
     }
 }
 

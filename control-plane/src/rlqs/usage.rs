@@ -131,6 +131,7 @@ pub(crate) fn convert(
                 offered: scale(offered),
                 admitted: scale(admitted),
                 shadow_dropped: 0,
+                ..BucketCount::default()
             }
         })
         .collect();

@@ -626,5 +626,8 @@ fn directive(
         offered_rps: pushed.offered_rps,
         counted_proxies: counted.wire(),
         uncounted_admit: counted.uncounted_admit(),
+        // Request limits only until the controller steers cost budgets.
+        cost_unit: String::new(),
+        budget_period_s: 0,
     }
 }
