@@ -89,7 +89,7 @@ fn controller_tick(c: &mut Criterion) {
     });
     let mut controller = Controller::default();
     controller.tick(&load, &limits);
-    // Like `iter_batched` above, the returned `Decision` is freed outside the
+    // Like `iter_batched` above, the returned `IntervalOutcome` is freed outside the
     // timed section, so the two benchmarks compare the tick itself.
     group.bench_function("100k_buckets_steady", |b| {
         b.iter_with_large_drop(|| controller.tick(black_box(&load), &limits))

@@ -14,7 +14,7 @@ use crate::control::controller::BucketStatus;
 use crate::control::history::{self, History, Recorded};
 use crate::fleet::health::{HealthWindow, UpstreamHealth};
 use crate::fleet::{Fleet, FleetCaps, FleetLoad, ReportRejected, StreamId};
-use crate::metrics::Metrics;
+use crate::metrics::ControlPlaneMetrics;
 use crate::serve::push::Publisher;
 use crate::serve::warmup::Warmup;
 use crate::types::{ControlInterval, DirectiveTtl};
@@ -67,7 +67,7 @@ struct Shared {
     buckets: RwLock<Arc<[BucketStatus]>>,
     publisher: Publisher,
     next_stream: AtomicU64,
-    metrics: Metrics,
+    metrics: ControlPlaneMetrics,
     warmup: Warmup,
     /// Whether this process takes proxies' streams: false while a replica
     /// is cut off from its store past its grace.
@@ -103,7 +103,7 @@ impl AppState {
                 buckets: RwLock::new(Arc::from([])),
                 publisher: Publisher::new(epoch, settings.directive_ttl, modes),
                 next_stream: AtomicU64::new(1),
-                metrics: Metrics::new(epoch),
+                metrics: ControlPlaneMetrics::new(epoch),
                 warmup: Warmup::new(Instant::now(), settings.startup_grace),
                 accepting_streams: watch::Sender::new(true),
                 health: Mutex::new(HealthWindow::default()),
@@ -355,7 +355,7 @@ impl AppState {
     }
 
     /// The Prometheus metrics.
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &ControlPlaneMetrics {
         &self.inner.metrics
     }
 

@@ -379,7 +379,7 @@ mod tests {
             None,
             QuotaSettings::default(),
             std::sync::Arc::new(|| 0),
-            crate::metrics::Metrics::new(1).quotas(),
+            crate::metrics::ControlPlaneMetrics::new(1).quotas(),
         );
         let section = parse(SECTION).unwrap();
         let err = quotas.set_native(&section).unwrap_err();

@@ -52,7 +52,7 @@ pub(crate) const MAX_ERROR: f64 = 0.2;
 const FORGET_AFTER: u32 = 20;
 
 #[derive(Debug, Clone, Copy)]
-struct BucketState {
+struct CellEstimate {
     offered_rps: f64,
     correction: f64,
     /// The ratio decided last time, whose effect the admitted rate shows.
@@ -71,8 +71,8 @@ struct BucketState {
 /// key naming all three.
 #[derive(Debug, Default)]
 pub struct Tracking {
-    buckets: HashMap<String, BucketState>,
-    cells: HashMap<String, BucketState>,
+    buckets: HashMap<String, CellEstimate>,
+    cells: HashMap<String, CellEstimate>,
     decisions: u64,
     /// Reused buffer for cell keys.
     cell_key: String,
@@ -148,7 +148,7 @@ impl DropPolicy for Tracking {
 
 /// The drop ratio of the cell whose state `states` keeps under `key`.
 fn decide(
-    states: &mut HashMap<String, BucketState>,
+    states: &mut HashMap<String, CellEstimate>,
     key: &str,
     load: &BucketLoad,
     limit: Option<LimitRps>,
@@ -163,7 +163,7 @@ fn decide(
     }
     let state = match states.get_mut(key) {
         Some(state) => state,
-        None => states.entry(key.to_owned()).or_insert(BucketState {
+        None => states.entry(key.to_owned()).or_insert(CellEstimate {
             offered_rps: offered,
             correction: 1.0,
             last_ratio: 0.0,

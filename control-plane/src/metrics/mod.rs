@@ -56,7 +56,7 @@ pub(crate) const MAX_TENANT_SERIES: usize = 1_000;
 /// how many were left out.
 pub(crate) const MAX_BUCKET_SERIES: usize = 2_000;
 
-/// The `Content-Type` of [`Metrics::encode`]'s output. Prometheus negotiates
+/// The `Content-Type` of [`ControlPlaneMetrics::encode`]'s output. Prometheus negotiates
 /// OpenMetrics by default, and it is what prometheus-client's encoder writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -95,7 +95,7 @@ pub enum Sent {
 
 /// The control plane's metrics.
 #[derive(Debug)]
-pub struct Metrics {
+pub struct ControlPlaneMetrics {
     registry: Registry,
     buckets: BucketMetrics,
     proxies: Arc<Proxies>,
@@ -146,7 +146,7 @@ struct BucketMetrics {
     previous_tenants: Mutex<BTreeSet<TenantLabels>>,
 }
 
-impl Metrics {
+impl ControlPlaneMetrics {
     /// Metrics for a process with `epoch`, all at zero.
     pub fn new(epoch: u64) -> Self {
         let mut registry = Registry::with_prefix(PREFIX);

@@ -26,7 +26,7 @@ use crate::fleet::StreamId;
 /// many more are connected.
 pub const MAX_PROXY_SERIES: usize = 1_000;
 
-/// Keeps a connected proxy's series alive; see [`super::Metrics::proxy_connected`].
+/// Keeps a connected proxy's series alive; see [`super::ControlPlaneMetrics::proxy_connected`].
 #[derive(Debug)]
 pub struct ProxyGuard {
     proxies: Arc<Proxies>,

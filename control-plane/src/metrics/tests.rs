@@ -19,7 +19,7 @@ fn status(bucket: &str, limit: Option<f64>) -> BucketStatus {
     }
 }
 
-fn samples(metrics: &Metrics, prefix: &str) -> Vec<String> {
+fn samples(metrics: &ControlPlaneMetrics, prefix: &str) -> Vec<String> {
     metrics
         .encode()
         .unwrap()
@@ -31,7 +31,7 @@ fn samples(metrics: &Metrics, prefix: &str) -> Vec<String> {
 
 #[test]
 fn bucket_series_follow_the_tracked_buckets() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     metrics.observe_buckets(&[status("a", Some(200.0)), status("b", None)]);
     assert_eq!(
         samples(&metrics, "sluice_bucket_limit_rps{"),
@@ -60,7 +60,7 @@ fn bucket_series_follow_the_tracked_buckets() {
 
 #[test]
 fn a_replaced_stream_does_not_remove_its_successor() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     let old = metrics.proxy_connected("envoy-a", StreamId(1), true);
     let new = metrics.proxy_connected("envoy-a", StreamId(2), true);
     // Both streams are open until the superseded one is closed.
@@ -88,7 +88,7 @@ fn a_replaced_stream_does_not_remove_its_successor() {
 
 #[test]
 fn a_second_live_instance_has_no_series_of_its_own() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     let first = metrics.proxy_connected("twin", StreamId(1), true);
     let second = metrics.proxy_connected("twin", StreamId(2), false);
     first.report_received(Some(1_000));
@@ -118,7 +118,7 @@ fn a_second_live_instance_has_no_series_of_its_own() {
 
 #[test]
 fn per_proxy_series_are_capped() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     let guards: Vec<_> = (0..MAX_PROXY_SERIES + 25)
         .map(|i| metrics.proxy_connected(&format!("p{i:05}"), StreamId(i as u64), true))
         .collect();
@@ -152,7 +152,7 @@ fn per_proxy_series_are_capped() {
 
 #[test]
 fn a_proxy_directive_age_follows_its_reports() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     let guard = metrics.proxy_connected("envoy-a", StreamId(1), true);
     let series = "sluice_proxy_directive_age_seconds{";
     assert!(
@@ -175,7 +175,7 @@ fn a_proxy_directive_age_follows_its_reports() {
 
 #[test]
 fn histogram_buckets_are_cumulative_in_the_exposition() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     metrics.batch_pushed(Sent::Snapshot);
     metrics.control_tick(Duration::from_micros(30));
     metrics.control_tick(Duration::from_secs(5));
@@ -200,7 +200,7 @@ fn histogram_buckets_are_cumulative_in_the_exposition() {
 
 #[test]
 fn a_flood_of_buckets_keeps_the_series_bounded_and_limited_buckets_first() {
-    let metrics = Metrics::new(1);
+    let metrics = ControlPlaneMetrics::new(1);
     let mut buckets: Vec<BucketStatus> = (0..MAX_BUCKET_SERIES + 500)
         .map(|i| status(&format!("flood-{i}"), None))
         .collect();

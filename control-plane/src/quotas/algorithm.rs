@@ -82,7 +82,7 @@ pub struct State {
 
 /// What a decision says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
+pub struct QuotaOutcome {
     /// Whether the hits are admitted.
     pub admitted: bool,
     /// Hits left before the next refusal (as the algorithm counts them);
@@ -102,7 +102,7 @@ pub struct Decision {
 impl Algorithm {
     /// Decides `hits` units taken at `now_ms` against `quota`, updating
     /// `state`.
-    pub fn decide(self, state: &mut State, quota: Quota, now_ms: u64, hits: u32) -> Decision {
+    pub fn decide(self, state: &mut State, quota: Quota, now_ms: u64, hits: u32) -> QuotaOutcome {
         self.apply(state, quota, now_ms, hits, Direction::Take)
     }
 
@@ -115,7 +115,7 @@ impl Algorithm {
         now_ms: u64,
         hits: u32,
         direction: Direction,
-    ) -> Decision {
+    ) -> QuotaOutcome {
         let window = quota.window_ms.max(1);
         match self {
             Algorithm::FixedWindow => fixed(state, quota, window, now_ms, hits, direction),
@@ -136,7 +136,7 @@ fn fixed(
     now_ms: u64,
     hits: u32,
     direction: Direction,
-) -> Decision {
+) -> QuotaOutcome {
     let start = window_start(now_ms, window);
     // A clock that went back stays in the window it had reached.
     if start > state.mark || state.window != window {
@@ -157,7 +157,7 @@ fn fixed(
         (after, after <= limit)
     };
     state.current = after;
-    Decision {
+    QuotaOutcome {
         admitted,
         remaining: to_u32(limit.saturating_sub(after)),
         reset_ms: (state.mark + window).saturating_sub(now_ms),
@@ -172,7 +172,7 @@ fn sliding(
     now_ms: u64,
     hits: u32,
     direction: Direction,
-) -> Decision {
+) -> QuotaOutcome {
     let start = window_start(now_ms, window);
     if start > state.mark {
         let previous = if start - state.mark == window {
@@ -214,7 +214,7 @@ fn sliding(
     } else {
         0
     };
-    Decision {
+    QuotaOutcome {
         admitted,
         remaining,
         reset_ms: (state.mark + window).saturating_sub(now_ms),
@@ -229,10 +229,10 @@ fn gcra(
     now_ms: u64,
     hits: u32,
     direction: Direction,
-) -> Decision {
+) -> QuotaOutcome {
     let now = now_ms.saturating_mul(1_000);
     if quota.limit == 0 {
-        return Decision {
+        return QuotaOutcome {
             admitted: hits == 0 || direction == Direction::Refund,
             remaining: 0,
             reset_ms: window,
@@ -273,14 +273,14 @@ fn gcra(
         } else {
             new_tat.saturating_sub(now.saturating_add(allowance))
         };
-        return Decision {
+        return QuotaOutcome {
             admitted,
             remaining: 0,
             reset_ms: wait.div_ceil(1_000).max(1),
             used: in_flight,
         };
     }
-    Decision {
+    QuotaOutcome {
         admitted,
         remaining: to_u32(burst.saturating_sub(in_flight)),
         reset_ms: ahead.div_ceil(1_000),

@@ -681,7 +681,7 @@ fn quotas_with(settings: QuotaSettings, yaml: &str) -> Quotas {
         None,
         settings,
         Arc::new(|| 90_000),
-        crate::metrics::Metrics::new(1).quotas(),
+        crate::metrics::ControlPlaneMetrics::new(1).quotas(),
     )
 }
 

@@ -207,7 +207,7 @@ impl Counters {
         algorithm: Algorithm,
         count: redis_store::Count,
         now_ms: u64,
-    ) -> Result<algorithm::Decision, CountError> {
+    ) -> Result<algorithm::QuotaOutcome, CountError> {
         match self {
             Counters::Memory(memory) => {
                 Ok(memory.peek(&count.counter, algorithm, count.quota, now_ms))
@@ -304,9 +304,9 @@ impl Counters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Decided {
     /// The store counted the hits.
-    Counted(algorithm::Decision),
+    Counted(algorithm::QuotaOutcome),
     /// The local cache knew the window full: over limit until it ends.
-    Cached(algorithm::Decision),
+    Cached(algorithm::QuotaOutcome),
 }
 
 /// With `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when a count would go
@@ -358,7 +358,7 @@ impl Cached<'_> {
                     if start_flush {
                         self.write_behind(count);
                     }
-                    answers.push(Some(Ok(Decided::Cached(algorithm::Decision {
+                    answers.push(Some(Ok(Decided::Cached(algorithm::QuotaOutcome {
                         admitted: false,
                         remaining: 0,
                         reset_ms: left_ms,

@@ -142,7 +142,7 @@ mod tests {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::metrics::ControlPlaneMetrics;
     use crate::quotas::{Algorithm, QuotaConfig, QuotaSettings};
 
     const CONFIG: &str = r#"
@@ -169,7 +169,7 @@ descriptors:
                 ..QuotaSettings::default()
             },
             Arc::new(move || clock_now.load(Ordering::Relaxed)),
-            Metrics::new(1).quotas(),
+            ControlPlaneMetrics::new(1).quotas(),
         );
         (quotas, now)
     }

@@ -25,7 +25,7 @@
 use redis::Script;
 use redis::cluster_routing::Slot;
 
-use super::algorithm::{Algorithm, Decision, Direction, Quota};
+use super::algorithm::{Algorithm, Direction, Quota, QuotaOutcome};
 use super::store::CountError;
 use crate::store::{Store, StoreConnection};
 
@@ -89,7 +89,7 @@ impl RedisCounters {
         counts: &[Count],
         stop_increment: bool,
         connection: Option<&StoreConnection>,
-    ) -> Result<Vec<Decision>, CountError> {
+    ) -> Result<Vec<QuotaOutcome>, CountError> {
         let connection = connection
             .cloned()
             .unwrap_or_else(|| self.store.connection());
@@ -116,7 +116,7 @@ impl RedisCounters {
         counts: &[Count],
         stop_increment: bool,
         now_ms: Option<u64>,
-    ) -> Result<Vec<Decision>, CountError> {
+    ) -> Result<Vec<QuotaOutcome>, CountError> {
         let decided = self.decide_on(
             self.store.connection(),
             algorithm,
@@ -140,7 +140,7 @@ impl RedisCounters {
         counts: &[Count],
         stop_increment: bool,
         now_ms: Option<u64>,
-    ) -> Result<Vec<Decision>, CountError> {
+    ) -> Result<Vec<QuotaOutcome>, CountError> {
         if counts.is_empty() {
             return Ok(Vec::new());
         }
@@ -213,7 +213,7 @@ impl RedisCounters {
         groups: &[(Slot, Vec<usize>)],
         hits: impl Fn(usize) -> u32,
         now_ms: Option<u64>,
-    ) -> Result<Vec<Decision>, CountError> {
+    ) -> Result<Vec<QuotaOutcome>, CountError> {
         let calls = groups.iter().map(|(_, members)| {
             let group: Vec<Count> = members
                 .iter()
@@ -231,7 +231,7 @@ impl RedisCounters {
             }
         });
         let answers = futures_util::future::join_all(calls).await;
-        let mut decisions: Vec<Option<Decision>> = vec![None; counts.len()];
+        let mut decisions: Vec<Option<QuotaOutcome>> = vec![None; counts.len()];
         for ((_, members), answer) in groups.iter().zip(answers) {
             for (index, decision) in members.iter().zip(answer?) {
                 if let Some(slot) = decisions.get_mut(*index) {
@@ -255,7 +255,7 @@ impl RedisCounters {
         counts: &[Count],
         stop_increment: bool,
         now_ms: Option<u64>,
-    ) -> Result<Vec<Decision>, CountError> {
+    ) -> Result<Vec<QuotaOutcome>, CountError> {
         let mut invocation = self.script.prepare_invoke();
         invocation
             .arg(algorithm_name(algorithm))
@@ -289,7 +289,7 @@ impl RedisCounters {
         }
         Ok(answers
             .into_iter()
-            .map(|(admitted, remaining, reset_ms, used)| Decision {
+            .map(|(admitted, remaining, reset_ms, used)| QuotaOutcome {
                 admitted: admitted == 1,
                 remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
                 reset_ms: u64::try_from(reset_ms).unwrap_or(0),

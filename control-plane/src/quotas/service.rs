@@ -550,10 +550,10 @@ descriptors:
     fn quotas_with(
         settings: QuotaSettings,
         now: &Arc<AtomicU64>,
-    ) -> (Quotas, crate::metrics::Metrics) {
+    ) -> (Quotas, crate::metrics::ControlPlaneMetrics) {
         let config = QuotaConfig::from_files(&[("q.yaml".to_owned(), CONFIG.to_owned())]).unwrap();
         let clock = Arc::clone(now);
-        let metrics = crate::metrics::Metrics::new(1);
+        let metrics = crate::metrics::ControlPlaneMetrics::new(1);
         let quotas = Quotas::new(
             config,
             None,
@@ -609,7 +609,7 @@ descriptors:
             .block_on(future)
     }
 
-    fn series(metrics: &crate::metrics::Metrics, prefix: &str) -> Option<String> {
+    fn series(metrics: &crate::metrics::ControlPlaneMetrics, prefix: &str) -> Option<String> {
         metrics
             .encode()
             .unwrap()
@@ -1017,7 +1017,7 @@ descriptors:
 "#;
         let config =
             QuotaConfig::from_files(&[("d.yaml".to_owned(), DETAILED.to_owned())]).unwrap();
-        let metrics = crate::metrics::Metrics::new(1);
+        let metrics = crate::metrics::ControlPlaneMetrics::new(1);
         let quotas = Quotas::new(
             config,
             None,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, PoisonError};
 
-use super::algorithm::{Algorithm, Decision, Direction, Quota, State};
+use super::algorithm::{Algorithm, Direction, Quota, QuotaOutcome, State};
 
 const SHARDS: usize = 16;
 /// Expired entries are swept from a shard every this many inserts.
@@ -77,7 +77,7 @@ impl MemoryStore {
         quota: Quota,
         now_ms: u64,
         hits: u32,
-    ) -> Result<Decision, CountError> {
+    ) -> Result<QuotaOutcome, CountError> {
         self.apply(key, algorithm, quota, now_ms, hits, Direction::Take)
     }
 
@@ -91,7 +91,7 @@ impl MemoryStore {
         now_ms: u64,
         hits: u32,
         direction: Direction,
-    ) -> Result<Decision, CountError> {
+    ) -> Result<QuotaOutcome, CountError> {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         let Some(shard) = self.shards.get(index) else {
             return Err(CountError::Full);
@@ -130,7 +130,7 @@ impl MemoryStore {
 
     /// What `key` would answer a request of no hits at `now_ms`, without
     /// storing anything (an unseen counter reads as whole).
-    pub fn peek(&self, key: &str, algorithm: Algorithm, quota: Quota, now_ms: u64) -> Decision {
+    pub fn peek(&self, key: &str, algorithm: Algorithm, quota: Quota, now_ms: u64) -> QuotaOutcome {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         let mut state = self
             .shards

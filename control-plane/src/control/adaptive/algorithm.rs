@@ -5,7 +5,7 @@ use super::spec::{AdaptiveSpec, Algorithm};
 
 /// What one interval's signal says about the upstream.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Verdict {
+pub(crate) enum UpstreamReading {
     /// Too few samples to say anything: the limit holds still.
     NoSignal,
     /// Within target.
@@ -26,19 +26,24 @@ pub(crate) enum Verdict {
 /// The next limit after `limit` under `verdict`; `in_use` says whether the
 /// bucket's traffic reaches the limit (a limit nobody uses is not raised:
 /// a healthy signal at low load says nothing about higher load).
-pub(crate) fn next_limit(spec: &AdaptiveSpec, limit: f64, verdict: &Verdict, in_use: bool) -> f64 {
+pub(crate) fn next_limit(
+    spec: &AdaptiveSpec,
+    limit: f64,
+    verdict: &UpstreamReading,
+    in_use: bool,
+) -> f64 {
     let next = match (spec.algorithm, verdict) {
-        (_, Verdict::NoSignal | Verdict::NearTarget) => limit,
-        (_, Verdict::Healthy) if !in_use => limit,
-        (Algorithm::Aimd, Verdict::Healthy) => limit + spec.increase_rps,
-        (Algorithm::Aimd, Verdict::Congested { .. }) => limit * spec.decrease_factor,
-        (Algorithm::Gradient, Verdict::Healthy) => {
+        (_, UpstreamReading::NoSignal | UpstreamReading::NearTarget) => limit,
+        (_, UpstreamReading::Healthy) if !in_use => limit,
+        (Algorithm::Aimd, UpstreamReading::Healthy) => limit + spec.increase_rps,
+        (Algorithm::Aimd, UpstreamReading::Congested { .. }) => limit * spec.decrease_factor,
+        (Algorithm::Gradient, UpstreamReading::Healthy) => {
             // Room for a queue's worth more, as the gradient limiter
             // probes: grows fast when small, slowly when large.
             let estimate = limit + limit.max(1.0).sqrt();
             limit + (estimate - limit) * spec.smoothing
         }
-        (Algorithm::Gradient, Verdict::Congested { pressure, .. }) => {
+        (Algorithm::Gradient, UpstreamReading::Congested { pressure, .. }) => {
             // Scale by how far over target, at most halving per interval.
             let estimate = limit * pressure.clamp(0.5, 1.0);
             limit + (estimate - limit) * spec.smoothing
@@ -67,8 +72,8 @@ mod tests {
         spec
     }
 
-    fn congested(pressure: f64) -> Verdict {
-        Verdict::Congested {
+    fn congested(pressure: f64) -> UpstreamReading {
+        UpstreamReading::Congested {
             reason: String::new(),
             pressure,
         }
@@ -78,10 +83,19 @@ mod tests {
     fn no_signal_and_unused_limits_hold_still() {
         for algorithm in [Algorithm::Aimd, Algorithm::Gradient] {
             let spec = spec(algorithm);
-            assert_eq!(next_limit(&spec, 500.0, &Verdict::NoSignal, true), 500.0);
-            assert_eq!(next_limit(&spec, 500.0, &Verdict::NearTarget, true), 500.0);
-            assert_eq!(next_limit(&spec, 500.0, &Verdict::Healthy, false), 500.0);
-            assert!(next_limit(&spec, 500.0, &Verdict::Healthy, true) > 500.0);
+            assert_eq!(
+                next_limit(&spec, 500.0, &UpstreamReading::NoSignal, true),
+                500.0
+            );
+            assert_eq!(
+                next_limit(&spec, 500.0, &UpstreamReading::NearTarget, true),
+                500.0
+            );
+            assert_eq!(
+                next_limit(&spec, 500.0, &UpstreamReading::Healthy, false),
+                500.0
+            );
+            assert!(next_limit(&spec, 500.0, &UpstreamReading::Healthy, true) > 500.0);
             assert!(next_limit(&spec, 500.0, &congested(0.5), true) < 500.0);
         }
     }
@@ -98,9 +112,9 @@ mod tests {
             let mut limit = spec.bound(start);
             for (kind, pressure, in_use) in steps {
                 let verdict = match kind {
-                    0 => Verdict::NoSignal,
-                    1 => Verdict::Healthy,
-                    2 => Verdict::NearTarget,
+                    0 => UpstreamReading::NoSignal,
+                    1 => UpstreamReading::Healthy,
+                    2 => UpstreamReading::NearTarget,
                     _ => congested(pressure),
                 };
                 limit = next_limit(&spec, limit, &verdict, in_use);
@@ -115,7 +129,7 @@ mod tests {
             let spec = spec(if gradient { Algorithm::Gradient } else { Algorithm::Aimd });
             let mut limit = start;
             for _ in 0..20_000 {
-                limit = next_limit(&spec, limit, &Verdict::Healthy, true);
+                limit = next_limit(&spec, limit, &UpstreamReading::Healthy, true);
             }
             prop_assert!((limit - spec.max_rps).abs() < 1e-6, "{limit}");
         }

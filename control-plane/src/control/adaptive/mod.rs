@@ -17,7 +17,7 @@ use crate::config::limits::LimitTable;
 use crate::config::policy::Policy;
 use crate::fleet::health::UpstreamHealth;
 use crate::types::LimitRps;
-use algorithm::{Verdict, next_limit};
+use algorithm::{UpstreamReading, next_limit};
 use spec::{AdaptiveSpec, AdaptiveSpecs, Algorithm, Signal};
 
 /// Fewest sampled responses for a signal to count: fewer say nothing (one
@@ -85,7 +85,7 @@ pub struct AdaptiveStatus {
 }
 
 #[derive(Debug, Clone)]
-struct BucketState {
+struct AdaptiveBucket {
     spec: AdaptiveSpec,
     limit: f64,
     reason: String,
@@ -99,7 +99,7 @@ struct BucketState {
     pooled_intervals: u32,
 }
 
-impl BucketState {
+impl AdaptiveBucket {
     /// This interval's samples, with the ones pooled before when there
     /// were too few: `None` until there are [`MIN_SAMPLES`]. Pooling is
     /// what lets a limit at a low rate move at all: at 50 rps, 500 ms
@@ -127,29 +127,29 @@ impl BucketState {
 /// Every adaptive bucket's current limit.
 #[derive(Debug, Default)]
 pub struct AdaptiveLimits {
-    buckets: BTreeMap<String, BucketState>,
+    buckets: BTreeMap<String, AdaptiveBucket>,
 }
 
 /// What the signal says, for `spec`.
 pub(crate) fn judge(
     spec: &AdaptiveSpec,
     health: Option<&UpstreamHealth>,
-) -> (Verdict, Option<f64>, Option<f64>) {
+) -> (UpstreamReading, Option<f64>, Option<f64>) {
     let Some(health) = health.filter(|h| h.responses >= MIN_SAMPLES) else {
-        return (Verdict::NoSignal, None, None);
+        return (UpstreamReading::NoSignal, None, None);
     };
     let p99_ms = health
         .latency_quantile(0.99)
         .map(|p99| p99.as_secs_f64() * 1e3);
     let error_ratio = health.error_ratio();
-    let mut verdict = Verdict::Healthy;
+    let mut verdict = UpstreamReading::Healthy;
     let mut worst = 1.0;
     if matches!(spec.signal, Signal::Latency | Signal::Both)
         && let (Some(target), Some(p99)) = (spec.target_p99_ms, p99_ms)
         && p99 > target
     {
         worst = target / p99;
-        verdict = Verdict::Congested {
+        verdict = UpstreamReading::Congested {
             reason: format!("p99 {p99:.0} ms > target {target:.0} ms"),
             pressure: worst,
         };
@@ -160,19 +160,19 @@ pub(crate) fn judge(
     {
         // As far under target as the excess errors are over it.
         let pressure = (1.0 - (ratio - spec.max_error_ratio)).clamp(0.0, 1.0);
-        if pressure < worst || verdict == Verdict::Healthy {
-            verdict = Verdict::Congested {
+        if pressure < worst || verdict == UpstreamReading::Healthy {
+            verdict = UpstreamReading::Congested {
                 reason: format!("error ratio {ratio:.3} > {:.3}", spec.max_error_ratio),
                 pressure,
             };
         }
     }
-    if verdict == Verdict::Healthy
+    if verdict == UpstreamReading::Healthy
         && matches!(spec.signal, Signal::Latency | Signal::Both)
         && let (Some(target), Some(p99)) = (spec.target_p99_ms, p99_ms)
         && p99 > NEAR_TARGET * target
     {
-        verdict = Verdict::NearTarget;
+        verdict = UpstreamReading::NearTarget;
     }
     (verdict, p99_ms, error_ratio)
 }
@@ -195,7 +195,7 @@ impl AdaptiveLimits {
             let state = self
                 .buckets
                 .entry(spec.bucket.clone())
-                .or_insert_with(|| BucketState {
+                .or_insert_with(|| AdaptiveBucket {
                     spec: spec.clone(),
                     limit: spec.bound(configured(&spec.bucket).unwrap_or(spec.max_rps)),
                     reason: "started".to_owned(),
@@ -213,7 +213,8 @@ impl AdaptiveLimits {
             let (verdict, p99_ms, error_ratio) = judge(spec, samples.as_ref());
             let in_use = offered(&spec.bucket) >= IN_USE * state.limit;
             let before = state.limit;
-            let cooling = state.cooldown > 0 && matches!(verdict, Verdict::Congested { .. });
+            let cooling =
+                state.cooldown > 0 && matches!(verdict, UpstreamReading::Congested { .. });
             state.cooldown = state.cooldown.saturating_sub(1);
             if !cooling {
                 state.limit = next_limit(spec, before, &verdict, in_use);
@@ -227,19 +228,19 @@ impl AdaptiveLimits {
             state.p99_ms = p99_ms;
             state.error_ratio = error_ratio;
             state.reason = match &verdict {
-                Verdict::NoSignal => "no signal: holding".to_owned(),
-                Verdict::NearTarget => match (p99_ms, spec.target_p99_ms) {
+                UpstreamReading::NoSignal => "no signal: holding".to_owned(),
+                UpstreamReading::NearTarget => match (p99_ms, spec.target_p99_ms) {
                     (Some(p99), Some(target)) => {
                         format!("p99 {p99:.0} ms near target {target:.0} ms: holding")
                     }
                     _ => "near target: holding".to_owned(),
                 },
-                Verdict::Healthy if in_use => "healthy: raising".to_owned(),
-                Verdict::Healthy => "healthy, limit not in use: holding".to_owned(),
-                Verdict::Congested { reason, .. } if cooling => {
+                UpstreamReading::Healthy if in_use => "healthy: raising".to_owned(),
+                UpstreamReading::Healthy => "healthy, limit not in use: holding".to_owned(),
+                UpstreamReading::Congested { reason, .. } if cooling => {
                     format!("{reason}: waiting for the last decrease to show")
                 }
-                Verdict::Congested { reason, .. } => format!("{reason}: lowering"),
+                UpstreamReading::Congested { reason, .. } => format!("{reason}: lowering"),
             };
             if (state.limit - before).abs() > LOGGED_MOVE * before.max(1.0) {
                 tracing::info!(

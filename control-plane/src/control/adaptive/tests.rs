@@ -234,12 +234,15 @@ fn errors_alone_say_congested() {
     };
     let (verdict, _, ratio) = judge(spec, Some(&health));
     assert_eq!(ratio, Some(0.3));
-    assert!(matches!(verdict, Verdict::Congested { .. }), "{verdict:?}");
+    assert!(
+        matches!(verdict, UpstreamReading::Congested { .. }),
+        "{verdict:?}"
+    );
     let fine = UpstreamHealth {
         errors: 5,
         ..health
     };
-    assert_eq!(judge(spec, Some(&fine)).0, Verdict::Healthy);
+    assert_eq!(judge(spec, Some(&fine)).0, UpstreamReading::Healthy);
 }
 
 #[test]
@@ -259,11 +262,11 @@ fn a_p99_close_to_the_target_holds_the_limit() {
     };
     // The target is 100 ms: 50 ms is healthy, 85 ms is near it (the
     // upstream is at its capacity), 150 ms is over it.
-    assert_eq!(judge(spec, Some(&at(50))).0, Verdict::Healthy);
-    assert_eq!(judge(spec, Some(&at(85))).0, Verdict::NearTarget);
+    assert_eq!(judge(spec, Some(&at(50))).0, UpstreamReading::Healthy);
+    assert_eq!(judge(spec, Some(&at(85))).0, UpstreamReading::NearTarget);
     assert!(matches!(
         judge(spec, Some(&at(150))).0,
-        Verdict::Congested { .. }
+        UpstreamReading::Congested { .. }
     ));
     let mut limits = AdaptiveLimits::default();
     let near = HashMap::from([("api".to_owned(), at(85))]);

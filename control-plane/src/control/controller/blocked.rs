@@ -22,7 +22,7 @@ use std::sync::Arc;
 use sluice_core::{Priority, Reason};
 use sluice_proto::v1::Directive;
 
-use super::decision::{Decision, lift};
+use super::decision::{IntervalOutcome, lift};
 use crate::config::limits::LimitTable;
 use crate::config::policy::{Mode, Modes};
 use sluice_core::directive::is_lift;
@@ -65,7 +65,7 @@ impl Blocks {
         limits: &LimitTable,
         modes: &Modes,
         retry_after_ms: u64,
-        decision: &mut Decision,
+        decision: &mut IntervalOutcome,
     ) {
         self.collect_wanted(limits);
         let previous = std::mem::take(&mut self.standing);

@@ -15,7 +15,7 @@ pub const CHANGE_THRESHOLD: f64 = 0.001;
 
 /// The outcome of one control interval.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Decision {
+pub struct IntervalOutcome {
     /// Every bucket with traffic, sorted by bucket.
     pub buckets: Vec<BucketStatus>,
     /// Directives to push now: those that changed since they were last

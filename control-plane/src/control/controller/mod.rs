@@ -60,7 +60,7 @@ mod status;
 mod tests;
 
 pub use crate::control::drop_policy::{DropPolicy, Proportional};
-pub use decision::{CHANGE_THRESHOLD, Decision, RetiredCell, lift};
+pub use decision::{CHANGE_THRESHOLD, IntervalOutcome, RetiredCell, lift};
 pub use retry::retry_after_ms;
 pub use status::{BucketStatus, CellStatus};
 
@@ -117,7 +117,7 @@ struct CellState {
 
 /// What the controller remembers about one bucket.
 #[derive(Debug)]
-struct BucketState {
+struct ControlledBucket {
     bucket: Arc<str>,
     /// Consecutive intervals with the offered rate above the limit.
     overloaded_intervals: u32,
@@ -146,7 +146,7 @@ fn compare(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
 pub struct Controller {
     policy: Box<dyn DropPolicy>,
     interval: ControlInterval,
-    buckets: Vec<BucketState>,
+    buckets: Vec<ControlledBucket>,
     scratch: Scratch,
     allocation: Allocation,
     tenants: Vec<TenantDemand>,
@@ -211,7 +211,7 @@ impl Controller {
 
     /// [`Controller::decide`] with limits only: no tenant policies, no
     /// per-bucket modes.
-    pub fn tick(&mut self, load: &FleetLoad, limits: &LimitTable) -> Decision {
+    pub fn tick(&mut self, load: &FleetLoad, limits: &LimitTable) -> IntervalOutcome {
         self.decide_with(load, limits, &Tenants::default(), &Modes::default())
     }
 
@@ -222,7 +222,7 @@ impl Controller {
     /// restart the proxies may still hold an old non-zero directive for it.
     /// A cell whose traffic stopped is dropped from tracking; if its last
     /// pushed ratio was non-zero, a final ratio of 0 is pushed to lift it.
-    pub fn decide(&mut self, load: &FleetLoad, policy: &Policy) -> Decision {
+    pub fn decide(&mut self, load: &FleetLoad, policy: &Policy) -> IntervalOutcome {
         self.decide_with(load, &policy.limits, &policy.tenants, &policy.modes)
     }
 
@@ -232,10 +232,10 @@ impl Controller {
         limits: &LimitTable,
         tenants: &Tenants,
         modes: &Modes,
-    ) -> Decision {
-        let mut decision = Decision {
+    ) -> IntervalOutcome {
+        let mut decision = IntervalOutcome {
             buckets: Vec::with_capacity(load.buckets.len()),
-            ..Decision::default()
+            ..IntervalOutcome::default()
         };
         let previous = std::mem::take(&mut self.buckets);
         let mut next = Vec::with_capacity(load.buckets.len());
@@ -249,7 +249,7 @@ impl Controller {
             }
             let state = previous
                 .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
-                .unwrap_or_else(|| BucketState {
+                .unwrap_or_else(|| ControlledBucket {
                     bucket: Arc::clone(&traffic.bucket),
                     overloaded_intervals: 0,
                     cells: Vec::new(),
@@ -277,12 +277,12 @@ impl Controller {
     fn decide_bucket(
         &mut self,
         traffic: &BucketTraffic,
-        mut state: BucketState,
+        mut state: ControlledBucket,
         limit: Option<LimitRps>,
         tenants: &Tenants,
         modes: &Modes,
-        decision: &mut Decision,
-    ) -> (BucketState, BucketStatus) {
+        decision: &mut IntervalOutcome,
+    ) -> (ControlledBucket, BucketStatus) {
         let bucket = &traffic.bucket;
         if let Some(limit) = limit {
             self.allocate(traffic, limit, tenants);
@@ -516,7 +516,7 @@ fn merge_cells(
     bucket: &Arc<str>,
     previous: Vec<CellState>,
     cells: &[CellLoad],
-    decision: &mut Decision,
+    decision: &mut IntervalOutcome,
 ) -> Vec<CellState> {
     let order = |state: &CellState, cell: &CellLoad| {
         compare(&state.tenant, &cell.tenant).then(state.priority.cmp(&cell.priority))
@@ -543,7 +543,7 @@ fn merge_cells(
 }
 
 /// Retires every cell of a bucket whose traffic stopped.
-fn retire_bucket(state: BucketState, decision: &mut Decision) {
+fn retire_bucket(state: ControlledBucket, decision: &mut IntervalOutcome) {
     for cell in state.cells {
         retire(&state.bucket, cell, decision);
     }
@@ -589,7 +589,7 @@ fn cell_share(
 
 /// Stops tracking a cell: lifts it if it had a directive (so the proxies
 /// free its slot), and names it for removal from the snapshot.
-fn retire(bucket: &Arc<str>, cell: CellState, decision: &mut Decision) {
+fn retire(bucket: &Arc<str>, cell: CellState, decision: &mut IntervalOutcome) {
     if cell.pushed.is_some() {
         decision
             .changed

@@ -309,7 +309,7 @@ fn a_floor_on_default_is_shared_by_the_names_clients_invent() {
 struct Pushed(std::collections::BTreeMap<(String, String, i32), Directive>);
 
 impl Pushed {
-    fn apply(&mut self, decision: &Decision) {
+    fn apply(&mut self, decision: &IntervalOutcome) {
         for d in &decision.changed {
             let key = (d.bucket.clone(), d.tenant.clone(), d.priority);
             if is_lift(d) {
