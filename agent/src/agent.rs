@@ -42,8 +42,8 @@ use crate::directives::DirectiveTable;
 use crate::host::{Host, LogLevel};
 use crate::leader::leadership::Leadership;
 use crate::metrics::{Counter, Gauge, Metrics};
-use crate::request::attributes::RequestAttributes;
 use crate::request::classify::Classifier;
+use crate::request::classify::RequestAttributes;
 use crate::request::path::RequestPath;
 use crate::request::record;
 use crate::request::reject::RejectResponse;
@@ -104,7 +104,7 @@ impl Agent {
     /// counts. No host calls beyond the attribute reads the classifier
     /// needs; no allocation once the cell has been seen. Values that are
     /// not UTF-8 are taken as absent and counted
-    /// ([`crate::request::attributes`]).
+    /// ([`crate::request::classify`]).
     pub fn admit_request(
         &mut self,
         classifier: &Classifier,

@@ -4,7 +4,7 @@
 //!
 //! Bucket-wide directives (empty tenant, unspecified priority) are indexed
 //! by the plain bucket name, the others by the cell key
-//! ([`crate::request::cell`]), so finding a request's directive is at most two hash
+//! ([`crate::request::classify`]), so finding a request's directive is at most two hash
 //! probes: the exact cell, then the bucket. Entries live in a vector the
 //! indexes point into, so the request path can take the entry mutably (for
 //! its per-cell state) after immutable probes.
@@ -16,7 +16,7 @@
 
 use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
-use crate::request::cell::{key_of, parse_key};
+use crate::request::classify::{key_of, parse_key};
 use crate::request::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use prost::Message;
 use sluice_core::allowance::DirectiveRates;

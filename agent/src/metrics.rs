@@ -44,7 +44,7 @@ pub enum Counter {
     /// than `max_buckets`, or unlimited cells beyond their share of it).
     RequestsUncounted,
     /// Header values (and route names) the classification read that were
-    /// not UTF-8, each taken as absent ([`crate::request::attributes`]).
+    /// not UTF-8, each taken as absent ([`crate::request::classify`]).
     HeaderValuesInvalid,
 }
 

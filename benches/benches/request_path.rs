@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use sluice_agent::agent::Agent;
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::leader::counters::BucketCounters;
-use sluice_agent::request::bucket_key::{BucketKeySpec, KeyPart, KeySource};
+use sluice_agent::request::classify::{BucketKeySpec, KeyPart, KeySource};
 use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_aggregate_agent,
     warm_credit_agent, warm_tenant_agent,

@@ -16,7 +16,7 @@ use sluice_agent::host::{
     ControlStreams, HostError, Log, LogLevel, MetricId, MetricKind, MetricSink, SharedData,
     SharedValue,
 };
-use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::classify::RequestAttributes;
 use sluice_agent::settings::{AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_agent::tick::pacing::DecisionMode;
 use sluice_core::Priority;

@@ -25,7 +25,7 @@ use sluice_agent::directives::DirectiveTable;
 use sluice_agent::host::{HostError, Log, LogLevel};
 use sluice_agent::identity::ProxyIdentity;
 use sluice_agent::leader::counters::BucketCounters;
-use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::classify::RequestAttributes;
 use sluice_agent::request::handler::{self, HeadersAction, HttpRequest};
 use sluice_agent::request::new_cells::NewBucketPolicy;
 use sluice_agent::request::reject::RejectResponse;

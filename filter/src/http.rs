@@ -16,7 +16,7 @@ use proxy_wasm::types::{Action, MapType};
 use sluice_agent::agent::Agent;
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::host::{HostError, Log, LogLevel};
-use sluice_agent::request::attributes::RequestAttributes;
+use sluice_agent::request::classify::RequestAttributes;
 use sluice_agent::request::handler::{
     self, FollowedRequest, HeadersAction, HttpRequest, REJECT_STATUS,
 };
@@ -80,7 +80,7 @@ impl HttpContext for PassThrough {}
 /// knows which request is current). Read as bytes: the SDK's
 /// `get_map_value` unwraps its UTF-8 decoding, so a header value that is
 /// not UTF-8 would trap the VM. What the bytes mean is decided outside the
-/// binding ([`sluice_agent::request::attributes`]).
+/// binding ([`sluice_agent::request::classify`]).
 struct EnvoyRequest;
 
 impl RequestAttributes for EnvoyRequest {

@@ -9,7 +9,7 @@ mod validate;
 use std::sync::Arc;
 
 use crate::identity::ProxyIdentity;
-use crate::request::bucket_key::BucketKeySpec;
+use crate::request::classify::BucketKeySpec;
 use crate::request::classify::Classifier;
 use crate::request::new_cells::NewBucketPolicy;
 use crate::request::record::RecordMode;

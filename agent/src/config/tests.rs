@@ -1,7 +1,7 @@
 //! Parsing and validation of the plugin configuration.
 
 use super::*;
-use crate::request::bucket_key::{KeyPart, KeySource};
+use crate::request::classify::{KeyPart, KeySource};
 use sluice_core::Priority;
 use sluice_core::allowance::Engage;
 use sluice_core::directive::DirectiveTtl;

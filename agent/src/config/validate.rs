@@ -6,7 +6,7 @@ use super::raw::{
     RawRecordMode, RawResponse,
 };
 use super::{ConfigError, FilterConfig};
-use crate::request::bucket_key::{BucketKeySpec, KeyPart, KeySource};
+use crate::request::classify::{BucketKeySpec, KeyPart, KeySource};
 use crate::request::classify::{Classifier, PrioritySpec};
 use crate::request::new_cells::NewBucketPolicy;
 use crate::request::record::RecordMode;

@@ -9,82 +9,11 @@
 //! for; an unlimited cell that is not counted costs nothing but its rate in
 //! the admin view.
 
-use crate::request::cell::{key_of, parse_key};
-use crate::request::cell_map::CellMap;
+use crate::request::cell_table::{CellMap, CellTable, Counts, unlimited_cap};
+use crate::request::classify::{key_of, key_of_count, parse_key};
 use sluice_core::Priority;
 use sluice_core::decision::Outcome;
 use sluice_proto::v1::BucketCount;
-
-/// Requests seen, let through and shadow-dropped for one cell.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// All requests seen, dropped or not.
-    pub offered: u64,
-    /// Requests let through (shadow drops included).
-    pub admitted: u64,
-    /// Requests the decision would have dropped but shadow mode let through.
-    pub shadow_dropped: u64,
-}
-
-impl Counts {
-    pub(crate) fn one(outcome: Outcome) -> Self {
-        Self {
-            offered: 1,
-            admitted: u64::from(outcome != Outcome::Dropped),
-            shadow_dropped: u64::from(outcome == Outcome::ShadowDropped),
-        }
-    }
-
-    pub(crate) fn add(&mut self, other: Counts) {
-        self.offered = self.offered.saturating_add(other.offered);
-        self.admitted = self.admitted.saturating_add(other.admitted);
-        self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
-    }
-
-    /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
-    /// rest, rounding so the parts add up exactly and each part keeps
-    /// `shadow_dropped <= admitted <= offered`.
-    pub fn split(self, fraction: f64) -> (Counts, Counts) {
-        let f = if fraction.is_nan() {
-            0.0
-        } else {
-            fraction.clamp(0.0, 1.0)
-        };
-        let part = |n: u64| ((n as f64) * f).round() as u64;
-        let offered = part(self.offered).min(self.offered);
-        let rest_offered = self.offered - offered;
-        let admitted = part(self.admitted)
-            .max(self.admitted.saturating_sub(rest_offered))
-            .min(offered)
-            .min(self.admitted);
-        let rest_admitted = self.admitted - admitted;
-        let shadow = part(self.shadow_dropped)
-            .max(self.shadow_dropped.saturating_sub(rest_admitted))
-            .min(admitted)
-            .min(self.shadow_dropped);
-        (
-            Counts {
-                offered,
-                admitted,
-                shadow_dropped: shadow,
-            },
-            Counts {
-                offered: rest_offered,
-                admitted: rest_admitted,
-                shadow_dropped: self.shadow_dropped - shadow,
-            },
-        )
-    }
-
-    /// The counts of a wire record.
-    pub fn of(count: &BucketCount) -> Self {
-        Self {
-            offered: count.offered,
-            admitted: count.admitted,
-            shadow_dropped: count.shadow_dropped,
-        }
-    }
-}
 
 /// A cell's counts in this window.
 #[derive(Debug, Clone, Copy, Default)]
@@ -107,31 +36,19 @@ impl CellSlot {
 /// [`BucketCounters::take_untracked`] so the caller can report the overflow.
 #[derive(Debug, Clone)]
 pub struct BucketCounters {
-    /// By cell key ([`crate::request::cell`]).
+    /// By cell key ([`crate::request::classify`]).
     counts: CellMap<CellSlot>,
     max_cells: usize,
     untracked: u64,
 }
 
-/// The cell key of a wire record's cell.
-pub(crate) fn key_of_count(count: &BucketCount) -> String {
-    key_of(
-        &count.bucket,
-        &count.tenant,
-        Priority::from_wire(count.priority),
-    )
-}
-
-/// How many of `max_cells` cells without a directive may take: all but a
-/// quarter, which stays reserved for cells with one (at least one cell
-/// each way once `max_cells` is 2 or more).
-pub fn unlimited_cap(max_cells: usize) -> usize {
-    max_cells
-        .saturating_sub(max_cells.div_ceil(4))
-        .max(usize::from(max_cells >= 2))
-}
-
 impl BucketCounters {
+    /// Moves every cell's counts out of `table` (a VM's own window) into
+    /// these, as [`CellTable::drain`] does.
+    pub fn take_from(&mut self, table: &mut CellTable) {
+        table.take_counts(|key, taken, limited| self.add(key.to_owned(), taken, limited));
+    }
+
     /// Empty counters for at most `max_cells` cells.
     pub fn new(max_cells: usize) -> Self {
         Self {
@@ -280,6 +197,44 @@ mod tests {
             admitted,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_cell_that_gets_its_directive_later_keeps_the_reserved_quarter() {
+        use crate::request::cell_table::CellTable;
+        use sluice_core::decision::NewCellLimit;
+        let key = |bucket: &str| key_of(bucket, "", Priority::Unspecified);
+        // Counts one admitted request of "limited" whose directive (in the
+        // table of `generation`) is `directive`.
+        let count_limited = |cells: &mut CellTable, generation: u64, directive: Option<usize>| {
+            if let Some(record) = cells.record(&key("limited"), generation, || directive).0 {
+                record.count(Outcome::Admitted);
+            }
+        };
+        // Met before its first directive, the cell's record outlives the
+        // window; once the directive arrives its counts must still reach
+        // a leader's window that one-off keys have filled.
+        let mut cells = CellTable::new(8);
+        count_limited(&mut cells, 0, None);
+        // State (the pacer's, here faked with a new cell's) keeps the
+        // record past the drain.
+        if let Some(record) = cells.get_mut(&key("limited")) {
+            record.state.new_cell = Some(NewCellLimit::new(1.0, 0));
+        }
+        cells.drain();
+        let mut window = BucketCounters::new(8);
+        for i in 0..10 {
+            window.record_cell(&key(&format!("flood-{i}")), Outcome::Admitted, false);
+        }
+        count_limited(&mut cells, 1, Some(0));
+        window.take_from(&mut cells);
+        let counted: u64 = window
+            .drain()
+            .iter()
+            .filter(|count| count.bucket == "limited")
+            .map(|count| count.offered)
+            .sum();
+        assert_eq!(counted, 1);
     }
 
     #[test]

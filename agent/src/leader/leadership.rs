@@ -10,7 +10,7 @@ use crate::leader::process_rates::ProcessRates;
 use crate::leader::report_window::ReportWindows;
 use crate::leader::stream::{ControlStream, Reconnect};
 use crate::metrics::Counter;
-use crate::request::cell::key_of;
+use crate::request::classify::key_of;
 use crate::request::path::RequestPath;
 use crate::shared::{
     DIRECTIVES_KEY, DIRECTIVES_META_KEY, DirectivesMeta, Handoff, INSTANCE_ID_KEY, InstanceId,

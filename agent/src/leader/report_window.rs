@@ -16,9 +16,10 @@
 //! Each report then counts the fleet's requests of exactly its window, up to
 //! the interpolation within one hand-off.
 
-use crate::leader::counters::{BucketCounters, Counts};
-use crate::request::cell::key_of;
+use crate::leader::counters::BucketCounters;
 use crate::request::cell_table::CellTable;
+use crate::request::cell_table::Counts;
+use crate::request::classify::key_of;
 use crate::shared::Handoff;
 use sluice_core::Priority;
 use sluice_proto::v1::BucketCount;
@@ -94,7 +95,7 @@ impl ReportWindows {
         if !own.has_no_counts() {
             self.own_traffic_ms = Some(now_ms);
         }
-        own.move_counts_into(&mut self.current);
+        self.current.take_from(own);
     }
 
     /// A follower's hand-off, received at `now_ms`.

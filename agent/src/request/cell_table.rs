@@ -16,15 +16,102 @@
 //! a busy cell survives a flood, one-off keys do not. Records with counts
 //! still to report or a cap that decides are never evicted. A request of a
 //! cell that finds no room is tallied as untracked.
+//!
+//! The map itself ([`CellMap`], at the end of this file) hashes a cell key
+//! so that a bucket-wide cell is found from the bare bucket name.
 
-use crate::leader::counters::{BucketCounters, Counts, key_of_count, unlimited_cap};
-use crate::request::cell::parse_key;
-use crate::request::cell_map::CellMap;
+use crate::request::classify::key_of_count;
+use crate::request::classify::parse_key;
+use crate::request::classify::{BUCKET_WIDE_PREFIX, BUCKET_WIDE_PREFIX_BYTES};
 use crate::request::reject::RejectResponse;
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use sluice_core::decision::CellState;
 use sluice_core::decision::Outcome;
 use sluice_proto::v1::BucketCount;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
+
+/// Requests seen, let through and shadow-dropped for one cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// All requests seen, dropped or not.
+    pub offered: u64,
+    /// Requests let through (shadow drops included).
+    pub admitted: u64,
+    /// Requests the decision would have dropped but shadow mode let through.
+    pub shadow_dropped: u64,
+}
+
+impl Counts {
+    pub(crate) fn one(outcome: Outcome) -> Self {
+        Self {
+            offered: 1,
+            admitted: u64::from(outcome != Outcome::Dropped),
+            shadow_dropped: u64::from(outcome == Outcome::ShadowDropped),
+        }
+    }
+
+    pub(crate) fn add(&mut self, other: Counts) {
+        self.offered = self.offered.saturating_add(other.offered);
+        self.admitted = self.admitted.saturating_add(other.admitted);
+        self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
+    }
+
+    /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
+    /// rest, rounding so the parts add up exactly and each part keeps
+    /// `shadow_dropped <= admitted <= offered`.
+    pub fn split(self, fraction: f64) -> (Counts, Counts) {
+        let f = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        let part = |n: u64| ((n as f64) * f).round() as u64;
+        let offered = part(self.offered).min(self.offered);
+        let rest_offered = self.offered - offered;
+        let admitted = part(self.admitted)
+            .max(self.admitted.saturating_sub(rest_offered))
+            .min(offered)
+            .min(self.admitted);
+        let rest_admitted = self.admitted - admitted;
+        let shadow = part(self.shadow_dropped)
+            .max(self.shadow_dropped.saturating_sub(rest_admitted))
+            .min(admitted)
+            .min(self.shadow_dropped);
+        (
+            Counts {
+                offered,
+                admitted,
+                shadow_dropped: shadow,
+            },
+            Counts {
+                offered: rest_offered,
+                admitted: rest_admitted,
+                shadow_dropped: self.shadow_dropped - shadow,
+            },
+        )
+    }
+
+    /// The counts of a wire record.
+    pub fn of(count: &BucketCount) -> Self {
+        Self {
+            offered: count.offered,
+            admitted: count.admitted,
+            shadow_dropped: count.shadow_dropped,
+        }
+    }
+}
+
+/// How many of `max_cells` cells without a directive may take: all but a
+/// quarter, which stays reserved for cells with one (at least one cell
+/// each way once `max_cells` is 2 or more).
+pub fn unlimited_cap(max_cells: usize) -> usize {
+    max_cells
+        .saturating_sub(max_cells.div_ceil(4))
+        .max(usize::from(max_cells >= 2))
+}
 
 /// Everything the request path keeps of one cell.
 #[derive(Debug, Clone)]
@@ -103,7 +190,7 @@ impl CellRecord {
 /// The cells of one VM's request path.
 #[derive(Debug, Clone)]
 pub struct CellTable {
-    /// By cell key ([`crate::request::cell`]).
+    /// By cell key ([`crate::request::classify`]).
     records: CellMap<CellRecord>,
     max_cells: usize,
     /// Requests not attributed to a cell since the last
@@ -228,13 +315,9 @@ impl CellTable {
         counts
     }
 
-    /// Moves every cell's counts into `other` (the leader's own window), as
-    /// [`Self::drain`] does.
-    pub fn move_counts_into(&mut self, other: &mut BucketCounters) {
-        self.take_counts(|key, taken, limited| other.add(key.to_owned(), taken, limited));
-    }
-
-    fn take_counts(&mut self, mut take: impl FnMut(&str, Counts, bool)) {
+    /// Takes every cell's counts, zeroing them, as [`Self::drain`] does;
+    /// `take` gets the cell key, the counts and whether it has a directive.
+    pub(crate) fn take_counts(&mut self, mut take: impl FnMut(&str, Counts, bool)) {
         self.records.retain(|key, record| {
             if record.counts.offered > 0 {
                 take(key, std::mem::take(&mut record.counts), record.limited);
@@ -322,10 +405,143 @@ fn has_room(len: usize, max_cells: usize, limited: bool) -> bool {
     len < cap
 }
 
+// The map from cell key to record.
+//
+// The map from cell key to a value that the request path probes on every
+// request (the counters).
+//
+// A cell key ([`crate::request::classify`]) is hashed as its 4-byte prefix (one integer)
+// and the rest of its bytes. That lets a bucket-wide cell be found from the
+// bare bucket name, hashing and comparing `BUCKET_WIDE_PREFIX ‖ bucket`
+// without first copying the two into a key buffer. The hasher is foldhash,
+// seeded per map; [`crate::fast_map`] says why that bounds what clients
+// choosing colliding keys can do (the map's owner caps its size).
+
+/// Values by cell key, hashed in parts.
+#[derive(Debug, Clone)]
+pub struct CellMap<V> {
+    table: HashTable<(String, V)>,
+    hasher: RandomState,
+}
+
+impl<V> Default for CellMap<V> {
+    fn default() -> Self {
+        Self {
+            table: HashTable::new(),
+            hasher: RandomState::default(),
+        }
+    }
+}
+
+/// The bucket-wide prefix as the integer it is hashed as.
+const BUCKET_WIDE: u32 = u32::from_le_bytes(BUCKET_WIDE_PREFIX_BYTES);
+
+fn hash_parts(state: &RandomState, prefix: u32, rest: &[u8]) -> u64 {
+    let mut hasher = state.build_hasher();
+    hasher.write_u32(prefix);
+    hasher.write(rest);
+    hasher.finish()
+}
+
+/// The hash of a whole key: the same as [`hash_parts`] of its prefix and
+/// rest, so both kinds of lookup find the same entries. A key too short to
+/// have a prefix (not one [`crate::request::classify`] builds) hashes as prefix 0 and
+/// all its bytes.
+fn hash_key(state: &RandomState, key: &str) -> u64 {
+    match key.as_bytes().split_first_chunk::<4>() {
+        Some((head, rest)) => hash_parts(state, u32::from_le_bytes(*head), rest),
+        None => hash_parts(state, 0, key.as_bytes()),
+    }
+}
+
+impl<V> CellMap<V> {
+    /// The value of the cell key `key`.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+        let hash = hash_key(&self.hasher, key);
+        self.table.find_mut(hash, |(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// The value of the bucket-wide cell of `bucket`, without building its
+    /// key.
+    pub fn get_bucket_wide_mut(&mut self, bucket: &str) -> Option<&mut V> {
+        let hash = hash_parts(&self.hasher, BUCKET_WIDE, bucket.as_bytes());
+        self.table
+            .find_mut(hash, |(k, _)| {
+                k.strip_prefix(BUCKET_WIDE_PREFIX) == Some(bucket)
+            })
+            .map(|(_, v)| v)
+    }
+
+    /// Inserts `value` for `key`, replacing any value it had.
+    pub fn insert(&mut self, key: String, value: V) {
+        let hash = hash_key(&self.hasher, &key);
+        match self.table.find_mut(hash, |(k, _)| *k == key) {
+            Some((_, existing)) => *existing = value,
+            None => {
+                let hasher = &self.hasher;
+                self.table
+                    .insert_unique(hash, (key, value), |(k, _)| hash_key(hasher, k));
+            }
+        }
+    }
+
+    /// The value of `key`, or the value `make` returns inserted for it;
+    /// `None` if the key is absent and `make` returns `None`. One hash of
+    /// the key either way, and a copy of it only when inserting.
+    pub fn get_or_try_insert(
+        &mut self,
+        key: &str,
+        make: impl FnOnce() -> Option<V>,
+    ) -> Option<&mut V> {
+        let hash = hash_key(&self.hasher, key);
+        let hasher = &self.hasher;
+        match self
+            .table
+            .entry(hash, |(k, _)| k == key, |(k, _)| hash_key(hasher, k))
+        {
+            Entry::Occupied(entry) => Some(&mut entry.into_mut().1),
+            Entry::Vacant(entry) => {
+                let value = make()?;
+                Some(&mut entry.insert((key.to_owned(), value)).into_mut().1)
+            }
+        }
+    }
+
+    /// Keeps the entries `keep` says to keep (it may change them).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
+        self.table.retain(|(k, v)| keep(k, v));
+    }
+
+    /// Every entry, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        self.table.iter_mut().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Takes every entry, keeping the capacity.
+    pub fn drain(&mut self) -> impl Iterator<Item = (String, V)> + '_ {
+        self.table.drain()
+    }
+
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.table.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether there is no entry.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::cell::key_of;
+    use crate::request::classify::key_of;
     use sluice_core::Priority;
     use sluice_core::decision::NewCellLimit;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -401,34 +617,6 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_that_gets_its_directive_later_keeps_the_reserved_quarter() {
-        // Met before its first directive, the cell's record outlives the
-        // window; once the directive arrives its counts must still reach
-        // a leader's window that one-off keys have filled.
-        let mut cells = CellTable::new(8);
-        count(&mut cells, "limited", 0, None);
-        // State (the pacer's, here faked with a new cell's) keeps the
-        // record past the drain.
-        if let Some(record) = cells.get_mut(&key("limited")) {
-            record.state.new_cell = Some(NewCellLimit::new(1.0, 0));
-        }
-        cells.drain();
-        let mut window = BucketCounters::new(8);
-        for i in 0..10 {
-            window.record_cell(&key(&format!("flood-{i}")), Outcome::Admitted, false);
-        }
-        count(&mut cells, "limited", 1, Some(0));
-        cells.move_counts_into(&mut window);
-        let counted: u64 = window
-            .drain()
-            .iter()
-            .filter(|count| count.bucket == "limited")
-            .map(|count| count.offered)
-            .sum();
-        assert_eq!(counted, 1);
-    }
-
-    #[test]
     fn a_flood_leaves_a_quarter_for_cells_with_a_directive() {
         let mut cells = CellTable::new(8);
         for i in 0..20 {
@@ -469,5 +657,55 @@ mod tests {
         assert!(cells.get_mut(&key("busy")).is_some());
         assert!(cells.get_mut(&key("once-0")).is_none());
         assert_eq!(cells.len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod cell_map_tests {
+    use super::*;
+    use crate::request::classify::key_of;
+    use sluice_core::Priority;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_bucket_wide_cell_is_found_by_key_and_by_bucket() {
+        let mut map = CellMap::default();
+        map.insert(key_of("acme", "", Priority::Unspecified), 1);
+        map.insert(key_of("acme", "t", Priority::Unspecified), 2);
+        map.insert(key_of("acme", "", Priority::Bulk), 3);
+        map.insert("x".to_owned(), 4);
+        assert_eq!(map.get_bucket_wide_mut("acme"), Some(&mut 1));
+        assert_eq!(
+            map.get_mut(&key_of("acme", "", Priority::Unspecified)),
+            Some(&mut 1)
+        );
+        assert_eq!(
+            map.get_mut(&key_of("acme", "t", Priority::Unspecified)),
+            Some(&mut 2)
+        );
+        assert_eq!(
+            map.get_mut(&key_of("acme", "", Priority::Bulk)),
+            Some(&mut 3)
+        );
+        assert_eq!(map.get_mut("x"), Some(&mut 4));
+        assert_eq!(map.get_bucket_wide_mut("acm"), None);
+        assert_eq!(map.get_bucket_wide_mut("t"), None);
+        map.insert(key_of("acme", "", Priority::Unspecified), 5);
+        assert_eq!(map.get_bucket_wide_mut("acme"), Some(&mut 5));
+        assert_eq!(map.len(), 4);
+    }
+
+    #[test]
+    fn many_cells_stay_findable_across_growth() {
+        let mut map = CellMap::default();
+        for i in 0..1000 {
+            map.insert(key_of(&format!("b{i}"), "", Priority::Unspecified), i);
+        }
+        for i in 0..1000 {
+            assert_eq!(map.get_bucket_wide_mut(&format!("b{i}")).copied(), Some(i));
+        }
+        assert_eq!(map.drain().count(), 1000);
+        assert!(map.is_empty());
     }
 }

@@ -15,7 +15,7 @@
 use crate::agent::Agent;
 use crate::config::RequestPolicy;
 use crate::host::{HostError, Log, LogLevel};
-use crate::request::attributes::RequestAttributes;
+use crate::request::classify::RequestAttributes;
 use crate::request::reject::RejectResponse;
 use crate::upstream::status_of;
 use std::borrow::Cow;

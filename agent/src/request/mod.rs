@@ -2,10 +2,6 @@
 //! and what the host does about it. Nothing here makes a host call beyond
 //! the attribute reads the classification needs.
 
-pub mod attributes;
-pub mod bucket_key;
-pub(crate) mod cell;
-pub(crate) mod cell_map;
 pub(crate) mod cell_table;
 pub mod classify;
 pub mod handler;

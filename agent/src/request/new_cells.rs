@@ -18,7 +18,7 @@
 //! flood of one-off keys cannot lift the new-cell limit by giving each key
 //! a fresh burst.
 
-use crate::request::cell::parse_key;
+use crate::request::classify::parse_key;
 use crate::request::reject::{RejectFacts, RejectResponse, ResponseSettings};
 use sluice_core::DropReason;
 use std::sync::Arc;
@@ -98,8 +98,8 @@ impl NewCellRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::cell::key_of;
     use crate::request::cell_table::CellTable;
+    use crate::request::classify::key_of;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
     use sluice_core::Priority;

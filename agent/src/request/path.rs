@@ -8,8 +8,8 @@
 
 use crate::directives::DirectiveTable;
 use crate::metrics::Metrics;
-use crate::request::cell::CellKeyBuf;
 use crate::request::cell_table::CellTable;
+use crate::request::classify::CellKeyBuf;
 use crate::request::new_cells::NewCellRule;
 use crate::request::record::TableStatus;
 use crate::request::reject::RejectResponse;

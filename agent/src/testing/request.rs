@@ -2,7 +2,7 @@
 //! what the request handler did to it, for tests of both.
 
 use crate::host::{HostError, Log, LogLevel};
-use crate::request::attributes::RequestAttributes;
+use crate::request::classify::RequestAttributes;
 use crate::request::handler::HttpRequest;
 use crate::request::reject::RejectResponse;
 use std::borrow::Cow;

@@ -326,7 +326,7 @@ fn paces(cells: &mut CellTable) -> impl Iterator<Item = (&str, &mut Pace)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leader::counters::unlimited_cap;
+    use crate::request::cell_table::unlimited_cap;
     use sluice_core::decision::Outcome;
     use sluice_core::decision::{CellState, Directed, Now, Rules, decide};
     use sluice_core::regime::Regime;

@@ -718,7 +718,7 @@ fn without_a_leader_counts_stay_local_and_bounded() {
         // Unlimited cells leave a quarter of max_buckets to limited ones.
         assert_eq!(
             fleet.vms[vm].1.path.cells.len(),
-            crate::leader::counters::unlimited_cap(3)
+            crate::request::cell_table::unlimited_cap(3)
         );
     }
 }
