@@ -8,4 +8,4 @@ use sluice_core::cell::Cell;
 
 /// Identifies a cell. The strings are shared with the fleet's interner, so
 /// cloning a key never copies them.
-pub type CellKey = Cell<Arc<str>>;
+pub(crate) type CellKey = Cell<Arc<str>>;

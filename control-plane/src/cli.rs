@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
+pub(crate) use crate::serve::command::ServeArgs;
 use crate::serve::command::serve;
-pub use crate::serve::command::{DEFAULT_PROBATION_MS, ServeArgs, ServeError};
 
 /// Global rate limiting for Envoy: the control plane.
 #[derive(Debug, Parser)]
@@ -47,7 +47,7 @@ pub struct CheckConfigArgs {
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true",
           value_parser = crate::quotas::cli::parse_bool)]
-    pub quota_merge_domains: bool,
+    pub(crate) quota_merge_domains: bool,
 }
 
 /// Runs a parsed command line; the exit code is 0 on success, 1 on failure.

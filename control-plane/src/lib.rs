@@ -25,10 +25,14 @@
 //! [`run`] wires these together on listeners the caller has bound, which lets
 //! tests use port 0 and lets the binary write its ready file before serving.
 
-// The library's public surface is what the binary, the benchmarks, the
-// fuzzers and the integration tests use; the rest is `pub(crate)` so that
-// dead code shows. Its docs link into the private modules and are meant to
-// be read with `cargo doc --document-private-items`.
+// The library's public surface: the re-exports at the end of this file
+// (what `main.rs` and an embedding test need to run a control plane), and
+// the items the simulator, the benchmarks, the fuzzers and the integration
+// tests reach through the module paths below. Everything else is
+// `pub(crate)`, so dead code shows: an item outside the crate's users
+// starts `pub(crate)` and becomes `pub` only when one of them needs it. Its
+// docs link into the private modules and are meant to be read with
+// `cargo doc --document-private-items`.
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod admin;
@@ -49,6 +53,7 @@ pub mod store;
 pub(crate) mod trust;
 pub mod types;
 
+// The surface for running a control plane.
 pub use admin::{Admin, admin_router, router};
 pub use config::{Config, ConfigError};
 pub use control::controller::Controller;

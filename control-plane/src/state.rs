@@ -32,7 +32,7 @@ pub struct Settings {
     /// Bounds on the cells reports can create.
     pub fleet_caps: FleetCaps,
     /// Longest start-up hold ([`crate::serve::warmup`]); zero: none.
-    pub startup_grace: Duration,
+    pub(crate) startup_grace: Duration,
 }
 
 impl Settings {
@@ -89,7 +89,7 @@ impl AppState {
     }
 
     /// Fresh state with a given epoch.
-    pub fn with_epoch(settings: Settings, epoch: u64) -> Self {
+    pub(crate) fn with_epoch(settings: Settings, epoch: u64) -> Self {
         let modes = settings.policy.modes.to_wire();
         Self {
             inner: Arc::new(Shared {
@@ -119,7 +119,7 @@ impl AppState {
 
     /// Lets [`AppState::close_stream`] reach `stream` until the returned
     /// closer drops.
-    pub fn register_stream(&self, stream: StreamId) -> StreamCloser {
+    pub(crate) fn register_stream(&self, stream: StreamId) -> StreamCloser {
         let (sender, receiver) = oneshot::channel();
         self.closers().insert(stream, sender);
         StreamCloser {
@@ -148,7 +148,7 @@ impl AppState {
     /// streams of frozen instances the fleet let go (see
     /// [`Fleet::take_superseded`]); `then` reads the fleet under the same
     /// lock.
-    pub fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
+    pub(crate) fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
         let (load, read, superseded, conflicts) = {
             let mut fleet = self.fleet();
             let load = fleet.tick();
@@ -181,7 +181,7 @@ impl AppState {
     }
 
     /// [`AppState::tick_fleet_and`] without reading the fleet.
-    pub fn tick_fleet(&self) -> FleetLoad {
+    pub(crate) fn tick_fleet(&self) -> FleetLoad {
         self.tick_fleet_and(|_| ()).0
     }
 
@@ -228,7 +228,7 @@ impl AppState {
     }
 
     /// Where every adaptive bucket stands.
-    pub fn adaptive_status(&self) -> Vec<AdaptiveStatus> {
+    pub(crate) fn adaptive_status(&self) -> Vec<AdaptiveStatus> {
         self.inner
             .adaptive
             .lock()
@@ -243,7 +243,7 @@ impl AppState {
 
     /// Opens or closes this process to proxies' streams (closing ends the
     /// open ones); returns whether that changed anything.
-    pub fn set_accepting_streams(&self, accepting: bool) -> bool {
+    pub(crate) fn set_accepting_streams(&self, accepting: bool) -> bool {
         self.inner.accepting_streams.send_if_modified(|current| {
             let changed = *current != accepting;
             *current = accepting;
@@ -323,7 +323,7 @@ impl AppState {
 
     /// The upstream's health per bucket since the last call (one control
     /// interval), fleet-wide as this process heard it.
-    pub fn take_upstream_health(&self) -> HashMap<String, UpstreamHealth> {
+    pub(crate) fn take_upstream_health(&self) -> HashMap<String, UpstreamHealth> {
         self.inner
             .health
             .lock()
@@ -341,7 +341,7 @@ impl AppState {
     }
 
     /// Replaces the buckets view.
-    pub fn set_buckets(&self, buckets: Vec<BucketStatus>) {
+    pub(crate) fn set_buckets(&self, buckets: Vec<BucketStatus>) {
         *self
             .inner
             .buckets
@@ -350,7 +350,7 @@ impl AppState {
     }
 
     /// Where directive batches are published.
-    pub fn publisher(&self) -> &Publisher {
+    pub(crate) fn publisher(&self) -> &Publisher {
         &self.inner.publisher
     }
 
@@ -360,7 +360,7 @@ impl AppState {
     }
 
     /// A new, unique stream id.
-    pub fn next_stream_id(&self) -> StreamId {
+    pub(crate) fn next_stream_id(&self) -> StreamId {
         StreamId(self.inner.next_stream.fetch_add(1, Ordering::Relaxed))
     }
 }
@@ -381,7 +381,7 @@ pub(crate) fn random_epoch() -> u64 {
 /// How a stream's task learns that it must end; see
 /// [`AppState::close_stream`]. Dropping it forgets the stream.
 #[derive(Debug)]
-pub struct StreamCloser {
+pub(crate) struct StreamCloser {
     state: AppState,
     stream: StreamId,
     receiver: oneshot::Receiver<tonic::Status>,

@@ -16,18 +16,18 @@ pub use sluice_core::limit::{InvalidLimit, LimitRps, MAX_LIMIT_RPS};
 /// The longest bucket key or tenant an operator can configure: the filter
 /// cuts the keys and tenants it builds at this length, so a longer name
 /// could never match a request.
-pub const MAX_BUCKET_LEN: usize = sluice_core::MAX_BUCKET_KEY_BYTES;
+pub(crate) const MAX_BUCKET_LEN: usize = sluice_core::MAX_BUCKET_KEY_BYTES;
 
 /// The longest tenant name, for the same reason.
-pub const MAX_TENANT_LEN: usize = sluice_core::MAX_TENANT_BYTES;
+pub(crate) const MAX_TENANT_LEN: usize = sluice_core::MAX_TENANT_BYTES;
 
 /// Checks a bucket key or pattern given by an operator.
-pub fn validate_bucket(bucket: &str) -> Result<(), InvalidBucket> {
+pub(crate) fn validate_bucket(bucket: &str) -> Result<(), InvalidBucket> {
     validate_name(bucket, MAX_BUCKET_LEN)
 }
 
 /// Checks a tenant name given by an operator.
-pub fn validate_tenant(tenant: &str) -> Result<(), InvalidBucket> {
+pub(crate) fn validate_tenant(tenant: &str) -> Result<(), InvalidBucket> {
     validate_name(tenant, MAX_TENANT_LEN)
 }
 
@@ -45,7 +45,7 @@ fn validate_name(name: &str, max_len: usize) -> Result<(), InvalidBucket> {
 
 /// A tenant name from a file: validated while deserializing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct TenantName(pub String);
+pub(crate) struct TenantName(pub String);
 
 impl<'de> Deserialize<'de> for TenantName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -70,7 +70,7 @@ impl<'de> Deserialize<'de> for TenantName {
 
 /// Deserializes a map keyed by bucket keys, each key validated where it
 /// stands (so an error names its line).
-pub fn bucket_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
+pub(crate) fn bucket_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
 where
     D: Deserializer<'de>,
     V: Deserialize<'de>,
@@ -81,7 +81,7 @@ where
 
 /// Deserializes a map keyed by tenant names, each key validated where it
 /// stands.
-pub fn tenant_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
+pub(crate) fn tenant_keyed<'de, D, V>(deserializer: D) -> Result<BTreeMap<String, V>, D::Error>
 where
     D: Deserializer<'de>,
     V: Deserialize<'de>,
@@ -92,7 +92,7 @@ where
 
 /// A bucket key or pattern from a file: validated while deserializing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct BucketName(pub String);
+pub(crate) struct BucketName(pub String);
 
 impl<'de> Deserialize<'de> for BucketName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -122,7 +122,7 @@ impl<'de> Deserialize<'de> for BucketName {
 
 /// Why a string is not an acceptable bucket key, pattern or tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidBucket {
+pub(crate) enum InvalidBucket {
     /// The empty string.
     #[error("must not be empty")]
     Empty,

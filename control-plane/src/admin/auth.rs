@@ -72,7 +72,7 @@ impl Token {
     }
 
     /// Reads the token from an environment variable.
-    pub fn from_env(name: &str) -> Result<Self, TokenError> {
+    pub(crate) fn from_env(name: &str) -> Result<Self, TokenError> {
         let text = std::env::var(name).map_err(|_| TokenError::Unset(name.to_owned()))?;
         Self::new(&text, name)
     }
@@ -84,7 +84,8 @@ impl Token {
     }
 
     /// The token as text, for a client's `Authorization` header.
-    pub fn expose(&self) -> &[u8] {
+    #[cfg(any(test, feature = "ctl"))]
+    pub(crate) fn expose(&self) -> &[u8] {
         &self.0
     }
 }

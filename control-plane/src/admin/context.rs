@@ -31,7 +31,7 @@ impl Admin {
 
     /// Also reads the exact quotas' counters (`GET /v1/quotas/{domain}`).
     #[must_use]
-    pub fn with_quotas(mut self, quotas: Option<Arc<Quotas>>) -> Self {
+    pub(crate) fn with_quotas(mut self, quotas: Option<Arc<Quotas>>) -> Self {
         self.quotas = quotas;
         self
     }
@@ -61,7 +61,7 @@ impl Admin {
     }
 
     /// Who may do what.
-    pub fn auth_policy(&self) -> Arc<AuthPolicy> {
+    pub(crate) fn auth_policy(&self) -> Arc<AuthPolicy> {
         Arc::clone(&self.auth)
     }
 }

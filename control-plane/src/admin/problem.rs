@@ -35,7 +35,7 @@ impl Problem {
     }
 
     /// 404 with an explanation.
-    pub fn not_found(detail: impl Into<String>) -> Self {
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, detail)
     }
 

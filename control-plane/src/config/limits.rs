@@ -111,7 +111,7 @@ impl LimitTable {
     /// bucket their members are counted as). A pattern's blocked members
     /// and a blocked default are not listed: no key names them before
     /// their traffic does.
-    pub fn blocked_keys(&self) -> Vec<&str> {
+    pub(crate) fn blocked_keys(&self) -> Vec<&str> {
         let mut keys: Vec<&str> = self.blocked_exact.iter().map(String::as_str).collect();
         let aggregates = self
             .aggregates
@@ -127,7 +127,7 @@ impl LimitTable {
     }
 
     /// The default for buckets no rule names.
-    pub fn default_limit(&self) -> Option<LimitRps> {
+    pub(crate) fn default_limit(&self) -> Option<LimitRps> {
         self.default
     }
 
@@ -144,7 +144,8 @@ impl LimitTable {
     }
 
     /// Removes an exact limit; returns it if there was one.
-    pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+    #[cfg(test)]
+    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
         if let Ok(at) = self
             .blocked_exact
             .binary_search_by(|key| key.as_str().cmp(bucket))

@@ -214,7 +214,7 @@ impl LiveConfig {
     }
 
     /// Reload counters, for `GET /metrics`.
-    pub fn reload_metrics(&self) -> &ReloadMetrics {
+    pub(crate) fn reload_metrics(&self) -> &ReloadMetrics {
         &self.reloads
     }
 
@@ -339,7 +339,7 @@ impl LiveConfig {
     /// held (every replica calls this once per control interval). Returns
     /// whether it adopted one. A stored document that does not parse is
     /// logged and left alone; the configuration in force stays.
-    pub async fn sync_from_store(&self, now: u64) -> Result<bool, PersistError> {
+    pub(crate) async fn sync_from_store(&self, now: u64) -> Result<bool, PersistError> {
         let Some(shared) = &self.shared else {
             return Ok(false);
         };
@@ -367,7 +367,7 @@ impl LiveConfig {
     }
 
     /// Whether the configuration lives in a shared store.
-    pub fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
 
@@ -564,7 +564,7 @@ struct ResultLabels {
 /// `sluice_config_reloads_total{result="success"|"failure"}`, in a registry
 /// of its own that `GET /metrics` appends to the main one.
 #[derive(Debug)]
-pub struct ReloadMetrics {
+pub(crate) struct ReloadMetrics {
     registry: Registry,
     success: Counter,
     failure: Counter,

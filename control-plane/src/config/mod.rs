@@ -8,7 +8,7 @@
 mod error;
 pub mod limits;
 pub mod live;
-pub mod nesting;
+pub(crate) mod nesting;
 pub mod overrides;
 pub(crate) mod persist;
 pub mod policy;
@@ -133,7 +133,7 @@ impl Config {
 
     /// The policy with the overrides in force at `now` (seconds since the
     /// Unix epoch).
-    pub fn policy_at(&self, now: u64) -> Policy {
+    pub(crate) fn policy_at(&self, now: u64) -> Policy {
         let mut policy = Policy {
             limits: self.limit_table(),
             tenants: self.tenants.clone(),
@@ -157,7 +157,7 @@ impl Config {
 
     /// The file's text: [`WRITTEN_HEADER`], then YAML that
     /// [`Config::from_yaml`] reads back to an equal value.
-    pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
+    pub(crate) fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
         Ok(format!(
             "{WRITTEN_HEADER}{}",
             serde_yaml_ng::to_string(self)?
@@ -200,7 +200,7 @@ impl Rules {
     }
 
     /// Removes the exact limit of `bucket`; returns it if there was one.
-    pub fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
         let index = self
             .0
             .iter()

@@ -52,7 +52,7 @@ impl OverrideTtl {
     }
 
     /// The deadline of an override created at `now`.
-    pub fn expires_at(self, now: u64) -> u64 {
+    pub(crate) fn expires_at(self, now: u64) -> u64 {
         now.saturating_add(self.0)
     }
 }
@@ -77,7 +77,8 @@ impl From<OverrideTtl> for u64 {
 pub struct InvalidOverrideTtl;
 
 /// Parses `90s`, `15m`, `1h`, `2d` or a plain number of seconds.
-pub fn parse_duration(text: &str) -> Result<OverrideTtl, String> {
+#[cfg(any(test, feature = "ctl"))]
+pub(crate) fn parse_duration(text: &str) -> Result<OverrideTtl, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -179,7 +180,7 @@ impl Overrides {
 
     /// Drops the overrides that expired at or before `now`; returns whether
     /// any did.
-    pub fn remove_expired(&mut self, now: u64) -> bool {
+    pub(crate) fn remove_expired(&mut self, now: u64) -> bool {
         let before = self.limits.len() + self.tenants.len();
         self.limits.retain(|_, over| over.expires_at_unix_s > now);
         self.tenants.retain(|_, over| over.expires_at_unix_s > now);

@@ -133,7 +133,7 @@ pub struct LoadOptions {
     /// descriptor in two of them is still an error), as
     /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG=true`; otherwise a
     /// domain in two files is an error.
-    pub merge_domains: bool,
+    pub(crate) merge_domains: bool,
 }
 
 /// A configured limit.
@@ -153,7 +153,7 @@ pub struct Limit {
     /// Metrics per value, not per configured key.
     pub detailed_metric: bool,
     /// The configured key path (`domain.key_value.key`), for metrics.
-    pub full_key: String,
+    pub(crate) full_key: String,
     /// The descriptor's `metadata`, returned in the response's dynamic
     /// metadata when the descriptor passes (if enabled).
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
@@ -164,7 +164,7 @@ pub struct Limit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wildcard {
     /// The composite as configured (`path_/api/*`), the child's name.
-    pub composite: String,
+    pub(crate) composite: String,
     /// It split on `*`.
     parts: Vec<String>,
 }
@@ -208,7 +208,7 @@ impl Wildcard {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Node {
     /// Children by `key` or `key_value` (wildcards by their composite).
-    pub children: HashMap<String, Node>,
+    pub(crate) children: HashMap<String, Node>,
     /// Children whose composite holds a `*`, in file order.
     pub wildcards: Vec<Wildcard>,
     /// The limit at this node.
@@ -230,7 +230,8 @@ pub struct QuotaConfig {
 impl QuotaConfig {
     /// Reads a file, or every `*.yaml` / `*.yml` file of a directory (in
     /// name order), a domain in two files being an error.
-    pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
+    #[cfg(test)]
+    pub(crate) fn from_path(path: &Path) -> Result<Self, ConfigError> {
         Self::load(path, LoadOptions::default())
     }
 
@@ -248,7 +249,7 @@ impl QuotaConfig {
     /// skipped, as ratelimit does with `RUNTIME_IGNOREDOTFILES=true`: a
     /// Kubernetes ConfigMap volume keeps its files twice, in `..data/` and
     /// a timestamped `..<date>/` beside the links at the top.
-    pub fn read_files(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    pub(crate) fn read_files(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
         let read = |path: &Path| {
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.to_path_buf(),
@@ -269,12 +270,13 @@ impl QuotaConfig {
 
     /// Builds the configuration from `(file name, YAML)` pairs, a domain
     /// in two files being an error.
-    pub fn from_files(files: &[(String, String)]) -> Result<Self, ConfigError> {
+    #[cfg(test)]
+    pub(crate) fn from_files(files: &[(String, String)]) -> Result<Self, ConfigError> {
         Self::from_files_with(files, LoadOptions::default())
     }
 
     /// As [`Self::from_files`], with `options`.
-    pub fn from_files_with(
+    pub(crate) fn from_files_with(
         files: &[(String, String)],
         options: LoadOptions,
     ) -> Result<Self, ConfigError> {

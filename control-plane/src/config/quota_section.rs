@@ -368,7 +368,8 @@ mod tests {
 
     #[test]
     fn a_directory_domain_named_sluice_clashes_and_changes_nothing() {
-        use crate::quotas::{QuotaConfig, QuotaSettings, Quotas};
+        use crate::quotas::settings::QuotaSettings;
+        use crate::quotas::{QuotaConfig, Quotas};
         let clashing = QuotaConfig::from_files(&[(
             "sluice.yaml".to_owned(),
             "domain: sluice\ndescriptors: []\n".to_owned(),

@@ -179,7 +179,7 @@ impl SharedConfig {
     }
 
     /// Gives the lock back; if the store cannot be reached, it expires.
-    pub async fn unlock(&self, lock: WriteLock) {
+    pub(crate) async fn unlock(&self, lock: WriteLock) {
         let mut connection = self.store.connection();
         let release = Script::new(UNLOCK);
         let mut invocation = release.prepare_invoke();

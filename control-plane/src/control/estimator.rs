@@ -91,7 +91,8 @@ impl Tracking {
     }
 
     /// The correction factor learned for a cell (1 if unknown).
-    pub fn cell_correction(&self, bucket: &str, tenant: &str, priority: Priority) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn cell_correction(&self, bucket: &str, tenant: &str, priority: Priority) -> f64 {
         if is_bucket_wide(tenant, priority) {
             return self.correction(bucket);
         }

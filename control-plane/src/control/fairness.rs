@@ -32,7 +32,7 @@ pub struct Claim {
     /// Relative weight, `> 0`.
     pub weight: f64,
     /// Guaranteed minimum (its floor, capped at its demand).
-    pub lo: f64,
+    pub(crate) lo: f64,
     /// Its demand; `lo <= hi`.
     pub hi: f64,
 }
@@ -143,7 +143,7 @@ pub struct Allocation {
     /// Per class.
     pub classes: [ClassOutcome; CLASSES],
     /// The tenants' floors alone exceed the limit (see the module docs).
-    pub floors_exceed_limit: bool,
+    pub(crate) floors_exceed_limit: bool,
 }
 
 /// A demand this close to the capacity counts as fitting: rates are

@@ -81,7 +81,7 @@ impl Client {
     /// Every write from now on carries `If-Match: tag` (412 if the
     /// resource changed since the tag was read).
     #[must_use]
-    pub fn with_if_match(mut self, tag: Option<String>) -> Self {
+    pub(crate) fn with_if_match(mut self, tag: Option<String>) -> Self {
         self.if_match = tag;
         self
     }
@@ -92,7 +92,7 @@ impl Client {
     }
 
     /// GET; the reply body and its `ETag`.
-    pub async fn get_tagged(
+    pub(crate) async fn get_tagged(
         &self,
         path: &str,
     ) -> Result<(Option<Value>, Option<String>), CtlError> {
@@ -106,7 +106,7 @@ impl Client {
     }
 
     /// PUT with `If-Match: tag` (a read-modify-write of one resource).
-    pub async fn put_if(
+    pub(crate) async fn put_if(
         &self,
         path: &str,
         body: Option<Value>,

@@ -165,23 +165,23 @@ pub struct FleetStats {
     /// Buckets tracked after the tick.
     pub buckets: usize,
     /// Report entries refused: bucket or tenant longer than allowed.
-    pub rejected_key_too_long: u64,
+    pub(crate) rejected_key_too_long: u64,
     /// Report entries refused: the proxy already had its maximum of cells
     /// in the window.
-    pub rejected_proxy_cap: u64,
+    pub(crate) rejected_proxy_cap: u64,
     /// Report entries refused: the fleet already tracked its maximum of
     /// cells.
-    pub rejected_fleet_cap: u64,
+    pub(crate) rejected_fleet_cap: u64,
     /// Report entries of unlimited buckets refused: such cells already
     /// filled their share ([`super::unlimited_share`]) of a cap, the rest being
     /// kept for cells with a limit.
-    pub rejected_unlimited_share: u64,
+    pub(crate) rejected_unlimited_share: u64,
     /// Cells forgotten because no proxy's rates mentioned them any more.
-    pub evicted_idle: u64,
+    pub(crate) evicted_idle: u64,
     /// (proxy, bucket) claims counted only up to the bucket's cap.
-    pub claims_capped: u64,
+    pub(crate) claims_capped: u64,
     /// (proxy, bucket) claims ignored as implausible.
-    pub claims_ignored: u64,
+    pub(crate) claims_ignored: u64,
     /// Connected proxies still on probation after the tick.
-    pub proxies_on_probation: usize,
+    pub(crate) proxies_on_probation: usize,
 }

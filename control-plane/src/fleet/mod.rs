@@ -113,7 +113,7 @@ pub enum Connected {
 /// A live stream of another identity holds the proxy id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("proxy id is held by a live stream of {}", holder.as_deref().unwrap_or("a client without identity"))]
-pub struct HeldByAnother {
+pub(crate) struct HeldByAnother {
     /// The principal of the stream that holds it.
     pub holder: Option<Arc<str>>,
 }
@@ -200,7 +200,7 @@ struct UnconfirmedConflict {
 /// Two live processes that share one proxy id: both reported after the
 /// second one's Hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProxyIdConflict {
+pub(crate) struct ProxyIdConflict {
     /// The shared proxy id.
     pub proxy_id: String,
     /// The instance that held the id first.
@@ -340,7 +340,7 @@ impl Fleet {
     }
 
     /// An empty fleet with the given caps.
-    pub fn with_caps(carry_ticks: u32, caps: FleetCaps) -> Self {
+    pub(crate) fn with_caps(carry_ticks: u32, caps: FleetCaps) -> Self {
         Self {
             proxies: HashMap::new(),
             carry_ticks,
@@ -390,7 +390,7 @@ impl Fleet {
     /// [`Fleet::connect_in_zone`] for a stream whose client certificate
     /// proved `principal`: it is refused while a live stream of another
     /// principal holds the proxy id.
-    pub fn connect_as(
+    pub(crate) fn connect_as(
         &mut self,
         proxy_id: &str,
         principal: Arc<str>,
@@ -491,7 +491,7 @@ impl Fleet {
     /// new cells of the others may fill only [`unlimited_share`] of the
     /// fleet's and of the proxy's cap, so a flood of one-off keys cannot
     /// keep a limited bucket's cells from being tracked.
-    pub fn report_classified(
+    pub(crate) fn report_classified(
         &mut self,
         proxy_id: &str,
         stream: StreamId,
@@ -581,7 +581,7 @@ impl Fleet {
     /// less often than every control interval (Envoy's `rate_limit_quota`
     /// filter reports every 5 s) must not drop out of the sum between its
     /// reports.
-    pub fn set_carry_ticks(&mut self, proxy_id: &str, stream: StreamId, ticks: u32) {
+    pub(crate) fn set_carry_ticks(&mut self, proxy_id: &str, stream: StreamId, ticks: u32) {
         if let Some(proxy) = self.instance_mut(proxy_id, stream) {
             proxy.carry_ticks = Some(ticks);
         }
@@ -620,7 +620,7 @@ impl Fleet {
     /// Streams of silent instances the last [`Fleet::tick`] let go, because
     /// another live instance of their proxy id reports: they must be
     /// closed. Taken once.
-    pub fn take_superseded(&mut self) -> Vec<StreamId> {
+    pub(crate) fn take_superseded(&mut self) -> Vec<StreamId> {
         std::mem::take(&mut self.superseded)
     }
 
@@ -629,7 +629,7 @@ impl Fleet {
     /// has reported and the other has reported [`CONFLICT_HOLDER_REPORTS`]
     /// times since that Hello (a frozen predecessor's stream, superseded
     /// meanwhile, is not one). Taken once.
-    pub fn take_conflicts(&mut self) -> Vec<ProxyIdConflict> {
+    pub(crate) fn take_conflicts(&mut self) -> Vec<ProxyIdConflict> {
         std::mem::take(&mut self.conflicts)
     }
 
@@ -662,7 +662,7 @@ impl Fleet {
     }
 
     /// The ids of the proxies with an open stream, sorted, each once.
-    pub fn connected_proxy_ids(&self) -> Vec<String> {
+    pub(crate) fn connected_proxy_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self
             .proxies
             .iter()

@@ -24,28 +24,28 @@
 pub struct ShareCap {
     /// A proxy's rate above `cap_multiple × median` counts as that much
     /// (0 disables capping).
-    pub cap_multiple: f64,
+    pub(crate) cap_multiple: f64,
     /// A proxy's rate above `ignore_multiple × median` counts as nothing,
     /// and the proxy is not counted as reporting the bucket (0 disables).
-    pub ignore_multiple: f64,
+    pub(crate) ignore_multiple: f64,
     /// Fewer proxies reporting a bucket than this: no cap (one proxy
     /// alone has nothing to be weighed against); at least 2.
-    pub min_proxies: usize,
+    pub(crate) min_proxies: usize,
     /// Control intervals a new proxy instance spends on probation (no say
     /// in the median); 0: every proxy is established at once.
-    pub probation_ticks: u32,
+    pub(crate) probation_ticks: u32,
 }
 
 impl ShareCap {
     /// Default `cap_multiple`: load balancers rarely skew one Envoy's share
     /// of a bucket beyond 4× the median Envoy's.
-    pub const DEFAULT_CAP_MULTIPLE: f64 = 4.0;
+    pub(crate) const DEFAULT_CAP_MULTIPLE: f64 = 4.0;
     /// Default `ignore_multiple`: 25× the median is no load balancer's skew.
-    pub const DEFAULT_IGNORE_MULTIPLE: f64 = 25.0;
+    pub(crate) const DEFAULT_IGNORE_MULTIPLE: f64 = 25.0;
     /// Default `min_proxies`.
-    pub const DEFAULT_MIN_PROXIES: usize = 2;
+    pub(crate) const DEFAULT_MIN_PROXIES: usize = 2;
     /// Default `probation_ticks`: 30 s at the default 500 ms interval.
-    pub const DEFAULT_PROBATION_TICKS: u32 = 60;
+    pub(crate) const DEFAULT_PROBATION_TICKS: u32 = 60;
 
     /// No capping at all.
     pub const OFF: Self = Self {
@@ -84,7 +84,7 @@ pub enum Weight {
 
 impl Weight {
     /// The factor the proxy's rates are multiplied by.
-    pub fn factor(self) -> f64 {
+    pub(crate) fn factor(self) -> f64 {
         match self {
             Self::Full => 1.0,
             Self::Capped(factor) => factor,

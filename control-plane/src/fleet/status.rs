@@ -25,7 +25,7 @@ pub struct ProxyStatus {
     /// Time since the proxy's last report (since its Hello before the
     /// first one); serialized as `since_last_report_ms`.
     #[serde(rename = "since_last_report_ms", serialize_with = "millis")]
-    pub since_last_report: Duration,
+    pub(crate) since_last_report: Duration,
     /// Cells (bucket, tenant, priority) in the proxy's current rates.
     pub cells: usize,
     /// Age of the directives the proxy enforces, on its own clock, as of
@@ -33,7 +33,7 @@ pub struct ProxyStatus {
     /// while the proxy holds no directives; serialized as
     /// `directive_age_ms`.
     #[serde(rename = "directive_age_ms", serialize_with = "optional_millis")]
-    pub directive_age: Option<Duration>,
+    pub(crate) directive_age: Option<Duration>,
 }
 
 fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {

@@ -10,7 +10,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// A histogram with fixed buckets kept in atomics: observing is lock-free.
 #[derive(Debug, Clone)]
-pub struct AtomicHistogram {
+pub(crate) struct AtomicHistogram {
     inner: Arc<HistogramInner>,
 }
 

@@ -18,11 +18,11 @@ mod staleness;
 mod trust;
 mod upstream;
 
-pub use histogram::AtomicHistogram;
-pub use proxies::{MAX_PROXY_SERIES, ProxyGuard};
-pub use quotas::QuotaMetrics;
-pub use replicas::ReplicaMetrics;
-pub use upstream::UpstreamMetrics;
+pub(crate) use histogram::AtomicHistogram;
+pub(crate) use proxies::ProxyGuard;
+pub(crate) use quotas::QuotaMetrics;
+pub(crate) use replicas::ReplicaMetrics;
+pub(crate) use upstream::UpstreamMetrics;
 
 use labels::{BucketLabels, F64Gauge, KindLabels, ReasonLabels, TenantLabels};
 use proxies::Proxies;
@@ -388,7 +388,7 @@ impl ControlPlaneMetrics {
     /// Sets the per-bucket gauges from one control interval's buckets and
     /// removes the series of buckets no longer tracked, so the number of
     /// series follows the number of buckets with traffic.
-    pub fn observe_buckets(&self, buckets: &[BucketStatus]) {
+    pub(crate) fn observe_buckets(&self, buckets: &[BucketStatus]) {
         let metrics = &self.buckets;
         let mut previous = metrics
             .previous
@@ -512,7 +512,7 @@ impl ControlPlaneMetrics {
     }
 
     /// Cells tracked, refused and evicted, from one fleet tick.
-    pub fn observe_fleet(&self, stats: &FleetStats) {
+    pub(crate) fn observe_fleet(&self, stats: &FleetStats) {
         self.cells_tracked
             .set(i64::try_from(stats.cells).unwrap_or(i64::MAX));
         self.cells_rejected_key.inc_by(stats.rejected_key_too_long);
@@ -531,49 +531,49 @@ impl ControlPlaneMetrics {
     /// A proxy stream was refused (`reason`: see
     /// [`crate::trust::hello::HelloRefusal::reason`]; `streams_per_connection`,
     /// `connections_per_identity`).
-    pub fn stream_refused(&self, reason: &'static str) {
+    pub(crate) fn stream_refused(&self, reason: &'static str) {
         self.trust.stream_refused(reason);
     }
 
     /// A connection was closed as it was accepted (`reason`: `per_ip`).
-    pub fn connection_refused(&self, reason: &'static str) {
+    pub(crate) fn connection_refused(&self, reason: &'static str) {
         self.trust.connection_refused(reason);
     }
 
     /// A superseded proxy stream was closed.
-    pub fn stream_superseded(&self) {
+    pub(crate) fn stream_superseded(&self) {
         self.trust.stream_superseded();
     }
 
     /// Two live processes report with one proxy id.
-    pub fn proxy_id_conflict(&self) {
+    pub(crate) fn proxy_id_conflict(&self) {
         self.trust.proxy_id_conflict();
     }
 
     /// A Hello was refused for its identity (`reason`: see
     /// [`crate::trust::identity::Refusal::as_str`], or `no_client_certificate`).
-    pub fn identity_refused(&self, reason: &'static str) {
+    pub(crate) fn identity_refused(&self, reason: &'static str) {
         self.trust.identity_refused(reason);
     }
 
     /// RLQS usages refused: without a bucket, or with a negative elapsed
     /// time.
-    pub fn rlqs_usages_refused(&self, no_bucket: u32, negative_elapsed: u32) {
+    pub(crate) fn rlqs_usages_refused(&self, no_bucket: u32, negative_elapsed: u32) {
         self.rlqs.usages_refused(no_bucket, negative_elapsed);
     }
 
     /// A new RLQS bucket id beyond the per-proxy cell cap was not tracked.
-    pub fn rlqs_bucket_over_cap(&self) {
+    pub(crate) fn rlqs_bucket_over_cap(&self) {
         self.rlqs.over_cap();
     }
 
     /// RLQS bucket actions sent.
-    pub fn rlqs_actions_sent(&self, count: usize) {
+    pub(crate) fn rlqs_actions_sent(&self, count: usize) {
         self.rlqs.actions_sent(count);
     }
 
     /// A report was clamped ([`crate::trust::Ceilings::check`]).
-    pub fn report_clamped(&self, checked: &Checked) {
+    pub(crate) fn report_clamped(&self, checked: &Checked) {
         self.trust.report_clamped(checked);
     }
 
@@ -597,7 +597,7 @@ impl ControlPlaneMetrics {
     }
 
     /// A report was not counted.
-    pub fn report_rejected(&self, reason: ReportRejected) {
+    pub(crate) fn report_rejected(&self, reason: ReportRejected) {
         match reason {
             ReportRejected::Superseded => self.rejected_superseded.inc(),
             ReportRejected::EmptyWindow => self.rejected_empty_window.inc(),
@@ -605,29 +605,29 @@ impl ControlPlaneMetrics {
     }
 
     /// A report's sequence number skipped or went back.
-    pub fn report_sequence_gap(&self) {
+    pub(crate) fn report_sequence_gap(&self) {
         self.report_sequence_gaps.inc();
     }
 
     /// A stream was closed for not starting with a valid Hello.
-    pub fn stream_rejected(&self) {
+    pub(crate) fn stream_rejected(&self) {
         self.streams_rejected.inc();
     }
 
     /// The control loop broadcast a delta.
-    pub fn batch_published(&self) {
+    pub(crate) fn batch_published(&self) {
         self.batches_published.inc();
         self.staleness.batch_sent();
     }
 
     /// The control loop broadcast a heartbeat.
-    pub fn heartbeat_published(&self) {
+    pub(crate) fn heartbeat_published(&self) {
         self.heartbeats_published.inc();
         self.staleness.batch_sent();
     }
 
     /// A stream handed a batch to its transport.
-    pub fn batch_pushed(&self, sent: Sent) {
+    pub(crate) fn batch_pushed(&self, sent: Sent) {
         match sent {
             Sent::Snapshot => {
                 self.sent_snapshots.inc();
@@ -640,7 +640,7 @@ impl ControlPlaneMetrics {
     }
 
     /// One control interval's work took `duration`.
-    pub fn control_tick(&self, duration: Duration) {
+    pub(crate) fn control_tick(&self, duration: Duration) {
         self.tick_duration.observe(duration);
     }
 }

@@ -24,7 +24,7 @@ use crate::fleet::StreamId;
 
 /// Most proxy ids with per-proxy series; `proxy_series_omitted` says how
 /// many more are connected.
-pub const MAX_PROXY_SERIES: usize = 1_000;
+pub(crate) const MAX_PROXY_SERIES: usize = 1_000;
 
 /// Keeps a connected proxy's series alive; see [`super::ControlPlaneMetrics::proxy_connected`].
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub struct ProxyGuard {
 
 impl ProxyGuard {
     /// One of the proxy's reports was clamped to what is plausible.
-    pub fn report_clamped(&self) {
+    pub(crate) fn report_clamped(&self) {
         self.reports_clamped.fetch_add(1, Ordering::Relaxed);
     }
 

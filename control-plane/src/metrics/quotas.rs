@@ -42,7 +42,7 @@ struct ErrTypeLabels {
 
 /// Why a ShouldRateLimit call failed, as envoyproxy/ratelimit counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// The counter store failed (`redis_error`).
     Store,
     /// The request itself (`service_error`): an empty domain or descriptor
@@ -190,7 +190,7 @@ impl QuotaMetrics {
     /// values) while the
     /// process holds fewer than [`MAX_DETAILED_KEYS`] of them, else the
     /// configured path.
-    pub fn bounded_key(&self, configured: &str, per_value: &str) -> String {
+    pub(crate) fn bounded_key(&self, configured: &str, per_value: &str) -> String {
         let mut per_value_set = self
             .per_value
             .lock()
@@ -254,7 +254,7 @@ impl QuotaMetrics {
     }
 
     /// `hits` at `key` answered over limit from the local cache.
-    pub fn over_limit_from_cache(&self, domain: &str, key: &str, hits: u64, shadow: bool) {
+    pub(crate) fn over_limit_from_cache(&self, domain: &str, key: &str, hits: u64, shadow: bool) {
         let labels = labels(domain, key);
         self.total_hits.get_or_create(&labels).inc_by(hits);
         self.over_limit.get_or_create(&labels).inc_by(hits);
@@ -268,7 +268,7 @@ impl QuotaMetrics {
     }
 
     /// `hits` at `key` the store could not count, for `reason`.
-    pub fn store_error(&self, domain: &str, key: &str, hits: u64, reason: &'static str) {
+    pub(crate) fn store_error(&self, domain: &str, key: &str, hits: u64, reason: &'static str) {
         self.total_hits
             .get_or_create(&labels(domain, key))
             .inc_by(hits);
@@ -279,7 +279,7 @@ impl QuotaMetrics {
 
     /// A descriptor of a domain no configuration names (the first
     /// [`MAX_DETAILED_KEYS`] such domains by name, the others as `_other`).
-    pub fn domain_not_found(&self, domain: &str) {
+    pub(crate) fn domain_not_found(&self, domain: &str) {
         let domain = self.bounded_key(OTHER_DOMAINS, &format!("\0domain:{domain}"));
         let domain = domain.strip_prefix("\0domain:").unwrap_or(&domain);
         self.domain_not_found
@@ -290,7 +290,7 @@ impl QuotaMetrics {
     }
 
     /// A call answered with an error.
-    pub fn call_error(&self, error: CallError) {
+    pub(crate) fn call_error(&self, error: CallError) {
         let err_type = match error {
             CallError::Store => "redis_error",
             CallError::Service => "service_error",
@@ -301,7 +301,7 @@ impl QuotaMetrics {
     }
 
     /// A configuration loaded (`true`) or refused.
-    pub fn config_load(&self, success: bool) {
+    pub(crate) fn config_load(&self, success: bool) {
         if success {
             self.config_load_success.inc();
         } else {
@@ -310,7 +310,7 @@ impl QuotaMetrics {
     }
 
     /// A request over limit answered OK by the global shadow mode.
-    pub fn global_shadow_mode(&self) {
+    pub(crate) fn global_shadow_mode(&self) {
         self.global_shadow_mode.inc();
     }
 

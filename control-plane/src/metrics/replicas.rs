@@ -71,12 +71,12 @@ impl ReplicaMetrics {
     }
 
     /// A failed exchange.
-    pub fn store_failed(&self, op: &'static str) {
+    pub(crate) fn store_failed(&self, op: &'static str) {
         self.store_failures.get_or_create(&OpLabels { op }).inc();
     }
 
     /// What one exchange of shares counted.
-    pub fn observe_share(&self, replicas: usize, orphans: usize, unreadable: usize) {
+    pub(crate) fn observe_share(&self, replicas: usize, orphans: usize, unreadable: usize) {
         self.replicas
             .set(i64::try_from(replicas).unwrap_or(i64::MAX));
         self.orphans.set(i64::try_from(orphans).unwrap_or(i64::MAX));
@@ -85,12 +85,12 @@ impl ReplicaMetrics {
     }
 
     /// Whether this replica takes proxies' streams.
-    pub fn observe_accepting_streams(&self, accepting: bool) {
+    pub(crate) fn observe_accepting_streams(&self, accepting: bool) {
         self.accepting.set(i64::from(accepting));
     }
 
     /// The lease held after this interval.
-    pub fn observe_leading(&self, fence: Option<u64>) {
+    pub(crate) fn observe_leading(&self, fence: Option<u64>) {
         self.leader.set(i64::from(fence.is_some()));
         self.fence
             .set(fence.map_or(0, |f| i64::try_from(f).unwrap_or(i64::MAX)));

@@ -1,6 +1,7 @@
 //! What `/metrics` shows for the metrics the other modules record.
 
 use super::*;
+use crate::metrics::proxies::MAX_PROXY_SERIES;
 use crate::types::LimitRps;
 use sluice_core::DropRatio;
 

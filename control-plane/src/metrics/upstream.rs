@@ -49,7 +49,7 @@ impl UpstreamMetrics {
     }
 
     /// The adaptive buckets' limits in force.
-    pub fn observe_adaptive(&self, status: &[crate::control::adaptive::AdaptiveStatus]) {
+    pub(crate) fn observe_adaptive(&self, status: &[crate::control::adaptive::AdaptiveStatus]) {
         for bucket in status {
             let labels = BucketLabels {
                 bucket: bucket.bucket.clone(),

@@ -92,7 +92,7 @@ pub struct QuotaOutcome {
     /// current window's end; GCRA: until the schedule is back at now, or
     /// when refused until these hits would pass); more than 0 when
     /// refused.
-    pub reset_ms: u64,
+    pub(crate) reset_ms: u64,
     /// The count after this request, for "near limit" metrics: the fixed
     /// window's counter (refused hits included, as envoyproxy/ratelimit
     /// counts them), the sliding estimate, GCRA's hits in flight.

@@ -18,18 +18,18 @@ pub struct QuotaArgs {
     /// The algorithm of every quota: fixed_window (envoyproxy/ratelimit's,
     /// the default), sliding_window or gcra (no boundary bursts).
     #[arg(long, value_name = "NAME", default_value = "fixed_window", value_parser = parse_algorithm)]
-    pub quota_algorithm: Algorithm,
+    pub(crate) quota_algorithm: Algorithm,
     /// What a hit that cannot be counted (the store is full, down or
     /// slower than `--store-timeout-ms`) is answered: error (a gRPC error,
     /// as envoyproxy/ratelimit answers: the `ratelimit` filter's
     /// failure_mode_deny decides), allow (OK) or deny (over limit); allow
     /// and deny add `x-ratelimit-error`.
     #[arg(long, value_name = "ANSWER", default_value = "error", value_parser = parse_store_failure)]
-    pub quota_store_failure: StoreFailure,
+    pub(crate) quota_store_failure: StoreFailure,
     /// Same as `--quota-store-failure deny` (kept for existing command
     /// lines).
     #[arg(long, hide = true, conflicts_with = "quota_store_failure")]
-    pub quota_fail_closed: bool,
+    pub(crate) quota_fail_closed: bool,
     /// With `--store`: keep up to this many bytes of fixed-window counters
     /// known to be over their limit, and answer them without a round trip
     /// until their window ends. 0 (the default) turns it off; other
@@ -40,11 +40,11 @@ pub struct QuotaArgs {
         default_value_t = 0,
         env = "LOCAL_CACHE_SIZE_IN_BYTES"
     )]
-    pub quota_local_cache_bytes: usize,
+    pub(crate) quota_local_cache_bytes: usize,
     /// Hits past this share of their quota count as near the limit
     /// (`sluice_quota_near_limit_total`); between 0 and 1.
     #[arg(long, value_name = "RATIO", default_value = "0.8", value_parser = parse_near_limit_ratio, env = "NEAR_LIMIT_RATIO")]
-    pub quota_near_limit_ratio: NearLimitRatio,
+    pub(crate) quota_near_limit_ratio: NearLimitRatio,
     /// When a request would take a fixed window over its limit, count its
     /// hits only in the windows that go over (its other descriptors are
     /// not charged for a refused request). It costs after-the-fact charges
@@ -52,7 +52,7 @@ pub struct QuotaArgs {
     /// over is not counted in the others.
     #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
-    pub quota_stop_increment_when_over_limit: bool,
+    pub(crate) quota_stop_increment_when_over_limit: bool,
     /// With sliding_window or gcra: count the hits a quota refuses too (the
     /// fixed window always does), so that a cost charged after the fact
     /// (tokens charged when a stream ends) is never dropped because its
@@ -60,14 +60,14 @@ pub struct QuotaArgs {
     /// while they are retried, as a fixed window's do.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
-    pub quota_count_refused_hits: bool,
+    pub(crate) quota_count_refused_hits: bool,
     /// Add the tightest limit's quota, remaining hits and seconds to reset
     /// to every answer, as response headers (named by the next three
     /// options). Off by default: Envoy's `enable_x_ratelimit_headers` adds
     /// its own from the answer.
     #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
-    pub quota_response_headers: bool,
+    pub(crate) quota_response_headers: bool,
     /// The quota header's name.
     #[arg(
         long,
@@ -75,7 +75,7 @@ pub struct QuotaArgs {
         default_value = "RateLimit-Limit",
         env = "LIMIT_LIMIT_HEADER"
     )]
-    pub quota_header_limit: String,
+    pub(crate) quota_header_limit: String,
     /// The remaining-hits header's name.
     #[arg(
         long,
@@ -83,7 +83,7 @@ pub struct QuotaArgs {
         default_value = "RateLimit-Remaining",
         env = "LIMIT_REMAINING_HEADER"
     )]
-    pub quota_header_remaining: String,
+    pub(crate) quota_header_remaining: String,
     /// The seconds-to-reset header's name.
     #[arg(
         long,
@@ -91,26 +91,26 @@ pub struct QuotaArgs {
         default_value = "RateLimit-Reset",
         env = "LIMIT_RESET_HEADER"
     )]
-    pub quota_header_reset: String,
+    pub(crate) quota_header_reset: String,
     /// Answer every request OK, counting as usual (envoyproxy/ratelimit's
     /// SHADOW_MODE; not read from the environment: the name is too common
     /// to trust with turning every limit off).
     #[arg(long)]
-    pub quota_global_shadow_mode: bool,
+    pub(crate) quota_global_shadow_mode: bool,
     /// Treat every descriptor as `quota_mode: true` (QUOTA_MODE; not read
     /// from the environment either).
     #[arg(long)]
-    pub quota_global_quota_mode: bool,
+    pub(crate) quota_global_quota_mode: bool,
     /// Answer with dynamic metadata: the domain, the descriptors and the
     /// `metadata` of the limits that passed.
     #[arg(long, env = "RESPONSE_DYNAMIC_METADATA", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
-    pub quota_response_dynamic_metadata: bool,
+    pub(crate) quota_response_dynamic_metadata: bool,
     /// Merge files that name the same domain (a descriptor in two of them
     /// is still an error); by default a domain in two files is an error.
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_bool)]
-    pub quota_merge_domains: bool,
+    pub(crate) quota_merge_domains: bool,
 }
 
 impl QuotaArgs {
@@ -145,7 +145,7 @@ impl QuotaArgs {
 
 /// A boolean as envoyproxy/ratelimit reads one from its environment (Go's
 /// `strconv.ParseBool`): `1`, `t`, `true` … or `0`, `f`, `false` ….
-pub fn parse_bool(value: &str) -> Result<bool, String> {
+pub(crate) fn parse_bool(value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),

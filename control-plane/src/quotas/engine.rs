@@ -100,7 +100,7 @@ impl Quotas {
     }
 
     /// Keeps the counters in the shared store instead of in memory.
-    pub fn with_redis(mut self, counters: RedisCounters) -> Self {
+    pub(crate) fn with_redis(mut self, counters: RedisCounters) -> Self {
         self.counters = Counters::Redis {
             counters: Box::new(counters),
             over_limit: OverLimitCache::new(self.settings.local_cache_bytes).map(Arc::new),
@@ -112,7 +112,7 @@ impl Quotas {
     /// own for [`Self::answer_on`]. `None` in memory, or when Redis cannot
     /// be reached now (the store's shared connection serves then, and
     /// follows Redis back by itself).
-    pub async fn open_connection(&self) -> Option<StoreConnection> {
+    pub(crate) async fn open_connection(&self) -> Option<StoreConnection> {
         let Counters::Redis { counters, .. } = &self.counters else {
             return None;
         };
@@ -142,7 +142,7 @@ impl Quotas {
     /// Serves the limits file's `quotas:` section (as the domain
     /// `sluice`). Refused, changing nothing, if it clashes with the quota
     /// directory.
-    pub fn set_native(&self, section: &NativeQuotas) -> Result<bool, String> {
+    pub(crate) fn set_native(&self, section: &NativeQuotas) -> Result<bool, String> {
         let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
         if sources.native == *section {
             return Ok(false);

@@ -15,10 +15,10 @@
 use crate::config::quota_file::{Limit, Node, Wildcard};
 
 /// Most entries a descriptor may have to be matched.
-pub const MAX_ENTRIES: usize = 16;
+pub(crate) const MAX_ENTRIES: usize = 16;
 /// Longest request value kept in a metrics key path (longer ones are cut,
 /// so two values alike in their first bytes share a series).
-pub const MAX_METRIC_VALUE_BYTES: usize = 64;
+pub(crate) const MAX_METRIC_VALUE_BYTES: usize = 64;
 
 /// How one entry found its node.
 #[derive(Debug, Clone, Copy)]
@@ -37,7 +37,7 @@ pub struct Match<'a> {
     /// The limit.
     pub limit: &'a Limit,
     /// The key path metrics count it under.
-    pub metric_key: MetricKey<'a>,
+    pub(crate) metric_key: MetricKey<'a>,
     /// Per entry, the pattern its counter uses instead of its value
     /// (`share_threshold`); `None` when no entry shares.
     pub shared: Option<Vec<Option<&'a str>>>,
@@ -45,7 +45,7 @@ pub struct Match<'a> {
 
 /// The key path of a match's metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MetricKey<'a> {
+pub(crate) enum MetricKey<'a> {
     /// The configured path (`domain.key_value.key`): bounded by the
     /// configuration.
     Configured(&'a str),

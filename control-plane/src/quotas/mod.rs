@@ -22,16 +22,10 @@ mod service;
 pub(crate) mod settings;
 pub(crate) mod store;
 
-pub use crate::config::quota_file::{LoadOptions, QuotaConfig, Unit};
+pub(crate) use crate::config::quota_file::{LoadOptions, QuotaConfig};
 pub use algorithm::{Algorithm, Direction};
 pub use engine::{Clock, Quotas, system_clock};
-pub use lookup::MAX_ENTRIES;
-pub use over_limit_cache::OverLimitCache;
-pub use read::{QuotaRead, ReadError};
+pub(crate) use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
 pub use service::{MAX_DESCRIPTORS, RateLimitGrpc, counter_for};
-pub use settings::{
-    DEFAULT_STORE_BYTES, NearLimitRatio, QuotaSettings, ResponseHeaders, StoreFailure,
-};
-pub use store::{CountError, MemoryStore};

@@ -50,7 +50,7 @@ struct Entries {
 
 /// Over-limit fixed-window counters, within a byte budget.
 #[derive(Debug)]
-pub struct OverLimitCache {
+pub(crate) struct OverLimitCache {
     entries: Mutex<Entries>,
     max_bytes: usize,
     /// The write-behind tasks still running.
@@ -69,7 +69,8 @@ impl OverLimitCache {
 
     /// Milliseconds until `counter`'s window ends, if it is known to be
     /// over its limit at `now_ms`.
-    pub fn over_for(&self, counter: &str, now_ms: u64) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn over_for(&self, counter: &str, now_ms: u64) -> Option<u64> {
         let entries = self.lock();
         let until = entries.by_counter.get(counter)?.until_ms;
         (until > now_ms).then(|| until - now_ms)
@@ -137,6 +138,7 @@ impl OverLimitCache {
     /// store. True when the caller is to start the write-behind (none is
     /// under way for this counter): it then calls [`Self::take_owed`] until
     /// that answers 0.
+    #[cfg(test)]
     pub fn owe(&self, counter: &str, hits: u64) -> bool {
         let mut entries = self.lock();
         let Some(entry) = entries.by_counter.get_mut(counter) else {
@@ -153,7 +155,7 @@ impl OverLimitCache {
     /// Takes up to `at_most` of the hits owed for `counter`, for the
     /// write-behind to send; 0 ends it (the next [`Self::owe`] starts
     /// another).
-    pub fn take_owed(&self, counter: &str, at_most: u64) -> u64 {
+    pub(crate) fn take_owed(&self, counter: &str, at_most: u64) -> u64 {
         let mut entries = self.lock();
         let Some(entry) = entries.by_counter.get_mut(counter) else {
             return 0;
@@ -167,6 +169,7 @@ impl OverLimitCache {
     }
 
     /// Hits owed for `counter` not taken yet.
+    #[cfg(test)]
     pub fn owed(&self, counter: &str) -> u64 {
         self.lock().by_counter.get(counter).map_or(0, |e| e.owed)
     }
@@ -194,19 +197,14 @@ impl OverLimitCache {
         flushes.push(flush);
     }
 
-    /// Write-behind tasks still running.
-    pub fn flushes_running(&self) -> usize {
-        let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
-        flushes.retain(|flush| !flush.is_finished());
-        flushes.len()
-    }
-
     /// Entries held (expired ones included until swept).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().by_counter.len()
     }
 
     /// Whether no entry is held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

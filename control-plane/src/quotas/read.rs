@@ -36,7 +36,7 @@ pub struct QuotaRead {
     /// Hits left before the next refusal.
     pub remaining: u32,
     /// Milliseconds until the quota is whole again.
-    pub reset_ms: u64,
+    pub(crate) reset_ms: u64,
 }
 
 /// Why a descriptor cannot be read.
@@ -143,7 +143,8 @@ mod tests {
 
     use super::*;
     use crate::metrics::ControlPlaneMetrics;
-    use crate::quotas::{Algorithm, QuotaConfig, QuotaSettings};
+    use crate::quotas::settings::QuotaSettings;
+    use crate::quotas::{Algorithm, QuotaConfig};
 
     const CONFIG: &str = r#"
 domain: api

@@ -103,7 +103,7 @@ impl RedisCounters {
     /// that opens it: a thread with a runtime of its own
     /// ([`crate::serve::rls_listener`]) then never wakes another thread
     /// for a quota's round trip. Calls are bounded as the store's are.
-    pub async fn open_connection(&self) -> Result<StoreConnection, redis::RedisError> {
+    pub(crate) async fn open_connection(&self) -> Result<StoreConnection, redis::RedisError> {
         self.store.connection_bounded(self.store.timeout()).await
     }
 

@@ -36,7 +36,7 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// Response header naming why an answer comes from the failure policy
 /// (`store_timeout`, `store_unavailable`, `store_full`) rather than a count
 /// (with `--quota-store-failure allow` or `deny` only).
-pub const ERROR_HEADER: &str = "x-ratelimit-error";
+pub(crate) const ERROR_HEADER: &str = "x-ratelimit-error";
 
 /// The service, over a shared [`Quotas`].
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ impl RateLimitGrpc {
     }
 
     /// As [`Self::new`], over `connection` (see [`Quotas::open_connection`]).
-    pub fn on_connection(quotas: Arc<Quotas>, connection: Option<StoreConnection>) -> Self {
+    pub(crate) fn on_connection(quotas: Arc<Quotas>, connection: Option<StoreConnection>) -> Self {
         Self { quotas, connection }
     }
 }
@@ -101,7 +101,7 @@ impl Quotas {
     }
 
     /// Answers one request; on Redis over `connection` when given.
-    pub async fn answer_on(
+    pub(crate) async fn answer_on(
         &self,
         request: &RateLimitRequest,
         connection: Option<&StoreConnection>,
@@ -525,9 +525,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::quotas::{
-        Algorithm, NearLimitRatio, QuotaConfig, QuotaSettings, ResponseHeaders, StoreFailure,
-    };
+    use crate::quotas::settings::{NearLimitRatio, QuotaSettings, ResponseHeaders, StoreFailure};
+    use crate::quotas::{Algorithm, QuotaConfig};
 
     const CONFIG: &str = r#"
 domain: api

@@ -5,13 +5,13 @@ use super::algorithm::Algorithm;
 use crate::config::quota_file::LoadOptions;
 
 /// Default byte budget of the in-memory store's counter keys.
-pub const DEFAULT_STORE_BYTES: usize = 256 << 20;
+pub(crate) const DEFAULT_STORE_BYTES: usize = 256 << 20;
 
 /// The share of a quota past which admitted hits count as near the limit
 /// (`sluice_quota_near_limit_total`; envoyproxy/ratelimit's
 /// NEAR_LIMIT_RATIO): strictly between 0 and 1, 0.8 by default.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct NearLimitRatio(f64);
+pub(crate) struct NearLimitRatio(f64);
 
 impl NearLimitRatio {
     /// The ratio, if it is strictly between 0 and 1.
@@ -38,7 +38,7 @@ impl Default for NearLimitRatio {
 /// What a hit that cannot be counted (the store is full, down or slower
 /// than `--store-timeout-ms`) is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StoreFailure {
+pub(crate) enum StoreFailure {
     /// The call fails with a gRPC error (`UNAVAILABLE`), as
     /// envoyproxy/ratelimit's does: the `ratelimit` filter's
     /// `failure_mode_deny` decides.
@@ -79,30 +79,30 @@ pub struct QuotaSettings {
     /// The algorithm of every quota (fixed windows unless chosen).
     pub algorithm: Algorithm,
     /// What a hit that cannot be counted is answered.
-    pub store_failure: StoreFailure,
+    pub(crate) store_failure: StoreFailure,
     /// The store's byte budget.
-    pub store_bytes: usize,
+    pub(crate) store_bytes: usize,
     /// With the counters in the shared store: bytes of fixed-window
     /// counters over their limit answered without a round trip (0: off).
-    pub local_cache_bytes: usize,
+    pub(crate) local_cache_bytes: usize,
     /// Where "near the limit" starts.
-    pub near_limit_ratio: NearLimitRatio,
+    pub(crate) near_limit_ratio: NearLimitRatio,
     /// When a request would take a fixed window over its limit, only the
     /// windows that go over count its hits
     /// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
-    pub stop_increment_when_over_limit: bool,
+    pub(crate) stop_increment_when_over_limit: bool,
     /// Sliding windows and GCRA count hits they refuse too, as charges
     /// (the fixed window always does): a cost charged after the fact is
     /// then never dropped because its quota is already spent.
-    pub count_refused_hits: bool,
+    pub(crate) count_refused_hits: bool,
     /// Rate limit headers to add to every answer with a limit (none by
     /// default: Envoy's `enable_x_ratelimit_headers` adds its own).
     pub response_headers: Option<ResponseHeaders>,
     /// Answer OK whatever the counts say (`SHADOW_MODE`); the counting
     /// and the descriptors' statuses are unchanged.
-    pub global_shadow_mode: bool,
+    pub(crate) global_shadow_mode: bool,
     /// Every descriptor in quota mode (`QUOTA_MODE`).
-    pub global_quota_mode: bool,
+    pub(crate) global_quota_mode: bool,
     /// Answer with dynamic metadata: the domain, the descriptors and the
     /// `metadata` of the limits that passed (`RESPONSE_DYNAMIC_METADATA`).
     pub dynamic_metadata: bool,

@@ -52,7 +52,7 @@ impl CountError {
 
 /// Counters in memory.
 #[derive(Debug)]
-pub struct MemoryStore {
+pub(crate) struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     hasher: RandomState,
     max_bytes_per_shard: usize,
@@ -70,6 +70,7 @@ impl MemoryStore {
     }
 
     /// Decides `hits` taken from the counter `key`.
+    #[cfg(test)]
     pub fn decide(
         &self,
         key: &str,
@@ -144,6 +145,7 @@ impl MemoryStore {
     }
 
     /// Live counters.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -154,11 +156,6 @@ impl MemoryStore {
                     .len()
             })
             .sum()
-    }
-
-    /// Whether no counter is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

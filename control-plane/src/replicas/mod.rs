@@ -44,7 +44,7 @@ use crate::fleet::{BucketTraffic, FleetLoad};
 use crate::store::Store;
 use crate::store::keys::{self, Keys};
 pub use load::Upstream;
-pub use record::Record;
+pub(crate) use record::Record;
 
 /// Longest wait for a replica's own connection to open at `join`.
 const CONNECT_BOUND: Duration = Duration::from_secs(2);
@@ -88,20 +88,20 @@ pub struct ReplicaOptions {
 impl ReplicaOptions {
     /// How long a share counts after its replica stopped publishing: three
     /// control intervals, at least one second.
-    pub fn share_ttl(&self) -> Duration {
+    pub(crate) fn share_ttl(&self) -> Duration {
         (self.control_interval * 3).max(Duration::from_secs(1))
     }
 
     /// How long the lease outlives the leader's last renewal: five control
     /// intervals, at least one second. A dead leader is replaced after
     /// this; meanwhile every replica keeps pushing the last table.
-    pub fn lease_ttl(&self) -> Duration {
+    pub(crate) fn lease_ttl(&self) -> Duration {
         (self.control_interval * 5).max(Duration::from_secs(1))
     }
 
     /// Bound on one exchange with the store: half an interval, at least
     /// 100 ms.
-    pub fn call_timeout(&self) -> Duration {
+    pub(crate) fn call_timeout(&self) -> Duration {
         (self.control_interval / 2).max(Duration::from_millis(100))
     }
 
@@ -110,7 +110,7 @@ impl ReplicaOptions {
     /// and still serving them its last table for [`Self::store_grace`],
     /// and once it lets them go they need up to the filter's longest
     /// reconnect delay and one share lifetime to be counted elsewhere.
-    pub fn orphan_hold(&self) -> Duration {
+    pub(crate) fn orphan_hold(&self) -> Duration {
         self.store_grace
             + self.share_ttl()
             + Duration::from_millis(sluice_core::backoff::MAX_DELAY_MS)
@@ -289,7 +289,7 @@ impl Replica {
 
     /// Whether this replica has failed to reach the store for longer than
     /// its grace: its proxies should go to a replica that reaches it.
-    pub fn past_store_grace(&self) -> bool {
+    pub(crate) fn past_store_grace(&self) -> bool {
         self.failing_since
             .is_some_and(|since| since.elapsed() >= self.options.store_grace)
     }
@@ -567,7 +567,7 @@ impl Replica {
 
     /// Gives up the lease if this replica holds it (on shutdown), so
     /// another takes over without waiting for it to expire.
-    pub async fn resign(&mut self) {
+    pub(crate) async fn resign(&mut self) {
         let Some(fence) = self.fence.take() else {
             return;
         };

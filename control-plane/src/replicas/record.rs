@@ -72,13 +72,13 @@ impl Record {
     }
 
     /// Whether `self` differs from `other` in what proxies would be told.
-    pub fn same_table(&self, other: &Self) -> bool {
+    pub(crate) fn same_table(&self, other: &Self) -> bool {
         self.directives == other.directives && self.modes == other.modes
     }
 
     /// Whether `self` was written after `other`: a later fence, or the same
     /// fence and a later version.
-    pub fn is_after(&self, other: &Self) -> bool {
+    pub(crate) fn is_after(&self, other: &Self) -> bool {
         (self.fence, self.version) > (other.fence, other.version)
     }
 

@@ -23,20 +23,20 @@ pub struct ConfigArgs {
     pub store: Option<String>,
     /// File holding the store's password (else SLUICE_STORE_PASSWORD).
     #[arg(long, value_name = "FILE", global = true)]
-    pub store_password_file: Option<PathBuf>,
+    pub(crate) store_password_file: Option<PathBuf>,
     /// With sentinels that require a password: the file holding it (else
     /// SLUICE_STORE_SENTINEL_PASSWORD).
     #[arg(long, value_name = "FILE", global = true)]
-    pub store_sentinel_password_file: Option<PathBuf>,
+    pub(crate) store_sentinel_password_file: Option<PathBuf>,
     /// With a `rediss://` store: trust this CA (PEM).
     #[arg(long, value_name = "FILE", global = true)]
-    pub store_tls_ca: Option<PathBuf>,
+    pub(crate) store_tls_ca: Option<PathBuf>,
     /// With a `rediss://` store: this client certificate (PEM).
     #[arg(long, value_name = "FILE", global = true, requires = "store_tls_key")]
-    pub store_tls_cert: Option<PathBuf>,
+    pub(crate) store_tls_cert: Option<PathBuf>,
     /// The private key of `--store-tls-cert` (PEM).
     #[arg(long, value_name = "FILE", global = true, requires = "store_tls_cert")]
-    pub store_tls_key: Option<PathBuf>,
+    pub(crate) store_tls_key: Option<PathBuf>,
 }
 
 /// `sluice config` subcommands.

@@ -41,7 +41,7 @@ pub(crate) enum Assignment {
 impl Assignment {
     /// The assignment for an allowance of `rate_rps` (`None`: not limited)
     /// with a burst of `burst_ms` of the rate.
-    pub fn for_rate(rate_rps: Option<f64>, burst_ms: u64) -> Self {
+    pub(crate) fn for_rate(rate_rps: Option<f64>, burst_ms: u64) -> Self {
         let Some(rate) = rate_rps else {
             return Self::AllowAll;
         };
@@ -73,7 +73,7 @@ impl Assignment {
     /// and a token bucket whose rate moved by at most 1 %. Envoy replaces
     /// its token bucket on every new assignment, and the control loop's
     /// ratio moves a little every interval.
-    pub fn close_to(&self, other: &Self) -> bool {
+    pub(crate) fn close_to(&self, other: &Self) -> bool {
         match (self.rate_rps(), other.rate_rps()) {
             (None, None) => true,
             (Some(a), Some(b)) if a == 0.0 || b == 0.0 => a == b,

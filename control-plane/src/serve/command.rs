@@ -45,43 +45,43 @@ pub struct ServeArgs {
     /// Once the listeners are bound, write `{"grpc": ADDR, "admin": ADDR}`
     /// here (and `"rls": ADDR` with `--rls-listen`).
     #[arg(long, value_name = "PATH")]
-    pub ready_file: Option<PathBuf>,
+    pub(crate) ready_file: Option<PathBuf>,
     /// File holding the admin API's bearer token. Without a token (from
     /// here or `--admin-token-env`) the admin API is unauthenticated, which
     /// is only allowed on a loopback address.
     #[arg(long, value_name = "FILE", conflicts_with = "admin_token_env")]
-    pub admin_token_file: Option<PathBuf>,
+    pub(crate) admin_token_file: Option<PathBuf>,
     /// Environment variable holding the admin API's bearer token.
     #[arg(long, value_name = "NAME")]
-    pub admin_token_env: Option<String>,
+    pub(crate) admin_token_env: Option<String>,
     /// Let GET requests through without the token (writes still need it).
     #[arg(long)]
-    pub admin_open_reads: bool,
+    pub(crate) admin_open_reads: bool,
     /// Let `GET /metrics` through without the token, for scrapers that
     /// cannot send one (its labels name buckets, tenants and proxies).
     #[arg(long)]
-    pub admin_open_metrics: bool,
+    pub(crate) admin_open_metrics: bool,
     /// How often the limits file is checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
-    pub reload_poll_ms: u64,
+    pub(crate) reload_poll_ms: u64,
     /// Longest start-up hold, in milliseconds: after a start, no directives
     /// are pushed until as many proxies have reported as the proxies' last
     /// directives counted, or this long (0: push from the first interval).
     #[arg(long, value_name = "MS", default_value_t = crate::serve::warmup::DEFAULT_GRACE.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=600_000))]
-    pub startup_grace_ms: u64,
+    pub(crate) startup_grace_ms: u64,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs
     /// `--grpc-tls-key`.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_key")]
-    pub grpc_tls_cert: Option<PathBuf>,
+    pub(crate) grpc_tls_cert: Option<PathBuf>,
     /// Private key (PEM) of `--grpc-tls-cert`.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
-    pub grpc_tls_key: Option<PathBuf>,
+    pub(crate) grpc_tls_key: Option<PathBuf>,
     /// Require proxies to present a client certificate issued by this CA
     /// (PEM): mutual TLS.
     #[arg(long, value_name = "FILE", requires = "grpc_tls_cert")]
-    pub grpc_tls_client_ca: Option<PathBuf>,
+    pub(crate) grpc_tls_client_ca: Option<PathBuf>,
     /// With client certificates: a certificate whose URI or DNS SAN
     /// matches IDENTITY may claim a proxy_id matching PROXY_IDS (globs,
     /// `*` matches anything). Repeatable. Without any, a certificate may
@@ -91,25 +91,25 @@ pub struct ServeArgs {
         value_name = "IDENTITY=PROXY_IDS",
         requires = "grpc_tls_client_ca"
     )]
-    pub grpc_identity: Vec<IdentityRule>,
+    pub(crate) grpc_identity: Vec<IdentityRule>,
     /// Serve the filters' gRPC API off loopback without client
     /// certificates: anyone who reaches the port can report counts and
     /// so drop any tenant's traffic. Only behind a network that already
     /// authenticates every peer.
     #[arg(long)]
-    pub grpc_insecure_accept_any_proxy: bool,
+    pub(crate) grpc_insecure_accept_any_proxy: bool,
     /// Most requests per second one proxy's report may claim in total;
     /// larger claims are scaled down.
     #[arg(long, value_name = "RPS", default_value_t = Ceilings::DEFAULT_MAX_RPS, value_parser = parse_positive)]
-    pub max_proxy_rps: f64,
+    pub(crate) max_proxy_rps: f64,
     /// Most requests per second one proxy's report may claim for one cell.
     #[arg(long, value_name = "RPS", default_value_t = Ceilings::DEFAULT_MAX_RPS, value_parser = parse_positive)]
-    pub max_cell_rps: f64,
+    pub(crate) max_cell_rps: f64,
     /// In a bucket reported by 2 or more proxies, one proxy's offered rate
     /// counts at most this multiple of the median proxy's (of the other
     /// one's, with two) (0: no cap).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_CAP_MULTIPLE, value_parser = parse_multiple)]
-    pub proxy_share_cap: f64,
+    pub(crate) proxy_share_cap: f64,
     /// Exact quotas: serve Envoy's rate limit service API
     /// (ShouldRateLimit) on the gRPC listener, configured by this file or
     /// directory in envoyproxy/ratelimit's format (hot-reloaded).
@@ -119,11 +119,11 @@ pub struct ServeArgs {
     /// the gRPC listener, on threads of its own (`--rls-threads`), with
     /// the gRPC listener's TLS options (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
-    pub rls_listen: Option<SocketAddr>,
+    pub(crate) rls_listen: Option<SocketAddr>,
     /// With `--rls-listen`: how many threads serve it, each with the
     /// connections it accepted.
     #[arg(long, value_name = "N", default_value = "1", requires = "rls_listen")]
-    pub rls_threads: std::num::NonZeroUsize,
+    pub(crate) rls_threads: std::num::NonZeroUsize,
     /// How exact quotas count and answer.
     #[command(flatten)]
     pub quota: crate::quotas::cli::QuotaArgs,
@@ -141,32 +141,32 @@ pub struct ServeArgs {
     /// This replica's name in the store (unique among the replicas);
     /// default: the process's epoch in hex.
     #[arg(long, value_name = "NAME")]
-    pub replica_id: Option<String>,
+    pub(crate) replica_id: Option<String>,
     /// With a `rediss://` store: trust this CA (PEM) instead of the
     /// system's roots.
     #[arg(long, value_name = "FILE")]
-    pub store_tls_ca: Option<PathBuf>,
+    pub(crate) store_tls_ca: Option<PathBuf>,
     /// With a `rediss://` store that authenticates clients: this client
     /// certificate (PEM; with `--store-tls-key`).
     #[arg(long, value_name = "FILE", requires = "store_tls_key")]
-    pub store_tls_cert: Option<PathBuf>,
+    pub(crate) store_tls_cert: Option<PathBuf>,
     /// The private key of `--store-tls-cert` (PEM).
     #[arg(long, value_name = "FILE", requires = "store_tls_cert")]
-    pub store_tls_key: Option<PathBuf>,
+    pub(crate) store_tls_key: Option<PathBuf>,
     /// File holding the store's password (a trailing newline is ignored).
     #[arg(long, value_name = "FILE")]
-    pub store_password_file: Option<PathBuf>,
+    pub(crate) store_password_file: Option<PathBuf>,
     /// With a `redis[s]+sentinel://` store whose sentinels require a
     /// password (`requirepass` in sentinel.conf): the file holding it, else
     /// the environment variable SLUICE_STORE_SENTINEL_PASSWORD. The URL's
     /// credentials are the master's.
     #[arg(long, value_name = "FILE")]
-    pub store_sentinel_password_file: Option<PathBuf>,
+    pub(crate) store_sentinel_password_file: Option<PathBuf>,
     /// Longest wait for the store while answering a request, in
     /// milliseconds; past it the failure policy answers.
     #[arg(long, value_name = "MS", default_value_t = crate::store::DEFAULT_TIMEOUT.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub store_timeout_ms: u64,
+    pub(crate) store_timeout_ms: u64,
     /// With replicas: how long a replica cut off from the store keeps
     /// serving its proxies the last directives before it closes their
     /// streams so they move to a replica that reaches the store, in
@@ -174,49 +174,49 @@ pub struct ServeArgs {
     /// rates meanwhile. Every replica should run the same.
     #[arg(long, value_name = "MS", default_value_t = crate::replicas::DEFAULT_STORE_GRACE.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=600_000))]
-    pub store_grace_ms: u64,
+    pub(crate) store_grace_ms: u64,
     /// ... and above this multiple it counts for nothing (0: never).
     #[arg(long, value_name = "MULTIPLE", default_value_t = ShareCap::DEFAULT_IGNORE_MULTIPLE, value_parser = parse_multiple)]
-    pub proxy_share_ignore: f64,
+    pub(crate) proxy_share_ignore: f64,
     /// How long a new proxy instance is on probation, in milliseconds: its
     /// claims are weighed against the established proxies' and do not move
     /// the median they are weighed by; an implausible claim starts it
     /// again (0: no probation).
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROBATION_MS,
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
-    pub proxy_probation_ms: u64,
+    pub(crate) proxy_probation_ms: u64,
     /// Most proxy streams (Sluice's and RLQS) one HTTP/2 connection may
     /// hold at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_STREAMS_PER_CONNECTION,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
-    pub grpc_max_streams_per_connection: usize,
+    pub(crate) grpc_max_streams_per_connection: usize,
     /// Most connections to the gRPC listener one client address may hold
     /// at once; more are closed as they are accepted.
     #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_CONNECTIONS_PER_PEER,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    pub grpc_max_connections_per_ip: usize,
+    pub(crate) grpc_max_connections_per_ip: usize,
     /// With client certificates: most connections holding a proxy stream
     /// one certificate identity may have at once; streams on more are
     /// refused with RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = PeerLimits::DEFAULT_CONNECTIONS_PER_PEER,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000),
           requires = "grpc_tls_client_ca")]
-    pub grpc_max_connections_per_identity: usize,
+    pub(crate) grpc_max_connections_per_identity: usize,
     /// Longest proxy id a Hello (or an RLQS stream's x-sluice-proxy-id)
     /// may name, in bytes; longer ones are refused with INVALID_ARGUMENT.
     #[arg(long, value_name = "BYTES", default_value_t = HelloLimits::DEFAULT_MAX_PROXY_ID_LEN,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65_536))]
-    pub grpc_max_proxy_id_len: usize,
+    pub(crate) grpc_max_proxy_id_len: usize,
     /// Longest zone a Hello may name, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = HelloLimits::DEFAULT_MAX_ZONE_LEN,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=65_536))]
-    pub grpc_max_zone_len: usize,
+    pub(crate) grpc_max_zone_len: usize,
 }
 
 /// Default `--proxy-probation-ms`: long enough that identities made up on
 /// the spot cannot outvote the fleet within a few control intervals,
 /// short enough that a restarted Envoy has its say again soon.
-pub const DEFAULT_PROBATION_MS: u64 = 30_000;
+pub(crate) const DEFAULT_PROBATION_MS: u64 = 30_000;
 
 fn parse_positive(value: &str) -> Result<f64, String> {
     match value.parse::<f64>() {
@@ -239,7 +239,7 @@ fn parse_interval(value: &str) -> Result<ControlInterval, String> {
 
 /// Why `sluice serve` failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     /// The limits file is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),

@@ -31,17 +31,17 @@ const CAPACITY: usize = 64;
 
 /// A batch as a subscription yields it.
 #[derive(Debug)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     /// The batch.
     pub batch: DirectiveBatch,
     /// When the control loop published it; `None` for a snapshot sent to
     /// resynchronise a stream, which no control interval decided.
-    pub decided_at: Option<Instant>,
+    pub(crate) decided_at: Option<Instant>,
 }
 
 /// Publishes directive batches; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Publisher {
+pub(crate) struct Publisher {
     epoch: u64,
     ttl_ms: u64,
     heartbeat_every: Duration,
@@ -81,7 +81,7 @@ struct Inner {
 
 /// One control interval's changes.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Update {
+pub(crate) struct Update {
     /// Directives that changed (upserted into the snapshot).
     pub changed: Vec<Directive>,
     /// Cells to take out of the snapshot after applying `changed`.
@@ -94,7 +94,7 @@ pub struct Update {
 
 /// What [`Publisher::publish`] broadcast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Published {
+pub(crate) enum Published {
     /// Nothing: no change, and the last batch is recent.
     Nothing,
     /// A delta with changed directives or a changed mode policy.
@@ -138,7 +138,7 @@ impl Publisher {
     }
 
     /// The longest time between two batches.
-    pub fn heartbeat_every(&self) -> Duration {
+    pub(crate) fn heartbeat_every(&self) -> Duration {
         self.heartbeat_every
     }
 
@@ -151,7 +151,7 @@ impl Publisher {
     }
 
     /// [`Publisher::publish`] at a given time.
-    pub fn publish_at(&self, update: Update, now: Instant) -> Published {
+    pub(crate) fn publish_at(&self, update: Update, now: Instant) -> Published {
         let Update {
             changed,
             retired,
@@ -209,7 +209,7 @@ impl Publisher {
     /// the directives that differ from the snapshot go out as a delta, and
     /// a cell the snapshot holds but `table` does not is lifted. A replica
     /// following a leader's table ([`crate::replicas`]) pushes through this.
-    pub fn publish_table<'a>(
+    pub(crate) fn publish_table<'a>(
         &self,
         table: impl IntoIterator<Item = &'a Directive>,
         modes: ModePolicy,
@@ -288,7 +288,7 @@ impl Publisher {
 
 /// The deltas after a snapshot, for one stream.
 #[derive(Debug)]
-pub struct Subscription {
+pub(crate) struct Subscription {
     publisher: Publisher,
     receiver: broadcast::Receiver<Arc<Outgoing>>,
 }

@@ -19,12 +19,12 @@ pub(crate) struct GrpcTlsFiles {
     pub key: PathBuf,
     /// CA bundle (PEM) that client certificates must chain to; `None`
     /// accepts clients without a certificate.
-    pub client_ca: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
 }
 
 /// Why the TLS files cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub(crate) enum TlsError {
     /// A file could not be read.
     #[error("{}: {source}", path.display())]
     Read {

@@ -78,7 +78,7 @@ impl Warmup {
     }
 
     /// Whether the hold is over; cheap, for every report.
-    pub fn is_over(&self) -> bool {
+    pub(crate) fn is_over(&self) -> bool {
         self.over.load(Ordering::Acquire)
     }
 

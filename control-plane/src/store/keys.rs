@@ -29,9 +29,9 @@ pub struct Keys {
     /// ([`crate::config::shared`]).
     pub config: String,
     /// Its version, incremented by every write.
-    pub config_version: String,
+    pub(crate) config_version: String,
     /// The configuration's write lock (a random token, expiring).
-    pub config_lock: String,
+    pub(crate) config_lock: String,
     load_prefix: String,
 }
 

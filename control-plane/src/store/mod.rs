@@ -27,9 +27,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
-pub use connection::StoreConnection;
+pub(crate) use connection::StoreConnection;
 pub use keys::Keys;
-pub use url::{StoreSetting, StoreUrl, UrlError};
+pub(crate) use url::{StoreSetting, StoreUrl, UrlError};
 
 /// Default bound on one store call on a request path.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -49,10 +49,10 @@ pub struct StoreOptions {
     /// Bound on one call made while answering a request.
     pub timeout: Duration,
     /// `rediss://` only: trust this CA (PEM) instead of the system's roots.
-    pub tls_ca: Option<PathBuf>,
+    pub(crate) tls_ca: Option<PathBuf>,
     /// `rediss://` only: present this client certificate and key (PEM),
     /// for a server that authenticates clients (`tls-auth-clients yes`).
-    pub tls_client: Option<ClientCert>,
+    pub(crate) tls_client: Option<ClientCert>,
     /// `redis[s]+sentinel://` only: the sentinels' own password (the URL's
     /// credentials are the master's).
     pub sentinel_password: Option<String>,
@@ -60,7 +60,7 @@ pub struct StoreOptions {
 
 /// A client certificate and its private key (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientCert {
+pub(crate) struct ClientCert {
     /// The certificate (chain).
     pub cert: PathBuf,
     /// Its private key.
@@ -149,7 +149,10 @@ impl StoreOptions {
     /// The sentinels' password for a `redis[s]+sentinel://` store: from
     /// `file`, else from `SLUICE_STORE_SENTINEL_PASSWORD`. A file given for
     /// another kind of store is an error; the variable is then ignored.
-    pub fn with_sentinel_password(mut self, file: Option<&Path>) -> Result<Self, StoreError> {
+    pub(crate) fn with_sentinel_password(
+        mut self,
+        file: Option<&Path>,
+    ) -> Result<Self, StoreError> {
         let sentinel = matches!(self.url.topology, url::Topology::Sentinel { .. });
         self.sentinel_password = match file {
             Some(_) if !sentinel => {
@@ -168,7 +171,7 @@ impl StoreOptions {
 
     /// Presents a client certificate to a `rediss://` store; `cert` and
     /// `key` come together.
-    pub fn with_tls_client(
+    pub(crate) fn with_tls_client(
         mut self,
         cert: Option<PathBuf>,
         key: Option<PathBuf>,
@@ -191,7 +194,7 @@ impl StoreOptions {
     }
 
     /// Trusts `ca` (PEM) for a `rediss://` store.
-    pub fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Result<Self, StoreError> {
+    pub(crate) fn with_tls_ca(mut self, ca: Option<PathBuf>) -> Result<Self, StoreError> {
         if ca.is_some() && !self.url.tls {
             return Err(StoreError::CaWithoutTls {
                 url: self.url.to_string(),
@@ -412,7 +415,7 @@ impl Store {
     /// A connection of its own whose calls fail past `timeout` rather than
     /// the request bound (a replica's exchanges get half a control
     /// interval); it reconnects by itself like the shared one.
-    pub async fn connection_bounded(
+    pub(crate) async fn connection_bounded(
         &self,
         timeout: Duration,
     ) -> Result<StoreConnection, redis::RedisError> {
@@ -426,7 +429,7 @@ impl Store {
 
     /// Whether the store is a Redis Cluster (a call's keys must share a
     /// slot).
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         self.url.is_cluster()
     }
 

@@ -19,15 +19,15 @@ pub struct StoreUrl {
     /// system's roots.
     pub tls: bool,
     /// What the host names: one server, a cluster node, or a sentinel.
-    pub topology: Topology,
+    pub(crate) topology: Topology,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
     /// TCP port.
     pub port: u16,
     /// Logical database (0 unless given).
-    pub db: i64,
+    pub(crate) db: i64,
     /// ACL user name, if the URL names one.
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
     /// Password from the URL; `--store-password-file` and
     /// `SLUICE_STORE_PASSWORD` take precedence.
     pub password: Option<String>,
@@ -35,7 +35,7 @@ pub struct StoreUrl {
 
 /// What a store URL's host is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Topology {
+pub(crate) enum Topology {
     /// `redis://`, `rediss://`: the server itself.
     Single,
     /// `redis+cluster://`, `rediss+cluster://`: one node of a Redis
@@ -164,7 +164,7 @@ impl StoreUrl {
     }
 
     /// Whether it names a Redis Cluster node.
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         self.topology == Topology::Cluster
     }
 
@@ -182,7 +182,7 @@ impl StoreUrl {
     /// The URL without any credentials, for the client library (which is
     /// handed the credentials separately): the server, or the first
     /// sentinel.
-    pub fn without_credentials(&self) -> String {
+    pub(crate) fn without_credentials(&self) -> String {
         format!(
             "{}://{}:{}/{}",
             if self.tls { "rediss" } else { "redis" },

@@ -227,7 +227,7 @@ impl StreamGate {
     }
 
     /// Clamps `report` to the ceilings and counts what changed.
-    pub fn check_report(
+    pub(crate) fn check_report(
         &self,
         state: &AppState,
         proxy_metrics: &ProxyGuard,

@@ -16,17 +16,17 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelloLimits {
     /// Longest proxy id.
-    pub max_proxy_id_len: usize,
+    pub(crate) max_proxy_id_len: usize,
     /// Longest zone.
-    pub max_zone_len: usize,
+    pub(crate) max_zone_len: usize,
 }
 
 impl HelloLimits {
     /// Default longest proxy id: an Istio node id holds a pod name (up to
     /// 253 bytes), an address and a namespace twice; 512 leaves room.
-    pub const DEFAULT_MAX_PROXY_ID_LEN: usize = 512;
+    pub(crate) const DEFAULT_MAX_PROXY_ID_LEN: usize = 512;
     /// Default longest zone: cloud zones are a few dozen bytes.
-    pub const DEFAULT_MAX_ZONE_LEN: usize = 128;
+    pub(crate) const DEFAULT_MAX_ZONE_LEN: usize = 128;
 }
 
 impl Default for HelloLimits {

@@ -17,7 +17,7 @@ use crate::config::limits::Glob;
 
 /// The names a client certificate proves.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PeerIdentity {
+pub(crate) struct PeerIdentity {
     names: Vec<String>,
 }
 
@@ -25,7 +25,7 @@ impl PeerIdentity {
     /// The URI SANs, then the DNS SANs, of a DER certificate; no names when
     /// it cannot be parsed (the TLS library has already verified it, so
     /// that only happens with extensions this parser does not know).
-    pub fn from_der(der: &[u8]) -> Self {
+    pub(crate) fn from_der(der: &[u8]) -> Self {
         let Ok((_, cert)) = X509Certificate::from_der(der) else {
             return Self::default();
         };
@@ -46,13 +46,15 @@ impl PeerIdentity {
     }
 
     /// An identity with these names (tests and tools).
-    pub fn from_names<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
+    #[cfg(test)]
+    pub(crate) fn from_names<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
         Self {
             names: names.into_iter().map(Into::into).collect(),
         }
     }
 
     /// The names, URIs first.
+    #[cfg(test)]
     pub fn names(&self) -> &[String] {
         &self.names
     }
@@ -108,7 +110,7 @@ impl std::str::FromStr for IdentityRule {
 
 /// Why a Hello's `proxy_id` was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The certificate names nothing that may claim the proxy id.
     NotAllowed,
     /// A live stream of another principal holds the proxy id.
@@ -140,7 +142,11 @@ impl IdentityPolicy {
 
     /// The principal (the certificate name that allows it) under which
     /// `peer` may claim `proxy_id`.
-    pub fn authorize(&self, peer: &PeerIdentity, proxy_id: &str) -> Result<Arc<str>, Refusal> {
+    pub(crate) fn authorize(
+        &self,
+        peer: &PeerIdentity,
+        proxy_id: &str,
+    ) -> Result<Arc<str>, Refusal> {
         let allowed = |name: &str| {
             name == proxy_id
                 || self

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 /// What the listener authenticates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// No TLS.
     Plaintext,
     /// TLS without client certificates: private, but anyone may connect.
@@ -28,7 +28,7 @@ impl fmt::Display for Transport {
 
 /// Who can reach the listener and prove who they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exposure {
+pub(crate) enum Exposure {
     /// Only processes on this host can connect.
     Loopback,
     /// Off loopback, every client proves its identity with a certificate.
@@ -43,7 +43,7 @@ pub enum Exposure {
 #[error(
     "refusing to serve the filters' gRPC API on {addr} over {transport}: any client reaching it could report counts and drop every tenant's traffic; pass --grpc-tls-cert, --grpc-tls-key and --grpc-tls-client-ca (mutual TLS), listen on a loopback address, or accept that risk with --grpc-insecure-accept-any-proxy"
 )]
-pub struct ListenerRefused {
+pub(crate) struct ListenerRefused {
     /// The address asked for.
     pub addr: SocketAddr,
     /// The transport it would have had.
@@ -51,7 +51,7 @@ pub struct ListenerRefused {
 }
 
 /// Checks the listener's address against its transport.
-pub fn check_listener(
+pub(crate) fn check_listener(
     addr: SocketAddr,
     transport: Transport,
     accept_any_proxy: bool,

@@ -16,9 +16,9 @@ pub(crate) mod plausibility;
 mod refusal_log;
 
 pub use gate::{Claim, StreamGate};
-pub use hello::HelloLimits;
-pub use identity::{IdentityPolicy, IdentityRule, PeerIdentity};
-pub use listener::{Exposure, ListenerRefused, Transport, check_listener};
-pub use peers::{ConnectionSlot, PeerLedger, PeerLimits, StreamSlot};
-pub use plausibility::{Ceilings, WindowLedger};
-pub use refusal_log::RefusalLog;
+pub(crate) use hello::HelloLimits;
+pub(crate) use identity::{IdentityPolicy, IdentityRule, PeerIdentity};
+pub(crate) use listener::{Exposure, ListenerRefused, Transport, check_listener};
+pub(crate) use peers::{ConnectionSlot, PeerLedger, PeerLimits, StreamSlot};
+pub(crate) use plausibility::{Ceilings, WindowLedger};
+pub(crate) use refusal_log::RefusalLog;

@@ -15,22 +15,22 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerLimits {
     /// Proxy streams (Sluice's and RLQS) open at once on one connection.
-    pub max_streams_per_connection: usize,
+    pub(crate) max_streams_per_connection: usize,
     /// Connections open at once from one client address.
-    pub max_connections_per_ip: usize,
+    pub(crate) max_connections_per_ip: usize,
     /// Under mutual TLS: connections holding a proxy stream at once for
     /// one certificate identity.
-    pub max_connections_per_identity: usize,
+    pub(crate) max_connections_per_identity: usize,
 }
 
 impl PeerLimits {
     /// Default `max_streams_per_connection`: an Envoy opens one proxy
     /// stream, two while its leader VM changes.
-    pub const DEFAULT_STREAMS_PER_CONNECTION: usize = 16;
+    pub(crate) const DEFAULT_STREAMS_PER_CONNECTION: usize = 16;
     /// Default `max_connections_per_ip` and `max_connections_per_identity`:
     /// room for many Envoys behind one address (a NAT) or sharing one
     /// identity (every pod of an Istio deployment does).
-    pub const DEFAULT_CONNECTIONS_PER_PEER: usize = 1_024;
+    pub(crate) const DEFAULT_CONNECTIONS_PER_PEER: usize = 1_024;
 }
 
 impl Default for PeerLimits {
@@ -78,7 +78,7 @@ impl StreamsRefusal {
 
 /// Who holds what right now; shared by the listener and its streams.
 #[derive(Debug, Default)]
-pub struct PeerLedger {
+pub(crate) struct PeerLedger {
     limits: PeerLimits,
     connections: Mutex<HashMap<IpAddr, usize>>,
     streams: Mutex<Streams>,
@@ -178,7 +178,7 @@ impl PeerLedger {
 
     /// Connections open from `ip`.
     #[cfg(test)]
-    pub fn connections_from(&self, ip: IpAddr) -> usize {
+    pub(crate) fn connections_from(&self, ip: IpAddr) -> usize {
         lock(&self.connections).get(&ip).copied().unwrap_or(0)
     }
 }
@@ -191,7 +191,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Counts one connection from an address until dropped.
 #[derive(Debug)]
-pub struct ConnectionSlot {
+pub(crate) struct ConnectionSlot {
     ledger: Arc<PeerLedger>,
     ip: IpAddr,
 }
@@ -211,7 +211,7 @@ impl Drop for ConnectionSlot {
 /// Counts one proxy stream on a connection (and for an identity) until
 /// dropped.
 #[derive(Debug)]
-pub struct StreamSlot {
+pub(crate) struct StreamSlot {
     ledger: Arc<PeerLedger>,
     connection: Option<SocketAddr>,
     identity: Option<String>,

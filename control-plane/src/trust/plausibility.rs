@@ -15,15 +15,15 @@ use sluice_proto::v1::Report;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ceilings {
     /// Σ offered over a report's cells.
-    pub max_proxy_rps: f64,
+    pub(crate) max_proxy_rps: f64,
     /// Offered of any one cell.
-    pub max_cell_rps: f64,
+    pub(crate) max_cell_rps: f64,
 }
 
 impl Ceilings {
     /// A large Envoy serves a few hundred thousand requests per second;
     /// 1,000,000 leaves room for the largest and stops absurd claims.
-    pub const DEFAULT_MAX_RPS: f64 = 1_000_000.0;
+    pub(crate) const DEFAULT_MAX_RPS: f64 = 1_000_000.0;
 }
 
 impl Default for Ceilings {
@@ -49,18 +49,18 @@ impl WindowLedger {
     /// A stream's windows may fall short of the time it has been open by
     /// this much before its reports are stretched (reports in flight, and
     /// the first window starting at the stream's Hello).
-    pub const SLACK_MS: u64 = 2_000;
+    pub(crate) const SLACK_MS: u64 = 2_000;
 }
 
 /// What [`Ceilings::check`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Checked {
     /// The window was shorter than the time that passed and was stretched.
-    pub window_stretched: bool,
+    pub(crate) window_stretched: bool,
     /// Cells whose counts were cut to the per-cell ceiling.
-    pub cells_clamped: u32,
+    pub(crate) cells_clamped: u32,
     /// Counts scaled down to the per-proxy ceiling.
-    pub proxy_clamped: bool,
+    pub(crate) proxy_clamped: bool,
 }
 
 impl Checked {

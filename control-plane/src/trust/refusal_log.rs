@@ -6,13 +6,13 @@ use std::sync::{Mutex, PoisonError};
 
 /// Peers already logged; bounded, after which refusals go to debug.
 #[derive(Debug, Default)]
-pub struct RefusalLog {
+pub(crate) struct RefusalLog {
     seen: Mutex<HashSet<String>>,
 }
 
 impl RefusalLog {
     /// Most distinct peers remembered.
-    pub const CAPACITY: usize = 1_024;
+    pub(crate) const CAPACITY: usize = 1_024;
 
     /// Whether this is the first refusal of `peer` (and it should be
     /// logged at warning level).

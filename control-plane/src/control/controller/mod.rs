@@ -204,7 +204,7 @@ impl Controller {
 
     /// The control interval it runs at (used for `retry_after_ms`).
     #[must_use]
-    pub fn with_interval(mut self, interval: ControlInterval) -> Self {
+    pub(crate) fn with_interval(mut self, interval: ControlInterval) -> Self {
         self.interval = interval;
         self
     }

@@ -28,7 +28,7 @@ pub struct BucketStatus {
     pub shadow_dropped_rps: f64,
     /// The floors of the bucket's tenants alone exceed its limit, so it
     /// admits more than the limit (see [`crate::control::fairness`]).
-    pub floors_exceed_limit: bool,
+    pub(crate) floors_exceed_limit: bool,
     /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
     /// by tenant then priority.
     pub cells: Vec<CellStatus>,
