@@ -15,15 +15,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::http_server;
 use anyhow::{Context, Result};
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// What the upstream can take.
@@ -75,7 +73,12 @@ impl CappedUpstream {
             free_at: Instant::now(),
             served: Served::default(),
         }));
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&server)));
+        let accept = {
+            let server = Arc::clone(&server);
+            tokio::spawn(http_server::serve(listener, move |request| {
+                answer(Arc::clone(&server), request)
+            }))
+        };
         Ok(Self {
             addr,
             server,
@@ -125,24 +128,6 @@ fn admit(server: &mut Server, now: Instant) -> Option<Instant> {
     server.free_at = start + service;
     server.served.ok += 1;
     Some(start + service + capacity.base_latency)
-}
-
-async fn accept_loop(listener: TcpListener, server: Arc<Mutex<Server>>) {
-    let mut connections = JoinSet::new();
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            break;
-        };
-        while connections.try_join_next().is_some() {}
-        let _ = stream.set_nodelay(true);
-        let server = Arc::clone(&server);
-        connections.spawn(async move {
-            let service = service_fn(move |request| answer(Arc::clone(&server), request));
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }
 
 async fn answer(

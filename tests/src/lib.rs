@@ -37,6 +37,7 @@ pub mod envoy;
 pub mod fake_proxy;
 pub mod fault_proxy;
 pub mod fleet;
+pub mod http_server;
 pub mod llm_upstream;
 pub mod load;
 pub mod mesh;

@@ -43,7 +43,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use envoy_types::pb::envoy::config::core::v3::{
@@ -65,15 +64,12 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
 };
 use envoy_types::pb::google::protobuf::{Any, Duration as ProtoDuration, StringValue};
 use http_body_util::Full;
+use hyper::Response;
 use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::Value as Json;
 use serde_yaml_ng::Value;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use crate::paths;
 use crate::xds::to_any;
@@ -705,24 +701,11 @@ impl ModuleServer {
             .await
             .context("cannot bind the module server")?;
         let addr = listener.local_addr()?;
-        let body = Arc::new(Bytes::from(bytes));
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let body = body.clone();
-                connections.spawn(async move {
-                    let service = service_fn(move |_request: Request<hyper::body::Incoming>| {
-                        let body = body.clone();
-                        async move {
-                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::clone(&body))))
-                        }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let body = Bytes::from(bytes);
+        let task = tokio::spawn(crate::http_server::serve(listener, move |_request| {
+            let body = Bytes::clone(&body);
+            async move { Ok::<_, Infallible>(Response::new(Full::new(body))) }
+        }));
         Ok(Self { addr, task })
     }
 

@@ -18,17 +18,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::http_server;
 use anyhow::{Context, Result, ensure};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 pub use formats::{Api, Usage};
 pub use tokens::{TokenDistribution, TokenSampler};
@@ -153,7 +151,12 @@ impl LlmUpstream {
             next_id: 0,
             tenants: HashMap::new(),
         }));
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state)));
+        let accept = {
+            let state = Arc::clone(&state);
+            tokio::spawn(http_server::serve(listener, move |request| {
+                answer(Arc::clone(&state), request)
+            }))
+        };
         Ok(Self {
             addr,
             state,
@@ -195,24 +198,6 @@ impl Drop for LlmUpstream {
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-async fn accept_loop(listener: TcpListener, state: Arc<Mutex<State>>) {
-    let mut connections = JoinSet::new();
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            break;
-        };
-        while connections.try_join_next().is_some() {}
-        let _ = stream.set_nodelay(true);
-        let state = Arc::clone(&state);
-        connections.spawn(async move {
-            let service = service_fn(move |request| answer(Arc::clone(&state), request));
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
