@@ -1,3 +1,6 @@
+//! Tests of the adaptive limits: each algorithm's step, the bounds, and the
+//! limits' state across intervals.
+
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use std::collections::HashMap;
