@@ -361,7 +361,7 @@ mod tests {
             None,
             [LimitRule {
                 selector: Selector::Bucket("acme".to_owned()),
-                limit_rps: LimitRps::new(150.0).unwrap(),
+                limit: LimitRps::new(150.0).unwrap().into(),
             }],
         );
         let mut controller = Controller::new(Tracking::new());

@@ -284,7 +284,7 @@ impl AdaptiveLimits {
     pub fn apply(&self, limits: &mut LimitTable) {
         for (bucket, state) in &self.buckets {
             if let Ok(limit) = LimitRps::try_from(state.limit) {
-                limits.set_exact(bucket.clone(), limit);
+                limits.set_exact(bucket.clone(), limit.into());
             }
         }
     }
