@@ -187,7 +187,7 @@ fn fair_shares(c: &mut Criterion) {
             None,
             [LimitRule {
                 selector: Selector::Bucket("api".into()),
-                limit_rps: LimitRps::new(limit).unwrap_or(LimitRps::ZERO),
+                limit: LimitRps::new(limit).unwrap_or(LimitRps::ZERO).into(),
             }],
         ),
         tenants,

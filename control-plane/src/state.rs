@@ -150,8 +150,19 @@ impl AppState {
     /// lock.
     pub(crate) fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
         let (load, read, superseded, conflicts) = {
+            // The policy's lock before the fleet's, as `report` takes them.
+            let policy = self.policy();
+            let limits = &policy.limits;
+            let budgets = limits.has_budgets();
+            let costed = |bucket: &str| {
+                budgets
+                    && limits
+                        .rule_for(bucket)
+                        .is_some_and(|l| l.budget().is_some())
+            };
             let mut fleet = self.fleet();
-            let load = fleet.tick();
+            let load = fleet.tick_with(&costed);
+            drop(policy);
             let read = then(&fleet);
             (load, read, fleet.take_superseded(), fleet.take_conflicts())
         };

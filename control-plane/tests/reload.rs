@@ -111,7 +111,9 @@ async fn own_writes_do_not_trigger_a_reload() {
         .update(unix_now(), |config| {
             config.limits.set_exact(
                 "beta".into(),
-                sluice_control_plane::types::LimitRps::new(7.0).unwrap(),
+                sluice_control_plane::types::LimitRps::new(7.0)
+                    .unwrap()
+                    .into(),
             );
             Ok::<_, sluice_control_plane::config::live::PersistError>(())
         })

@@ -215,6 +215,40 @@ impl Proxy {
         }));
     }
 
+    /// Reports `rps` requests a second for `bucket`, each costing `cost`
+    /// (estimated) and charged `charged`, every `REPORT_MS`, admitting
+    /// everything, in the background.
+    fn report_cost_steadily(&mut self, bucket: &str, rps: u64, cost: f64, charged: f64) {
+        let outbound = self.outbound.clone();
+        let requests = rps * REPORT_MS / 1000;
+        let count = BucketCount {
+            bucket: bucket.to_owned(),
+            offered: requests,
+            admitted: requests,
+            offered_cost: requests as f64 * cost,
+            admitted_cost: requests as f64 * cost,
+            charged_cost: requests as f64 * charged,
+            ..Default::default()
+        };
+        self.reporter = Some(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(Duration::from_millis(REPORT_MS));
+            for sequence in 0.. {
+                ticker.tick().await;
+                let report = ProxyMessage {
+                    kind: Some(proxy_message::Kind::Report(Report {
+                        sequence,
+                        window_ms: REPORT_MS,
+                        buckets: vec![count.clone()],
+                        ..Default::default()
+                    })),
+                };
+                if outbound.send(report).await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+
     fn stop_reporting(&mut self) {
         if let Some(reporter) = self.reporter.take() {
             reporter.abort();
@@ -935,5 +969,93 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
     cp.wait_for_bucket("acme", |b| b["offered_rps"] == 600.0)
         .await;
     drop(flood);
+    cp.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
+    let cp = ControlPlane::start(
+        "limits:\n  - bucket: llm\n    budget: {amount: 1200000, unit: tokens, per: minute}\n",
+    )
+    .await;
+    let mut proxies = Vec::new();
+    // 60/30/10 of 2,400 requests a second of 25 tokens each: 60,000
+    // tokens/s offered, three times the budget of 20,000 tokens/s; each
+    // proxy alone is under it or near it.
+    for (proxy_id, rps) in [("envoy-a", 1440), ("envoy-b", 720), ("envoy-c", 240)] {
+        let mut proxy = cp.connect(proxy_id).await;
+        proxy.next_batch().await;
+        proxy.report_cost_steadily("llm", rps, 25.0, 30.0);
+        proxies.push(proxy);
+    }
+    let batch = proxies[0].wait_for_ratio("llm", 2.0 / 3.0).await;
+    let llm = batch.directives.iter().find(|d| d.bucket == "llm").unwrap();
+    assert_eq!(llm.cost_unit, "tokens");
+    assert_eq!(llm.budget_period_s, 60);
+    assert_eq!(llm.limit_rps, Some(20_000.0));
+    assert!((llm.offered_rps - 60_000.0).abs() < 1.0, "{llm:?}");
+
+    let bucket = cp
+        .wait_for_bucket("llm", |b| b["proxies_reporting"] == 3)
+        .await;
+    assert_eq!(bucket["limit_rps"], 20_000.0);
+    assert_eq!(bucket["offered_rps"], 60_000.0);
+    let cost = &bucket["cost"];
+    assert_eq!(cost["budget"]["unit"], "tokens");
+    assert_eq!(cost["budget"]["per"], "minute");
+    assert_eq!(cost["offered_requests_rps"], 2400.0);
+    assert_eq!(cost["charged_per_s"], 72_000.0);
+    assert!((cost["charged_to_estimate"].as_f64().unwrap() - 1.2).abs() < 1e-9);
+    let metrics = cp
+        .http
+        .get(format!("http://{}/metrics", cp.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "sluice_bucket_charged_cost_per_second{bucket=\"llm\",unit=\"tokens\"} 72000"
+        ),
+        "{metrics}"
+    );
+
+    // A budget changed through the admin API reaches the stream; a bad one
+    // is refused with a problem and changes nothing.
+    let put = |body: Value| {
+        cp.http
+            .put(format!("http://{}/v1/limits/llm", cp.admin))
+            .json(&body)
+            .send()
+    };
+    for bad in [
+        serde_json::json!({"budget": {"amount": 0, "unit": "tokens", "per": "minute"}}),
+        serde_json::json!({"budget": {"amount": 5, "unit": "to kens", "per": "minute"}}),
+        serde_json::json!({"budget": {"amount": 5, "unit": "tokens", "per": "day"}}),
+        serde_json::json!({"limit_rps": 5, "budget": {"amount": 5, "unit": "t", "per": "hour"}}),
+        serde_json::json!({}),
+    ] {
+        let response = put(bad.clone()).await.unwrap();
+        assert_eq!(response.status(), 422, "{bad}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{bad}"
+        );
+    }
+    let limit = cp.get("/v1/limits/llm").await;
+    assert_eq!(limit["budget"]["amount"], 1_200_000.0, "{limit}");
+    let response =
+        put(serde_json::json!({"budget": {"amount": 30000, "unit": "tokens", "per": "second"}}))
+            .await
+            .unwrap();
+    assert_eq!(response.status(), 200);
+    let batch = proxies[1].wait_for_ratio("llm", 0.5).await;
+    let llm = batch.directives.iter().find(|d| d.bucket == "llm").unwrap();
+    assert_eq!(llm.budget_period_s, 1);
+    assert_eq!(llm.limit_rps, Some(30_000.0));
+    drop(proxies);
     cp.shutdown().await;
 }

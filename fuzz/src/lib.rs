@@ -68,7 +68,12 @@ pub fn limits_file(data: &[u8]) {
         Ok(config) => {
             let table = config.limit_table();
             for rule in config.limits.as_slice() {
-                assert!(rule.limit_rps.get().is_finite() && rule.limit_rps.get() >= 0.0);
+                let rate = rule.limit.rate().get();
+                assert!(rate.is_finite() && rate >= 0.0);
+                if let Some(budget) = rule.limit.budget() {
+                    assert!(budget.amount().is_finite() && budget.amount() > 0.0);
+                    assert!(!budget.unit().as_str().is_empty());
+                }
             }
             let _ = table.limit_for("any");
         }

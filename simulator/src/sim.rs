@@ -596,7 +596,7 @@ fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
             })?;
             Ok(LimitRule {
                 selector: Selector::Bucket(bucket.name.clone()),
-                limit_rps,
+                limit: limit_rps.into(),
             })
         })
         .collect::<Result<Vec<_>, SimError>>()?;

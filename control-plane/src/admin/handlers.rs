@@ -11,7 +11,8 @@ use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::write;
 use crate::config::Config;
-use crate::config::limits::LimitRule;
+use crate::config::budget::Budget;
+use crate::config::limits::{Limit, LimitRule};
 use crate::config::overrides::LimitOverride;
 use crate::control::controller::BucketStatus;
 use crate::metrics;
@@ -80,8 +81,12 @@ pub(crate) async fn buckets(State(state): State<AppState>) -> axum::Json<Buckets
 /// `GET /v1/limits` reply.
 #[derive(Debug, Serialize)]
 pub struct LimitsReply {
-    /// Limit for buckets no rule names; null = unlimited.
+    /// Limit for buckets no rule names; null = unlimited (or a budget).
     pub default_limit_rps: Option<LimitRps>,
+    /// Budget for buckets no rule names, when the default is one; left
+    /// out otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) default_budget: Option<Budget>,
     /// Limits in force (overrides included): exact limits sorted by bucket,
     /// then patterns in file order.
     pub limits: Vec<LimitRule>,
@@ -96,19 +101,44 @@ pub(crate) async fn limits(State(admin): State<Admin>) -> axum::Json<LimitsReply
     let overrides = admin.live().config().overrides.limits;
     let policy = admin.state().policy();
     let limits = &policy.limits;
+    let default = limits.default_limit();
     axum::Json(LimitsReply {
-        default_limit_rps: limits.default_limit(),
+        default_limit_rps: match default {
+            Some(Limit::Rps(rps)) => Some(*rps),
+            _ => None,
+        },
+        default_budget: default.and_then(Limit::budget).cloned(),
         limits: limits.rules(),
         overrides,
     })
 }
 
-/// `PUT /v1/limits/{bucket}` body.
+/// `PUT /v1/limits/{bucket}` body: `limit_rps` or `budget`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PutLimit {
-    /// The new limit.
-    pub limit_rps: LimitRps,
+    /// A limit in requests per second.
+    #[serde(default)]
+    pub limit_rps: Option<LimitRps>,
+    /// A cost budget instead.
+    #[serde(default)]
+    pub budget: Option<Budget>,
+}
+
+impl PutLimit {
+    /// The one limit the body gives.
+    fn limit(self) -> Result<Limit, Problem> {
+        match (self.limit_rps, self.budget) {
+            (Some(rps), None) => Ok(Limit::Rps(rps)),
+            (None, Some(budget)) => Ok(Limit::Budget(budget)),
+            (Some(_), Some(_)) => Err(Problem::unprocessable(
+                "give `limit_rps` or `budget`, not both",
+            )),
+            (None, None) => Err(Problem::unprocessable(
+                "needs `limit_rps` (requests per second) or `budget` (a cost budget)",
+            )),
+        }
+    }
 }
 
 /// `PUT /v1/limits/{bucket}` and `GET /v1/limits/{bucket}` reply.
@@ -116,8 +146,9 @@ pub struct PutLimit {
 pub struct LimitReply {
     /// The bucket.
     pub bucket: String,
-    /// Its limit now.
-    pub limit_rps: LimitRps,
+    /// Its limit now: `limit_rps` or `budget`.
+    #[serde(flatten)]
+    pub limit: Limit,
 }
 
 /// `GET /v1/limits/{bucket}`: the bucket's exact limit (404 if it has
@@ -127,14 +158,15 @@ pub(crate) async fn get_limit(
     Path(bucket): Path<String>,
 ) -> Result<(HeaderMap, axum::Json<LimitReply>), Problem> {
     let config = admin.live().config();
-    let limit_rps = config
+    let limit = config
         .limits
         .exact(&bucket)
+        .cloned()
         .ok_or_else(|| Problem::not_found(format!("no exact limit for bucket {bucket:?}")))?;
     let tag = limit_tag(&config, &bucket);
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
-        axum::Json(LimitReply { bucket, limit_rps }),
+        axum::Json(LimitReply { bucket, limit }),
     ))
 }
 
@@ -148,21 +180,19 @@ pub(crate) async fn put_limit(
     Json(body): Json<PutLimit>,
 ) -> Result<(HeaderMap, axum::Json<LimitReply>), Problem> {
     write::bucket(&bucket)?;
-    let limit = body.limit_rps;
+    let limit = body.limit()?;
     let key = bucket.clone();
+    let set = limit.clone();
     let (previous, tag) = write::change(&admin, move |config| {
         if_match.check(limit_tag(config, &key).as_ref())?;
-        let previous = config.limits.set_exact(key.clone(), limit);
+        let previous = config.limits.set_exact(key.clone(), set);
         Ok((previous, limit_tag(config, &key)))
     })
     .await?;
-    tracing::info!(bucket, limit_rps = %limit, previous = ?previous.map(LimitRps::get), "limit set");
+    tracing::info!(bucket, limit = %limit, previous = ?previous.map(|p| p.to_string()), "limit set");
     Ok((
         tag.map(|t| t.header()).unwrap_or_default(),
-        axum::Json(LimitReply {
-            bucket,
-            limit_rps: limit,
-        }),
+        axum::Json(LimitReply { bucket, limit }),
     ))
 }
 
@@ -201,10 +231,10 @@ pub(crate) async fn method_not_allowed() -> impl IntoResponse {
 
 /// The tag of bucket `bucket`'s exact limit, if it has one.
 fn limit_tag(config: &Config, bucket: &str) -> Option<ETag> {
-    config.limits.exact(bucket).map(|limit_rps| {
+    config.limits.exact(bucket).map(|limit| {
         ETag::of(&LimitReply {
             bucket: bucket.to_owned(),
-            limit_rps,
+            limit: limit.clone(),
         })
     })
 }

@@ -1,14 +1,74 @@
 //! Which limit applies to a bucket: exact key, then glob patterns in order,
 //! then the default. An aggregate pattern is one cell: the filters count
 //! every bucket it matches under the pattern itself, and that cell takes the
-//! pattern's limit.
+//! pattern's limit. A limit is a request rate or a cost budget
+//! ([`Limit`]).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::Serialize;
 
+use crate::config::budget::Budget;
 use crate::types::LimitRps;
 pub use sluice_core::glob::Glob;
+
+/// A bucket's limit: requests per second, or a cost budget. Serialized as
+/// the limits file writes it: `limit_rps: N` or `budget: {…}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Limit {
+    /// Fleet-wide requests per second.
+    #[serde(rename = "limit_rps")]
+    Rps(LimitRps),
+    /// Fleet-wide cost per period.
+    #[serde(rename = "budget")]
+    Budget(Budget),
+}
+
+impl Limit {
+    /// The rate the controller steers to: requests per second, or the
+    /// budget's cost units per second.
+    pub fn rate(&self) -> LimitRps {
+        match self {
+            Self::Rps(rps) => *rps,
+            Self::Budget(budget) => budget.rate(),
+        }
+    }
+
+    /// The budget, when the limit is one.
+    pub fn budget(&self) -> Option<&Budget> {
+        match self {
+            Self::Rps(_) => None,
+            Self::Budget(budget) => Some(budget),
+        }
+    }
+
+    /// Whether the limit admits nothing (a rate of 0; a budget is never 0).
+    pub fn is_blocked(&self) -> bool {
+        matches!(self, Self::Rps(rps) if rps.is_blocked())
+    }
+}
+
+impl From<LimitRps> for Limit {
+    fn from(rps: LimitRps) -> Self {
+        Self::Rps(rps)
+    }
+}
+
+impl From<Budget> for Limit {
+    fn from(budget: Budget) -> Self {
+        Self::Budget(budget)
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rps(rps) => write!(f, "{rps} rps"),
+            Self::Budget(budget) => budget.fmt(f),
+        }
+    }
+}
 
 /// One configured limit, as listed by `GET /v1/limits`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -30,15 +90,16 @@ pub struct LimitRule {
     #[serde(flatten)]
     pub selector: Selector,
     /// The fleet-wide limit.
-    pub limit_rps: LimitRps,
+    #[serde(flatten)]
+    pub limit: Limit,
 }
 
 /// The limits in force. Pure data: lookups never allocate or lock.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LimitTable {
-    default: Option<LimitRps>,
-    exact: BTreeMap<String, LimitRps>,
-    patterns: Vec<(Glob, LimitRps)>,
+    default: Option<Limit>,
+    exact: BTreeMap<String, Limit>,
+    patterns: Vec<(Glob, Limit)>,
     /// The aggregate patterns among `patterns`, in file order.
     aggregates: Vec<String>,
     /// Exact keys whose limit is 0, sorted.
@@ -46,8 +107,14 @@ pub struct LimitTable {
 }
 
 impl LimitTable {
-    /// A table with only a default (`None` = unknown buckets are unlimited).
+    /// A table with only a default rate (`None` = unknown buckets are
+    /// unlimited).
     pub fn new(default: Option<LimitRps>) -> Self {
+        Self::with_default(default.map(Limit::Rps))
+    }
+
+    /// A table with only a default limit, a rate or a budget.
+    pub(crate) fn with_default(default: Option<Limit>) -> Self {
         Self {
             default,
             ..Self::default()
@@ -55,32 +122,33 @@ impl LimitTable {
     }
 
     /// Builds a table from rules in file order.
-    pub fn from_rules(
-        default: Option<LimitRps>,
-        rules: impl IntoIterator<Item = LimitRule>,
-    ) -> Self {
-        let mut table = Self::new(default);
+    pub fn from_rules(default: Option<Limit>, rules: impl IntoIterator<Item = LimitRule>) -> Self {
+        let mut table = Self::with_default(default);
         for rule in rules {
             match rule.selector {
                 Selector::Bucket(bucket) => {
-                    table.set_exact(bucket, rule.limit_rps);
+                    table.set_exact(bucket, rule.limit);
                 }
-                Selector::Pattern(pattern) => {
-                    table.patterns.push((Glob::new(pattern), rule.limit_rps))
-                }
+                Selector::Pattern(pattern) => table.patterns.push((Glob::new(pattern), rule.limit)),
                 Selector::AggregatePattern(pattern) => {
                     table.aggregates.push(pattern.clone());
-                    table.patterns.push((Glob::new(pattern), rule.limit_rps))
+                    table.patterns.push((Glob::new(pattern), rule.limit))
                 }
             }
         }
         table
     }
 
-    /// The limit for `bucket`; `None` means unlimited.
+    /// The rate `bucket` is limited to (requests per second, or a
+    /// budget's units per second); `None` means unlimited.
     pub fn limit_for(&self, bucket: &str) -> Option<LimitRps> {
+        self.rule_for(bucket).map(Limit::rate)
+    }
+
+    /// The limit of `bucket` as configured; `None` means unlimited.
+    pub(crate) fn rule_for(&self, bucket: &str) -> Option<&Limit> {
         if let Some(limit) = self.exact.get(bucket) {
-            return Some(*limit);
+            return Some(limit);
         }
         // The cell an aggregate pattern's buckets are counted in is named by
         // the pattern: it takes that rule even when an earlier pattern
@@ -91,13 +159,21 @@ impl LimitTable {
                 .iter()
                 .find(|(glob, _)| glob.as_str() == bucket)
         {
-            return Some(*limit);
+            return Some(limit);
         }
         self.patterns
             .iter()
             .find(|(glob, _)| glob.matches(bucket))
-            .map(|(_, limit)| *limit)
-            .or(self.default)
+            .map(|(_, limit)| limit)
+            .or(self.default.as_ref())
+    }
+
+    /// Whether any rule or the default is a budget: only then does a tick
+    /// ask which buckets steer on cost.
+    pub(crate) fn has_budgets(&self) -> bool {
+        self.default.iter().any(|l| l.budget().is_some())
+            || self.exact.values().any(|l| l.budget().is_some())
+            || self.patterns.iter().any(|(_, l)| l.budget().is_some())
     }
 
     /// The aggregate patterns, in file order: what the filters are told to
@@ -116,7 +192,7 @@ impl LimitTable {
         let aggregates = self
             .aggregates
             .iter()
-            .filter(|pattern| self.limit_for(pattern).is_some_and(LimitRps::is_blocked));
+            .filter(|pattern| self.rule_for(pattern).is_some_and(Limit::is_blocked));
         let before = keys.len();
         keys.extend(aggregates.map(String::as_str));
         if keys.len() > before {
@@ -127,12 +203,12 @@ impl LimitTable {
     }
 
     /// The default for buckets no rule names.
-    pub(crate) fn default_limit(&self) -> Option<LimitRps> {
-        self.default
+    pub(crate) fn default_limit(&self) -> Option<&Limit> {
+        self.default.as_ref()
     }
 
     /// Sets (or replaces) an exact limit; returns the previous one.
-    pub fn set_exact(&mut self, bucket: String, limit: LimitRps) -> Option<LimitRps> {
+    pub fn set_exact(&mut self, bucket: String, limit: Limit) -> Option<Limit> {
         match self.blocked_exact.binary_search(&bucket) {
             Ok(at) if !limit.is_blocked() => {
                 self.blocked_exact.remove(at);
@@ -145,7 +221,7 @@ impl LimitTable {
 
     /// Removes an exact limit; returns it if there was one.
     #[cfg(test)]
-    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<Limit> {
         if let Ok(at) = self
             .blocked_exact
             .binary_search_by(|key| key.as_str().cmp(bucket))
@@ -159,7 +235,7 @@ impl LimitTable {
     pub fn rules(&self) -> Vec<LimitRule> {
         let exact = self.exact.iter().map(|(bucket, limit)| LimitRule {
             selector: Selector::Bucket(bucket.clone()),
-            limit_rps: *limit,
+            limit: limit.clone(),
         });
         let patterns = self.patterns.iter().map(|(glob, limit)| {
             let pattern = glob.as_str().to_owned();
@@ -169,7 +245,7 @@ impl LimitTable {
                 } else {
                     Selector::Pattern(pattern)
                 },
-                limit_rps: *limit,
+                limit: limit.clone(),
             }
         });
         exact.chain(patterns).collect()
@@ -187,15 +263,15 @@ mod tests {
     #[test]
     fn exact_beats_pattern_beats_default() {
         let table = LimitTable::from_rules(
-            Some(limit(100.0)),
+            Some(limit(100.0).into()),
             [
                 LimitRule {
                     selector: Selector::Pattern("acme*".into()),
-                    limit_rps: limit(50.0),
+                    limit: limit(50.0).into(),
                 },
                 LimitRule {
                     selector: Selector::Bucket("acme".into()),
-                    limit_rps: limit(200.0),
+                    limit: limit(200.0).into(),
                 },
             ],
         );
@@ -211,11 +287,11 @@ mod tests {
             [
                 LimitRule {
                     selector: Selector::Pattern("free-*".into()),
-                    limit_rps: limit(50.0),
+                    limit: limit(50.0).into(),
                 },
                 LimitRule {
                     selector: Selector::Pattern("free-eu-*".into()),
-                    limit_rps: limit(10.0),
+                    limit: limit(10.0).into(),
                 },
             ],
         );
@@ -230,11 +306,11 @@ mod tests {
             [
                 LimitRule {
                     selector: Selector::Pattern("f*".into()),
-                    limit_rps: limit(5.0),
+                    limit: limit(5.0).into(),
                 },
                 LimitRule {
                     selector: Selector::AggregatePattern("free-*".into()),
-                    limit_rps: limit(100.0),
+                    limit: limit(100.0).into(),
                 },
             ],
         );
@@ -257,10 +333,13 @@ mod tests {
     #[test]
     fn set_and_remove_exact() {
         let mut table = LimitTable::new(None);
-        assert_eq!(table.set_exact("acme".into(), limit(1.0)), None);
-        assert_eq!(table.set_exact("acme".into(), limit(2.0)), Some(limit(1.0)));
+        assert_eq!(table.set_exact("acme".into(), limit(1.0).into()), None);
+        assert_eq!(
+            table.set_exact("acme".into(), limit(2.0).into()),
+            Some(limit(1.0).into())
+        );
         assert_eq!(table.limit_for("acme"), Some(limit(2.0)));
-        assert_eq!(table.remove_exact("acme"), Some(limit(2.0)));
+        assert_eq!(table.remove_exact("acme"), Some(limit(2.0).into()));
         assert_eq!(table.remove_exact("acme"), None);
         assert_eq!(table.limit_for("acme"), None);
     }
@@ -269,10 +348,10 @@ mod tests {
     fn blocked_keys_are_exact_keys_and_aggregate_patterns_at_zero() {
         let rule = |selector, rps| LimitRule {
             selector,
-            limit_rps: limit(rps),
+            limit: limit(rps).into(),
         };
         let mut table = LimitTable::from_rules(
-            Some(limit(0.0)),
+            Some(limit(0.0).into()),
             [
                 rule(Selector::Bucket("open".into()), 5.0),
                 rule(Selector::Bucket("shut".into()), 0.0),
@@ -282,9 +361,9 @@ mod tests {
             ],
         );
         assert_eq!(table.blocked_keys(), ["bulk-*", "shut"]);
-        table.set_exact("open".into(), limit(0.0));
-        table.set_exact("shut".into(), limit(1.0));
-        table.set_exact("bulk-*".into(), limit(2.0));
+        table.set_exact("open".into(), limit(0.0).into());
+        table.set_exact("shut".into(), limit(1.0).into());
+        table.set_exact("bulk-*".into(), limit(2.0).into());
         assert_eq!(table.blocked_keys(), ["open"]);
         table.remove_exact("open");
         assert!(table.blocked_keys().is_empty());
@@ -297,11 +376,11 @@ mod tests {
             [
                 LimitRule {
                     selector: Selector::Pattern("p*".into()),
-                    limit_rps: limit(5.0),
+                    limit: limit(5.0).into(),
                 },
                 LimitRule {
                     selector: Selector::Bucket("b".into()),
-                    limit_rps: limit(7.0),
+                    limit: limit(7.0).into(),
                 },
             ],
         );

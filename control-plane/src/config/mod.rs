@@ -5,6 +5,7 @@
 //! every error, including "negative limit", carries the YAML position and the
 //! field path of the offending value.
 
+pub mod budget;
 mod error;
 pub mod limits;
 pub mod live;
@@ -24,8 +25,9 @@ use std::path::Path;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::config::budget::Budget;
 pub use crate::config::error::{ConfigError, InvalidConfig};
-use crate::config::limits::{LimitRule, LimitTable, Selector};
+use crate::config::limits::{Limit, LimitRule, LimitTable, Selector};
 use crate::config::overrides::Overrides;
 use crate::config::policy::{Modes, Policy, Tenants};
 use crate::control::adaptive::spec::AdaptiveSpecs;
@@ -48,6 +50,10 @@ pub struct Config {
     /// Limit for buckets no rule names; `None` = unlimited.
     #[serde(default)]
     pub default_limit_rps: Option<LimitRps>,
+    /// A cost budget for buckets no rule names, instead of
+    /// `default_limit_rps` (not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) default_budget: Option<Budget>,
     /// Rules in file order.
     #[serde(default)]
     pub limits: Rules,
@@ -116,13 +122,31 @@ impl Config {
             })
         })?;
         let deserializer = serde_yaml_ng::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(deserializer)
-            .map_err(|err| ConfigError::invalid(file, err))
+        let config: Self = serde_path_to_error::deserialize(deserializer)
+            .map_err(|err| ConfigError::invalid(file, err))?;
+        if config.default_limit_rps.is_some() && config.default_budget.is_some() {
+            return Err(ConfigError::Invalid(InvalidConfig {
+                file: file.to_owned(),
+                location: top_level_key(text, "default_budget"),
+                field: "default_budget".to_owned(),
+                message: BOTH_LIMITS.to_owned(),
+            }));
+        }
+        Ok(config)
+    }
+
+    /// The default limit: the rate or the budget (the file never holds
+    /// both).
+    pub(crate) fn default_limit(&self) -> Option<Limit> {
+        self.default_budget
+            .clone()
+            .map(Limit::Budget)
+            .or(self.default_limit_rps.map(Limit::Rps))
     }
 
     /// The limit table the file describes.
     pub fn limit_table(&self) -> LimitTable {
-        LimitTable::from_rules(self.default_limit_rps, self.limits.0.iter().cloned())
+        LimitTable::from_rules(self.default_limit(), self.limits.0.iter().cloned())
     }
 
     /// The policy (limits, tenants, modes) the file describes, with the
@@ -146,8 +170,13 @@ impl Config {
 
     /// The file a policy would be read from (no overrides, no interval).
     pub fn from_policy(policy: &Policy) -> Self {
+        let default = policy.limits.default_limit();
         Self {
-            default_limit_rps: policy.limits.default_limit(),
+            default_limit_rps: match default {
+                Some(Limit::Rps(rps)) => Some(*rps),
+                _ => None,
+            },
+            default_budget: default.and_then(Limit::budget).cloned(),
             limits: Rules(policy.limits.rules()),
             tenants: policy.tenants.clone(),
             modes: policy.modes.clone(),
@@ -165,6 +194,19 @@ impl Config {
     }
 }
 
+/// What an entry or the default with both a rate and a budget is told.
+const BOTH_LIMITS: &str = "has both `limit_rps` and `budget`: a limit is one or the other";
+
+/// Line and column of a top-level `key:` in `text` (for a check made
+/// after parsing, which serde cannot position).
+fn top_level_key(text: &str, key: &str) -> Option<(usize, usize)> {
+    text.lines().enumerate().find_map(|(index, line)| {
+        line.strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            .then_some((index + 1, 1))
+    })
+}
+
 /// Rules in file order; no two entries share a bucket or a pattern.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Rules(Vec<LimitRule>);
@@ -177,35 +219,32 @@ impl Rules {
 
     /// Sets the exact limit of `bucket`, in place if it has an entry, else
     /// as a new last entry; returns the previous limit.
-    pub fn set_exact(&mut self, bucket: String, limit_rps: LimitRps) -> Option<LimitRps> {
+    pub fn set_exact(&mut self, bucket: String, limit: Limit) -> Option<Limit> {
         let selector = Selector::Bucket(bucket);
         match self.0.iter_mut().find(|rule| rule.selector == selector) {
-            Some(rule) => Some(std::mem::replace(&mut rule.limit_rps, limit_rps)),
+            Some(rule) => Some(std::mem::replace(&mut rule.limit, limit)),
             None => {
-                self.0.push(LimitRule {
-                    selector,
-                    limit_rps,
-                });
+                self.0.push(LimitRule { selector, limit });
                 None
             }
         }
     }
 
     /// The exact limit of `bucket`, if it has one.
-    pub fn exact(&self, bucket: &str) -> Option<LimitRps> {
+    pub fn exact(&self, bucket: &str) -> Option<&Limit> {
         self.0.iter().find_map(|rule| match &rule.selector {
-            Selector::Bucket(b) if b == bucket => Some(rule.limit_rps),
+            Selector::Bucket(b) if b == bucket => Some(&rule.limit),
             _ => None,
         })
     }
 
     /// Removes the exact limit of `bucket`; returns it if there was one.
-    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<LimitRps> {
+    pub(crate) fn remove_exact(&mut self, bucket: &str) -> Option<Limit> {
         let index = self
             .0
             .iter()
             .position(|rule| matches!(&rule.selector, Selector::Bucket(b) if b == bucket))?;
-        Some(self.0.remove(index).limit_rps)
+        Some(self.0.remove(index).limit)
     }
 }
 
@@ -275,8 +314,11 @@ pub use sluice_core::glob::MAX_AGGREGATE_PATTERNS;
 /// What a limit entry names exactly one of.
 const ONE_SELECTOR: &str = "needs exactly one of `bucket`, `pattern` or `aggregate_pattern`";
 
+/// What an entry without a limit is told.
+const ONE_LIMIT: &str = "needs `limit_rps` (requests per second) or `budget` (a cost budget)";
+
 /// One list entry: exactly one of `bucket`, `pattern` or
-/// `aggregate_pattern`, and `limit_rps`.
+/// `aggregate_pattern`, and one of `limit_rps` or `budget`.
 ///
 /// A hand-written map visitor rather than a derive plus a check afterwards:
 /// errors raised inside `visit_map` are positioned at the entry itself.
@@ -290,6 +332,7 @@ enum RuleField {
     Pattern,
     AggregatePattern,
     LimitRps,
+    Budget,
 }
 
 impl<'de> Deserialize<'de> for RawRule {
@@ -301,13 +344,13 @@ impl<'de> Deserialize<'de> for RawRule {
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(
-                    "a map with `bucket`, `pattern` or `aggregate_pattern`, and `limit_rps`",
+                    "a map with `bucket`, `pattern` or `aggregate_pattern`, and `limit_rps` or `budget`",
                 )
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRule, A::Error> {
                 let mut selector = None;
-                let mut limit_rps = None;
+                let mut limit: Option<Limit> = None;
                 while let Some(field) = map.next_key::<RuleField>()? {
                     match field {
                         RuleField::Bucket | RuleField::Pattern | RuleField::AggregatePattern
@@ -327,24 +370,47 @@ impl<'de> Deserialize<'de> for RawRule {
                             let BucketName(name) = map.next_value()?;
                             selector = Some(Selector::AggregatePattern(name));
                         }
-                        RuleField::LimitRps if limit_rps.is_some() => {
-                            return Err(de::Error::duplicate_field("limit_rps"));
+                        RuleField::LimitRps => {
+                            let rps = map.next_value()?;
+                            limit = Some(match limit {
+                                None => Limit::Rps(rps),
+                                Some(Limit::Rps(_)) => {
+                                    return Err(de::Error::duplicate_field("limit_rps"));
+                                }
+                                Some(Limit::Budget(_)) => {
+                                    return Err(de::Error::custom(BOTH_LIMITS));
+                                }
+                            });
                         }
-                        RuleField::LimitRps => limit_rps = Some(map.next_value()?),
+                        RuleField::Budget => {
+                            let budget = map.next_value()?;
+                            limit = Some(match limit {
+                                None => Limit::Budget(budget),
+                                Some(Limit::Budget(_)) => {
+                                    return Err(de::Error::duplicate_field("budget"));
+                                }
+                                Some(Limit::Rps(_)) => {
+                                    return Err(de::Error::custom(BOTH_LIMITS));
+                                }
+                            });
+                        }
                     }
                 }
                 let selector = selector.ok_or_else(|| de::Error::custom(ONE_SELECTOR))?;
-                let limit_rps = limit_rps.ok_or_else(|| de::Error::missing_field("limit_rps"))?;
-                Ok(RawRule(LimitRule {
-                    selector,
-                    limit_rps,
-                }))
+                let limit = limit.ok_or_else(|| de::Error::custom(ONE_LIMIT))?;
+                Ok(RawRule(LimitRule { selector, limit }))
             }
         }
 
         deserializer.deserialize_struct(
             "limit",
-            &["bucket", "pattern", "aggregate_pattern", "limit_rps"],
+            &[
+                "bucket",
+                "pattern",
+                "aggregate_pattern",
+                "limit_rps",
+                "budget",
+            ],
             RuleVisitor,
         )
     }
@@ -534,15 +600,135 @@ limits:
         );
     }
 
+    const BUDGETS: &str = "\
+default_budget: {amount: 100, unit: tokens, per: second}
+limits:
+  - bucket: acme
+    budget: {amount: 1200000, unit: tokens, per: minute}
+  - aggregate_pattern: \"free-*\"
+    budget:
+      amount: 3600000
+      unit: credits
+      per: hour
+  - bucket: plain
+    limit_rps: 5
+";
+
+    #[test]
+    fn budgets_parse_beside_request_limits_and_read_back_equal() {
+        let config = Config::from_yaml(BUDGETS, "limits.yaml").unwrap();
+        let table = config.limit_table();
+        let acme = table.rule_for("acme").unwrap();
+        let budget = acme.budget().unwrap();
+        assert_eq!(budget.unit().as_str(), "tokens");
+        assert_eq!(budget.per().seconds(), 60);
+        assert_eq!(table.limit_for("acme").unwrap().get(), 20_000.0);
+        assert_eq!(table.limit_for("free-*").unwrap().get(), 1000.0);
+        assert_eq!(
+            table
+                .rule_for("free-*")
+                .unwrap()
+                .budget()
+                .unwrap()
+                .unit()
+                .as_str(),
+            "credits"
+        );
+        assert_eq!(table.limit_for("plain").unwrap().get(), 5.0);
+        assert!(table.rule_for("plain").unwrap().budget().is_none());
+        assert_eq!(table.limit_for("other").unwrap().get(), 100.0);
+        assert!(table.has_budgets());
+        assert!(
+            !Config::from_yaml(GOOD, "l")
+                .unwrap()
+                .limit_table()
+                .has_budgets()
+        );
+        let written = config.to_yaml().unwrap();
+        assert_eq!(Config::from_yaml(&written, "limits.yaml").unwrap(), config);
+        // And the policy's table, as the admin API rewrites the file.
+        let rewritten = Config::from_policy(&config.policy_at(0));
+        assert_eq!(rewritten.default_budget, config.default_budget);
+        assert_eq!(rewritten.limit_table(), config.limit_table());
+    }
+
+    #[test]
+    fn each_budget_error_names_its_line_and_field() {
+        for (yaml, field, line, message) in [
+            (
+                "limits:\n  - bucket: a\n    budget: {amount: 0, unit: tokens, per: minute}\n",
+                "limits[0].budget.amount",
+                3,
+                "must be a finite number above 0",
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget:\n      amount: 5\n      unit: \"to kens\"\n      per: minute\n",
+                "limits[0].budget.unit",
+                5,
+                "must be ASCII letters, digits or !#$%&'*+-.^_`|~ (character 2 is not)",
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget:\n      amount: 5\n      unit: \"\"\n      per: minute\n",
+                "limits[0].budget.unit",
+                5,
+                "must be 1 to 32 characters",
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget:\n      amount: 5\n      unit: tokens\n      per: day\n",
+                "limits[0].budget.per",
+                6,
+                "unknown variant `day`, expected one of `second`, `minute`, `hour`",
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget: {amount: 2e9, unit: t, per: second}\n",
+                "limits[0].budget",
+                3,
+                "amount per second (amount / per) must be at most 1e9",
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget: {amount: 5, unit: t, per: second, burst: 2}\n",
+                "limits[0].budget.burst",
+                3,
+                "unknown field `burst`, expected one of `amount`, `unit`, `per`",
+            ),
+            (
+                "limits:\n  - bucket: a\n    limit_rps: 5\n    budget: {amount: 5, unit: t, per: second}\n",
+                "limits[0]",
+                2,
+                BOTH_LIMITS,
+            ),
+            (
+                "limits:\n  - bucket: a\n    budget: {amount: 5, unit: t, per: second}\n    limit_rps: 5\n",
+                "limits[0]",
+                2,
+                BOTH_LIMITS,
+            ),
+            (
+                "default_budget: {amount: -1, unit: t, per: second}\n",
+                "default_budget.amount",
+                1,
+                "must be a finite number above 0",
+            ),
+            (
+                "default_limit_rps: 5\ndefault_budget: {amount: 1, unit: t, per: second}\n",
+                "default_budget",
+                2,
+                BOTH_LIMITS,
+            ),
+        ] {
+            let err = invalid(yaml);
+            assert_eq!(err.field, field, "{yaml}: {err}");
+            assert_eq!(err.location.map(|(l, _)| l), Some(line), "{yaml}: {err}");
+            assert!(err.message.ends_with(message), "{yaml}: {err}");
+            assert!(err.to_string().starts_with("limits.yaml:"), "{err}");
+        }
+    }
+
     #[test]
     fn missing_limit_is_reported() {
         let err = invalid("limits:\n  - bucket: a\n");
         assert_eq!(err.field, "limits[0]");
-        assert!(
-            err.message.contains("missing field `limit_rps`"),
-            "{}",
-            err.message
-        );
+        assert_eq!(err.message, ONE_LIMIT);
     }
 
     #[test]
@@ -607,7 +793,7 @@ overrides:
     #[test]
     fn rules_set_and_remove_exact_keep_file_order() {
         let mut config = Config::from_yaml(GOOD, "limits.yaml").unwrap();
-        let limit = |v| LimitRps::new(v).unwrap();
+        let limit = |v| Limit::Rps(LimitRps::new(v).unwrap());
         assert_eq!(
             config.limits.set_exact("acme".into(), limit(1.0)),
             Some(limit(200.0))

@@ -158,7 +158,9 @@ impl Overrides {
     pub fn apply(&self, policy: &mut Policy, now: u64) {
         for (bucket, over) in &self.limits {
             if over.expires_at_unix_s > now {
-                policy.limits.set_exact(bucket.clone(), over.limit_rps);
+                policy
+                    .limits
+                    .set_exact(bucket.clone(), over.limit_rps.into());
             }
         }
         for (tenant, over) in &self.tenants {
@@ -213,7 +215,7 @@ mod tests {
                 None,
                 [LimitRule {
                     selector: Selector::Pattern("acme*".into()),
-                    limit_rps: limit(100.0),
+                    limit: limit(100.0).into(),
                 }],
             ),
             tenants,

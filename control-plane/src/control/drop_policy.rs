@@ -46,6 +46,32 @@ pub trait DropPolicy: Send + 'static {
     ) -> DropRatio {
         self.drop_ratio(bucket, load, share)
     }
+
+    /// [`DropPolicy::cell_drop_ratio`] for a cell whose `load` and `share`
+    /// are in `signal`'s units. By default the same as for requests; a
+    /// policy that smooths picks its horizon by the signal's noise.
+    fn signal_drop_ratio(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: Priority,
+        load: &BucketLoad,
+        share: Option<LimitRps>,
+        _signal: Signal,
+    ) -> DropRatio {
+        self.cell_drop_ratio(bucket, tenant, priority, load, share)
+    }
+}
+
+/// What a cell's rates count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Signal {
+    /// Requests per second: Poisson counts.
+    #[default]
+    Requests,
+    /// Estimated cost per second (a budget): a compound Poisson sum, whose
+    /// variance grows with the mean square of the cost.
+    Cost,
 }
 
 /// Drops exactly the excess of the offered rate over the target.

@@ -20,6 +20,9 @@
 //!   have the same error corrected 25 times. The factor keeps its value when the bucket stops
 //!   shedding, and is reset by a load step.
 //!
+//! A cell steered on cost (its bucket's limit is a budget) is estimated over
+//! a longer horizon, [`COST_HORIZON`]; see there why.
+//!
 //! [`Proportional`](crate::control::controller::Proportional) stays available as the
 //! baseline.
 
@@ -27,7 +30,7 @@ use std::collections::HashMap;
 
 use std::fmt::Write as _;
 
-use crate::control::drop_policy::DropPolicy;
+use crate::control::drop_policy::{DropPolicy, Signal};
 use crate::fleet::BucketLoad;
 use crate::types::LimitRps;
 use sluice_core::{DropRatio, Priority};
@@ -36,6 +39,70 @@ use sluice_core::{DropRatio, Priority};
 pub(crate) const SMOOTHING: f64 = 0.5;
 /// A relative change of the offered rate beyond this is a load step.
 pub(crate) const STEP: f64 = 0.25;
+
+/// How the offered rate is smoothed and when a change is a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Horizon {
+    /// Weight of the newest interval.
+    pub(crate) smoothing: f64,
+    /// A relative change beyond this is a load step.
+    pub(crate) step: f64,
+    /// Whether the correction learns from the admitted rate smoothed over
+    /// the same horizon instead of each interval's.
+    pub(crate) smooth_admitted: bool,
+    /// Whether a step must show in two intervals in a row: one heavy
+    /// interval of a heavy-tailed signal is noise, and taking it (and the
+    /// interval after) as the estimate would pull the estimate towards a
+    /// single interval's typical value, below the mean.
+    pub(crate) confirm_steps: bool,
+}
+
+/// Request counts: [`SMOOTHING`] and [`STEP`].
+pub(crate) const REQUEST_HORIZON: Horizon = Horizon {
+    smoothing: SMOOTHING,
+    step: STEP,
+    smooth_admitted: false,
+    confirm_steps: false,
+};
+
+/// Offered cost: a longer horizon than for requests.
+///
+/// Requests arrive as a Poisson process: over an interval with `n`
+/// requests the count's relative error is `1/√n`. The offered cost is a
+/// compound Poisson sum `Σ Cᵢ`, whose relative error is
+/// `√(E[C²] / E[C]²) / √n`: heavier-tailed costs make it larger for the
+/// same `n`. For LLM tokens (log-normal, median 500, p99 8,000: σ ≈ 1.19)
+/// `E[C²] / E[C]² = e^σ² ≈ 4`, twice the error of counting the requests.
+/// An exponential average with weight `α` keeps `α / (2 − α)` of one
+/// interval's variance: the requests' 0.5 keeps a third, 0.15 keeps a
+/// twelfth, four times less, so the cost estimate is about as steady as
+/// the request estimate on the same traffic (its mean age is about 6
+/// intervals, 3 s at the default 500 ms).
+///
+/// The sum is also skewed: one long response makes an interval look like
+/// twice the load. Taking such an interval (and the one after) as a step
+/// would restart the average from single intervals, whose typical value
+/// is below the mean, and admit too much; so a cost step is a change
+/// beyond 100 % in two intervals in a row (a 3× surge is followed one
+/// interval later than a request surge; a fall is smoothed, which drops
+/// more meanwhile: the safe side). The correction learns from the
+/// admitted cost averaged the same way, not from one interval's, whose
+/// skew would pull it towards the median.
+pub(crate) const COST_HORIZON: Horizon = Horizon {
+    smoothing: 0.15,
+    step: 1.0,
+    smooth_admitted: true,
+    confirm_steps: true,
+};
+
+impl Horizon {
+    fn of(signal: Signal) -> Self {
+        match signal {
+            Signal::Requests => REQUEST_HORIZON,
+            Signal::Cost => COST_HORIZON,
+        }
+    }
+}
 /// Fraction of the measured log error corrected per interval.
 pub(crate) const GAIN: f64 = 0.4;
 /// Bounds of the correction factor.
@@ -54,12 +121,18 @@ const FORGET_AFTER: u32 = 20;
 #[derive(Debug, Clone, Copy)]
 struct CellEstimate {
     offered_rps: f64,
+    /// The admitted rate smoothed like the offered one, for a signal whose
+    /// correction learns from it ([`Horizon::smooth_admitted`]).
+    admitted_rps: f64,
     correction: f64,
     /// The ratio decided last time, whose effect the admitted rate shows.
     last_ratio: f64,
     /// Whether the interval before was a step: its admitted rate mixes two
     /// regimes and says nothing about the correction.
     after_step: bool,
+    /// Whether the interval before moved beyond a step without being
+    /// taken as one ([`Horizon::confirm_steps`]), and in which direction.
+    unconfirmed: Option<bool>,
     idle: u32,
 }
 
@@ -138,12 +211,25 @@ impl DropPolicy for Tracking {
         load: &BucketLoad,
         share: Option<LimitRps>,
     ) -> DropRatio {
+        self.signal_drop_ratio(bucket, tenant, priority, load, share, Signal::Requests)
+    }
+
+    fn signal_drop_ratio(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: Priority,
+        load: &BucketLoad,
+        share: Option<LimitRps>,
+        signal: Signal,
+    ) -> DropRatio {
         self.forget_idle();
+        let horizon = Horizon::of(signal);
         if is_bucket_wide(tenant, priority) {
-            return decide(&mut self.buckets, bucket, load, share);
+            return decide(&mut self.buckets, bucket, load, share, horizon);
         }
         write_cell_key(&mut self.cell_key, bucket, tenant, priority);
-        decide(&mut self.cells, &self.cell_key, load, share)
+        decide(&mut self.cells, &self.cell_key, load, share, horizon)
     }
 }
 
@@ -153,6 +239,7 @@ fn decide(
     key: &str,
     load: &BucketLoad,
     limit: Option<LimitRps>,
+    horizon: Horizon,
 ) -> DropRatio {
     let offered = load.offered_rps;
     let Some(limit) = limit.map(LimitRps::get) else {
@@ -166,32 +253,40 @@ fn decide(
         Some(state) => state,
         None => states.entry(key.to_owned()).or_insert(CellEstimate {
             offered_rps: offered,
+            admitted_rps: load.admitted_rps,
             correction: 1.0,
             last_ratio: 0.0,
             after_step: true,
+            unconfirmed: None,
             idle: 0,
         }),
     };
     state.idle = 0;
 
-    let step = (offered - state.offered_rps).abs() > STEP * state.offered_rps;
+    let beyond = (offered - state.offered_rps).abs() > horizon.step * state.offered_rps;
+    let up = offered > state.offered_rps;
+    let step = beyond && (!horizon.confirm_steps || state.unconfirmed == Some(up));
+    state.unconfirmed = (beyond && !step).then_some(up);
     if step || state.after_step {
         // The interval after a step is the first whose reports show the
         // new load alone; smoothing it with the step's mixed interval
         // would hold the estimate below the new load for several
         // intervals, admitting too much meanwhile.
         state.offered_rps = offered;
+        state.admitted_rps = load.admitted_rps;
     } else {
-        state.offered_rps += SMOOTHING * (offered - state.offered_rps);
-        let error = (limit / load.admitted_rps).ln();
+        state.offered_rps += horizon.smoothing * (offered - state.offered_rps);
+        state.admitted_rps += horizon.smoothing * (load.admitted_rps - state.admitted_rps);
+        let admitted = if horizon.smooth_admitted {
+            state.admitted_rps
+        } else {
+            load.admitted_rps
+        };
+        let error = (limit / admitted).ln();
         // Only a small, persistent gap is the proxies' systematic loss;
         // a large one is a transient, or proxies that do not enforce
         // (shadow mode counts would-be drops as admitted).
-        if state.last_ratio > 0.0
-            && load.admitted_rps > 0.0
-            && limit > 0.0
-            && error.abs() <= MAX_ERROR
-        {
+        if state.last_ratio > 0.0 && admitted > 0.0 && limit > 0.0 && error.abs() <= MAX_ERROR {
             let (low, high) = CORRECTION;
             // Rates carried from earlier ticks were learned from already.
             let fresh = 1.0 - load.stale_share.clamp(0.0, 1.0);

@@ -214,7 +214,7 @@ pub(crate) fn limits(reply: &Value) -> String {
     let mut rows = vec![vec![
         "default".to_owned(),
         "*".to_owned(),
-        cell(reply.get("default_limit_rps")),
+        limit_cell(reply.get("default_limit_rps"), reply.get("default_budget")),
         "-".to_owned(),
     ]];
     for rule in reply
@@ -241,11 +241,27 @@ pub(crate) fn limits(reply: &Value) -> String {
         rows.push(vec![
             kind.to_owned(),
             key,
-            cell(rule.get("limit_rps")),
+            limit_cell(rule.get("limit_rps"), rule.get("budget")),
             until,
         ]);
     }
     render(&["kind", "key", "limit_rps", "note"], &rows)
+}
+
+/// A limit's cell: the rate, or a budget as `1200000 tokens/minute`.
+fn limit_cell(rps: Option<&Value>, budget: Option<&Value>) -> String {
+    match budget.filter(|b| b.is_object()) {
+        Some(budget) => format!(
+            "{} {}/{}",
+            budget
+                .get("amount")
+                .and_then(Value::as_f64)
+                .map_or_else(|| "?".to_owned(), |amount| amount.to_string()),
+            budget.get("unit").and_then(Value::as_str).unwrap_or("?"),
+            budget.get("per").and_then(Value::as_str).unwrap_or("?"),
+        ),
+        None => cell(rps),
+    }
 }
 
 /// `GET /v1/tenants`.
@@ -406,6 +422,12 @@ mod tests {
 
     #[test]
     fn limits_name_each_rules_kind() {
+        let budgets = limits(&json!({"default_limit_rps": null,
+            "default_budget": {"amount": 100.0, "unit": "tokens", "per": "second"},
+            "limits": [{"bucket": "llm",
+                "budget": {"amount": 1200000.0, "unit": "tokens", "per": "minute"}}]}));
+        assert!(budgets.contains("100 tokens/second"), "{budgets}");
+        assert!(budgets.contains("1200000 tokens/minute"), "{budgets}");
         let text = limits(&json!({"default_limit_rps": null, "limits": [
             {"bucket": "acme", "limit_rps": 200.0},
             {"pattern": "free-*", "limit_rps": 50.0},

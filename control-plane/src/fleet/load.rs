@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use sluice_core::Priority;
 
-/// A rate pair in requests per second.
+/// One proxy's rates for one cell: requests per second, and the cost its
+/// filter counted per second (0 without a cost rule).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Rates {
     /// Everything the proxy saw, dropped requests included.
@@ -14,6 +15,78 @@ pub struct Rates {
     pub admitted_rps: f64,
     /// What it would have dropped but shadow mode let through.
     pub shadow_dropped_rps: f64,
+    /// The estimated cost of what it saw.
+    pub offered_cost: f64,
+    /// The estimated cost of what it let through.
+    pub admitted_cost: f64,
+    /// The actual cost charged at stream end.
+    pub charged_cost: f64,
+}
+
+impl Rates {
+    /// The rates a bucket is steered on: requests, or for a bucket whose
+    /// limit is a budget, cost. Shadow drops are counted in requests only,
+    /// so their cost is estimated at the cell's mean offered cost.
+    pub(crate) fn steering(&self, cost: bool) -> (f64, f64, f64) {
+        if !cost {
+            return (self.offered_rps, self.admitted_rps, self.shadow_dropped_rps);
+        }
+        let mean_cost = if self.offered_rps > 0.0 {
+            self.offered_cost / self.offered_rps
+        } else {
+            0.0
+        };
+        (
+            self.offered_cost,
+            self.admitted_cost,
+            self.shadow_dropped_rps * mean_cost,
+        )
+    }
+}
+
+/// A bucket's cost rates beside its request rates, fleet-wide (per
+/// second, each proxy's claim counted as far as the share cap lets it).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct BucketCost {
+    /// Whether the bucket's limit is a budget: its [`BucketLoad`] and
+    /// cells then hold cost rates, which the controller steers on.
+    pub(crate) steered: bool,
+    /// Σ estimated cost offered per second.
+    pub(crate) offered_per_s: f64,
+    /// Σ estimated cost admitted per second.
+    pub(crate) admitted_per_s: f64,
+    /// Σ actual cost charged per second at stream end.
+    pub charged_per_s: f64,
+    /// Σ requests offered per second.
+    pub offered_rps: f64,
+    /// Σ requests admitted per second.
+    pub admitted_rps: f64,
+}
+
+impl BucketCost {
+    /// The same with every rate made finite and non-negative (`clean`
+    /// maps one rate), as read from another process.
+    pub(crate) fn cleaned(self, clean: impl Fn(f64) -> f64) -> Self {
+        Self {
+            steered: self.steered,
+            offered_per_s: clean(self.offered_per_s),
+            admitted_per_s: clean(self.admitted_per_s),
+            charged_per_s: clean(self.charged_per_s),
+            offered_rps: clean(self.offered_rps),
+            admitted_rps: clean(self.admitted_rps),
+        }
+    }
+
+    /// Adds another part of the fleet (a replica's share).
+    pub(crate) fn add(&mut self, other: &Self) {
+        self.steered |= other.steered;
+        self.offered_per_s += other.offered_per_s;
+        self.admitted_per_s += other.admitted_per_s;
+        self.charged_per_s += other.charged_per_s;
+        self.offered_rps += other.offered_rps;
+        self.admitted_rps += other.admitted_rps;
+    }
 }
 
 /// Fleet-wide load of one bucket or one cell: what a
@@ -60,6 +133,9 @@ pub struct BucketTraffic {
     /// The cap on one proxy's share of the bucket, when enough proxies
     /// report it for one to apply ([`super::ShareCap`]).
     pub proxy_cap: Option<ProxyCap>,
+    /// Cost and request rates side by side, when the bucket's limit is a
+    /// budget or its proxies count cost.
+    pub cost: Option<BucketCost>,
 }
 
 /// The per-proxy cap in force for a bucket and the proxies it cut.
@@ -97,6 +173,7 @@ impl BucketTraffic {
                 shadow_dropped_rps: 0.0,
             }],
             proxy_cap: None,
+            cost: None,
         }
     }
 
@@ -119,6 +196,7 @@ impl BucketTraffic {
             shadow_dropped_rps,
             cells,
             proxy_cap: None,
+            cost: None,
         }
     }
 }

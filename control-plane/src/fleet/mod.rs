@@ -34,7 +34,8 @@ mod share_cap;
 mod status;
 
 pub use load::{
-    BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, FleetStats, ProxyCap, Rates,
+    BucketCost, BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, FleetStats, ProxyCap,
+    Rates,
 };
 pub use share_cap::{ShareCap, Weight};
 pub use status::ProxyStatus;
@@ -135,6 +136,24 @@ struct Counts {
     offered: u64,
     admitted: u64,
     shadow_dropped: u64,
+    offered_cost: f64,
+    admitted_cost: f64,
+    charged_cost: f64,
+}
+
+/// The most cost one report entry may count: far above any real window
+/// (a billion units a second for a day), low enough that sums of many
+/// stay finite and precise.
+const MAX_REPORTED_COST: f64 = 1e14;
+
+/// A reported cost as a number the sums can take: NaN, infinite and
+/// negative values count as 0, huge ones as [`MAX_REPORTED_COST`].
+fn reported_cost(cost: f64) -> f64 {
+    if cost.is_finite() && cost > 0.0 {
+        cost.min(MAX_REPORTED_COST)
+    } else {
+        0.0
+    }
 }
 
 impl Counts {
@@ -142,6 +161,9 @@ impl Counts {
         self.offered = self.offered.saturating_add(count.offered);
         self.admitted = self.admitted.saturating_add(count.admitted);
         self.shadow_dropped = self.shadow_dropped.saturating_add(count.shadow_dropped);
+        self.offered_cost += reported_cost(count.offered_cost);
+        self.admitted_cost += reported_cost(count.admitted_cost);
+        self.charged_cost += reported_cost(count.charged_cost);
     }
 }
 
@@ -254,7 +276,11 @@ impl Proxy {
 /// Per-tick sums, kept between ticks so the arrays are allocated once.
 #[derive(Debug, Default)]
 struct Sums {
-    cells: Vec<(BucketLoad, f64)>,
+    /// Per cell id: the steering load, its shadow-dropped rate, and the
+    /// cost and request rates side by side.
+    cells: Vec<(BucketLoad, f64, BucketCost)>,
+    /// Per bucket id: whether it steers on cost.
+    costed: Vec<bool>,
     /// Per bucket id: the last proxy (index + 1) counted as reporting it.
     last_proxy: Vec<usize>,
     proxies_reporting: Vec<u32>,
@@ -524,8 +550,9 @@ impl Fleet {
         proxy.hints.resize(report.buckets.len(), NO_CELL);
         for (count, hint) in report.buckets.iter().zip(proxy.hints.iter_mut()) {
             // Reports list only cells with traffic; a zero entry would only
-            // create state.
-            if count.offered == 0 {
+            // create state. A charge is traffic: a stream that ends in a
+            // window without new requests of its cell is charged in it.
+            if count.offered == 0 && reported_cost(count.charged_cost) <= 0.0 {
                 continue;
             }
             if count.bucket.len() > caps.max_bucket_len || count.tenant.len() > caps.max_tenant_len
@@ -689,6 +716,12 @@ impl Fleet {
         self.cells.live
     }
 
+    /// Closes the current window of every proxy and returns the fleet load,
+    /// every bucket steered on requests.
+    pub fn tick(&mut self) -> FleetLoad {
+        self.tick_with(&|_| false)
+    }
+
     /// Closes the current window of every proxy and returns the fleet load.
     ///
     /// For each proxy, `rate_c = Σcounts_c / Σwindow` over the reports since
@@ -696,7 +729,14 @@ impl Fleet {
     /// for `carry_ticks` ticks, then contributes nothing; a disconnected one
     /// is forgotten at that point. Cells no proxy's rates mention are
     /// evicted.
-    pub fn tick(&mut self) -> FleetLoad {
+    ///
+    /// Buckets for which `costed` answers true (their limit is a budget)
+    /// are summed, weighed by the share cap and handed on in cost per
+    /// second (`offered_cost`, `admitted_cost`) instead of requests: the
+    /// controller, the share cap and the replicas then treat cost rates
+    /// exactly as request rates, and [`BucketTraffic::cost`] keeps the
+    /// request rates beside them.
+    pub(crate) fn tick_with(&mut self, costed: &dyn Fn(&str) -> bool) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
         let superseded = &mut self.superseded;
         superseded.clear();
@@ -730,9 +770,19 @@ impl Fleet {
 
         let sums = &mut self.sums;
         sums.cells.clear();
-        sums.cells
-            .resize(self.cells.slots.len(), (BucketLoad::default(), 0.0));
+        sums.cells.resize(
+            self.cells.slots.len(),
+            (BucketLoad::default(), 0.0, BucketCost::default()),
+        );
         let buckets = self.cells.next_bucket as usize;
+        sums.costed.clear();
+        sums.costed.resize(buckets, false);
+        for (name, cells) in &self.cells.buckets {
+            if let Some(slot) = sums.costed.get_mut(cells.id as usize) {
+                *slot = costed(name);
+            }
+        }
+        let is_costed = |bucket: u32| sums.costed.get(bucket as usize).copied().unwrap_or(false);
         sums.last_proxy.clear();
         sums.last_proxy.resize(buckets, 0);
         sums.proxies_reporting.clear();
@@ -746,7 +796,7 @@ impl Fleet {
                 proxy.established(),
                 proxy.rates.iter().filter_map(|&(id, rates)| {
                     let slot = slots.get(id as usize)?.as_ref()?;
-                    Some((slot.bucket, rates.offered_rps))
+                    Some((slot.bucket, rates.steering(is_costed(slot.bucket)).0))
                 }),
             );
         }
@@ -770,23 +820,34 @@ impl Fleet {
                     }
                     continue;
                 }
-                if let Some((sum, shadow)) = sums.cells.get_mut(id as usize) {
-                    sum.offered_rps += rates.offered_rps * factor;
+                let steered = sums.costed.get(bucket).copied().unwrap_or(false);
+                if let Some((sum, shadow, cost)) = sums.cells.get_mut(id as usize) {
+                    let (offered, admitted, shadow_dropped) = rates.steering(steered);
+                    sum.offered_rps += offered * factor;
                     // A capped proxy admits as if it offered its counted
                     // part (the directives list it), so what it admits
                     // counts in full up to that part: scaling it down as
                     // well would hide real admissions from the estimator.
-                    sum.admitted_rps += if factor < 1.0 {
-                        rates.admitted_rps.min(rates.offered_rps * factor)
-                    } else {
-                        rates.admitted_rps
+                    let counted = |admitted: f64, offered: f64| {
+                        if factor < 1.0 {
+                            admitted.min(offered * factor)
+                        } else {
+                            admitted
+                        }
                     };
+                    sum.admitted_rps += counted(admitted, offered);
                     sum.proxies_reporting += 1;
-                    *shadow += rates.shadow_dropped_rps * factor;
+                    *shadow += shadow_dropped * factor;
                     if proxy.silent_ticks > 0 {
                         // Absolute here; a share once the cell is summed.
-                        sum.stale_share += rates.offered_rps * factor;
+                        sum.stale_share += offered * factor;
                     }
+                    cost.steered = steered;
+                    cost.offered_per_s += rates.offered_cost * factor;
+                    cost.admitted_per_s += counted(rates.admitted_cost, rates.offered_cost);
+                    cost.charged_per_s += counted(rates.charged_cost, rates.offered_cost);
+                    cost.offered_rps += rates.offered_rps * factor;
+                    cost.admitted_rps += counted(rates.admitted_rps, rates.offered_rps);
                 }
                 if let (Some(last), Some(reporting)) = (
                     sums.last_proxy.get_mut(bucket),
@@ -873,12 +934,21 @@ impl Fleet {
                 shadow_dropped_rps: 0.0,
                 cells: Vec::new(),
                 proxy_cap: sums.caps.get_mut(cells.id as usize).and_then(Option::take),
+                cost: None,
+            };
+            let steered = sums.costed.get(cells.id as usize).copied().unwrap_or(false);
+            let mut bucket_cost = BucketCost {
+                steered,
+                ..BucketCost::default()
             };
             for (tenant, priorities) in &cells.tenants {
                 for (&id, priority) in priorities.iter().zip(Priority::ALL) {
-                    let Some(&(sum, shadow)) = sums.cells.get(id as usize) else {
+                    let Some(&(sum, shadow, cost)) = sums.cells.get(id as usize) else {
                         continue;
                     };
+                    // A budget's bucket whose proxies count no cost has
+                    // nothing to steer: it shows in the request rates only.
+                    bucket_cost.add(&cost);
                     if sum.offered_rps <= 0.0 {
                         continue;
                     }
@@ -896,6 +966,9 @@ impl Fleet {
                         shadow_dropped_rps: shadow,
                     });
                 }
+            }
+            if steered || bucket_cost.offered_per_s > 0.0 || bucket_cost.charged_per_s > 0.0 {
+                traffic.cost = Some(bucket_cost);
             }
             if traffic.cells.is_empty() {
                 continue;
@@ -928,6 +1001,9 @@ impl Proxy {
                     offered_rps: counts.offered as f64 / seconds,
                     admitted_rps: counts.admitted as f64 / seconds,
                     shadow_dropped_rps: counts.shadow_dropped as f64 / seconds,
+                    offered_cost: counts.offered_cost / seconds,
+                    admitted_cost: counts.admitted_cost / seconds,
+                    charged_cost: counts.charged_cost / seconds,
                 };
                 (id, rates)
             }));

@@ -917,3 +917,116 @@ fn a_capped_proxys_admissions_count_in_full_up_to_its_counted_part() {
         "{bucket:?}"
     );
 }
+
+fn cost_count(bucket: &str, offered: u64, admitted: u64, costs: [f64; 3]) -> BucketCount {
+    BucketCount {
+        bucket: bucket.to_owned(),
+        offered,
+        admitted,
+        offered_cost: costs[0],
+        admitted_cost: costs[1],
+        charged_cost: costs[2],
+        ..BucketCount::default()
+    }
+}
+
+#[test]
+fn a_costed_bucket_is_summed_and_steered_in_cost_per_second() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 1, StreamId(2));
+    let report = |counts| Report {
+        window_ms: 500,
+        buckets: counts,
+        ..Report::default()
+    };
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &report(vec![
+                cost_count("llm", 10, 4, [6000.0, 2000.0, 2500.0]),
+                cost_count("api", 10, 5, [100.0, 50.0, 60.0]),
+            ]),
+        )
+        .unwrap();
+    fleet
+        .report(
+            "b",
+            StreamId(2),
+            &report(vec![
+                cost_count("llm", 5, 2, [3000.0, 1000.0, 900.0]),
+                // A stream that ended in a window without new requests is
+                // still charged; bad numbers count as nothing.
+                cost_count("llm-idle", 0, 0, [0.0, 0.0, 400.0]),
+                cost_count("api", 10, 2, [f64::NAN, -1.0, f64::INFINITY]),
+            ]),
+        )
+        .unwrap();
+    let load = fleet.tick_with(&|bucket| bucket == "llm");
+    let llm = load.get("llm").unwrap();
+    // Steered on cost: 9,000 offered and 3,000 admitted per 0.5 s.
+    assert_eq!(llm.load.offered_rps, 18_000.0);
+    assert_eq!(llm.load.admitted_rps, 6_000.0);
+    assert_eq!(llm.load.proxies_reporting, 2);
+    assert_eq!(llm.cells[0].load.offered_rps, 18_000.0);
+    let cost = llm.cost.unwrap();
+    assert!(cost.steered);
+    assert_eq!(cost.offered_per_s, 18_000.0);
+    assert_eq!(cost.charged_per_s, 6_800.0);
+    assert_eq!(cost.offered_rps, 30.0);
+    assert_eq!(cost.admitted_rps, 12.0);
+    // A request limit's bucket keeps its request rates, its cost beside.
+    let api = load.get("api").unwrap();
+    assert_eq!(api.load.offered_rps, 40.0);
+    let cost = api.cost.unwrap();
+    assert!(!cost.steered);
+    assert_eq!(cost.offered_per_s, 200.0);
+    assert_eq!(cost.charged_per_s, 120.0);
+    // Charged only: no load to steer, so no cells and no bucket.
+    assert!(load.get("llm-idle").is_none());
+    // The plain tick steers everything on requests (b's carried).
+    fleet
+        .report(
+            "a",
+            StreamId(1),
+            &report(vec![cost_count("llm", 10, 4, [6000.0, 2000.0, 0.0])]),
+        )
+        .unwrap();
+    let load = fleet.tick();
+    assert_eq!(load.get("llm").unwrap().load.offered_rps, 30.0);
+}
+
+#[test]
+fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
+    // Five proxies each offering the same requests, one claiming 100× the
+    // cost of the others: on a budget its claim is what is capped.
+    let mut fleet = Fleet::with_caps(
+        3,
+        FleetCaps {
+            share_cap: ShareCap {
+                probation_ticks: 0,
+                ..ShareCap::default()
+            },
+            ..FleetCaps::default()
+        },
+    );
+    for i in 0..5_u64 {
+        let id = format!("p{i}");
+        fleet.connect(&id, 1, StreamId(i));
+        let cost = if i == 0 { 100_000.0 } else { 1_000.0 };
+        let report = Report {
+            window_ms: 1000,
+            buckets: vec![cost_count("llm", 10, 10, [cost, cost, cost])],
+            ..Report::default()
+        };
+        fleet.report(&id, StreamId(i), &report).unwrap();
+    }
+    let load = fleet.tick_with(&|_| true);
+    let llm = load.get("llm").unwrap();
+    assert!(
+        llm.load.offered_rps < 10_000.0,
+        "the outlier's cost claim counted: {llm:?}"
+    );
+    assert!(llm.proxy_cap.is_some(), "{llm:?}");
+}

@@ -8,6 +8,7 @@
 //! (prometheus-client's own histogram takes a mutex on every observation,
 //! which all streams would share).
 
+mod cost;
 mod histogram;
 mod labels;
 mod proxies;
@@ -122,6 +123,7 @@ pub struct ControlPlaneMetrics {
     quotas: QuotaMetrics,
     replicas: ReplicaMetrics,
     upstream: UpstreamMetrics,
+    cost: cost::CostMetrics,
 }
 
 /// Per-bucket gauges and the set of buckets that currently have series.
@@ -327,6 +329,7 @@ impl ControlPlaneMetrics {
         let quotas = QuotaMetrics::register(&mut registry);
         let replicas = ReplicaMetrics::register(&mut registry);
         let upstream = UpstreamMetrics::register(&mut registry);
+        let cost = cost::CostMetrics::register(&mut registry);
 
         // Label children are resolved once, so counting never looks up the
         // family (which takes its lock).
@@ -360,6 +363,7 @@ impl ControlPlaneMetrics {
             quotas,
             replicas,
             upstream,
+            cost,
         }
     }
 
@@ -396,6 +400,7 @@ impl ControlPlaneMetrics {
             .unwrap_or_else(PoisonError::into_inner);
         let mut current = BTreeSet::new();
         let shown = with_series(buckets);
+        self.cost.observe(shown.iter().copied());
         metrics
             .bucket_omitted
             .set(i64::try_from(buckets.len() - shown.len()).unwrap_or(i64::MAX));

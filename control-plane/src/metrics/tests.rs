@@ -17,6 +17,7 @@ fn status(bucket: &str, limit: Option<f64>) -> BucketStatus {
         shadow_dropped_rps: 0.0,
         cells: Vec::new(),
         proxy_cap: None,
+        cost: None,
     }
 }
 

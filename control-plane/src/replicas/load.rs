@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::histogram::LatencyHistogram;
 
 use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
-use crate::fleet::{BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
+use crate::fleet::{BucketCost, BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
 use sluice_core::Priority;
 
 /// Layout of a published share; bumped when it changes meaning.
@@ -83,6 +83,11 @@ struct WireBucket {
     bucket: String,
     proxies: u32,
     cells: Vec<WireCell>,
+    /// Cost and request rates of a bucket whose proxies count cost (added
+    /// later: a share without it carries none). When `steered`, the cells'
+    /// rates are cost per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cost: Option<BucketCost>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -123,6 +128,7 @@ pub(crate) fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) 
             .map(|bucket| WireBucket {
                 bucket: bucket.bucket.as_ref().to_owned(),
                 proxies: bucket.load.proxies_reporting,
+                cost: bucket.cost,
                 cells: bucket
                     .cells
                     .iter()
@@ -176,6 +182,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
                 .collect();
             let mut traffic = BucketTraffic::from_cells(&bucket.bucket, cells);
             traffic.load.proxies_reporting = bucket.proxies;
+            traffic.cost = bucket.cost.map(|cost| cost.cleaned(finite));
             traffic
         })
         .collect();
@@ -223,6 +230,10 @@ pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoa
         .collect();
     for bucket in others.into_iter().flatten() {
         match merged.get_mut(&bucket.bucket) {
+            // Cost rates and request rates do not add: while a change of
+            // the bucket's limit between a rate and a budget reaches the
+            // replicas (an interval), a share in the other unit is left out.
+            Some(into) if steered(into) != steered(&bucket) => {}
             Some(into) => add_bucket(into, bucket),
             None => {
                 merged.insert(Arc::clone(&bucket.bucket), bucket);
@@ -234,9 +245,21 @@ pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoa
     load
 }
 
+/// Whether a bucket's rates are cost rates.
+fn steered(traffic: &BucketTraffic) -> bool {
+    traffic.cost.is_some_and(|cost| cost.steered)
+}
+
 fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
     into.load = add_load(into.load, from.load);
     into.shadow_dropped_rps += from.shadow_dropped_rps;
+    into.cost = match (into.cost, from.cost) {
+        (Some(mut a), Some(b)) => {
+            a.add(&b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    };
     for cell in from.cells {
         let at = into
             .cells
@@ -361,7 +384,7 @@ mod tests {
             None,
             [LimitRule {
                 selector: Selector::Bucket("acme".to_owned()),
-                limit_rps: LimitRps::new(150.0).unwrap(),
+                limit: LimitRps::new(150.0).unwrap().into(),
             }],
         );
         let mut controller = Controller::new(Tracking::new());
@@ -415,6 +438,45 @@ mod tests {
         let read = decode(&encode(&load, &proxies, &Upstream::new())).unwrap();
         assert_eq!(read.buckets, load.buckets);
         assert_eq!(read.proxies, ["envoy-a", "envoy-b"]);
+    }
+
+    #[test]
+    fn a_share_carries_cost_and_shares_add_it() {
+        let cost = BucketCost {
+            steered: true,
+            offered_per_s: 30_000.0,
+            admitted_per_s: 10_000.0,
+            charged_per_s: 9_000.0,
+            offered_rps: 30.0,
+            admitted_rps: 10.0,
+        };
+        let mut llm = bucket(
+            "llm",
+            vec![cell("", Priority::Unspecified, 30_000.0, 10_000.0)],
+            2,
+        );
+        llm.cost = Some(cost);
+        let load = FleetLoad::new(vec![llm.clone()]);
+        let read = decode(&encode(&load, &[], &Upstream::new())).unwrap();
+        assert_eq!(read.buckets, load.buckets);
+        // Two replicas' cost shares add; a share still in requests (a
+        // replica that has not read the budget yet) is left out.
+        let mut in_requests = bucket("llm", vec![cell("", Priority::Unspecified, 30.0, 10.0)], 1);
+        in_requests.cost = Some(BucketCost {
+            steered: false,
+            ..cost
+        });
+        let total = merge(load.clone(), vec![read.buckets, vec![in_requests]]);
+        let llm = total.get("llm").unwrap();
+        assert_eq!(llm.load.offered_rps, 60_000.0);
+        let summed = llm.cost.unwrap();
+        assert_eq!(summed.charged_per_s, 18_000.0);
+        assert_eq!(summed.offered_rps, 60.0);
+        // Bad numbers from the store read as none.
+        let bad = br#"{"format":1,"buckets":[{"bucket":"llm","proxies":1,"cells":[],"cost":{"steered":true,"offered_per_s":-5.0,"charged_per_s":-1e300}}]}"#;
+        let read = decode(bad).unwrap();
+        let cost = read.buckets[0].cost.unwrap();
+        assert_eq!((cost.offered_per_s, cost.charged_per_s), (0.0, 0.0));
     }
 
     #[test]

@@ -283,8 +283,16 @@ impl AdaptiveLimits {
     /// one.
     pub fn apply(&self, limits: &mut LimitTable) {
         for (bucket, state) in &self.buckets {
+            // A budget is a cost, not a capacity: the upstream's health
+            // moves request limits only.
+            if limits
+                .rule_for(bucket)
+                .is_some_and(|l| l.budget().is_some())
+            {
+                continue;
+            }
             if let Ok(limit) = LimitRps::try_from(state.limit) {
-                limits.set_exact(bucket.clone(), limit);
+                limits.set_exact(bucket.clone(), limit.into());
             }
         }
     }

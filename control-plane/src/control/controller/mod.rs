@@ -24,7 +24,13 @@
 //! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`];
 //! - `counted_proxies` and `uncounted_admit`: the proxies whose claim the
 //!   share cap cut, so they admit as if they offered their counted part
-//!   ([`counted`]).
+//!   ([`counted`]);
+//! - `cost_unit` and `budget_period_s`: the bucket's budget, when its limit
+//!   is one. The fleet then hands over the bucket's rates in cost per
+//!   second ([`crate::fleet::Fleet::tick_with`]), so every rate above
+//!   (`limit_rps`, `share_rps`, `offered_rps`) and the whole division,
+//!   floors and priorities included, are in that unit per second; the
+//!   drop policy is told so ([`Signal::Cost`]) to pick its horizon.
 //!
 //! A blocked bucket (limit 0) also keeps a standing bucket-wide directive
 //! that drops everything, traffic or not ([`blocked`]): a cell the
@@ -42,8 +48,10 @@ use std::sync::Arc;
 
 use sluice_proto::v1::Directive;
 
-use crate::config::limits::LimitTable;
+use crate::config::budget::{Budget, CostUnit};
+use crate::config::limits::{Limit, LimitTable};
 use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
+use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
@@ -52,6 +60,8 @@ use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
 mod blocked;
+#[cfg(test)]
+mod cost_tests;
 mod counted;
 mod decision;
 mod retry;
@@ -62,7 +72,7 @@ mod tests;
 pub use crate::control::drop_policy::{DropPolicy, Proportional};
 pub use decision::{CHANGE_THRESHOLD, IntervalOutcome, RetiredCell, lift};
 pub use retry::retry_after_ms;
-pub use status::{BucketStatus, CellStatus};
+pub use status::{BucketStatus, CellStatus, CostStatus};
 
 /// What proxies were last told about a cell.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,9 +125,27 @@ struct CellState {
     pushed: Option<Pushed>,
 }
 
+/// The budget a bucket's directives carry.
+#[derive(Debug, Clone, PartialEq)]
+struct CostTag {
+    unit: CostUnit,
+    period_s: u64,
+}
+
+impl CostTag {
+    fn of(budget: &Budget) -> Self {
+        Self {
+            unit: budget.unit().clone(),
+            period_s: budget.per().seconds(),
+        }
+    }
+}
+
 /// What the controller remembers about one bucket.
 #[derive(Debug)]
 struct ControlledBucket {
+    /// The budget its directives last carried.
+    cost: Option<CostTag>,
     bucket: Arc<str>,
     /// Consecutive intervals with the offered rate above the limit.
     overloaded_intervals: u32,
@@ -250,17 +278,26 @@ impl Controller {
             let state = previous
                 .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
                 .unwrap_or_else(|| ControlledBucket {
+                    cost: None,
                     bucket: Arc::clone(&traffic.bucket),
                     overloaded_intervals: 0,
                     cells: Vec::new(),
                     counted: CountedProxies::default(),
                 });
-            let limit = limits.limit_for(&traffic.bucket);
+            let rule = limits.rule_for(&traffic.bucket);
+            let limit = rule.map(Limit::rate);
             if limit.is_some_and(LimitRps::is_blocked) {
                 self.blocks.saw(&traffic.bucket);
             }
-            let (state, status) =
-                self.decide_bucket(traffic, state, limit, tenants, modes, &mut decision);
+            let budget = rule.and_then(Limit::budget);
+            let (state, status) = self.decide_bucket(
+                traffic,
+                state,
+                (limit, budget),
+                tenants,
+                modes,
+                &mut decision,
+            );
             next.push(state);
             decision.buckets.push(status);
         }
@@ -278,12 +315,23 @@ impl Controller {
         &mut self,
         traffic: &BucketTraffic,
         mut state: ControlledBucket,
-        limit: Option<LimitRps>,
+        (limit, budget): (Option<LimitRps>, Option<&Budget>),
         tenants: &Tenants,
         modes: &Modes,
         decision: &mut IntervalOutcome,
     ) -> (ControlledBucket, BucketStatus) {
         let bucket = &traffic.bucket;
+        // A budget is steered on cost: the fleet handed its rates over in
+        // cost per second. A budget's unit or period that changed is
+        // pushed with every cell.
+        let signal = if budget.is_some() {
+            Signal::Cost
+        } else {
+            Signal::Requests
+        };
+        let cost = budget.map(CostTag::of);
+        let cost_moved = state.cost != cost;
+        state.cost = cost;
         if let Some(limit) = limit {
             self.allocate(traffic, limit, tenants);
         }
@@ -327,6 +375,10 @@ impl Controller {
             floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
             cells: Vec::with_capacity(traffic.cells.len()),
             proxy_cap: traffic.proxy_cap.clone(),
+            cost: traffic
+                .cost
+                .as_ref()
+                .map(|cost| CostStatus::of(cost, budget)),
         };
         // A first interval lifts what a previous process may have left on
         // the proxies for cells that no longer enforce anything.
@@ -360,12 +412,13 @@ impl Controller {
                 ),
                 None => (None, 0.0, None),
             };
-            let ratio = self.policy.cell_drop_ratio(
+            let ratio = self.policy.signal_drop_ratio(
                 bucket,
                 &cell.tenant,
                 cell.priority,
                 &cell.load,
                 target,
+                signal,
             );
             let dropping = ratio > DropRatio::NEVER;
             let next = Pushed {
@@ -383,6 +436,7 @@ impl Controller {
             };
             // A cell new this tick is always pushed.
             let changed = counted_moved
+                || cost_moved
                 || cell_state
                     .pushed
                     .as_ref()
@@ -398,6 +452,7 @@ impl Controller {
                     cell.priority,
                     &next,
                     &state.counted,
+                    state.cost.as_ref(),
                 ));
             }
             let current = cell_state.pushed.unwrap_or(next);
@@ -495,6 +550,7 @@ impl Controller {
                         cell.priority,
                         pushed,
                         &state.counted,
+                        state.cost.as_ref(),
                     ))
                 })
             })
@@ -603,13 +659,15 @@ fn retire(bucket: &Arc<str>, cell: CellState, decision: &mut IntervalOutcome) {
 }
 
 /// The wire form: `limit_rps` is absent for an unlimited bucket and 0 for
-/// a blocked one, as in the limits file.
+/// a blocked one, as in the limits file; with a budget, the rates are in
+/// its unit per second and `cost_unit` names it.
 fn directive(
     bucket: &str,
     tenant: &str,
     priority: Priority,
     pushed: &Pushed,
     counted: &CountedProxies,
+    cost: Option<&CostTag>,
 ) -> Directive {
     Directive {
         bucket: bucket.to_owned(),
@@ -626,8 +684,7 @@ fn directive(
         offered_rps: pushed.offered_rps,
         counted_proxies: counted.wire(),
         uncounted_admit: counted.uncounted_admit(),
-        // Request limits only until the controller steers cost budgets.
-        cost_unit: String::new(),
-        budget_period_s: 0,
+        cost_unit: cost.map_or_else(String::new, |c| c.unit.as_str().to_owned()),
+        budget_period_s: cost.map_or(0, |c| c.period_s),
     }
 }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::fleet::ProxyCap;
+use crate::config::budget::Budget;
+use crate::fleet::{BucketCost, ProxyCap};
 use crate::types::LimitRps;
 use sluice_core::{DropRatio, Priority, Reason};
 
@@ -36,6 +37,52 @@ pub struct BucketStatus {
     /// proxies it cut; `None` (JSON null) while fewer proxies report the
     /// bucket than a cap needs.
     pub proxy_cap: Option<ProxyCap>,
+    /// The bucket's cost, when its limit is a budget or its proxies count
+    /// cost; `None` (JSON null) otherwise.
+    pub cost: Option<CostStatus>,
+}
+
+/// A bucket's cost as shown by `GET /v1/buckets`. With a budget, the
+/// bucket's and its cells' rates (`limit_rps`, `offered_rps`,
+/// `admitted_rps`, `share_rps`) are in the budget's unit per second.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostStatus {
+    /// The budget in force; `None` (JSON null) for a bucket limited in
+    /// requests whose proxies count cost.
+    pub budget: Option<Budget>,
+    /// Fleet estimated cost offered per second (what the controller
+    /// steers a budget on).
+    pub(crate) offered_per_s: f64,
+    /// Fleet estimated cost admitted per second.
+    pub(crate) admitted_per_s: f64,
+    /// Fleet actual cost charged per second at stream end.
+    pub charged_per_s: f64,
+    /// `charged_per_s / admitted_per_s`: how far the actual cost runs from
+    /// the estimate the decisions were made on (above 1: the estimate is
+    /// low and the budget is overrun by that factor). `None` when nothing
+    /// was admitted. Charges land when streams end, so compare it over
+    /// several intervals (the metrics' rates), not one.
+    pub charged_to_estimate: Option<f64>,
+    /// Fleet requests offered per second.
+    pub offered_requests_rps: f64,
+    /// Fleet requests admitted per second.
+    pub(crate) admitted_requests_rps: f64,
+}
+
+impl CostStatus {
+    /// The status of `cost` under `budget`.
+    pub(crate) fn of(cost: &BucketCost, budget: Option<&Budget>) -> Self {
+        Self {
+            budget: budget.cloned(),
+            offered_per_s: cost.offered_per_s,
+            admitted_per_s: cost.admitted_per_s,
+            charged_per_s: cost.charged_per_s,
+            charged_to_estimate: (cost.admitted_per_s > 0.0)
+                .then(|| cost.charged_per_s / cost.admitted_per_s),
+            offered_requests_rps: cost.offered_rps,
+            admitted_requests_rps: cost.admitted_rps,
+        }
+    }
 }
 
 /// One (tenant, priority) cell of a bucket as shown by `GET /v1/buckets`.

@@ -41,7 +41,7 @@ fn table(rules: &[(&str, f64)]) -> LimitTable {
         None,
         rules.iter().map(|&(bucket, rps)| LimitRule {
             selector: Selector::Bucket(bucket.to_owned()),
-            limit_rps: limit(rps),
+            limit: limit(rps).into(),
         }),
     )
 }
@@ -353,7 +353,7 @@ fn a_blocked_bucket_keeps_a_standing_block_for_cells_not_seen_yet() {
     // of its own: the bucket-wide one must block it, traffic or not.
     let rule = |selector, rps| LimitRule {
         selector,
-        limit_rps: limit(rps),
+        limit: limit(rps).into(),
     };
     let limits = |shut: f64| {
         LimitTable::from_rules(
