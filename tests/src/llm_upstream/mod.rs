@@ -59,6 +59,13 @@ pub struct LlmUpstreamOptions {
     /// A request carrying this header (any value) is cut midway if
     /// streamed, whatever `abort_rate` draws: a test picks its aborts.
     pub abort_header: Option<HeaderName>,
+    /// A request carrying this header with a whole number gets that many
+    /// output tokens instead of a draw (capped at the distribution's
+    /// maximum): a load generator that draws each request's cost itself,
+    /// like a client whose `max_tokens` the model uses up, so a benchmark
+    /// can hand the filter an exact estimate. The draw is still made, so
+    /// the seeded sequence of everything else does not change.
+    pub output_tokens_header: Option<HeaderName>,
     /// The request header naming the tenant (`anonymous` without it).
     pub tenant_header: HeaderName,
     /// If set, every answer that reports usage also carries its total
@@ -80,6 +87,7 @@ impl Default for LlmUpstreamOptions {
             error_rate: 0.0,
             error_status: StatusCode::SERVICE_UNAVAILABLE,
             abort_header: None,
+            output_tokens_header: None,
             tenant_header: HeaderName::from_static("x-tenant"),
             usage_header: None,
         }
@@ -318,7 +326,13 @@ async fn answer(
     };
     let drawn = {
         let mut state = lock(&state);
-        let output = state.sampler.tokens();
+        let drawn_output = state.sampler.tokens();
+        let output = options
+            .output_tokens_header
+            .as_ref()
+            .and_then(|name| parts.headers.get(name))
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+            .map_or(drawn_output, |asked| asked.min(tokens::MAX_TOKENS));
         let error = state.sampler.chance(options.error_rate);
         let asked_to_abort = options
             .abort_header
@@ -489,6 +503,33 @@ mod tests {
             .filter(|data| *data != "[DONE]")
             .map(|data| serde_json::from_str(data).unwrap())
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_request_can_name_its_output_tokens() {
+        let upstream = LlmUpstream::start(LlmUpstreamOptions {
+            output_tokens_header: Some(HeaderName::from_static("x-output-tokens")),
+            ..options()
+        })
+        .await
+        .unwrap();
+        let chat = serde_json::json!({"model": "m", "messages": [], "stream": false});
+        let ask = |tokens: &'static str| {
+            reqwest::Client::new()
+                .post(format!("{}/v1/chat/completions", upstream.base_url()))
+                .header("x-output-tokens", tokens)
+                .json(&chat)
+                .send()
+        };
+        let json: serde_json::Value = ask("1234").await.unwrap().json().await.unwrap();
+        assert_eq!(json["usage"]["completion_tokens"], 1234);
+        // Not a number: the draw, as without the header.
+        let json: serde_json::Value = ask("many").await.unwrap().json().await.unwrap();
+        assert!(json["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+        assert_eq!(
+            upstream.tenant("anonymous").usage.output,
+            1234 + json["usage"]["completion_tokens"].as_u64().unwrap()
+        );
     }
 
     #[tokio::test]

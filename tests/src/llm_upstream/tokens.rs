@@ -53,6 +53,9 @@ impl TokenDistribution {
     }
 }
 
+/// The most output tokens one answer has.
+pub const MAX_TOKENS: u64 = 100_000_000;
+
 /// Draws token counts from a [`TokenDistribution`] with a seeded
 /// generator (and the uniform draws the upstream's abort and error rates
 /// need, from the same sequence).
@@ -79,7 +82,7 @@ impl TokenSampler {
         let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
         let drawn = self.distribution.median * (self.distribution.sigma * normal).exp();
         // Saturating float-to-int: a huge draw is u64::MAX, then capped.
-        (drawn.round() as u64).clamp(1, 100_000_000)
+        (drawn.round() as u64).clamp(1, MAX_TOKENS)
     }
 
     /// True with probability `rate` (0 never, 1 always).
