@@ -130,16 +130,22 @@ impl DevCerts {
     /// certificates from this CA, and lets [`CLIENT_IDENTITY`] claim any
     /// proxy id.
     pub fn serve_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
+        let mut args = self.tls_args();
+        args.extend(["--grpc-identity".to_owned(), format!("{CLIENT_IDENTITY}=*")]);
+        args
+    }
+
+    /// `sluice serve` arguments for a gRPC listener that requires client
+    /// certificates from this CA, without any identity rule.
+    pub fn tls_args(&self) -> Vec<String> {
+        [
             ("--grpc-tls-cert", SERVER_CERT),
             ("--grpc-tls-key", SERVER_KEY),
             ("--grpc-tls-client-ca", CA),
         ]
         .into_iter()
         .flat_map(|(flag, name)| [flag.to_owned(), self.path(name).display().to_string()])
-        .collect();
-        args.extend(["--grpc-identity".to_owned(), format!("{CLIENT_IDENTITY}=*")]);
-        args
+        .collect()
     }
 }
 
