@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +62,9 @@ pub enum EnvoyConfig {
     /// A config built elsewhere (a sidecar's bootstrap, a gateway's
     /// translation), started as it is.
     Generated(Value),
+    /// A config file started as it is, in place (relative paths in it
+    /// taken from the workspace root): no rewrite, no edit.
+    File(PathBuf),
 }
 
 /// How to build and start one Envoy.
@@ -130,6 +133,15 @@ impl EnvoySpec {
     pub fn generated(name: &str, config: Value) -> Self {
         Self {
             config: EnvoyConfig::Generated(config),
+            data_plane: None,
+            ..Self::repo(name, "")
+        }
+    }
+
+    /// Envoy `name` on the config file at `path`, as it is.
+    pub fn file(name: &str, path: &Path) -> Self {
+        Self {
+            config: EnvoyConfig::File(path.to_path_buf()),
             data_plane: None,
             ..Self::repo(name, "")
         }
@@ -242,6 +254,7 @@ impl EnvoySpec {
             EnvoyConfig::Generated(_) => {
                 bail!("{}: filter keys for a generated config", self.name)
             }
+            EnvoyConfig::File(path) => envoy::load_config(path)?,
             EnvoyConfig::Repo(file) => {
                 let mut config = envoy::load_repo_config(file)?;
                 envoy::rewrite(&mut config, &self.rewrite(target)?)
@@ -293,13 +306,21 @@ impl EnvoySpec {
     /// Writes the config under `dir` and starts Envoy on it (ready when
     /// this returns).
     pub async fn start(&self, dir: &Path, target: &ControlPlaneTarget) -> Result<Envoy> {
-        let config = self.config(target)?;
         let mut options = EnvoyOptions::new(&self.name, dir);
         options.concurrency = self.concurrency;
         options.log_level.clone_from(&self.log_level);
         options.file_flush_interval = self.file_flush_interval;
-        Envoy::start(&config, &options)
-            .await
-            .with_context(|| format!("cannot start {}", self.name))
+        let started = match &self.config {
+            EnvoyConfig::File(path) => {
+                if !self.filter.is_empty() || !self.edits.is_empty() || self.upstream.is_some() {
+                    bail!("{}: {} is started as it is", self.name, path.display());
+                }
+                Envoy::start_file(path, &options).await
+            }
+            EnvoyConfig::Repo(_) | EnvoyConfig::Generated(_) => {
+                Envoy::start(&self.config(target)?, &options).await
+            }
+        };
+        started.with_context(|| format!("cannot start {}", self.name))
     }
 }
