@@ -324,3 +324,94 @@ impl EnvoySpec {
         started.with_context(|| format!("cannot start {}", self.name))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs(ports: &[u16]) -> Vec<SocketAddr> {
+        ports
+            .iter()
+            .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+            .collect()
+    }
+
+    fn endpoint_ports(config: &Value) -> Vec<u64> {
+        config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|lb| {
+                lb["endpoint"]["address"]["socket_address"]["port_value"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_config_without_the_filter_gets_ports_and_every_replica() {
+        let spec = EnvoySpec::repo("r", "replicas.yaml").data_plane(None);
+        let config = spec
+            .config(&ControlPlaneTarget::Replicas(addrs(&[1001, 1002])))
+            .unwrap();
+        assert_eq!(endpoint_ports(&config), [1001, 1002]);
+        assert_eq!(
+            config["admin"]["address"]["socket_address"]["port_value"],
+            Value::from(0)
+        );
+        let one = spec
+            .config(&ControlPlaneTarget::One(addrs(&[1003])[0]))
+            .unwrap();
+        assert!(endpoint_ports(&one).iter().all(|port| *port == 1003));
+    }
+
+    #[test]
+    fn edits_run_in_order_after_the_rewrite() {
+        let config = EnvoySpec::repo("e", "replicas.yaml")
+            .data_plane(None)
+            .edit(|config| {
+                config["admin"]["address"]["socket_address"]["port_value"] = Value::from(7);
+                Ok(())
+            })
+            .edit_json(|config| {
+                let port = config
+                    .pointer_mut("/admin/address/socket_address/port_value")
+                    .context("no admin port")?;
+                *port = json!(port.as_u64().unwrap_or(0) + 1);
+                Ok(())
+            })
+            .config(&ControlPlaneTarget::None)
+            .unwrap();
+        assert_eq!(
+            config["admin"]["address"]["socket_address"]["port_value"],
+            Value::from(8)
+        );
+    }
+
+    #[test]
+    fn filter_keys_without_a_filter_to_take_them_are_refused() {
+        let none = EnvoySpec::repo("n", "rlqs.yaml")
+            .data_plane(None)
+            .proxy_id("x")
+            .config(&ControlPlaneTarget::None)
+            .unwrap_err();
+        assert!(none.to_string().contains("without the filter"), "{none}");
+        let generated = EnvoySpec::generated("g", Value::Null)
+            .proxy_id("x")
+            .config(&ControlPlaneTarget::None)
+            .unwrap_err();
+        assert!(
+            generated.to_string().contains("generated config"),
+            "{generated}"
+        );
+    }
+
+    #[test]
+    fn the_demo_configs_alternate() {
+        assert_eq!(DataPlane::Wasm.demo_config(0), "demo-a.yaml");
+        assert_eq!(DataPlane::Wasm.demo_config(1), "demo-b.yaml");
+        assert_eq!(DataPlane::Wasm.demo_config(2), "demo-a.yaml");
+        assert_eq!(DataPlane::Native.demo_config(1), "native-module.yaml");
+    }
+}
