@@ -130,16 +130,22 @@ impl DevCerts {
     /// certificates from this CA, and lets [`CLIENT_IDENTITY`] claim any
     /// proxy id.
     pub fn serve_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
+        let mut args = self.tls_args();
+        args.extend(["--grpc-identity".to_owned(), format!("{CLIENT_IDENTITY}=*")]);
+        args
+    }
+
+    /// `sluice serve` arguments for a gRPC listener that requires client
+    /// certificates from this CA, without any identity rule.
+    pub fn tls_args(&self) -> Vec<String> {
+        [
             ("--grpc-tls-cert", SERVER_CERT),
             ("--grpc-tls-key", SERVER_KEY),
             ("--grpc-tls-client-ca", CA),
         ]
         .into_iter()
         .flat_map(|(flag, name)| [flag.to_owned(), self.path(name).display().to_string()])
-        .collect();
-        args.extend(["--grpc-identity".to_owned(), format!("{CLIENT_IDENTITY}=*")]);
-        args
+        .collect()
     }
 }
 
@@ -163,39 +169,4 @@ pub fn point_config_at(config: &mut serde_yaml_ng::Value, certs: &DevCerts) -> u
         Value::Tagged(tagged) => point_config_at(&mut tagged.value, certs),
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,
     }
-}
-
-/// `envoy/demo-mtls.yaml` pointed at the control plane's gRPC address and
-/// `certs`, with the filter's `proxy_id`; `client_cert` false drops Envoy's
-/// client certificate.
-pub fn demo_mtls_config(
-    certs: &DevCerts,
-    grpc: std::net::SocketAddr,
-    proxy_id: &str,
-    client_cert: bool,
-) -> Result<serde_yaml_ng::Value> {
-    use crate::envoy::{self, Rewrite};
-    let mut config = envoy::load_repo_config("demo-mtls.yaml")?;
-    anyhow::ensure!(
-        point_config_at(&mut config, certs) == 3,
-        "demo-mtls.yaml names three certificate files"
-    );
-    let rewrite = Rewrite::for_test(
-        grpc,
-        serde_json::json!({ "proxy_id": proxy_id, "report_interval_ms": 100 }),
-    )?;
-    envoy::rewrite(&mut config, &rewrite)?;
-    if !client_cert {
-        config
-            .get_mut("static_resources")
-            .and_then(|v| v.get_mut("clusters"))
-            .and_then(|v| v.get_mut(0))
-            .and_then(|v| v.get_mut("transport_socket"))
-            .and_then(|v| v.get_mut("typed_config"))
-            .and_then(|v| v.get_mut("common_tls_context"))
-            .and_then(serde_yaml_ng::Value::as_mapping_mut)
-            .and_then(|context| context.remove("tls_certificates"))
-            .context("demo-mtls.yaml's first cluster has no client certificate")?;
-    }
-    Ok(config)
 }

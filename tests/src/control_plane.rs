@@ -216,6 +216,21 @@ impl ControlPlane {
     pub fn log_path(&self) -> &Path {
         self.guard.log_path()
     }
+
+    /// The limits file it reads (and reloads).
+    pub fn limits_path(&self) -> PathBuf {
+        limits_path(&self.options)
+    }
+}
+
+/// Where the limits file of `options` is.
+fn limits_path(options: &ControlPlaneOptions) -> PathBuf {
+    match &options.limits {
+        Limits::File(path) => path.clone(),
+        Limits::Yaml(_) => options
+            .work_dir
+            .join(format!("{}-limits.yaml", options.name)),
+    }
 }
 
 async fn spawn(options: &ControlPlaneOptions, start: u32) -> Result<(ChildGuard, ReadyFile)> {
@@ -226,17 +241,11 @@ async fn spawn(options: &ControlPlaneOptions, start: u32) -> Result<(ChildGuard,
     };
     std::fs::create_dir_all(&options.work_dir)
         .with_context(|| format!("cannot create {}", options.work_dir.display()))?;
-    let limits = match &options.limits {
-        Limits::File(path) => path.clone(),
-        Limits::Yaml(yaml) => {
-            let path = options
-                .work_dir
-                .join(format!("{}-limits.yaml", options.name));
-            std::fs::write(&path, yaml)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            path
-        }
-    };
+    let limits = limits_path(options);
+    if let Limits::Yaml(yaml) = &options.limits {
+        std::fs::write(&limits, yaml)
+            .with_context(|| format!("cannot write {}", limits.display()))?;
+    }
     let ready = options.work_dir.join(format!("{name}.ready.json"));
     match std::fs::remove_file(&ready) {
         Ok(()) => {}

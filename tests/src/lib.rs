@@ -13,7 +13,7 @@
 //! - [`envoy`]: rewrite an `envoy/*.yaml` for a test, start Envoy, validate configs.
 //! - [`fault_proxy`]: a TCP proxy that can cut one process off from a server (a partition).
 //! - [`fake_proxy`]: a gRPC client that says Hello as any proxy and reports any counts.
-//! - [`fleet`]: a control plane plus N Envoys, ready for a test.
+//! - [`fleet`]: a control plane plus the Envoys of a test (`FleetOptions`, `EnvoySpec`), and a scratch dir kept on failure.
 //! - [`llm_upstream`]: a fake LLM provider (OpenAI, Anthropic, Gemini; streamed or not) that records the usage it reported.
 //! - [`load`]: paced load with per-response records and rate arithmetic.
 //! - [`mesh`]: Istio's and Envoy Gateway's delivery of the wasm filter, as their sources build it.

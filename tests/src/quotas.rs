@@ -11,19 +11,24 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use serde_json::json;
 use tonic::transport::Channel;
 
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
-use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use crate::envoy::Envoy;
+use crate::fleet::{ControlPlaneTarget, EnvoySpec};
 
 /// `OK` on the wire.
 pub const OK: i32 = 1;
 /// `OVER_LIMIT` on the wire.
 pub const OVER_LIMIT: i32 = 2;
 
-/// Starts an Envoy from `envoy/quotas.yaml` pointed at the control plane
-/// at `grpc`, with the Sluice filter's `proxy_id`.
+/// An Envoy from `envoy/quotas.yaml`, named and with the Sluice filter's
+/// `proxy_id` as `proxy_id`.
+pub fn envoy(proxy_id: &str) -> EnvoySpec {
+    EnvoySpec::repo(proxy_id, "quotas.yaml").proxy_id(proxy_id)
+}
+
+/// Starts [`envoy`] pointed at the control plane at `grpc`.
 pub async fn start(grpc: SocketAddr, proxy_id: &str, dir: &Path) -> Result<Envoy> {
     start_with(grpc, proxy_id, dir, |_| Ok(())).await
 }
@@ -36,15 +41,13 @@ pub async fn start_with(
     dir: &Path,
     edit: impl FnOnce(&mut serde_json::Value) -> Result<()>,
 ) -> Result<Envoy> {
-    let mut config = envoy::load_repo_config("quotas.yaml")?;
-    let rewrite = Rewrite::for_test(grpc, json!({ "proxy_id": proxy_id }))?;
-    envoy::rewrite(&mut config, &rewrite)?;
+    let config = envoy(proxy_id).config(&ControlPlaneTarget::One(grpc))?;
     let mut as_json = serde_json::to_value(&config).context("the config as JSON")?;
     edit(&mut as_json)?;
     let config = serde_yaml_ng::to_value(&as_json).context("the config back from JSON")?;
-    Envoy::start(&config, &EnvoyOptions::new(proxy_id, dir))
+    EnvoySpec::generated(proxy_id, config)
+        .start(dir, &ControlPlaneTarget::None)
         .await
-        .with_context(|| format!("cannot start Envoy {proxy_id}"))
 }
 
 /// The typed config of the `envoy.filters.http.ratelimit` filter in an

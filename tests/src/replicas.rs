@@ -8,10 +8,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::control_plane::{AdminClient, ControlPlane, ControlPlaneOptions, sample};
-use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use crate::envoy::Envoy;
 use crate::fault_proxy::FaultProxy;
-use crate::fleet::DataPlane;
-use crate::paths;
+use crate::fleet::{ControlPlaneTarget, DataPlane, EnvoySpec, TestDir, free_loopback_addr};
 use crate::redis::RedisServer;
 
 /// How to start the set.
@@ -83,16 +82,13 @@ pub struct ReplicaSet {
     pub fault: Option<FaultProxy>,
     /// The options it was started with.
     pub options: ReplicaSetOptions,
-    dir: tempfile::TempDir,
+    dir: TestDir,
 }
 
 impl ReplicaSet {
     /// Starts Redis, the replicas, then the Envoys.
     pub async fn start(options: ReplicaSetOptions) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-replicas-")
-            .tempdir()
-            .context("cannot create a temp dir")?;
+        let dir = TestDir::new("sluice-replicas-", "replica set")?;
         let redis = RedisServer::start(dir.path()).await?;
         let grpc_addrs = (0..options.replicas)
             .map(|_| free_loopback_addr())
@@ -177,49 +173,19 @@ impl ReplicaSet {
     pub async fn add_envoy(&mut self) -> Result<usize> {
         let index = self.envoys.len();
         let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-        let native = self.options.data_plane == DataPlane::Native;
-        let replicas = self.replicas_of_envoy(index)?;
-        let mut config = envoy::load_repo_config(if native {
-            "native-module.yaml"
-        } else {
-            "replicas.yaml"
-        })?;
-        let mut patch = json!({"proxy_id": format!("test-{letter}"), "report_interval_ms": 100});
-        if let (Some(patch), Some(extra)) = (patch.as_object_mut(), self.options.filter.as_object())
-        {
-            patch.extend(extra.clone());
-        }
-        if native && let Some(patch) = patch.as_object_mut() {
-            // The module dials the replicas itself, one after the other.
-            let uris: Vec<String> = replicas.iter().map(|a| format!("http://{a}")).collect();
-            patch.insert("control_plane_uri".to_owned(), json!(uris));
-        }
-        let serde_json::Value::Object(plugin_patch) = patch else {
-            bail!("the filter patch is not an object");
+        let data_plane = self.options.data_plane;
+        let file = match data_plane {
+            DataPlane::Native => "native-module.yaml",
+            DataPlane::Wasm => "replicas.yaml",
         };
-        let rewrite = if native {
-            paths::native_module()?;
-            Rewrite {
-                ephemeral_ports: true,
-                control_plane: None,
-                control_plane_replicas: Vec::new(),
-                wasm: None,
-                plugin_patch,
-            }
-        } else {
-            Rewrite {
-                ephemeral_ports: true,
-                control_plane: None,
-                control_plane_replicas: replicas,
-                wasm: Some(paths::sluice_wasm()?),
-                plugin_patch,
-            }
-        };
-        envoy::rewrite(&mut config, &rewrite)?;
-        let mut envoy_options = EnvoyOptions::new(&format!("envoy-{letter}"), self.dir.path());
-        envoy_options.concurrency = self.options.concurrency;
+        let spec = EnvoySpec::repo(&format!("envoy-{letter}"), file)
+            .data_plane(data_plane)
+            .filter(json!({"proxy_id": format!("test-{letter}"), "report_interval_ms": 100}))
+            .filter(self.options.filter.clone())
+            .concurrency(self.options.concurrency);
+        let target = ControlPlaneTarget::Replicas(self.replicas_of_envoy(index)?);
         self.envoys
-            .push(Envoy::start(&config, &envoy_options).await?);
+            .push(spec.start(self.dir.path(), &target).await?);
         Ok(index)
     }
 
@@ -274,22 +240,6 @@ impl ReplicaSet {
             envoy.print_log();
         }
     }
-}
-
-impl Drop for ReplicaSet {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.dir.disable_cleanup(true);
-            eprintln!("replica set files kept in {}", self.dir.path().display());
-        }
-    }
-}
-
-/// A loopback address with a port free right now.
-fn free_loopback_addr() -> Result<SocketAddr> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
-    Ok(listener.local_addr()?)
 }
 
 /// What a replica's `/metrics` says about its lease: `Some(fence)` while

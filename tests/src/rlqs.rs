@@ -1,27 +1,37 @@
 //! Envoys that use their own `rate_limit_quota` filter with the control
 //! plane as RLQS server: `envoy/rlqs.yaml` pointed at a control plane.
 
-use std::net::SocketAddr;
-use std::path::Path;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_yaml_ng::Value;
 
-use crate::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use crate::envoy;
+use crate::fleet::EnvoySpec;
 
-/// `envoy/rlqs.yaml` with ephemeral ports, the control plane at `grpc`,
+/// An RLQS Envoy named `name` (two workers) on `envoy/rlqs.yaml` with
 /// `proxy_id` sent as the stream's `x-sluice-proxy-id`, and the fallback
-/// for expired assignments at `fallback_rps` per bucket id.
-pub fn config(grpc: SocketAddr, proxy_id: &str, fallback_rps: u32) -> Result<Value> {
-    let mut config = envoy::load_repo_config("rlqs.yaml")?;
-    let rewrite = Rewrite {
-        ephemeral_ports: true,
-        control_plane: Some(grpc),
-        ..Rewrite::default()
-    };
-    envoy::rewrite(&mut config, &rewrite)?;
+/// for expired assignments at [`DEFAULT_FALLBACK_RPS`] per bucket id;
+/// `SLUICE_RLQS_ENVOY_LOG` sets its log level.
+pub fn envoy(name: &str, proxy_id: &str) -> EnvoySpec {
+    envoy_with_fallback(name, proxy_id, DEFAULT_FALLBACK_RPS)
+}
+
+/// [`envoy`] with the fallback for expired assignments at `fallback_rps`.
+pub fn envoy_with_fallback(name: &str, proxy_id: &str, fallback_rps: u32) -> EnvoySpec {
+    let proxy_id = proxy_id.to_owned();
+    let mut spec = EnvoySpec::repo(name, "rlqs.yaml")
+        .data_plane(None)
+        .edit(move |config| name_the_stream(config, &proxy_id))
+        .edit(move |config| set_fallback(config, fallback_rps));
+    if let Ok(level) = std::env::var("SLUICE_RLQS_ENVOY_LOG") {
+        spec = spec.log_level(&level);
+    }
+    spec
+}
+
+/// Sends `proxy_id` as the RLQS stream's `x-sluice-proxy-id`.
+fn name_the_stream(config: &mut Value, proxy_id: &str) -> Result<()> {
     let mut named = 0;
-    envoy::visit_mappings(&mut config, &mut |mapping| {
+    envoy::visit_mappings(config, &mut |mapping| {
         if mapping.get("key").and_then(Value::as_str) == Some("x-sluice-proxy-id") {
             mapping.insert("value".into(), proxy_id.into());
             named += 1;
@@ -31,8 +41,13 @@ pub fn config(grpc: SocketAddr, proxy_id: &str, fallback_rps: u32) -> Result<Val
         named == 1,
         "rlqs.yaml names x-sluice-proxy-id once, found {named}"
     );
+    Ok(())
+}
+
+/// Sets the fallback token bucket for expired assignments.
+fn set_fallback(config: &mut Value, fallback_rps: u32) -> Result<()> {
     let mut fallbacks = 0;
-    envoy::visit_mappings(&mut config, &mut |mapping| {
+    envoy::visit_mappings(config, &mut |mapping| {
         if let Some(bucket) = mapping
             .get_mut("fallback_rate_limit")
             .and_then(|f| f.get_mut("token_bucket"))
@@ -46,32 +61,9 @@ pub fn config(grpc: SocketAddr, proxy_id: &str, fallback_rps: u32) -> Result<Val
         fallbacks == 1,
         "rlqs.yaml has one fallback token bucket, found {fallbacks}"
     );
-    Ok(config)
+    Ok(())
 }
 
-/// The fallback of [`start`]: generous enough never to bind in a test that
-/// does not stop the control plane.
+/// The fallback of [`envoy`]: generous enough never to bind in a test
+/// that does not stop the control plane.
 pub const DEFAULT_FALLBACK_RPS: u32 = 10_000;
-
-/// Starts an RLQS Envoy named `name` (two workers) with `proxy_id`.
-pub async fn start(grpc: SocketAddr, proxy_id: &str, name: &str, dir: &Path) -> Result<Envoy> {
-    start_with_fallback(grpc, proxy_id, name, dir, DEFAULT_FALLBACK_RPS).await
-}
-
-/// [`start`] with the fallback for expired assignments at `fallback_rps`.
-pub async fn start_with_fallback(
-    grpc: SocketAddr,
-    proxy_id: &str,
-    name: &str,
-    dir: &Path,
-    fallback_rps: u32,
-) -> Result<Envoy> {
-    let config = config(grpc, proxy_id, fallback_rps)?;
-    let mut options = EnvoyOptions::new(name, dir);
-    if let Ok(level) = std::env::var("SLUICE_RLQS_ENVOY_LOG") {
-        options.log_level = level;
-    }
-    Envoy::start(&config, &options)
-        .await
-        .with_context(|| format!("cannot start RLQS Envoy {name}"))
-}

@@ -10,8 +10,7 @@ use anyhow::{Context, Result};
 use envoy_types::pb::google::protobuf::Any;
 use serde_json::Value as Json;
 
-use crate::control_plane::{ControlPlane, ControlPlaneOptions};
-use crate::envoy::{Envoy, EnvoyOptions};
+use crate::fleet::{EnvoySpec, Fleet, FleetOptions};
 use crate::mesh::{Sidecar, WasmPlugin};
 use crate::paths;
 use crate::xds::{EXTENSION_CONFIG_TYPE, XdsServer, to_any};
@@ -69,19 +68,17 @@ impl SidecarOptions {
 /// A running mesh; dropping it stops everything.
 #[derive(Debug)]
 pub struct SidecarMesh {
-    /// The Envoys, in the order of [`SidecarOptions::pods`].
-    pub envoys: Vec<Envoy>,
+    /// The control plane and the Envoys, in the order of
+    /// [`SidecarOptions::pods`] (first: they stop before the xDS server;
+    /// on a failed test their files stay).
+    pub fleet: Fleet,
     /// Their sidecar identities.
     pub sidecars: Vec<Sidecar>,
-    /// The control plane.
-    pub control_plane: ControlPlane,
     /// The xDS server playing istiod.
     pub xds: XdsServer,
     /// The Sluice WasmPlugin as last pushed.
     pub plugin: WasmPlugin,
     other: Option<(String, Any)>,
-    // Last, so it is removed after the processes writing into it are stopped.
-    dir: tempfile::TempDir,
 }
 
 /// The namespace of the sidecars.
@@ -91,15 +88,11 @@ impl SidecarMesh {
     /// Starts the xDS server, the control plane and the sidecars, and
     /// waits until every sidecar runs the pushed plugins.
     pub async fn start(options: SidecarOptions) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-mesh-")
-            .tempdir()
-            .context("cannot create a temp dir")?;
-        let mut control_plane = ControlPlaneOptions::new(&deploy_limits_yaml()?, dir.path());
-        if let Some(ms) = options.control_interval_ms {
-            control_plane = control_plane.control_interval_ms(ms);
-        }
-        let control_plane = ControlPlane::start(control_plane).await?;
+        let fleet = Fleet::start(
+            FleetOptions::control_plane_only(&deploy_limits_yaml()?)
+                .control_interval_ms(options.control_interval_ms),
+        )
+        .await?;
         let xds = XdsServer::start().await?;
         let mut plugin = WasmPlugin::from_repo(SIDECAR_PLUGIN)?;
         if let Some(config) = plugin.plugin_config.as_object_mut() {
@@ -117,13 +110,11 @@ impl SidecarMesh {
             None
         };
         let mut mesh = Self {
-            envoys: Vec::new(),
+            fleet,
             sidecars: Vec::new(),
-            control_plane,
             xds,
             plugin,
             other,
-            dir,
         };
         let version = mesh.publish()?;
         let mut extensions = Vec::new();
@@ -133,11 +124,13 @@ impl SidecarMesh {
         extensions.push(mesh.plugin.resource_name());
         for pod in &options.pods {
             let sidecar = Sidecar::new(pod, NAMESPACE);
-            let config =
-                sidecar.bootstrap(mesh.xds.addr(), mesh.control_plane.grpc_addr(), &extensions)?;
-            let mut envoy_options = EnvoyOptions::new(pod, mesh.dir.path());
-            envoy_options.concurrency = options.concurrency;
-            let envoy = Envoy::start(&config, &envoy_options).await?;
+            let config = sidecar.bootstrap(
+                mesh.xds.addr(),
+                mesh.fleet.control_plane.grpc_addr(),
+                &extensions,
+            )?;
+            let spec = EnvoySpec::generated(pod, config).concurrency(options.concurrency);
+            mesh.fleet.start_envoy(&spec).await?;
             mesh.xds
                 .wait_for_ack(
                     &sidecar.node_id(),
@@ -146,7 +139,6 @@ impl SidecarMesh {
                     ACK_TIMEOUT,
                 )
                 .await?;
-            mesh.envoys.push(envoy);
             mesh.sidecars.push(sidecar);
         }
         Ok(mesh)
@@ -184,31 +176,16 @@ impl SidecarMesh {
 
     /// The `http://…` base URL of sidecar `index`.
     pub fn url(&self, index: usize) -> Result<String> {
-        self.envoys
-            .get(index)
-            .map(Envoy::base_url)
-            .with_context(|| format!("no sidecar #{index}"))
+        self.fleet.url(index)
     }
 
     /// Where logs and configs are.
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.fleet.dir()
     }
 
     /// Prints every process's log tail.
     pub fn print_logs(&self) {
-        self.control_plane.print_log();
-        for envoy in &self.envoys {
-            envoy.print_log();
-        }
-    }
-}
-
-impl Drop for SidecarMesh {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.dir.disable_cleanup(true);
-            eprintln!("mesh files kept in {}", self.dir.path().display());
-        }
+        self.fleet.print_logs();
     }
 }

@@ -12,13 +12,14 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{
+    ControlPlaneTarget, EnvoySpec, Fleet, FleetOptions, TestDir, free_loopback_addr,
+};
 use sluice_integration_tests::load::{Counts, LoadPlan, LoadRun, StreamSpec};
 use sluice_integration_tests::wait;
 
@@ -28,18 +29,19 @@ limits:
     limit_rps: 20
 "#;
 
-/// Starts Envoy on `envoy/access-log.yaml`, its control plane at
-/// `control_plane`, its access log written to `log`.
-async fn start(control_plane: SocketAddr, dir: &Path, log: &Path) -> Envoy {
-    let mut config = envoy::load_repo_config("access-log.yaml").unwrap();
-    let rewrite = Rewrite::for_test(control_plane, json!({"report_interval_ms": 100})).unwrap();
-    envoy::rewrite(&mut config, &rewrite).unwrap();
-    let hcm = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
-    hcm["access_log"][0]["typed_config"]["path"] = log.display().to_string().into();
-    let mut options = EnvoyOptions::new("envoy", dir);
-    // Envoy's default of 10 s would be most of each test.
-    options.file_flush_interval = Some(LOG_FLUSH_INTERVAL);
-    Envoy::start(&config, &options).await.unwrap()
+/// Envoy on `envoy/access-log.yaml`, its access log written to `log`.
+fn access_logged(log: &Path) -> EnvoySpec {
+    let log = log.display().to_string();
+    EnvoySpec::repo("envoy", "access-log.yaml")
+        .filter(json!({"report_interval_ms": 100}))
+        // Envoy's default of 10 s would be most of each test.
+        .file_flush_interval(LOG_FLUSH_INTERVAL)
+        .edit(move |config| {
+            let hcm = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+                [0]["typed_config"];
+            hcm["access_log"][0]["typed_config"]["path"] = log.clone().into();
+            Ok(())
+        })
 }
 
 /// How often the Envoys under test write their access log out.
@@ -91,13 +93,12 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_and_drop_are_explained_in_the_access_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
-    let log = dir.path().join("access.log");
-    let envoy = start(control_plane.grpc_addr(), dir.path(), &log).await;
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
+    let log = fleet.dir().join("access.log");
+    let envoy = fleet.start_envoy(&access_logged(&log)).await.unwrap();
+    let envoy = &fleet.envoys[envoy];
     // 5× the limit for 3 s, and an unlimited tenant beside it.
     let load = LoadRun::start(LoadPlan::new(
         vec![
@@ -168,14 +169,14 @@ async fn pass_and_drop_are_explained_in_the_access_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_control_plane_requests_are_flagged_upstream() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new("sluice-it-", "test").unwrap();
     // A port nobody listens on.
-    let unused = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let unused = ControlPlaneTarget::One(free_loopback_addr().unwrap());
     let log = dir.path().join("access.log");
-    let envoy = start(unused, dir.path(), &log).await;
+    let envoy = access_logged(&log)
+        .start(dir.path(), &unused)
+        .await
+        .unwrap();
     for _ in 0..5 {
         assert_eq!(get(&envoy, "acme").await, 200);
     }
@@ -198,21 +199,17 @@ fn whole() -> sluice_integration_tests::load::Window {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_drops_and_the_fallback_are_explained_in_the_access_log() {
-    let dir = tempfile::tempdir().unwrap();
     // acme in shadow mode: would-be drops pass and say so. The batches'
     // TTL of 1 s puts the filter in its fallback soon after the control
     // plane dies.
-    let mut control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "directive_ttl_ms: 1000\nmodes:\n  default: shadow\nlimits:\n  - bucket: acme\n    limit_rps: 20\n",
-            dir.path(),
-        )
-        .control_interval_ms(200),
-    )
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(
+        "directive_ttl_ms: 1000\nmodes:\n  default: shadow\nlimits:\n  - bucket: acme\n    limit_rps: 20\n",
+    ))
     .await
     .unwrap();
-    let log = dir.path().join("access.log");
-    let envoy = start(control_plane.grpc_addr(), dir.path(), &log).await;
+    let log = fleet.dir().join("access.log");
+    let envoy = fleet.start_envoy(&access_logged(&log)).await.unwrap();
+    let envoy = &fleet.envoys[envoy];
     // Long enough for both waits below; stopped once they are over.
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 100.0)],
@@ -225,7 +222,7 @@ async fn shadow_drops_and_the_fallback_are_explained_in_the_access_log() {
         .wait_for_decision("shadow_drop", Duration::from_secs(3))
         .await
         .unwrap();
-    control_plane.kill().unwrap();
+    fleet.control_plane.kill().unwrap();
     let log_ref = log.as_path();
     let fallback_logged = wait::until(
         "a decision of the fallback in the access log",

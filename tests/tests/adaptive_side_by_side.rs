@@ -22,8 +22,8 @@ use sluice_integration_tests::adaptive::{
     SKEW, capacity, fleet_options, ok_latency_ms, skewed_streams,
 };
 use sluice_integration_tests::capped_upstream::{CappedUpstream, Served};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-use sluice_integration_tests::fleet::Fleet;
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{ControlPlaneTarget, EnvoySpec, Fleet, TestDir};
 use sluice_integration_tests::load::{LoadPlan, LoadResult, LoadRun, Window, rate};
 
 const DURATION_S: u64 = 30;
@@ -61,7 +61,7 @@ enum Proxies {
     Envoy {
         envoys: Vec<Envoy>,
         /// Their configs and logs, removed when the run ends.
-        _dir: tempfile::TempDir,
+        _dir: TestDir,
     },
 }
 
@@ -72,19 +72,18 @@ impl Proxies {
                 Fleet::start(fleet_options(upstream.addr())).await.unwrap(),
             )),
             Some(file) => {
-                let dir = tempfile::tempdir().unwrap();
+                let dir = TestDir::new("sluice-it-", "test").unwrap();
                 let mut envoys = Vec::new();
                 for index in 0..SKEW.len() {
-                    let mut config = envoy::load_repo_config(file).unwrap();
-                    let rewrite = Rewrite {
-                        ephemeral_ports: true,
-                        ..Rewrite::default()
-                    };
-                    envoy::rewrite(&mut config, &rewrite).unwrap();
-                    envoy::route_to_upstream(&mut config, upstream.addr()).unwrap();
-                    let mut options = EnvoyOptions::new(&format!("envoy-{index}"), dir.path());
-                    options.concurrency = 1;
-                    envoys.push(Envoy::start(&config, &options).await.unwrap());
+                    let spec = EnvoySpec::repo(&format!("envoy-{index}"), file)
+                        .data_plane(None)
+                        .upstream(upstream.addr())
+                        .concurrency(1);
+                    envoys.push(
+                        spec.start(dir.path(), &ControlPlaneTarget::None)
+                            .await
+                            .unwrap(),
+                    );
                 }
                 Self::Envoy { envoys, _dir: dir }
             }

@@ -16,8 +16,7 @@
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::fleet::{EnvoySpec, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::mesh::{
     GATEWAY_LISTENER, GatewayWasm, LISTENER_TYPE, ModuleServer, envoy_proxy_bootstrap_clusters,
@@ -34,23 +33,21 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(15);
 /// The control plane, Envoy Gateway's module server and xDS, and one Envoy
 /// per node id, serving deploy/'s policy.
 struct Gateway {
-    envoys: Vec<Envoy>,
+    /// The control plane and the Envoys (first: they stop before the
+    /// servers they talk to).
+    fleet: Fleet,
     node_ids: Vec<String>,
     extension: GatewayWasm,
     xds: XdsServer,
     modules: ModuleServer,
     sha256: String,
-    control_plane: ControlPlane,
-    dir: tempfile::TempDir,
 }
 
 impl Gateway {
     async fn start(node_ids: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let control_plane = ControlPlane::start(
-            ControlPlaneOptions::new(&deploy_limits_yaml().unwrap(), dir.path())
-                .control_interval_ms(200),
-        )
+        let fleet = Fleet::start(FleetOptions::control_plane_only(
+            &deploy_limits_yaml().unwrap(),
+        ))
         .await
         .unwrap();
         let wasm = std::fs::read(paths::sluice_wasm().unwrap()).unwrap();
@@ -71,14 +68,12 @@ impl Gateway {
             .expect("the EnvoyProxy's bootstrap has the cluster the policy names");
         let xds = XdsServer::start().await.unwrap();
         let mut gateway = Self {
-            envoys: Vec::new(),
+            fleet,
             node_ids: node_ids.iter().map(|id| (*id).to_owned()).collect(),
             extension,
             xds,
             modules,
             sha256,
-            control_plane,
-            dir,
         };
         let version = gateway.publish();
         for (index, node_id) in node_ids.iter().enumerate() {
@@ -87,13 +82,14 @@ impl Gateway {
                 gateway.xds.addr(),
                 gateway.modules.addr(),
                 &cluster,
-                gateway.control_plane.grpc_addr(),
+                gateway.fleet.control_plane.grpc_addr(),
             )
             .unwrap();
-            let options = EnvoyOptions::new(&format!("gateway-{index}"), gateway.dir.path());
             gateway
-                .envoys
-                .push(Envoy::start(&config, &options).await.unwrap());
+                .fleet
+                .start_envoy(&EnvoySpec::generated(&format!("gateway-{index}"), config))
+                .await
+                .unwrap();
             gateway
                 .xds
                 .wait_for_ack(node_id, LISTENER_TYPE, version, ACK_TIMEOUT)
@@ -116,10 +112,7 @@ impl Gateway {
     }
 
     fn print_logs(&self) {
-        self.control_plane.print_log();
-        for envoy in &self.envoys {
-            envoy.print_log();
-        }
+        self.fleet.print_logs();
     }
 }
 
@@ -133,13 +126,13 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
     .await;
     let load = LoadRun::start(LoadPlan::new(
         vec![
-            StreamSpec::new("A/acme", &gateway.envoys[0].base_url(), "acme", 450.0),
-            StreamSpec::new("B/acme", &gateway.envoys[1].base_url(), "acme", 150.0),
+            StreamSpec::new("A/acme", &gateway.fleet.envoys[0].base_url(), "acme", 450.0),
+            StreamSpec::new("B/acme", &gateway.fleet.envoys[1].base_url(), "acme", 150.0),
         ],
         Duration::from_secs(10),
     ))
     .unwrap();
-    let admin = gateway.control_plane.admin();
+    let admin = gateway.fleet.control_plane.admin();
     let converged = admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 2, Duration::from_secs(5))
         .await;
@@ -182,14 +175,14 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_config_change_applies_without_restart_or_burst() {
     let mut gateway = Gateway::start(&["envoy-default-eg-e41e7b31-7c9d8f6b5-a1b2c"]).await;
-    let pid = gateway.envoys[0].pid();
-    let url = gateway.envoys[0].base_url();
+    let pid = gateway.fleet.envoys[0].pid();
+    let url = gateway.fleet.envoys[0].base_url();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &url, "acme", 3.0 * ACME_LIMIT)],
         Duration::from_secs(16),
     ))
     .unwrap();
-    let admin = gateway.control_plane.admin();
+    let admin = gateway.fleet.control_plane.admin();
     admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 1, Duration::from_secs(6))
         .await
@@ -227,8 +220,8 @@ async fn a_policy_config_change_applies_without_restart_or_burst() {
         result.timeline(Duration::from_millis(500)),
     );
     println!("{summary}");
-    assert!(gateway.envoys[0].is_running(), "{summary}");
-    assert_eq!(gateway.envoys[0].pid(), pid);
+    assert!(gateway.fleet.envoys[0].is_running(), "{summary}");
+    assert_eq!(gateway.fleet.envoys[0].pid(), pid);
     let start = (pushed_at.as_secs_f64().floor() - 1.0).max(0.0);
     for second in 0..5 {
         let from = start + f64::from(second);

@@ -9,55 +9,18 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-use sluice_integration_tests::fleet::DataPlane;
+use sluice_integration_tests::fleet::{
+    ControlPlaneTarget, DataPlane, EnvoySpec, Fleet, FleetOptions, TestDir, free_loopback_addr,
+};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::wait;
 
-async fn start_envoy(
-    dir: &std::path::Path,
-    control_plane: SocketAddr,
-    patch: Json,
-    data_plane: DataPlane,
-) -> Envoy {
-    start_envoy_with(
-        EnvoyOptions::new("envoy-contract", dir),
-        control_plane,
-        patch,
-        data_plane,
-    )
-    .await
-}
-
-async fn start_envoy_with(
-    options: EnvoyOptions,
-    control_plane: SocketAddr,
-    patch: Json,
-    data_plane: DataPlane,
-) -> Envoy {
-    let (file, rewrite) = match data_plane {
-        DataPlane::Wasm => ("demo-a.yaml", Rewrite::for_test(control_plane, patch)),
-        DataPlane::Native => (
-            "native-module.yaml",
-            Rewrite::for_native(control_plane, patch),
-        ),
-    };
-    let mut config = envoy::load_repo_config(file).unwrap();
-    envoy::rewrite(&mut config, &rewrite.unwrap()).unwrap();
-    Envoy::start(&config, &options).await.unwrap()
-}
-
-/// A port nobody listens on.
-fn dead_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// The Envoy under test: `demo-a.yaml` or the native module with `keys`.
+fn contract_envoy(keys: Json, data_plane: DataPlane) -> EnvoySpec {
+    EnvoySpec::demo("envoy-contract", data_plane).filter(keys)
 }
 
 /// Sends requests for `tenant` one after another until one is answered
@@ -92,23 +55,19 @@ async fn native_a_limited_bucket_gets_the_full_429_contract() {
 }
 
 async fn a_limited_bucket_gets_the_full_429_contract_on(data_plane: DataPlane) {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "limits:\n  - bucket: limited\n    limit_rps: 20\n",
-            dir.path(),
-        )
-        .control_interval_ms(200),
-    )
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(
+        "limits:\n  - bucket: limited\n    limit_rps: 20\n",
+    ))
     .await
     .unwrap();
-    let envoy = start_envoy(
-        dir.path(),
-        control_plane.grpc_addr(),
-        json!({"proxy_id": "contract", "report_interval_ms": 100}),
-        data_plane,
-    )
-    .await;
+    let envoy = fleet
+        .start_envoy(&contract_envoy(
+            json!({"proxy_id": "contract", "report_interval_ms": 100}),
+            data_plane,
+        ))
+        .await
+        .unwrap();
+    let envoy = &fleet.envoys[envoy];
     let url = envoy.base_url();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("limited", &url, "limited", 150.0)],
@@ -170,14 +129,10 @@ async fn native_new_buckets_are_limited_locally_without_a_control_plane() {
 }
 
 async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: DataPlane) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new("sluice-it-", "test").unwrap();
     // One worker, as in the fallback test below: the split between workers
     // follows where the kernel puts connections, not what is tested here.
-    let mut options = EnvoyOptions::new("envoy-contract", dir.path());
-    options.concurrency = 1;
-    let envoy = start_envoy_with(
-        options,
-        dead_port(),
+    let envoy = contract_envoy(
         json!({
             "proxy_id": "lonely",
             "new_bucket": {"action": "local_limit", "fleet_limit_rps": 40, "expected_proxies": 2},
@@ -185,7 +140,14 @@ async fn new_buckets_are_limited_locally_without_a_control_plane_on(data_plane: 
         }),
         data_plane,
     )
-    .await;
+    .concurrency(1)
+    // A port nobody listens on.
+    .start(
+        dir.path(),
+        &ControlPlaneTarget::One(free_loopback_addr().unwrap()),
+    )
+    .await
+    .unwrap();
     let url = envoy.base_url();
     let duration = Duration::from_secs(5);
     let load = LoadRun::start(LoadPlan::new(
@@ -243,19 +205,12 @@ async fn native_a_blocked_bucket_refuses_every_tenant_connected_and_stale() {
 /// first request on: connected, while the control plane is gone (the
 /// outage allowance) and once the directives are stale.
 async fn a_blocked_bucket_refuses_every_tenant_connected_and_stale_on(data_plane: DataPlane) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "directive_ttl_ms: 1000\nlimits:\n  - bucket: blocked\n    limit_rps: 0\n",
-            dir.path(),
-        )
-        .control_interval_ms(200),
-    )
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(
+        "directive_ttl_ms: 1000\nlimits:\n  - bucket: blocked\n    limit_rps: 0\n",
+    ))
     .await
     .unwrap();
-    let envoy = start_envoy(
-        dir.path(),
-        control_plane.grpc_addr(),
+    let envoy = contract_envoy(
         json!({
             "proxy_id": "blocked",
             "bucket_key": [{"source": "literal", "value": "blocked"}],
@@ -265,9 +220,10 @@ async fn a_blocked_bucket_refuses_every_tenant_connected_and_stale_on(data_plane
             "fallback": "local_limit"
         }),
         data_plane,
-    )
-    .await;
-    let envoy_ref = &envoy;
+    );
+    let envoy = fleet.start_envoy(&envoy).await.unwrap();
+    let (envoy, control_plane) = (&fleet.envoys[envoy], &mut fleet.control_plane);
+    let envoy_ref = envoy;
     // The bucket's standing block arrives with the first batch, before
     // any request: nothing has been seen of any tenant.
     wait::until(
@@ -343,16 +299,11 @@ async fn native_after_the_ttl_without_a_control_plane_the_local_fallback_limits(
 }
 
 async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data_plane: DataPlane) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut control_plane = ControlPlane::start(
-        // The control plane's TTL rides on every batch and wins over the
-        // filter's `directive_ttl_ms`, which applies to batches without one.
-        ControlPlaneOptions::new(
-            "directive_ttl_ms: 1000\nlimits:\n  - bucket: acme\n    limit_rps: 30\n",
-            dir.path(),
-        )
-        .control_interval_ms(200),
-    )
+    // The control plane's TTL rides on every batch and wins over the
+    // filter's `directive_ttl_ms`, which applies to batches without one.
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(
+        "directive_ttl_ms: 1000\nlimits:\n  - bucket: acme\n    limit_rps: 30\n",
+    ))
     .await
     .unwrap();
     // One worker: the local limit splits this proxy's part evenly between
@@ -360,11 +311,7 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
     // on two workers the load's few connections, placed by the kernel, and
     // the probes' could take it anywhere from the limit to half of it. What
     // is measured here is the fallback's rate, not where connections land.
-    let mut options = EnvoyOptions::new("envoy-contract", dir.path());
-    options.concurrency = 1;
-    let envoy = start_envoy_with(
-        options,
-        control_plane.grpc_addr(),
+    let envoy = contract_envoy(
         json!({
             "proxy_id": "fallback",
             "report_interval_ms": 100,
@@ -373,7 +320,9 @@ async fn after_the_ttl_without_a_control_plane_the_local_fallback_limits_on(data
         }),
         data_plane,
     )
-    .await;
+    .concurrency(1);
+    let envoy = fleet.start_envoy(&envoy).await.unwrap();
+    let (envoy, control_plane) = (&fleet.envoys[envoy], &mut fleet.control_plane);
     let url = envoy.base_url();
     // Long enough for the waits; stopped 6 s after the kill.
     let load = LoadRun::start(LoadPlan::new(

@@ -19,9 +19,10 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
+use sluice_integration_tests::certs;
+use sluice_integration_tests::control_plane::sample;
 use sluice_integration_tests::fake_proxy::{self, ClientTls, FakeProxy};
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::wait;
 use sluice_proto::v1::Hello;
 
@@ -29,14 +30,9 @@ const LIMITS: &str = "limits:\n  - bucket: \"acme\"\n    limit_rps: 10\n";
 /// The default cap on one connection's streams.
 const STREAMS_PER_CONNECTION: usize = 16;
 
-async fn control_plane(dir: &std::path::Path, args: Vec<String>) -> ControlPlane {
-    ControlPlane::start(
-        ControlPlaneOptions::new(LIMITS, dir)
-            .control_interval_ms(200)
-            .args(args),
-    )
-    .await
-    .unwrap()
+/// The control plane with `LIMITS`, no Envoy.
+fn control_plane_only() -> FleetOptions {
+    FleetOptions::control_plane_only(LIMITS)
 }
 
 /// Every stream's first reply: `Ok` once served, else its status.
@@ -50,8 +46,8 @@ async fn first_replies(streams: &mut [FakeProxy]) -> Vec<Result<(), tonic::Statu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_streams_on_one_connection_are_refused_beyond_the_cap() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = control_plane(dir.path(), Vec::new()).await;
+    let fleet = Fleet::start(control_plane_only()).await.unwrap();
+    let control_plane = &fleet.control_plane;
     let channel = fake_proxy::channel(control_plane.grpc_addr(), None)
         .await
         .unwrap();
@@ -126,12 +122,10 @@ async fn a_thousand_streams_on_one_connection_are_refused_beyond_the_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_from_one_address_beyond_the_cap_are_closed() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = control_plane(
-        dir.path(),
-        vec!["--grpc-max-connections-per-ip".to_owned(), "4".to_owned()],
-    )
-    .await;
+    let fleet = Fleet::start(control_plane_only().args(["--grpc-max-connections-per-ip", "4"]))
+        .await
+        .unwrap();
+    let control_plane = &fleet.control_plane;
     let grpc = control_plane.grpc_addr();
     let mut held = Vec::new();
     for i in 0..4 {
@@ -186,16 +180,15 @@ async fn connections_from_one_address_beyond_the_cap_are_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_mutual_tls_one_identitys_connections_beyond_the_cap_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let mut args = certs.serve_args();
-    args.extend([
+    let fleet = Fleet::start(control_plane_only().mutual_tls().args([
         "--grpc-identity".to_owned(),
         format!("{}=rogue-*", certs::OTHER_IDENTITY),
         "--grpc-max-connections-per-identity".to_owned(),
         "2".to_owned(),
-    ]);
-    let control_plane = control_plane(dir.path(), args).await;
+    ]))
+    .await
+    .unwrap();
+    let (control_plane, certs) = (&fleet.control_plane, fleet.certs().unwrap());
     let grpc = control_plane.grpc_addr();
     let other = ClientTls {
         ca: &certs.path(certs::CA),
@@ -240,8 +233,8 @@ async fn under_mutual_tls_one_identitys_connections_beyond_the_cap_are_refused()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_or_garbled_hello_is_refused_and_costs_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = control_plane(dir.path(), Vec::new()).await;
+    let fleet = Fleet::start(control_plane_only()).await.unwrap();
+    let control_plane = &fleet.control_plane;
     let grpc = control_plane.grpc_addr();
     let huge = "x".repeat(4_000_000);
     let cases: Vec<(&str, Hello, &str)> = vec![

@@ -11,9 +11,9 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use serde_json::json;
+use sluice_integration_tests::certs::DevCerts;
+use sluice_integration_tests::fleet::{EnvoySpec, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 
 const LIMITS: &str = r#"
@@ -22,38 +22,27 @@ limits:
     limit_rps: 50
 "#;
 
-fn mtls_config(
-    control_plane: &ControlPlane,
-    certs: &DevCerts,
-    proxy_id: &str,
-    client_cert: bool,
-) -> serde_yaml_ng::Value {
-    certs::demo_mtls_config(certs, control_plane.grpc_addr(), proxy_id, client_cert).unwrap()
+/// `envoy-<proxy_id>` on `demo-mtls.yaml`.
+fn mtls_envoy(certs: &DevCerts, proxy_id: &str, client_cert: bool) -> EnvoySpec {
+    EnvoySpec::mutual_tls(&format!("envoy-{proxy_id}"), certs, client_cert)
+        .filter(json!({ "proxy_id": proxy_id, "report_interval_ms": 100 }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn directives_flow_over_mutual_tls() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(LIMITS, dir.path())
-            .control_interval_ms(200)
-            .args(certs.serve_args()),
-    )
-    .await
-    .unwrap();
-    let trusted = Envoy::start(
-        &mtls_config(&control_plane, &certs, "trusted", true),
-        &EnvoyOptions::new("envoy-trusted", dir.path()),
-    )
-    .await
-    .unwrap();
-    let _untrusted = Envoy::start(
-        &mtls_config(&control_plane, &certs, "untrusted", false),
-        &EnvoyOptions::new("envoy-untrusted", dir.path()),
-    )
-    .await
-    .unwrap();
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS).mutual_tls())
+        .await
+        .unwrap();
+    let certs = fleet.certs().unwrap().clone();
+    let trusted = fleet
+        .start_envoy(&mtls_envoy(&certs, "trusted", true))
+        .await
+        .unwrap();
+    fleet
+        .start_envoy(&mtls_envoy(&certs, "untrusted", false))
+        .await
+        .unwrap();
+    let (trusted, control_plane) = (&fleet.envoys[trusted], &fleet.control_plane);
 
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &trusted.base_url(), "acme", 150.0)],

@@ -25,11 +25,8 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{
-    AdminClient, ControlPlane, ControlPlaneOptions, sample,
-};
-use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::certs;
+use sluice_integration_tests::control_plane::{AdminClient, sample};
 use sluice_integration_tests::fake_proxy::ClientTls;
 use sluice_integration_tests::fake_proxy::FakeProxy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
@@ -67,25 +64,16 @@ async fn window_after_convergence(admin: &AdminClient, load: &LoadRun) -> (Windo
 async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
     // Over mutual TLS, and the rogue holds a valid certificate: identity
     // is no defence against a compromised client, the share cap is.
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(LIMITS, dir.path())
-            .control_interval_ms(200)
-            .args(certs.serve_args()),
+    let fleet = Fleet::start(
+        FleetOptions::new(LIMITS, 3)
+            .mutual_tls()
+            .proxy_ids(&["edge-a", "edge-b", "edge-c"]),
     )
     .await
     .unwrap();
+    let (control_plane, envoys) = (&fleet.control_plane, &fleet.envoys);
+    let certs = fleet.certs().unwrap();
     let grpc = control_plane.grpc_addr();
-    let mut envoys = Vec::new();
-    for id in ["edge-a", "edge-b", "edge-c"] {
-        let config = certs::demo_mtls_config(&certs, grpc, id, true).unwrap();
-        envoys.push(
-            Envoy::start(&config, &EnvoyOptions::new(id, dir.path()))
-                .await
-                .unwrap(),
-        );
-    }
     // An upper bound: the load stops after the window below.
     let duration = Duration::from_secs(13);
     // 4× the limit, evenly over three Envoys.
@@ -135,7 +123,7 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
     let admitted = rate(counts.ok, window);
     if !within(admitted, 150.0, 0.10) {
         control_plane.print_log();
-        for envoy in &envoys {
+        for envoy in envoys {
             envoy.print_log();
         }
     }
@@ -186,25 +174,14 @@ async fn a_rogue_report_of_a_thousand_times_the_rate_does_not_move_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(LIMITS, dir.path())
-            .control_interval_ms(200)
-            .args(certs.serve_args()),
+    let fleet = Fleet::start(
+        FleetOptions::new(LIMITS, 3)
+            .mutual_tls()
+            .proxy_ids(&["edge-a", "edge-b", "edge-c"]),
     )
     .await
     .unwrap();
-    let grpc = control_plane.grpc_addr();
-    let mut envoys = Vec::new();
-    for id in ["edge-a", "edge-b", "edge-c"] {
-        let config = certs::demo_mtls_config(&certs, grpc, id, true).unwrap();
-        envoys.push(
-            Envoy::start(&config, &EnvoyOptions::new(id, dir.path()))
-                .await
-                .unwrap(),
-        );
-    }
+    let (control_plane, envoys) = (&fleet.control_plane, &fleet.envoys);
     // An upper bound: the load stops after the window below.
     let duration = Duration::from_secs(13);
     // 440 rps, 2.9× the limit; edge-c carries 360 of it, 9× the median
@@ -237,7 +214,7 @@ async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
     let admitted = rate(counts.ok, window);
     if !within(admitted, 150.0, 0.10) {
         control_plane.print_log();
-        for envoy in &envoys {
+        for envoy in envoys {
             envoy.print_log();
         }
     }
@@ -262,30 +239,21 @@ async fn a_busy_envoy_cut_by_the_share_cap_keeps_the_fleet_within_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_cannot_claim_or_take_over_another_identitys_proxy_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let mut args = certs.serve_args();
     // The other identity may use `shared-*` ids, as two teams sharing a
     // naming scheme might; the Envoy below holds `shared-edge`.
-    args.extend([
-        "--grpc-identity".to_owned(),
-        format!("{}=shared-*", certs::OTHER_IDENTITY),
-    ]);
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "limits:\n  - bucket: \"acme\"\n    limit_rps: 50\n",
-            dir.path(),
-        )
-        .control_interval_ms(200)
-        .args(args),
+    let fleet = Fleet::start(
+        FleetOptions::new("limits:\n  - bucket: \"acme\"\n    limit_rps: 50\n", 1)
+            .mutual_tls()
+            .args([
+                "--grpc-identity".to_owned(),
+                format!("{}=shared-*", certs::OTHER_IDENTITY),
+            ])
+            .proxy_ids(&["shared-edge"]),
     )
     .await
     .unwrap();
-    let config =
-        certs::demo_mtls_config(&certs, control_plane.grpc_addr(), "shared-edge", true).unwrap();
-    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-edge", dir.path()))
-        .await
-        .unwrap();
+    let (control_plane, envoy) = (&fleet.control_plane, &fleet.envoys[0]);
+    let certs = fleet.certs().unwrap();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &envoy.base_url(), "acme", 150.0)],
         Duration::from_secs(8),
@@ -478,7 +446,7 @@ async fn five_new_identities_beside_three_envoys_do_not_stop_the_fleet() {
     let mut options = FleetOptions::new(LIMITS, 3);
     // A short probation, so that the Envoys are established by the time
     // the load has converged.
-    options.control_plane_args = vec!["--proxy-probation-ms".to_owned(), "2000".to_owned()];
+    options = options.args(["--proxy-probation-ms", "2000"]);
     let fleet = Fleet::start(options).await.unwrap();
     let admin = fleet.control_plane.admin().clone();
     let streams = (0..3)

@@ -56,7 +56,7 @@ async fn sidecars_hold_the_fleet_limit_beside_another_plugin_without_vm_id() {
         Duration::from_secs(10),
     ))
     .unwrap();
-    let admin = mesh.control_plane.admin();
+    let admin = mesh.fleet.control_plane.admin();
     let converged = admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 2, Duration::from_secs(5))
         .await;
@@ -109,14 +109,14 @@ async fn sidecars_hold_the_fleet_limit_beside_another_plugin_without_vm_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() {
     let mut mesh = SidecarMesh::start(options(&["cart-5c6b-a"])).await.unwrap();
-    let pid = mesh.envoys[0].pid();
+    let pid = mesh.fleet.envoys[0].pid();
     let url = mesh.url(0).unwrap();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new("acme", &url, "acme", 3.0 * ACME_LIMIT)],
         Duration::from_secs(16),
     ))
     .unwrap();
-    let admin = mesh.control_plane.admin();
+    let admin = mesh.fleet.control_plane.admin();
     admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 1, Duration::from_secs(6))
         .await
@@ -155,8 +155,8 @@ async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() 
     println!("{summary}");
 
     // The same Envoy process served throughout.
-    assert!(mesh.envoys[0].is_running(), "{summary}");
-    assert_eq!(mesh.envoys[0].pid(), pid);
+    assert!(mesh.fleet.envoys[0].is_running(), "{summary}");
+    assert_eq!(mesh.fleet.envoys[0].pid(), pid);
     // No burst: every whole second from one before the push to three
     // after it admits the limit within 15 %.
     let start = (pushed_at.as_secs_f64().floor() - 1.0).max(0.0);

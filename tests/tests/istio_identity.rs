@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::certs;
 use sluice_integration_tests::fake_proxy::{ClientTls, FakeProxy};
+use sluice_integration_tests::fleet::{Fleet, FleetOptions, GrpcTls};
 use sluice_integration_tests::paths;
 
 /// The `--grpc-identity` arguments of deploy/istio's Deployment.
@@ -47,23 +47,15 @@ async fn outcome(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istio_workload_identities_claim_only_their_namespaces_node_ids() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let mut args: Vec<String> = [
-        ("--grpc-tls-cert", certs::SERVER_CERT),
-        ("--grpc-tls-key", certs::SERVER_KEY),
-        ("--grpc-tls-client-ca", certs::CA),
-    ]
-    .into_iter()
-    .flat_map(|(flag, name)| [flag.to_owned(), certs.path(name).display().to_string()])
-    .collect();
-    args.extend(deploy_identity_rules());
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new("limits:\n  - bucket: acme\n    limit_rps: 50\n", dir.path())
-            .args(args),
+    let fleet = Fleet::start(
+        FleetOptions::control_plane_only("limits:\n  - bucket: acme\n    limit_rps: 50\n")
+            .control_interval_ms(None)
+            .grpc_tls(GrpcTls::MutualOwnRules)
+            .args(deploy_identity_rules()),
     )
     .await
     .unwrap();
+    let (control_plane, certs) = (&fleet.control_plane, fleet.certs().unwrap());
     let ca = certs.path(certs::CA);
     let (shop_cert, shop_key) = (
         certs.path(certs::ISTIO_SHOP_CERT),

@@ -14,15 +14,24 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::certs;
+use sluice_integration_tests::envoy;
+use sluice_integration_tests::fleet::{
+    ControlPlaneTarget, DataPlane, EnvoySpec, Fleet, FleetOptions, TestDir,
+};
 
-fn native_config(patch: serde_json::Value) -> serde_yaml_ng::Value {
-    let mut config = envoy::load_repo_config("native-module.yaml").unwrap();
-    let addr = "127.0.0.1:9".parse().unwrap();
-    envoy::rewrite(&mut config, &Rewrite::for_native(addr, patch).unwrap()).unwrap();
-    config
+/// `native-module.yaml` as Envoy `name` with `keys`.
+fn native(name: &str, keys: serde_json::Value) -> EnvoySpec {
+    EnvoySpec::demo(name, DataPlane::Native).filter(keys)
+}
+
+/// The discard port: nothing listens there.
+fn nowhere() -> ControlPlaneTarget {
+    ControlPlaneTarget::One("127.0.0.1:9".parse().unwrap())
+}
+
+fn native_config(keys: serde_json::Value) -> serde_yaml_ng::Value {
+    native("envoy-native", keys).config(&nowhere()).unwrap()
 }
 
 #[tokio::test]
@@ -44,13 +53,11 @@ async fn the_example_loads_and_a_bad_configuration_names_its_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_pass_through_the_module_without_a_control_plane() {
-    let dir = tempfile::tempdir().unwrap();
-    let envoy = Envoy::start(
-        &native_config(json!({"proxy_id": "native-alone"})),
-        &EnvoyOptions::new("envoy-native", dir.path()),
-    )
-    .await
-    .unwrap();
+    let dir = TestDir::new("sluice-it-", "test").unwrap();
+    let envoy = native("envoy-native", json!({"proxy_id": "native-alone"}))
+        .start(dir.path(), &nowhere())
+        .await
+        .unwrap();
     let client = reqwest::Client::new();
     for tenant in ["a", "b", "c"] {
         let response = client
@@ -68,32 +75,29 @@ async fn requests_pass_through_the_module_without_a_control_plane() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_module_reaches_a_control_plane_that_requires_mutual_tls() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "limits:\n  - bucket: blocked\n    limit_rps: 0\n",
-            dir.path(),
-        )
-        .control_interval_ms(200)
-        .args(certs.serve_args()),
+    let mut fleet = Fleet::start(
+        FleetOptions::control_plane_only("limits:\n  - bucket: blocked\n    limit_rps: 0\n")
+            .mutual_tls(),
     )
     .await
     .unwrap();
+    let certs = fleet.certs().unwrap();
     let path = |name| certs.path(name).display().to_string();
-    let config = native_config(json!({
-        "proxy_id": "native-tls",
-        "report_interval_ms": 100,
-        "control_plane_uri": format!("https://{}", control_plane.grpc_addr()),
-        "control_plane_tls": {
-            "ca_file": path(certs::CA),
-            "cert_file": path(certs::CLIENT_CERT),
-            "key_file": path(certs::CLIENT_KEY),
-        },
-    }));
-    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-native-tls", dir.path()))
-        .await
-        .unwrap();
+    let envoy = native(
+        "envoy-native-tls",
+        json!({
+            "proxy_id": "native-tls",
+            "report_interval_ms": 100,
+            "control_plane_uri": format!("https://{}", fleet.control_plane.grpc_addr()),
+            "control_plane_tls": {
+                "ca_file": path(certs::CA),
+                "cert_file": path(certs::CLIENT_CERT),
+                "key_file": path(certs::CLIENT_KEY),
+            },
+        }),
+    );
+    let envoy = fleet.start_envoy(&envoy).await.unwrap();
+    let (control_plane, envoy) = (&fleet.control_plane, &fleet.envoys[envoy]);
     // Requests of a bucket limited to 0 pass until the module's leader has
     // reported them over TLS and received the directive back.
     let client = reqwest::Client::new();
@@ -123,38 +127,26 @@ async fn the_module_reaches_a_control_plane_that_requires_mutual_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_can_be_keyed_by_the_route_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(
-            "limits:\n  - bucket: default/acme\n    limit_rps: 0\n",
-            dir.path(),
-        )
-        .control_interval_ms(200),
-    )
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(
+        "limits:\n  - bucket: default/acme\n    limit_rps: 0\n",
+    ))
     .await
     .unwrap();
     // The example's only route is named `default`: the module reads the
     // name through Envoy 1.40's attribute id for `xds.route_name`.
-    let mut config = envoy::load_repo_config("native-module.yaml").unwrap();
-    let patch = json!({
-        "proxy_id": "native-route",
-        "report_interval_ms": 100,
-        "bucket_key": [
-            {"source": "route_name"},
-            {"source": "header", "name": "x-tenant", "default": "anonymous"}
-        ],
-    });
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_native(control_plane.grpc_addr(), patch).unwrap(),
-    )
-    .unwrap();
-    let envoy = Envoy::start(
-        &config,
-        &EnvoyOptions::new("envoy-native-route", dir.path()),
-    )
-    .await
-    .unwrap();
+    let envoy = native(
+        "envoy-native-route",
+        json!({
+            "proxy_id": "native-route",
+            "report_interval_ms": 100,
+            "bucket_key": [
+                {"source": "route_name"},
+                {"source": "header", "name": "x-tenant", "default": "anonymous"}
+            ],
+        }),
+    );
+    let envoy = fleet.start_envoy(&envoy).await.unwrap();
+    let (control_plane, envoy) = (&fleet.control_plane, &fleet.envoys[envoy]);
     let client = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let mut dropped = None;

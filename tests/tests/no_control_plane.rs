@@ -8,32 +8,22 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::fleet::{
+    ControlPlaneTarget, DataPlane, EnvoySpec, TestDir, free_loopback_addr,
+};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_control_plane_everything_passes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new("sluice-it-", "test").unwrap();
     // A port nobody listens on: bind, note it, close it.
-    let dead: SocketAddr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_test(
-            dead,
-            json!({"proxy_id": "lonely", "report_interval_ms": 100}),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let mut envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-lonely", dir.path()))
+    let dead = ControlPlaneTarget::One(free_loopback_addr().unwrap());
+    let mut envoy = EnvoySpec::demo("envoy-lonely", DataPlane::Wasm)
+        .filter(json!({"proxy_id": "lonely", "report_interval_ms": 100}))
+        .start(dir.path(), &dead)
         .await
         .unwrap();
     let url = envoy.base_url();

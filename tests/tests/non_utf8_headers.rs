@@ -25,9 +25,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::json;
 use serde_yaml_ng::Value;
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-use sluice_integration_tests::fleet::DataPlane;
+use sluice_integration_tests::envoy;
+use sluice_integration_tests::fleet::{DataPlane, EnvoySpec, Fleet, FleetOptions};
 use sluice_integration_tests::wait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -173,28 +172,25 @@ fn filter_patch(data_plane: DataPlane) -> serde_json::Value {
     })
 }
 
-/// The example config of `data_plane`, pointed at `control_plane`, with the
-/// Lua filter first and, for the wasm filter, its default failure policy.
-fn config(data_plane: DataPlane, control_plane: SocketAddr) -> Result<Value> {
-    let (file, rewrite) = match data_plane {
-        DataPlane::Wasm => (
-            "demo-a.yaml",
-            Rewrite::for_test(control_plane, filter_patch(data_plane))?,
-        ),
-        DataPlane::Native => (
-            "native-module.yaml",
-            Rewrite::for_native(control_plane, filter_patch(data_plane))?,
-        ),
-    };
-    let mut config = envoy::load_repo_config(file)?;
-    envoy::rewrite(&mut config, &rewrite)?;
+/// The example config of `data_plane` with the Lua filter first and, for
+/// the wasm filter, its default failure policy, one worker.
+fn envoy(data_plane: DataPlane) -> EnvoySpec {
+    EnvoySpec::demo("envoy-bytes", data_plane)
+        .filter(filter_patch(data_plane))
+        .concurrency(1)
+        .edit(move |config| add_lua(config, data_plane))
+}
+
+/// Puts the Lua filter first and, for the wasm filter, removes the
+/// example's failure policy.
+fn add_lua(config: &mut Value, data_plane: DataPlane) -> Result<()> {
     let lua: Value = serde_yaml_ng::from_str(&format!(
         "name: envoy.filters.http.lua\ntyped_config:\n  \"@type\": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua\n  default_source_code:\n    inline_string: {}\n",
         serde_json::to_string(LUA)?
     ))?;
     let mut managers = 0;
     let mut policies_removed = 0;
-    envoy::visit_mappings(&mut config, &mut |mapping| {
+    envoy::visit_mappings(config, &mut |mapping| {
         if mapping.contains_key("vm_config") && mapping.remove("failure_policy").is_some() {
             policies_removed += 1;
         }
@@ -211,7 +207,7 @@ fn config(data_plane: DataPlane, control_plane: SocketAddr) -> Result<Value> {
         // The example sets FAIL_RELOAD; the default is FAIL_CLOSED.
         anyhow::ensure!(policies_removed == 1, "no failure_policy to remove");
     }
-    Ok(config)
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,15 +222,11 @@ async fn native_header_values_that_are_not_utf8_are_taken_as_absent() {
 }
 
 async fn never_trap_on(data_plane: DataPlane) {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
-    let config = config(data_plane, control_plane.grpc_addr()).unwrap();
-    let mut options = EnvoyOptions::new("envoy-bytes", dir.path());
-    options.concurrency = 1;
-    let envoy = Envoy::start(&config, &options).await.unwrap();
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
+    let envoy = fleet.start_envoy(&envoy(data_plane)).await.unwrap();
+    let (envoy, control_plane) = (&fleet.envoys[envoy], &fleet.control_plane);
     let addr = envoy.listener_addr();
 
     // Each limited bucket is directed once the control plane has seen it:

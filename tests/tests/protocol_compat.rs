@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use prost::Message;
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::raw_grpc::RawCodec;
 use sluice_proto::v1::{BucketCount, ControlMessage, Hello, Report, control_message};
 use tokio::sync::mpsc;
@@ -76,11 +76,10 @@ fn report(sequence: u64) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_of_a_newer_minor_is_counted_and_directed() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
+    let fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
+    let control_plane = &fleet.control_plane;
     let channel =
         tonic::transport::Channel::from_shared(format!("http://{}", control_plane.grpc_addr()))
             .unwrap()

@@ -24,11 +24,8 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::certs::{self, DevCerts};
-use sluice_integration_tests::control_plane::{
-    AdminClient, ControlPlane, ControlPlaneOptions, ProxiesReply, sample,
-};
-use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::certs;
+use sluice_integration_tests::control_plane::{AdminClient, ProxiesReply, sample};
 use sluice_integration_tests::fake_proxy::{ClientTls, FakeProxy};
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadResult, LoadRun, StreamSpec, Window, rate};
@@ -342,20 +339,16 @@ async fn a_stream_superseded_by_its_own_instance_is_closed_and_the_envoy_takes_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_mutual_tls_a_second_stream_of_the_same_certificate_cannot_silence_the_envoy() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let control_plane = ControlPlane::start(
-        ControlPlaneOptions::new(LIMITS, dir.path())
-            .control_interval_ms(200)
-            .args(certs.serve_args()),
+    let fleet = Fleet::start(
+        FleetOptions::new(LIMITS, 1)
+            .mutual_tls()
+            .proxy_ids(&["edge-a"]),
     )
     .await
     .unwrap();
+    let (control_plane, envoy) = (&fleet.control_plane, &fleet.envoys[0]);
+    let certs = fleet.certs().unwrap();
     let grpc = control_plane.grpc_addr();
-    let config = certs::demo_mtls_config(&certs, grpc, "edge-a", true).unwrap();
-    let envoy = Envoy::start(&config, &EnvoyOptions::new("edge-a", dir.path()))
-        .await
-        .unwrap();
     let admin = control_plane.admin().clone();
     let load = LoadRun::start(LoadPlan::new(
         vec![StreamSpec::new(

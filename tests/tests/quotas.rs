@@ -16,7 +16,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_integration_tests::control_plane::{ControlPlaneOptions, sample};
+use sluice_integration_tests::control_plane::sample;
+use sluice_integration_tests::fleet::TestDir;
+use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::quotas::{self, Store};
 use sluice_integration_tests::redis::RedisServer;
@@ -45,34 +47,46 @@ fn unix_ms() -> u64 {
     .unwrap()
 }
 
+/// A control plane serving `QUOTAS` as `api.yaml`, no control interval of
+/// its own, no Envoy.
+fn quota_service(algorithm: Option<&str>) -> FleetOptions {
+    let mut options = FleetOptions::control_plane_only("limits: []\n")
+        .control_interval_ms(None)
+        .quota_file("api.yaml", QUOTAS);
+    if let Some(algorithm) = algorithm {
+        options = options.args(["--quota-algorithm", algorithm]);
+    }
+    options
+}
+
+/// `--store URL` for Redis, nothing for memory.
+fn store_args(store: Store<'_>) -> Vec<String> {
+    match store {
+        Store::Memory => Vec::new(),
+        Store::Redis(url) => vec!["--store".to_owned(), url.to_owned()],
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_admit_each_fixed_window_exactly_its_quota() {
-    let dir = tempfile::tempdir().unwrap();
-    three_envoys_admit_exactly(dir.path(), Store::Memory).await;
+    three_envoys_admit_exactly(Store::Memory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_admit_each_fixed_window_exactly_its_quota_on_redis() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new("sluice-it-", "redis").unwrap();
     let redis = RedisServer::start(dir.path()).await.unwrap();
-    three_envoys_admit_exactly(dir.path(), Store::Redis(&redis.url())).await;
+    three_envoys_admit_exactly(Store::Redis(&redis.url())).await;
 }
 
-async fn three_envoys_admit_exactly(dir: &std::path::Path, store: Store<'_>) {
-    let control_plane = quotas::control_plane(
-        dir,
-        ControlPlaneOptions::new("limits: []\n", dir),
-        QUOTAS,
-        Some("fixed_window"),
-        store,
-    )
-    .await
-    .unwrap();
-    let grpc = control_plane.grpc_addr();
-    let mut envoys = Vec::new();
+async fn three_envoys_admit_exactly(store: Store<'_>) {
+    let mut fleet = Fleet::start(quota_service(Some("fixed_window")).args(store_args(store)))
+        .await
+        .unwrap();
     for id in ["quota-a", "quota-b", "quota-c"] {
-        envoys.push(quotas::start(grpc, id, dir).await.unwrap());
+        fleet.start_envoy(&quotas::envoy(id)).await.unwrap();
     }
+    let envoys = &fleet.envoys;
     // The per-minute quota is checked over one whole minute window: start
     // with at least 8 s left in the current minute.
     let into_minute = unix_ms() % 60_000;
@@ -155,18 +169,16 @@ async fn three_envoys_admit_exactly(dir: &std::path::Path, store: Store<'_>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_of_its_own_serves_the_quotas_exactly_from_several_threads() {
     const HOURLY: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
-    let dir = tempfile::tempdir().unwrap();
-    let options = ControlPlaneOptions::new("limits: []\n", dir.path())
-        .args(["--rls-listen", "127.0.0.1:0", "--rls-threads", "2"].map(str::to_owned));
-    let mut control_plane = quotas::control_plane(
-        dir.path(),
-        options,
-        HOURLY,
-        Some("fixed_window"),
-        Store::Memory,
+    let mut fleet = Fleet::start(
+        FleetOptions::control_plane_only("limits: []\n")
+            .control_interval_ms(None)
+            .args(["--rls-listen", "127.0.0.1:0", "--rls-threads", "2"])
+            .args(["--quota-algorithm", "fixed_window"])
+            .quota_file("api.yaml", HOURLY),
     )
     .await
     .unwrap();
+    let control_plane = &mut fleet.control_plane;
     let rls = control_plane.rls_addr();
     assert_ne!(rls, control_plane.grpc_addr());
     let refused = client::ask(
@@ -221,17 +233,17 @@ async fn a_listener_of_its_own_serves_the_quotas_exactly_from_several_threads() 
 /// client is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_of_its_own_takes_the_grpc_listeners_mutual_tls() {
-    use sluice_integration_tests::certs::{self, DevCerts};
+    use sluice_integration_tests::certs;
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-    let dir = tempfile::tempdir().unwrap();
-    let certs = DevCerts::generate(&dir.path().join("certs")).unwrap();
-    let mut args = certs.serve_args();
-    args.extend(["--rls-listen", "127.0.0.1:0"].map(str::to_owned));
-    let options = ControlPlaneOptions::new("limits: []\n", dir.path()).args(args);
-    let control_plane = quotas::control_plane(dir.path(), options, QUOTAS, None, Store::Memory)
-        .await
-        .unwrap();
+    let fleet = Fleet::start(
+        quota_service(None)
+            .mutual_tls()
+            .args(["--rls-listen", "127.0.0.1:0"]),
+    )
+    .await
+    .unwrap();
+    let (control_plane, certs) = (&fleet.control_plane, fleet.certs().unwrap());
     let rls = control_plane.rls_addr();
     let read = |name| std::fs::read(certs.path(name)).unwrap();
     let tls = ClientTlsConfig::new()
@@ -316,16 +328,8 @@ pub(crate) mod client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_answers_and_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = quotas::control_plane(
-        dir.path(),
-        ControlPlaneOptions::new("limits: []\n", dir.path()),
-        QUOTAS,
-        None,
-        Store::Memory,
-    )
-    .await
-    .unwrap();
+    let fleet = Fleet::start(quota_service(None)).await.unwrap();
+    let control_plane = &fleet.control_plane;
     let grpc = control_plane.grpc_addr();
 
     // 1,000 descriptors: refused whole.
@@ -389,21 +393,20 @@ async fn the_limits_files_quotas_section_is_served_and_reloaded() {
         }
     }
     const SECTION: &str = "limits: []\nquotas:\n  - bucket: checkout\n    requests_per_unit: 1000\n    unit: hour\n    per_tenant: {requests_per_unit: 2, unit: hour}\n    tenants:\n      gold: {requests_per_unit: 5, unit: hour}\n";
-    let dir = tempfile::tempdir().unwrap();
-    let limits = dir.path().join("limits.yaml");
-    std::fs::write(&limits, SECTION).unwrap();
-    let control_plane = sluice_integration_tests::control_plane::ControlPlane::start(
-        ControlPlaneOptions::new("", dir.path())
-            .limits_file(&limits)
+    let fleet = Fleet::start(
+        FleetOptions::control_plane_only(SECTION)
+            .control_interval_ms(None)
             .args([
-                "--quota-algorithm".to_owned(),
-                "fixed_window".to_owned(),
-                "--reload-poll-ms".to_owned(),
-                "100".to_owned(),
+                "--quota-algorithm",
+                "fixed_window",
+                "--reload-poll-ms",
+                "100",
             ]),
     )
     .await
     .unwrap();
+    let control_plane = &fleet.control_plane;
+    let limits = control_plane.limits_path();
     let grpc = control_plane.grpc_addr();
     let remaining = |answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         answer
@@ -432,8 +435,7 @@ async fn the_limits_files_quotas_section_is_served_and_reloaded() {
 
     // An invalid edit is logged and changes nothing.
     std::fs::write(&limits, "limits: []\nquotas:\n  - bucket: checkout\n").unwrap();
-    let log_path = dir.path().join("sluice.log");
-    let log_path = log_path.as_path();
+    let log_path = control_plane.log_path();
     wait::until(
         "the invalid edit to be logged",
         Duration::from_secs(5),
@@ -479,7 +481,7 @@ async fn the_limits_files_quotas_section_is_served_and_reloaded() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let log = std::fs::read_to_string(dir.path().join("sluice.log")).unwrap();
+    let log = std::fs::read_to_string(control_plane.log_path()).unwrap();
     assert!(
         log.contains("quotas[0]"),
         "the invalid edit was named: {log}"
@@ -488,23 +490,14 @@ async fn the_limits_files_quotas_section_is_served_and_reloaded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_reads_a_count_without_spending_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new("sluice-it-", "redis").unwrap();
     let redis = RedisServer::start(&dir.path().join("redis")).await.unwrap();
     let redis_url = redis.url();
     for store in [Store::Memory, Store::Redis(&redis_url)] {
-        let run = dir
-            .path()
-            .join(format!("{store:?}").replace(['(', ')', '/', ':'], "_"));
-        std::fs::create_dir_all(&run).unwrap();
-        let control_plane = quotas::control_plane(
-            &run,
-            ControlPlaneOptions::new("limits: []\n", &run),
-            QUOTAS,
-            Some("fixed_window"),
-            store,
-        )
-        .await
-        .unwrap();
+        let fleet = Fleet::start(quota_service(Some("fixed_window")).args(store_args(store)))
+            .await
+            .unwrap();
+        let control_plane = &fleet.control_plane;
         // Three hits and three reads within one minute's window.
         if unix_ms() % 60_000 > 50_000 {
             tokio::time::sleep(Duration::from_millis(60_000 - unix_ms() % 60_000 + 50)).await;
@@ -571,25 +564,21 @@ async fn an_operator_reads_a_count_without_spending_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sluice_filter_shields_the_exact_layer_from_overload() {
-    let dir = tempfile::tempdir().unwrap();
     let layered = "domain: api\ndescriptors:\n  - key: tenant\n    value: layered\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
     // The fleet limit a little above the quota: the exact layer binds,
     // the statistical one takes the overload.
     let limits = "limits:\n  - bucket: \"layered\"\n    limit_rps: 110\n";
-    let control_plane = quotas::control_plane(
-        dir.path(),
-        ControlPlaneOptions::new(limits, dir.path()).control_interval_ms(200),
-        layered,
-        Some("fixed_window"),
-        Store::Memory,
+    let mut fleet = Fleet::start(
+        FleetOptions::control_plane_only(limits)
+            .args(["--quota-algorithm", "fixed_window"])
+            .quota_file("api.yaml", layered),
     )
     .await
     .unwrap();
-    let grpc = control_plane.grpc_addr();
-    let mut envoys = Vec::new();
     for id in ["layer-a", "layer-b", "layer-c"] {
-        envoys.push(quotas::start(grpc, id, dir.path()).await.unwrap());
+        fleet.start_envoy(&quotas::envoy(id)).await.unwrap();
     }
+    let (control_plane, envoys) = (&fleet.control_plane, &fleet.envoys);
     // An upper bound: the load stops after the measured 5 s.
     let duration = Duration::from_secs(10);
     // 10× the quota.

@@ -748,22 +748,23 @@ async fn a_store_outage_harms_no_request_and_an_empty_store_is_rebuilt_without_a
 
 #[tokio::test]
 async fn serve_takes_the_store_from_the_file_and_refuses_another_layout() {
-    use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-    let dir = tempfile::tempdir().unwrap();
+    use sluice_integration_tests::fleet::{Fleet, FleetOptions, TestDir};
+    let dir = TestDir::new("sluice-it-", "redis").unwrap();
     let redis = RedisServer::start(dir.path()).await.unwrap();
     let limits = format!(
         "limits:\n  - bucket: acme\n    limit_rps: 10\nstore: \"{}\"\n",
         redis.url()
     );
     // No proxies to wait for: no start-up hold, so it leads at once.
-    let mut replica = ControlPlane::start(
-        ControlPlaneOptions::new(&limits, dir.path())
+    let mut fleet = Fleet::start(
+        FleetOptions::control_plane_only(&limits)
             .control_interval_ms(100)
-            .args(["--startup-grace-ms".to_owned(), "0".to_owned()]),
+            .args(["--startup-grace-ms", "0"]),
     )
     .await
     .unwrap();
-    let (_, fence) = wait_for_leader(&[&replica], Duration::from_secs(5))
+    let replica = &mut fleet.control_plane;
+    let (_, fence) = wait_for_leader(&[replica], Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(fence, 1);

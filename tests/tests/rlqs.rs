@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions, sample};
+use sluice_integration_tests::control_plane::{ControlPlane, sample};
 use sluice_integration_tests::envoy::Envoy;
 use sluice_integration_tests::fleet::{Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
@@ -36,20 +36,20 @@ fn print_logs(control_plane: &ControlPlane, envoys: &[&Envoy]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
-    let grpc = control_plane.grpc_addr();
-    let mut envoys = Vec::new();
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
     for (name, proxy_id) in [
         ("rlqs-a", "rlqs-a"),
         ("rlqs-b", "rlqs-b"),
         ("rlqs-c", "rlqs-c"),
     ] {
-        envoys.push(rlqs::start(grpc, proxy_id, name, dir.path()).await.unwrap());
+        fleet
+            .start_envoy(&rlqs::envoy(name, proxy_id))
+            .await
+            .unwrap();
     }
+    let (control_plane, envoys) = (&fleet.control_plane, &fleet.envoys);
     // An upper bound: the load stops 10 s after the new assignments leave.
     let duration = Duration::from_secs(34);
     // 600 rps, 4× the limit: 60 / 30 / 10 %.
@@ -115,7 +115,7 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
         && within(admitted_after, 300.0, 0.10)
         && actions_after > actions_before;
     if !ok {
-        print_logs(&control_plane, &envoys.iter().collect::<Vec<_>>());
+        print_logs(control_plane, &envoys.iter().collect::<Vec<_>>());
     }
     assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
     assert_eq!(
@@ -140,16 +140,13 @@ async fn three_rlqs_envoys_share_a_fleet_limit_and_follow_a_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
-    let mut options = FleetOptions::new(LIMITS, 1);
-    options.proxy_ids = vec!["wasm-a".to_owned()];
-    let fleet = Fleet::start(options).await.unwrap();
-    let grpc = fleet.control_plane.grpc_addr();
-    let b = rlqs::start(grpc, "rlqs-b", "rlqs-b", fleet.dir())
+    let mut fleet = Fleet::start(FleetOptions::new(LIMITS, 1).proxy_ids(&["wasm-a"]))
         .await
         .unwrap();
-    let c = rlqs::start(grpc, "rlqs-c", "rlqs-c", fleet.dir())
-        .await
-        .unwrap();
+    for name in ["rlqs-b", "rlqs-c"] {
+        fleet.start_envoy(&rlqs::envoy(name, name)).await.unwrap();
+    }
+    let (b, c) = (&fleet.envoys[1], &fleet.envoys[2]);
     let duration = Duration::from_secs(22);
     let streams = vec![
         StreamSpec::new("wasm/acme", &fleet.url(0).unwrap(), "acme", 200.0),
@@ -172,8 +169,6 @@ async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
     let admitted = rate(counts.ok, window);
     if !within(admitted, 150.0, 0.10) {
         fleet.print_logs();
-        b.print_log();
-        c.print_log();
     }
     assert_eq!(counts.server_errors + counts.errors, 0, "{summary}");
     assert!(
@@ -186,23 +181,21 @@ async fn a_wasm_envoy_and_two_rlqs_envoys_share_one_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() {
-    let dir = tempfile::tempdir().unwrap();
     // The shortest TTL, 1 s: assignments expire early in the outage, and
     // Envoy's `expired_assignment_behavior` (each Envoy's static share,
     // 75 rps) must hold for most of it and until the new control plane
     // assigns again.
     let limits = format!("directive_ttl_ms: 1000\n{LIMITS}");
-    let mut control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(&limits, dir.path()).control_interval_ms(200))
+    let mut fleet = Fleet::start(FleetOptions::control_plane_only(&limits))
+        .await
+        .unwrap();
+    for name in ["rlqs-a", "rlqs-b"] {
+        fleet
+            .start_envoy(&rlqs::envoy_with_fallback(name, name, 75))
             .await
             .unwrap();
-    let grpc = control_plane.grpc_addr();
-    let a = rlqs::start_with_fallback(grpc, "rlqs-a", "rlqs-a", dir.path(), 75)
-        .await
-        .unwrap();
-    let b = rlqs::start_with_fallback(grpc, "rlqs-b", "rlqs-b", dir.path(), 75)
-        .await
-        .unwrap();
+    }
+    let (a, b, control_plane) = (&fleet.envoys[0], &fleet.envoys[1], &mut fleet.control_plane);
     // Killed at 12 s (two reports in), down for 5 s (4 s of it past the
     // TTL), then measured for 12 s after the restart.
     let outage_length = Duration::from_secs(5);
@@ -266,7 +259,7 @@ async fn assignments_outlive_a_control_plane_outage_and_resume_without_a_step() 
         && within(after_rps, 150.0, 0.10)
         && worst_second <= 150.0 * 1.25;
     if !ok {
-        print_logs(&control_plane, &[&a, &b]);
+        print_logs(control_plane, &[a, b]);
     }
     reconnected.unwrap();
     assert!(
@@ -355,11 +348,10 @@ mod rogue {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
+    let fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
+    let control_plane = &fleet.control_plane;
     let grpc = control_plane.grpc_addr();
 
     let mut no_id = rogue::usage("x", 5, 1);
@@ -459,11 +451,10 @@ async fn bad_usage_reports_are_refused_and_the_state_stays_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_usage_report_closes_only_its_stream() {
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane =
-        ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()).control_interval_ms(200))
-            .await
-            .unwrap();
+    let fleet = Fleet::start(FleetOptions::control_plane_only(LIMITS))
+        .await
+        .unwrap();
+    let control_plane = &fleet.control_plane;
     let grpc = control_plane.grpc_addr();
     // A well-behaved stream first, which must survive the bad one.
     let (_good, good_first) =

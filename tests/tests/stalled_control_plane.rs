@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{ControlPlaneTarget, DataPlane, EnvoySpec, TestDir};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window};
 use sluice_integration_tests::stalled::StalledControlPlane;
 use sluice_integration_tests::wait;
@@ -29,20 +30,15 @@ async fn allocated_bytes(envoy: &Envoy) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_control_plane_harms_no_request() {
     let stalled = StalledControlPlane::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    let rewrite = Rewrite::for_test(
-        stalled.addr(),
-        json!({
+    let dir = TestDir::new("sluice-it-", "test").unwrap();
+    let envoy = EnvoySpec::demo("envoy", DataPlane::Wasm)
+        .filter(json!({
             "proxy_id": "stalled-test",
             "report_interval_ms": 100,
             // The shortest allowed: the filter gives up soonest.
             "stream_idle_timeout_ms": 2000,
-        }),
-    )
-    .unwrap();
-    envoy::rewrite(&mut config, &rewrite).unwrap();
-    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy", dir.path()))
+        }))
+        .start(dir.path(), &ControlPlaneTarget::One(stalled.addr()))
         .await
         .unwrap();
     let url = envoy.base_url();

@@ -13,9 +13,7 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
-use sluice_integration_tests::fleet::{DataPlane, Fleet, FleetOptions};
+use sluice_integration_tests::fleet::{DataPlane, EnvoySpec, Fleet, FleetOptions};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::wait;
 
@@ -138,26 +136,23 @@ async fn two_unnamed_envoys_hold_one_limit_on(data_plane: DataPlane) {
 async fn an_envoy_with_a_node_id_reports_as_it() {
     const NODE_ID: &str = "sidecar~10.1.2.3~pod-abc-1.ns~ns.svc.cluster.local";
     const ZONE: &str = "eu-west-1a";
-    let dir = tempfile::tempdir().unwrap();
-    let control_plane = ControlPlane::start(ControlPlaneOptions::new(LIMITS, dir.path()))
-        .await
-        .unwrap();
-    let mut config = envoy::load_repo_config("demo-a.yaml").unwrap();
-    envoy::rewrite(
-        &mut config,
-        &Rewrite::for_test(
-            control_plane.grpc_addr(),
-            serde_json::json!({"proxy_id": null}),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let mut fleet =
+        Fleet::start(FleetOptions::control_plane_only(LIMITS).control_interval_ms(None))
+            .await
+            .unwrap();
     let node: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&format!("id: \"{NODE_ID}\"\nlocality: {{zone: {ZONE}}}")).unwrap();
-    config.as_mapping_mut().unwrap().insert("node".into(), node);
-    let envoy = Envoy::start(&config, &EnvoyOptions::new("envoy-node", dir.path()))
-        .await
-        .unwrap();
+    let envoy = EnvoySpec::demo("envoy-node", DataPlane::Wasm)
+        .filter(serde_json::json!({"proxy_id": null}))
+        .edit(move |config| {
+            config
+                .as_mapping_mut()
+                .unwrap()
+                .insert("node".into(), node.clone());
+            Ok(())
+        });
+    let envoy = fleet.start_envoy(&envoy).await.unwrap();
+    let (control_plane, envoy) = (&fleet.control_plane, &fleet.envoys[envoy]);
     let admin = control_plane.admin().clone();
     let connected = wait::until(
         "the Envoy to connect",

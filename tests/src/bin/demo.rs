@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use sluice_integration_tests::control_plane::{BucketsReply, ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{Envoy, EnvoyOptions};
+use sluice_integration_tests::envoy::Envoy;
+use sluice_integration_tests::fleet::{ControlPlaneTarget, EnvoySpec};
 use sluice_integration_tests::load::{
     Counts, LoadPlan, LoadResult, LoadRun, Sample, StreamSpec, TimeBase, Window, rate,
 };
@@ -102,7 +103,10 @@ async fn run(args: Args) -> Result<()> {
         println!(
             "Starting {name}: {config} (listener 127.0.0.1:{port}, admin 127.0.0.1:{admin}) ..."
         );
-        let envoy = Envoy::start_file(Path::new(config), &EnvoyOptions::new(name, &log_dir))
+        // The repository's config as it is: its fixed ports are the
+        // demo's, and it dials the control plane's.
+        let envoy = EnvoySpec::file(name, Path::new(config))
+            .start(&log_dir, &ControlPlaneTarget::None)
             .await
             .with_context(|| format!("{name} did not start"))?;
         envoys.push(envoy);

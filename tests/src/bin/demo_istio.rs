@@ -60,7 +60,7 @@ async fn run(args: Args) -> Result<()> {
         mesh.plugin.resource_name(),
         mesh.plugin.plugin_name,
     );
-    for (sidecar, envoy) in mesh.sidecars.iter().zip(&mesh.envoys) {
+    for (sidecar, envoy) in mesh.sidecars.iter().zip(&mesh.fleet.envoys) {
         println!("  {} listening on {}", sidecar.node_id(), envoy.base_url());
     }
     println!("  logs and configs: {}\n", mesh.dir().display());
@@ -83,7 +83,7 @@ async fn run(args: Args) -> Result<()> {
         "{:>6}  {:>8} {:>9} {:>15}  {:>6} {:>6}  {:>13}",
         "t(s)", "offered", "admitted", "A / B admitted", "limit", "drop", "globex ok/sent"
     );
-    let admin = mesh.control_plane.admin().clone();
+    let admin = mesh.fleet.control_plane.admin().clone();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
     loop {
