@@ -351,6 +351,24 @@ pub struct BucketStatus {
     /// The cap on one proxy's share, when one applies.
     #[serde(default)]
     pub proxy_cap: Option<ProxyCap>,
+    /// The bucket's cost, when its limit is a budget or its proxies count
+    /// cost (then the rates above are in the cost unit per second).
+    #[serde(default)]
+    pub cost: Option<BucketCost>,
+}
+
+/// A bucket's cost in `GET /v1/buckets`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BucketCost {
+    /// Estimated cost offered per second, fleet-wide.
+    pub offered_per_s: f64,
+    /// Estimated cost admitted per second.
+    pub admitted_per_s: f64,
+    /// Actual cost charged per second at stream ends.
+    pub charged_per_s: f64,
+    /// Charged over admitted estimate, when something was admitted.
+    #[serde(default)]
+    pub charged_to_estimate: Option<f64>,
 }
 
 /// `proxy_cap` of a bucket in `GET /v1/buckets`.

@@ -53,5 +53,6 @@ pub mod replicas;
 pub mod rlqs;
 pub mod sidecars;
 pub mod stalled;
+pub mod token_fleet;
 pub mod wait;
 pub mod xds;

@@ -51,6 +51,13 @@ impl TokenDistribution {
     pub fn p99(&self) -> f64 {
         self.median * (self.sigma * Z99).exp()
     }
+
+    /// The mean, `median · e^(σ²/2)`: a load generator's tokens per
+    /// request (draws are rounded and capped, which moves it by far less
+    /// than a token at the shapes used here).
+    pub fn mean(&self) -> f64 {
+        self.median * (self.sigma * self.sigma / 2.0).exp()
+    }
 }
 
 /// The most output tokens one answer has.
@@ -96,6 +103,20 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
     use super::*;
+
+    #[test]
+    fn the_mean_is_the_draws_mean() {
+        let distribution = TokenDistribution::median_500_p99_8000();
+        let mut sampler = TokenSampler::new(distribution, 3);
+        let draws = 400_000;
+        let sum: u64 = (0..draws).map(|_| sampler.tokens()).sum();
+        let mean = sum as f64 / draws as f64;
+        assert!(
+            (mean / distribution.mean() - 1.0).abs() < 0.03,
+            "{mean} vs {}",
+            distribution.mean()
+        );
+    }
 
     #[test]
     fn the_drawn_median_and_p99_are_the_configured_ones() {

@@ -1,0 +1,368 @@
+//! A fleet holding a token budget: one control plane with a budget in
+//! tokens per second, N Envoys whose filter charges each request its
+//! tokens, the fake LLM upstream behind them, and an open-loop load of
+//! streamed chat completions whose token counts are drawn from a
+//! log-normal distribution. `just demo-tokens` prints it per interval;
+//! `just bench-tokens` measures how closely it holds the budget.
+//!
+//! Each request draws its output tokens and sends them twice: as the
+//! estimate the filter counts before its decision (`x-estimated-tokens`)
+//! and as the count the upstream must produce (`x-output-tokens`), like a
+//! client whose `max_tokens` the model uses up. With
+//! [`Estimate::Constant`] the filter's estimate is a constant instead and
+//! the upstream's answer is the only exact count. Either way the filter
+//! charges what the upstream reported, read from the SSE stream's usage.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hyper::header::HeaderName;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::fleet::{DataPlane, Fleet, FleetOptions};
+use crate::llm_upstream::{LlmUpstream, LlmUpstreamOptions, TokenDistribution, TokenSampler};
+
+/// The one bucket every request falls into.
+pub const BUCKET: &str = "llm";
+/// The request header carrying the estimate.
+pub const ESTIMATE_HEADER: &str = "x-estimated-tokens";
+/// The request header telling the upstream how many tokens to produce.
+pub const OUTPUT_TOKENS_HEADER: &str = "x-output-tokens";
+
+/// What the filter counts before its decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Estimate {
+    /// The request's own token count (the client knows it).
+    Exact,
+    /// The same number for every request.
+    Constant(u64),
+}
+
+/// The fleet and its budget.
+#[derive(Debug, Clone)]
+pub struct TokenFleetOptions {
+    /// The budget, tokens per second fleet-wide.
+    pub budget_per_s: f64,
+    /// How many Envoys.
+    pub envoys: usize,
+    /// Tenants and their weights in the budget's fair share.
+    pub tenants: Vec<(String, f64)>,
+    /// The filter's estimate.
+    pub estimate: Estimate,
+    /// The wasm filter or the native module.
+    pub data_plane: DataPlane,
+    /// `--control-interval-ms` (`None`: the limits file's default).
+    pub control_interval_ms: Option<u64>,
+}
+
+impl TokenFleetOptions {
+    /// `envoys` Envoys holding `budget_per_s` tokens a second, exact
+    /// estimates, the wasm filter, no tenants.
+    pub fn new(budget_per_s: f64, envoys: usize) -> Self {
+        Self {
+            budget_per_s,
+            envoys,
+            tenants: Vec::new(),
+            estimate: Estimate::Exact,
+            data_plane: DataPlane::Wasm,
+            control_interval_ms: None,
+        }
+    }
+
+    /// The limits file.
+    pub fn limits_yaml(&self) -> String {
+        let mut yaml = format!(
+            "limits:\n  - bucket: {BUCKET}\n    budget: {{amount: {}, unit: tokens, per: second}}\n",
+            self.budget_per_s
+        );
+        if !self.tenants.is_empty() {
+            yaml.push_str("tenants:\n");
+            for (tenant, weight) in &self.tenants {
+                yaml.push_str(&format!("  {tenant}: {{weight: {weight}}}\n"));
+            }
+        }
+        yaml
+    }
+
+    /// The filter keys every Envoy gets: one bucket, the tenant from
+    /// `x-tenant`, and the cost rule.
+    pub fn filter(&self) -> serde_json::Value {
+        let estimate = match self.estimate {
+            Estimate::Exact => {
+                json!({"source": "request_header", "name": ESTIMATE_HEADER, "default": 500})
+            }
+            Estimate::Constant(value) => json!({"source": "constant", "value": value}),
+        };
+        json!({
+            "bucket_key": [{"source": "literal", "value": BUCKET}],
+            "tenant": {"source": "header", "name": "x-tenant", "default": "default"},
+            "cost_rules": [{
+                "bucket": BUCKET,
+                // Output tokens only, so the estimate can be exact.
+                "cost": {"weights": {"input": 0, "output": 1}, "estimate": estimate},
+                "actual": {"metadata": null, "body": {"parse": true}},
+            }],
+        })
+    }
+}
+
+/// A running token fleet. Dropping it stops every process.
+#[derive(Debug)]
+pub struct TokenFleet {
+    /// The control plane and the Envoys.
+    pub fleet: Fleet,
+    /// The fake provider behind them.
+    pub upstream: LlmUpstream,
+    /// What it was started with.
+    pub options: TokenFleetOptions,
+}
+
+impl TokenFleet {
+    /// Starts the upstream, the control plane and the Envoys, and waits
+    /// until every Envoy's filter is connected.
+    pub async fn start(options: TokenFleetOptions) -> Result<Self> {
+        let upstream = LlmUpstream::start(LlmUpstreamOptions {
+            output_tokens_header: Some(HeaderName::from_static(OUTPUT_TOKENS_HEADER)),
+            ..LlmUpstreamOptions::default()
+        })
+        .await?;
+        let mut fleet_options = FleetOptions::new(&options.limits_yaml(), options.envoys)
+            .with_data_plane(options.data_plane)
+            .control_interval_ms(options.control_interval_ms)
+            .filter(options.filter());
+        fleet_options.upstream = Some(upstream.addr());
+        let fleet = Fleet::start(fleet_options).await?;
+        fleet
+            .wait_connected(options.envoys, Duration::from_secs(30))
+            .await?;
+        Ok(Self {
+            fleet,
+            upstream,
+            options,
+        })
+    }
+}
+
+/// One stream of load: requests of one tenant through one Envoy.
+#[derive(Debug, Clone)]
+pub struct TokenStream {
+    /// Index of the Envoy.
+    pub envoy: usize,
+    /// The tenant (`x-tenant`).
+    pub tenant: String,
+    /// Offered tokens per second, by time since the start: the rate in
+    /// force from each instant on (the first at 0).
+    pub tokens_per_s: Vec<(Duration, f64)>,
+}
+
+impl TokenStream {
+    /// A constant rate.
+    pub fn steady(envoy: usize, tenant: &str, tokens_per_s: f64) -> Self {
+        Self {
+            envoy,
+            tenant: tenant.to_owned(),
+            tokens_per_s: vec![(Duration::ZERO, tokens_per_s)],
+        }
+    }
+
+    fn rate_at(&self, at: Duration) -> f64 {
+        self.tokens_per_s
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= at)
+            .map_or(0.0, |(_, rate)| *rate)
+    }
+}
+
+/// One request's end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Completion {
+    /// When it was sent, since the load's start.
+    pub sent: Duration,
+    /// When its response ended, since the load's start.
+    pub ended: Duration,
+    /// Index into the load's streams.
+    pub stream: usize,
+    /// The tokens it asked for.
+    pub tokens: u64,
+    /// The response status (0: no response).
+    pub status: u16,
+}
+
+/// Open-loop load: each stream sends at Poisson arrivals whose mean rate
+/// is its offered tokens per second over the distribution's mean tokens,
+/// each request drawing its tokens.
+#[derive(Debug)]
+pub struct TokenLoad {
+    started: Instant,
+    completions: Arc<Mutex<Vec<Completion>>>,
+    tasks: JoinSet<()>,
+    /// The streams, as given.
+    pub streams: Vec<TokenStream>,
+}
+
+impl TokenLoad {
+    /// Starts sending through `fleet`'s Envoys for `duration`.
+    pub fn start(
+        fleet: &TokenFleet,
+        streams: Vec<TokenStream>,
+        duration: Duration,
+        seed: u64,
+    ) -> Result<Self> {
+        let distribution = TokenDistribution::median_500_p99_8000();
+        let mean_tokens = distribution.mean();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .context("cannot build the HTTP client")?;
+        let started = Instant::now();
+        let completions = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = JoinSet::new();
+        for (index, stream) in streams.iter().enumerate() {
+            let url = format!("{}/v1/chat/completions", fleet.fleet.url(stream.envoy)?);
+            let stream = stream.clone();
+            let client = client.clone();
+            let completions = Arc::clone(&completions);
+            let seed = seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
+            tasks.spawn(async move {
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let mut sampler = TokenSampler::new(distribution, seed ^ 0x5eed);
+                let mut requests = JoinSet::new();
+                let mut at = Duration::ZERO;
+                loop {
+                    let rate = stream.rate_at(at) / mean_tokens;
+                    // Exponential gaps; a stream at rate 0 looks again a
+                    // little later.
+                    let gap = if rate > 0.0 {
+                        -(1.0 - rng.random::<f64>()).ln() / rate
+                    } else {
+                        0.05
+                    };
+                    at += Duration::from_secs_f64(gap);
+                    if at >= duration {
+                        break;
+                    }
+                    tokio::time::sleep_until(started + at).await;
+                    if rate <= 0.0 {
+                        continue;
+                    }
+                    while requests.try_join_next().is_some() {}
+                    let tokens = sampler.tokens();
+                    let request = client
+                        .post(&url)
+                        .header("x-tenant", &stream.tenant)
+                        .header(ESTIMATE_HEADER, tokens)
+                        .header(OUTPUT_TOKENS_HEADER, tokens)
+                        .json(&json!({
+                            "model": "m",
+                            "messages": [{"role": "user", "content": "hi"}],
+                            "stream": true,
+                            "stream_options": {"include_usage": true},
+                        }));
+                    let completions = Arc::clone(&completions);
+                    let sent = at;
+                    requests.spawn(async move {
+                        let status = match request.send().await {
+                            Ok(response) => {
+                                let status = response.status().as_u16();
+                                // Read to the end: the filter charges when
+                                // the stream is over.
+                                match response.bytes().await {
+                                    Ok(_) => status,
+                                    Err(_) => 0,
+                                }
+                            }
+                            Err(_) => 0,
+                        };
+                        let ended = started.elapsed();
+                        completions
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(Completion {
+                                sent,
+                                ended,
+                                stream: index,
+                                tokens,
+                                status,
+                            });
+                    });
+                }
+                while requests.join_next().await.is_some() {}
+            });
+        }
+        Ok(Self {
+            started,
+            completions,
+            tasks,
+            streams,
+        })
+    }
+
+    /// Time since the load started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Every request that ended so far.
+    pub fn completions(&self) -> Vec<Completion> {
+        self.completions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits for every stream to finish sending and every request to end.
+    pub async fn finish(mut self) -> Vec<Completion> {
+        while self.tasks.join_next().await.is_some() {}
+        self.completions()
+    }
+}
+
+/// Tokens admitted (answered 200) among `completions` that ended in
+/// `[from, to)`, of the streams `keep` selects.
+pub fn admitted_tokens(
+    completions: &[Completion],
+    from: Duration,
+    to: Duration,
+    keep: impl Fn(usize) -> bool,
+) -> u64 {
+    completions
+        .iter()
+        .filter(|c| c.status == 200 && c.ended >= from && c.ended < to && keep(c.stream))
+        .map(|c| c.tokens)
+        .sum()
+}
+
+/// Tokens offered (sent) in `[from, to)` by the streams `keep` selects.
+pub fn offered_tokens(
+    completions: &[Completion],
+    from: Duration,
+    to: Duration,
+    keep: impl Fn(usize) -> bool,
+) -> u64 {
+    completions
+        .iter()
+        .filter(|c| c.sent >= from && c.sent < to && keep(c.stream))
+        .map(|c| c.tokens)
+        .sum()
+}
+
+/// Requests of the streams `keep` selects that ended in `[from, to)` with
+/// `status`.
+pub fn requests_with_status(
+    completions: &[Completion],
+    from: Duration,
+    to: Duration,
+    status: u16,
+    keep: impl Fn(usize) -> bool,
+) -> u64 {
+    completions
+        .iter()
+        .filter(|c| c.status == status && c.ended >= from && c.ended < to && keep(c.stream))
+        .count() as u64
+}
