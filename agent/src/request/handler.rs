@@ -3,7 +3,9 @@
 //! (proxy-wasm host calls, the native module's Envoy callbacks, an
 //! in-memory request in tests) and calls [`decide`], then [`answer`]; a
 //! request picked for the upstream signals comes back at its response
-//! through [`observe_response`].
+//! through [`observe_response`]; a request a cost rule applies to passes
+//! its response body through [`response_body`] and is charged at
+//! [`stream_end`].
 //!
 //! What a decision leads to, in order: the decision's record when the
 //! configured [`crate::request::record::RecordMode`] asks for it, the
@@ -15,9 +17,11 @@
 use crate::agent::Agent;
 use crate::config::RequestPolicy;
 use crate::host::{HostError, Log, LogLevel};
+use crate::request::charge::{PendingCharge, settle};
 use crate::request::classify::RequestAttributes;
 use crate::request::reject::RejectResponse;
 use crate::upstream::status_of;
+use crate::usage::Charge;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -40,6 +44,13 @@ pub trait HttpRequest: RequestAttributes + Log {
     /// Nanoseconds on the host's clock (any origin, one per process);
     /// `None` when the host cannot tell.
     fn clock_ns(&self) -> Option<u64>;
+    /// A number in the request's dynamic metadata (namespace, key), read
+    /// at the stream's end; `None` if absent or not a number.
+    fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64>;
+    /// A response header's first value, read at the stream's end.
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// A response trailer's first value, read at the stream's end.
+    fn response_trailer(&self, name: &str) -> Option<Cow<'_, [u8]>>;
 }
 
 /// Whether the proxy goes on with the request after its headers.
@@ -75,13 +86,24 @@ impl FollowedRequest {
 /// follow). Returns the 429 to send, if the request is dropped; the host
 /// lets go of the agent before [`answer`] sends it, since a proxy may run
 /// the response hooks of a local reply at once.
+///
+/// An admitted request a cost rule applies to comes back in `charge`, for
+/// [`response_body`] and [`stream_end`]; a dropped one is charged nothing.
 pub fn decide(
     agent: &mut Agent,
     policy: &RequestPolicy,
     request: &mut impl HttpRequest,
     followed: &mut Option<FollowedRequest>,
+    charge: &mut Option<PendingCharge>,
 ) -> Option<Arc<RejectResponse>> {
-    let decision = agent.admit_request(&policy.classifier, request);
+    let decision = if policy.costs.is_empty() {
+        agent.admit_request(&policy.classifier, request)
+    } else {
+        let (decision, pending) =
+            agent.admit_costed_request(&policy.classifier, &policy.costs, request);
+        *charge = pending;
+        decision
+    };
     if policy.decision_record.records(&decision)
         && let Err(err) = request.set_decision_record(agent.last_record())
     {
@@ -163,5 +185,47 @@ impl ObservedResponse<'_> {
     }
 }
 
+/// A chunk of the response body as it passes (the host never holds it):
+/// read for the usage when the request's cost rule reads the body.
+pub fn response_body(charge: &mut Option<PendingCharge>, chunk: &[u8]) {
+    if let Some(pending) = charge {
+        pending.feed_body(chunk);
+    }
+}
+
+/// The stream of a costed request ended: its charge, read from the host
+/// ([`crate::request::charge::settle`]) before the agent is at hand;
+/// [`SettledCharge::count`] adds it to the cell's charged cost.
+pub fn stream_end(
+    policy: &RequestPolicy,
+    request: &impl HttpRequest,
+    pending: PendingCharge,
+) -> Option<SettledCharge> {
+    let route = policy.costs.get(pending.rule)?;
+    let charge = settle(route, &pending, request);
+    Some(SettledCharge { pending, charge })
+}
+
+/// A stream's charge, to be counted in the agent that decided its request.
+#[derive(Debug, Clone)]
+pub struct SettledCharge {
+    pending: PendingCharge,
+    charge: Charge,
+}
+
+impl SettledCharge {
+    /// The amount and its source.
+    pub fn charge(&self) -> Charge {
+        self.charge
+    }
+
+    /// Counts it in the agent.
+    pub fn count(self, agent: &mut Agent) {
+        agent.charge(&self.pending, self.charge);
+    }
+}
+
+#[cfg(test)]
+mod cost_tests;
 #[cfg(test)]
 mod tests;
