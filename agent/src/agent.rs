@@ -209,6 +209,8 @@ impl Agent {
             rule: index,
             estimate,
             parser: route.actual.body_cap.map(UsageParser::new),
+            body_started: false,
+            complete: false,
         });
         (decision, pending)
     }

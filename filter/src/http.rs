@@ -69,15 +69,29 @@ impl HttpContext for SluiceHttp {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(pending) = &self.charge else {
+            return Action::Continue;
+        };
         // Continue exposes only this chunk, which passes on at once: the
         // parser copies at most its usage object, never the body.
-        if self.charge.as_ref().is_some_and(PendingCharge::reads_body)
-            && let Ok(Some(chunk)) =
-                hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
-        {
-            handler::response_body(&mut self.charge, &chunk);
-        }
+        let chunk = if pending.reads_body() {
+            hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        handler::response_body(
+            &mut self.charge,
+            chunk.as_deref().unwrap_or_default(),
+            end_of_stream,
+        );
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        handler::response_trailers(&mut self.charge);
         Action::Continue
     }
 

@@ -1,15 +1,11 @@
 //! A costed request from its decision to its stream's end: the little it
 //! keeps between the hooks (its cell, its rule, its estimate, the body
-//! parser when the rule reads the body) and the charge its end settles,
-//! read from the first source that has one: dynamic metadata, a response
-//! header, a response trailer, the body's usage; else the estimate (or the
-//! configured amount), never zero. A request that ends without a 2xx
-//! response (client abort, reset, error answer) is charged that way too.
+//! parser when the rule reads the body, whether its response ended); the
+//! handler settles its charge from it ([`crate::request::handler::stream_end`]).
 
 use crate::request::classify::RequestAttributes;
-use crate::request::handler::HttpRequest;
-use crate::usage::rules::{CostRoute, cost_of_number, cost_of_text};
-use crate::usage::{Charge, ChargeSource, Estimate, UsageParser};
+use crate::usage::rules::CostRoute;
+use crate::usage::{Estimate, UsageParser};
 
 /// What a host keeps of an admitted request with a cost rule, from its
 /// request headers to its stream's end.
@@ -23,6 +19,11 @@ pub struct PendingCharge {
     pub(crate) estimate: u64,
     /// The body's usage so far, when the rule reads the body.
     pub(crate) parser: Option<UsageParser>,
+    /// Whether a chunk of the response body arrived.
+    pub(crate) body_started: bool,
+    /// Whether the response arrived to its end (its last body chunk or
+    /// its trailers).
+    pub(crate) complete: bool,
 }
 
 impl PendingCharge {
@@ -31,65 +32,42 @@ impl PendingCharge {
         self.estimate
     }
 
+    /// Its rule's index.
+    pub(crate) fn rule(&self) -> usize {
+        self.rule
+    }
+
+    /// Whether its response's body started but never ended (the upstream
+    /// reset it, the client went away).
+    pub(crate) fn was_cut(&self) -> bool {
+        self.body_started && !self.complete
+    }
+
+    /// The body's usage so far, when the rule reads the body.
+    pub(crate) fn body_usage(&self) -> Option<crate::usage::Usage> {
+        self.parser.as_ref().and_then(UsageParser::usage)
+    }
+
     /// Reads the next chunk of the response body (nothing if the rule does
-    /// not read the body). Never holds more than the rule's cap.
-    pub fn feed_body(&mut self, chunk: &[u8]) {
+    /// not read the body), the last one if `end_of_stream`. Never holds
+    /// more than the rule's cap.
+    pub fn feed_body(&mut self, chunk: &[u8], end_of_stream: bool) {
+        self.body_started = true;
+        self.complete |= end_of_stream;
         if let Some(parser) = &mut self.parser {
             parser.feed(chunk);
         }
+    }
+
+    /// The response's trailers arrived: the response is complete.
+    pub fn trailers_arrived(&mut self) {
+        self.complete = true;
     }
 
     /// Whether the host needs to hand over the response body's chunks.
     pub fn reads_body(&self) -> bool {
         self.parser.is_some()
     }
-}
-
-/// The charge of a stream that ended: from the first source of `route`'s
-/// that has a cost, else its estimate (or the configured amount).
-pub fn settle(route: &CostRoute, pending: &PendingCharge, end: &impl HttpRequest) -> Charge {
-    let without_usage = route.rule.charge(None, pending.estimate);
-    let succeeded = end
-        .response_status()
-        .is_some_and(|status| status.len() == 3 && status.first() == Some(&b'2'));
-    if !succeeded {
-        return without_usage;
-    }
-    let actual = &route.actual;
-    let reported = |cost: Option<u64>, source| cost.map(|cost| Charge { cost, source });
-    if let Some(metadata) = &actual.metadata
-        && let Some(charge) = reported(
-            end.metadata_number(&metadata.namespace, &metadata.key)
-                .and_then(cost_of_number),
-            ChargeSource::Metadata,
-        )
-    {
-        return charge;
-    }
-    if let Some(name) = &actual.response_header
-        && let Some(charge) = reported(
-            end.response_header(name)
-                .and_then(|value| cost_of_text(&value)),
-            ChargeSource::Header,
-        )
-    {
-        return charge;
-    }
-    if let Some(name) = &actual.response_trailer
-        && let Some(charge) = reported(
-            end.response_trailer(name)
-                .and_then(|value| cost_of_text(&value)),
-            ChargeSource::Trailer,
-        )
-    {
-        return charge;
-    }
-    if let Some(usage) = pending.parser.as_ref().and_then(UsageParser::usage) {
-        return route
-            .rule
-            .charge(Some((usage, ChargeSource::Body)), pending.estimate);
-    }
-    without_usage
 }
 
 /// The estimate of a request of `route`, from its headers (the rule's

@@ -17,11 +17,12 @@
 use crate::agent::Agent;
 use crate::config::RequestPolicy;
 use crate::host::{HostError, Log, LogLevel};
-use crate::request::charge::{PendingCharge, settle};
+use crate::request::charge::PendingCharge;
 use crate::request::classify::RequestAttributes;
 use crate::request::reject::RejectResponse;
 use crate::upstream::status_of;
-use crate::usage::Charge;
+use crate::usage::rules::{CostRoute, cost_of_number, cost_of_text};
+use crate::usage::{Charge, ChargeSource};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -185,11 +186,21 @@ impl ObservedResponse<'_> {
     }
 }
 
-/// A chunk of the response body as it passes (the host never holds it):
-/// read for the usage when the request's cost rule reads the body.
-pub fn response_body(charge: &mut Option<PendingCharge>, chunk: &[u8]) {
+/// A chunk of the response body as it passes (the host never holds it),
+/// the last one if `end_of_stream`: read for the usage when the request's
+/// cost rule reads the body. The host hands over the chunk only if
+/// [`PendingCharge::reads_body`], and calls this for every chunk, so that
+/// a stream cut before its end is known as such.
+pub fn response_body(charge: &mut Option<PendingCharge>, chunk: &[u8], end_of_stream: bool) {
     if let Some(pending) = charge {
-        pending.feed_body(chunk);
+        pending.feed_body(chunk, end_of_stream);
+    }
+}
+
+/// The response's trailers arrived (its body, if any, is complete).
+pub fn response_trailers(charge: &mut Option<PendingCharge>) {
+    if let Some(pending) = charge {
+        pending.trailers_arrived();
     }
 }
 
@@ -201,9 +212,60 @@ pub fn stream_end(
     request: &impl HttpRequest,
     pending: PendingCharge,
 ) -> Option<SettledCharge> {
-    let route = policy.costs.get(pending.rule)?;
+    let route = policy.costs.get(pending.rule())?;
     let charge = settle(route, &pending, request);
     Some(SettledCharge { pending, charge })
+}
+
+/// The charge of a stream that ended: from the first source of `route`'s
+/// that has a cost, else its estimate (or the configured amount). A
+/// response that is not 2xx, or whose body started but never ended (the
+/// upstream reset it, the client went away), is charged the estimate
+/// whatever it reported so far: a cut stream's partial usage (Anthropic's
+/// first event carries one) is not what the provider bills.
+fn settle(route: &CostRoute, pending: &PendingCharge, end: &impl HttpRequest) -> Charge {
+    let without_usage = route.rule.charge(None, pending.estimate);
+    let succeeded = end
+        .response_status()
+        .is_some_and(|status| status.len() == 3 && status.first() == Some(&b'2'));
+    if !succeeded || pending.was_cut() {
+        return without_usage;
+    }
+    let actual = &route.actual;
+    let reported = |cost: Option<u64>, source| cost.map(|cost| Charge { cost, source });
+    if let Some(metadata) = &actual.metadata
+        && let Some(charge) = reported(
+            end.metadata_number(&metadata.namespace, &metadata.key)
+                .and_then(cost_of_number),
+            ChargeSource::Metadata,
+        )
+    {
+        return charge;
+    }
+    if let Some(name) = &actual.response_header
+        && let Some(charge) = reported(
+            end.response_header(name)
+                .and_then(|value| cost_of_text(&value)),
+            ChargeSource::Header,
+        )
+    {
+        return charge;
+    }
+    if let Some(name) = &actual.response_trailer
+        && let Some(charge) = reported(
+            end.response_trailer(name)
+                .and_then(|value| cost_of_text(&value)),
+            ChargeSource::Trailer,
+        )
+    {
+        return charge;
+    }
+    if let Some(usage) = pending.body_usage() {
+        return route
+            .rule
+            .charge(Some((usage, ChargeSource::Body)), pending.estimate);
+    }
+    without_usage
 }
 
 /// A stream's charge, to be counted in the agent that decided its request.

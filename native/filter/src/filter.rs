@@ -121,9 +121,19 @@ impl NativeFilter {
     }
 
     /// A chunk of a costed request's response body, read as it passes (no
-    /// lock: the parser is the request's own).
-    pub fn on_response_body(&self, charge: &mut Option<PendingCharge>, chunk: &[u8]) {
-        handler::response_body(charge, chunk);
+    /// lock: the parser is the request's own); the last if `end_of_stream`.
+    pub fn on_response_body(
+        &self,
+        charge: &mut Option<PendingCharge>,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) {
+        handler::response_body(charge, chunk, end_of_stream);
+    }
+
+    /// A costed request's response trailers arrived.
+    pub fn on_response_trailers(&self, charge: &mut Option<PendingCharge>) {
+        handler::response_trailers(charge);
     }
 
     /// A costed request's stream is complete (ended, reset or abandoned):

@@ -248,17 +248,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     filter_envoy_ptr: EnvoyPtr,
     filter: ModulePtr,
-    _end_of_stream: bool,
+    end_of_stream: bool,
 ) -> u32 {
     // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
     let Some((state, native)) = (unsafe { request_of(filter) }) else {
         return abi::STATUS_CONTINUE;
     };
-    if !state
-        .charge
-        .as_ref()
-        .is_some_and(|charge| charge.reads_body())
-    {
+    let Some(pending) = &state.charge else {
+        return abi::STATUS_CONTINUE;
+    };
+    if !pending.reads_body() {
+        native.on_response_body(&mut state.charge, &[], end_of_stream);
         return abi::STATUS_CONTINUE;
     }
     // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
@@ -268,12 +268,30 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
         "response_body",
         abi::STATUS_CONTINUE,
         || {
-            request
-                .received_response_body(|chunk| native.on_response_body(&mut state.charge, chunk));
+            request.received_response_body(|chunk| {
+                native.on_response_body(&mut state.charge, chunk, false);
+            });
+            native.on_response_body(&mut state.charge, &[], end_of_stream);
             abi::STATUS_CONTINUE
         },
         || native.count_hook_panic(),
     )
+}
+
+/// The response trailers: a costed request's response is complete.
+///
+/// # Safety
+/// Called by Envoy with the request's own pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _filter_envoy_ptr: EnvoyPtr,
+    filter: ModulePtr,
+) -> u32 {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    if let Some((state, native)) = unsafe { request_of(filter) } {
+        native.on_response_trailers(&mut state.charge);
+    }
+    abi::STATUS_CONTINUE
 }
 
 /// The stream is complete (ended, reset or abandoned), before the filter
@@ -327,7 +345,6 @@ macro_rules! ignored_hook {
 
 continue_hook!(envoy_dynamic_module_on_http_filter_request_body, end_of_stream: bool);
 continue_hook!(envoy_dynamic_module_on_http_filter_request_trailers);
-continue_hook!(envoy_dynamic_module_on_http_filter_response_trailers);
 continue_hook!(
     envoy_dynamic_module_on_http_filter_local_reply,
     response_code: u32,

@@ -67,7 +67,7 @@ fn run(
 ) -> Option<Charge> {
     let mut charge = None;
     let _ = decide(agent, policy, request, &mut None, &mut charge);
-    response_body(&mut charge, body);
+    response_body(&mut charge, body, true);
     let settled = stream_end(policy, request, charge?)?;
     let charged = settled.charge();
     settled.count(agent);
@@ -196,6 +196,42 @@ fn the_charge_comes_from_the_first_source_that_has_one() {
     assert_eq!(
         drained(&mut agent, "llm").charged_cost,
         (11 + 22 + 33 + 157 + 300) as f64
+    );
+}
+
+#[test]
+fn a_stream_cut_before_its_end_is_charged_its_estimate() {
+    let (mut agent, policy) = configured();
+    let mut cut = request("llm", "250");
+    cut.status = Some(b"200");
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut cut, &mut None, &mut charge);
+    // Anthropic's first event carries a usage: not what a cut stream costs.
+    response_body(
+        &mut charge,
+        b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n",
+        false,
+    );
+    let settled = stream_end(&policy, &cut, charge.unwrap()).unwrap();
+    assert_eq!(
+        settled.charge(),
+        Charge {
+            cost: 250,
+            source: ChargeSource::Estimate
+        }
+    );
+    // The same stream ended by its trailers is charged its usage.
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut cut, &mut None, &mut charge);
+    response_body(&mut charge, OPENAI, false);
+    response_trailers(&mut charge);
+    let settled = stream_end(&policy, &cut, charge.unwrap()).unwrap();
+    assert_eq!(
+        settled.charge(),
+        Charge {
+            cost: 157,
+            source: ChargeSource::Body
+        }
     );
 }
 
