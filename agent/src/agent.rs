@@ -42,8 +42,10 @@ use crate::directives::DirectiveTable;
 use crate::host::{Host, LogLevel};
 use crate::leader::leadership::Leadership;
 use crate::metrics::{Counter, Gauge, Metrics};
+use crate::request::charge::{self, PendingCharge};
 use crate::request::classify::Classifier;
 use crate::request::classify::RequestAttributes;
+use crate::request::classify::parse_key;
 use crate::request::path::RequestPath;
 use crate::request::record;
 use crate::request::reject::RejectResponse;
@@ -51,6 +53,8 @@ use crate::settings::{AgentSettings, TICK_MS};
 use crate::shared::{LEASE_KEY, Lease};
 use crate::tick::lease::{LEASE_TTL_TICKS, LeaseStep, next_step};
 use crate::tick::sync::VmSync;
+use crate::usage::rules::CostRules;
+use crate::usage::{Charge, UsageParser};
 use crate::vm::Vm;
 use sluice_core::decision::{Decision, Outcome};
 use sluice_core::regime::Regime;
@@ -164,7 +168,70 @@ impl Agent {
     }
 
     fn decide_current(&mut self) -> Decision {
-        self.path.decide(&mut self.vm.metrics, &mut self.vm.rng)
+        self.path.decide(&mut self.vm.metrics, &mut self.vm.rng, 0)
+    }
+
+    /// [`Agent::admit_request`] for a filter with cost rules: a request
+    /// the first matching rule of `costs` applies to is counted with its
+    /// estimate (offered, and admitted if let through) and, when admitted,
+    /// comes back as the [`PendingCharge`] its stream's end settles
+    /// ([`Agent::charge`]). A request no rule applies to is decided and
+    /// counted exactly as by [`Agent::admit_request`].
+    pub fn admit_costed_request(
+        &mut self,
+        classifier: &Classifier,
+        costs: &CostRules,
+        request: &impl RequestAttributes,
+    ) -> (Decision, Option<PendingCharge>) {
+        let invalid = classifier.classify_into(request, &mut self.path.cell);
+        if invalid > 0 {
+            self.vm
+                .metrics
+                .add(Counter::HeaderValuesInvalid, u64::from(invalid));
+        }
+        let route = if costs.reads_route() {
+            request.route_name()
+        } else {
+            None
+        };
+        let Some((index, route)) = costs
+            .find(route.as_deref(), &self.path.cell.bucket)
+            .and_then(|index| Some((index, costs.get(index)?)))
+        else {
+            return (self.decide_current(), None);
+        };
+        let estimate = charge::estimate_of(route, request);
+        let decision = self
+            .path
+            .decide(&mut self.vm.metrics, &mut self.vm.rng, estimate);
+        let pending = decision.admits().then(|| PendingCharge {
+            key: self.path.cell.exact_key().to_owned(),
+            rule: index,
+            estimate,
+            parser: route.actual.body_cap.map(UsageParser::new),
+            body_started: false,
+            complete: false,
+        });
+        (decision, pending)
+    }
+
+    /// Adds the actual cost of a stream that ended to its cell's counts,
+    /// and to the metrics by source.
+    pub fn charge(&mut self, pending: &PendingCharge, charge: Charge) {
+        let directives = &self.path.directives;
+        let counted = self.path.cells.charge(&pending.key, charge.cost, || {
+            parse_key(&pending.key).is_some_and(|(bucket, tenant, priority)| {
+                let wide = tenant.is_empty() && priority == sluice_core::Priority::Unspecified;
+                directives
+                    .find((!wide).then_some(pending.key.as_str()), bucket)
+                    .is_some()
+            })
+        });
+        if counted {
+            self.vm.metrics.count_charge(charge);
+        } else {
+            self.vm.metrics.add(Counter::ChargesUncounted, 1);
+        }
     }
 
     /// What the last request's decision was, for its record and the

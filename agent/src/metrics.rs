@@ -13,6 +13,7 @@
 //! becomes `sluice_decisions{result="drop",reason="cluster_overload"}`.
 
 use crate::host::{Host, HostError, LogLevel, MetricId, MetricKind};
+use crate::usage::{Charge, ChargeSource};
 use sluice_core::DropReason;
 use sluice_core::decision::Outcome;
 
@@ -46,6 +47,13 @@ pub enum Counter {
     /// Header values (and route names) the classification read that were
     /// not UTF-8, each taken as absent ([`crate::request::classify`]).
     HeaderValuesInvalid,
+    /// Actual cost charged at stream ends, by where it was read
+    /// ([`crate::request::charge`]).
+    CostCharged(ChargeSource),
+    /// Streams charged, by where their cost was read.
+    Charges(ChargeSource),
+    /// Charges lost because their cell found no room in the counts.
+    ChargesUncounted,
 }
 
 /// The old name of the overload drop counter.
@@ -56,10 +64,11 @@ impl Counter {
 }
 
 const REASONS: usize = DropReason::ALL.len();
+const SOURCES: usize = 5;
 
 impl Counter {
     /// Every counter, in definition order.
-    pub const ALL: [Self; 9 + 2 * REASONS] = [
+    pub const ALL: [Self; 10 + 2 * REASONS + 2 * SOURCES] = [
         Self::DecisionsPass,
         Self::DecisionsDrop(DropReason::ClusterOverload),
         Self::DecisionsDrop(DropReason::TenantQuotaExceeded),
@@ -79,6 +88,17 @@ impl Counter {
         Self::StreamsAbandoned,
         Self::RequestsUncounted,
         Self::HeaderValuesInvalid,
+        Self::CostCharged(ChargeSource::Metadata),
+        Self::CostCharged(ChargeSource::Header),
+        Self::CostCharged(ChargeSource::Trailer),
+        Self::CostCharged(ChargeSource::Body),
+        Self::CostCharged(ChargeSource::Estimate),
+        Self::Charges(ChargeSource::Metadata),
+        Self::Charges(ChargeSource::Header),
+        Self::Charges(ChargeSource::Trailer),
+        Self::Charges(ChargeSource::Body),
+        Self::Charges(ChargeSource::Estimate),
+        Self::ChargesUncounted,
     ];
 
     /// The Envoy stat name (Envoy prefixes it with `wasmcustom.`).
@@ -124,6 +144,17 @@ impl Counter {
             Self::StreamsAbandoned => "sluice.streams_abandoned",
             Self::RequestsUncounted => "sluice.requests_uncounted",
             Self::HeaderValuesInvalid => "sluice.header_values_invalid",
+            Self::CostCharged(ChargeSource::Metadata) => "sluice.source=metadata.cost_charged",
+            Self::CostCharged(ChargeSource::Header) => "sluice.source=header.cost_charged",
+            Self::CostCharged(ChargeSource::Trailer) => "sluice.source=trailer.cost_charged",
+            Self::CostCharged(ChargeSource::Body) => "sluice.source=body.cost_charged",
+            Self::CostCharged(ChargeSource::Estimate) => "sluice.source=estimate.cost_charged",
+            Self::Charges(ChargeSource::Metadata) => "sluice.source=metadata.charges",
+            Self::Charges(ChargeSource::Header) => "sluice.source=header.charges",
+            Self::Charges(ChargeSource::Trailer) => "sluice.source=trailer.charges",
+            Self::Charges(ChargeSource::Body) => "sluice.source=body.charges",
+            Self::Charges(ChargeSource::Estimate) => "sluice.source=estimate.charges",
+            Self::ChargesUncounted => "sluice.charges_uncounted",
         }
     }
 
@@ -140,7 +171,20 @@ impl Counter {
             Self::StreamsAbandoned => 6 + 2 * REASONS,
             Self::RequestsUncounted => 7 + 2 * REASONS,
             Self::HeaderValuesInvalid => 8 + 2 * REASONS,
+            Self::CostCharged(source) => 9 + 2 * REASONS + source_index(source),
+            Self::Charges(source) => 9 + 2 * REASONS + SOURCES + source_index(source),
+            Self::ChargesUncounted => 9 + 2 * REASONS + 2 * SOURCES,
         }
+    }
+}
+
+const fn source_index(source: ChargeSource) -> usize {
+    match source {
+        ChargeSource::Metadata => 0,
+        ChargeSource::Header => 1,
+        ChargeSource::Trailer => 2,
+        ChargeSource::Body => 3,
+        ChargeSource::Estimate => 4,
     }
 }
 
@@ -210,6 +254,12 @@ impl Metrics {
             },
             1,
         );
+    }
+
+    /// Counts a stream's charge: its cost and one charge, by source.
+    pub fn count_charge(&mut self, charge: Charge) {
+        self.add(Counter::CostCharged(charge.source), charge.cost);
+        self.add(Counter::Charges(charge.source), 1);
     }
 
     /// Adds `n` to a counter, to be flushed on the next tick.

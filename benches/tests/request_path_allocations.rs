@@ -315,6 +315,18 @@ impl HttpRequest for CountingRequest<'_> {
     fn clock_ns(&self) -> Option<u64> {
         None
     }
+
+    fn metadata_number(&self, _namespace: &str, _key: &str) -> Option<f64> {
+        None
+    }
+
+    fn response_header(&self, _name: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+
+    fn response_trailer(&self, _name: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
 }
 
 /// The request handler every host calls, from the request's header to
@@ -336,6 +348,7 @@ fn warm_request_handler_does_not_allocate() {
     agent.load_directives(table_with(limited, 0.5));
     let policy = parts.request;
     let mut followed = None;
+    let mut charge = None;
     let mut requests: Vec<CountingRequest> = names
         .iter()
         .map(|name| CountingRequest {
@@ -344,7 +357,7 @@ fn warm_request_handler_does_not_allocate() {
         })
         .collect();
     for request in &mut requests {
-        let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+        let rejection = handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
         handler::answer(request, rejection);
     }
 
@@ -352,7 +365,8 @@ fn warm_request_handler_does_not_allocate() {
     let allocations = allocations_in(|| {
         for i in 0..REQUESTS {
             let request = &mut requests[i % names.len()];
-            let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+            let rejection =
+                handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
             stopped += usize::from(handler::answer(request, rejection) == HeadersAction::Stop);
         }
     });
@@ -369,17 +383,60 @@ fn warm_request_handler_does_not_allocate() {
     // No directives yet: every request is recorded and flagged upstream.
     let mut agent = Agent::new(agent_settings, 7);
     for request in &mut requests {
-        handler::decide(&mut agent, &policy, request, &mut followed);
+        handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
     }
     let allocations = allocations_in(|| {
         for i in 0..REQUESTS {
             let request = &mut requests[i % names.len()];
-            let rejection = handler::decide(&mut agent, &policy, request, &mut followed);
+            let rejection =
+                handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
             black_box(handler::answer(request, rejection));
         }
     });
     assert_eq!(allocations, 0, "{REQUESTS} undirected requests allocated");
     assert_eq!(sum_flags(&requests), REQUESTS + names.len());
+    assert!(charge.is_none());
+}
+
+/// A filter with cost rules: requests no rule applies to allocate nothing
+/// more than without them.
+#[test]
+fn warm_requests_without_a_cost_rule_do_not_allocate_beside_cost_rules() {
+    let parts = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "decision": "coin", "allowance": null,
+             "upstream_sample_every": 0,
+             "cost_rules": [{"bucket": "llm/*", "cost": {"estimate": {"source": "constant", "value": 500}}}]}"#,
+    )
+    .unwrap()
+    .into_parts(|| ProxyIdentity::Named("bench".into()), String::new);
+    let names = bucket_names(200);
+    let (limited, _) = names.split_at(names.len() / 2);
+    let mut agent = Agent::new(parts.agent, 7);
+    agent.load_directives(table_with(limited, 0.5));
+    let policy = parts.request;
+    let mut followed = None;
+    let mut charge = None;
+    let mut requests: Vec<CountingRequest> = names
+        .iter()
+        .map(|name| CountingRequest {
+            authority: name.as_bytes(),
+            ..CountingRequest::default()
+        })
+        .collect();
+    for request in &mut requests {
+        let rejection = handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
+        handler::answer(request, rejection);
+    }
+    let allocations = allocations_in(|| {
+        for i in 0..REQUESTS {
+            let request = &mut requests[i % names.len()];
+            let rejection =
+                handler::decide(&mut agent, &policy, request, &mut followed, &mut charge);
+            black_box(handler::answer(request, rejection));
+        }
+    });
+    assert_eq!(allocations, 0, "{REQUESTS} warm requests allocated");
+    assert!(charge.is_none());
 }
 
 fn sum_flags(requests: &[CountingRequest]) -> usize {

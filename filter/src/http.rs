@@ -12,10 +12,11 @@ use crate::envoy_host::EnvoyHost;
 use crate::status::host_error;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::{Action, BufferType, MapType};
 use sluice_agent::agent::Agent;
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::host::{HostError, Log, LogLevel};
+use sluice_agent::request::charge::PendingCharge;
 use sluice_agent::request::classify::RequestAttributes;
 use sluice_agent::request::handler::{
     self, FollowedRequest, HeadersAction, HttpRequest, REJECT_STATUS,
@@ -31,6 +32,8 @@ pub(super) struct SluiceHttp {
     pub policy: Rc<RequestPolicy>,
     /// A request followed to its response.
     pub followed: Option<FollowedRequest>,
+    /// An admitted request with a cost rule, charged in `on_log`.
+    pub charge: Option<PendingCharge>,
 }
 
 impl Context for SluiceHttp {}
@@ -46,6 +49,7 @@ impl HttpContext for SluiceHttp {
                 &self.policy,
                 &mut EnvoyRequest,
                 &mut self.followed,
+                &mut self.charge,
             ),
             Err(_) => None,
         };
@@ -63,6 +67,46 @@ impl HttpContext for SluiceHttp {
             }
         }
         Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(pending) = &self.charge else {
+            return Action::Continue;
+        };
+        // Continue exposes only this chunk, which passes on at once: the
+        // parser copies at most its usage object, never the body.
+        let chunk = if pending.reads_body() {
+            hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        handler::response_body(
+            &mut self.charge,
+            chunk.as_deref().unwrap_or_default(),
+            end_of_stream,
+        );
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        handler::response_trailers(&mut self.charge);
+        Action::Continue
+    }
+
+    // Envoy calls it once the stream is over, whatever ended it (its end,
+    // a reset, the client going away): the place to charge the request.
+    fn on_log(&mut self) {
+        let Some(pending) = self.charge.take() else {
+            return;
+        };
+        let Some(settled) = handler::stream_end(&self.policy, &EnvoyRequest, pending) else {
+            return;
+        };
+        if let Ok(mut agent) = self.agent.try_borrow_mut() {
+            settled.count(&mut agent);
+        }
     }
 }
 
@@ -134,5 +178,56 @@ impl HttpRequest for EnvoyRequest {
     fn clock_ns(&self) -> Option<u64> {
         let now = hostcalls::get_current_time().ok()?;
         u64::try_from(now.duration_since(UNIX_EPOCH).ok()?.as_nanos()).ok()
+    }
+
+    fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64> {
+        let bytes = hostcalls::get_property(vec!["metadata", "filter_metadata", namespace, key])
+            .ok()
+            .flatten()?;
+        metadata_number_of(&bytes)
+    }
+
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
+            .map(Cow::Owned)
+    }
+
+    fn response_trailer(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
+            .ok()
+            .flatten()
+            .map(Cow::Owned)
+    }
+}
+
+/// A metadata value as Envoy's `get_property` serialises it: a number as
+/// the 8 bytes of an f64 (little-endian, as wasm is); a string holding a
+/// decimal number as its text, which is what it is taken for whenever every
+/// byte is a digit, a sign or a point.
+fn metadata_number_of(bytes: &[u8]) -> Option<f64> {
+    let textual = !bytes.is_empty()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
+    if textual {
+        return std::str::from_utf8(bytes).ok()?.parse().ok();
+    }
+    let raw: [u8; 8] = bytes.try_into().ok()?;
+    Some(f64::from_le_bytes(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metadata_number_of;
+
+    #[test]
+    fn metadata_numbers_are_read_as_envoy_serialises_them() {
+        assert_eq!(metadata_number_of(&157.0f64.to_le_bytes()), Some(157.0));
+        assert_eq!(metadata_number_of(b"157"), Some(157.0));
+        assert_eq!(metadata_number_of(b"12345678"), Some(12_345_678.0));
+        assert_eq!(metadata_number_of(b"abc"), None);
+        assert_eq!(metadata_number_of(b""), None);
     }
 }

@@ -144,6 +144,7 @@ impl RootContext for SluiceRoot {
                 agent: Rc::clone(&configured.agent),
                 policy: Rc::clone(&configured.policy),
                 followed: None,
+                charge: None,
             }),
             None => Box::new(PassThrough),
         })

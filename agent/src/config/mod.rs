@@ -16,6 +16,7 @@ use crate::request::record::RecordMode;
 use crate::request::reject::ResponseSettings;
 use crate::settings::AgentSettings;
 use crate::tick::pacing::DecisionMode;
+use crate::usage::rules::CostRules;
 use raw::RawConfig;
 use sluice_core::allowance::AllowanceSettings;
 use sluice_core::directive::DirectiveTtl;
@@ -71,6 +72,9 @@ pub struct FilterConfig {
     /// Request header added upstream when no fresh directive decided
     /// (lowercase); `None`: none.
     pub undirected_header: Option<String>,
+    /// The cost rules of routes and buckets (empty: no request has a
+    /// cost).
+    pub costs: CostRules,
 }
 
 /// Why a configuration was rejected: the field path and what is wrong.
@@ -146,6 +150,7 @@ impl FilterConfig {
                 classifier: self.classifier,
                 decision_record: self.decision_record,
                 undirected_header: self.undirected_header,
+                costs: self.costs,
             },
             directive_poll_ms: self.directive_poll_ms,
         }
@@ -162,6 +167,8 @@ pub struct RequestPolicy {
     pub decision_record: RecordMode,
     /// Request header added upstream when no fresh directive decided.
     pub undirected_header: Option<String>,
+    /// Which requests have a cost, and how they are charged.
+    pub costs: CostRules,
 }
 
 /// A validated configuration split between its users

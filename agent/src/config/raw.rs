@@ -2,6 +2,7 @@
 //! unknown fields rejected. Nothing here is validated yet.
 
 use crate::settings::{DEFAULT_DIRECTIVE_POLL_MS, DEFAULT_STREAM_IDLE_TIMEOUT_MS};
+use crate::usage::rules::RawCostRoute;
 use serde::Deserialize;
 use sluice_core::Priority;
 use sluice_core::allowance::AllowanceSettings;
@@ -54,6 +55,8 @@ pub(super) struct RawConfig {
     pub(super) undirected_header: Option<String>,
     #[serde(default = "default_upstream_sample_every")]
     pub(super) upstream_sample_every: u32,
+    #[serde(default)]
+    pub(super) cost_rules: Vec<RawCostRoute>,
 }
 
 #[derive(Deserialize, Default)]

@@ -481,3 +481,39 @@ fn a_configuration_of_defaults_gives_the_agents_defaults() {
         .into_parts(|| unreachable!("named"), String::new);
     assert_eq!(parts.agent, AgentSettings::new("cp", "p"));
 }
+
+#[test]
+fn cost_rules_are_validated_with_their_field_named() {
+    let config = FilterConfig::from_json(
+        br#"{"control_plane_cluster": "cp", "cost_rules": [
+            {"route": "chat", "bucket": "llm/*", "cost": {"estimate": {"source": "constant", "value": 500}}}
+        ]}"#,
+    )
+    .unwrap();
+    assert_eq!(config.costs.find(Some(b"chat"), "llm/a"), Some(0));
+    assert!(
+        FilterConfig::from_json(br#"{"control_plane_cluster": "cp"}"#)
+            .unwrap()
+            .costs
+            .is_empty()
+    );
+    assert!(
+        error_of(
+            r#"{"control_plane_cluster": "cp", "cost_rules": [{"bucket": "*",
+                "cost": {"estimate": {"source": "constant", "value": 0}}}]}"#
+        )
+        .starts_with("cost_rules[0].cost.estimate.value: ")
+    );
+    assert!(
+        error_of(
+            r#"{"control_plane_cluster": "cp", "cost_rules": [{"bucket": "*",
+                "cost": {"estimate": {"source": "constant", "value": 5}},
+                "actual": {"response_header": "x:y"}}]}"#
+        )
+        .starts_with("cost_rules[0].actual.response_header: ")
+    );
+    assert!(
+        error_of(r#"{"control_plane_cluster": "cp", "cost_rules": [{"bucket": "*", "costs": 1}]}"#)
+            .starts_with("cost_rules[0].costs: unknown field")
+    );
+}

@@ -12,6 +12,7 @@ use crate::request::new_cells::NewBucketPolicy;
 use crate::request::record::RecordMode;
 use crate::request::reject::ResponseSettings;
 use crate::tick::pacing::DecisionMode;
+use crate::usage::rules::{CostRules, MAX_COST_RULES};
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_core::directive::DirectiveTtl;
 use sluice_core::regime::Fallback;
@@ -173,7 +174,24 @@ impl RawConfig {
             }
             None => None,
         };
+        if self.cost_rules.len() > MAX_COST_RULES {
+            return Err(ConfigError::new(
+                "cost_rules",
+                format!("at most {MAX_COST_RULES} rules"),
+            ));
+        }
+        let costs = self
+            .cost_rules
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| {
+                raw.validate().map_err(|err| {
+                    ConfigError::new(format!("cost_rules[{index}].{}", err.field), err.message)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(FilterConfig {
+            costs: CostRules::new(costs),
             control_plane_cluster: self.control_plane_cluster,
             proxy_id: self.proxy_id,
             zone: self.zone,

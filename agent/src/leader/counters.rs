@@ -127,18 +127,15 @@ impl BucketCounters {
     pub fn drain(&mut self) -> Vec<BucketCount> {
         self.counts
             .drain()
-            .filter(|(_, slot)| slot.counts.offered > 0)
+            .filter(|(_, slot)| !slot.counts.is_empty())
             .filter_map(|(key, CellSlot { counts, .. })| {
                 let (bucket, tenant, priority) = parse_key(&key)?;
-                Some(BucketCount {
+                Some(counts.into_count(BucketCount {
                     bucket: bucket.to_owned(),
-                    offered: counts.offered,
-                    admitted: counts.admitted,
                     tenant: tenant.to_owned(),
                     priority: priority as i32,
-                    shadow_dropped: counts.shadow_dropped,
                     ..BucketCount::default()
-                })
+                }))
             })
             .collect()
     }
@@ -208,7 +205,7 @@ mod tests {
         // table of `generation`) is `directive`.
         let count_limited = |cells: &mut CellTable, generation: u64, directive: Option<usize>| {
             if let Some(record) = cells.record(&key("limited"), generation, || directive).0 {
-                record.count(Outcome::Admitted);
+                record.count(Outcome::Admitted, 0);
             }
         };
         // Met before its first directive, the cell's record outlives the
@@ -367,6 +364,7 @@ mod tests {
             offered: 10,
             admitted: 6,
             shadow_dropped: 2,
+            ..Counts::default()
         };
         let (a, b) = c.split(0.25);
         assert_eq!(a.offered + b.offered, 10);
@@ -406,7 +404,7 @@ mod proptests {
         fn split_preserves_totals_and_invariants(offered in 0u64..1_000_000, a in 0u64..1_000_000, s in 0u64..1_000_000, f in 0.0f64..=1.0) {
             let admitted = a.min(offered);
             let shadow = s.min(admitted);
-            let c = Counts { offered, admitted, shadow_dropped: shadow };
+            let c = Counts { offered, admitted, shadow_dropped: shadow, ..Counts::default() };
             let (x, y) = c.split(f);
             prop_assert_eq!(x.offered + y.offered, offered);
             prop_assert_eq!(x.admitted + y.admitted, admitted);

@@ -224,7 +224,7 @@ mod tests {
     fn count_own(own: &mut CellTable, bucket: &str) {
         let key = key_of(bucket, "", Priority::Unspecified);
         if let (Some(record), _) = own.record(&key, 0, || None) {
-            record.count(Outcome::Admitted);
+            record.count(Outcome::Admitted, 0);
         }
     }
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]

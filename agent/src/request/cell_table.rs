@@ -42,14 +42,29 @@ pub struct Counts {
     pub admitted: u64,
     /// Requests the decision would have dropped but shadow mode let through.
     pub shadow_dropped: u64,
+    /// The estimated cost of the offered requests with a cost rule.
+    pub offered_cost: u64,
+    /// The estimated cost of those let through.
+    pub admitted_cost: u64,
+    /// The actual cost charged at the end of their streams.
+    pub charged_cost: u64,
 }
 
 impl Counts {
     pub(crate) fn one(outcome: Outcome) -> Self {
+        Self::one_costing(outcome, 0)
+    }
+
+    /// One request of estimated cost `estimate` (0: no cost rule).
+    pub(crate) fn one_costing(outcome: Outcome, estimate: u64) -> Self {
+        let admitted = outcome != Outcome::Dropped;
         Self {
             offered: 1,
-            admitted: u64::from(outcome != Outcome::Dropped),
+            admitted: u64::from(admitted),
             shadow_dropped: u64::from(outcome == Outcome::ShadowDropped),
+            offered_cost: estimate,
+            admitted_cost: if admitted { estimate } else { 0 },
+            charged_cost: 0,
         }
     }
 
@@ -57,6 +72,27 @@ impl Counts {
         self.offered = self.offered.saturating_add(other.offered);
         self.admitted = self.admitted.saturating_add(other.admitted);
         self.shadow_dropped = self.shadow_dropped.saturating_add(other.shadow_dropped);
+        self.offered_cost = self.offered_cost.saturating_add(other.offered_cost);
+        self.admitted_cost = self.admitted_cost.saturating_add(other.admitted_cost);
+        self.charged_cost = self.charged_cost.saturating_add(other.charged_cost);
+    }
+
+    /// Whether there is nothing to report: no request and no charge.
+    pub fn is_empty(&self) -> bool {
+        self.offered == 0 && self.charged_cost == 0
+    }
+
+    /// Fills the counts of a wire record.
+    pub fn into_count(self, count: BucketCount) -> BucketCount {
+        BucketCount {
+            offered: self.offered,
+            admitted: self.admitted,
+            shadow_dropped: self.shadow_dropped,
+            offered_cost: self.offered_cost as f64,
+            admitted_cost: self.admitted_cost as f64,
+            charged_cost: self.charged_cost as f64,
+            ..count
+        }
     }
 
     /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
@@ -80,26 +116,50 @@ impl Counts {
             .max(self.shadow_dropped.saturating_sub(rest_admitted))
             .min(admitted)
             .min(self.shadow_dropped);
+        let cost = |n: u64| {
+            let part = part(n).min(n);
+            (part, n - part)
+        };
+        let (offered_cost, rest_offered_cost) = cost(self.offered_cost);
+        let (admitted_cost, rest_admitted_cost) = cost(self.admitted_cost);
+        let (charged_cost, rest_charged_cost) = cost(self.charged_cost);
         (
             Counts {
                 offered,
                 admitted,
                 shadow_dropped: shadow,
+                offered_cost,
+                admitted_cost,
+                charged_cost,
             },
             Counts {
                 offered: rest_offered,
                 admitted: rest_admitted,
                 shadow_dropped: self.shadow_dropped - shadow,
+                offered_cost: rest_offered_cost,
+                admitted_cost: rest_admitted_cost,
+                charged_cost: rest_charged_cost,
             },
         )
     }
 
-    /// The counts of a wire record.
+    /// The counts of a wire record (costs rounded to whole units; a value
+    /// that is not a finite non-negative number counts as 0).
     pub fn of(count: &BucketCount) -> Self {
+        let cost = |value: f64| {
+            if value.is_finite() && value > 0.0 {
+                value.round() as u64
+            } else {
+                0
+            }
+        };
         Self {
             offered: count.offered,
             admitted: count.admitted,
             shadow_dropped: count.shadow_dropped,
+            offered_cost: cost(count.offered_cost),
+            admitted_cost: cost(count.admitted_cost),
+            charged_cost: cost(count.charged_cost),
         }
     }
 }
@@ -158,9 +218,9 @@ impl CellRecord {
         self.directive = Some((generation, index));
     }
 
-    /// Counts one request.
-    pub fn count(&mut self, outcome: Outcome) {
-        self.counts.add(Counts::one(outcome));
+    /// Counts one request of estimated cost `estimate` (0: no cost rule).
+    pub fn count(&mut self, outcome: Outcome, estimate: u64) {
+        self.counts.add(Counts::one_costing(outcome, estimate));
         self.hits = self.hits.saturating_add(1);
     }
 
@@ -171,13 +231,13 @@ impl CellRecord {
 
     /// Whether the record holds nothing a drain or a decision needs.
     fn is_spent(&self) -> bool {
-        self.counts.offered == 0 && self.state.pace.is_none() && self.state.new_cell.is_none()
+        self.counts.is_empty() && self.state.pace.is_none() && self.state.new_cell.is_none()
     }
 
     /// Whether an eviction pass may forget it, halving its hits first.
     fn survives_a_pass(&mut self) -> bool {
         self.hits /= 2;
-        self.counts.offered > 0
+        !self.counts.is_empty()
             || self
                 .state
                 .pace
@@ -272,6 +332,28 @@ impl CellTable {
         }
     }
 
+    /// Adds the actual cost `cost` of a stream of the cell `key` that
+    /// ended, to be reported with this window's counts. A cell whose
+    /// record went (drained and idle) gets one again if it fits
+    /// (`limited` tells whether it has a directive); the cost is lost and
+    /// `false` returned if it does not.
+    pub fn charge(&mut self, key: &str, cost: u64, limited: impl FnOnce() -> bool) -> bool {
+        let len = self.records.len();
+        let max_cells = self.max_cells;
+        let record = self.records.get_or_try_insert(key, || {
+            let limited = limited();
+            has_room(len, max_cells, limited).then(|| CellRecord::new(limited))
+        });
+        match record {
+            Some(record) => {
+                record.counts.charged_cost = record.counts.charged_cost.saturating_add(cost);
+                self.counted = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Tallies a request of a cell that found no room.
     pub fn count_untracked(&mut self) {
         self.untracked = self.untracked.saturating_add(1);
@@ -301,15 +383,12 @@ impl CellTable {
         let mut counts = Vec::new();
         self.take_counts(|key, taken, _| {
             if let Some((bucket, tenant, priority)) = parse_key(key) {
-                counts.push(BucketCount {
+                counts.push(taken.into_count(BucketCount {
                     bucket: bucket.to_owned(),
-                    offered: taken.offered,
-                    admitted: taken.admitted,
                     tenant: tenant.to_owned(),
                     priority: priority as i32,
-                    shadow_dropped: taken.shadow_dropped,
                     ..BucketCount::default()
-                });
+                }));
             }
         });
         counts
@@ -319,7 +398,7 @@ impl CellTable {
     /// `take` gets the cell key, the counts and whether it has a directive.
     pub(crate) fn take_counts(&mut self, mut take: impl FnMut(&str, Counts, bool)) {
         self.records.retain(|key, record| {
-            if record.counts.offered > 0 {
+            if !record.counts.is_empty() {
                 take(key, std::mem::take(&mut record.counts), record.limited);
             }
             !record.is_spent()
@@ -561,7 +640,7 @@ mod tests {
     ) -> bool {
         match cells.record(&key(bucket), generation, || directive).0 {
             Some(record) => {
-                record.count(Outcome::Admitted);
+                record.count(Outcome::Admitted, 0);
                 true
             }
             None => {

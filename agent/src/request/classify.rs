@@ -380,6 +380,11 @@ impl CellKeyBuf {
         self.tenant.is_empty() && self.priority == Priority::Unspecified
     }
 
+    /// The cell key [`Self::keys`] built last.
+    pub fn exact_key(&self) -> &str {
+        &self.exact
+    }
+
     /// Builds the cell key; returns it with the bucket (the key of
     /// bucket-wide directives).
     pub fn keys(&mut self) -> (&str, &str) {

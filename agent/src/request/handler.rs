@@ -3,7 +3,9 @@
 //! (proxy-wasm host calls, the native module's Envoy callbacks, an
 //! in-memory request in tests) and calls [`decide`], then [`answer`]; a
 //! request picked for the upstream signals comes back at its response
-//! through [`observe_response`].
+//! through [`observe_response`]; a request a cost rule applies to passes
+//! its response body through [`response_body`] and is charged at
+//! [`stream_end`].
 //!
 //! What a decision leads to, in order: the decision's record when the
 //! configured [`crate::request::record::RecordMode`] asks for it, the
@@ -15,9 +17,12 @@
 use crate::agent::Agent;
 use crate::config::RequestPolicy;
 use crate::host::{HostError, Log, LogLevel};
+use crate::request::charge::PendingCharge;
 use crate::request::classify::RequestAttributes;
 use crate::request::reject::RejectResponse;
 use crate::upstream::status_of;
+use crate::usage::rules::{CostRoute, cost_of_number, cost_of_text};
+use crate::usage::{Charge, ChargeSource};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -40,6 +45,13 @@ pub trait HttpRequest: RequestAttributes + Log {
     /// Nanoseconds on the host's clock (any origin, one per process);
     /// `None` when the host cannot tell.
     fn clock_ns(&self) -> Option<u64>;
+    /// A number in the request's dynamic metadata (namespace, key), read
+    /// at the stream's end; `None` if absent or not a number.
+    fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64>;
+    /// A response header's first value, read at the stream's end.
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// A response trailer's first value, read at the stream's end.
+    fn response_trailer(&self, name: &str) -> Option<Cow<'_, [u8]>>;
 }
 
 /// Whether the proxy goes on with the request after its headers.
@@ -75,13 +87,24 @@ impl FollowedRequest {
 /// follow). Returns the 429 to send, if the request is dropped; the host
 /// lets go of the agent before [`answer`] sends it, since a proxy may run
 /// the response hooks of a local reply at once.
+///
+/// An admitted request a cost rule applies to comes back in `charge`, for
+/// [`response_body`] and [`stream_end`]; a dropped one is charged nothing.
 pub fn decide(
     agent: &mut Agent,
     policy: &RequestPolicy,
     request: &mut impl HttpRequest,
     followed: &mut Option<FollowedRequest>,
+    charge: &mut Option<PendingCharge>,
 ) -> Option<Arc<RejectResponse>> {
-    let decision = agent.admit_request(&policy.classifier, request);
+    let decision = if policy.costs.is_empty() {
+        agent.admit_request(&policy.classifier, request)
+    } else {
+        let (decision, pending) =
+            agent.admit_costed_request(&policy.classifier, &policy.costs, request);
+        *charge = pending;
+        decision
+    };
     if policy.decision_record.records(&decision)
         && let Err(err) = request.set_decision_record(agent.last_record())
     {
@@ -163,5 +186,108 @@ impl ObservedResponse<'_> {
     }
 }
 
+/// A chunk of the response body as it passes (the host never holds it),
+/// the last one if `end_of_stream`: read for the usage when the request's
+/// cost rule reads the body. The host hands over the chunk only if
+/// [`PendingCharge::reads_body`], and calls this for every chunk, so that
+/// a stream cut before its end is known as such.
+pub fn response_body(charge: &mut Option<PendingCharge>, chunk: &[u8], end_of_stream: bool) {
+    if let Some(pending) = charge {
+        pending.feed_body(chunk, end_of_stream);
+    }
+}
+
+/// The response's trailers arrived (its body, if any, is complete).
+pub fn response_trailers(charge: &mut Option<PendingCharge>) {
+    if let Some(pending) = charge {
+        pending.trailers_arrived();
+    }
+}
+
+/// The stream of a costed request ended: its charge, read from the host
+/// ([`crate::request::charge::settle`]) before the agent is at hand;
+/// [`SettledCharge::count`] adds it to the cell's charged cost.
+pub fn stream_end(
+    policy: &RequestPolicy,
+    request: &impl HttpRequest,
+    pending: PendingCharge,
+) -> Option<SettledCharge> {
+    let route = policy.costs.get(pending.rule())?;
+    let charge = settle(route, &pending, request);
+    Some(SettledCharge { pending, charge })
+}
+
+/// The charge of a stream that ended: from the first source of `route`'s
+/// that has a cost, else its estimate (or the configured amount). A
+/// response that is not 2xx, or whose body started but never ended (the
+/// upstream reset it, the client went away), is charged the estimate
+/// whatever it reported so far: a cut stream's partial usage (Anthropic's
+/// first event carries one) is not what the provider bills.
+fn settle(route: &CostRoute, pending: &PendingCharge, end: &impl HttpRequest) -> Charge {
+    let without_usage = route.rule.charge(None, pending.estimate);
+    let succeeded = end
+        .response_status()
+        .is_some_and(|status| status.len() == 3 && status.first() == Some(&b'2'));
+    if !succeeded || pending.was_cut() {
+        return without_usage;
+    }
+    let actual = &route.actual;
+    let reported = |cost: Option<u64>, source| cost.map(|cost| Charge { cost, source });
+    if let Some(metadata) = &actual.metadata
+        && let Some(charge) = reported(
+            end.metadata_number(&metadata.namespace, &metadata.key)
+                .and_then(cost_of_number),
+            ChargeSource::Metadata,
+        )
+    {
+        return charge;
+    }
+    if let Some(name) = &actual.response_header
+        && let Some(charge) = reported(
+            end.response_header(name)
+                .and_then(|value| cost_of_text(&value)),
+            ChargeSource::Header,
+        )
+    {
+        return charge;
+    }
+    if let Some(name) = &actual.response_trailer
+        && let Some(charge) = reported(
+            end.response_trailer(name)
+                .and_then(|value| cost_of_text(&value)),
+            ChargeSource::Trailer,
+        )
+    {
+        return charge;
+    }
+    if let Some(usage) = pending.body_usage() {
+        return route
+            .rule
+            .charge(Some((usage, ChargeSource::Body)), pending.estimate);
+    }
+    without_usage
+}
+
+/// A stream's charge, to be counted in the agent that decided its request.
+#[derive(Debug, Clone)]
+pub struct SettledCharge {
+    pending: PendingCharge,
+    charge: Charge,
+}
+
+impl SettledCharge {
+    /// The amount and its source.
+    pub fn charge(&self) -> Charge {
+        self.charge
+    }
+
+    /// Counts it in the agent.
+    pub fn count(self, agent: &mut Agent) {
+        agent.charge(&self.pending, self.charge);
+    }
+}
+
+#[cfg(test)]
+mod cost_tests;
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 //! the attribute reads the classification needs.
 
 pub(crate) mod cell_table;
+pub mod charge;
 pub mod classify;
 pub mod handler;
 pub mod new_cells;

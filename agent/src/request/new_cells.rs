@@ -153,7 +153,7 @@ mod tests {
             match record {
                 Some(record) => {
                     let decision = decide(&mut record.state, None, &rules, now, &mut rng);
-                    record.count(Outcome::Admitted);
+                    record.count(Outcome::Admitted, 0);
                     let response = &mut record.new_cell_response;
                     decision
                         .reason

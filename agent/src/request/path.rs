@@ -118,8 +118,14 @@ impl RequestPath {
         self.enforces_local = self.directives.modes().enforces_local();
     }
 
-    /// Decides and counts a request of the cell in [`Self::cell`].
-    pub(crate) fn decide(&mut self, metrics: &mut Metrics, rng: &mut SmallRng) -> Decision {
+    /// Decides and counts a request of the cell in [`Self::cell`], of
+    /// estimated cost `estimate` (0: the request has no cost rule).
+    pub(crate) fn decide(
+        &mut self,
+        metrics: &mut Metrics,
+        rng: &mut SmallRng,
+        estimate: u64,
+    ) -> Decision {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
         if let Some(pattern) = self.directives.aggregate_of(&self.cell.bucket) {
@@ -180,7 +186,7 @@ impl RequestPath {
             (None, _) => Outcome::Admitted,
         };
         match record {
-            Some(record) => record.count(outcome),
+            Some(record) => record.count(outcome, estimate),
             None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, decided.reason);

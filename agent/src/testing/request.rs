@@ -21,6 +21,12 @@ pub struct FakeRequest {
     pub raw_route: Option<&'static [u8]>,
     /// The response's `:status`.
     pub status: Option<&'static [u8]>,
+    /// Dynamic metadata numbers by (namespace, key).
+    pub metadata: HashMap<(&'static str, &'static str), f64>,
+    /// Response headers (lower-case names).
+    pub response_headers: HashMap<&'static str, &'static str>,
+    /// Response trailers (lower-case names).
+    pub response_trailers: HashMap<&'static str, &'static str>,
     /// The clock, in nanoseconds.
     pub clock_ns: Option<u64>,
     /// Whether every effect fails.
@@ -100,5 +106,24 @@ impl HttpRequest for FakeRequest {
 
     fn clock_ns(&self) -> Option<u64> {
         self.clock_ns
+    }
+
+    fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64> {
+        self.metadata
+            .iter()
+            .find(|((ns, k), _)| *ns == namespace && *k == key)
+            .map(|(_, value)| *value)
+    }
+
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.response_headers
+            .get(name)
+            .map(|value| Cow::Borrowed(value.as_bytes()))
+    }
+
+    fn response_trailer(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.response_trailers
+            .get(name)
+            .map(|value| Cow::Borrowed(value.as_bytes()))
     }
 }

@@ -393,7 +393,7 @@ mod tests {
         ) {
             for key in seen {
                 match self.cells.record(key, 0, || limited(key).then_some(0)).0 {
-                    Some(record) => record.count(Outcome::Admitted),
+                    Some(record) => record.count(Outcome::Admitted, 0),
                     None => self.cells.count_untracked(),
                 }
             }

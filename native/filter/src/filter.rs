@@ -6,6 +6,7 @@ use std::time::Duration;
 use sluice_agent::config::RequestPolicy;
 use sluice_agent::identity::{ProxyIdentity, made_up_name_warning};
 use sluice_agent::memory::MetricValue;
+use sluice_agent::request::charge::PendingCharge;
 use sluice_agent::request::handler::{self, FollowedRequest, HeadersAction, HttpRequest};
 
 use crate::clock::now_ms;
@@ -86,10 +87,15 @@ impl NativeFilter {
     /// carries the decision out on `request`. An admitted request picked
     /// for the upstream signals is returned in `followed`, for
     /// [`NativeFilter::on_response_headers`].
+    ///
+    /// An admitted request a cost rule applies to comes back in `charge`,
+    /// for [`NativeFilter::on_response_body`] and
+    /// [`NativeFilter::on_stream_complete`].
     pub fn on_request_headers(
         &self,
         request: &mut impl HttpRequest,
         followed: &mut Option<FollowedRequest>,
+        charge: &mut Option<PendingCharge>,
     ) -> HeadersAction {
         let rejection = {
             let slot = self.workers.local();
@@ -97,7 +103,7 @@ impl NativeFilter {
             if slot.take_tick_due() {
                 state.tick(now_ms());
             }
-            handler::decide(&mut state.agent, &self.request, request, followed)
+            handler::decide(&mut state.agent, &self.request, request, followed, charge)
         };
         handler::answer(request, rejection)
     }
@@ -112,6 +118,34 @@ impl NativeFilter {
         let slot = self.workers.local();
         let mut state = slot.lock();
         observed.count(&mut state.agent);
+    }
+
+    /// A chunk of a costed request's response body, read as it passes (no
+    /// lock: the parser is the request's own); the last if `end_of_stream`.
+    pub fn on_response_body(
+        &self,
+        charge: &mut Option<PendingCharge>,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) {
+        handler::response_body(charge, chunk, end_of_stream);
+    }
+
+    /// A costed request's response trailers arrived.
+    pub fn on_response_trailers(&self, charge: &mut Option<PendingCharge>) {
+        handler::response_trailers(charge);
+    }
+
+    /// A costed request's stream is complete (ended, reset or abandoned):
+    /// its charge, read from `request`, goes to this worker's agent, the
+    /// one that decided it.
+    pub fn on_stream_complete(&self, request: &impl HttpRequest, pending: PendingCharge) {
+        let Some(settled) = handler::stream_end(&self.request, request, pending) else {
+            return;
+        };
+        let slot = self.workers.local();
+        let mut state = slot.lock();
+        settled.count(&mut state.agent);
     }
 
     /// A hook panicked for a request, which went on unfiltered: counted in

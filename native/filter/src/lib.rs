@@ -37,6 +37,7 @@ pub use config::{ConfigError, NativeConfig};
 pub use filter::NativeFilter;
 pub use native_host::Stderr;
 pub use sluice_agent::host::{HostError, Log, LogLevel, MetricKind};
+pub use sluice_agent::request::charge::PendingCharge;
 pub use sluice_agent::request::classify::RequestAttributes;
 pub use sluice_agent::request::handler::{
     FollowedRequest, HeadersAction, HttpRequest, REJECT_STATUS,

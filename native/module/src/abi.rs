@@ -66,6 +66,16 @@ pub const ATTRIBUTE_XDS_ROUTE_NAME: u32 = 61;
 pub const HEADER_TYPE_REQUEST: u32 = 0;
 /// `envoy_dynamic_module_type_http_header_type_ResponseHeader`.
 pub const HEADER_TYPE_RESPONSE: u32 = 2;
+/// `envoy_dynamic_module_type_http_header_type_ResponseTrailer`.
+pub const HEADER_TYPE_RESPONSE_TRAILER: u32 = 3;
+
+/// `envoy_dynamic_module_type_http_body_type_ReceivedResponseBody`: the
+/// chunk the running response-body hook received.
+pub const BODY_TYPE_RECEIVED_RESPONSE: u32 = 2;
+
+/// `envoy_dynamic_module_type_metadata_source_Dynamic`: the request's
+/// dynamic metadata.
+pub const METADATA_SOURCE_DYNAMIC: u32 = 0;
 
 /// Envoy casts a hook's status to its own `FilterHeadersStatus` /
 /// `FilterDataStatus` / `FilterTrailersStatus`: 0 is `Continue` in each.
@@ -138,6 +148,30 @@ unsafe extern "C" {
         header_type: u32,
         key: ModuleBuffer,
         value: ModuleBuffer,
+    ) -> bool;
+
+    /// The number of slices of a body buffer (0 when there is none).
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+        filter_envoy_ptr: EnvoyPtr,
+        body_type: u32,
+    ) -> usize;
+
+    /// Fills `result` (room for `get_body_chunks_size` entries) with views
+    /// of a body buffer's slices; false when there is no such buffer.
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks(
+        filter_envoy_ptr: EnvoyPtr,
+        body_type: u32,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+
+    /// Reads a number of the request's metadata of `source`; false when it
+    /// is absent or not a number.
+    pub fn envoy_dynamic_module_callback_http_get_metadata_number(
+        filter_envoy_ptr: EnvoyPtr,
+        source: u32,
+        namespace: ModuleBuffer,
+        key: ModuleBuffer,
+        result: *mut f64,
     ) -> bool;
 
     /// Stores bytes in the request's filter state under `key`.

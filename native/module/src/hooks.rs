@@ -161,6 +161,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
     let state = Box::new(RequestState {
         filter: config as *const NativeFilter,
         followed: None,
+        charge: None,
     });
     Box::into_raw(state) as ModulePtr
 }
@@ -198,7 +199,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     guarded_with(
         "request_headers",
         abi::STATUS_CONTINUE,
-        || match native.on_request_headers(&mut request, &mut state.followed) {
+        || match native.on_request_headers(&mut request, &mut state.followed, &mut state.charge) {
             HeadersAction::Continue => abi::STATUS_CONTINUE,
             HeadersAction::Stop => abi::STATUS_STOP_ITERATION,
         },
@@ -238,6 +239,89 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     )
 }
 
+/// A chunk of the response body: a costed request's parser reads it as it
+/// passes (the hook always continues; nothing is buffered).
+///
+/// # Safety
+/// Called by Envoy with the request's own pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    filter_envoy_ptr: EnvoyPtr,
+    filter: ModulePtr,
+    end_of_stream: bool,
+) -> u32 {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    let Some((state, native)) = (unsafe { request_of(filter) }) else {
+        return abi::STATUS_CONTINUE;
+    };
+    let Some(pending) = &state.charge else {
+        return abi::STATUS_CONTINUE;
+    };
+    if !pending.reads_body() {
+        native.on_response_body(&mut state.charge, &[], end_of_stream);
+        return abi::STATUS_CONTINUE;
+    }
+    // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
+    // dropped before the hook returns.
+    let request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
+    guarded_with(
+        "response_body",
+        abi::STATUS_CONTINUE,
+        || {
+            request.received_response_body(|chunk| {
+                native.on_response_body(&mut state.charge, chunk, false);
+            });
+            native.on_response_body(&mut state.charge, &[], end_of_stream);
+            abi::STATUS_CONTINUE
+        },
+        || native.count_hook_panic(),
+    )
+}
+
+/// The response trailers: a costed request's response is complete.
+///
+/// # Safety
+/// Called by Envoy with the request's own pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _filter_envoy_ptr: EnvoyPtr,
+    filter: ModulePtr,
+) -> u32 {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    if let Some((state, native)) = unsafe { request_of(filter) } {
+        native.on_response_trailers(&mut state.charge);
+    }
+    abi::STATUS_CONTINUE
+}
+
+/// The stream is complete (ended, reset or abandoned), before the filter
+/// is destroyed: a costed request is charged.
+///
+/// # Safety
+/// Called by Envoy with the request's own pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    filter_envoy_ptr: EnvoyPtr,
+    filter: ModulePtr,
+) {
+    // SAFETY: Envoy passes this request's `filter_new` pointer to its hooks.
+    let Some((state, native)) = (unsafe { request_of(filter) }) else {
+        return;
+    };
+    let Some(pending) = state.charge.take() else {
+        return;
+    };
+    // SAFETY: `filter_envoy_ptr` is this request's filter and the view is
+    // dropped before the hook returns.
+    let request = unsafe { EnvoyRequest::new(filter_envoy_ptr) };
+    guarded_with(
+        "stream_complete",
+        (),
+        || native.on_stream_complete(&request, pending),
+        || native.count_hook_panic(),
+    );
+}
+
 /// Defines a hook that does nothing and lets the stream continue.
 macro_rules! continue_hook {
     ($name:ident $(, $arg:ident : $ty:ty)*) => {
@@ -261,8 +345,6 @@ macro_rules! ignored_hook {
 
 continue_hook!(envoy_dynamic_module_on_http_filter_request_body, end_of_stream: bool);
 continue_hook!(envoy_dynamic_module_on_http_filter_request_trailers);
-continue_hook!(envoy_dynamic_module_on_http_filter_response_body, end_of_stream: bool);
-continue_hook!(envoy_dynamic_module_on_http_filter_response_trailers);
 continue_hook!(
     envoy_dynamic_module_on_http_filter_local_reply,
     response_code: u32,
@@ -270,7 +352,6 @@ continue_hook!(
     reset_imminent: bool
 );
 
-ignored_hook!(envoy_dynamic_module_on_http_filter_stream_complete);
 ignored_hook!(envoy_dynamic_module_on_http_filter_scheduled);
 ignored_hook!(envoy_dynamic_module_on_http_filter_http_callout_done);
 ignored_hook!(envoy_dynamic_module_on_http_filter_http_stream_headers);

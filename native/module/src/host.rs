@@ -169,4 +169,76 @@ impl HttpRequest for EnvoyRequest {
     fn clock_ns(&self) -> Option<u64> {
         sluice_native_filter::clock::monotonic_ns()
     }
+
+    fn metadata_number(&self, namespace: &str, key: &str) -> Option<f64> {
+        let mut value = 0.0_f64;
+        // SAFETY: `self.filter` is the live filter of the running hook; the
+        // namespace and key are borrowed for the call; the result is a
+        // local Envoy writes at most once.
+        let found = unsafe {
+            abi::envoy_dynamic_module_callback_http_get_metadata_number(
+                self.filter,
+                abi::METADATA_SOURCE_DYNAMIC,
+                ModuleBuffer::of(namespace.as_bytes()),
+                ModuleBuffer::of(key.as_bytes()),
+                &mut value,
+            )
+        };
+        found.then_some(value)
+    }
+
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.header(abi::HEADER_TYPE_RESPONSE, name)
+            .map(Cow::Borrowed)
+    }
+
+    fn response_trailer(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.header(abi::HEADER_TYPE_RESPONSE_TRAILER, name)
+            .map(Cow::Borrowed)
+    }
+}
+
+impl EnvoyRequest {
+    /// Hands each slice of the response body chunk the running
+    /// response-body hook received to `read`, without copying it.
+    pub fn received_response_body(&self, mut read: impl FnMut(&[u8])) {
+        // SAFETY: `self.filter` is the live filter of the running hook.
+        let count = unsafe {
+            abi::envoy_dynamic_module_callback_http_get_body_chunks_size(
+                self.filter,
+                abi::BODY_TYPE_RECEIVED_RESPONSE,
+            )
+        };
+        if count == 0 {
+            return;
+        }
+        let mut slices = vec![
+            EnvoyBuffer {
+                ptr: std::ptr::null(),
+                length: 0,
+            };
+            count
+        ];
+        // SAFETY: as above; `slices` has room for the `count` entries Envoy
+        // just said the buffer has, and the buffer does not change during
+        // the hook.
+        let filled = unsafe {
+            abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                self.filter,
+                abi::BODY_TYPE_RECEIVED_RESPONSE,
+                slices.as_mut_ptr(),
+            )
+        };
+        if !filled {
+            return;
+        }
+        for slice in slices {
+            if slice.ptr.is_null() || slice.length == 0 {
+                continue;
+            }
+            // SAFETY: Envoy filled in views of its buffer's slices, valid
+            // until the hook returns; each is read here and not kept.
+            read(unsafe { std::slice::from_raw_parts(slice.ptr, slice.length) });
+        }
+    }
 }

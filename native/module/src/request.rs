@@ -1,6 +1,6 @@
 //! What the module keeps per request between Envoy's hooks.
 
-use sluice_native_filter::{FollowedRequest, NativeFilter};
+use sluice_native_filter::{FollowedRequest, NativeFilter, PendingCharge};
 
 /// The object `filter_new` hands Envoy for one request: the configuration's
 /// shared filter, and the request followed for the upstream signals, if it
@@ -11,4 +11,7 @@ pub struct RequestState {
     pub filter: *const NativeFilter,
     /// The request picked for the upstream signals.
     pub followed: Option<FollowedRequest>,
+    /// An admitted request with a cost rule, charged when its stream
+    /// completes.
+    pub charge: Option<PendingCharge>,
 }

@@ -47,7 +47,7 @@ fn a_dropped_request_is_recorded_and_answered_with_its_429() {
     directed(&mut agent, "acme", 1.0);
     let mut request = request_to("acme");
     let mut followed = None;
-    let rejection = decide(&mut agent, &policy, &mut request, &mut followed);
+    let rejection = decide(&mut agent, &policy, &mut request, &mut followed, &mut None);
     assert_eq!(answer(&mut request, rejection), HeadersAction::Stop);
     let sent = request.rejection.unwrap();
     assert!(sent.headers.iter().any(|(name, _)| name == "retry-after"));
@@ -64,7 +64,7 @@ fn a_directed_admitted_request_passes_untouched_by_default() {
     directed(&mut agent, "acme", 0.0);
     let mut request = request_to("acme");
     let mut followed = None;
-    let rejection = decide(&mut agent, &policy, &mut request, &mut followed);
+    let rejection = decide(&mut agent, &policy, &mut request, &mut followed, &mut None);
     assert_eq!(answer(&mut request, rejection), HeadersAction::Continue);
     assert_eq!(request.record, None);
     assert!(request.added.is_empty());
@@ -76,7 +76,7 @@ fn every_request_is_recorded_when_configured() {
     let (mut agent, policy) = configured(r#", "decision_record": "all""#);
     directed(&mut agent, "acme", 0.0);
     let mut request = request_to("acme");
-    let rejection = decide(&mut agent, &policy, &mut request, &mut None);
+    let rejection = decide(&mut agent, &policy, &mut request, &mut None, &mut None);
     assert_eq!(answer(&mut request, rejection), HeadersAction::Continue);
     let record = request.record.unwrap();
     assert!(record.contains("result=pass"), "{record}");
@@ -86,7 +86,7 @@ fn every_request_is_recorded_when_configured() {
 fn an_undirected_admitted_request_is_flagged_upstream() {
     let (mut agent, policy) = configured("");
     let mut request = request_to("acme");
-    let rejection = decide(&mut agent, &policy, &mut request, &mut None);
+    let rejection = decide(&mut agent, &policy, &mut request, &mut None, &mut None);
     assert_eq!(answer(&mut request, rejection), HeadersAction::Continue);
     assert_eq!(
         request.added,
@@ -97,7 +97,7 @@ fn an_undirected_admitted_request_is_flagged_upstream() {
 
     let (mut agent, policy) = configured(r#", "undirected_header": null"#);
     let mut request = request_to("acme");
-    decide(&mut agent, &policy, &mut request, &mut None);
+    decide(&mut agent, &policy, &mut request, &mut None, &mut None);
     assert!(request.added.is_empty());
 }
 
@@ -107,7 +107,7 @@ fn failed_effects_are_logged_and_a_429_that_cannot_be_sent_lets_the_request_pass
     directed(&mut agent, "acme", 1.0);
     let mut request = request_to("acme");
     request.failing = true;
-    let rejection = decide(&mut agent, &policy, &mut request, &mut None);
+    let rejection = decide(&mut agent, &policy, &mut request, &mut None, &mut None);
     assert!(rejection.is_some());
     assert_eq!(answer(&mut request, rejection), HeadersAction::Continue);
     let logs = request.logs.borrow();
@@ -127,7 +127,7 @@ fn a_followed_request_brings_its_status_and_latency_to_the_signals() {
     let mut request = request_to("acme");
     request.clock_ns = Some(5_000_000);
     let mut followed = None;
-    decide(&mut agent, &policy, &mut request, &mut followed);
+    decide(&mut agent, &policy, &mut request, &mut followed, &mut None);
     let followed = followed.unwrap();
     assert_eq!(followed.bucket, "acme");
     assert_eq!(followed.started_ns, Some(5_000_000));

@@ -1,0 +1,300 @@
+//! Costed requests through the handler: the estimate counted before the
+//! decision, the charge at the stream's end from each source in order.
+
+use super::*;
+use crate::config::FilterConfig;
+use crate::directives::DirectiveTable;
+use crate::identity::ProxyIdentity;
+use crate::metrics::Counter;
+use crate::testing::request::FakeRequest;
+use crate::usage::ChargeSource;
+use sluice_core::Priority;
+use sluice_proto::v1::{BucketCount, Directive, DirectiveBatch};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const RULES: &str = r#", "cost_rules": [
+    {"bucket": "llm", "cost": {"estimate": {"source": "request_header", "name": "x-estimate", "default": 100}},
+     "actual": {"metadata": {"namespace": "io.envoy.ai_gateway", "key": "llm_total_token"},
+                "response_header": "x-usage", "response_trailer": "x-usage-trailer"}},
+    {"bucket": "sized", "cost": {"estimate": {"source": "request_size", "base": 10, "per_byte": 0.25}}}
+]"#;
+
+fn configured() -> (Agent, RequestPolicy) {
+    let json = format!(r#"{{"control_plane_cluster": "cp"{RULES}}}"#);
+    let parts = FilterConfig::from_json(json.as_bytes())
+        .unwrap()
+        .into_parts(|| ProxyIdentity::Named("p".into()), String::new);
+    (Agent::new(parts.agent, 7), parts.request)
+}
+
+fn directed(agent: &mut Agent, bucket: &str, drop_ratio: f64) {
+    let mut table = DirectiveTable::new(100);
+    table.merge(DirectiveBatch {
+        version: 3,
+        directives: vec![Directive {
+            bucket: bucket.into(),
+            priority: Priority::Unspecified as i32,
+            drop_ratio,
+            limit_rps: Some(10.0),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+}
+
+fn request(authority: &'static str, estimate: &'static str) -> FakeRequest {
+    FakeRequest::with_headers(&[(":authority", authority), ("x-estimate", estimate)])
+}
+
+fn drained(agent: &mut Agent, bucket: &str) -> BucketCount {
+    agent
+        .path
+        .cells
+        .drain()
+        .into_iter()
+        .find(|count| count.bucket == bucket)
+        .unwrap_or_default()
+}
+
+/// Decides `request`, feeds `body`, ends the stream: the charge counted.
+fn run(
+    agent: &mut Agent,
+    policy: &RequestPolicy,
+    request: &mut FakeRequest,
+    body: &[u8],
+) -> Option<Charge> {
+    let mut charge = None;
+    let _ = decide(agent, policy, request, &mut None, &mut charge);
+    response_body(&mut charge, body, true);
+    let settled = stream_end(policy, request, charge?)?;
+    let charged = settled.charge();
+    settled.count(agent);
+    Some(charged)
+}
+
+const OPENAI: &[u8] =
+    b"{\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":37,\"total_tokens\":157}}";
+
+#[test]
+fn the_estimate_is_counted_before_the_decision_and_a_drop_is_charged_nothing() {
+    let (mut agent, policy) = configured();
+    directed(&mut agent, "llm", 1.0);
+    let mut dropped = request("llm", "300");
+    let mut charge = None;
+    let rejection = decide(&mut agent, &policy, &mut dropped, &mut None, &mut charge);
+    assert!(rejection.is_some());
+    assert!(charge.is_none(), "a dropped request is charged nothing");
+    let count = drained(&mut agent, "llm");
+    assert_eq!(
+        (
+            count.offered,
+            count.offered_cost,
+            count.admitted_cost,
+            count.charged_cost
+        ),
+        (1, 300.0, 0.0, 0.0)
+    );
+    // Admitted: offered and admitted cost, and a charge at its end.
+    directed(&mut agent, "llm", 0.0);
+    let mut admitted = request("llm", "300");
+    admitted.status = Some(b"200");
+    let charged = run(&mut agent, &policy, &mut admitted, OPENAI).unwrap();
+    assert_eq!(
+        charged,
+        Charge {
+            cost: 157,
+            source: ChargeSource::Body
+        }
+    );
+    let count = drained(&mut agent, "llm");
+    assert_eq!(
+        (count.offered_cost, count.admitted_cost, count.charged_cost),
+        (300.0, 300.0, 157.0)
+    );
+}
+
+#[test]
+fn the_charge_comes_from_the_first_source_that_has_one() {
+    let (mut agent, policy) = configured();
+    let mut all = request("llm", "300");
+    all.status = Some(b"200");
+    all.metadata
+        .insert(("io.envoy.ai_gateway", "llm_total_token"), 11.0);
+    all.response_headers.insert("x-usage", "22");
+    all.response_trailers.insert("x-usage-trailer", "33");
+    let source = |request: &mut FakeRequest, agent: &mut Agent| {
+        run(agent, &policy, request, OPENAI).unwrap()
+    };
+    assert_eq!(
+        source(&mut all, &mut agent),
+        Charge {
+            cost: 11,
+            source: ChargeSource::Metadata
+        }
+    );
+    all.metadata.clear();
+    assert_eq!(
+        source(&mut all, &mut agent),
+        Charge {
+            cost: 22,
+            source: ChargeSource::Header
+        }
+    );
+    // A header that is no number is skipped.
+    all.response_headers.insert("x-usage", "many");
+    assert_eq!(
+        source(&mut all, &mut agent),
+        Charge {
+            cost: 33,
+            source: ChargeSource::Trailer
+        }
+    );
+    all.response_trailers.clear();
+    assert_eq!(
+        source(&mut all, &mut agent),
+        Charge {
+            cost: 157,
+            source: ChargeSource::Body
+        }
+    );
+    let mut no_usage = request("llm", "300");
+    no_usage.status = Some(b"200");
+    let charged = run(
+        &mut agent,
+        &policy,
+        &mut no_usage,
+        b"data: {\"choices\":[]}\n\n",
+    )
+    .unwrap();
+    assert_eq!(
+        charged,
+        Charge {
+            cost: 300,
+            source: ChargeSource::Estimate
+        }
+    );
+    assert_eq!(
+        agent
+            .metrics()
+            .pending(Counter::CostCharged(ChargeSource::Metadata)),
+        11
+    );
+    assert_eq!(
+        agent
+            .metrics()
+            .pending(Counter::Charges(ChargeSource::Body)),
+        1
+    );
+    assert_eq!(
+        agent
+            .metrics()
+            .pending(Counter::CostCharged(ChargeSource::Estimate)),
+        300
+    );
+    assert_eq!(
+        drained(&mut agent, "llm").charged_cost,
+        (11 + 22 + 33 + 157 + 300) as f64
+    );
+}
+
+#[test]
+fn a_stream_cut_before_its_end_is_charged_its_estimate() {
+    let (mut agent, policy) = configured();
+    let mut cut = request("llm", "250");
+    cut.status = Some(b"200");
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut cut, &mut None, &mut charge);
+    // Anthropic's first event carries a usage: not what a cut stream costs.
+    response_body(
+        &mut charge,
+        b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n",
+        false,
+    );
+    let settled = stream_end(&policy, &cut, charge.unwrap()).unwrap();
+    assert_eq!(
+        settled.charge(),
+        Charge {
+            cost: 250,
+            source: ChargeSource::Estimate
+        }
+    );
+    // The same stream ended by its trailers is charged its usage.
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut cut, &mut None, &mut charge);
+    response_body(&mut charge, OPENAI, false);
+    response_trailers(&mut charge);
+    let settled = stream_end(&policy, &cut, charge.unwrap()).unwrap();
+    assert_eq!(
+        settled.charge(),
+        Charge {
+            cost: 157,
+            source: ChargeSource::Body
+        }
+    );
+}
+
+#[test]
+fn a_stream_without_a_2xx_response_is_charged_its_estimate() {
+    let (mut agent, policy) = configured();
+    // Aborted before its response: no status at all.
+    let mut aborted = request("llm", "250");
+    let charged = run(
+        &mut agent,
+        &policy,
+        &mut aborted,
+        b"data: {\"choices\":[{\"delta\":",
+    )
+    .unwrap();
+    assert_eq!(
+        charged,
+        Charge {
+            cost: 250,
+            source: ChargeSource::Estimate
+        }
+    );
+    // An error answer, even one with a usage header.
+    let mut failed = request("llm", "250");
+    failed.status = Some(b"503");
+    failed.response_headers.insert("x-usage", "5");
+    let charged = run(&mut agent, &policy, &mut failed, OPENAI).unwrap();
+    assert_eq!(charged.source, ChargeSource::Estimate);
+    assert_eq!(drained(&mut agent, "llm").charged_cost, 500.0);
+}
+
+#[test]
+fn estimates_read_the_configured_header_or_the_size_and_other_buckets_have_none() {
+    let (mut agent, policy) = configured();
+    let mut sized =
+        FakeRequest::with_headers(&[(":authority", "sized"), ("content-length", "400")]);
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut sized, &mut None, &mut charge);
+    assert_eq!(charge.as_ref().map(PendingCharge::estimate), Some(110));
+    // The default when the header is missing.
+    let mut plain = FakeRequest::with_headers(&[(":authority", "llm")]);
+    let _ = decide(&mut agent, &policy, &mut plain, &mut None, &mut charge);
+    assert_eq!(charge.as_ref().map(PendingCharge::estimate), Some(100));
+    // No rule: no charge, no cost counted.
+    let mut web = FakeRequest::with_headers(&[(":authority", "web")]);
+    let mut none = None;
+    let _ = decide(&mut agent, &policy, &mut web, &mut None, &mut none);
+    assert!(none.is_none());
+    let count = drained(&mut agent, "web");
+    assert_eq!((count.offered, count.offered_cost), (1, 0.0));
+}
+
+#[test]
+fn a_charge_after_the_drain_is_reported_in_the_next_window() {
+    let (mut agent, policy) = configured();
+    let mut admitted = request("llm", "40");
+    admitted.status = Some(b"200");
+    let mut charge = None;
+    let _ = decide(&mut agent, &policy, &mut admitted, &mut None, &mut charge);
+    // The window closes while the stream runs.
+    assert_eq!(drained(&mut agent, "llm").offered_cost, 40.0);
+    let settled = stream_end(&policy, &admitted, charge.unwrap()).unwrap();
+    settled.count(&mut agent);
+    let count = drained(&mut agent, "llm");
+    assert_eq!((count.offered, count.charged_cost), (0, 40.0));
+}
