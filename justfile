@@ -50,6 +50,11 @@ demo-ha *ARGS: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" REDIS_SERVER="$(./scripts/ensure-redis.sh)" SLUICE_WASM={{wasm_out}} \
       cargo run -q -p sluice-integration-tests --bin demo_ha -- {{ARGS}}
 
+# A token budget: a control plane holding 20,000 LLM tokens/s, 3 Envoys at 60/30/10 % of 3x that in streamed completions from the fake LLM upstream (log-normal tokens), 3 tenants weighted 2:1:1; admitted tokens printed every second (`--duration S`, `--budget N`, `--offered X`, `--native`).
+demo-tokens *ARGS: build
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
+      cargo run -q -p sluice-integration-tests --bin demo_tokens -- {{ARGS}}
+
 # Sluice as Istio delivers it, without a cluster: an xDS server serves deploy/istio's WasmPlugin over ECDS as istiod builds it to two Envoy sidecars, which hold deploy/'s limit under uneven load (`--duration S`, `--rps N`).
 demo-istio *ARGS: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
