@@ -163,6 +163,7 @@ fn fair_shares(c: &mut Criterion) {
                     admitted_rps: offered_rps,
                     proxies_reporting: 3,
                     stale_share: 0.0,
+                    requests_rps: 0.0,
                 },
                 shadow_dropped_rps: 0.0,
             }

@@ -53,6 +53,7 @@ pub fn fleet_load(buckets: &[String]) -> FleetLoad {
                     admitted_rps: offered_rps,
                     proxies_reporting: 3,
                     stale_share: 0.0,
+                    requests_rps: 0.0,
                 };
                 BucketTraffic::single(bucket, load)
             })

@@ -341,6 +341,7 @@ async fn ctl_whatif_replays_a_proposal_and_changes_nothing() {
                     admitted_rps: 200.0,
                     proxies_reporting: 2,
                     stale_share: 0.0,
+                    requests_rps: 0.0,
                 },
             )]),
             &std::collections::HashMap::new(),

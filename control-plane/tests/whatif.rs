@@ -25,6 +25,7 @@ fn cell(priority: Priority, offered: f64) -> CellLoad {
             admitted_rps: offered,
             proxies_reporting: 2,
             stale_share: 0.0,
+            requests_rps: 0.0,
         },
         shadow_dropped_rps: 0.0,
     }

@@ -73,6 +73,7 @@ fn load(bucket: &str, offered_rps: f64) -> FleetLoad {
             admitted_rps: offered_rps,
             proxies_reporting: 1,
             stale_share: 0.0,
+            requests_rps: 0.0,
         },
     )])
 }

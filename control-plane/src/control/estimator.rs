@@ -20,8 +20,12 @@
 //!   have the same error corrected 25 times. The factor keeps its value when the bucket stops
 //!   shedding, and is reset by a load step.
 //!
-//! A cell steered on cost (its bucket's limit is a budget) is estimated over
-//! a longer horizon, [`COST_HORIZON`]; see there why.
+//! A bucket-wide cell steered on cost (its bucket's limit is a budget)
+//! whose load says how many requests are behind the cost is estimated as a request rate
+//! (the fast horizon above) times a mean cost per request summed over
+//! [`MEAN_COST_HORIZON`], and corrected on its admitted cost summed over
+//! the same horizon ([`CostSplit`]); see there why. Without a request count
+//! the cost rate itself is smoothed over [`COST_HORIZON`].
 //!
 //! [`Proportional`](crate::control::controller::Proportional) stays available as the
 //! baseline.
@@ -95,6 +99,62 @@ pub(crate) const COST_HORIZON: Horizon = Horizon {
     confirm_steps: true,
 };
 
+/// Weight of the newest interval in the sums of the mean cost per request
+/// and of the cost correction: a mean age of 40 intervals (20 s at the
+/// default 500 ms).
+///
+/// The admit share is `budget / estimated cost rate`, and `1/x` is convex:
+/// a noisy estimate admits too much on average (`E[B/X] > B/E[X]`, by
+/// about the estimate's squared relative error), and a skewed one more
+/// so. Split as `rate × mean cost`, the request rate is a Poisson count
+/// (relative error `1/√n`, symmetric) that may follow load steps at once,
+/// while the mean cost per request, whose error is `√(E[C²]/E[C]² − 1)/√n`
+/// (about 1.8/√n for LLM tokens), does not move with the load and can be
+/// summed over many intervals: over 40, its error is a few percent and
+/// its bias a fraction of one.
+pub(crate) const MEAN_COST_HORIZON: f64 = 1.0 / 40.0;
+/// Weight of the newest interval in the check that the mean cost per
+/// request moved (a new mix of requests, not noise).
+const MEAN_COST_CHECK: f64 = 0.15;
+/// A mean cost per request that the check's average puts beyond this
+/// factor of the long sums' in two intervals in a row has moved: the
+/// sums restart from the check's average.
+const MEAN_COST_SHIFT: f64 = 2.0;
+/// Intervals summed before the cost correction applies: fewer say more
+/// about the coin's luck than about the proxies.
+const MIN_CORRECTED: u32 = 20;
+
+/// The state of a cell steered on cost with its requests counted: a fast
+/// request rate, long sums of cost and requests for the mean cost per
+/// request, and long sums of the target and the admitted cost for the
+/// correction.
+#[derive(Debug, Clone, Copy, Default)]
+struct CostSplit {
+    requests_rps: f64,
+    /// Whether the interval before raised the request rate beyond a step
+    /// without being taken as one.
+    unconfirmed: bool,
+    /// Exponential sums (weight [`MEAN_COST_HORIZON`]) of the offered cost
+    /// and requests per second; their ratio is the mean cost.
+    cost_sum: f64,
+    requests_sum: f64,
+    /// The same over [`MEAN_COST_CHECK`], to notice a new mix.
+    cost_check: f64,
+    requests_check: f64,
+    /// Whether the interval before saw the check beyond
+    /// [`MEAN_COST_SHIFT`], and on which side.
+    shifted: Option<bool>,
+    /// Intervals summed so far (the sums are plain means until the horizon
+    /// fills).
+    intervals: u32,
+    /// Exponential sums of the cost the ratio in force asked the proxies
+    /// to admit and of what they admitted, while shedding.
+    expected_sum: f64,
+    admitted_sum: f64,
+    /// Intervals summed into the correction's sums so far.
+    corrected: u32,
+}
+
 impl Horizon {
     fn of(signal: Signal) -> Self {
         match signal {
@@ -133,6 +193,8 @@ struct CellEstimate {
     /// Whether the interval before moved beyond a step without being
     /// taken as one ([`Horizon::confirm_steps`]), and in which direction.
     unconfirmed: Option<bool>,
+    /// For a cell steered on cost with its requests counted.
+    split: Option<CostSplit>,
     idle: u32,
 }
 
@@ -226,10 +288,19 @@ impl DropPolicy for Tracking {
         self.forget_idle();
         let horizon = Horizon::of(signal);
         if is_bucket_wide(tenant, priority) {
-            return decide(&mut self.buckets, bucket, load, share, horizon);
+            return decide(&mut self.buckets, bucket, load, share, (horizon, true));
         }
+        // A tenant's or priority's cell keeps the smoothed cost rate: its
+        // target comes from a fair division of the cells' raw cost rates,
+        // whose noise moves the targets more than the estimate does.
         write_cell_key(&mut self.cell_key, bucket, tenant, priority);
-        decide(&mut self.cells, &self.cell_key, load, share, horizon)
+        decide(
+            &mut self.cells,
+            &self.cell_key,
+            load,
+            share,
+            (horizon, false),
+        )
     }
 }
 
@@ -239,7 +310,7 @@ fn decide(
     key: &str,
     load: &BucketLoad,
     limit: Option<LimitRps>,
-    horizon: Horizon,
+    (horizon, split): (Horizon, bool),
 ) -> DropRatio {
     let offered = load.offered_rps;
     let Some(limit) = limit.map(LimitRps::get) else {
@@ -258,10 +329,16 @@ fn decide(
             last_ratio: 0.0,
             after_step: true,
             unconfirmed: None,
+            split: None,
             idle: 0,
         }),
     };
     state.idle = 0;
+    let requests = load.requests_rps;
+    if split && horizon == COST_HORIZON && requests > 0.0 && requests.is_finite() {
+        return decide_split(state, load, limit);
+    }
+    state.split = None;
 
     let beyond = (offered - state.offered_rps).abs() > horizon.step * state.offered_rps;
     let up = offered > state.offered_rps;
@@ -302,6 +379,102 @@ fn decide(
     ratio
 }
 
+/// The drop ratio of a cell steered on cost whose requests are counted:
+/// `limit / (request rate × mean cost)`, corrected over the long sums.
+fn decide_split(state: &mut CellEstimate, load: &BucketLoad, limit: f64) -> DropRatio {
+    let offered = load.offered_rps;
+    let requests = load.requests_rps;
+    let fresh = 1.0 - load.stale_share.clamp(0.0, 1.0);
+    let split = state.split.get_or_insert_with(CostSplit::default);
+    // The request rate: the request horizon. A rise is a step when it
+    // shows in two intervals in a row (at a few tens of requests an
+    // interval, a quarter is within the counting noise) or more than
+    // doubles the rate, and is then followed at once. A fall is smoothed:
+    // taking a short count whole would admit too much on counting noise
+    // alone, while smoothing it drops more for a few intervals (the safe
+    // side).
+    let first = split.intervals == 0;
+    let beyond = requests > (1.0 + STEP) * split.requests_rps;
+    let step = !first && beyond && (split.unconfirmed || requests > 2.0 * split.requests_rps);
+    split.unconfirmed = beyond && !step;
+    if first || step || state.after_step {
+        split.requests_rps = requests;
+    } else {
+        split.requests_rps += SMOOTHING * (requests - split.requests_rps);
+    }
+    // The mean cost per request: plain means until the horizon fills, then
+    // exponential sums. A carried (stale) rate is summed once only.
+    split.intervals = split.intervals.saturating_add(1);
+    let weight = (1.0 / f64::from(split.intervals)).max(MEAN_COST_HORIZON) * fresh.max(0.0);
+    let check = (1.0 / f64::from(split.intervals)).max(MEAN_COST_CHECK) * fresh.max(0.0);
+    if weight > 0.0 {
+        split.cost_sum += weight * (offered - split.cost_sum);
+        split.requests_sum += weight * (requests - split.requests_sum);
+        split.cost_check += check * (offered - split.cost_check);
+        split.requests_check += check * (requests - split.requests_check);
+    }
+    let mean = |cost: f64, requests: f64| (requests > 0.0).then(|| cost / requests);
+    if let (Some(long), Some(recent)) = (
+        mean(split.cost_sum, split.requests_sum),
+        mean(split.cost_check, split.requests_check),
+    ) {
+        let beyond = recent > long * MEAN_COST_SHIFT || recent * MEAN_COST_SHIFT < long;
+        let up = recent > long;
+        if beyond && split.shifted == Some(up) {
+            // A new mix of requests: the long sums restart from the recent
+            // average, and the correction learnt on the old mix goes.
+            split.cost_sum = split.cost_check;
+            split.requests_sum = split.requests_check;
+            split.shifted = None;
+            split.expected_sum = 0.0;
+            split.admitted_sum = 0.0;
+            split.corrected = 0;
+            state.correction = 1.0;
+        } else {
+            split.shifted = beyond.then_some(up);
+        }
+    }
+    let mean_cost = mean(split.cost_sum, split.requests_sum).unwrap_or(offered / requests);
+    let estimate = split.requests_rps * mean_cost;
+    state.offered_rps = estimate;
+    state.admitted_rps = load.admitted_rps;
+
+    // The correction: what the proxies admitted against what the ratio in
+    // force asked of the same offered cost, both summed over the horizon
+    // while shedding, outside a step's interval and the one after (they
+    // mix two regimes). It depends on the proxies alone, not on the
+    // estimate, so it is a ratio of sums, not a feedback loop.
+    if state.last_ratio > 0.0 && !step && !state.after_step && fresh > 0.0 {
+        split.corrected = split.corrected.saturating_add(1);
+        let weight = (1.0 / f64::from(split.corrected)).max(MEAN_COST_HORIZON) * fresh;
+        let expected = (1.0 - state.last_ratio) * offered;
+        split.expected_sum += weight * (expected - split.expected_sum);
+        split.admitted_sum += weight * (load.admitted_rps - split.admitted_sum);
+        let gap = split.expected_sum / split.admitted_sum;
+        // A gap beyond MAX_ERROR is a transient or proxies that do not
+        // enforce (shadow mode): no correction.
+        state.correction = if split.corrected >= MIN_CORRECTED
+            && split.admitted_sum > 0.0
+            && gap.ln().abs() <= MAX_ERROR
+        {
+            let (low, high) = CORRECTION;
+            gap.clamp(low, high)
+        } else {
+            1.0
+        };
+    }
+    state.after_step = step;
+
+    let admit_share = if estimate > 0.0 {
+        state.correction * limit / estimate
+    } else {
+        1.0
+    };
+    let ratio = DropRatio::saturating(1.0 - admit_share);
+    state.last_ratio = ratio.get();
+    ratio
+}
+
 fn is_bucket_wide(tenant: &str, priority: Priority) -> bool {
     tenant.is_empty() && priority == Priority::Unspecified
 }
@@ -332,6 +505,7 @@ mod tests {
             admitted_rps,
             proxies_reporting: 3,
             stale_share: 0.0,
+            requests_rps: 0.0,
         }
     }
 

@@ -118,6 +118,7 @@ mod tests {
                             admitted_rps: 1.0,
                             proxies_reporting: 1,
                             stale_share: 0.0,
+                            requests_rps: 0.0,
                         },
                     )
                 })

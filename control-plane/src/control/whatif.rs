@@ -266,6 +266,7 @@ mod tests {
                 admitted_rps: offered,
                 proxies_reporting: 2,
                 stale_share: 0.0,
+                requests_rps: 0.0,
             },
             shadow_dropped_rps: 0.0,
         }

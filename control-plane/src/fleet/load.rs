@@ -104,6 +104,11 @@ pub struct BucketLoad {
     /// between its 5 s reports): 0 when every proxy reported afresh.
     /// Feedback must not learn from a carried number twice.
     pub stale_share: f64,
+    /// For a load in cost per second (a budget's): the requests per second
+    /// offered behind `offered_rps`, so the cost rate can be estimated as a
+    /// request rate times a mean cost per request; 0 for a load in
+    /// requests, or when not known (a replica's older share).
+    pub requests_rps: f64,
 }
 
 /// Fleet-wide load of one cell of a bucket.
@@ -188,6 +193,7 @@ impl BucketTraffic {
             load.offered_rps += cell.load.offered_rps;
             load.admitted_rps += cell.load.admitted_rps;
             load.proxies_reporting = load.proxies_reporting.max(cell.load.proxies_reporting);
+            load.requests_rps += cell.load.requests_rps;
             shadow_dropped_rps += cell.shadow_dropped_rps;
         }
         Self {

@@ -273,6 +273,32 @@ impl Proxy {
     }
 }
 
+/// A proxy's mean cost per request within this factor of the bucket's
+/// median counts as the median's in the share cap's weighing.
+const MEAN_COST_SPREAD: f64 = 4.0;
+
+/// What a proxy's claim on a bucket weighs in the share cap: its offered
+/// rate, or for a bucket steered on cost whose median cost per request is
+/// known, its requests at that median, scaled up by how far its own mean
+/// cost per request exceeds [`MEAN_COST_SPREAD`] times the median.
+fn cost_claim(mean_costs: &[Vec<f64>], costed: &[bool], bucket: u32, rates: &Rates) -> f64 {
+    let median = mean_costs
+        .get(bucket as usize)
+        .and_then(|m| m.first().copied())
+        .filter(|m| *m > 0.0);
+    match median {
+        Some(median) if rates.offered_rps > 0.0 => {
+            let mean = rates.offered_cost / rates.offered_rps;
+            rates.offered_rps * median * (mean / (MEAN_COST_SPREAD * median)).max(1.0)
+        }
+        _ => {
+            rates
+                .steering(costed.get(bucket as usize).copied().unwrap_or(false))
+                .0
+        }
+    }
+}
+
 /// Per-tick sums, kept between ticks so the arrays are allocated once.
 #[derive(Debug, Default)]
 struct Sums {
@@ -281,6 +307,9 @@ struct Sums {
     cells: Vec<(BucketLoad, f64, BucketCost)>,
     /// Per bucket id: whether it steers on cost.
     costed: Vec<bool>,
+    /// Per bucket id steered on cost: the mean cost per request of each
+    /// (proxy, cell) this tick, then their median in the first place.
+    mean_costs: Vec<Vec<f64>>,
     /// Per bucket id: the last proxy (index + 1) counted as reporting it.
     last_proxy: Vec<usize>,
     proxies_reporting: Vec<u32>,
@@ -782,11 +811,42 @@ impl Fleet {
                 *slot = costed(name);
             }
         }
-        let is_costed = |bucket: u32| sums.costed.get(bucket as usize).copied().unwrap_or(false);
         sums.last_proxy.clear();
         sums.last_proxy.resize(buckets, 0);
         sums.proxies_reporting.clear();
         sums.proxies_reporting.resize(buckets, 0);
+        // A cost claim is weighed by its requests at the bucket's median
+        // cost per request: a few heavy requests make one interval's cost
+        // of a proxy several times its usual (and a few cheap ones a
+        // fraction), which is no sign of a lie, while its request count is
+        // Poisson. A mean cost beyond MEAN_COST_SPREAD times the median
+        // counts beyond it, so inflated costs are still capped.
+        let mean_costs = &mut sums.mean_costs;
+        mean_costs.resize_with(buckets, Vec::new);
+        mean_costs.iter_mut().for_each(Vec::clear);
+        for proxy in self.proxies.values().flatten() {
+            for &(id, rates) in &proxy.rates {
+                let Some(Some(slot)) = self.cells.slots.get(id as usize) else {
+                    continue;
+                };
+                if sums
+                    .costed
+                    .get(slot.bucket as usize)
+                    .copied()
+                    .unwrap_or(false)
+                    && rates.offered_rps > 0.0
+                    && let Some(means) = mean_costs.get_mut(slot.bucket as usize)
+                {
+                    means.push(rates.offered_cost / rates.offered_rps);
+                }
+            }
+        }
+        for means in mean_costs.iter_mut() {
+            means.sort_unstable_by(f64::total_cmp);
+            let median = means.get(means.len() / 2).copied();
+            means.clear();
+            means.extend(median);
+        }
         let weights = &mut self.weights;
         let proxy_count = self.proxies.values().map(Vec::len).sum();
         weights.begin(&self.caps.share_cap, buckets, proxy_count);
@@ -796,7 +856,8 @@ impl Fleet {
                 proxy.established(),
                 proxy.rates.iter().filter_map(|&(id, rates)| {
                     let slot = slots.get(id as usize)?.as_ref()?;
-                    Some((slot.bucket, rates.steering(is_costed(slot.bucket)).0))
+                    let claim = cost_claim(mean_costs, &sums.costed, slot.bucket, &rates);
+                    Some((slot.bucket, claim))
                 }),
             );
         }
@@ -811,7 +872,21 @@ impl Fleet {
                 };
                 slot.seen = tick;
                 let bucket = slot.bucket as usize;
-                let factor = weights.factor(slot.bucket);
+                let mut factor = weights.factor(slot.bucket);
+                if factor < 1.0 && factor > 0.0 {
+                    // The cap cut the claim as weighed; of the cost it
+                    // counts no more than that.
+                    let claim = cost_claim(&sums.mean_costs, &sums.costed, slot.bucket, &rates);
+                    let (offered, _, _) = rates.steering(
+                        sums.costed
+                            .get(slot.bucket as usize)
+                            .copied()
+                            .unwrap_or(false),
+                    );
+                    if offered > 0.0 {
+                        factor = (claim * factor / offered).min(1.0);
+                    }
+                }
                 // An ignored claim counts for nothing, not even as a
                 // reporting proxy (the filters split allowances by that).
                 if factor <= 0.0 {
@@ -836,6 +911,10 @@ impl Fleet {
                         }
                     };
                     sum.admitted_rps += counted(admitted, offered);
+                    if steered {
+                        // The requests behind the cost, weighed alike.
+                        sum.requests_rps += rates.offered_rps * factor;
+                    }
                     sum.proxies_reporting += 1;
                     *shadow += shadow_dropped * factor;
                     if proxy.silent_ticks > 0 {
@@ -955,6 +1034,7 @@ impl Fleet {
                     traffic.load.offered_rps += sum.offered_rps;
                     traffic.load.admitted_rps += sum.admitted_rps;
                     traffic.load.stale_share += sum.stale_share;
+                    traffic.load.requests_rps += sum.requests_rps;
                     traffic.shadow_dropped_rps += shadow;
                     traffic.cells.push(CellLoad {
                         tenant: Arc::clone(tenant),

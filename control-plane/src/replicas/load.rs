@@ -99,6 +99,14 @@ struct WireCell {
     shadow_dropped: f64,
     proxies: u32,
     stale_share: f64,
+    /// Requests per second behind a cost rate (added later: absent in
+    /// request buckets' cells and older shares).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    requests: f64,
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// The share a replica publishes: its proxies' rates per cell, which
@@ -140,6 +148,7 @@ pub(crate) fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) 
                         shadow_dropped: cell.shadow_dropped_rps,
                         proxies: cell.load.proxies_reporting,
                         stale_share: cell.load.stale_share,
+                        requests: cell.load.requests_rps,
                     })
                     .collect(),
             })
@@ -176,6 +185,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
                         admitted_rps: finite(cell.admitted),
                         proxies_reporting: cell.proxies,
                         stale_share: finite(cell.stale_share).clamp(0.0, 1.0),
+                        requests_rps: finite(cell.requests),
                     },
                     shadow_dropped_rps: finite(cell.shadow_dropped),
                 })
@@ -315,6 +325,7 @@ fn add_load(a: BucketLoad, b: BucketLoad) -> BucketLoad {
         admitted_rps: a.admitted_rps + b.admitted_rps,
         proxies_reporting: a.proxies_reporting.saturating_add(b.proxies_reporting),
         stale_share,
+        requests_rps: a.requests_rps + b.requests_rps,
     }
 }
 
@@ -334,6 +345,7 @@ mod tests {
                 admitted_rps: admitted,
                 proxies_reporting: 1,
                 stale_share: 0.0,
+                requests_rps: 0.0,
             },
             shadow_dropped_rps: 0.0,
         }

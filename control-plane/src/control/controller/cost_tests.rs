@@ -26,11 +26,61 @@ struct Demand {
     fraction: f64,
 }
 
+/// How the simulated proxies decide each request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Admission {
+    /// An independent coin per request with the pushed drop ratio.
+    Coin,
+    /// The deterministic credit in cost: each request adds `1 − drop` of
+    /// its cost to a balance and is admitted while the balance is
+    /// positive, which it is then charged: the admitted cost stays within
+    /// one request's cost of `1 − drop` of the offered cost.
+    Credit,
+    /// The credit with this drop ratio per tenant instead of the pushed
+    /// one: the best any controller could do (the floor the traffic's own
+    /// noise sets).
+    Oracle(&'static [(&'static str, f64)]),
+}
+
+/// A simulated run: what is offered when and how it is admitted.
+struct Scenario<'a> {
+    demands: &'a [Demand],
+    /// The offered cost per second up to `step_at`, and from then on.
+    offered_cost_per_s: (f64, f64),
+    step_at: usize,
+    charge_factor: f64,
+    admission: Admission,
+    seed: u64,
+    /// Intervals not measured, and intervals in all.
+    warm_up: usize,
+    intervals: usize,
+}
+
+impl Default for Scenario<'_> {
+    fn default() -> Self {
+        Self {
+            demands: &[Demand {
+                tenant: "",
+                fraction: 1.0,
+            }],
+            offered_cost_per_s: (60_000.0, 60_000.0),
+            step_at: 0,
+            charge_factor: 1.0,
+            admission: Admission::Coin,
+            seed: 37,
+            warm_up: 40,
+            intervals: 2040,
+        }
+    }
+}
+
 /// What a run measured after its warm-up.
 #[derive(Debug, Default)]
 struct Outcome {
     /// Estimated cost admitted per tenant, per second.
     admitted_cost_per_s: HashMap<String, f64>,
+    /// Estimated cost admitted per tenant in each measured interval.
+    admitted_per_interval: HashMap<String, Vec<f64>>,
     /// Cost charged at stream end, per second, all tenants.
     charged_cost_per_s: f64,
     /// Offered cost per second, all tenants.
@@ -43,25 +93,55 @@ struct Outcome {
     status: Option<BucketStatus>,
 }
 
-/// Runs `intervals` control intervals of three proxies carrying 60, 30
-/// and 10 % of `offered_cost_per_s` (`demands` split it over tenants) on
+impl Outcome {
+    /// The cost all tenants admitted in each measured interval.
+    fn admitted_total_per_interval(&self) -> Vec<f64> {
+        let mut total: Vec<f64> = Vec::new();
+        for series in self.admitted_per_interval.values() {
+            total.resize(series.len(), 0.0);
+            for (sum, cost) in total.iter_mut().zip(series) {
+                *sum += cost;
+            }
+        }
+        total
+    }
+}
+
+/// The relative errors of the admitted cost per second over consecutive
+/// windows of `seconds` against `target` per second.
+fn window_errors(per_interval: &[f64], seconds: f64, target: f64) -> Vec<f64> {
+    let per_window = (seconds * 1000.0 / WINDOW_MS as f64).round() as usize;
+    per_interval
+        .chunks_exact(per_window)
+        .map(|window| window.iter().sum::<f64>() / seconds / target - 1.0)
+        .collect()
+}
+
+/// Mean and root mean square of relative errors.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    mean: f64,
+    rms: f64,
+}
+
+fn spread(errors: &[f64]) -> Spread {
+    let n = errors.len() as f64;
+    Spread {
+        mean: errors.iter().sum::<f64>() / n,
+        rms: (errors.iter().map(|e| e * e).sum::<f64>() / n).sqrt(),
+    }
+}
+
+/// Runs the scenario's control intervals of three proxies carrying 60, 30
+/// and 10 % of the offered cost (its demands split it over tenants) on
 /// `bucket`, with costs drawn from median 500, p99 8,000 tokens and
-/// charged at `charge_factor` times their estimate. The first
-/// `warm_up` intervals are not measured.
-fn run(
-    policy: &Policy,
-    bucket: &str,
-    demands: &[Demand],
-    offered_cost_per_s: f64,
-    charge_factor: f64,
-    (warm_up, intervals): (usize, usize),
-) -> Outcome {
+/// charged at its charge factor times their estimate.
+fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
     let distribution = TokenDistribution::median_500_p99_8000();
-    let mut sampler = TokenSampler::new(distribution, 37);
+    let mut sampler = TokenSampler::new(distribution, scenario.seed);
     // E[C] of the log-normal: median · e^(σ²/2).
     let sigma = (distribution.p99() / distribution.median()).ln() / 2.326_347_874;
     let mean_cost = distribution.median() * (sigma * sigma / 2.0).exp();
-    let requests_per_s = offered_cost_per_s / mean_cost;
     let proxies = [("envoy-a", 0.6), ("envoy-b", 0.3), ("envoy-c", 0.1)];
     let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
     for (index, (proxy, _)) in proxies.iter().enumerate() {
@@ -69,6 +149,7 @@ fn run(
     }
     let mut controller = Controller::tracking(ControlInterval::default());
     let mut pushed: HashMap<String, Directive> = HashMap::new();
+    let mut credit: HashMap<(usize, &str), f64> = HashMap::new();
     let mut outcome = Outcome::default();
     let mut ratio_sum = 0.0;
     let costed = |name: &str| {
@@ -77,12 +158,26 @@ fn run(
             .rule_for(name)
             .is_some_and(|l| l.budget().is_some())
     };
+    let (warm_up, intervals) = (scenario.warm_up, scenario.intervals);
     for interval in 0..intervals {
         let measured = interval >= warm_up;
+        let offered_cost_per_s = if interval < scenario.step_at {
+            scenario.offered_cost_per_s.0
+        } else {
+            scenario.offered_cost_per_s.1
+        };
+        let requests_per_s = offered_cost_per_s / mean_cost;
+        let mut admitted_now: HashMap<&str, f64> = HashMap::new();
         for (index, (proxy, share)) in proxies.iter().enumerate() {
             let mut counts = Vec::new();
-            for demand in demands {
-                let drop = pushed.get(demand.tenant).map_or(0.0, |d| d.drop_ratio);
+            for demand in scenario.demands {
+                let drop = match scenario.admission {
+                    Admission::Oracle(drops) => drops
+                        .iter()
+                        .find(|(tenant, _)| *tenant == demand.tenant)
+                        .map_or(0.0, |(_, drop)| *drop),
+                    _ => pushed.get(demand.tenant).map_or(0.0, |d| d.drop_ratio),
+                };
                 // Poisson arrivals, one chance per millisecond.
                 let per_ms = requests_per_s * share * demand.fraction / 1000.0;
                 let mut count = BucketCount {
@@ -90,6 +185,7 @@ fn run(
                     tenant: demand.tenant.to_owned(),
                     ..BucketCount::default()
                 };
+                let balance = credit.entry((index, demand.tenant)).or_default();
                 for _ in 0..WINDOW_MS {
                     if !sampler.chance(per_ms) {
                         continue;
@@ -97,10 +193,19 @@ fn run(
                     let cost = sampler.tokens() as f64;
                     count.offered += 1;
                     count.offered_cost += cost;
-                    if !sampler.chance(drop) {
+                    let admitted = if scenario.admission == Admission::Coin {
+                        !sampler.chance(drop)
+                    } else {
+                        *balance += (1.0 - drop) * cost;
+                        *balance > 0.0
+                    };
+                    if admitted {
+                        if scenario.admission != Admission::Coin {
+                            *balance -= cost;
+                        }
                         count.admitted += 1;
                         count.admitted_cost += cost;
-                        count.charged_cost += cost * charge_factor;
+                        count.charged_cost += cost * scenario.charge_factor;
                     }
                 }
                 if measured {
@@ -109,6 +214,7 @@ fn run(
                         .admitted_cost_per_s
                         .entry(demand.tenant.to_owned())
                         .or_default() += count.admitted_cost;
+                    *admitted_now.entry(demand.tenant).or_default() += count.admitted_cost;
                     outcome.charged_cost_per_s += count.charged_cost;
                 }
                 counts.push(count);
@@ -121,6 +227,13 @@ fn run(
             fleet
                 .report(proxy, StreamId(index as u64), &report)
                 .unwrap();
+        }
+        for (tenant, cost) in admitted_now {
+            outcome
+                .admitted_per_interval
+                .entry(tenant.to_owned())
+                .or_default()
+                .push(cost);
         }
         let load = fleet.tick_with(&costed);
         let decision = controller.decide(&load, policy);
@@ -141,6 +254,30 @@ fn run(
     outcome.mean_drop_ratio = ratio_sum / (intervals - warm_up) as f64;
     outcome.directives = pushed;
     outcome
+}
+
+/// [`simulate`] with the default scenario but for `demands`, the offered
+/// cost, the charge factor and the intervals.
+fn run(
+    policy: &Policy,
+    bucket: &str,
+    demands: &[Demand],
+    offered_cost_per_s: f64,
+    charge_factor: f64,
+    (warm_up, intervals): (usize, usize),
+) -> Outcome {
+    simulate(
+        policy,
+        bucket,
+        &Scenario {
+            demands,
+            offered_cost_per_s: (offered_cost_per_s, offered_cost_per_s),
+            charge_factor,
+            warm_up,
+            intervals,
+            ..Scenario::default()
+        },
+    )
 }
 
 fn within(value: f64, target: f64, tolerance: f64) -> bool {
@@ -167,12 +304,12 @@ fn a_token_budget_offered_three_times_drops_two_thirds_and_admits_the_budget() {
         within(outcome.offered_cost_per_s, 60_000.0, 0.02),
         "{outcome:?}"
     );
-    // Over 1,000 simulated seconds. The estimator runs a little high on
-    // heavy-tailed costs (docs/usage-limits.md): the bound is what it
-    // holds, not the issue's ±5 %.
+    // Over 1,000 simulated seconds, the issue's ±5 % (a cost rate
+    // smoothed whole admitted 5 to 15 % over: the admit share is convex in
+    // a noisy, skewed estimate).
     let admitted = outcome.admitted_cost_per_s[""];
     assert!(
-        within(admitted, 20_000.0, 0.08),
+        within(admitted, 20_000.0, 0.05),
         "admitted {admitted:.0} tokens/s for a budget of 20,000"
     );
     assert!(
@@ -245,13 +382,20 @@ fn tenants_share_a_cost_budget_by_weight() {
     let gold = outcome.admitted_cost_per_s["gold"];
     let free = outcome.admitted_cost_per_s["free"];
     // Each tenant's cell sees half the requests: noisier than the bucket.
+    // The issue asks ±10 % per tenant: free (a sixth of its requests
+    // admitted, a few an interval) still runs above it.
     assert!(within(gold, 15_000.0, 0.1), "gold admitted {gold:.0}/s");
-    assert!(within(free, 5_000.0, 0.15), "free admitted {free:.0}/s");
+    assert!(
+        within(free, 5_000.0, 0.15),
+        "free admitted {free:.0}/s, gold {gold:.0}/s"
+    );
     assert!(within(gold + free, 20_000.0, 0.08), "{gold} + {free}");
     let gold_directive = &outcome.directives["gold"];
     assert_eq!(gold_directive.cost_unit, "tokens");
+    // In tokens a second: the fair share, plus what free leaves unused
+    // when its interval's offered cost falls below its share.
     assert!(
-        within(gold_directive.share_rps, 15_000.0, 0.01),
+        (15_000.0 * 0.99..=20_000.0).contains(&gold_directive.share_rps),
         "{gold_directive:?}"
     );
 }
@@ -296,4 +440,105 @@ fn a_request_limit_is_steered_on_requests_whatever_cost_is_reported() {
         (1, 3),
     );
     assert_eq!(outcome.directives[""].cost_unit, "tokens");
+}
+
+fn budget_20000() -> Policy {
+    policy("limits:\n  - bucket: llm\n    budget: {amount: 20000, unit: tokens, per: second}\n")
+}
+
+/// The admitted cost over 1 s and 10 s windows. The traffic's own noise
+/// sets a floor no controller can go below: a window admits a third of
+/// what was offered in it, about 20 requests a second of costs with
+/// `E[C²]/E[C]² ≈ 4`, and one request at the 99.9th percentile is a
+/// whole second's budget. What the controller must do is add little to
+/// that floor: its 10 s windows stray no more than those of the exact
+/// ratio, and its mean is within a few percent, with the coin and with
+/// the credit.
+#[test]
+fn windows_of_admitted_cost_stray_no_more_than_the_traffic_makes_them() {
+    let policy = budget_20000();
+    let oracle = simulate(
+        &policy,
+        "llm",
+        &Scenario {
+            admission: Admission::Oracle(&[("", 2.0 / 3.0)]),
+            ..Scenario::default()
+        },
+    );
+    let floor = oracle.admitted_total_per_interval();
+    let floor_10s = spread(&window_errors(&floor, 10.0, 20_000.0));
+    let floor_1s = spread(&window_errors(&floor, 1.0, 20_000.0));
+    for admission in [Admission::Credit, Admission::Coin] {
+        let outcome = simulate(
+            &policy,
+            "llm",
+            &Scenario {
+                admission,
+                ..Scenario::default()
+            },
+        );
+        let series = outcome.admitted_total_per_interval();
+        let ten = spread(&window_errors(&series, 10.0, 20_000.0));
+        let one = spread(&window_errors(&series, 1.0, 20_000.0));
+        eprintln!(
+            "{admission:?}: 10 s {ten:.3?} (floor {floor_10s:.3?}), 1 s {one:.3?} (floor {floor_1s:.3?})"
+        );
+        assert!(ten.mean.abs() <= 0.03, "{admission:?}: mean {ten:?}");
+        // The coin adds its own noise to the floor's.
+        let allowed = if admission == Admission::Coin {
+            1.3
+        } else {
+            1.1
+        };
+        assert!(
+            ten.rms <= floor_10s.rms * allowed,
+            "{admission:?}: 10 s windows {ten:?}, floor {floor_10s:?}"
+        );
+        assert!(
+            one.rms <= floor_1s.rms * allowed,
+            "{admission:?}: 1 s windows {one:?}, floor {floor_1s:?}"
+        );
+    }
+}
+
+/// Offered cost steps from half the budget to three times it: the first
+/// interval is admitted at the old ratio (0), the controller sees the
+/// request rate more than double and follows at once. The overshoot is
+/// `(k − 1) × budget × one interval` for a step of `k` times the budget:
+/// +100 % over the first second, +10 % over the first ten, on average
+/// over runs (each window's own noise comes on top).
+#[test]
+fn a_three_times_step_overshoots_by_one_interval() {
+    let policy = budget_20000();
+    let (mut sum_1s, mut sum_10s) = (0.0, 0.0);
+    let (mut worst_1s, mut worst_10s) = (f64::MIN, f64::MIN);
+    let runs = 20;
+    for seed in 1..=runs {
+        let outcome = simulate(
+            &policy,
+            "llm",
+            &Scenario {
+                offered_cost_per_s: (10_000.0, 60_000.0),
+                step_at: 200,
+                warm_up: 200,
+                intervals: 220,
+                admission: Admission::Credit,
+                seed,
+                ..Scenario::default()
+            },
+        );
+        let series = outcome.admitted_total_per_interval();
+        let over = |seconds: f64| window_errors(&series, seconds, 20_000.0)[0];
+        sum_1s += over(1.0);
+        sum_10s += over(10.0);
+        worst_1s = worst_1s.max(over(1.0));
+        worst_10s = worst_10s.max(over(10.0));
+    }
+    let (mean_1s, mean_10s) = (sum_1s / runs as f64, sum_10s / runs as f64);
+    eprintln!(
+        "3x step over the budget: first 1 s mean {mean_1s:.3} worst {worst_1s:.3}, \
+         first 10 s mean {mean_10s:.3} worst {worst_10s:.3}"
+    );
+    assert!(within(mean_1s, 1.0, 0.25), "{mean_1s}");
+    assert!(mean_10s <= 0.2, "{mean_10s}");
 }

@@ -29,6 +29,7 @@ fn load(entries: &[(&str, f64)]) -> FleetLoad {
                     admitted_rps: offered_rps / 2.0,
                     proxies_reporting: 1,
                     stale_share: 0.0,
+                    requests_rps: 0.0,
                 };
                 BucketTraffic::single(bucket, load)
             })
@@ -62,6 +63,7 @@ fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
             admitted_rps: offered_rps,
             proxies_reporting: 2,
             stale_share: 0.0,
+            requests_rps: 0.0,
         },
         shadow_dropped_rps: 0.0,
     }
