@@ -58,6 +58,9 @@ pub struct TokenFleetOptions {
     pub data_plane: DataPlane,
     /// `--control-interval-ms` (`None`: the limits file's default).
     pub control_interval_ms: Option<u64>,
+    /// More filter configuration keys (a JSON object), over the ones
+    /// [`Self::filter`] sets.
+    pub extra_filter: serde_json::Value,
 }
 
 impl TokenFleetOptions {
@@ -71,6 +74,7 @@ impl TokenFleetOptions {
             estimate: Estimate::Exact,
             data_plane: DataPlane::Wasm,
             control_interval_ms: None,
+            extra_filter: json!({}),
         }
     }
 
@@ -98,7 +102,7 @@ impl TokenFleetOptions {
             }
             Estimate::Constant(value) => json!({"source": "constant", "value": value}),
         };
-        json!({
+        let mut filter = json!({
             "bucket_key": [{"source": "literal", "value": BUCKET}],
             "tenant": {"source": "header", "name": "x-tenant", "default": "default"},
             "cost_rules": [{
@@ -107,7 +111,14 @@ impl TokenFleetOptions {
                 "cost": {"weights": {"input": 0, "output": 1}, "estimate": estimate},
                 "actual": {"metadata": null, "body": {"parse": true}},
             }],
-        })
+        });
+        if let (Some(filter), Some(extra)) = (filter.as_object_mut(), self.extra_filter.as_object())
+        {
+            for (key, value) in extra {
+                filter.insert(key.clone(), value.clone());
+            }
+        }
+        filter
     }
 }
 
