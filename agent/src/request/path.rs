@@ -119,12 +119,13 @@ impl RequestPath {
     }
 
     /// Decides and counts a request of the cell in [`Self::cell`], of
-    /// estimated cost `estimate` (0: the request has no cost rule).
+    /// estimated cost `estimate` (`None`: the request has no cost rule),
+    /// which is what it weighs under a cost directive.
     pub(crate) fn decide(
         &mut self,
         metrics: &mut Metrics,
         rng: &mut SmallRng,
-        estimate: u64,
+        estimate: Option<u64>,
     ) -> Decision {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
@@ -155,6 +156,7 @@ impl RequestPath {
             limit_rps: entry.directive.stated_limit_rps(),
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
+            weight: entry.directive.weight(estimate),
         });
         let decided = decision::decide(state, directive, &self.rules, self.now, rng);
         // A new cell's 429 is rendered with its state, at its first request
@@ -186,7 +188,7 @@ impl RequestPath {
             (None, _) => Outcome::Admitted,
         };
         match record {
-            Some(record) => record.count(outcome, estimate),
+            Some(record) => record.count(outcome, estimate.unwrap_or(0)),
             None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, decided.reason);
