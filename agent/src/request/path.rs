@@ -149,6 +149,9 @@ impl RequestPath {
             None => (&mut self.unrecorded, None),
         };
         let mut entry = found.and_then(|i| self.directives.entry_mut(i));
+        let weight = entry
+            .as_deref()
+            .map_or(1, |entry| entry.directive.weight(estimate));
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
@@ -156,7 +159,7 @@ impl RequestPath {
             limit_rps: entry.directive.stated_limit_rps(),
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
-            weight: entry.directive.weight(estimate),
+            weight,
         });
         let decided = decision::decide(state, directive, &self.rules, self.now, rng);
         // A new cell's 429 is rendered with its state, at its first request
@@ -167,10 +170,13 @@ impl RequestPath {
         };
         let (enforce, response) = match (decided.reason, entry) {
             (None, _) => (false, None),
-            (Some(DropReason::FallbackLimit), Some(entry)) => {
-                (entry.enforce, Some(Arc::clone(&entry.fallback_response)))
+            (Some(reason), Some(entry)) => {
+                let fallback = reason == DropReason::FallbackLimit;
+                (
+                    entry.enforce,
+                    Some(Arc::clone(entry.response_for(fallback, weight))),
+                )
             }
-            (Some(_), Some(entry)) => (entry.enforce, Some(Arc::clone(&entry.response))),
             (Some(_), None) => (
                 self.enforces_local,
                 Some(

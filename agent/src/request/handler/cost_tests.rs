@@ -387,3 +387,45 @@ fn a_request_limit_decides_as_if_no_request_had_an_estimate() {
     let admitted = with_costs.iter().filter(|admits| **admits).count();
     assert!((239..=241).contains(&admitted), "{admitted}");
 }
+
+#[test]
+fn a_cost_directive_429_names_the_unit_and_waits_for_the_estimate() {
+    let (mut agent, policy) = configured();
+    let mut table = DirectiveTable::new(100);
+    table.merge(DirectiveBatch {
+        version: 5,
+        directives: vec![Directive {
+            bucket: "llm".into(),
+            priority: Priority::Unspecified as i32,
+            drop_ratio: 1.0,
+            limit_rps: Some(100.0),
+            share_rps: 100.0,
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    for (estimate, wait) in [
+        ("50", "1"),
+        ("150", "2"),
+        ("1000", "16"),
+        ("99999999", "30"),
+    ] {
+        let rejection = decide(
+            &mut agent,
+            &policy,
+            &mut request("llm", estimate),
+            &mut None,
+            &mut None,
+        )
+        .unwrap();
+        assert_eq!(rejection.header("retry-after"), Some(wait), "{estimate}");
+        assert_eq!(
+            rejection.header("ratelimit-policy"),
+            Some("\"sluice\";q=6000;w=60;qu=\"tokens\"")
+        );
+        assert_eq!(rejection.header("x-ratelimit-limit"), Some("6000"));
+    }
+}
