@@ -168,7 +168,8 @@ impl Agent {
     }
 
     fn decide_current(&mut self) -> Decision {
-        self.path.decide(&mut self.vm.metrics, &mut self.vm.rng, 0)
+        self.path
+            .decide(&mut self.vm.metrics, &mut self.vm.rng, None)
     }
 
     /// [`Agent::admit_request`] for a filter with cost rules: a request
@@ -203,7 +204,7 @@ impl Agent {
         let estimate = charge::estimate_of(route, request);
         let decision = self
             .path
-            .decide(&mut self.vm.metrics, &mut self.vm.rng, estimate);
+            .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate));
         let pending = decision.admits().then(|| PendingCharge {
             key: self.path.cell.exact_key().to_owned(),
             rule: index,

@@ -17,7 +17,9 @@
 use crate::fast_map::{self, FastMap};
 use crate::modes::ModeSettings;
 use crate::request::classify::{key_of, parse_key};
-use crate::request::reject::{RejectFacts, RejectResponse, ResponseSettings};
+use crate::request::reject::{
+    BudgetFacts, BudgetResponses, RejectFacts, RejectResponse, ResponseSettings,
+};
 use prost::Message;
 use sluice_core::allowance::DirectiveRates;
 use sluice_core::directive::{CellDirective, is_lift};
@@ -78,6 +80,9 @@ pub struct CellEntry {
     pub response: Arc<RejectResponse>,
     /// The 429 for drops of the local fallback limit.
     pub fallback_response: Arc<RejectResponse>,
+    /// A cost budget's 429s by the wait a request's estimate needs: the
+    /// directive's, then the fallback's ([`Self::response_for`]).
+    pub budget_responses: Option<Arc<(BudgetResponses, BudgetResponses)>>,
     /// Per-cell state.
     pub state: DirectiveState,
     /// The wire form, for sharing the table.
@@ -88,6 +93,22 @@ impl CellEntry {
     /// The directive as it arrived.
     pub fn wire(&self) -> &Directive {
         &self.wire
+    }
+
+    /// The 429 of a request of `weight` dropped by the directive
+    /// (`fallback`: by the local fallback limit): under a cost budget the
+    /// variant whose wait covers the weight, else the cell's one response.
+    #[inline]
+    pub fn response_for(&self, fallback: bool, weight: u64) -> &Arc<RejectResponse> {
+        let budget = self
+            .budget_responses
+            .as_deref()
+            .and_then(|(own, local)| if fallback { local } else { own }.for_estimate(weight));
+        match (budget, fallback) {
+            (Some(response), _) => response,
+            (None, false) => &self.response,
+            (None, true) => &self.fallback_response,
+        }
     }
 }
 
@@ -382,19 +403,34 @@ impl DirectiveTable {
                 (
                     Arc::clone(&entry.response),
                     Arc::clone(&entry.fallback_response),
+                    entry.budget_responses.clone(),
                 )
             });
-        let (response, fallback_response) = rendered.unwrap_or_else(|| {
-            let render = |reason| {
-                Arc::new(self.responses.render(&RejectFacts {
-                    bucket: &wire.bucket,
-                    tenant: &wire.tenant,
-                    reason,
-                    limit_rps: directive.stated_limit_rps().unwrap_or(0.0),
-                    retry_after_ms: directive.retry_after_ms,
-                }))
+        let (response, fallback_response, budget_responses) = rendered.unwrap_or_else(|| {
+            let facts = |reason| RejectFacts {
+                bucket: &wire.bucket,
+                tenant: &wire.tenant,
+                reason,
+                limit_rps: directive.stated_limit_rps().unwrap_or(0.0),
+                retry_after_ms: directive.retry_after_ms,
+                budget: directive.cost_unit.as_deref().map(|unit| BudgetFacts {
+                    unit,
+                    period_s: directive.budget_period_s,
+                }),
             };
-            (render(directive.reason), render(DropReason::FallbackLimit))
+            let render = |reason| Arc::new(self.responses.render(&facts(reason)));
+            let budget = directive.cost_unit.is_some().then(|| {
+                Arc::new((
+                    self.responses.render_budget(&facts(directive.reason)),
+                    self.responses
+                        .render_budget(&facts(DropReason::FallbackLimit)),
+                ))
+            });
+            (
+                render(directive.reason),
+                render(DropReason::FallbackLimit),
+                budget,
+            )
         });
         let enforce = self.modes.enforces(directive.mode);
         let mut wire = wire;
@@ -405,6 +441,7 @@ impl DirectiveTable {
                 entry.enforce = enforce;
                 entry.response = response;
                 entry.fallback_response = fallback_response;
+                entry.budget_responses = budget_responses;
                 entry.wire = wire;
             }
             None => {
@@ -414,6 +451,7 @@ impl DirectiveTable {
                     enforce,
                     response,
                     fallback_response,
+                    budget_responses,
                     state: DirectiveState::default(),
                     wire,
                 });
@@ -588,6 +626,8 @@ fn same_response_facts(old: &CellDirective, new: &CellDirective) -> bool {
     old.reason == new.reason
         && old.stated_limit_rps().map(f64::to_bits) == new.stated_limit_rps().map(f64::to_bits)
         && old.retry_after_ms == new.retry_after_ms
+        && old.cost_unit == new.cost_unit
+        && old.budget_period_s == new.budget_period_s
 }
 
 #[cfg(test)]

@@ -5,6 +5,14 @@
 //! coin, the credit, the allowance's cap, the stale-directive fallback and
 //! the new-cell limit are its cases.
 //!
+//! A directive of a cost budget (its `cost_unit` set) states its rates in
+//! cost per second: the request weighs its estimate there
+//! ([`Directed::weight`]) in the credit, the allowance's cap, the
+//! stale-directive limit and the offered rate the cap is derived from. The
+//! coin stays a coin (it is independent of the cost, so unbiased); the
+//! new-cell limit stays in requests (such a cell has no directive, so no
+//! unit).
+//!
 //! The state is the data plane's to keep (the agent keeps it in each
 //! cell's record); what changes it between requests ([`Pace`]'s slots and
 //! caps) runs on the data plane's tick. Modes are the caller's: shadow
@@ -121,6 +129,10 @@ pub struct Directed<'a> {
     /// it governs (a bucket-wide directive's limit is not multiplied by its
     /// tenants).
     pub fallback: &'a mut Option<Gcra>,
+    /// What the request weighs in the directive's unit: 1 under a limit in
+    /// requests; under a cost budget its estimated cost (1 for a request
+    /// without a cost rule). Any value is safe, 0 and `u64::MAX` included.
+    pub weight: u64,
 }
 
 /// How long after a cell is first seen, while the directives are fresh,
@@ -241,7 +253,7 @@ pub fn decide(
     let drop = match rules.regime {
         Regime::Fresh | Regime::Stale(Fallback::KeepLast) => {
             let drops = match &mut state.pace {
-                Some(pace) => pace.drops(directive.threshold, rules, now, rng),
+                Some(pace) => pace.drops(directive.threshold, directive.weight, rules, now, rng),
                 None => coin::flip(directive.threshold, rng),
             };
             drops.then_some(directive.reason)
@@ -257,7 +269,7 @@ pub fn decide(
                     let rate = limit
                         / f64::from(directive.reporting_proxies.max(1))
                         / f64::from(now.workers.max(1));
-                    !admit_at(directive.fallback, rate, now.now_ms)
+                    !admit_at(directive.fallback, rate, directive.weight, now.now_ms)
                 })
                 .then_some(DropReason::FallbackLimit)
         }
@@ -314,14 +326,14 @@ fn decide_new(state: &mut CellState, rules: &Rules, now: Now) -> Decision {
     }
 }
 
-/// Admits one request against `limiter` at `rate` per second (made or
-/// re-rated as needed).
-fn admit_at(limiter: &mut Option<Gcra>, rate: f64, now_ms: u64) -> bool {
+/// Admits one request of `weight` against `limiter` at `rate` per second
+/// (made or re-rated as needed).
+fn admit_at(limiter: &mut Option<Gcra>, rate: f64, weight: u64, now_ms: u64) -> bool {
     let limiter = limiter.get_or_insert_with(|| Gcra::per_second(rate, now_ms));
     if !limiter.has_rate(rate) {
         limiter.set_rate_per_second(rate, now_ms);
     }
-    limiter.admit(now_ms, 0)
+    limiter.admit_weighted(now_ms, 0, weight)
 }
 
 /// A cell's local limit while it has no directive.
@@ -349,7 +361,8 @@ impl NewCellLimit {
 pub struct Pace {
     credit: Credit,
     window: RateWindow,
-    /// Requests since the last tick.
+    /// Requests since the last tick, each of its weight (cost under a
+    /// cost budget).
     pending: u64,
     cap: Option<Gcra>,
     idle_ticks: u32,
@@ -377,25 +390,26 @@ impl Pace {
         }
     }
 
-    /// The request path's case: whether the request drops, by the cap
-    /// while caps decide, else by the mode.
+    /// The request path's case: whether a request of `weight` drops, by
+    /// the cap while caps decide, else by the mode.
     #[inline]
     fn drops(
         &mut self,
         threshold: DropThreshold,
+        weight: u64,
         rules: &Rules,
         now: Now,
         rng: &mut impl Rng,
     ) -> bool {
-        self.pending = self.pending.saturating_add(1);
+        self.pending = self.pending.saturating_add(weight);
         if let Some(cap) = &mut self.cap
             && rules.caps_engaged
         {
-            return !cap.admit(now.now_ms, now.last_step_ms);
+            return !cap.admit_weighted(now.now_ms, now.last_step_ms, weight);
         }
         match rules.mode {
             DecisionMode::Coin => coin::flip(threshold, rng),
-            DecisionMode::Credit => self.credit.drops(threshold),
+            DecisionMode::Credit => self.credit.drops_weighted(threshold, weight),
         }
     }
 
@@ -542,6 +556,7 @@ mod tests {
             limit_rps,
             reporting_proxies: proxies,
             fallback,
+            weight: 1,
         };
         decide(state, Some(directive), &Rules { regime, ..COIN }, now, rng).reason
     }
@@ -712,6 +727,7 @@ mod tests {
             limit_rps: None,
             reporting_proxies: 1,
             fallback: &mut None,
+            weight: 1,
         };
         let decision = decide(
             &mut CellState::default(),
@@ -724,6 +740,111 @@ mod tests {
             (decision.source, decision.drop_ratio, decision.new_cell),
             (Source::Fallback, 0.25, false)
         );
+    }
+
+    /// Admitted weight of `weights` under a directive of `ratio` and
+    /// `limit_rps` in `regime` and `rules`, one request every 10 ms.
+    fn admitted_weight(
+        state: &mut CellState,
+        (ratio, limit_rps): (f64, Option<f64>),
+        rules: Rules,
+        weights: impl Iterator<Item = u64>,
+    ) -> u64 {
+        let mut rng = SmallRng::seed_from_u64(8);
+        let mut fallback = None;
+        let drop_ratio = DropRatio::new(ratio).unwrap();
+        weights
+            .enumerate()
+            .filter(|(i, weight)| {
+                let directive = Directed {
+                    drop_ratio,
+                    threshold: drop_ratio.threshold(),
+                    reason: DropReason::ClusterOverload,
+                    limit_rps,
+                    reporting_proxies: 1,
+                    fallback: &mut fallback,
+                    weight: *weight,
+                };
+                decide(
+                    state,
+                    Some(directive),
+                    &rules,
+                    at(*i as u64 * 10, 1),
+                    &mut rng,
+                )
+                .reason
+                .is_none()
+            })
+            .map(|(_, weight)| weight)
+            .sum()
+    }
+
+    #[test]
+    fn a_cost_directive_weighs_each_request_by_its_estimate() {
+        let credit = Rules {
+            mode: DecisionMode::Credit,
+            ..COIN
+        };
+        // The credit: a third of the offered cost, 1,000 requests of
+        // 10 and 1,000 tokens alternating.
+        let mut state = CellState {
+            pace: Some(Box::new(Pace::new(0, 100))),
+            ..CellState::default()
+        };
+        let weights = || (0..1_000u64).map(|i| if i % 2 == 0 { 10 } else { 1_000 });
+        let admitted = admitted_weight(&mut state, (2.0 / 3.0, Some(1.0)), credit, weights());
+        let offered: u64 = weights().sum();
+        let error = admitted as f64 - offered as f64 / 3.0;
+        assert!(error.abs() <= 1_000.0, "{admitted} of {offered}");
+        // The stale-directive limit: 1,000 tokens a second over 10 s of
+        // requests of 100 tokens every 10 ms (10,000 a second offered).
+        let stale = Rules {
+            regime: Regime::Stale(Fallback::LocalLimit),
+            ..credit
+        };
+        let admitted = admitted_weight(
+            &mut CellState::default(),
+            (0.0, Some(1_000.0)),
+            stale,
+            std::iter::repeat_n(100, 1_000),
+        );
+        assert!((10_000..=11_100).contains(&admitted), "{admitted}");
+        // The cap: charged the weight, and the window counts it.
+        let settings = AllowanceSettings {
+            headroom: 0.0,
+            burst_ms: 0,
+            engage: crate::allowance::Engage::Always,
+        };
+        let mut pace = Pace::new(1, 100);
+        for _ in 0..10 {
+            pace.pending = 2_000;
+            pace.close_slot(100, 100);
+        }
+        let rates = DirectiveRates {
+            drop_ratio: DropRatio::new(0.5).unwrap(),
+            limit_rps: Some(10_000.0),
+            fleet_offered_rps: 20_000.0,
+        };
+        pace.reconcile(Some(rates), settings, 100, 0);
+        let mut state = CellState {
+            pace: Some(Box::new(pace)),
+            ..CellState::default()
+        };
+        let capped = Rules {
+            caps_engaged: true,
+            ..credit
+        };
+        // 10,000 tokens a second allowed; 20,000 offered over 10 s.
+        let admitted = admitted_weight(
+            &mut state,
+            (0.5, Some(10_000.0)),
+            capped,
+            std::iter::repeat_n(200, 1_000),
+        );
+        assert!((100_000..=102_000).contains(&admitted), "{admitted}");
+        let pace = state.pace.as_mut().unwrap();
+        pace.close_slot(100, 100);
+        assert_eq!(pace.last_rate().map(|rate| rate.requests), Some(200_000));
     }
 
     #[test]
@@ -765,6 +886,7 @@ mod tests {
                         limit_rps: Some(50.0),
                         reporting_proxies: 1,
                         fallback: &mut None,
+                        weight: 1,
                     };
                     decide(state, Some(directive), &rules, at(1_000, 1), rng)
                         .reason

@@ -33,6 +33,13 @@ pub struct CellDirective {
     /// The cell's fleet offered rate the ratio came from (0: unknown);
     /// local allowances are derived from it.
     pub offered_rps: f64,
+    /// The unit of a cost budget (`None`: a limit in requests). Then every
+    /// rate here is that unit per second and a request weighs its
+    /// estimated cost ([`crate::decision::Directed::weight`]).
+    pub cost_unit: Option<Box<str>>,
+    /// The period the budget was configured over, in seconds (at least 1);
+    /// the 429's `RateLimit-Policy` window.
+    pub budget_period_s: u64,
 }
 
 impl CellDirective {
@@ -63,7 +70,20 @@ impl CellDirective {
             retry_after_ms: wire.retry_after_ms,
             burst: burst.max(1.0),
             offered_rps: finite_non_negative(wire.offered_rps)?,
+            cost_unit: (!wire.cost_unit.is_empty()).then(|| wire.cost_unit.as_str().into()),
+            budget_period_s: wire.budget_period_s.max(1),
         })
+    }
+
+    /// What a request of estimated cost `estimate` (`None`: no cost rule
+    /// applies to it) weighs under this directive: 1 under a limit in
+    /// requests; its estimate under a cost budget, 1 without one.
+    #[inline]
+    pub fn weight(&self, estimate: Option<u64>) -> u64 {
+        match (&self.cost_unit, estimate) {
+            (Some(_), Some(estimate)) => estimate,
+            _ => 1,
+        }
     }
 
     /// The limit a client is told: the share, else the bucket limit
@@ -178,6 +198,29 @@ mod tests {
         assert_eq!(directive.threshold, directive.drop_ratio.threshold());
         assert_eq!(directive.stated_limit_rps(), Some(100.0));
         assert_eq!(directive.burst, 1.0);
+    }
+
+    #[test]
+    fn a_request_weighs_its_estimate_only_under_a_cost_budget() {
+        let requests = CellDirective::from_wire(&wire("acme")).unwrap();
+        assert_eq!(
+            (requests.cost_unit.as_deref(), requests.budget_period_s),
+            (None, 1)
+        );
+        for estimate in [None, Some(0), Some(7), Some(u64::MAX)] {
+            assert_eq!(requests.weight(estimate), 1, "{estimate:?}");
+        }
+        let budget = CellDirective::from_wire(&Directive {
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            ..wire("acme")
+        })
+        .unwrap();
+        assert_eq!(budget.cost_unit.as_deref(), Some("tokens"));
+        assert_eq!(budget.budget_period_s, 60);
+        assert_eq!(budget.weight(Some(800)), 800);
+        assert_eq!(budget.weight(Some(0)), 0);
+        assert_eq!(budget.weight(None), 1, "a request without a cost rule");
     }
 
     #[test]

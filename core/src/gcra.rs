@@ -2,7 +2,9 @@
 //! (GCRA, "virtual scheduling") in integer microseconds, with time
 //! injected by the caller (a VM's last tick, so the request path never
 //! reads a clock). The allowance's per-VM caps, the fallback after the
-//! directive TTL and the limit of new buckets all use it.
+//! directive TTL and the limit of new buckets all use it. Under a cost
+//! budget the rate is cost per second and a request is charged its
+//! estimate ([`Gcra::admit_weighted`]).
 
 /// How much of a local limit's rate may pass at once ([`Gcra::per_second`]).
 pub const LOCAL_LIMIT_BURST_MS: u64 = 1_000;
@@ -125,6 +127,19 @@ impl Gcra {
     /// difference on every tick.
     #[inline]
     pub fn admit(&mut self, now_ms: u64, stood_still_ms: u64) -> bool {
+        self.admit_weighted(now_ms, stood_still_ms, 1)
+    }
+
+    /// [`Gcra::admit`] for a request that uses `weight` units of the rate
+    /// (its estimated cost, when the rate is cost per second): it fits when
+    /// the schedule has room for one unit, and then is charged all of
+    /// them. A request larger than the burst is not shut out for good; the
+    /// schedule runs into debt instead, which the requests after it wait
+    /// out, so the limiter overshoots its rate by at most one request.
+    /// Weight 1 is [`Gcra::admit`]; weight 0 passes whenever one unit
+    /// would and charges nothing.
+    #[inline]
+    pub fn admit_weighted(&mut self, now_ms: u64, stood_still_ms: u64, weight: u64) -> bool {
         if self.interval_us == u64::MAX {
             return false;
         }
@@ -134,7 +149,10 @@ impl Gcra {
         if self.tat_us > now_us.saturating_add(tolerance_us) {
             return false;
         }
-        self.tat_us = self.tat_us.max(now_us).saturating_add(self.interval_us);
+        self.tat_us = self
+            .tat_us
+            .max(now_us)
+            .saturating_add(self.interval_us.saturating_mul(weight));
         true
     }
 }
@@ -266,10 +284,88 @@ mod tests {
     }
 
     #[test]
+    fn a_weighted_limit_holds_its_rate_in_cost_and_never_shuts_out_a_large_request() {
+        // 1,000 tokens a second; requests of 100 and 5,000 tokens (larger
+        // than the second's burst) offered every 10 ms for 10 s.
+        let mut limit = Gcra::per_second(1_000.0, 0);
+        let (mut admitted, mut large_admitted) = (0u64, 0u32);
+        for ms in (0..10_000u64).step_by(10) {
+            let weight = if ms % 1_000 == 0 { 5_000 } else { 100 };
+            if limit.admit_weighted(ms, 0, weight) {
+                admitted += weight;
+                large_admitted += u32::from(weight == 5_000);
+            }
+        }
+        // 10 s at the rate, a second's burst, and at most one request of
+        // debt beyond it.
+        assert!((10_000..=16_000).contains(&admitted), "{admitted}");
+        assert!(
+            large_admitted >= 1,
+            "a large request fits when the schedule has room"
+        );
+    }
+
+    #[test]
+    fn any_weight_is_safe() {
+        let mut limit = Gcra::per_second(10.0, 0);
+        assert!(limit.admit_weighted(0, 0, u64::MAX));
+        assert!(!limit.admit_weighted(1_000_000, 0, 1));
+        // A new rate cuts the debt to what it could owe.
+        limit.set_rate_per_second(10.0, 2_000);
+        assert!(limit.admit_weighted(3_000, 0, 0));
+        let mut cap = Gcra::new(5.0, 100, 0);
+        assert!(cap.admit_weighted(0, MAX_STILL_MS, 0));
+        assert!(cap.admit_weighted(0, u64::MAX, u64::MAX));
+    }
+
+    #[test]
     fn a_lower_rate_keeps_no_more_than_its_own_burst() {
         let mut limit = Gcra::per_second(100.0, 0);
         limit.set_rate_per_second(2.0, 0);
         let burst = (0..10).filter(|_| limit.admit(0, 0)).count();
         assert_eq!(burst, 2, "a second of 2 rps");
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// [`Gcra::admit`] as it was before weights, to check that weight 1
+    /// decides step for step as it did.
+    fn admit_by_request(gcra: &mut Gcra, now_ms: u64, stood_still_ms: u64) -> bool {
+        if gcra.interval_us == u64::MAX {
+            return false;
+        }
+        let now_us = now_ms.saturating_mul(US_PER_MS);
+        let still_us = stood_still_ms.min(MAX_STILL_MS).saturating_mul(US_PER_MS);
+        let tolerance_us = gcra.tolerance_us.max(still_us);
+        if gcra.tat_us > now_us.saturating_add(tolerance_us) {
+            return false;
+        }
+        gcra.tat_us = gcra.tat_us.max(now_us).saturating_add(gcra.interval_us);
+        true
+    }
+
+    proptest! {
+        #[test]
+        fn weight_one_admits_as_requests_did(
+            rate in 0.0f64..5_000.0,
+            slack_ms in 0u64..2_000,
+            steps in proptest::collection::vec((0u64..300, 0u64..1_500), 1..300),
+        ) {
+            let mut weighted = Gcra::new(rate, slack_ms, 0);
+            let mut requests = weighted;
+            let mut now_ms = 0;
+            for (step, still) in steps {
+                now_ms += step;
+                prop_assert_eq!(
+                    weighted.admit_weighted(now_ms, still, 1),
+                    admit_by_request(&mut requests, now_ms, still)
+                );
+                prop_assert_eq!(weighted, requests);
+            }
+        }
     }
 }

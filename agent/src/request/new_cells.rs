@@ -89,6 +89,7 @@ impl NewCellRule {
                 reason: DropReason::NewBucketLimit,
                 limit_rps: fleet_limit_rps,
                 retry_after_ms: 0,
+                budget: None,
             }))
         });
         Arc::clone(response)

@@ -119,12 +119,13 @@ impl RequestPath {
     }
 
     /// Decides and counts a request of the cell in [`Self::cell`], of
-    /// estimated cost `estimate` (0: the request has no cost rule).
+    /// estimated cost `estimate` (`None`: the request has no cost rule),
+    /// which is what it weighs under a cost directive.
     pub(crate) fn decide(
         &mut self,
         metrics: &mut Metrics,
         rng: &mut SmallRng,
-        estimate: u64,
+        estimate: Option<u64>,
     ) -> Decision {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
@@ -148,6 +149,9 @@ impl RequestPath {
             None => (&mut self.unrecorded, None),
         };
         let mut entry = found.and_then(|i| self.directives.entry_mut(i));
+        let weight = entry
+            .as_deref()
+            .map_or(1, |entry| entry.directive.weight(estimate));
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
@@ -155,6 +159,7 @@ impl RequestPath {
             limit_rps: entry.directive.stated_limit_rps(),
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
+            weight,
         });
         let decided = decision::decide(state, directive, &self.rules, self.now, rng);
         // A new cell's 429 is rendered with its state, at its first request
@@ -165,10 +170,13 @@ impl RequestPath {
         };
         let (enforce, response) = match (decided.reason, entry) {
             (None, _) => (false, None),
-            (Some(DropReason::FallbackLimit), Some(entry)) => {
-                (entry.enforce, Some(Arc::clone(&entry.fallback_response)))
+            (Some(reason), Some(entry)) => {
+                let fallback = reason == DropReason::FallbackLimit;
+                (
+                    entry.enforce,
+                    Some(Arc::clone(entry.response_for(fallback, weight))),
+                )
             }
-            (Some(_), Some(entry)) => (entry.enforce, Some(Arc::clone(&entry.response))),
             (Some(_), None) => (
                 self.enforces_local,
                 Some(
@@ -186,7 +194,7 @@ impl RequestPath {
             (None, _) => Outcome::Admitted,
         };
         match record {
-            Some(record) => record.count(outcome, estimate),
+            Some(record) => record.count(outcome, estimate.unwrap_or(0)),
             None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, decided.reason);

@@ -18,8 +18,30 @@
 //! - an RFC 9457 `application/problem+json` body with `type`, `title`,
 //!   `status`, `detail`, `bucket`, `tenant`, `retry_after_seconds` and
 //!   `reason`.
+//!
+//! Under a cost budget (the directive's `cost_unit`, over its
+//! `budget_period_s` P) the limit is stated in the unit over the period:
+//! `x-ratelimit-limit: <share × P>` and
+//! `ratelimit-policy: "<policy>";q=<share × P>;w=<P>;qu="<unit>"`. The wait
+//! is the time until the request's estimate fits at the cell's share
+//! (`estimate / share` seconds), never less than the directive's and at
+//! most [`MAX_COST_RETRY_SECONDS`]. To keep formatting off the request
+//! path a cost cell's 429 is rendered in a few variants
+//! ([`BudgetResponses`]), waits of 1, 2, 4, 8, 16 and 30 seconds from the
+//! directive's up, and a request takes the shortest that covers its
+//! estimate.
 
 use sluice_core::DropReason;
+use std::sync::Arc;
+
+/// The longest wait a cost budget's 429 names: the control plane's longest
+/// `retry_after_ms`.
+pub const MAX_COST_RETRY_SECONDS: u64 = 30;
+
+/// The waits a cost cell's 429 is rendered with, in seconds: powers of two
+/// up to [`MAX_COST_RETRY_SECONDS`], so a request is told at most twice
+/// the wait its estimate needs.
+const COST_RETRY_STEPS: [u64; 6] = [1, 2, 4, 8, 16, MAX_COST_RETRY_SECONDS];
 
 /// The sentence a 429's body gives for `reason`.
 fn detail(reason: DropReason) -> &'static str {
@@ -87,6 +109,38 @@ pub struct RejectFacts<'a> {
     pub limit_rps: f64,
     /// The directive's retry hint in ms (0: the configured default).
     pub retry_after_ms: u64,
+    /// The cost budget the limit is in (`None`: requests per second).
+    pub budget: Option<BudgetFacts<'a>>,
+}
+
+/// The unit and period of a cost budget, as its 429 states them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetFacts<'a> {
+    /// The cost unit (`tokens`).
+    pub unit: &'a str,
+    /// The period the budget was configured over, seconds (at least 1).
+    pub period_s: u64,
+}
+
+/// The 429s of a cost cell, one per wait: a request of estimate `e` takes
+/// the first whose `fits` is at least `e`, else the last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetResponses {
+    /// (the largest estimate the wait covers, the response), by wait.
+    variants: Box<[(u64, Arc<RejectResponse>)]>,
+}
+
+impl BudgetResponses {
+    /// The response for a request of estimate `estimate`; `None` only when
+    /// there are no variants.
+    #[inline]
+    pub fn for_estimate(&self, estimate: u64) -> Option<&Arc<RejectResponse>> {
+        self.variants
+            .iter()
+            .find(|(fits, _)| estimate <= *fits)
+            .or_else(|| self.variants.last())
+            .map(|(_, response)| response)
+    }
 }
 
 impl ResponseSettings {
@@ -102,23 +156,69 @@ impl ResponseSettings {
 
     /// Renders the response of a cell.
     pub fn render(&self, facts: &RejectFacts<'_>) -> RejectResponse {
-        let seconds = self.retry_after_seconds(facts.retry_after_ms);
+        self.render_waiting(facts, self.retry_after_seconds(facts.retry_after_ms))
+    }
+
+    /// Renders the variants of a cost cell's response ([`BudgetResponses`]):
+    /// waits from the directive's (or the default) up to
+    /// [`MAX_COST_RETRY_SECONDS`], each covering the estimates that fit in
+    /// it at `facts.limit_rps`. Without a known rate, the one wait.
+    pub fn render_budget(&self, facts: &RejectFacts<'_>) -> BudgetResponses {
+        let base = self.retry_after_seconds(facts.retry_after_ms);
+        let rate = facts.limit_rps;
+        let known = rate.is_finite() && rate > 0.0;
+        let waits = std::iter::once(base).chain(
+            COST_RETRY_STEPS
+                .into_iter()
+                .filter(|wait| known && *wait > base),
+        );
+        let variants = waits
+            .map(|wait| {
+                // Saturating: a rate of 1e300 covers every estimate.
+                let fits = (wait as f64 * rate).floor() as u64;
+                (fits, Arc::new(self.render_waiting(facts, wait)))
+            })
+            .collect();
+        BudgetResponses { variants }
+    }
+
+    /// Renders the response of a cell telling the client to wait `seconds`.
+    fn render_waiting(&self, facts: &RejectFacts<'_>, seconds: u64) -> RejectResponse {
         let seconds_text = seconds.to_string();
         let mut headers = vec![("retry-after".to_owned(), seconds_text.clone())];
+        let stated = match facts.budget {
+            Some(budget) => facts.limit_rps * budget.period_s as f64,
+            None => facts.limit_rps,
+        };
         if self.x_ratelimit_headers {
-            headers.push(("x-ratelimit-limit".into(), format_limit(facts.limit_rps)));
+            headers.push(("x-ratelimit-limit".into(), format_limit(stated)));
             headers.push(("x-ratelimit-remaining".into(), "0".into()));
             headers.push(("x-ratelimit-reset".into(), seconds_text.clone()));
         }
         headers.push((self.reason_header.clone(), facts.reason.name().into()));
         if self.ietf_headers {
             let policy = sf_string(&self.policy_name);
-            if facts.limit_rps > 0.0 && facts.limit_rps.is_finite() {
-                let (quota, window) = quota_and_window(facts.limit_rps);
-                headers.push((
-                    "ratelimit-policy".into(),
-                    format!("{policy};q={quota};w={window}"),
-                ));
+            match facts.budget {
+                Some(budget) if stated > 0.0 && stated.is_finite() => {
+                    // A budget below one unit over its period states one.
+                    let quota = (stated.round() as u64).max(1);
+                    headers.push((
+                        "ratelimit-policy".into(),
+                        format!(
+                            "{policy};q={quota};w={};qu={}",
+                            budget.period_s,
+                            sf_string(budget.unit)
+                        ),
+                    ));
+                }
+                None if facts.limit_rps > 0.0 && facts.limit_rps.is_finite() => {
+                    let (quota, window) = quota_and_window(facts.limit_rps);
+                    headers.push((
+                        "ratelimit-policy".into(),
+                        format!("{policy};q={quota};w={window}"),
+                    ));
+                }
+                _ => {}
             }
             headers.push(("ratelimit".into(), format!("{policy};r=0;t={seconds_text}")));
         }
@@ -202,7 +302,95 @@ mod tests {
             reason,
             limit_rps,
             retry_after_ms,
+            budget: None,
         }
+    }
+
+    #[test]
+    fn a_cost_budget_states_its_unit_and_period_and_waits_for_the_estimate() {
+        let settings = ResponseSettings::default();
+        // 20,000 tokens a second over a minute: 1,200,000 per 60 s; the
+        // directive's wait is 1.5 s, so 2 s.
+        let minute = RejectFacts {
+            budget: Some(BudgetFacts {
+                unit: "tokens",
+                period_s: 60,
+            }),
+            ..facts(DropReason::TenantQuotaExceeded, 20_000.0, 1_500)
+        };
+        let variants = settings.render_budget(&minute);
+        let waits: Vec<(u64, &str)> = variants
+            .variants
+            .iter()
+            .map(|(fits, response)| (*fits, response.header("retry-after").unwrap()))
+            .collect();
+        assert_eq!(
+            waits,
+            [
+                (40_000, "2"),
+                (80_000, "4"),
+                (160_000, "8"),
+                (320_000, "16"),
+                (600_000, "30")
+            ]
+        );
+        for (estimate, wait) in [
+            (0, "2"),
+            (40_000, "2"),
+            (40_001, "4"),
+            (500_000, "30"),
+            (u64::MAX, "30"),
+        ] {
+            let response = variants.for_estimate(estimate).unwrap();
+            assert_eq!(response.header("retry-after"), Some(wait), "{estimate}");
+            assert_eq!(response.header("x-ratelimit-reset"), Some(wait));
+            assert_eq!(
+                response.header("ratelimit"),
+                Some(format!("\"sluice\";r=0;t={wait}").as_str())
+            );
+            assert_eq!(response.header("x-ratelimit-limit"), Some("1200000"));
+            assert_eq!(
+                response.header("ratelimit-policy"),
+                Some("\"sluice\";q=1200000;w=60;qu=\"tokens\"")
+            );
+            let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+            assert_eq!(body["retry_after_seconds"].to_string(), wait);
+        }
+        // A share of 0.01 tokens a second over an hour: q=36; an unknown
+        // rate has the one wait; a blocked cell states no policy.
+        let slow = RejectFacts {
+            budget: Some(BudgetFacts {
+                unit: "tokens",
+                period_s: 3_600,
+            }),
+            ..facts(DropReason::ClusterOverload, 0.01, 0)
+        };
+        let response = settings.render(&slow);
+        assert_eq!(
+            response.header("ratelimit-policy"),
+            Some("\"sluice\";q=36;w=3600;qu=\"tokens\"")
+        );
+        assert_eq!(response.header("x-ratelimit-limit"), Some("36"));
+        let blocked = RejectFacts {
+            limit_rps: 0.0,
+            ..slow
+        };
+        let variants = settings.render_budget(&blocked);
+        assert_eq!(variants.variants.len(), 1);
+        let response = variants.for_estimate(5_000).unwrap();
+        assert_eq!(response.header("ratelimit-policy"), None);
+        assert_eq!(response.header("retry-after"), Some("1"));
+        // A directive's wait beyond the steps is kept as the only one.
+        let long = RejectFacts {
+            retry_after_ms: 45_000,
+            ..minute
+        };
+        let variants = settings.render_budget(&long);
+        assert_eq!(variants.variants.len(), 1);
+        assert_eq!(
+            variants.for_estimate(1).unwrap().header("retry-after"),
+            Some("45")
+        );
     }
 
     #[test]

@@ -424,6 +424,7 @@ mod tests {
                 limit_rps: None,
                 reporting_proxies: 0,
                 fallback: &mut None,
+                weight: 1,
             };
             let mut stateless = CellState::default();
             let state = match self.cells.get_mut(key) {

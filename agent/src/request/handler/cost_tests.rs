@@ -298,3 +298,134 @@ fn a_charge_after_the_drain_is_reported_in_the_next_window() {
     let count = drained(&mut agent, "llm");
     assert_eq!((count.offered, count.charged_cost), (0, 40.0));
 }
+
+/// A directive of `drop_ratio` on `bucket`, a cost budget in `unit` when
+/// one is given; the cell is then paced (its credit made on a tick).
+fn paced_directive(
+    agent: &mut Agent,
+    policy: &RequestPolicy,
+    bucket: &'static str,
+    drop_ratio: f64,
+    unit: &str,
+) {
+    let mut table = DirectiveTable::new(100);
+    table.merge(DirectiveBatch {
+        version: 4,
+        directives: vec![Directive {
+            bucket: bucket.into(),
+            priority: Priority::Unspecified as i32,
+            drop_ratio,
+            limit_rps: Some(1_000_000.0),
+            cost_unit: unit.into(),
+            budget_period_s: 60,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    let _ = decide(
+        agent,
+        policy,
+        &mut request(bucket, "1"),
+        &mut None,
+        &mut None,
+    );
+    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(5);
+    for now_ms in [1_000, 1_100] {
+        agent.path.close_pacer_window(now_ms, &mut rng);
+    }
+}
+
+/// Estimates repeating 3,000, 10, 10: a credit that counts requests at a
+/// ratio of 2/3 admits the same position of every three.
+const PERIODIC: [&str; 3] = ["3000", "10", "10"];
+
+#[test]
+fn a_cost_directive_admits_its_share_of_the_estimated_cost() {
+    let (mut agent, policy) = configured();
+    paced_directive(&mut agent, &policy, "llm", 2.0 / 3.0, "tokens");
+    let (mut offered, mut admitted) = (0u64, 0u64);
+    for i in 0..3_000 {
+        let estimate = PERIODIC[i % 3];
+        let cost: u64 = estimate.parse().unwrap();
+        offered += cost;
+        let rejection = decide(
+            &mut agent,
+            &policy,
+            &mut request("llm", estimate),
+            &mut None,
+            &mut None,
+        );
+        if rejection.is_none() {
+            admitted += cost;
+        }
+    }
+    // Within one request of the largest estimate of a third of the cost.
+    let error = admitted as f64 - offered as f64 / 3.0;
+    assert!(error.abs() <= 3_001.0, "admitted {admitted} of {offered}");
+}
+
+#[test]
+fn a_request_limit_decides_as_if_no_request_had_an_estimate() {
+    // The same agent and requests, with and without cost rules, under a
+    // directive in requests: the same decisions, request for request.
+    let decisions = |costed: bool| {
+        let (mut agent, mut policy) = configured();
+        if !costed {
+            policy.costs = Default::default();
+        }
+        paced_directive(&mut agent, &policy, "llm", 0.6, "");
+        (0..600)
+            .map(|i| {
+                let mut request = request("llm", PERIODIC[i % 3]);
+                decide(&mut agent, &policy, &mut request, &mut None, &mut None).is_none()
+            })
+            .collect::<Vec<bool>>()
+    };
+    let with_costs = decisions(true);
+    assert_eq!(with_costs, decisions(false));
+    let admitted = with_costs.iter().filter(|admits| **admits).count();
+    assert!((239..=241).contains(&admitted), "{admitted}");
+}
+
+#[test]
+fn a_cost_directive_429_names_the_unit_and_waits_for_the_estimate() {
+    let (mut agent, policy) = configured();
+    let mut table = DirectiveTable::new(100);
+    table.merge(DirectiveBatch {
+        version: 5,
+        directives: vec![Directive {
+            bucket: "llm".into(),
+            priority: Priority::Unspecified as i32,
+            drop_ratio: 1.0,
+            limit_rps: Some(100.0),
+            share_rps: 100.0,
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    for (estimate, wait) in [
+        ("50", "1"),
+        ("150", "2"),
+        ("1000", "16"),
+        ("99999999", "30"),
+    ] {
+        let rejection = decide(
+            &mut agent,
+            &policy,
+            &mut request("llm", estimate),
+            &mut None,
+            &mut None,
+        )
+        .unwrap();
+        assert_eq!(rejection.header("retry-after"), Some(wait), "{estimate}");
+        assert_eq!(
+            rejection.header("ratelimit-policy"),
+            Some("\"sluice\";q=6000;w=60;qu=\"tokens\"")
+        );
+        assert_eq!(rejection.header("x-ratelimit-limit"), Some("6000"));
+    }
+}
