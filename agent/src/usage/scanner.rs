@@ -140,6 +140,10 @@ impl Scanner {
             return Step::Continue;
         }
         if value_of_target && b == b'{' {
+            // A cap of 0 holds nothing, not even the opening brace.
+            if self.cap == 0 {
+                return Step::Overflow;
+            }
             self.capture.clear();
             self.capture.push(b);
             self.capture_depth = Some(self.depth);
