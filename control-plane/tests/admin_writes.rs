@@ -121,6 +121,20 @@ fn file_config(f: &Fixture) -> Config {
     Config::from_file(&f.file).unwrap()
 }
 
+/// The exact limit in force for `bucket` (overrides included), as text:
+/// `200 rps` or `1200000 tokens/minute`.
+fn exact_limit(limits: &sluice_control_plane::config::limits::LimitTable, bucket: &str) -> String {
+    limits
+        .rules()
+        .into_iter()
+        .find(|rule| {
+            rule.selector
+                == sluice_control_plane::config::limits::Selector::Bucket(bucket.to_owned())
+        })
+        .map(|rule| rule.limit.to_string())
+        .unwrap_or_default()
+}
+
 fn assert_problem(status: StatusCode, content_type: Option<&str>, body: &Value) {
     assert!(status.is_client_error(), "{status}: {body}");
     assert_eq!(content_type, Some("application/problem+json"), "{body}");
@@ -247,6 +261,37 @@ async fn invalid_writes_are_problems_and_change_nothing() {
             Method::PUT,
             "/v1/overrides/limits/acme",
             r#"{"limit_rps": -5, "ttl_s": 60}"#,
+        ),
+        (Method::PUT, "/v1/overrides/limits/acme", r#"{"ttl_s": 60}"#),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"limit_rps": 5, "budget": {"amount": 5, "unit": "tokens", "per": "hour"}, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"budget": {"amount": 0, "unit": "tokens", "per": "hour"}, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"budget": {"amount": 5, "unit": "to kens", "per": "hour"}, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"budget": {"amount": 5, "unit": "tokens", "per": "day"}, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"budget": {"amount": 5, "unit": "tokens"}, "ttl_s": 60}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/overrides/limits/acme",
+            r#"{"budget": {"amount": 5, "unit": "tokens", "per": "hour"}, "ttl_s": 0}"#,
         ),
         (
             Method::PUT,
@@ -411,6 +456,61 @@ async fn overrides_apply_then_expire_and_the_base_returns() {
 
     let (status, _) = send(&f.router, Method::DELETE, "/v1/overrides/limits/acme", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_budget_override_replaces_a_rate_until_it_expires() {
+    let f = fixture("override-budget", AuthPolicy::default());
+    let (status, body) = send(
+        &f.router,
+        Method::PUT,
+        "/v1/overrides/limits/acme",
+        Some(r#"{"budget": {"amount": 1200000, "unit": "tokens", "per": "minute"}, "ttl_s": 600}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["budget"],
+        json!({"amount": 1_200_000.0, "unit": "tokens", "per": "minute"})
+    );
+    assert!(body.get("limit_rps").is_none(), "{body}");
+    let expires = body["expires_at_unix_s"].as_u64().unwrap();
+    {
+        let policy = f.state.policy();
+        assert_eq!(exact_limit(&policy.limits, "acme"), "1200000 tokens/minute");
+        // Steered as tokens a second.
+        assert_eq!(policy.limits.limit_for("acme").unwrap().get(), 20_000.0);
+    }
+    let (_, limits) = send(&f.router, Method::GET, "/v1/limits", None).await;
+    assert_eq!(limits["overrides"]["acme"]["budget"]["per"], "minute");
+    // The base rate stays in the file; the override is written beside it
+    // as it was given and reads back the same.
+    let written = file_config(&f);
+    assert_eq!(written.overrides, f.live.config().overrides);
+    assert_eq!(written.limits.exact("acme").unwrap().to_string(), "200 rps");
+
+    // A bad budget answers a problem and leaves the override in force.
+    let before = std::fs::read(&f.file).unwrap();
+    let (status, content_type, problem) = send_as(
+        &f.router,
+        None,
+        Method::PUT,
+        "/v1/overrides/limits/acme",
+        Some(r#"{"budget": {"amount": -1, "unit": "tokens", "per": "minute"}, "ttl_s": 600}"#),
+    )
+    .await;
+    assert_problem(status, content_type.as_deref(), &problem);
+    assert_eq!(std::fs::read(&f.file).unwrap(), before);
+    assert_eq!(
+        f.state.policy().limits.limit_for("acme").unwrap().get(),
+        20_000.0
+    );
+
+    // At its deadline the base rate returns.
+    f.live.poll(expires);
+    let policy = f.state.policy();
+    assert_eq!(exact_limit(&policy.limits, "acme"), "200 rps");
+    assert_eq!(policy.limits.limit_for("acme").unwrap().get(), 200.0);
 }
 
 #[tokio::test]

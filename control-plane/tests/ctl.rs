@@ -123,6 +123,20 @@ impl Drop for Server {
     }
 }
 
+/// The exact limit in force for `bucket` (overrides included), as text:
+/// `200 rps` or `1200000 tokens/minute`.
+fn exact_limit(limits: &sluice_control_plane::config::limits::LimitTable, bucket: &str) -> String {
+    limits
+        .rules()
+        .into_iter()
+        .find(|rule| {
+            rule.selector
+                == sluice_control_plane::config::limits::Selector::Bucket(bucket.to_owned())
+        })
+        .map(|rule| rule.limit.to_string())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_tenants_and_tables() {
     let server = Server::start("limits").await;
@@ -238,6 +252,93 @@ async fn modes_kill_switch_canary_and_overrides() {
             .get(),
         200.0
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_are_set_and_overridden_from_the_command_line() {
+    let server = Server::start("budgets").await;
+    server
+        .ok(&["limit", "set", "llm", "--budget", "1200000 tokens/minute"])
+        .await;
+    {
+        let policy = server.state.policy();
+        assert_eq!(exact_limit(&policy.limits, "llm"), "1200000 tokens/minute");
+        assert_eq!(policy.limits.limit_for("llm").unwrap().get(), 20_000.0);
+    }
+    let table = server.ok(&["limits"]).await;
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["bucket", "llm", "1200000", "tokens/minute", "-"]),
+        "{table}"
+    );
+
+    // An override with a budget on a bucket whose base is a rate.
+    server
+        .ok(&[
+            "override",
+            "limit",
+            "acme",
+            "--budget",
+            "30000tokens/second",
+            "--for",
+            "1h",
+        ])
+        .await;
+    assert_eq!(
+        exact_limit(&server.state.policy().limits, "acme"),
+        "30000 tokens/second"
+    );
+    let table = server.ok(&["overrides"]).await;
+    assert!(table.contains("budget=30000 tokens/second"), "{table}");
+    server.ok(&["override", "rm", "limit", "acme"]).await;
+    assert_eq!(
+        server
+            .state
+            .policy()
+            .limits
+            .limit_for("acme")
+            .unwrap()
+            .get(),
+        200.0
+    );
+
+    // A budget the control plane refuses: its problem, nothing changed.
+    let before = server.ok(&["--json", "limits"]).await;
+    for args in [
+        &["limit", "set", "llm", "--budget", "5 tokens/day"][..],
+        &["limit", "set", "llm", "--budget", "0 tokens/minute"],
+        &[
+            "override",
+            "limit",
+            "llm",
+            "--budget",
+            "5 tok,ens/hour",
+            "--for",
+            "1h",
+        ],
+    ] {
+        let (code, _, stderr) = server.ctl(args).await;
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("sluice ctl: 422 Unprocessable Entity: "),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Not a budget, or a rate and a budget at once: usage errors, nothing
+    // sent.
+    for args in [
+        &["limit", "set", "llm", "--budget", "tokens/minute"][..],
+        &["limit", "set", "llm", "5", "--budget", "5 tokens/minute"],
+        &["limit", "set", "llm"],
+        &["override", "limit", "llm", "--for", "1h"],
+    ] {
+        let (code, _, stderr) = server.ctl(args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+    }
+    assert_eq!(server.ok(&["--json", "limits"]).await, before);
     server.stop().await;
 }
 

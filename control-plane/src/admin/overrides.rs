@@ -1,4 +1,4 @@
-//! `/v1/overrides`: temporary limits and tenant values. Each target has at
+//! `/v1/overrides`: temporary limits (a rate or a budget) and tenant values. Each target has at
 //! most one override; a new one replaces it. At the deadline the override is
 //! removed and the base value applies again.
 //!
@@ -15,7 +15,10 @@ use super::extract::{Json, Path};
 use super::problem::Problem;
 use super::write;
 use crate::config::Config;
-use crate::config::overrides::{LimitOverride, OverrideTtl, Overrides, TenantOverride, unix_now};
+use crate::config::budget::Budget;
+use crate::config::overrides::{
+    LimitOverride, OverrideTtl, Overrides, TenantOverride, one_limit, unix_now,
+};
 use crate::config::policy::{BurstMultiplier, Weight};
 use crate::types::LimitRps;
 
@@ -30,12 +33,16 @@ pub(crate) async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<O
     )
 }
 
-/// `PUT /v1/overrides/limits/{bucket}` body.
+/// `PUT /v1/overrides/limits/{bucket}` body: `limit_rps` or `budget`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PutLimitOverride {
-    /// The limit while the override lasts.
-    pub limit_rps: LimitRps,
+    /// The limit while the override lasts, in requests per second.
+    #[serde(default)]
+    pub limit_rps: Option<LimitRps>,
+    /// A cost budget while the override lasts, instead.
+    #[serde(default)]
+    pub budget: Option<Budget>,
     /// How long it lasts, in seconds (at most 30 days).
     pub ttl_s: OverrideTtl,
 }
@@ -48,18 +55,20 @@ pub(crate) async fn put_limit(
     Json(body): Json<PutLimitOverride>,
 ) -> Result<(HeaderMap, axum::Json<LimitOverride>), Problem> {
     write::bucket(&bucket)?;
+    let limit = one_limit(body.limit_rps, body.budget).map_err(Problem::unprocessable)?;
     let over = LimitOverride {
-        limit_rps: body.limit_rps,
+        limit,
         expires_at_unix_s: body.ttl_s.expires_at(unix_now()),
     };
     let key = bucket.clone();
+    let set = over.clone();
     let tag = write::change(&admin, move |config| {
         if_match.check(Some(&overrides_tag(config)))?;
-        config.overrides.limits.insert(key, over);
+        config.overrides.limits.insert(key, set);
         Ok(overrides_tag(config))
     })
     .await?;
-    tracing::info!(bucket, limit_rps = %over.limit_rps, ttl_s = body.ttl_s.as_secs(), "limit override set");
+    tracing::info!(bucket, limit = %over.limit, ttl_s = body.ttl_s.as_secs(), "limit override set");
     Ok((tag.header(), axum::Json(over)))
 }
 

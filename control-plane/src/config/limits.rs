@@ -13,6 +13,10 @@ use crate::config::budget::Budget;
 use crate::types::LimitRps;
 pub use sluice_core::glob::Glob;
 
+/// What an entry or the default with both a rate and a budget is told.
+pub(crate) const BOTH_LIMITS: &str =
+    "has both `limit_rps` and `budget`: a limit is one or the other";
+
 /// A bucket's limit: requests per second, or a cost budget. Serialized as
 /// the limits file writes it: `limit_rps: N` or `budget: {…}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::config::budget::Budget;
 pub use crate::config::error::{ConfigError, InvalidConfig};
-use crate::config::limits::{Limit, LimitRule, LimitTable, Selector};
+use crate::config::limits::{BOTH_LIMITS, Limit, LimitRule, LimitTable, Selector};
 use crate::config::overrides::Overrides;
 use crate::config::policy::{Modes, Policy, Tenants};
 use crate::control::adaptive::spec::AdaptiveSpecs;
@@ -193,9 +193,6 @@ impl Config {
         ))
     }
 }
-
-/// What an entry or the default with both a rate and a budget is told.
-const BOTH_LIMITS: &str = "has both `limit_rps` and `budget`: a limit is one or the other";
 
 /// Line and column of a top-level `key:` in `text` (for a check made
 /// after parsing, which serde cannot position).

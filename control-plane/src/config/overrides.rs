@@ -1,5 +1,6 @@
-//! Temporary overrides: raise (or lower) a bucket's limit, or change a
-//! tenant's weight, burst or floor, until a deadline. The base values stay in
+//! Temporary overrides: raise (or lower) a bucket's limit (a request rate
+//! or a cost budget), or change a tenant's weight, burst or floor, until a
+//! deadline. The base values stay in
 //! the file untouched, so when an override expires they apply again.
 //!
 //! Deadlines are absolute (seconds since the Unix epoch) so that an override
@@ -10,6 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::budget::Budget;
+use crate::config::limits::{BOTH_LIMITS, Limit};
 use crate::config::policy::{BurstMultiplier, Policy, Weight};
 use crate::types::LimitRps;
 
@@ -100,14 +103,55 @@ pub(crate) fn parse_duration(text: &str) -> Result<OverrideTtl, String> {
     OverrideTtl::from_secs(secs).map_err(|err| format!("duration {err}"))
 }
 
-/// A bucket limit in force until `expires_at_unix_s`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A bucket limit in force until `expires_at_unix_s`: `limit_rps` or
+/// `budget`, as in the limits file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "LimitOverrideFields")]
 pub struct LimitOverride {
     /// The limit while the override lasts.
-    pub limit_rps: LimitRps,
+    #[serde(flatten)]
+    pub limit: Limit,
     /// When the base limit applies again (seconds since the Unix epoch).
     pub expires_at_unix_s: u64,
+}
+
+/// A [`LimitOverride`] as written, before the check that it has exactly
+/// one limit.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitOverrideFields {
+    #[serde(default)]
+    limit_rps: Option<LimitRps>,
+    #[serde(default)]
+    budget: Option<Budget>,
+    expires_at_unix_s: u64,
+}
+
+impl TryFrom<LimitOverrideFields> for LimitOverride {
+    type Error = String;
+
+    fn try_from(fields: LimitOverrideFields) -> Result<Self, String> {
+        let limit = one_limit(fields.limit_rps, fields.budget)?;
+        Ok(Self {
+            limit,
+            expires_at_unix_s: fields.expires_at_unix_s,
+        })
+    }
+}
+
+/// The one limit of an entry that may give `limit_rps` or `budget`.
+pub(crate) fn one_limit(
+    limit_rps: Option<LimitRps>,
+    budget: Option<Budget>,
+) -> Result<Limit, String> {
+    match (limit_rps, budget) {
+        (Some(rps), None) => Ok(Limit::Rps(rps)),
+        (None, Some(budget)) => Ok(Limit::Budget(budget)),
+        (Some(_), Some(_)) => Err(BOTH_LIMITS.to_owned()),
+        (None, None) => {
+            Err("needs `limit_rps` (requests per second) or `budget` (a cost budget)".to_owned())
+        }
+    }
 }
 
 /// Tenant values in force until `expires_at_unix_s`; fields left out keep
@@ -158,9 +202,7 @@ impl Overrides {
     pub fn apply(&self, policy: &mut Policy, now: u64) {
         for (bucket, over) in &self.limits {
             if over.expires_at_unix_s > now {
-                policy
-                    .limits
-                    .set_exact(bucket.clone(), over.limit_rps.into());
+                policy.limits.set_exact(bucket.clone(), over.limit.clone());
             }
         }
         for (tenant, over) in &self.tenants {
@@ -229,7 +271,7 @@ mod tests {
         overrides.limits.insert(
             "acme".into(),
             LimitOverride {
-                limit_rps: limit(500.0),
+                limit: limit(500.0).into(),
                 expires_at_unix_s: 1000,
             },
         );
@@ -262,6 +304,62 @@ mod tests {
         assert!(!overrides.remove_expired(1999));
         assert!(overrides.remove_expired(2000));
         assert!(overrides.is_empty());
+    }
+
+    #[test]
+    fn a_budget_overrides_a_rate_and_reads_back_as_written() {
+        let yaml = "acme:\n  budget: {amount: 1200000, unit: tokens, per: minute}\n  expires_at_unix_s: 1000\n";
+        let limits: BTreeMap<String, LimitOverride> = serde_yaml_ng::from_str(yaml).unwrap();
+        let overrides = Overrides {
+            limits,
+            ..Overrides::default()
+        };
+        let mut policy = base();
+        overrides.apply(&mut policy, 999);
+        let rule = policy.limits.rule_for("acme").unwrap();
+        assert_eq!(rule.budget().unwrap().to_string(), "1200000 tokens/minute");
+        assert_eq!(policy.limits.limit_for("acme"), Some(limit(20_000.0)));
+        // Written back (the limits file, the replicas' document) as read.
+        let json = serde_json::to_value(&overrides).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"limits": {"acme": {
+                "budget": {"amount": 1_200_000.0, "unit": "tokens", "per": "minute"},
+                "expires_at_unix_s": 1000}}})
+        );
+        let back: Overrides = serde_json::from_value(json).unwrap();
+        assert_eq!(back, overrides);
+        // A rate reads and writes as before.
+        let rate: LimitOverride =
+            serde_json::from_str(r#"{"limit_rps": 5, "expires_at_unix_s": 7}"#).unwrap();
+        assert_eq!(rate.limit, Limit::Rps(limit(5.0)));
+        assert_eq!(
+            serde_json::to_string(&rate).unwrap(),
+            r#"{"limit_rps":5.0,"expires_at_unix_s":7}"#
+        );
+    }
+
+    #[test]
+    fn an_override_has_exactly_one_good_limit() {
+        for (text, message) in [
+            (r#"{"expires_at_unix_s": 7}"#, "needs `limit_rps`"),
+            (
+                r#"{"limit_rps": 5, "budget": {"amount": 5, "unit": "t", "per": "hour"}, "expires_at_unix_s": 7}"#,
+                "has both",
+            ),
+            (
+                r#"{"budget": {"amount": 0, "unit": "tokens", "per": "hour"}, "expires_at_unix_s": 7}"#,
+                "above 0",
+            ),
+            (
+                r#"{"budget": {"amount": 5, "unit": "tokens", "per": "day"}, "expires_at_unix_s": 7}"#,
+                "day",
+            ),
+            (r#"{"limit_rps": 5, "expires_at_unix_s": 7, "x": 1}"#, "x"),
+        ] {
+            let err = serde_json::from_str::<LimitOverride>(text).unwrap_err();
+            assert!(err.to_string().contains(message), "{text}: {err}");
+        }
     }
 
     #[test]

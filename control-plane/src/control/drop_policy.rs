@@ -61,6 +61,24 @@ pub trait DropPolicy: Send + 'static {
     ) -> DropRatio {
         self.cell_drop_ratio(bucket, tenant, priority, load, share)
     }
+
+    /// The offered rate a cell of a limited bucket counts for in the fair
+    /// division, called for each of the bucket's cells before their
+    /// [`DropPolicy::signal_drop_ratio`] in the same interval. By default
+    /// its load's; a policy that estimates a noisy signal returns its
+    /// estimate, so the shares are divided on what the ratios are computed
+    /// from, and takes that interval into its state here rather than again
+    /// in the ratio.
+    fn offered_estimate(
+        &mut self,
+        _bucket: &str,
+        _tenant: &str,
+        _priority: Priority,
+        load: &BucketLoad,
+        _signal: Signal,
+    ) -> f64 {
+        load.offered_rps
+    }
 }
 
 /// What a cell's rates count.

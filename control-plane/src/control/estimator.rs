@@ -20,12 +20,18 @@
 //!   have the same error corrected 25 times. The factor keeps its value when the bucket stops
 //!   shedding, and is reset by a load step.
 //!
-//! A bucket-wide cell steered on cost (its bucket's limit is a budget)
-//! whose load says how many requests are behind the cost is estimated as a request rate
-//! (the fast horizon above) times a mean cost per request summed over
-//! [`MEAN_COST_HORIZON`], and corrected on its admitted cost summed over
-//! the same horizon ([`CostSplit`]); see there why. Without a request count
-//! the cost rate itself is smoothed over [`COST_HORIZON`].
+//! A cell steered on cost (its bucket's limit is a budget), bucket-wide or
+//! a tenant's or priority's, whose load says how many requests are behind
+//! the cost is estimated as a request rate (the fast horizon above) times
+//! a mean cost per request summed over [`MEAN_COST_HORIZON`], and
+//! corrected on its admitted cost summed over the same horizon
+//! ([`CostSplit`]); see there why. The controller divides a budget's
+//! shares on these estimates ([`DropPolicy::offered_estimate`]), not on
+//! each interval's raw cost rates: a light interval of one tenant would
+//! otherwise hand its share to the others for that interval, and a heavy
+//! one take it back, which admits more than the budget on average (the
+//! admit share is convex in the rate). Without a request count the cost
+//! rate itself is smoothed over [`COST_HORIZON`].
 //!
 //! [`Proportional`](crate::control::controller::Proportional) stays available as the
 //! baseline.
@@ -153,6 +159,11 @@ struct CostSplit {
     admitted_sum: f64,
     /// Intervals summed into the correction's sums so far.
     corrected: u32,
+    /// This interval's estimate and whether it was a step, when the
+    /// controller asked for it before the ratio
+    /// ([`DropPolicy::offered_estimate`]): the ratio uses it rather than
+    /// counting the interval twice.
+    pending: Option<(f64, bool)>,
 }
 
 impl Horizon {
@@ -287,21 +298,87 @@ impl DropPolicy for Tracking {
     ) -> DropRatio {
         self.forget_idle();
         let horizon = Horizon::of(signal);
-        if is_bucket_wide(tenant, priority) {
-            return decide(&mut self.buckets, bucket, load, share, (horizon, true));
-        }
-        // A tenant's or priority's cell keeps the smoothed cost rate: its
-        // target comes from a fair division of the cells' raw cost rates,
-        // whose noise moves the targets more than the estimate does.
-        write_cell_key(&mut self.cell_key, bucket, tenant, priority);
-        decide(
-            &mut self.cells,
-            &self.cell_key,
-            load,
-            share,
-            (horizon, false),
-        )
+        let (states, key) = self.states_of(bucket, tenant, priority);
+        decide(states, key, load, share, horizon)
     }
+
+    fn offered_estimate(
+        &mut self,
+        bucket: &str,
+        tenant: &str,
+        priority: Priority,
+        load: &BucketLoad,
+        signal: Signal,
+    ) -> f64 {
+        let offered = load.offered_rps;
+        if signal != Signal::Cost
+            || !(offered > 0.0 && offered.is_finite())
+            || !splits(COST_HORIZON, load)
+        {
+            return offered;
+        }
+        let (states, key) = self.states_of(bucket, tenant, priority);
+        let Some(state) = state_of(states, key, load) else {
+            return offered;
+        };
+        let estimate = estimate_split(state, load);
+        if let Some(split) = state.split.as_mut() {
+            split.pending = Some(estimate);
+        }
+        estimate.0
+    }
+}
+
+impl Tracking {
+    /// The map and key of a cell's state: bucket-wide cells by the
+    /// bucket's name, others by [`write_cell_key`].
+    fn states_of<'a>(
+        &'a mut self,
+        bucket: &'a str,
+        tenant: &str,
+        priority: Priority,
+    ) -> (&'a mut HashMap<String, CellEstimate>, &'a str) {
+        if is_bucket_wide(tenant, priority) {
+            return (&mut self.buckets, bucket);
+        }
+        write_cell_key(&mut self.cell_key, bucket, tenant, priority);
+        (&mut self.cells, &self.cell_key)
+    }
+}
+
+/// Whether a cell with `load` on `horizon` is estimated as a request rate
+/// times a mean cost ([`decide_split`]): a cost signal whose requests are
+/// counted.
+fn splits(horizon: Horizon, load: &BucketLoad) -> bool {
+    let requests = load.requests_rps;
+    horizon == COST_HORIZON && requests > 0.0 && requests.is_finite()
+}
+
+/// The state kept under `key`, new if there is none.
+fn state_of<'a>(
+    states: &'a mut HashMap<String, CellEstimate>,
+    key: &str,
+    load: &BucketLoad,
+) -> Option<&'a mut CellEstimate> {
+    // Looked up first: the key is copied only for a new cell.
+    if !states.contains_key(key) {
+        states.insert(
+            key.to_owned(),
+            CellEstimate {
+                offered_rps: load.offered_rps,
+                admitted_rps: load.admitted_rps,
+                correction: 1.0,
+                last_ratio: 0.0,
+                after_step: true,
+                unconfirmed: None,
+                split: None,
+                idle: 0,
+            },
+        );
+    }
+    let state = states.get_mut(key)?;
+    state.idle = 0;
+    Some(state)
 }
 
 /// The drop ratio of the cell whose state `states` keeps under `key`.
@@ -310,7 +387,7 @@ fn decide(
     key: &str,
     load: &BucketLoad,
     limit: Option<LimitRps>,
-    (horizon, split): (Horizon, bool),
+    horizon: Horizon,
 ) -> DropRatio {
     let offered = load.offered_rps;
     let Some(limit) = limit.map(LimitRps::get) else {
@@ -320,22 +397,10 @@ fn decide(
     if !(offered > 0.0 && offered.is_finite()) {
         return DropRatio::NEVER;
     }
-    let state = match states.get_mut(key) {
-        Some(state) => state,
-        None => states.entry(key.to_owned()).or_insert(CellEstimate {
-            offered_rps: offered,
-            admitted_rps: load.admitted_rps,
-            correction: 1.0,
-            last_ratio: 0.0,
-            after_step: true,
-            unconfirmed: None,
-            split: None,
-            idle: 0,
-        }),
+    let Some(state) = state_of(states, key, load) else {
+        return DropRatio::NEVER;
     };
-    state.idle = 0;
-    let requests = load.requests_rps;
-    if split && horizon == COST_HORIZON && requests > 0.0 && requests.is_finite() {
+    if splits(horizon, load) {
         return decide_split(state, load, limit);
     }
     state.split = None;
@@ -382,6 +447,52 @@ fn decide(
 /// The drop ratio of a cell steered on cost whose requests are counted:
 /// `limit / (request rate × mean cost)`, corrected over the long sums.
 fn decide_split(state: &mut CellEstimate, load: &BucketLoad, limit: f64) -> DropRatio {
+    let pending = state.split.as_mut().and_then(|split| split.pending.take());
+    let (estimate, step) = pending.unwrap_or_else(|| estimate_split(state, load));
+    let offered = load.offered_rps;
+    let fresh = 1.0 - load.stale_share.clamp(0.0, 1.0);
+    let split = state.split.get_or_insert_with(CostSplit::default);
+
+    // The correction: what the proxies admitted against what the ratio in
+    // force asked of the same offered cost, both summed over the horizon
+    // while shedding, outside a step's interval and the one after (they
+    // mix two regimes). It depends on the proxies alone, not on the
+    // estimate, so it is a ratio of sums, not a feedback loop.
+    if state.last_ratio > 0.0 && !step && !state.after_step && fresh > 0.0 {
+        split.corrected = split.corrected.saturating_add(1);
+        let weight = (1.0 / f64::from(split.corrected)).max(MEAN_COST_HORIZON) * fresh;
+        let expected = (1.0 - state.last_ratio) * offered;
+        split.expected_sum += weight * (expected - split.expected_sum);
+        split.admitted_sum += weight * (load.admitted_rps - split.admitted_sum);
+        let gap = split.expected_sum / split.admitted_sum;
+        // A gap beyond MAX_ERROR is a transient or proxies that do not
+        // enforce (shadow mode): no correction.
+        state.correction = if split.corrected >= MIN_CORRECTED
+            && split.admitted_sum > 0.0
+            && gap.ln().abs() <= MAX_ERROR
+        {
+            let (low, high) = CORRECTION;
+            gap.clamp(low, high)
+        } else {
+            1.0
+        };
+    }
+    state.after_step = step;
+
+    let admit_share = if estimate > 0.0 {
+        state.correction * limit / estimate
+    } else {
+        1.0
+    };
+    let ratio = DropRatio::saturating(1.0 - admit_share);
+    state.last_ratio = ratio.get();
+    ratio
+}
+
+/// Takes one interval into a cost-split cell's request rate and mean cost
+/// per request: its offered cost estimate, and whether the interval was a
+/// load step.
+fn estimate_split(state: &mut CellEstimate, load: &BucketLoad) -> (f64, bool) {
     let offered = load.offered_rps;
     let requests = load.requests_rps;
     let fresh = 1.0 - load.stale_share.clamp(0.0, 1.0);
@@ -438,41 +549,7 @@ fn decide_split(state: &mut CellEstimate, load: &BucketLoad, limit: f64) -> Drop
     let estimate = split.requests_rps * mean_cost;
     state.offered_rps = estimate;
     state.admitted_rps = load.admitted_rps;
-
-    // The correction: what the proxies admitted against what the ratio in
-    // force asked of the same offered cost, both summed over the horizon
-    // while shedding, outside a step's interval and the one after (they
-    // mix two regimes). It depends on the proxies alone, not on the
-    // estimate, so it is a ratio of sums, not a feedback loop.
-    if state.last_ratio > 0.0 && !step && !state.after_step && fresh > 0.0 {
-        split.corrected = split.corrected.saturating_add(1);
-        let weight = (1.0 / f64::from(split.corrected)).max(MEAN_COST_HORIZON) * fresh;
-        let expected = (1.0 - state.last_ratio) * offered;
-        split.expected_sum += weight * (expected - split.expected_sum);
-        split.admitted_sum += weight * (load.admitted_rps - split.admitted_sum);
-        let gap = split.expected_sum / split.admitted_sum;
-        // A gap beyond MAX_ERROR is a transient or proxies that do not
-        // enforce (shadow mode): no correction.
-        state.correction = if split.corrected >= MIN_CORRECTED
-            && split.admitted_sum > 0.0
-            && gap.ln().abs() <= MAX_ERROR
-        {
-            let (low, high) = CORRECTION;
-            gap.clamp(low, high)
-        } else {
-            1.0
-        };
-    }
-    state.after_step = step;
-
-    let admit_share = if estimate > 0.0 {
-        state.correction * limit / estimate
-    } else {
-        1.0
-    };
-    let ratio = DropRatio::saturating(1.0 - admit_share);
-    state.last_ratio = ratio.get();
-    ratio
+    (estimate, step)
 }
 
 fn is_bucket_wide(tenant: &str, priority: Priority) -> bool {
@@ -670,6 +747,87 @@ mod tests {
         }
         assert_eq!(policy.cell_correction("acme", "gold", Priority::Bulk), 1.0);
         assert!(policy.buckets.contains_key("other"));
+    }
+
+    fn cost_load(offered_rps: f64, admitted_rps: f64, requests_rps: f64) -> BucketLoad {
+        BucketLoad {
+            requests_rps,
+            ..load(offered_rps, admitted_rps)
+        }
+    }
+
+    #[test]
+    fn a_tenants_cost_is_estimated_as_requests_times_mean_cost() {
+        // A tenant's cell: one heavy interval (a few long responses)
+        // between ordinary ones with the same request count.
+        let mut policy = Tracking::new();
+        let share = limit(5_000.0);
+        let mut estimate = 0.0;
+        for offered in [30_000.0, 30_000.0, 90_000.0] {
+            estimate = policy.offered_estimate(
+                "llm",
+                "free",
+                Priority::Unspecified,
+                &cost_load(offered, 5_000.0, 30.0),
+                Signal::Cost,
+            );
+            policy.signal_drop_ratio(
+                "llm",
+                "free",
+                Priority::Unspecified,
+                &cost_load(offered, 5_000.0, 30.0),
+                share,
+                Signal::Cost,
+            );
+        }
+        // The mean cost summed over three intervals: 50,000 / 30 a request,
+        // not the heavy interval's 3,000 (the smoothed cost rate took
+        // 0.15 of it: 39,000).
+        assert!((estimate - 50_000.0).abs() < 1e-6, "{estimate}");
+    }
+
+    #[test]
+    fn an_estimate_asked_before_the_ratio_is_not_counted_twice() {
+        let loads = [
+            cost_load(60_000.0, 60_000.0, 60.0),
+            cost_load(55_000.0, 20_000.0, 58.0),
+            cost_load(150_000.0, 21_000.0, 62.0),
+            cost_load(40_000.0, 14_000.0, 61.0),
+        ];
+        let share = limit(20_000.0);
+        let (mut asked, mut not_asked) = (Tracking::new(), Tracking::new());
+        for load in &loads {
+            let estimate =
+                asked.offered_estimate("llm", "gold", Priority::Critical, load, Signal::Cost);
+            assert!(estimate > 0.0);
+            let with = asked.signal_drop_ratio(
+                "llm",
+                "gold",
+                Priority::Critical,
+                load,
+                share,
+                Signal::Cost,
+            );
+            let without = not_asked.signal_drop_ratio(
+                "llm",
+                "gold",
+                Priority::Critical,
+                load,
+                share,
+                Signal::Cost,
+            );
+            assert_eq!(with, without);
+        }
+        // Requests, or cost without a request count: the load as it is.
+        let plain = load(600.0, 200.0);
+        assert_eq!(
+            asked.offered_estimate("a", "t", Priority::Bulk, &plain, Signal::Cost),
+            600.0
+        );
+        assert_eq!(
+            asked.offered_estimate("a", "t", Priority::Bulk, &loads[0], Signal::Requests),
+            60_000.0
+        );
     }
 
     proptest! {

@@ -143,16 +143,72 @@ impl ModeArg {
     }
 }
 
+/// A cost budget given on the command line: `AMOUNT UNIT/PER`, as the
+/// limits table prints it (`1200000 tokens/minute`; the space may be left
+/// out). The control plane validates the values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetArg {
+    amount: f64,
+    unit: String,
+    per: String,
+}
+
+impl BudgetArg {
+    fn to_json(&self) -> Value {
+        json!({ "amount": self.amount, "unit": self.unit, "per": self.per })
+    }
+}
+
+fn parse_budget(text: &str) -> Result<BudgetArg, String> {
+    let usage = || format!("{text:?} is not a budget such as `1200000 tokens/minute`");
+    let (amount_unit, per) = text.split_once('/').ok_or_else(usage)?;
+    let amount_unit = amount_unit.trim();
+    let split = amount_unit
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
+        .ok_or_else(usage)?;
+    let (amount, unit) = amount_unit.split_at(split);
+    let amount: f64 = amount.parse().map_err(|_| usage())?;
+    let (unit, per) = (unit.trim(), per.trim());
+    if unit.is_empty() || per.is_empty() {
+        return Err(usage());
+    }
+    Ok(BudgetArg {
+        amount,
+        unit: unit.to_owned(),
+        per: per.to_owned(),
+    })
+}
+
+/// The body of a limit given as a rate or a budget (clap lets exactly one
+/// through).
+fn limit_body(rps: Option<f64>, budget: Option<&BudgetArg>) -> serde_json::Map<String, Value> {
+    let mut body = serde_json::Map::new();
+    match (budget, rps) {
+        (Some(budget), _) => body.insert("budget".into(), budget.to_json()),
+        (None, rps) => body.insert("limit_rps".into(), json!(rps)),
+    };
+    body
+}
+
 /// `sluice ctl limit`.
 #[derive(Debug, Subcommand)]
 pub enum LimitCommand {
-    /// Set BUCKET's fleet-wide limit in requests per second.
+    /// Set BUCKET's fleet-wide limit in requests per second, or a cost
+    /// budget with `--budget`.
     Set {
         /// Exact bucket key.
         bucket: String,
         /// Requests per second (0 drops everything).
-        #[arg(allow_negative_numbers = true)]
-        rps: f64,
+        #[arg(
+            allow_negative_numbers = true,
+            required_unless_present = "budget",
+            conflicts_with = "budget"
+        )]
+        rps: Option<f64>,
+        /// A cost budget instead: `AMOUNT UNIT/PER`, e.g. `1200000
+        /// tokens/minute` (PER: second, minute or hour).
+        #[arg(long, value_name = "BUDGET", value_parser = parse_budget)]
+        budget: Option<BudgetArg>,
     },
     /// Remove BUCKET's exact limit.
     Rm {
@@ -259,8 +315,16 @@ pub enum OverrideCommand {
         /// Exact bucket key.
         bucket: String,
         /// Requests per second while the override lasts.
-        #[arg(allow_negative_numbers = true)]
-        rps: f64,
+        #[arg(
+            allow_negative_numbers = true,
+            required_unless_present = "budget",
+            conflicts_with = "budget"
+        )]
+        rps: Option<f64>,
+        /// A cost budget while the override lasts, instead: `AMOUNT
+        /// UNIT/PER`, e.g. `1200000 tokens/minute`.
+        #[arg(long, value_name = "BUDGET", value_parser = parse_budget)]
+        budget: Option<BudgetArg>,
         /// How long: 90s, 15m, 1h, 2d (at most 30 days).
         #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
         duration: OverrideTtl,
@@ -361,9 +425,13 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
             let path = format!("/v1/quotas/{}?{}", seg(domain), query.join("&"));
             (client.get(&path).await?, table::quota)
         }
-        CtlCommand::Limit(LimitCommand::Set { bucket, rps }) => {
+        CtlCommand::Limit(LimitCommand::Set {
+            bucket,
+            rps,
+            budget,
+        }) => {
             let path = format!("/v1/limits/{}", seg(bucket));
-            let body = json!({ "limit_rps": rps });
+            let body = Value::Object(limit_body(*rps, budget.as_ref()));
             (client.put(&path, Some(body)).await?, table::written)
         }
         CtlCommand::Limit(LimitCommand::Rm { bucket }) => {
@@ -427,11 +495,16 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Override(OverrideCommand::Limit {
             bucket,
             rps,
+            budget,
             duration,
         }) => {
             let path = format!("/v1/overrides/limits/{}", seg(bucket));
-            let body = json!({ "limit_rps": rps, "ttl_s": duration.as_secs() });
-            (client.put(&path, Some(body)).await?, table::written)
+            let mut body = limit_body(*rps, budget.as_ref());
+            body.insert("ttl_s".into(), json!(duration.as_secs()));
+            (
+                client.put(&path, Some(Value::Object(body))).await?,
+                table::written,
+            )
         }
         CtlCommand::Override(OverrideCommand::Tenant {
             name,
@@ -460,4 +533,31 @@ pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
         Some(value) if json => format!("{value}\n"),
         Some(value) => render(&value),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_read_as_the_limits_table_prints_them() {
+        let budget = parse_budget("1200000 tokens/minute").unwrap();
+        assert_eq!(
+            budget.to_json(),
+            json!({"amount": 1_200_000.0, "unit": "tokens", "per": "minute"})
+        );
+        assert_eq!(parse_budget("2.5e3credits/hour").unwrap().amount, 2500.0);
+        // Values the control plane refuses still reach it (it says why).
+        assert_eq!(parse_budget("-5 tokens/day").unwrap().per, "day");
+        for bad in [
+            "",
+            "1200000",
+            "tokens/minute",
+            "1200000 /minute",
+            "12 tokens/",
+            "1.2.3 t/s",
+        ] {
+            assert!(parse_budget(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -319,7 +319,10 @@ pub(crate) fn overrides(reply: &Value) -> String {
                 .into_iter()
                 .flatten()
                 .filter(|(key, _)| *key != "expires_at_unix_s")
-                .map(|(key, value)| format!("{key}={value}"))
+                .map(|(key, value)| match key.as_str() {
+                    "budget" => format!("budget={}", limit_cell(None, Some(value))),
+                    _ => format!("{key}={value}"),
+                })
                 .collect();
             rows.push(vec![
                 kind.to_owned(),

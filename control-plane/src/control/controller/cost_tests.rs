@@ -362,42 +362,61 @@ fn tenants_share_a_cost_budget_by_weight() {
          tenants:\n  gold: {weight: 3}\n  free: {weight: 1}\n",
     );
     // Both offer more than their share: gold 30,000, free 30,000.
-    let outcome = run(
-        &policy,
-        "llm",
-        &[
-            Demand {
-                tenant: "gold",
-                fraction: 0.5,
-            },
-            Demand {
-                tenant: "free",
-                fraction: 0.5,
-            },
-        ],
-        60_000.0,
-        1.0,
-        (40, 2040),
-    );
-    let gold = outcome.admitted_cost_per_s["gold"];
-    let free = outcome.admitted_cost_per_s["free"];
-    // Each tenant's cell sees half the requests: noisier than the bucket.
-    // The issue asks ±10 % per tenant: free (a sixth of its requests
-    // admitted, a few an interval) still runs above it.
-    assert!(within(gold, 15_000.0, 0.1), "gold admitted {gold:.0}/s");
-    assert!(
-        within(free, 5_000.0, 0.15),
-        "free admitted {free:.0}/s, gold {gold:.0}/s"
-    );
-    assert!(within(gold + free, 20_000.0, 0.08), "{gold} + {free}");
-    let gold_directive = &outcome.directives["gold"];
-    assert_eq!(gold_directive.cost_unit, "tokens");
-    // In tokens a second: the fair share, plus what free leaves unused
-    // when its interval's offered cost falls below its share.
-    assert!(
-        (15_000.0 * 0.99..=20_000.0).contains(&gold_directive.share_rps),
-        "{gold_directive:?}"
-    );
+    let demands = [
+        Demand {
+            tenant: "gold",
+            fraction: 0.5,
+        },
+        Demand {
+            tenant: "free",
+            fraction: 0.5,
+        },
+    ];
+    // Several runs: one seed's luck hid the bias of the division on raw
+    // cost rates (free ran 10 to 17 % over its share on most seeds).
+    for admission in [Admission::Coin, Admission::Credit] {
+        for seed in 1..=4 {
+            let outcome = simulate(
+                &policy,
+                "llm",
+                &Scenario {
+                    demands: &demands,
+                    admission,
+                    seed,
+                    ..Scenario::default()
+                },
+            );
+            let gold = outcome.admitted_cost_per_s["gold"];
+            let free = outcome.admitted_cost_per_s["free"];
+            eprintln!(
+                "{admission:?} seed {seed}: gold {:+.3}, free {:+.3}, both {:+.3}",
+                gold / 15_000.0 - 1.0,
+                free / 5_000.0 - 1.0,
+                (gold + free) / 20_000.0 - 1.0
+            );
+            // The issue's ±10 % per tenant. Each tenant's cell sees half
+            // the requests, and free has a sixth of its own admitted:
+            // divided on each interval's raw cost rates, free's share grew
+            // whenever gold's interval was light.
+            assert!(
+                within(gold, 15_000.0, 0.1),
+                "{admission:?} seed {seed}: gold admitted {gold:.0}/s"
+            );
+            assert!(
+                within(free, 5_000.0, 0.1),
+                "{admission:?} seed {seed}: free admitted {free:.0}/s, gold {gold:.0}/s"
+            );
+            assert!(within(gold + free, 20_000.0, 0.08), "{gold} + {free}");
+            let gold_directive = &outcome.directives["gold"];
+            assert_eq!(gold_directive.cost_unit, "tokens");
+            // In tokens a second: the fair share, plus what free leaves
+            // unused when its estimated cost falls below its share.
+            assert!(
+                (15_000.0 * 0.99..=20_000.0).contains(&gold_directive.share_rps),
+                "{gold_directive:?}"
+            );
+        }
+    }
 }
 
 #[test]

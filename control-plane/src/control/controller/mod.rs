@@ -182,6 +182,9 @@ pub struct Controller {
     pooled: Vec<usize>,
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
+    /// Per cell of the bucket at hand: the offered rate it counts for in
+    /// the division ([`DropPolicy::offered_estimate`] for a budget's).
+    division: Vec<f64>,
     /// The blocked buckets' standing directives.
     blocks: Blocks,
     /// Control intervals decided so far.
@@ -216,6 +219,7 @@ impl Controller {
             tenants: Vec::new(),
             pooled: Vec::new(),
             cell_tenant: Vec::new(),
+            division: Vec::new(),
             blocks: Blocks::default(),
             decided: 0,
         }
@@ -333,6 +337,22 @@ impl Controller {
         let cost_moved = state.cost != cost;
         state.cost = cost;
         if let Some(limit) = limit {
+            // A budget is divided on the policy's estimates of the cells'
+            // cost rates: each interval's raw cost rates are noisy and
+            // skewed enough to move the tenants' shares on their own.
+            self.division.clear();
+            for cell in &traffic.cells {
+                self.division.push(match signal {
+                    Signal::Cost => self.policy.offered_estimate(
+                        bucket,
+                        &cell.tenant,
+                        cell.priority,
+                        &cell.load,
+                        signal,
+                    ),
+                    Signal::Requests => cell.load.offered_rps,
+                });
+            }
             self.allocate(traffic, limit, tenants);
         }
         let blocked = limit.is_some_and(LimitRps::is_blocked);
@@ -408,7 +428,10 @@ impl Controller {
                     &self.allocation,
                     &self.cell_tenant,
                     index,
-                    cell,
+                    (
+                        cell.priority,
+                        self.division.get(index).copied().unwrap_or(0.0),
+                    ),
                 ),
                 None => (None, 0.0, None),
             };
@@ -473,14 +496,15 @@ impl Controller {
         (state, status)
     }
 
-    /// Fills `self.allocation` with the bucket's division, and
-    /// `self.cell_tenant` with each cell's tenant index.
+    /// Fills `self.allocation` with the bucket's division of the cells'
+    /// offered rates in `self.division`, and `self.cell_tenant` with each
+    /// cell's tenant index.
     fn allocate(&mut self, traffic: &BucketTraffic, limit: LimitRps, tenants: &Tenants) {
         self.tenants.clear();
         self.cell_tenant.clear();
         self.pooled.clear();
         let mut previous: Option<&str> = None;
-        for cell in &traffic.cells {
+        for (cell, &offered) in traffic.cells.iter().zip(&self.division) {
             // Cells are sorted by tenant, so a tenant's cells are adjacent.
             if previous != Some(cell.tenant.as_ref()) {
                 // The `default` entry covers the tenants not named, and the
@@ -498,12 +522,12 @@ impl Controller {
                 previous = Some(cell.tenant.as_ref());
             }
             let index = self.tenants.len().saturating_sub(1);
-            if let Some(offered) = self
+            if let Some(class_offered) = self
                 .tenants
                 .last_mut()
                 .and_then(|t| t.offered.get_mut(cell.priority.class()))
             {
-                *offered += cell.load.offered_rps;
+                *class_offered += offered;
             }
             self.cell_tenant.push(index);
         }
@@ -607,15 +631,15 @@ fn retire_bucket(state: ControlledBucket, decision: &mut IntervalOutcome) {
 
 /// The cell's admitted target, share and reason from the division: its
 /// tenant's allocation in its class, split over the tenant's cells of that
-/// class by offered rate.
+/// class by the offered rate each counted for in the division.
 fn cell_share(
     demands: &[TenantDemand],
     allocation: &Allocation,
     cell_tenant: &[usize],
     index: usize,
-    cell: &CellLoad,
+    (priority, offered): (Priority, f64),
 ) -> (Option<LimitRps>, f64, Option<Reason>) {
-    let class = cell.priority.class();
+    let class = priority.class();
     let tenant = cell_tenant.get(index).copied().unwrap_or(0);
     let (Some(demand), Some(allocation)) = (demands.get(tenant), allocation.tenants.get(tenant))
     else {
@@ -623,7 +647,7 @@ fn cell_share(
     };
     let class_offered = demand.offered.get(class).copied().unwrap_or(0.0);
     let fraction = if class_offered > 0.0 {
-        cell.load.offered_rps / class_offered
+        offered / class_offered
     } else {
         0.0
     };
@@ -634,7 +658,7 @@ fn cell_share(
     // target is its share (the room it has), not its current rate, or a
     // smoothing policy would shed the noise of a bucket far below its
     // limit.
-    let fully_admitted = admitted >= cell.load.offered_rps * (1.0 - 1e-9);
+    let fully_admitted = admitted >= offered * (1.0 - 1e-9);
     let target = if fully_admitted {
         admitted.max(share)
     } else {

@@ -1,0 +1,119 @@
+//! A cost budget held by two control-plane replicas on one real Redis:
+//! each replica hears from one proxy, the costs both report add up in the
+//! shared load, and both replicas steer the bucket to the one budget
+//! (each alone would see half the cost and drop half as much).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::time::Duration;
+
+use sluice_integration_tests::control_plane::BucketStatus;
+use sluice_integration_tests::fake_proxy::FakeProxy;
+use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, wait_for_leader};
+use sluice_integration_tests::wait;
+use sluice_proto::v1::BucketCount;
+
+/// 20,000 tokens a second.
+const LIMITS: &str = "
+limits:
+  - bucket: llm
+    budget: {amount: 1200000, unit: tokens, per: minute}
+";
+const BUDGET_PER_S: f64 = 20_000.0;
+
+/// What each proxy reports every 100 ms: 3 requests of 1,000 tokens
+/// offered (30,000 tokens/s, 1.5x the budget on its own), a third of them
+/// admitted (what the fleet's ratio asks), charged 1.2x their estimate.
+fn counts() -> Vec<BucketCount> {
+    vec![BucketCount {
+        bucket: "llm".to_owned(),
+        offered: 3,
+        admitted: 1,
+        offered_cost: 3_000.0,
+        admitted_cost: 1_000.0,
+        charged_cost: 1_200.0,
+        ..BucketCount::default()
+    }]
+}
+
+/// Whether a replica's view of `llm` is the whole fleet's, steered to the
+/// budget: 60,000 tokens/s offered by both proxies, drop ratio 2/3.
+fn steered_on_both(llm: &BucketStatus) -> bool {
+    let Some(cost) = &llm.cost else {
+        return false;
+    };
+    llm.proxies_reporting == 2
+        && (cost.offered_per_s - 60_000.0).abs() <= 0.05 * 60_000.0
+        && (llm.offered_rps - 60_000.0).abs() <= 0.05 * 60_000.0
+        && (llm.drop_ratio - 2.0 / 3.0).abs() <= 0.03
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
+    let set = ReplicaSet::start(ReplicaSetOptions::new(LIMITS, 2, 0))
+        .await
+        .unwrap();
+    let report_every = Duration::from_millis(100);
+    let mut proxies = Vec::new();
+    for (index, proxy_id) in ["envoy-a", "envoy-b"].into_iter().enumerate() {
+        let mut proxy = FakeProxy::connect(set.grpc_addrs()[index], proxy_id, None)
+            .await
+            .unwrap();
+        proxy.report_every(report_every, counts());
+        proxies.push(proxy);
+    }
+    let replicas: Vec<_> = set.replicas.iter().collect();
+    let leader = wait_for_leader(&replicas, Duration::from_secs(10)).await;
+    let admins: Vec<_> = set.replicas.iter().map(|r| r.admin().clone()).collect();
+
+    let seen = wait::until(
+        "both replicas steering llm on both proxies' cost",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async {
+            let mut views = Vec::new();
+            for admin in &admins {
+                let Some(llm) = admin.buckets().await?.bucket("llm").cloned() else {
+                    return Ok(None);
+                };
+                views.push(llm);
+            }
+            Ok(views.iter().all(steered_on_both).then_some(views))
+        },
+    )
+    .await;
+    if leader.is_err() || seen.is_err() {
+        set.print_logs();
+    }
+    let (leader, fence) = leader.unwrap();
+    let seen = seen.unwrap();
+    println!("leader r{leader} (fence {fence}): {seen:#?}");
+
+    // It stays so, on both replicas: one budget for the fleet, not one
+    // per replica (which would drop a third, each replica seeing 30,000).
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (index, admin) in admins.iter().enumerate() {
+            let llm = admin.buckets().await.unwrap().bucket("llm").cloned();
+            let llm = llm.unwrap_or_else(|| panic!("r{index} lost llm"));
+            if !steered_on_both(&llm) {
+                set.print_logs();
+            }
+            assert!(steered_on_both(&llm), "r{index}: {llm:#?}");
+            assert_eq!(llm.limit_rps, Some(BUDGET_PER_S), "r{index}: {llm:#?}");
+            let cost = llm.cost.as_ref().unwrap();
+            // What both proxies admitted and charged, summed alike.
+            assert!(
+                (cost.admitted_per_s - BUDGET_PER_S).abs() <= 0.05 * BUDGET_PER_S,
+                "r{index}: {cost:?}"
+            );
+            let ratio = cost.charged_to_estimate.unwrap();
+            assert!((ratio - 1.2).abs() < 1e-6, "r{index}: {cost:?}");
+        }
+    }
+    drop(proxies);
+}
