@@ -167,6 +167,13 @@ bench-tokens *ARGS: build-wasm build-native
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
       SLUICE_NATIVE_MODULE=target/release/libsluice_native.so target/release/bench_tokens {{ARGS}}
 
+# Sluice's token budget beside the two-call pattern (Envoy's ratelimit filter checking with hits_addend 0, charging at stream end to the rate limit service on Redis), the same load on each in one run: 3 Envoys (60/30/10) at 3x 20,000 tokens/s, streamed completions with log-normal tokens; admitted tokens vs the budget per 1 s and 10 s window, Envoy CPU per request, p50/p99 latency, calls per request; updates BENCHMARKS.md (`--seconds S`, `--data-plane wasm|native`, `--output -`: print only). Not part of `just test`.
+bench-tokens-vs-ratelimit *ARGS: build-wasm build-native
+    cargo build -q --release -p sluice-control-plane --bin sluice
+    cargo build -q --release -p sluice-benches --bins
+    ENVOY_BIN="$(./scripts/ensure-envoy.sh)" REDIS_SERVER="$(./scripts/ensure-redis.sh)" SLUICE_WASM={{wasm_out}} SLUICE_BIN=target/release/sluice \
+      SLUICE_NATIVE_MODULE=target/release/libsluice_native.so target/release/bench_tokens_vs_ratelimit {{ARGS}}
+
 # Soak the control plane: 1,000 simulated proxies x 1,000 buckets every 500 ms for `seconds` (default 10 minutes); RSS over time, push latency, no errors. `--replicas 3 [--store URL]`: as replicas sharing Redis. Updates BENCHMARKS.md. Not part of `just test`.
 soak seconds="600" *ARGS:
     cargo build -q --release -p sluice-control-plane --bin sluice

@@ -8,6 +8,7 @@ pub mod e2e;
 pub mod fleet;
 pub mod limitador_rls;
 pub mod rls;
+pub mod tokens;
 pub mod upstream;
 
 use sluice_agent::agent::Agent;

@@ -26,6 +26,8 @@
 //! - [`rlqs`]: Envoys with their own `rate_limit_quota` filter and the control plane as RLQS.
 //! - [`sidecars`]: Istio sidecars without Istio: xDS, the control plane and Envoys fed deploy/'s WasmPlugin through ECDS.
 //! - [`stalled`]: a gRPC server that accepts streams and never answers.
+//! - [`token_fleet`]: a fleet holding a token budget, and open-loop load of streamed completions.
+//! - [`two_call`]: Envoy's `ratelimit` filter holding a token budget by check-then-charge on the rate limit service and Redis.
 //! - [`wait`]: polling with timeouts.
 //! - [`xds`]: an ADS server (state of the world) that serves Envoy what a test sets and records its ACKs.
 
@@ -54,5 +56,6 @@ pub mod rlqs;
 pub mod sidecars;
 pub mod stalled;
 pub mod token_fleet;
+pub mod two_call;
 pub mod wait;
 pub mod xds;

@@ -29,26 +29,15 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use sluice_benches::e2e::report;
+use sluice_benches::tokens::{
+    BUDGET, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, spread, streams,
+};
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::token_fleet::{
-    Completion, TokenFleet, TokenFleetOptions, TokenLoad, TokenStream, admitted_tokens,
-    offered_tokens,
+    TokenFleet, TokenLoad, admitted_tokens, offered_tokens,
 };
 
-/// The budget, tokens per second.
-const BUDGET: f64 = 20_000.0;
-/// Tenants, their weights and their part of the demand.
-const TENANTS: [(&str, f64, f64); 3] = [
-    ("gold", 2.0, 0.5),
-    ("silver", 1.0, 0.3),
-    ("bronze", 1.0, 0.2),
-];
-/// Their fair shares of the budget at 3x (every tenant offers more than
-/// its weighted share): 20,000 x 2/4, 1/4, 1/4.
-const FAIR_SHARES: [f64; 3] = [10_000.0, 5_000.0, 5_000.0];
-/// The Envoys' parts of the load.
-const ENVOY_SKEW: [f64; 3] = [0.6, 0.3, 0.1];
 /// The step run: seconds before and after the step.
 const STEP_BEFORE_S: u64 = 15;
 const STEP_AFTER_S: u64 = 15;
@@ -178,36 +167,8 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
-fn fleet_options(data_plane: DataPlane, setting: &Setting) -> TokenFleetOptions {
-    let mut options = TokenFleetOptions::new(BUDGET, ENVOY_SKEW.len());
-    options.tenants = TENANTS
-        .iter()
-        .map(|(t, w, _)| ((*t).to_owned(), *w))
-        .collect();
-    options.data_plane = data_plane;
-    options.extra_filter = setting.filter.clone();
-    options
-}
-
-/// The streams offering `multiple` x the budget, switching to `then` at
-/// `step` if given.
-fn streams(multiple: f64, then: Option<(Duration, f64)>) -> Vec<TokenStream> {
-    let mut streams = Vec::new();
-    for (envoy, skew) in ENVOY_SKEW.iter().enumerate() {
-        for (tenant, _, demand) in TENANTS {
-            let part = skew * demand * BUDGET;
-            let mut stream = TokenStream::steady(envoy, tenant, part * multiple);
-            if let Some((at, multiple)) = then {
-                stream.tokens_per_s.push((at, part * multiple));
-            }
-            streams.push(stream);
-        }
-    }
-    streams
-}
-
 async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> Result<Steady> {
-    let fleet = TokenFleet::start(fleet_options(data_plane, setting)).await?;
+    let fleet = TokenFleet::start(fleet_options(data_plane, setting.filter.clone())).await?;
     let load = TokenLoad::start(
         &fleet,
         streams(3.0, None),
@@ -257,7 +218,7 @@ async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> 
 }
 
 async fn step(data_plane: DataPlane, setting: &Setting) -> Result<Step> {
-    let fleet = TokenFleet::start(fleet_options(data_plane, setting)).await?;
+    let fleet = TokenFleet::start(fleet_options(data_plane, setting.filter.clone())).await?;
     let at = Duration::from_secs(STEP_BEFORE_S);
     let load = TokenLoad::start(
         &fleet,
@@ -283,43 +244,6 @@ async fn step(data_plane: DataPlane, setting: &Setting) -> Result<Step> {
         first_ten_seconds: over(at, 10),
         peak_second,
     })
-}
-
-/// Every request was answered 200 or 429: anything else means the setup,
-/// not the limiter, is being measured.
-fn check_answers(completions: &[Completion]) -> Result<()> {
-    let other = completions
-        .iter()
-        .filter(|c| c.status != 200 && c.status != 429)
-        .count();
-    if other * 100 > completions.len() {
-        bail!(
-            "{other} of {} requests were answered neither 200 nor 429",
-            completions.len()
-        );
-    }
-    Ok(())
-}
-
-fn percent(x: f64) -> String {
-    format!("{:+.1} %", x * 100.0)
-}
-
-/// The median and the largest of the absolute values, and the share
-/// within `bound`.
-fn spread(errors: &[f64], bound: f64) -> String {
-    let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
-    abs.sort_by(f64::total_cmp);
-    let median = abs.get(abs.len() / 2).copied().unwrap_or_default();
-    let max = abs.last().copied().unwrap_or_default();
-    let within = abs.iter().filter(|e| **e <= bound).count();
-    format!(
-        "median {:.1} %, max {:.1} %, {within}/{} within ±{:.0} %",
-        median * 100.0,
-        max * 100.0,
-        abs.len(),
-        bound * 100.0
-    )
 }
 
 fn header(options: &Options) -> String {
