@@ -43,11 +43,46 @@ pub enum Estimate {
     Constant(u64),
 }
 
+/// The period a budget is written over in the limits file (the 429's
+/// `ratelimit-policy` window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetPeriod {
+    /// `per: second`.
+    Second,
+    /// `per: minute`.
+    Minute,
+    /// `per: hour`.
+    Hour,
+}
+
+impl BudgetPeriod {
+    /// Its length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+        }
+    }
+
+    /// Its name in the limits file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Second => "second",
+            Self::Minute => "minute",
+            Self::Hour => "hour",
+        }
+    }
+}
+
 /// The fleet and its budget.
 #[derive(Debug, Clone)]
 pub struct TokenFleetOptions {
     /// The budget, tokens per second fleet-wide.
     pub budget_per_s: f64,
+    /// The period the limits file states the budget over (the amount is
+    /// `budget_per_s` times its length).
+    pub budget_period: BudgetPeriod,
     /// How many Envoys.
     pub envoys: usize,
     /// Tenants and their weights in the budget's fair share.
@@ -64,11 +99,12 @@ pub struct TokenFleetOptions {
 }
 
 impl TokenFleetOptions {
-    /// `envoys` Envoys holding `budget_per_s` tokens a second, exact
-    /// estimates, the wasm filter, no tenants.
+    /// `envoys` Envoys holding `budget_per_s` tokens a second (written
+    /// per second), exact estimates, the wasm filter, no tenants.
     pub fn new(budget_per_s: f64, envoys: usize) -> Self {
         Self {
             budget_per_s,
+            budget_period: BudgetPeriod::Second,
             envoys,
             tenants: Vec::new(),
             estimate: Estimate::Exact,
@@ -81,8 +117,9 @@ impl TokenFleetOptions {
     /// The limits file.
     pub fn limits_yaml(&self) -> String {
         let mut yaml = format!(
-            "limits:\n  - bucket: {BUCKET}\n    budget: {{amount: {}, unit: tokens, per: second}}\n",
-            self.budget_per_s
+            "limits:\n  - bucket: {BUCKET}\n    budget: {{amount: {}, unit: tokens, per: {}}}\n",
+            self.budget_per_s * self.budget_period.seconds() as f64,
+            self.budget_period.name()
         );
         if !self.tenants.is_empty() {
             yaml.push_str("tenants:\n");
