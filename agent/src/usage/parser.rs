@@ -4,7 +4,11 @@
 //!
 //! It never holds the body: SSE lines are recognised by their first five
 //! bytes and their data streamed through the JSON scanner, which stores
-//! only the usage object being read, at most `cap` bytes. An object larger
+//! only the usage object being read, at most `cap` bytes. A `data:` line
+//! that starts a document and holds no usage key before an object (most
+//! events of a stream) is passed over in one search when the chunk holds
+//! all of it, and forgotten at its end when it does not, so that both
+//! ways leave the scanner as it was. An object larger
 //! than that, or a body that is neither JSON nor SSE, makes it give up
 //! (it then ignores the rest); a usage repeated later in the stream
 //! (Anthropic's cumulative `message_delta`, Gemini's every chunk) replaces
@@ -12,7 +16,9 @@
 
 use serde::Deserialize;
 
-use super::scanner::{Scanner, Step};
+use memchr::{memchr, memchr3};
+
+use super::scanner::{Scanner, Step, may_begin_capture};
 use super::tokens::Usage;
 
 /// How the body carried the usage.
@@ -60,8 +66,12 @@ enum Framing {
 enum Line {
     /// Its first bytes, until they say what it is.
     Start { prefix: [u8; 5], len: usize },
-    /// A `data:` line: its bytes go to the scanner.
-    Data,
+    /// Just after `data:`: whether the line can be passed over is
+    /// decided on its first byte.
+    DataStart,
+    /// A `data:` line: its bytes go to the scanner. `from_rest`: the
+    /// scanner stood between documents when it began.
+    Data { from_rest: bool },
     /// Another field or a comment: skipped to its end.
     Skip,
 }
@@ -222,6 +232,10 @@ impl UsageParser {
     pub fn feed(&mut self, chunk: &[u8]) {
         let mut rest = chunk;
         while let Some((&b, after)) = rest.split_first() {
+            if let Framing::Sse(Line::DataStart) = self.framing {
+                rest = self.data_line_start(rest);
+                continue;
+            }
             let skip = self.skippable(rest);
             if skip > 0 {
                 rest = rest.get(skip..).unwrap_or_default();
@@ -247,18 +261,33 @@ impl UsageParser {
         }
     }
 
+    /// The first bytes of a `data:` line (`rest`, not empty): the scanner
+    /// watches for a capture; a line that starts a document, lies whole in
+    /// `rest` and cannot begin one is passed over to its line end (whose
+    /// byte then forgets it, as it would have after scanning it).
+    fn data_line_start<'a>(&mut self, rest: &'a [u8]) -> &'a [u8] {
+        let from_rest = self.scanner.at_rest();
+        self.scanner.forget_captures_begun();
+        self.framing = Framing::Sse(Line::Data { from_rest });
+        if from_rest
+            && let Some(end) = memchr(b'\n', rest)
+            && !may_begin_capture(rest.get(..end).unwrap_or_default())
+        {
+            return rest.get(end..).unwrap_or_default();
+        }
+        rest
+    }
+
     /// How many of `bytes`' first bytes change nothing (the rest of a
     /// skipped SSE line, the inside of a string that is no key, what lies
     /// between values): the content of a response passes in a few
     /// searches.
     fn skippable(&self, bytes: &[u8]) -> usize {
         let found = match self.framing {
-            Framing::Sse(Line::Skip) => bytes.iter().position(|&b| b == b'\n'),
-            Framing::Sse(Line::Data) | Framing::Json => {
+            Framing::Sse(Line::Skip) => memchr(b'\n', bytes),
+            Framing::Sse(Line::Data { .. }) | Framing::Json => {
                 if self.scanner.in_plain_string() {
-                    bytes
-                        .iter()
-                        .position(|&b| matches!(b, b'"' | b'\\' | b'\n'))
+                    memchr3(b'"', b'\\', b'\n', bytes)
                 } else if self.scanner.between_values() {
                     bytes
                         .iter()
@@ -314,18 +343,29 @@ impl UsageParser {
                     return Line::Start { prefix, len };
                 }
                 if &prefix == b"data:" {
-                    Line::Data
+                    Line::DataStart
                 } else {
                     Line::Skip
                 }
             }
-            Line::Data => {
-                if b == b'\n' {
-                    self.json_byte(b);
-                    return LINE_START;
-                }
+            // `feed` turns `DataStart` into `Data` before the line's first
+            // byte; were it still here, the line would be read from where
+            // the scanner stands, never forgotten.
+            Line::DataStart | Line::Data { .. } => {
+                let from_rest = matches!(line, Line::Data { from_rest: true });
                 self.json_byte(b);
-                Line::Data
+                if b != b'\n' {
+                    return line;
+                }
+                if from_rest
+                    && !self.scanner.began_capture()
+                    && matches!(self.framing, Framing::Sse(_))
+                {
+                    // What a line that began no capture left is forgotten,
+                    // as when it was passed over unscanned.
+                    self.scanner.reset();
+                }
+                LINE_START
             }
             Line::Skip => {
                 if b == b'\n' {
@@ -507,6 +547,26 @@ mod properties {
     use super::tests::{ANTHROPIC_SSE, GEMINI_JSON_ARRAY, GEMINI_SSE, OPENAI_JSON, OPENAI_SSE};
     use super::*;
 
+    /// Lines for [`lines_passed_over_or_scanned_agree`].
+    const LINES: [&str; 16] = [
+        "data: {\"usage\":null,\"x\":1}\n",
+        "data: {\"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 4}}\n",
+        "data: {\"usageMetadata\" :\t{\"promptTokenCount\":5}}\n",
+        "data: {\"a\":{\"b\":{\"c\":{\"usage\":{\"input_tokens\":9}}}}}\n",
+        "data: {\"t\":\"\\\"usage\\\": {\\\"output_tokens\\\": 2}\"}\n",
+        "data: {\"k\":\"usage\",\"v\":{\"output_tokens\":7}}\n",
+        "data: {\"a\":[1,\n",
+        "data: {\"usage\":{\"output_tokens\":8\n",
+        "data: }}\n",
+        "data: \"usage\":{\"output_tokens\":6}}\n",
+        "data: {\"x\":\"{[\"\n",
+        "event: message_delta\n",
+        ": comment \"usage\":{\n",
+        "\n",
+        "\r\n",
+        "data:\n",
+    ];
+
     fn in_pieces(body: &[u8], cuts: &[usize], cap: usize) -> Outcome {
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
         cuts.sort_unstable();
@@ -546,6 +606,20 @@ mod properties {
                 prop_assert!(parser.held() <= cap);
             }
             let _ = parser.outcome();
+        }
+
+        /// Streams of lines that do and do not carry usage keys (deep,
+        /// inside strings, as values, documents over several `data:`
+        /// lines, blank lines anywhere), in any chunks: the same outcome as
+        /// the whole body, which passes over whole lines unscanned.
+        #[test]
+        fn lines_passed_over_or_scanned_agree(
+            lines in proptest::collection::vec(0_usize..LINES.len(), 0..24),
+            cuts in proptest::collection::vec(any::<usize>(), 0..16),
+            cap in 0_usize..96,
+        ) {
+            let body: Vec<u8> = lines.iter().flat_map(|&i| LINES[i].bytes()).collect();
+            prop_assert_eq!(in_pieces(&body, &cuts, cap), in_pieces(&body, &[], cap));
         }
 
         /// Valid streams with bytes spliced in: no panic, bounded.

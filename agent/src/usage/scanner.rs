@@ -4,8 +4,15 @@
 //! value pass without being stored. Malformed input is never an error: it
 //! only yields no usage.
 
+use std::sync::LazyLock;
+
+use memchr::memmem;
+
 /// Keys whose object value is captured.
 const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
+/// What every target key starts with, its opening quote included.
+static TARGET_START: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage"));
 /// Longest key compared (longer ones are not targets).
 const KEY_BYTES: usize = 16;
 /// Usage objects deeper than this are not captured (OpenAI's and Gemini's
@@ -44,6 +51,8 @@ pub(crate) struct Scanner {
     capture_depth: Option<u32>,
     capture: Vec<u8>,
     cap: usize,
+    /// A capture began since the last [`Self::forget_captures_begun`].
+    began_capture: bool,
 }
 
 impl Scanner {
@@ -61,6 +70,7 @@ impl Scanner {
             capture_depth: None,
             capture: Vec::new(),
             cap,
+            began_capture: false,
         }
     }
 
@@ -90,6 +100,28 @@ impl Scanner {
                 .key
                 .get(..self.key_len)
                 .is_some_and(|key| TARGETS.contains(&key))
+    }
+
+    /// Whether the scanner stands between documents: everything it
+    /// decides by from here is as after [`Self::reset`] (only the last
+    /// capture may still be held).
+    pub(crate) fn at_rest(&self) -> bool {
+        self.depth == 0
+            && self.capture_depth.is_none()
+            && !self.in_string
+            && !self.escaped
+            && !self.after_string
+            && !self.value_of_target
+    }
+
+    /// Starts watching for a capture beginning ([`Self::began_capture`]).
+    pub(crate) fn forget_captures_begun(&mut self) {
+        self.began_capture = false;
+    }
+
+    /// Whether a capture began since [`Self::forget_captures_begun`].
+    pub(crate) fn began_capture(&self) -> bool {
+        self.began_capture
     }
 
     /// Whether the bytes up to the next `"`, `\\` or line end change
@@ -147,6 +179,7 @@ impl Scanner {
             self.capture.clear();
             self.capture.push(b);
             self.capture_depth = Some(self.depth);
+            self.began_capture = true;
             self.depth = self.depth.saturating_add(1);
             return Step::Continue;
         }
@@ -208,4 +241,22 @@ impl Scanner {
             },
         }
     }
+}
+
+/// Whether reading `bytes` from rest could begin a capture: they hold a
+/// target key, quoted, then `:` and `{` (blanks between). A capture begins
+/// on nothing else (the converse need not hold: the quote may stand in a
+/// string, or deeper than targets are read), so bytes without one can
+/// pass unscanned, found in one search.
+pub(crate) fn may_begin_capture(bytes: &[u8]) -> bool {
+    TARGET_START.find_iter(bytes).any(|at| {
+        let key_on = bytes.get(at.saturating_add(1)..).unwrap_or_default();
+        TARGETS.iter().any(|target| {
+            key_on
+                .strip_prefix(*target)
+                .and_then(|rest| rest.strip_prefix(b"\""))
+                .and_then(|rest| rest.trim_ascii_start().strip_prefix(b":"))
+                .is_some_and(|rest| rest.trim_ascii_start().first() == Some(&b'{'))
+        })
+    })
 }
