@@ -149,9 +149,13 @@ impl RequestPath {
             None => (&mut self.unrecorded, None),
         };
         let mut entry = found.and_then(|i| self.directives.entry_mut(i));
-        let weight = entry
-            .as_deref()
-            .map_or(1, |entry| entry.directive.weight(estimate));
+        // A request without a cost rule weighs 1 under any directive, so
+        // a request limit's decision never reads the directive's unit (a
+        // cache line of its own in a table of many cells).
+        let weight = match (estimate, entry.as_deref()) {
+            (Some(estimate), Some(entry)) => entry.directive.weight(Some(estimate)),
+            _ => 1,
+        };
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
