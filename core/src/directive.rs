@@ -77,13 +77,27 @@ impl CellDirective {
 
     /// What a request of estimated cost `estimate` (`None`: no cost rule
     /// applies to it) weighs under this directive: 1 under a limit in
-    /// requests; its estimate under a cost budget, 1 without one.
+    /// requests; under a cost budget its estimate, at most a period of the
+    /// cell's budget, and 1 without one.
     #[inline]
     pub fn weight(&self, estimate: Option<u64>) -> u64 {
         match (&self.cost_unit, estimate) {
-            (Some(_), Some(estimate)) => estimate,
+            (Some(_), Some(estimate)) => estimate.min(self.max_weight()),
             _ => 1,
         }
+    }
+
+    /// The most one request weighs under a cost budget: the cell's whole
+    /// budget of one period (at least 1). An estimate is often the
+    /// client's to state (a header); one claiming more would put the
+    /// cell's credit, or its cap, in a debt that shuts out every request
+    /// of the cell for longer than the period the budget is written over.
+    fn max_weight(&self) -> u64 {
+        let per_period =
+            self.stated_limit_rps().unwrap_or(f64::INFINITY) * self.budget_period_s as f64;
+        // The cast saturates (infinity: no bound beyond u64's); NaN cannot
+        // occur (rates are checked finite and non-negative).
+        (per_period.ceil() as u64).max(1)
     }
 
     /// The limit a client is told: the share, else the bucket limit
@@ -221,6 +235,31 @@ mod tests {
         assert_eq!(budget.weight(Some(800)), 800);
         assert_eq!(budget.weight(Some(0)), 0);
         assert_eq!(budget.weight(None), 1, "a request without a cost rule");
+    }
+
+    #[test]
+    fn no_request_weighs_more_than_a_period_of_its_cells_budget() {
+        // 100 tokens a second written per minute: 6,000 a period.
+        let per_minute = Directive {
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            limit_rps: Some(100.0),
+            ..wire("acme")
+        };
+        let budget = CellDirective::from_wire(&per_minute).unwrap();
+        assert_eq!(budget.weight(Some(5_999)), 5_999);
+        assert_eq!(budget.weight(Some(1_000_000_000)), 6_000);
+        // A tenant's share bounds its cells; a blocked cell weighs 1.
+        let share = CellDirective::from_wire(&Directive {
+            share_rps: 10.0,
+            ..per_minute.clone()
+        });
+        assert_eq!(share.unwrap().weight(Some(u64::MAX)), 600);
+        let blocked = CellDirective::from_wire(&Directive {
+            limit_rps: Some(0.0),
+            ..per_minute
+        });
+        assert_eq!(blocked.unwrap().weight(Some(u64::MAX)), 1);
     }
 
     #[test]
