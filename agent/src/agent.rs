@@ -167,6 +167,23 @@ impl Agent {
         self.decide_current()
     }
 
+    /// [`Agent::admit_cell`] for a request of estimated cost `estimate`,
+    /// as a cost rule would count it.
+    #[cfg(test)]
+    pub(crate) fn admit_cell_costing(
+        &mut self,
+        (bucket, tenant, priority): (&str, &str, sluice_core::Priority),
+        estimate: u64,
+    ) -> Decision {
+        self.path.cell.bucket.clear();
+        self.path.cell.bucket.push_str(bucket);
+        self.path.cell.tenant.clear();
+        self.path.cell.tenant.push_str(tenant);
+        self.path.cell.priority = priority;
+        self.path
+            .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate))
+    }
+
     fn decide_current(&mut self) -> Decision {
         self.path
             .decide(&mut self.vm.metrics, &mut self.vm.rng, None)

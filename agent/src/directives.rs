@@ -213,14 +213,33 @@ impl DirectiveTable {
     /// What the directive governing the cell `key` (its own, else its
     /// bucket's) says about rates, as the pacer's allowance needs it.
     pub fn rates_for_cell(&self, key: &str) -> Option<DirectiveRates> {
-        let (bucket, tenant, priority) = parse_key(key)?;
-        let wide = tenant.is_empty() && priority == Priority::Unspecified;
-        let index = self.find((!wide).then_some(key), bucket)?;
-        let directive = &self.entries.get(index)?.directive;
+        let directive = self.directive_for_cell(key)?;
         Some(DirectiveRates {
             drop_ratio: directive.drop_ratio,
             limit_rps: directive.stated_limit_rps(),
             fleet_offered_rps: directive.offered_rps,
+        })
+    }
+
+    /// The directive governing the cell `key`: its own, else its
+    /// bucket's.
+    fn directive_for_cell(&self, key: &str) -> Option<&CellDirective> {
+        let (bucket, tenant, priority) = parse_key(key)?;
+        let wide = tenant.is_empty() && priority == Priority::Unspecified;
+        let index = self.find((!wide).then_some(key), bucket)?;
+        Some(&self.entries.get(index)?.directive)
+    }
+
+    /// What the cell `key` offered in the unit of the directive governing
+    /// it: `offered` requests, or under a cost budget their estimated
+    /// `offered_cost`, so a rate of it compares with the directive's rates.
+    /// `None` when no directive governs the cell.
+    pub fn offered_in_unit(&self, key: &str, offered: u64, offered_cost: u64) -> Option<u64> {
+        let directive = self.directive_for_cell(key)?;
+        Some(if directive.cost_unit.is_some() {
+            offered_cost
+        } else {
+            offered
         })
     }
 

@@ -36,6 +36,10 @@ pub struct Gcra {
     tolerance_us: u64,
     /// Theoretical arrival time of the next request, in µs.
     tat_us: u64,
+    /// The weight the last admitted request was charged (at least 1): the
+    /// most the schedule may run beyond its tolerance, which a new rate
+    /// keeps ([`Gcra::set_rate`]).
+    last_weight: u64,
 }
 
 impl Gcra {
@@ -47,6 +51,7 @@ impl Gcra {
             interval_us: u64::MAX,
             tolerance_us: 0,
             tat_us: now_ms.saturating_mul(US_PER_MS),
+            last_weight: 1,
         };
         gcra.set_rate(rate_rps, slack_ms, now_ms);
         gcra
@@ -62,6 +67,7 @@ impl Gcra {
             interval_us: u64::MAX,
             tolerance_us: 0,
             tat_us: now_ms.saturating_mul(US_PER_MS),
+            last_weight: 1,
         };
         gcra.set_rate_per_second(rate_rps, now_ms);
         gcra
@@ -77,9 +83,11 @@ impl Gcra {
             .saturating_mul(US_PER_MS)
             .saturating_sub(self.interval_us);
         let now_us = now_ms.saturating_mul(US_PER_MS);
-        let cap = now_us
-            .saturating_add(self.tolerance_us)
-            .saturating_add(self.interval_us.min(LOCAL_LIMIT_BURST_MS * US_PER_MS));
+        let cap = now_us.saturating_add(self.tolerance_us).saturating_add(
+            self.interval_us
+                .min(LOCAL_LIMIT_BURST_MS * US_PER_MS)
+                .saturating_mul(self.last_weight),
+        );
         self.tat_us = self.tat_us.min(cap);
     }
 
@@ -104,16 +112,20 @@ impl Gcra {
                 .min(MAX_BURST_FLOOR_MS.saturating_mul(US_PER_MS)),
         );
         // A debt run up at an older, faster rate is cut to what the new
-        // rate could owe: its tolerance and one interval (a schedule just
-        // admitted at the edge). Cutting it to less forgave a slow cap part
-        // of each request whenever its rate was set again: VMs that rescale
-        // their caps every 100 ms let a cell at a few requests a second
-        // through at up to twice its rate (a tenant of 4.8 requests a
-        // second per VM got 7 % over its fair share in the simulator).
+        // rate could owe: its tolerance and one request (a schedule just
+        // admitted at the edge), of the last admitted request's weight.
+        // Cutting it to less forgave a slow cap part of each request
+        // whenever its rate was set again: VMs that rescale their caps every
+        // 100 ms let a cell at a few requests a second through at up to
+        // twice its rate (a tenant of 4.8 requests a second per VM got 7 %
+        // over its fair share in the simulator). Under a cost budget one
+        // request is thousands of units: cut to one unit, its debt was
+        // forgiven at every rescale, and a cap admitted about a request per
+        // tick whatever its rate.
         let now_us = now_ms.saturating_mul(US_PER_MS);
         let cap = now_us
             .saturating_add(self.tolerance_us)
-            .saturating_add(self.interval_us);
+            .saturating_add(self.interval_us.saturating_mul(self.last_weight));
         self.tat_us = self.tat_us.min(cap);
     }
 
@@ -153,6 +165,7 @@ impl Gcra {
             .tat_us
             .max(now_us)
             .saturating_add(self.interval_us.saturating_mul(weight));
+        self.last_weight = weight.max(1);
         true
     }
 }
@@ -310,12 +323,33 @@ mod tests {
         let mut limit = Gcra::per_second(10.0, 0);
         assert!(limit.admit_weighted(0, 0, u64::MAX));
         assert!(!limit.admit_weighted(1_000_000, 0, 1));
-        // A new rate cuts the debt to what it could owe.
-        limit.set_rate_per_second(10.0, 2_000);
-        assert!(limit.admit_weighted(3_000, 0, 0));
+        // A new rate keeps the request's debt, saturated rather than
+        // wrapped.
+        limit.set_rate_per_second(20.0, 2_000);
+        assert!(!limit.admit_weighted(3_000, 0, 0));
         let mut cap = Gcra::new(5.0, 100, 0);
         assert!(cap.admit_weighted(0, MAX_STILL_MS, 0));
         assert!(cap.admit_weighted(0, u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_new_rate_keeps_the_debt_of_a_large_request() {
+        // 2,000 tokens a second, set again every 100 ms as the allowance's
+        // caps are; requests of 100 and 8,000 tokens alternating every
+        // 10 ms for 20 s.
+        let mut cap = Gcra::new(2_000.0, 120, 0);
+        let mut admitted = 0u64;
+        for ms in (0..20_000u64).step_by(10) {
+            if ms % 100 == 0 {
+                cap.set_rate(2_000.0, 120, ms);
+            }
+            let weight = if (ms / 10) % 2 == 0 { 100 } else { 8_000 };
+            if cap.admit_weighted(ms, 0, weight) {
+                admitted += weight;
+            }
+        }
+        // 20 s at the rate, the tolerance and one request of debt.
+        assert!((38_000..=48_500).contains(&admitted), "{admitted}");
     }
 
     #[test]

@@ -176,8 +176,10 @@ impl Leadership {
             self.process
                 .add_span(vm.id, now_ms.saturating_sub(counted_from_ms));
             let directives = &path.directives;
-            for (key, offered) in path.cells.offered_by_key() {
-                if directives.covers(key) {
+            for (key, counts) in path.cells.offered_by_key() {
+                if let Some(offered) =
+                    directives.offered_in_unit(key, counts.offered, counts.offered_cost)
+                {
                     self.process.add(key, vm.id, offered);
                 }
             }
@@ -301,8 +303,14 @@ impl Leadership {
                                     &count.tenant,
                                     Priority::from_wire(count.priority),
                                 );
-                                if directives.covers(&key) {
-                                    self.process.add(&key, handoff.source, count.offered);
+                                if let Some(offered) = directives.offered_in_unit(
+                                    &key,
+                                    count.offered,
+                                    // Whole units (the wire's cost is a
+                                    // float; the cast saturates, NaN to 0).
+                                    count.offered_cost as u64,
+                                ) {
+                                    self.process.add(&key, handoff.source, offered);
                                 }
                             }
                         }

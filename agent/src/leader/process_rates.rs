@@ -69,7 +69,11 @@ impl ProcessRates {
         }
     }
 
-    /// Counts `offered` requests of `key` from VM `source` in the open slot.
+    /// Counts what `key` offered from VM `source` in the open slot, in
+    /// the unit of the cell's directive: requests, or estimated cost under
+    /// a cost budget ([`crate::directives::DirectiveTable::offered_in_unit`]),
+    /// so that the budgets derived from these rates compare with the
+    /// directive's.
     pub fn add(&mut self, key: &str, source: u64, offered: u64) {
         if offered == 0 {
             return;

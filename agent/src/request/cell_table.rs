@@ -433,12 +433,13 @@ impl CellTable {
         }
     }
 
-    /// The offered count of every cell counted this window, by cell key.
-    pub fn offered_by_key(&self) -> impl Iterator<Item = (&str, u64)> {
+    /// The counts of every cell that offered requests this window, by
+    /// cell key.
+    pub fn offered_by_key(&self) -> impl Iterator<Item = (&str, &Counts)> {
         self.records
             .iter()
             .filter(|(_, record)| record.counts.offered > 0)
-            .map(|(key, record)| (key, record.counts.offered))
+            .map(|(key, record)| (key, &record.counts))
     }
 
     /// Whether nothing was counted since the last drain.

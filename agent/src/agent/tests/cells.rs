@@ -6,6 +6,8 @@ use crate::request::new_cells::NewBucketPolicy;
 use crate::shared::DIRECTIVES_META_KEY;
 use crate::shared::DirectivesMeta;
 use crate::testing::request::FakeRequest;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use sluice_core::allowance::Engage;
 use sluice_core::directive::DirectiveTtl;
 use sluice_core::regime::Fallback;
@@ -896,6 +898,72 @@ fn admitted_per_second(
         }
     }
     admitted as f64 * 10.0 / measure as f64
+}
+
+/// Token costs a request draws from, uniformly: a mean of 750.
+const COSTS: [u64; 4] = [100, 2_000, 300, 600];
+
+/// Offers each worker four requests of [`COSTS`] drawn by `rng` per tick,
+/// 30,000 tokens a second, for `ticks` ticks under a token budget; the
+/// tokens admitted per second over the last `measure`.
+fn tokens_admitted_per_second(
+    fleet: &mut Fleet,
+    workers: &[usize],
+    (ticks, measure): (usize, usize),
+    rng: &mut SmallRng,
+) -> f64 {
+    let acme = ("acme", "", Priority::Unspecified);
+    let mut admitted = 0;
+    for tick in 0..ticks {
+        fleet.tick();
+        for worker in workers {
+            for _ in 0..COSTS.len() {
+                let cost = COSTS[(rng.next_u64() % COSTS.len() as u64) as usize];
+                let agent = &mut fleet.vms[*worker].1;
+                if agent.admit_cell_costing(acme, cost).outcome != Outcome::Dropped
+                    && tick >= ticks - measure
+                {
+                    admitted += cost;
+                }
+            }
+        }
+    }
+    admitted as f64 * 10.0 / measure as f64
+}
+
+#[test]
+fn while_the_control_plane_is_lost_a_token_budget_holds_in_tokens() {
+    // Two workers offer 60,000 tokens a second (80 requests); the budget
+    // is 30,000. The process's budget frozen at the loss must be in
+    // tokens, and a request's debt must outlive the caps' rescaling at
+    // every tick: counted in requests, the budget was 40 "tokens" a
+    // second, and cut to one token at each rescale, a debt of 2,000
+    // tokens let about a request a tick through.
+    let mut rng = SmallRng::seed_from_u64(37);
+    let mut fleet = Fleet::with_settings(3, exact_allowance(Engage::WhenLost));
+    fleet.ticks(2);
+    let (_, leader) = fleet.the_stream();
+    let workers: Vec<usize> = (0..3).filter(|vm| *vm != leader).collect();
+    tokens_admitted_per_second(&mut fleet, &workers, (15, 10), &mut rng);
+    for (version, ratio) in [(1, 0.49), (2, 0.5)] {
+        fleet.push_batch(DirectiveBatch {
+            version,
+            ..batch(vec![Directive {
+                limit_rps: Some(30_000.0),
+                offered_rps: 60_000.0,
+                cost_unit: "tokens".into(),
+                budget_period_s: 1,
+                ..cell("acme", "", Priority::Unspecified, ratio)
+            }])
+        });
+        tokens_admitted_per_second(&mut fleet, &workers, (15, 10), &mut rng);
+    }
+    let connected = tokens_admitted_per_second(&mut fleet, &workers, (50, 50), &mut rng);
+    assert!((27_000.0..=33_000.0).contains(&connected), "{connected}");
+    fleet.server_closes(14);
+    assert!(fleet.vms.iter().all(|(_, vm)| vm.path.pacer.caps_engaged()));
+    let lost = tokens_admitted_per_second(&mut fleet, &workers, (60, 50), &mut rng);
+    assert!((27_000.0..=33_000.0).contains(&lost), "{lost} tokens/s");
 }
 
 #[test]
