@@ -564,6 +564,23 @@ impl Envoy {
         response.text().await.with_context(|| format!("GET {url}"))
     }
 
+    /// `/stats/prometheus`, the filter's families under one name for both
+    /// data planes: the native module's carry Envoy's dynamic-module
+    /// namespace (`envoy_dynamicmodulescustom_sluice_…`) where the wasm
+    /// filter's have none (`sluice_…`); the rest of the name and the labels
+    /// are the same, so the namespace is cut.
+    pub async fn prometheus(&self) -> Result<String> {
+        let url = format!("http://{}/stats/prometheus", self.admin);
+        let response = reqwest::get(&url)
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        let page = response
+            .text()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        Ok(page.replace("envoy_dynamicmodulescustom_sluice_", "sluice_"))
+    }
+
     /// The sum of the filter's decision counters for `result` (`pass`,
     /// `drop`, `shadow_drop`, …) over every reason.
     pub async fn decisions(&self, result: &str) -> Result<u64> {

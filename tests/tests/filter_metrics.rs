@@ -21,19 +21,9 @@ limits:
     limit_rps: 50
 "#;
 
-/// The Prometheus page. The native module's metrics carry Envoy's
-/// dynamic-module namespace (`envoy_dynamicmodulescustom_sluice_…`) where
-/// the wasm filter's have none (`sluice_…`); the rest of the name and the
-/// labels are the same, so the namespace is cut here.
+/// The Prometheus page ([`Envoy::prometheus`]).
 async fn prometheus(envoy: &Envoy) -> String {
-    let url = format!("http://{}/stats/prometheus", envoy.admin_addr());
-    reqwest::get(&url)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .replace("envoy_dynamicmodulescustom_sluice_", "sluice_")
+    envoy.prometheus().await.unwrap()
 }
 
 /// Only the filter's lines, for failure messages.

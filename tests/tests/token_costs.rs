@@ -25,6 +25,7 @@ use serde_json::json;
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
 use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
 use sluice_integration_tests::llm_upstream::{LlmUpstream, LlmUpstreamOptions};
+use sluice_integration_tests::prometheus::Exposition;
 
 const LIMITS: &str = "limits:\n  - bucket: unused\n    limit_rps: 1000\n";
 /// The estimate of every costed request.
@@ -234,6 +235,16 @@ async fn charges_what_the_upstream_reported(data_plane: DataPlane) {
             (charged_cost, counted),
             (cost, charges),
             "source {source} ({data_plane:?}): {stats}"
+        );
+    }
+    // The repo config's `source` tag makes the source a label.
+    let page = envoy.prometheus().await.unwrap();
+    let exposition = Exposition::parse(&page).unwrap();
+    for ((source, cost, _), _) in expected.iter().zip(&found) {
+        assert_eq!(
+            exposition.value("sluice_cost_charged", &[("source", source)]),
+            Some(*cost as f64),
+            "source {source} ({data_plane:?}): {page}"
         );
     }
 }
