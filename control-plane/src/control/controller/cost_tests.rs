@@ -561,3 +561,178 @@ fn a_three_times_step_overshoots_by_one_interval() {
     assert!(within(mean_1s, 1.0, 0.25), "{mean_1s}");
     assert!(mean_10s <= 0.2, "{mean_10s}");
 }
+
+/// One admission rule of [`limiters_that_admit_before_the_cost_is_known`].
+trait Admits {
+    /// Whether a request of `cell` costing `cost` arriving at `ms` is let
+    /// through.
+    fn admits(&mut self, cell: usize, cost: f64, ms: u64) -> bool;
+}
+
+/// A token bucket refilling at `rate_per_s` up to `capacity`, that admits
+/// while its level is positive and then owes the whole cost: no size is
+/// starved, and it overshoots by at most one request.
+struct DebtBucket {
+    rate_per_s: f64,
+    capacity: f64,
+    level: f64,
+    at_ms: u64,
+}
+
+impl DebtBucket {
+    fn new(rate_per_s: f64, capacity_s: f64) -> Self {
+        Self {
+            rate_per_s,
+            capacity: rate_per_s * capacity_s,
+            level: 0.0,
+            at_ms: 0,
+        }
+    }
+
+    fn admits(&mut self, cost: f64, ms: u64) -> bool {
+        let elapsed_s = ms.saturating_sub(self.at_ms) as f64 / 1000.0;
+        self.at_ms = ms;
+        self.level = (self.level + elapsed_s * self.rate_per_s).min(self.capacity);
+        let admitted = self.level > 0.0;
+        if admitted {
+            self.level -= cost;
+        }
+        admitted
+    }
+}
+
+/// One bucket all proxies share, exact and instant: a per-request call to
+/// a central limiter without its latency.
+struct Central(DebtBucket);
+
+impl Admits for Central {
+    fn admits(&mut self, _: usize, cost: f64, ms: u64) -> bool {
+        self.0.admits(cost, ms)
+    }
+}
+
+/// The exact drop ratio, applied to cost per cell as the credit does.
+struct ExactRatio {
+    admit_share: f64,
+    balances: Vec<f64>,
+}
+
+impl Admits for ExactRatio {
+    fn admits(&mut self, cell: usize, cost: f64, _: u64) -> bool {
+        let Some(balance) = self.balances.get_mut(cell) else {
+            return false;
+        };
+        *balance += self.admit_share * cost;
+        let admitted = *balance > 0.0;
+        if admitted {
+            *balance -= cost;
+        }
+        admitted
+    }
+}
+
+/// A cap in cost per cell (proxy and tenant) at exactly its part of the
+/// budget: an allowance in cost with perfect knowledge of the shares.
+struct CellCaps(Vec<DebtBucket>);
+
+impl Admits for CellCaps {
+    fn admits(&mut self, cell: usize, cost: f64, ms: u64) -> bool {
+        self.0
+            .get_mut(cell)
+            .is_some_and(|bucket| bucket.admits(cost, ms))
+    }
+}
+
+/// The 1 s and 10 s windows of three references on the benchmark's
+/// traffic (three proxies 60/30/10, tenants 50/30/20 of the demand, 3x a
+/// budget of 20,000 tokens/s, costs log-normal median 500 / p99 8,000,
+/// Poisson arrivals, 1,000 s): what the issue's bounds (±10 % over 1 s,
+/// ±5 % over 10 s) ask of any limiter that decides before the cost is
+/// known. Even one exact central bucket consulted on every request leaves
+/// about a third of the seconds outside ±10 %; caps per cell, however
+/// exact their shares, do worse than the central bucket at a couple of
+/// admitted requests a second per cell. Run with `--nocapture` for the
+/// table (docs/usage-limits.md).
+#[test]
+fn limiters_that_admit_before_the_cost_is_known() {
+    const BUDGET: f64 = 20_000.0;
+    const SECONDS: u64 = 1_000;
+    let distribution = TokenDistribution::median_500_p99_8000();
+    let sigma = (distribution.p99() / distribution.median()).ln() / 2.326_347_874;
+    let mean_cost = distribution.median() * (sigma * sigma / 2.0).exp();
+    let shares: Vec<f64> = [0.6, 0.3, 0.1]
+        .iter()
+        .flat_map(|proxy| [0.5, 0.3, 0.2].map(|tenant| proxy * tenant))
+        .collect();
+    let mut limiters: Vec<(&str, Box<dyn Admits>)> = vec![
+        (
+            "one central bucket",
+            Box::new(Central(DebtBucket::new(BUDGET, 0.1))),
+        ),
+        (
+            "the exact ratio",
+            Box::new(ExactRatio {
+                admit_share: 1.0 / 3.0,
+                balances: vec![0.0; shares.len()],
+            }),
+        ),
+        (
+            "a cap per cell",
+            Box::new(CellCaps(
+                shares
+                    .iter()
+                    .map(|share| DebtBucket::new(BUDGET * share, 0.5))
+                    .collect(),
+            )),
+        ),
+    ];
+    let mut results = Vec::new();
+    for (name, limiter) in &mut limiters {
+        // The same traffic for each.
+        let mut sampler = TokenSampler::new(distribution, 41);
+        let mut per_second = vec![0.0; SECONDS as usize];
+        for ms in 0..SECONDS * 1000 {
+            for (cell, share) in shares.iter().enumerate() {
+                if !sampler.chance(3.0 * BUDGET / mean_cost * share / 1000.0) {
+                    continue;
+                }
+                let cost = sampler.tokens() as f64;
+                if limiter.admits(cell, cost, ms)
+                    && let Some(second) = per_second.get_mut((ms / 1000) as usize)
+                {
+                    *second += cost;
+                }
+            }
+        }
+        let within = |seconds: usize, bound: f64| {
+            let errors: Vec<f64> = per_second
+                .chunks_exact(seconds)
+                .skip(1)
+                .map(|w| w.iter().sum::<f64>() / (seconds as f64 * BUDGET) - 1.0)
+                .collect();
+            let inside = errors.iter().filter(|e| e.abs() <= bound).count();
+            (inside as f64 / errors.len() as f64, spread(&errors))
+        };
+        let (one_within, one) = within(1, 0.10);
+        let (ten_within, ten) = within(10, 0.05);
+        eprintln!(
+            "{name}: 1 s windows within ±10 %: {:.0} % (RMS {:.1} %), \
+             10 s within ±5 %: {:.0} % (RMS {:.1} %), mean {:+.1} %",
+            one_within * 100.0,
+            one.rms * 100.0,
+            ten_within * 100.0,
+            ten.rms * 100.0,
+            one.mean * 100.0
+        );
+        results.push((one_within, one.rms, ten.rms));
+    }
+    let [central, ratio, caps] = results[..] else {
+        panic!("three limiters");
+    };
+    // The central bucket holds seconds far better than any ratio, yet
+    // still misses the 1 s bound in a good part of them.
+    assert!(central.1 < ratio.1 / 2.0, "{central:?} vs {ratio:?}");
+    assert!((0.4..0.85).contains(&central.0), "{central:?}");
+    // Caps per cell do not reach the central bucket's seconds.
+    assert!(caps.1 > central.1, "{caps:?} vs {central:?}");
+}
