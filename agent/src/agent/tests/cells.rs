@@ -967,6 +967,50 @@ fn while_the_control_plane_is_lost_a_token_budget_holds_in_tokens() {
 }
 
 #[test]
+fn a_request_claiming_a_huge_estimate_does_not_shut_its_cell_out() {
+    // A budget of 1,000 tokens a second, half of 2,000 offered (requests
+    // of 10 tokens) shed by the credit. A client names the largest estimate a cost rule takes
+    // (10^9 tokens, in a header) on its request; it weighs one period of
+    // the budget, so the honest requests after it are admitted again
+    // within about a second. Weighed in full, its debt shut the cell out
+    // for days.
+    let mut fleet = Fleet::with_settings(
+        1,
+        AgentSettings {
+            decision: DecisionMode::Credit,
+            ..settings()
+        },
+    );
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![Directive {
+        limit_rps: Some(1_000.0),
+        offered_rps: 2_000.0,
+        cost_unit: "tokens".into(),
+        budget_period_s: 1,
+        ..cell("acme", "", Priority::Unspecified, 0.5)
+    }]));
+    fleet.tick();
+    let acme = ("acme", "", Priority::Unspecified);
+    let mut admitted = 0;
+    for tick in 0..40 {
+        fleet.tick();
+        let agent = &mut fleet.vms[0].1;
+        if tick == 10 {
+            // Admitted, it would owe its weight; dropped, it would leave
+            // the credit its weight's share to admit: either way bounded.
+            agent.admit_cell_costing(acme, 1_000_000_000);
+        }
+        for _ in 0..20 {
+            if agent.admit_cell_costing(acme, 10).outcome != Outcome::Dropped && tick >= 20 {
+                admitted += 10;
+            }
+        }
+    }
+    // The last 2 s: the credit's half of 2,000 tokens a second.
+    assert!((1_800..=2_200).contains(&admitted), "{admitted} tokens");
+}
+
+#[test]
 fn while_the_control_plane_is_lost_caps_follow_load_moving_between_workers() {
     let (mut fleet, workers) = lost_with_two_workers();
     // All of the load moves to one worker: its cap, frozen at its old
