@@ -23,6 +23,28 @@ pub const FAIR_SHARES: [f64; 3] = [10_000.0, 5_000.0, 5_000.0];
 /// The Envoys' parts of the load.
 pub const ENVOY_SKEW: [f64; 3] = [0.6, 0.3, 0.1];
 
+/// `--data-plane` of the token benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataPlaneChoice {
+    /// The proxy-wasm filter.
+    Wasm,
+    /// The native dynamic module.
+    Native,
+    /// Each, one after the other.
+    Both,
+}
+
+impl DataPlaneChoice {
+    /// The data planes to run, in order.
+    pub fn data_planes(self) -> Vec<DataPlane> {
+        match self {
+            Self::Wasm => vec![DataPlane::Wasm],
+            Self::Native => vec![DataPlane::Native],
+            Self::Both => vec![DataPlane::Wasm, DataPlane::Native],
+        }
+    }
+}
+
 /// The token fleet of the benchmarks: [`BUDGET`], one Envoy per part of
 /// [`ENVOY_SKEW`], the [`TENANTS`] weighted, `data_plane` with `filter`'s
 /// extra keys.

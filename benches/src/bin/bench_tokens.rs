@@ -26,11 +26,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+use clap::Parser;
 use serde_json::json;
 use sluice_benches::e2e::report;
 use sluice_benches::tokens::{
-    BUDGET, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, spread, streams,
+    BUDGET, DataPlaneChoice, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, spread,
+    streams,
 };
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
@@ -42,49 +44,29 @@ use sluice_integration_tests::token_fleet::{
 const STEP_BEFORE_S: u64 = 15;
 const STEP_AFTER_S: u64 = 15;
 
-#[derive(Debug)]
+/// How closely a fleet holds a token budget, in real Envoy.
+#[derive(Debug, Parser)]
+#[command(name = "bench_tokens")]
 struct Options {
+    /// Seconds of the steady run (at least --warmup + 10).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(20..=3600))]
     seconds: u64,
+    /// Seconds not measured at its start.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
     warmup: u64,
-    data_planes: Vec<DataPlane>,
+    /// The data planes to run.
+    #[arg(long = "data-plane", value_enum, default_value_t = DataPlaneChoice::Wasm)]
+    data_plane: DataPlaneChoice,
+    /// The file whose section is replaced, or `-` to print only.
+    #[arg(long, default_value = "BENCHMARKS.md")]
     output: String,
 }
 
 impl Options {
-    fn parse() -> Result<Self> {
-        let mut options = Self {
-            seconds: 60,
-            warmup: 10,
-            data_planes: vec![DataPlane::Wasm],
-            output: "BENCHMARKS.md".to_owned(),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--seconds" => options.seconds = value("--seconds")?.parse()?,
-                "--warmup" => options.warmup = value("--warmup")?.parse()?,
-                "--data-plane" => {
-                    options.data_planes = match value("--data-plane")?.as_str() {
-                        "wasm" => vec![DataPlane::Wasm],
-                        "native" => vec![DataPlane::Native],
-                        "both" => vec![DataPlane::Wasm, DataPlane::Native],
-                        other => bail!("--data-plane: {other} is not wasm, native or both"),
-                    }
-                }
-                "--output" => options.output = value("--output")?,
-                "-h" | "--help" => {
-                    println!(
-                        "bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--output FILE|-]"
-                    );
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other}"),
-            }
-        }
-        if options.seconds < options.warmup + 10 || options.seconds > 3600 {
-            bail!("--seconds must be at least --warmup + 10 and at most 3600");
+    fn parse_checked() -> Result<Self> {
+        let options = Self::parse();
+        if options.seconds < options.warmup + 10 {
+            bail!("--seconds must be at least --warmup + 10");
         }
         Ok(options)
     }
@@ -145,10 +127,10 @@ struct Step {
 }
 
 async fn run() -> Result<()> {
-    let options = Options::parse()?;
+    let options = Options::parse_checked()?;
     let mut section = String::new();
     section.push_str(&header(&options));
-    for &data_plane in &options.data_planes {
+    for data_plane in options.data_plane.data_planes() {
         for setting in settings() {
             eprintln!("== {data_plane:?}, {}: steady", setting.name);
             let steady = steady(&options, data_plane, &setting).await?;

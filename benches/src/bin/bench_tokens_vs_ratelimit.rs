@@ -31,12 +31,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+use clap::Parser;
 use serde_json::json;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
 use sluice_benches::tokens::{
-    BUDGET, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, quantile, spread, streams,
+    BUDGET, DataPlaneChoice, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, quantile,
+    spread, streams,
 };
 use sluice_integration_tests::control_plane::sample;
 use sluice_integration_tests::fleet::DataPlane;
@@ -56,51 +58,40 @@ const SEED: u64 = 17;
 /// reports) is subtracted to give the CPU per request.
 const IDLE: Duration = Duration::from_secs(5);
 
-#[derive(Debug)]
+/// Sluice's token budget beside the two-call pattern, in real Envoy.
+#[derive(Debug, Parser)]
+#[command(name = "bench_tokens_vs_ratelimit")]
 struct Options {
+    /// Seconds of each side's run (at least --warmup + 10; bounded: two
+    /// runs of this length, plus start-up).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(20..=600))]
     seconds: u64,
+    /// Seconds not measured at its start.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
     warmup: u64,
-    data_plane: DataPlane,
+    /// The data plane of Sluice's side.
+    #[arg(long = "data-plane", value_enum, default_value_t = DataPlaneChoice::Wasm)]
+    data_plane: DataPlaneChoice,
+    /// The file whose section is replaced, or `-` to print only.
+    #[arg(long, default_value = "BENCHMARKS.md")]
     output: String,
 }
 
 impl Options {
-    fn parse() -> Result<Self> {
-        let mut options = Self {
-            seconds: 40,
-            warmup: 10,
-            data_plane: DataPlane::Wasm,
-            output: "BENCHMARKS.md".to_owned(),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--seconds" => options.seconds = value("--seconds")?.parse()?,
-                "--warmup" => options.warmup = value("--warmup")?.parse()?,
-                "--data-plane" => {
-                    options.data_plane = match value("--data-plane")?.as_str() {
-                        "wasm" => DataPlane::Wasm,
-                        "native" => DataPlane::Native,
-                        other => bail!("--data-plane: {other} is not wasm or native"),
-                    }
-                }
-                "--output" => options.output = value("--output")?,
-                "-h" | "--help" => {
-                    println!(
-                        "bench_tokens_vs_ratelimit [--seconds S] [--warmup S] [--data-plane wasm|native] [--output FILE|-]"
-                    );
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other}"),
-            }
-        }
-        // Bounded: two runs of this length, plus start-up.
-        if options.seconds < options.warmup + 10 || options.seconds > 600 {
-            bail!("--seconds must be at least --warmup + 10 and at most 600");
+    fn parse_checked() -> Result<Self> {
+        let options = Self::parse();
+        if options.seconds < options.warmup + 10 {
+            bail!("--seconds must be at least --warmup + 10");
         }
         Ok(options)
+    }
+
+    /// The one data plane of Sluice's side.
+    fn data_plane(&self) -> Result<DataPlane> {
+        match self.data_plane.data_planes()[..] {
+            [one] => Ok(one),
+            _ => bail!("--data-plane: one of wasm or native"),
+        }
     }
 }
 
@@ -116,13 +107,14 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<()> {
-    let options = Options::parse()?;
+    let options = Options::parse_checked()?;
+    let data_plane = options.data_plane()?;
     let envoy_bin = paths::envoy_bin()?;
     let ticks = measure::ticks_per_second()?;
 
-    eprintln!("== Sluice's token budget ({:?})", options.data_plane);
+    eprintln!("== Sluice's token budget ({data_plane:?})");
     let sluice = {
-        let fleet = TokenFleet::start(fleet_options(options.data_plane, json!({}))).await?;
+        let fleet = TokenFleet::start(fleet_options(data_plane, json!({}))).await?;
         let measured = measure_run(&options, &fleet, None, ticks).await;
         if measured.is_err() {
             fleet.fleet.print_logs();
@@ -133,7 +125,7 @@ async fn run() -> Result<()> {
 
     eprintln!("== two-call: Envoy's ratelimit filter, the rate limit service on Redis");
     let two_call = {
-        let fleet = TwoCallFleet::start(fleet_options(options.data_plane, json!({}))).await?;
+        let fleet = TwoCallFleet::start(fleet_options(data_plane, json!({}))).await?;
         let measured = measure_run(&options, &fleet.tokens, Some(fleet.redis.pid()), ticks).await;
         if measured.is_err() {
             fleet.print_logs();
