@@ -282,6 +282,7 @@ impl UsageParser {
     /// skipped SSE line, the inside of a string that is no key, what lies
     /// between values): the content of a response passes in a few
     /// searches.
+    #[inline]
     fn skippable(&self, bytes: &[u8]) -> usize {
         let found = match self.framing {
             Framing::Sse(Line::Skip) => memchr(b'\n', bytes),
@@ -301,6 +302,7 @@ impl UsageParser {
         found.unwrap_or(bytes.len())
     }
 
+    #[inline]
     fn byte(&mut self, b: u8) {
         match self.framing {
             Framing::Json => self.json_byte(b),
@@ -314,6 +316,7 @@ impl UsageParser {
         }
     }
 
+    #[inline]
     fn json_byte(&mut self, b: u8) {
         match self.scanner.byte(b) {
             Step::Continue => {}
@@ -322,6 +325,7 @@ impl UsageParser {
         }
     }
 
+    #[inline]
     fn sse_byte(&mut self, line: Line, b: u8) -> Line {
         match line {
             Line::Start { mut prefix, len } => {

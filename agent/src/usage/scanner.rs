@@ -10,6 +10,10 @@ use memchr::memmem;
 
 /// Keys whose object value is captured.
 const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
+/// The longest target: every target is a prefix of it, so a key may still
+/// be a target exactly while it is a prefix of this one, which the scanner
+/// checks one byte at a time.
+const LONGEST_TARGET: &[u8] = b"usageMetadata";
 /// What every target key starts with, its opening quote included.
 static TARGET_START: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"usage"));
@@ -143,6 +147,7 @@ impl Scanner {
     }
 
     /// Reads one byte.
+    #[inline]
     pub(crate) fn byte(&mut self, b: u8) -> Step {
         if let Some(close_at) = self.capture_depth {
             if self.capture.len() >= self.cap {
@@ -189,6 +194,7 @@ impl Scanner {
 
     /// Depth and string state (outside a capture, a string's bytes go to
     /// `string_byte`).
+    #[inline]
     fn structure(&mut self, b: u8) {
         if self.in_string {
             if self.escaped {
@@ -212,6 +218,7 @@ impl Scanner {
         }
     }
 
+    #[inline]
     fn string_byte(&mut self, b: u8) {
         if self.escaped {
             // An escaped key is never a target.
@@ -227,17 +234,13 @@ impl Scanner {
             }
             _ if self.key_too_long => {}
             _ => match self.key.get_mut(self.key_len) {
-                Some(slot) => {
+                // Once no target starts so, the rest of the string is
+                // skipped.
+                Some(slot) if LONGEST_TARGET.get(self.key_len) == Some(&b) => {
                     *slot = b;
                     self.key_len += 1;
-                    // Once no target starts so, the rest of the string is
-                    // skipped.
-                    let key = self.key.get(..self.key_len).unwrap_or_default();
-                    if !TARGETS.iter().any(|target| target.starts_with(key)) {
-                        self.key_too_long = true;
-                    }
                 }
-                None => self.key_too_long = true,
+                _ => self.key_too_long = true,
             },
         }
     }
@@ -259,4 +262,22 @@ pub(crate) fn may_begin_capture(bytes: &[u8]) -> bool {
                 .is_some_and(|rest| rest.trim_ascii_start().first() == Some(&b'{'))
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn every_target_is_a_prefix_of_the_longest() {
+        assert!(
+            TARGETS
+                .iter()
+                .all(|target| LONGEST_TARGET.starts_with(target))
+        );
+        assert!(TARGETS.contains(&LONGEST_TARGET));
+        assert!(LONGEST_TARGET.len() <= KEY_BYTES);
+    }
 }
