@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -54,40 +55,19 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 /// The control plane's limits file: nothing limited at first.
 const LIMITS: &str = "limits: []\n";
 
-#[derive(Debug)]
+/// How long a directive takes from the control plane into Envoy.
+#[derive(Debug, Parser)]
+#[command(name = "bench_propagation")]
 struct Options {
+    /// Simulated proxy streams beside the real Envoy.
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=5000))]
     streams: usize,
+    /// Directive changes measured.
+    #[arg(long, default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=200))]
     events: usize,
+    /// The file whose section is replaced, or `-` to print only.
+    #[arg(long, default_value = "BENCHMARKS.md")]
     output: String,
-}
-
-impl Options {
-    fn parse() -> Result<Self> {
-        let mut options = Self {
-            streams: 1000,
-            events: 20,
-            output: "BENCHMARKS.md".to_owned(),
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--streams" => options.streams = value("--streams")?.parse()?,
-                "--events" => options.events = value("--events")?.parse()?,
-                "--output" => options.output = value("--output")?,
-                "-h" | "--help" => {
-                    println!("bench_propagation [--streams N] [--events N] [--output FILE|-]");
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other:?} (try --help)"),
-            }
-        }
-        if !(1..=5000).contains(&options.streams) || !(2..=200).contains(&options.events) {
-            bail!("--streams 1..=5000, --events 2..=200");
-        }
-        Ok(options)
-    }
 }
 
 #[tokio::main]
@@ -111,7 +91,7 @@ struct Latencies {
 }
 
 async fn run() -> Result<()> {
-    let options = Options::parse()?;
+    let options = Options::parse();
     let work = tempfile::tempdir().context("cannot create a work directory")?;
     let simulated = simulated(&options, work.path()).await?;
     let envoy = real_envoy(&options, work.path()).await?;

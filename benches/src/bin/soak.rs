@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
 use sluice_benches::fleet::stats;
@@ -41,65 +42,47 @@ const REPORT_INTERVAL: Duration = Duration::from_millis(500);
 /// RSS may grow at most this much from the end of warm-up to the end.
 const MAX_GROWTH: f64 = 0.10;
 
-#[derive(Debug)]
+/// Soak the control plane with simulated proxies.
+#[derive(Debug, Parser)]
+#[command(name = "soak")]
 struct Options {
-    duration: Duration,
+    /// Seconds to run.
+    #[arg(long = "duration", value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(30..=86_400))]
+    duration_s: u64,
+    /// Simulated proxy streams (at least --replicas).
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=5000))]
     streams: usize,
+    /// Buckets each stream reports.
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(10..=100_000))]
     buckets: usize,
+    /// The file whose section is replaced, or `-` to print only.
+    #[arg(long, default_value = "BENCHMARKS.md")]
     output: String,
+    /// Control-plane replicas sharing one store.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     replicas: usize,
+    /// The replicas' Redis, `redis://HOST:PORT` (default, with two
+    /// replicas or more: a `redis-server` the soak starts).
+    #[arg(long)]
     store: Option<String>,
 }
 
 impl Options {
-    fn parse() -> Result<Self> {
-        let mut options = Self {
-            duration: Duration::from_secs(600),
-            streams: 1000,
-            buckets: 1000,
-            output: "BENCHMARKS.md".to_owned(),
-            replicas: 1,
-            store: None,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--duration" => {
-                    options.duration = Duration::from_secs(value("--duration")?.parse()?);
-                }
-                "--streams" => options.streams = value("--streams")?.parse()?,
-                "--buckets" => options.buckets = value("--buckets")?.parse()?,
-                "--output" => options.output = value("--output")?,
-                "--replicas" => options.replicas = value("--replicas")?.parse()?,
-                "--store" => options.store = Some(value("--store")?),
-                "-h" | "--help" => {
-                    println!(
-                        "soak [--duration SECONDS] [--streams N] [--buckets N] [--output FILE|-] [--replicas N [--store URL]]"
-                    );
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other:?} (try --help)"),
-            }
-        }
-        if !(30..=86_400).contains(&options.duration.as_secs())
-            || !(1..=5000).contains(&options.streams)
-            || !(10..=100_000).contains(&options.buckets)
-            || !(1..=16).contains(&options.replicas)
-            || options.streams < options.replicas
-        {
-            bail!(
-                "--duration 30..=86400, --streams 1..=5000, --buckets 10..=100000, \
-                 --replicas 1..=16 and at most --streams"
-            );
+    fn parse_checked() -> Result<Self> {
+        let options = Self::parse();
+        if options.streams < options.replicas {
+            bail!("--streams must be at least --replicas");
         }
         Ok(options)
     }
 
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.duration_s)
+    }
+
     /// The first fifth of the run, at most a minute.
     fn warmup(&self) -> Duration {
-        (self.duration / 5).min(Duration::from_secs(60))
+        (self.duration() / 5).min(Duration::from_secs(60))
     }
 }
 
@@ -188,7 +171,7 @@ fn cpu_of(pids: &[u32], ticks: u64) -> Result<Duration> {
 }
 
 async fn run() -> Result<()> {
-    let options = Options::parse()?;
+    let options = Options::parse_checked()?;
     let work = tempfile::tempdir().context("cannot create a work directory")?;
     let store = Store::open(&options, work.path()).await?;
     let limits = limits_yaml(options.streams);
@@ -274,7 +257,7 @@ async fn run() -> Result<()> {
     let mut deltas = 0_u64;
     let mut directives = 0_u64;
     let mut sample_at = tokio::time::Instant::now();
-    let end = tokio::time::Instant::now() + options.duration;
+    let end = tokio::time::Instant::now() + options.duration();
     let replica_pids: Vec<u32> = replicas.iter().map(ControlPlane::pid).collect();
     let redis_pid = store
         .as_ref()
@@ -421,7 +404,7 @@ async fn run() -> Result<()> {
     let bound = |q: f64| worst_bound("sluice_push_latency_seconds", q);
     let tick_bound = |q: f64| worst_bound("sluice_control_loop_tick_duration_seconds", q);
     let (lat_p50, lat_p99, lat_max) = stats::summary(&mut latencies_ms);
-    let seconds = options.duration.as_secs_f64();
+    let seconds = options.duration().as_secs_f64();
     let cpu_share = cpu_after.saturating_sub(cpu_before).as_secs_f64() / seconds;
     let own_cpu_share = own_cpu_after.saturating_sub(own_cpu_before).as_secs_f64() / seconds;
     let mib = |bytes: u64| bytes as f64 / 1048576.0;
@@ -482,7 +465,7 @@ async fn run() -> Result<()> {
     let reproduce = if replicated {
         format!(
             "`just soak {} --replicas {} --streams {}`",
-            options.duration.as_secs(),
+            options.duration().as_secs(),
             options.replicas,
             options.streams
         )
@@ -516,7 +499,7 @@ async fn run() -> Result<()> {
         streams = options.streams,
         buckets = options.buckets,
         entries = options.streams * options.buckets * 2,
-        secs = options.duration.as_secs(),
+        secs = options.duration().as_secs(),
         hot = options.buckets.div_ceil(10),
         every = SAMPLE_EVERY.as_secs(),
         warm = options.warmup().as_secs(),
