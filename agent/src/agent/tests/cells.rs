@@ -969,11 +969,11 @@ fn while_the_control_plane_is_lost_a_token_budget_holds_in_tokens() {
 #[test]
 fn a_request_claiming_a_huge_estimate_does_not_shut_its_cell_out() {
     // A budget of 1,000 tokens a second, half of 2,000 offered (requests
-    // of 10 tokens) shed by the credit. A client names the largest estimate a cost rule takes
-    // (10^9 tokens, in a header) on its request; it weighs one period of
-    // the budget, so the honest requests after it are admitted again
-    // within about a second. Weighed in full, its debt shut the cell out
-    // for days.
+    // of 10 tokens) shed by the credit. A client names the largest
+    // estimate a cost rule takes (10^9 tokens, in a header) on its
+    // request; it weighs one period of the budget, so the honest requests
+    // after it are admitted again within about a second. Weighed in full,
+    // its debt shut the cell out for days.
     let mut fleet = Fleet::with_settings(
         1,
         AgentSettings {
