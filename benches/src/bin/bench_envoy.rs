@@ -3,7 +3,8 @@
 //! `ratelimit` filter with a per-request gRPC rate limit service; in front
 //! of a real upstream, what a 429 saves against a passing request; and
 //! Envoy's own `rate_limit_quota` filter with Sluice as RLQS server, the
-//! data plane without wasm.
+//! data plane without wasm; and a streamed LLM completion with and without
+//! the filter's usage parser.
 //!
 //! ```text
 //! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--variants SLUG,...] [--output FILE|-]
@@ -163,6 +164,7 @@ async fn run() -> Result<()> {
     )
     .await?;
     let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
+    let llm = ServiceProcess::start(Service::Llm, work.path()).await?;
 
     let variants = options.variants.clone();
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
@@ -178,6 +180,7 @@ async fn run() -> Result<()> {
                 server: &server,
                 rls: &rls,
                 upstream: &upstream,
+                llm: &llm,
                 control_plane: &control_plane,
                 work: work.path(),
                 empty_wasm: &empty_wasm,
@@ -237,10 +240,57 @@ struct Bench<'a> {
     server: &'a DirectiveServer,
     rls: &'a ServiceProcess,
     upstream: &'a ServiceProcess,
+    llm: &'a ServiceProcess,
     control_plane: &'a ControlPlane,
     work: &'a std::path::Path,
     empty_wasm: &'a std::path::Path,
     ticks: u64,
+}
+
+/// Longest wait for the filter's charge counters to show the streams.
+const CHARGES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks that the filter of a streamed-completion variant did what the
+/// variant says: with the cost rule, at least `requests` streams charged
+/// from the body (every stream's usage read); without it, no charge at
+/// all. Read after the measurement, so its admin calls are not counted.
+async fn check_charges(envoy: &Envoy, variant: Variant, requests: usize) -> Result<()> {
+    let requests = u64::try_from(requests)?;
+    let charges = |stats: &str, source: &str| -> u64 {
+        let suffix = format!("sluice.source={source}.charges");
+        stats
+            .lines()
+            .filter_map(|line| line.split_once(": "))
+            .filter(|(name, _)| name.ends_with(&suffix))
+            .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+            .sum()
+    };
+    let stats = envoy.stats("sluice.source=").await?;
+    if !variant.parses_usage() {
+        let any: u64 = ["body", "metadata", "header", "trailer", "estimate"]
+            .iter()
+            .map(|source| charges(&stats, source))
+            .sum();
+        if any > 0 {
+            bail!("{any} charges without a cost rule:\n{stats}");
+        }
+        return Ok(());
+    }
+    sluice_integration_tests::wait::until(
+        "every stream to be charged from its body",
+        CHARGES_TIMEOUT,
+        Duration::from_millis(100),
+        || async {
+            let stats = envoy.stats("sluice.source=").await?;
+            let from_body = charges(&stats, "body");
+            let from_estimate = charges(&stats, "estimate");
+            if from_estimate > 0 {
+                bail!("{from_estimate} streams charged their estimate:\n{stats}");
+            }
+            Ok((from_body >= requests).then_some(()))
+        },
+    )
+    .await
 }
 
 /// Longest wait for the first RLQS assignment of a variant-10 Envoy.
@@ -272,6 +322,7 @@ impl Bench<'_> {
         let services = Services {
             rls: self.rls.addr(),
             upstream: self.upstream.addr(),
+            llm: self.llm.addr(),
             rlqs: self.control_plane.grpc_addr(),
         };
         let assignments_before = self.assignments_sent().await?;
@@ -294,7 +345,9 @@ impl Bench<'_> {
             tokio::time::sleep(DIRECTIVE_SETTLE).await;
         }
 
-        let mut warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+        let ask = variant.ask();
+        let mut warm =
+            client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
         if variant == Variant::RateLimitQuota {
             // Envoy reports every 5 s; the assignment follows the first
             // report with traffic. Keep traffic flowing until it is there.
@@ -305,7 +358,8 @@ impl Bench<'_> {
                     self.control_plane.print_log();
                     bail!("{name}: no RLQS assignment within {RLQS_ASSIGNMENT_TIMEOUT:?}");
                 }
-                warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+                warm =
+                    client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
             }
         }
         if variant.drop_ratio() == Some(0.5) {
@@ -321,17 +375,25 @@ impl Bench<'_> {
             Variant::GlobalRateLimit => Some(self.rls.pid()),
             Variant::UpstreamRouter | Variant::UpstreamSluiceHalf => Some(self.upstream.pid()),
             Variant::SluiceRateLimitService => Some(self.control_plane.pid()),
+            _ if variant.streams_completions() => Some(self.llm.pid()),
             _ => None,
         };
         let service_before = service
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
         let before = measure::cpu_time(pid, self.ticks)?;
-        let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
+        let outcome =
+            client::run(addr, self.options.requests, self.options.concurrency, ask).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
         let service_after = service
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
+        if variant.streams_completions()
+            && let Err(err) = check_charges(&envoy, variant, self.options.requests).await
+        {
+            envoy.print_log();
+            bail!("{name}: {err:#}");
+        }
         envoy.stop()?;
         if outcome.other > 0 {
             bail!("{name}: {} answers were neither 200 nor 429", outcome.other);
