@@ -251,9 +251,10 @@ struct Bench<'a> {
 const CHARGES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks that the filter of a streamed-completion variant did what the
-/// variant says: with the cost rule, at least `requests` streams charged
-/// from the body (every stream's usage read); without it, no charge at
-/// all. Read after the measurement, so its admin calls are not counted.
+/// variant says: with a cost rule, at least `requests` streams charged
+/// from its source (the body: every stream's usage read) and none from
+/// another; without one, no charge at all. Read after the measurement, so
+/// its admin calls are not counted.
 async fn check_charges(envoy: &Envoy, variant: Variant, requests: usize) -> Result<()> {
     let requests = u64::try_from(requests)?;
     let charges = |stats: &str, source: &str| -> u64 {
@@ -265,29 +266,25 @@ async fn check_charges(envoy: &Envoy, variant: Variant, requests: usize) -> Resu
             .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
             .sum()
     };
-    let stats = envoy.stats("sluice.source=").await?;
-    if !variant.parses_usage() {
-        let any: u64 = ["body", "metadata", "header", "trailer", "estimate"]
-            .iter()
-            .map(|source| charges(&stats, source))
-            .sum();
-        if any > 0 {
-            bail!("{any} charges without a cost rule:\n{stats}");
-        }
-        return Ok(());
-    }
+    const SOURCES: [&str; 5] = ["body", "metadata", "header", "trailer", "estimate"];
+    let expected = variant.charge_source();
     sluice_integration_tests::wait::until(
-        "every stream to be charged from its body",
+        &format!("every stream to be charged from {expected:?}"),
         CHARGES_TIMEOUT,
         Duration::from_millis(100),
         || async {
             let stats = envoy.stats("sluice.source=").await?;
-            let from_body = charges(&stats, "body");
-            let from_estimate = charges(&stats, "estimate");
-            if from_estimate > 0 {
-                bail!("{from_estimate} streams charged their estimate:\n{stats}");
+            let elsewhere: u64 = SOURCES
+                .iter()
+                .filter(|source| Some(**source) != expected)
+                .map(|source| charges(&stats, source))
+                .sum();
+            if elsewhere > 0 {
+                bail!("{elsewhere} charges from sources other than {expected:?}:\n{stats}");
             }
-            Ok((from_body >= requests).then_some(()))
+            Ok(expected
+                .is_none_or(|source| charges(&stats, source) >= requests)
+                .then_some(()))
         },
     )
     .await

@@ -4,9 +4,10 @@
 //! the router, so the difference between them is the cost of those filters;
 //! variants 8 and 9 route to a real upstream process instead of answering
 //! locally, so they show what a request that passes costs against one that
-//! is rejected. Variants 14 to 17 route to the fake LLM upstream, which
+//! is rejected. Variants 14 to 18 route to the fake LLM upstream, which
 //! streams a chat completion of a fixed size: with and without a cost rule
-//! whose actual cost the usage parser reads from the stream.
+//! whose actual cost the usage parser reads from the stream (18: a rule
+//! that does not read the body).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -71,11 +72,16 @@ pub enum Variant {
     NativeSseUpstream,
     /// Variant 15 with the native dynamic module.
     NativeSseUpstreamUsage,
+    /// Variant 15 with the body not read: every stream is charged its
+    /// estimate at its end, so 15 against 18 is the reading of the body
+    /// (each chunk handed to the parser) and 18 against 14 the rule's
+    /// estimate and charge.
+    SseUpstreamEstimate,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 17] = [
+    pub const ALL: [Variant; 18] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -93,6 +99,7 @@ impl Variant {
         Variant::SseUpstreamUsage,
         Variant::NativeSseUpstream,
         Variant::NativeSseUpstreamUsage,
+        Variant::SseUpstreamEstimate,
     ];
 
     /// Short name for logs and file names.
@@ -115,6 +122,7 @@ impl Variant {
             Variant::SseUpstreamUsage => "sse-upstream-usage",
             Variant::NativeSseUpstream => "native-sse-upstream",
             Variant::NativeSseUpstreamUsage => "native-sse-upstream-usage",
+            Variant::SseUpstreamEstimate => "sse-upstream-estimate",
         }
     }
 
@@ -140,6 +148,7 @@ impl Variant {
             Variant::SseUpstreamUsage => "15. as 14, + cost rule parsing the usage",
             Variant::NativeSseUpstream => "16. as 14, with the native module",
             Variant::NativeSseUpstreamUsage => "17. as 15, with the native module",
+            Variant::SseUpstreamEstimate => "18. as 15, body not read, estimate charged",
         }
     }
 
@@ -155,7 +164,8 @@ impl Variant {
             | Variant::SseUpstream
             | Variant::SseUpstreamUsage
             | Variant::NativeSseUpstream
-            | Variant::NativeSseUpstreamUsage => Some(1e-9),
+            | Variant::NativeSseUpstreamUsage
+            | Variant::SseUpstreamEstimate => Some(1e-9),
             Variant::SluiceHalf | Variant::UpstreamSluiceHalf | Variant::NativeHalf => Some(0.5),
             _ => None,
         }
@@ -170,7 +180,7 @@ impl Variant {
         }
     }
 
-    /// Whether it routes to the fake LLM upstream (variants 14 to 17).
+    /// Whether it routes to the fake LLM upstream (variants 14 to 18).
     pub fn streams_completions(self) -> bool {
         matches!(
             self,
@@ -178,36 +188,38 @@ impl Variant {
                 | Variant::SseUpstreamUsage
                 | Variant::NativeSseUpstream
                 | Variant::NativeSseUpstreamUsage
+                | Variant::SseUpstreamEstimate
         )
     }
 
-    /// Whether its filter has a cost rule (variants 15 and 17).
-    pub fn parses_usage(self) -> bool {
-        matches!(
-            self,
-            Variant::SseUpstreamUsage | Variant::NativeSseUpstreamUsage
-        )
+    /// Where its filter's cost rule takes each stream's charge from, named
+    /// as the filter's counters name the source: `body` (variants 15 and
+    /// 17), `estimate` (18), or `None`: no cost rule.
+    pub fn charge_source(self) -> Option<&'static str> {
+        match self {
+            Variant::SseUpstreamUsage | Variant::NativeSseUpstreamUsage => Some("body"),
+            Variant::SseUpstreamEstimate => Some("estimate"),
+            _ => None,
+        }
     }
 }
 
 /// The filter configuration keys of `variant`: one bucket from the tenant
-/// header and, for the usage variants, a cost rule for it that reads the
-/// actual cost from the body only (no dynamic metadata, no header), with a
-/// constant estimate.
+/// header and, for the variants with a cost rule, a rule for it with a
+/// constant estimate that reads the actual cost from the body only (no
+/// dynamic metadata, no header), or from nothing (variant 18).
 fn filter_keys(variant: Variant) -> serde_json::Value {
     let mut keys = json!({
         "proxy_id": "bench",
         "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
     });
-    if variant.parses_usage()
-        && let Some(keys) = keys.as_object_mut()
-    {
+    if let (Some(source), Some(keys)) = (variant.charge_source(), keys.as_object_mut()) {
         keys.insert(
             "cost_rules".to_owned(),
             json!([{
                 "bucket": BUCKET,
                 "cost": {"estimate": {"source": "constant", "value": STREAMED_OUTPUT_TOKENS}},
-                "actual": {"metadata": null, "body": {"parse": true}},
+                "actual": {"metadata": null, "body": {"parse": source == "body"}},
             }]),
         );
     }
@@ -236,7 +248,7 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
-    /// The fake LLM upstream (variants 14 to 17).
+    /// The fake LLM upstream (variants 14 to 18).
     pub llm: SocketAddr,
     /// The real control plane's gRPC listener, as RLQS server (variant 10)
     /// and rate limit service (variant 11).
@@ -270,7 +282,8 @@ pub fn envoy_config(
         | Variant::SluiceHalf
         | Variant::UpstreamSluiceHalf
         | Variant::SseUpstream
-        | Variant::SseUpstreamUsage => vec![sluice, router],
+        | Variant::SseUpstreamUsage
+        | Variant::SseUpstreamEstimate => vec![sluice, router],
         Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
         Variant::FaultReply => vec![fault_reply()?, router],
         Variant::UpstreamRouter => vec![router],
@@ -381,7 +394,7 @@ fn rate_limit_quota() -> Result<Value> {
 const RLS_CLUSTER: &str = "bench_rate_limit_service";
 /// Name of the cluster of the upstream (variants 8 and 9).
 const UPSTREAM_CLUSTER: &str = "bench_upstream";
-/// Name of the cluster of the fake LLM upstream (variants 14 to 17).
+/// Name of the cluster of the fake LLM upstream (variants 14 to 18).
 const LLM_CLUSTER: &str = "bench_llm_upstream";
 
 /// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
@@ -419,7 +432,7 @@ typed_config:
 /// route to the rate limit service's cluster, and the fault filter answers
 /// every request with a local 200 before the router would forward it, so no
 /// request leaves Envoy, as in variants 1 to 5; variant 7 measures what that
-/// swap costs. Variants 8, 9 and 14 to 17 really forward to an upstream.
+/// swap costs. Variants 8, 9 and 14 to 18 really forward to an upstream.
 fn route_to_cluster(config: &mut Value, cluster: &str) -> Result<()> {
     let route = config
         .get_mut("static_resources")
@@ -539,22 +552,23 @@ mod tests {
     }
 
     #[test]
-    fn only_the_usage_variants_have_a_cost_rule_reading_the_body_alone() {
+    fn only_the_cost_variants_have_a_rule_reading_the_body_alone_or_nothing() {
         for variant in Variant::ALL {
             let config = parsed(variant);
+            let source = variant.charge_source();
             assert_eq!(
                 config.costs.is_empty(),
-                !variant.parses_usage(),
+                source.is_none(),
                 "{}",
                 variant.slug()
             );
-            if variant.parses_usage() {
+            if let Some(source) = source {
                 let index = config
                     .costs
                     .find(None, BUCKET)
                     .expect("a rule for the bucket");
                 let actual = &config.costs.get(index).unwrap().actual;
-                assert!(actual.body_cap.is_some());
+                assert_eq!(actual.body_cap.is_some(), source == "body");
                 assert_eq!(
                     (
                         &actual.metadata,
@@ -568,10 +582,11 @@ mod tests {
     }
 
     #[test]
-    fn each_usage_variant_differs_from_its_pair_only_by_the_cost_rule() {
+    fn each_cost_variant_differs_from_its_pair_only_by_the_cost_rule() {
         for (without, with) in [
             (Variant::SseUpstream, Variant::SseUpstreamUsage),
             (Variant::NativeSseUpstream, Variant::NativeSseUpstreamUsage),
+            (Variant::SseUpstream, Variant::SseUpstreamEstimate),
         ] {
             let mut keys = filter_keys(with);
             keys.as_object_mut().unwrap().remove("cost_rules").unwrap();

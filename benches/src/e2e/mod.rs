@@ -1,7 +1,7 @@
 //! The end-to-end benchmark behind the `bench_envoy` binary: Envoy with
-//! `--concurrency 1` in seventeen variants (filter chains, two with a real
+//! `--concurrency 1` in eighteen variants (filter chains, two with a real
 //! upstream, Envoy's `rate_limit_quota` with the real control plane as
-//! RLQS server, the native module, and four streaming an LLM completion
+//! RLQS server, the native module, and five streaming an LLM completion
 //! from the fake provider), a closed-loop HTTP/1.1 client in-process, and
 //! Envoy's own CPU time read from `/proc`.
 //!
