@@ -135,7 +135,7 @@ bench:
 build-empty-filter: setup
     cargo build -p sluice-empty-filter --target {{wasm_target}} --profile {{wasm_profile}}
 
-# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service, and router vs Sluice at 50% in front of a real upstream; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
+# End-to-end benchmark: Envoy alone, + local_ratelimit, + an empty wasm filter, + Sluice, + global ratelimit with a gRPC service, and router vs Sluice at 50% in front of a real upstream, and a streamed LLM completion with and without the usage parser; updates BENCHMARKS.md and its CPU chart (`--quick`: short run, `--output -`: print only).
 bench-envoy *ARGS: build-wasm build-empty-filter build-native
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins

@@ -3,7 +3,8 @@
 //! `ratelimit` filter with a per-request gRPC rate limit service; in front
 //! of a real upstream, what a 429 saves against a passing request; and
 //! Envoy's own `rate_limit_quota` filter with Sluice as RLQS server, the
-//! data plane without wasm.
+//! data plane without wasm; and a streamed LLM completion with and without
+//! the filter's usage parser.
 //!
 //! ```text
 //! bench_envoy [--quick] [--rounds N] [--requests N] [--concurrency N] [--variants SLUG,...] [--output FILE|-]
@@ -163,6 +164,7 @@ async fn run() -> Result<()> {
     )
     .await?;
     let upstream = ServiceProcess::start(Service::Upstream, work.path()).await?;
+    let llm = ServiceProcess::start(Service::Llm, work.path()).await?;
 
     let variants = options.variants.clone();
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
@@ -178,6 +180,7 @@ async fn run() -> Result<()> {
                 server: &server,
                 rls: &rls,
                 upstream: &upstream,
+                llm: &llm,
                 control_plane: &control_plane,
                 work: work.path(),
                 empty_wasm: &empty_wasm,
@@ -237,10 +240,54 @@ struct Bench<'a> {
     server: &'a DirectiveServer,
     rls: &'a ServiceProcess,
     upstream: &'a ServiceProcess,
+    llm: &'a ServiceProcess,
     control_plane: &'a ControlPlane,
     work: &'a std::path::Path,
     empty_wasm: &'a std::path::Path,
     ticks: u64,
+}
+
+/// Longest wait for the filter's charge counters to show the streams.
+const CHARGES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks that the filter of a streamed-completion variant did what the
+/// variant says: with a cost rule, at least `requests` streams charged
+/// from its source (the body: every stream's usage read) and none from
+/// another; without one, no charge at all. Read after the measurement, so
+/// its admin calls are not counted.
+async fn check_charges(envoy: &Envoy, variant: Variant, requests: usize) -> Result<()> {
+    let requests = u64::try_from(requests)?;
+    let charges = |stats: &str, source: &str| -> u64 {
+        let suffix = format!("sluice.source={source}.charges");
+        stats
+            .lines()
+            .filter_map(|line| line.split_once(": "))
+            .filter(|(name, _)| name.ends_with(&suffix))
+            .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+            .sum()
+    };
+    const SOURCES: [&str; 5] = ["body", "metadata", "header", "trailer", "estimate"];
+    let expected = variant.charge_source();
+    sluice_integration_tests::wait::until(
+        &format!("every stream to be charged from {expected:?}"),
+        CHARGES_TIMEOUT,
+        Duration::from_millis(100),
+        || async {
+            let stats = envoy.stats("sluice.source=").await?;
+            let elsewhere: u64 = SOURCES
+                .iter()
+                .filter(|source| Some(**source) != expected)
+                .map(|source| charges(&stats, source))
+                .sum();
+            if elsewhere > 0 {
+                bail!("{elsewhere} charges from sources other than {expected:?}:\n{stats}");
+            }
+            Ok(expected
+                .is_none_or(|source| charges(&stats, source) >= requests)
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 /// Longest wait for the first RLQS assignment of a variant-10 Envoy.
@@ -272,6 +319,7 @@ impl Bench<'_> {
         let services = Services {
             rls: self.rls.addr(),
             upstream: self.upstream.addr(),
+            llm: self.llm.addr(),
             rlqs: self.control_plane.grpc_addr(),
         };
         let assignments_before = self.assignments_sent().await?;
@@ -294,7 +342,9 @@ impl Bench<'_> {
             tokio::time::sleep(DIRECTIVE_SETTLE).await;
         }
 
-        let mut warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+        let ask = variant.ask();
+        let mut warm =
+            client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
         if variant == Variant::RateLimitQuota {
             // Envoy reports every 5 s; the assignment follows the first
             // report with traffic. Keep traffic flowing until it is there.
@@ -305,7 +355,8 @@ impl Bench<'_> {
                     self.control_plane.print_log();
                     bail!("{name}: no RLQS assignment within {RLQS_ASSIGNMENT_TIMEOUT:?}");
                 }
-                warm = client::run(addr, self.options.warmup, self.options.concurrency).await?;
+                warm =
+                    client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
             }
         }
         if variant.drop_ratio() == Some(0.5) {
@@ -321,17 +372,25 @@ impl Bench<'_> {
             Variant::GlobalRateLimit => Some(self.rls.pid()),
             Variant::UpstreamRouter | Variant::UpstreamSluiceHalf => Some(self.upstream.pid()),
             Variant::SluiceRateLimitService => Some(self.control_plane.pid()),
+            _ if variant.streams_completions() => Some(self.llm.pid()),
             _ => None,
         };
         let service_before = service
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
         let before = measure::cpu_time(pid, self.ticks)?;
-        let outcome = client::run(addr, self.options.requests, self.options.concurrency).await?;
+        let outcome =
+            client::run(addr, self.options.requests, self.options.concurrency, ask).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
         let service_after = service
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
+        if variant.streams_completions()
+            && let Err(err) = check_charges(&envoy, variant, self.options.requests).await
+        {
+            envoy.print_log();
+            bail!("{name}: {err:#}");
+        }
         envoy.stop()?;
         if outcome.other > 0 {
             bail!("{name}: {} answers were neither 200 nor 429", outcome.other);

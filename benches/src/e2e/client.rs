@@ -2,7 +2,9 @@
 //! each sending its next request as soon as the previous answer is read,
 //! until `requests` answers are in. It uses hyper's connection API directly
 //! rather than a pooled client, so the client spends as little CPU per
-//! request as possible on the shared machine.
+//! request as possible on the shared machine. Every request of a run is the
+//! same: a `GET /`, or a streamed chat completion whose answer is read to
+//! its end.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,10 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::Request;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use sluice_integration_tests::token_fleet::OUTPUT_TOKENS_HEADER;
 use tokio::net::TcpStream;
 
 /// The header the benchmark's bucket key is built from, and its value.
@@ -22,6 +25,49 @@ pub const TENANT_HEADER: &str = "x-tenant";
 pub const BUCKET: &str = "bench";
 /// One request may take at most this long (a stuck Envoy fails the run).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The output tokens every streamed completion asks the fake upstream for:
+/// in its chunks of 16 tokens, 32 content events and 4 others (the role,
+/// the finish, the usage, `[DONE]`), as in the `usage_parser` criterion
+/// bench.
+pub const STREAMED_OUTPUT_TOKENS: u64 = 500;
+/// Where a streamed completion is asked for.
+const CHAT_PATH: &str = "/v1/chat/completions";
+/// The body of every streamed completion: OpenAI's API with the usage in
+/// the stream's last chunk.
+const CHAT_BODY: &str = r#"{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+
+/// What every request of a run asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// `GET /`.
+    Get,
+    /// `POST` of [`CHAT_BODY`] to [`CHAT_PATH`], asking the fake LLM
+    /// upstream for [`STREAMED_OUTPUT_TOKENS`] output tokens (its
+    /// `x-output-tokens` header): the same stream every time.
+    StreamedChat,
+}
+
+type RequestBody = Either<Empty<Bytes>, Full<Bytes>>;
+
+impl Ask {
+    fn request(self) -> Result<Request<RequestBody>> {
+        let request = match self {
+            Ask::Get => Request::get("/")
+                .header(hyper::header::HOST, "bench.local")
+                .header(TENANT_HEADER, BUCKET)
+                .body(Either::Left(Empty::new())),
+            Ask::StreamedChat => Request::post(CHAT_PATH)
+                .header(hyper::header::HOST, "bench.local")
+                .header(TENANT_HEADER, BUCKET)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(OUTPUT_TOKENS_HEADER, STREAMED_OUTPUT_TOKENS)
+                .body(Either::Right(Full::new(Bytes::from_static(
+                    CHAT_BODY.as_bytes(),
+                )))),
+        };
+        request.context("cannot build the request")
+    }
+}
 
 /// What one load run saw.
 #[derive(Debug, Clone, Default)]
@@ -38,13 +84,19 @@ pub struct LoadOutcome {
     pub other: u64,
 }
 
-/// Sends `requests` GETs to `addr` over `concurrency` connections.
-pub async fn run(addr: SocketAddr, requests: usize, concurrency: usize) -> Result<LoadOutcome> {
+/// Sends `requests` requests as `ask` says to `addr` over `concurrency`
+/// connections.
+pub async fn run(
+    addr: SocketAddr,
+    requests: usize,
+    concurrency: usize,
+    ask: Ask,
+) -> Result<LoadOutcome> {
     let remaining = Arc::new(AtomicUsize::new(requests));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
-        tasks.spawn(connection(addr, remaining.clone()));
+        tasks.spawn(connection(addr, remaining.clone(), ask));
     }
     let mut total = LoadOutcome {
         latencies_us: Vec::with_capacity(requests),
@@ -61,7 +113,11 @@ pub async fn run(addr: SocketAddr, requests: usize, concurrency: usize) -> Resul
     Ok(total)
 }
 
-async fn connection(addr: SocketAddr, remaining: Arc<AtomicUsize>) -> Result<LoadOutcome> {
+async fn connection(
+    addr: SocketAddr,
+    remaining: Arc<AtomicUsize>,
+    ask: Ask,
+) -> Result<LoadOutcome> {
     let stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
@@ -76,11 +132,7 @@ async fn connection(addr: SocketAddr, remaining: Arc<AtomicUsize>) -> Result<Loa
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok()
     {
-        let request = Request::get("/")
-            .header(hyper::header::HOST, "bench.local")
-            .header(TENANT_HEADER, BUCKET)
-            .body(Empty::<Bytes>::new())
-            .context("cannot build the request")?;
+        let request = ask.request()?;
         let sent = Instant::now();
         let response = tokio::time::timeout(REQUEST_TIMEOUT, async {
             let response = sender.send_request(request).await?;

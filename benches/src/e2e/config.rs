@@ -4,7 +4,10 @@
 //! the router, so the difference between them is the cost of those filters;
 //! variants 8 and 9 route to a real upstream process instead of answering
 //! locally, so they show what a request that passes costs against one that
-//! is rejected.
+//! is rejected. Variants 14 to 18 route to the fake LLM upstream, which
+//! streams a chat completion of a fixed size: with and without a cost rule
+//! whose actual cost the usage parser reads from the stream (18: a rule
+//! that does not read the body).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +18,7 @@ use serde_yaml_ng::Value;
 use sluice_integration_tests::envoy::{Rewrite, load_repo_config, rewrite};
 use sluice_integration_tests::paths;
 
-use super::client::TENANT_HEADER;
+use super::client::{Ask, BUCKET, STREAMED_OUTPUT_TOKENS, TENANT_HEADER};
 
 /// Default location of the empty filter's `.wasm`, relative to the workspace root.
 pub const DEFAULT_EMPTY_WASM: &str = "target/wasm32-wasip1/wasm/sluice_empty_filter.wasm";
@@ -57,11 +60,28 @@ pub enum Variant {
     NativeNoDrop,
     /// Variant 5 with the native dynamic module.
     NativeHalf,
+    /// The router to the fake LLM upstream streaming a chat completion
+    /// (SSE) of a fixed size, Sluice in front holding a directive that
+    /// does not drop, and no cost rule.
+    SseUpstream,
+    /// Variant 14 plus a cost rule for the bucket whose actual cost the
+    /// usage parser reads from the stream: the parser and the charge at
+    /// the stream's end are the only difference.
+    SseUpstreamUsage,
+    /// Variant 14 with the native dynamic module.
+    NativeSseUpstream,
+    /// Variant 15 with the native dynamic module.
+    NativeSseUpstreamUsage,
+    /// Variant 15 with the body not read: every stream is charged its
+    /// estimate at its end, so 15 against 18 is the reading of the body
+    /// (each chunk handed to the parser) and 18 against 14 the rule's
+    /// estimate and charge.
+    SseUpstreamEstimate,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 13] = [
+    pub const ALL: [Variant; 18] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -75,6 +95,11 @@ impl Variant {
         Variant::SluiceRateLimitService,
         Variant::NativeNoDrop,
         Variant::NativeHalf,
+        Variant::SseUpstream,
+        Variant::SseUpstreamUsage,
+        Variant::NativeSseUpstream,
+        Variant::NativeSseUpstreamUsage,
+        Variant::SseUpstreamEstimate,
     ];
 
     /// Short name for logs and file names.
@@ -93,6 +118,11 @@ impl Variant {
             Variant::SluiceRateLimitService => "sluice-rls",
             Variant::NativeNoDrop => "native-no-drop",
             Variant::NativeHalf => "native-50pct",
+            Variant::SseUpstream => "sse-upstream",
+            Variant::SseUpstreamUsage => "sse-upstream-usage",
+            Variant::NativeSseUpstream => "native-sse-upstream",
+            Variant::NativeSseUpstreamUsage => "native-sse-upstream-usage",
+            Variant::SseUpstreamEstimate => "sse-upstream-estimate",
         }
     }
 
@@ -114,6 +144,11 @@ impl Variant {
             }
             Variant::NativeNoDrop => "12. + Sluice native module, no drops (as 4)",
             Variant::NativeHalf => "13. + Sluice native module at 50% drop (as 5)",
+            Variant::SseUpstream => "14. + Sluice, no drops, streamed completion upstream",
+            Variant::SseUpstreamUsage => "15. as 14, + cost rule parsing the usage",
+            Variant::NativeSseUpstream => "16. as 14, with the native module",
+            Variant::NativeSseUpstreamUsage => "17. as 15, with the native module",
+            Variant::SseUpstreamEstimate => "18. as 15, body not read, estimate charged",
         }
     }
 
@@ -124,11 +159,71 @@ impl Variant {
     /// pushed instead.
     pub fn drop_ratio(self) -> Option<f64> {
         match self {
-            Variant::SluiceNoDrop | Variant::NativeNoDrop => Some(1e-9),
+            Variant::SluiceNoDrop
+            | Variant::NativeNoDrop
+            | Variant::SseUpstream
+            | Variant::SseUpstreamUsage
+            | Variant::NativeSseUpstream
+            | Variant::NativeSseUpstreamUsage
+            | Variant::SseUpstreamEstimate => Some(1e-9),
             Variant::SluiceHalf | Variant::UpstreamSluiceHalf | Variant::NativeHalf => Some(0.5),
             _ => None,
         }
     }
+
+    /// What each of its requests asks.
+    pub fn ask(self) -> Ask {
+        if self.streams_completions() {
+            Ask::StreamedChat
+        } else {
+            Ask::Get
+        }
+    }
+
+    /// Whether it routes to the fake LLM upstream (variants 14 to 18).
+    pub fn streams_completions(self) -> bool {
+        matches!(
+            self,
+            Variant::SseUpstream
+                | Variant::SseUpstreamUsage
+                | Variant::NativeSseUpstream
+                | Variant::NativeSseUpstreamUsage
+                | Variant::SseUpstreamEstimate
+        )
+    }
+
+    /// Where its filter's cost rule takes each stream's charge from, named
+    /// as the filter's counters name the source: `body` (variants 15 and
+    /// 17), `estimate` (18), or `None`: no cost rule.
+    pub fn charge_source(self) -> Option<&'static str> {
+        match self {
+            Variant::SseUpstreamUsage | Variant::NativeSseUpstreamUsage => Some("body"),
+            Variant::SseUpstreamEstimate => Some("estimate"),
+            _ => None,
+        }
+    }
+}
+
+/// The filter configuration keys of `variant`: one bucket from the tenant
+/// header and, for the variants with a cost rule, a rule for it with a
+/// constant estimate that reads the actual cost from the body only (no
+/// dynamic metadata, no header), or from nothing (variant 18).
+fn filter_keys(variant: Variant) -> serde_json::Value {
+    let mut keys = json!({
+        "proxy_id": "bench",
+        "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
+    });
+    if let (Some(source), Some(keys)) = (variant.charge_source(), keys.as_object_mut()) {
+        keys.insert(
+            "cost_rules".to_owned(),
+            json!([{
+                "bucket": BUCKET,
+                "cost": {"estimate": {"source": "constant", "value": STREAMED_OUTPUT_TOKENS}},
+                "actual": {"metadata": null, "body": {"parse": source == "body"}},
+            }]),
+        );
+    }
+    keys
 }
 
 /// Where the empty filter is: `$EMPTY_FILTER_WASM`, else [`DEFAULT_EMPTY_WASM`].
@@ -153,6 +248,8 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
+    /// The fake LLM upstream (variants 14 to 18).
+    pub llm: SocketAddr,
     /// The real control plane's gRPC listener, as RLQS server (variant 10)
     /// and rate limit service (variant 11).
     pub rlqs: SocketAddr,
@@ -169,13 +266,7 @@ pub fn envoy_config(
     let mut config = load_repo_config("demo-a.yaml")?;
     // `for_test` also points every wasm filter at the built Sluice filter
     // (`SLUICE_WASM`), as the integration tests do.
-    let rw = Rewrite::for_test(
-        control_plane,
-        json!({
-            "proxy_id": "bench",
-            "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
-        }),
-    )?;
+    let rw = Rewrite::for_test(control_plane, filter_keys(variant))?;
     rewrite(&mut config, &rw)?;
 
     let filters = http_filters(&mut config)?;
@@ -187,15 +278,21 @@ pub fn envoy_config(
         Variant::Router => vec![router],
         Variant::LocalRateLimit => vec![local_ratelimit()?, router],
         Variant::EmptyWasm => vec![empty_filter(sluice, empty_wasm)?, router],
-        Variant::SluiceNoDrop | Variant::SluiceHalf | Variant::UpstreamSluiceHalf => {
-            vec![sluice, router]
-        }
+        Variant::SluiceNoDrop
+        | Variant::SluiceHalf
+        | Variant::UpstreamSluiceHalf
+        | Variant::SseUpstream
+        | Variant::SseUpstreamUsage
+        | Variant::SseUpstreamEstimate => vec![sluice, router],
         Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
         Variant::FaultReply => vec![fault_reply()?, router],
         Variant::UpstreamRouter => vec![router],
         Variant::RateLimitQuota => vec![rate_limit_quota()?, router],
         Variant::SluiceRateLimitService => vec![global_ratelimit()?, fault_reply()?, router],
-        Variant::NativeNoDrop | Variant::NativeHalf => vec![native_module(control_plane)?, router],
+        Variant::NativeNoDrop
+        | Variant::NativeHalf
+        | Variant::NativeSseUpstream
+        | Variant::NativeSseUpstreamUsage => vec![native_module(control_plane, variant)?, router],
     };
     if variant == Variant::SluiceRateLimitService {
         // The control plane, as the rate limit service of variant 11.
@@ -216,20 +313,19 @@ pub fn envoy_config(
         add_cluster(&mut config, UPSTREAM_CLUSTER, services.upstream, false)?;
         route_to_cluster(&mut config, UPSTREAM_CLUSTER)?;
     }
+    if variant.streams_completions() {
+        add_cluster(&mut config, LLM_CLUSTER, services.llm, false)?;
+        route_to_cluster(&mut config, LLM_CLUSTER)?;
+    }
     Ok(config)
 }
 
 /// The dynamic-module filter of `envoy/native-module.yaml`, configured as
-/// the wasm filter of the other variants and dialing `control_plane`.
-fn native_module(control_plane: SocketAddr) -> Result<Value> {
+/// the wasm filter of the same `variant` would be and dialing
+/// `control_plane`.
+fn native_module(control_plane: SocketAddr, variant: Variant) -> Result<Value> {
     let mut native = load_repo_config("native-module.yaml")?;
-    let rw = Rewrite::for_native(
-        control_plane,
-        json!({
-            "proxy_id": "bench",
-            "bucket_key": [{"source": "header", "name": TENANT_HEADER, "default": "anonymous"}],
-        }),
-    )?;
+    let rw = Rewrite::for_native(control_plane, filter_keys(variant))?;
     rewrite(&mut native, &rw)?;
     http_filters(&mut native)?
         .first()
@@ -298,6 +394,8 @@ fn rate_limit_quota() -> Result<Value> {
 const RLS_CLUSTER: &str = "bench_rate_limit_service";
 /// Name of the cluster of the upstream (variants 8 and 9).
 const UPSTREAM_CLUSTER: &str = "bench_upstream";
+/// Name of the cluster of the fake LLM upstream (variants 14 to 18).
+const LLM_CLUSTER: &str = "bench_llm_upstream";
 
 /// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
 /// with a descriptor `("tenant", <x-tenant>)`, from the `rate_limits` of the
@@ -334,7 +432,7 @@ typed_config:
 /// route to the rate limit service's cluster, and the fault filter answers
 /// every request with a local 200 before the router would forward it, so no
 /// request leaves Envoy, as in variants 1 to 5; variant 7 measures what that
-/// swap costs. Variants 8 and 9 really forward to the upstream.
+/// swap costs. Variants 8, 9 and 14 to 18 really forward to an upstream.
 fn route_to_cluster(config: &mut Value, cluster: &str) -> Result<()> {
     let route = config
         .get_mut("static_resources")
@@ -436,4 +534,84 @@ fn empty_filter(mut sluice: Value, wasm: &Path) -> Result<Value> {
         .context("sluice filter has no vm_config.code.local")?;
     local.insert("filename".into(), wasm.display().to_string().into());
     Ok(sluice)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+    use super::*;
+    use sluice_agent::config::FilterConfig;
+
+    /// `variant`'s filter keys as the filter parses and validates them.
+    fn parsed(variant: Variant) -> FilterConfig {
+        let mut keys = filter_keys(variant);
+        keys["control_plane_cluster"] = json!("sluice_control_plane");
+        FilterConfig::from_json(keys.to_string().as_bytes())
+            .unwrap_or_else(|err| panic!("{}: {err}", variant.slug()))
+    }
+
+    #[test]
+    fn only_the_cost_variants_have_a_rule_reading_the_body_alone_or_nothing() {
+        for variant in Variant::ALL {
+            let config = parsed(variant);
+            let source = variant.charge_source();
+            assert_eq!(
+                config.costs.is_empty(),
+                source.is_none(),
+                "{}",
+                variant.slug()
+            );
+            if let Some(source) = source {
+                let index = config
+                    .costs
+                    .find(None, BUCKET)
+                    .expect("a rule for the bucket");
+                let actual = &config.costs.get(index).unwrap().actual;
+                assert_eq!(actual.body_cap.is_some(), source == "body");
+                assert_eq!(
+                    (
+                        &actual.metadata,
+                        &actual.response_header,
+                        &actual.response_trailer
+                    ),
+                    (&None, &None, &None)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_cost_variant_differs_from_its_pair_only_by_the_cost_rule() {
+        for (without, with) in [
+            (Variant::SseUpstream, Variant::SseUpstreamUsage),
+            (Variant::NativeSseUpstream, Variant::NativeSseUpstreamUsage),
+            (Variant::SseUpstream, Variant::SseUpstreamEstimate),
+        ] {
+            let mut keys = filter_keys(with);
+            keys.as_object_mut().unwrap().remove("cost_rules").unwrap();
+            assert_eq!(keys, filter_keys(without));
+            assert_eq!(with.drop_ratio(), without.drop_ratio());
+            assert_eq!(
+                (with.ask(), without.ask()),
+                (Ask::StreamedChat, Ask::StreamedChat)
+            );
+        }
+        assert_eq!(Variant::UpstreamRouter.ask(), Ask::Get);
+    }
+
+    #[test]
+    fn slugs_are_unique_and_numbers_follow_the_order() {
+        let mut slugs: Vec<&str> = Variant::ALL.iter().map(|v| v.slug()).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), Variant::ALL.len());
+        for (i, variant) in Variant::ALL.iter().enumerate() {
+            assert!(
+                variant.label().starts_with(&format!("{}. ", i + 1)),
+                "{}",
+                variant.label()
+            );
+        }
+    }
 }

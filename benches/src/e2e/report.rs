@@ -19,7 +19,8 @@ pub struct Run {
     /// Envoy's CPU time (user + system) per request, in microseconds.
     pub cpu_us: f64,
     /// The stand-in service's CPU time per request: the rate limit service
-    /// (variant 6) or the upstream (variants 8 and 9).
+    /// (variant 6), the upstream (variants 8 and 9) or the fake LLM upstream
+    /// (variants 14 to 18).
     pub service_cpu_us: Option<f64>,
     /// Median latency, microseconds.
     pub p50_us: f64,
@@ -277,7 +278,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          `200 ok`, reached through Envoy's connection pool as in production. \
          Variant 9 puts Sluice at 50% drop in front of it: a rejected request \
          never reaches the upstream, so 9 against 8 is what a 429 saves over a \
-         request that passes. Variants 10 to 13 have sections of their own \
+         request that passes. Variants 10 to 18 have sections of their own \
          below.\n\n\
          ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\

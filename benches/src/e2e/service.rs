@@ -19,8 +19,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Service {
     /// Envoy's rate limit service API, answering OK (variant 6).
     RateLimit,
-    /// An HTTP/1.1 upstream answering `200 ok` (the upstream variants).
+    /// An HTTP/1.1 upstream answering `200 ok` (variants 8 and 9).
     Upstream,
+    /// The harness's fake LLM provider, streaming chat completions of the
+    /// size each request asks for (variants 14 to 18).
+    Llm,
     /// Kuadrant's `limitador` library behind the same rate limit service
     /// (`bench_rls`'s reference point).
     Limitador,
@@ -31,6 +34,7 @@ impl Service {
         match self {
             Service::RateLimit => "rls",
             Service::Upstream => "upstream",
+            Service::Llm => "llm",
             Service::Limitador => "limitador",
         }
     }
