@@ -145,10 +145,7 @@ impl Agent {
 
     /// Decides a request of a bucket without tenant or priority.
     pub fn admit(&mut self, bucket: &str) -> Decision {
-        self.path.cell.bucket.clear();
-        self.path.cell.bucket.push_str(bucket);
-        self.path.cell.tenant.clear();
-        self.path.cell.priority = Default::default();
+        self.set_cell(bucket, "", Default::default());
         self.decide_current()
     }
 
@@ -159,12 +156,18 @@ impl Agent {
         tenant: &str,
         priority: sluice_core::Priority,
     ) -> Decision {
+        self.set_cell(bucket, tenant, priority);
+        self.decide_current()
+    }
+
+    /// Makes (`bucket`, `tenant`, `priority`) the cell the next decision
+    /// is of.
+    fn set_cell(&mut self, bucket: &str, tenant: &str, priority: sluice_core::Priority) {
         self.path.cell.bucket.clear();
         self.path.cell.bucket.push_str(bucket);
         self.path.cell.tenant.clear();
         self.path.cell.tenant.push_str(tenant);
         self.path.cell.priority = priority;
-        self.decide_current()
     }
 
     /// [`Agent::admit_cell`] for a request of estimated cost `estimate`,
@@ -175,11 +178,7 @@ impl Agent {
         (bucket, tenant, priority): (&str, &str, sluice_core::Priority),
         estimate: u64,
     ) -> Decision {
-        self.path.cell.bucket.clear();
-        self.path.cell.bucket.push_str(bucket);
-        self.path.cell.tenant.clear();
-        self.path.cell.tenant.push_str(tenant);
-        self.path.cell.priority = priority;
+        self.set_cell(bucket, tenant, priority);
         self.path
             .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate))
     }

@@ -45,6 +45,30 @@ impl DataPlaneChoice {
     }
 }
 
+/// The options both token benchmarks take besides their `--seconds`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Seconds not measured at a run's start.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub warmup: u64,
+    /// The data planes to run.
+    #[arg(long = "data-plane", value_enum, default_value_t = DataPlaneChoice::Wasm)]
+    pub data_plane: DataPlaneChoice,
+    /// The file whose section is replaced, or `-` to print only.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    pub output: String,
+}
+
+impl RunArgs {
+    /// Whether a run of `seconds` measures at least 10 s after the warm-up.
+    pub fn check(&self, seconds: u64) -> Result<()> {
+        if seconds < self.warmup + 10 {
+            bail!("--seconds must be at least --warmup + 10");
+        }
+        Ok(())
+    }
+}
+
 /// The token fleet of the benchmarks: [`BUDGET`], one Envoy per part of
 /// [`ENVOY_SKEW`], the [`TENANTS`] weighted, `data_plane` with `filter`'s
 /// extra keys.

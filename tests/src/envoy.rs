@@ -602,6 +602,17 @@ impl Envoy {
     }
 }
 
+/// The sum of the admin `/stats` counters (`name: value` lines) whose
+/// names end with `suffix` (0 if there is none).
+pub fn counter_total(stats: &str, suffix: &str) -> u64 {
+    stats
+        .lines()
+        .filter_map(|line| line.split_once(": "))
+        .filter(|(name, _)| name.ends_with(suffix))
+        .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+        .sum()
+}
+
 /// The sum of the `sluice.result=<result>.…` counters in an admin `/stats`
 /// text (`shadow_drop` is not counted as `drop`).
 pub fn decisions_in(stats: &str, result: &str) -> u64 {

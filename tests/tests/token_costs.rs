@@ -23,7 +23,7 @@ use std::time::Duration;
 use hyper::header::HeaderName;
 use serde_json::json;
 use sluice_integration_tests::control_plane::{ControlPlane, ControlPlaneOptions};
-use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite};
+use sluice_integration_tests::envoy::{self, Envoy, EnvoyOptions, Rewrite, counter_total};
 use sluice_integration_tests::llm_upstream::{LlmUpstream, LlmUpstreamOptions};
 use sluice_integration_tests::prometheus::Exposition;
 
@@ -207,8 +207,8 @@ async fn charges_what_the_upstream_reported(data_plane: DataPlane) {
                 .iter()
                 .map(|(source, _, _)| {
                     (
-                        counter(&stats, &format!("sluice.source={source}.cost_charged")),
-                        counter(&stats, &format!("sluice.source={source}.charges")),
+                        counter_total(&stats, &format!("sluice.source={source}.cost_charged")),
+                        counter_total(&stats, &format!("sluice.source={source}.charges")),
                     )
                 })
                 .collect();
@@ -247,14 +247,4 @@ async fn charges_what_the_upstream_reported(data_plane: DataPlane) {
             "source {source} ({data_plane:?}): {page}"
         );
     }
-}
-
-/// The value of the counter whose name ends with `suffix` (0 if absent).
-fn counter(stats: &str, suffix: &str) -> u64 {
-    stats
-        .lines()
-        .filter_map(|line| line.split_once(": "))
-        .filter(|(name, _)| name.ends_with(suffix))
-        .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
-        .sum()
 }

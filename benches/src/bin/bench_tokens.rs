@@ -26,13 +26,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use serde_json::json;
 use sluice_benches::e2e::report;
 use sluice_benches::tokens::{
-    BUDGET, DataPlaneChoice, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, spread,
-    streams,
+    BUDGET, FAIR_SHARES, RunArgs, TENANTS, check_answers, fleet_options, percent, spread, streams,
 };
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
@@ -51,23 +50,14 @@ struct Options {
     /// Seconds of the steady run (at least --warmup + 10).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(20..=3600))]
     seconds: u64,
-    /// Seconds not measured at its start.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
-    warmup: u64,
-    /// The data planes to run.
-    #[arg(long = "data-plane", value_enum, default_value_t = DataPlaneChoice::Wasm)]
-    data_plane: DataPlaneChoice,
-    /// The file whose section is replaced, or `-` to print only.
-    #[arg(long, default_value = "BENCHMARKS.md")]
-    output: String,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 impl Options {
     fn parse_checked() -> Result<Self> {
         let options = Self::parse();
-        if options.seconds < options.warmup + 10 {
-            bail!("--seconds must be at least --warmup + 10");
-        }
+        options.run.check(options.seconds)?;
         Ok(options)
     }
 }
@@ -130,7 +120,7 @@ async fn run() -> Result<()> {
     let options = Options::parse_checked()?;
     let mut section = String::new();
     section.push_str(&header(&options));
-    for data_plane in options.data_plane.data_planes() {
+    for data_plane in options.run.data_plane.data_planes() {
         for setting in settings() {
             eprintln!("== {data_plane:?}, {}: steady", setting.name);
             let steady = steady(&options, data_plane, &setting).await?;
@@ -141,8 +131,8 @@ async fn run() -> Result<()> {
     }
     section.push_str(FOOTER);
     println!("{section}");
-    if options.output != "-" {
-        let path = paths::from_root(&options.output)?;
+    if options.run.output != "-" {
+        let path = paths::from_root(&options.run.output)?;
         report::write_marked(&path, "bench_tokens", &section)?;
         eprintln!("wrote {}", path.display());
     }
@@ -165,16 +155,16 @@ async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> 
             / (len as f64 * BUDGET)
             - 1.0
     };
-    let one_second = (options.warmup..options.seconds)
+    let one_second = (options.run.warmup..options.seconds)
         .map(|s| window(s, 1))
         .collect();
-    let ten_seconds = (options.warmup..options.seconds)
+    let ten_seconds = (options.run.warmup..options.seconds)
         .step_by(10)
         .filter(|s| s + 10 <= options.seconds)
         .map(|s| window(s, 10))
         .collect();
-    let span = (options.seconds - options.warmup) as f64;
-    let (from, to) = (secs(options.warmup), secs(options.seconds));
+    let span = (options.seconds - options.run.warmup) as f64;
+    let (from, to) = (secs(options.run.warmup), secs(options.seconds));
     let tenants = TENANTS
         .iter()
         .zip(FAIR_SHARES)
@@ -241,7 +231,7 @@ fn header(options: &Options) -> String {
          | --- | --- | --- | --- | --- | --- | --- |\n",
         sluice_integration_tests::llm_upstream::TokenDistribution::median_500_p99_8000().mean(),
         options.seconds,
-        options.warmup,
+        options.run.warmup,
     )
 }
 

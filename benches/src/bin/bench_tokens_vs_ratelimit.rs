@@ -37,10 +37,11 @@ use serde_json::json;
 use sluice_benches::e2e::measure::{self, Machine};
 use sluice_benches::e2e::report;
 use sluice_benches::tokens::{
-    BUDGET, DataPlaneChoice, FAIR_SHARES, TENANTS, check_answers, fleet_options, percent, quantile,
-    spread, streams,
+    BUDGET, FAIR_SHARES, RunArgs, TENANTS, check_answers, fleet_options, percent, quantile, spread,
+    streams,
 };
 use sluice_integration_tests::control_plane::sample;
+use sluice_integration_tests::envoy::counter_total;
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::prometheus::Exposition;
@@ -66,29 +67,20 @@ struct Options {
     /// runs of this length, plus start-up).
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(20..=600))]
     seconds: u64,
-    /// Seconds not measured at its start.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
-    warmup: u64,
-    /// The data plane of Sluice's side.
-    #[arg(long = "data-plane", value_enum, default_value_t = DataPlaneChoice::Wasm)]
-    data_plane: DataPlaneChoice,
-    /// The file whose section is replaced, or `-` to print only.
-    #[arg(long, default_value = "BENCHMARKS.md")]
-    output: String,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 impl Options {
     fn parse_checked() -> Result<Self> {
         let options = Self::parse();
-        if options.seconds < options.warmup + 10 {
-            bail!("--seconds must be at least --warmup + 10");
-        }
+        options.run.check(options.seconds)?;
         Ok(options)
     }
 
     /// The one data plane of Sluice's side.
     fn data_plane(&self) -> Result<DataPlane> {
-        match self.data_plane.data_planes()[..] {
+        match self.run.data_plane.data_planes()[..] {
             [one] => Ok(one),
             _ => bail!("--data-plane: one of wasm or native"),
         }
@@ -136,8 +128,8 @@ async fn run() -> Result<()> {
 
     let section = section(&options, &Machine::probe(&envoy_bin), &sluice, &two_call);
     println!("{section}");
-    if options.output != "-" {
-        let path = paths::from_root(&options.output)?;
+    if options.run.output != "-" {
+        let path = paths::from_root(&options.run.output)?;
         report::write_marked(&path, SECTION, &section)?;
         eprintln!("wrote {}", path.display());
     }
@@ -215,8 +207,8 @@ async fn snapshot(fleet: &TokenFleet, redis: Option<u32>, ticks: u64) -> Result<
         let stats = envoy
             .stats("sluice_control_plane.upstream_rq_total|ratelimit")
             .await?;
-        grpc_calls += counter(&stats, "cluster.sluice_control_plane.upstream_rq_total");
-        failure_mode_allowed += counter(&stats, ".ratelimit.failure_mode_allowed");
+        grpc_calls += counter_total(&stats, "cluster.sluice_control_plane.upstream_rq_total");
+        failure_mode_allowed += counter_total(&stats, ".ratelimit.failure_mode_allowed");
     }
     let control_plane = &fleet.fleet.control_plane;
     let metrics = control_plane.admin().metrics().await?;
@@ -231,16 +223,6 @@ async fn snapshot(fleet: &TokenFleet, redis: Option<u32>, ticks: u64) -> Result<
             .unwrap_or(0.0),
         failure_mode_allowed,
     })
-}
-
-/// The sum of the admin `/stats` counters whose names end with `suffix`.
-fn counter(stats: &str, suffix: &str) -> u64 {
-    stats
-        .lines()
-        .filter_map(|line| line.split_once(": "))
-        .filter(|(name, _)| name.ends_with(suffix))
-        .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
-        .sum()
 }
 
 async fn measure_run(
@@ -276,8 +258,8 @@ async fn measure_run(
             / (len as f64 * BUDGET)
             - 1.0
     };
-    let (from, to) = (secs(options.warmup), secs(options.seconds));
-    let span = (options.seconds - options.warmup) as f64;
+    let (from, to) = (secs(options.run.warmup), secs(options.seconds));
+    let span = (options.seconds - options.run.warmup) as f64;
     let tenants = TENANTS
         .iter()
         .zip(FAIR_SHARES)
@@ -313,10 +295,10 @@ async fn measure_run(
     Ok(Measured {
         overall: admitted_tokens(&completions, from, to, |_| true) as f64 / (span * BUDGET) - 1.0,
         offered: offered_tokens(&completions, from, to, |_| true) as f64 / (span * BUDGET),
-        one_second: (options.warmup..options.seconds)
+        one_second: (options.run.warmup..options.seconds)
             .map(|s| window(s, 1))
             .collect(),
-        ten_seconds: (options.warmup..options.seconds)
+        ten_seconds: (options.run.warmup..options.seconds)
             .step_by(10)
             .filter(|s| s + 10 <= options.seconds)
             .map(|s| window(s, 10))
@@ -415,9 +397,9 @@ fn section(options: &Options, machine: &Machine, sluice: &Measured, two_call: &M
          | | Sluice token budget | two-call (ratelimit filter + rate limit service on Redis) |\n\
          | --- | --- | --- |\n",
         seconds = options.seconds,
-        warmup = options.warmup,
+        warmup = options.run.warmup,
         idle = IDLE.as_secs(),
-        data_plane = options.data_plane,
+        data_plane = options.run.data_plane,
         cpus = machine.cpus,
         model = machine.cpu_model,
         envoy = machine.envoy_version,
