@@ -216,18 +216,19 @@ impl Proxy {
     }
 
     /// Reports `rps` requests a second for `bucket`, each costing `cost`
-    /// (estimated) and charged `charged`, every `REPORT_MS`, admitting
-    /// everything, in the background.
+    /// (estimated) and charged `charged`, every `REPORT_MS`, admitting a
+    /// third of them (what a drop ratio of 2/3 asks), in the background.
     fn report_cost_steadily(&mut self, bucket: &str, rps: u64, cost: f64, charged: f64) {
         let outbound = self.outbound.clone();
         let requests = rps * REPORT_MS / 1000;
+        let admitted = requests / 3;
         let count = BucketCount {
             bucket: bucket.to_owned(),
             offered: requests,
-            admitted: requests,
+            admitted,
             offered_cost: requests as f64 * cost,
-            admitted_cost: requests as f64 * cost,
-            charged_cost: requests as f64 * charged,
+            admitted_cost: admitted as f64 * cost,
+            charged_cost: admitted as f64 * charged,
             ..Default::default()
         };
         self.reporter = Some(tokio::spawn(async move {
@@ -1004,7 +1005,7 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
     assert_eq!(cost["budget"]["unit"], "tokens");
     assert_eq!(cost["budget"]["per"], "minute");
     assert_eq!(cost["offered_requests_rps"], 2400.0);
-    assert_eq!(cost["charged_per_s"], 72_000.0);
+    assert_eq!(cost["charged_per_s"], 24_000.0);
     assert!((cost["charged_to_estimate"].as_f64().unwrap() - 1.2).abs() < 1e-9);
     let metrics = cp
         .http
@@ -1017,7 +1018,7 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
         .unwrap();
     assert!(
         metrics.contains(
-            "sluice_bucket_charged_cost_per_second{bucket=\"llm\",unit=\"tokens\"} 72000"
+            "sluice_bucket_charged_cost_per_second{bucket=\"llm\",unit=\"tokens\"} 24000"
         ),
         "{metrics}"
     );

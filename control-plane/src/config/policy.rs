@@ -291,6 +291,15 @@ impl Mode {
 }
 
 impl Modes {
+    /// Whether any proxy may shadow a bucket whose own mode is `mode`
+    /// (`None`: not listed): the kill switch, a canary fraction below 1,
+    /// or the bucket's (or the default) mode.
+    pub fn shadow_any(&self, mode: Option<Mode>) -> bool {
+        self.kill_switch
+            || self.canary_fraction.is_some_and(|f| f.get() < 1.0)
+            || mode.unwrap_or(self.default) == Mode::Shadow
+    }
+
     /// What every directive batch carries: kill switch, default mode and
     /// canary fraction (per-bucket modes travel in the directives).
     pub fn to_wire(&self) -> sluice_proto::v1::ModePolicy {

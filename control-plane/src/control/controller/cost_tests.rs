@@ -394,19 +394,20 @@ fn tenants_share_a_cost_budget_by_weight() {
                 free / 5_000.0 - 1.0,
                 (gold + free) / 20_000.0 - 1.0
             );
-            // The issue's ±10 % per tenant. Each tenant's cell sees half
-            // the requests, and free has a sixth of its own admitted:
+            // Half the issue's ±10 % per tenant. Each tenant's cell sees
+            // half the requests, and free has a sixth of its own admitted:
             // divided on each interval's raw cost rates, free's share grew
-            // whenever gold's interval was light.
+            // whenever gold's interval was light; without the balance, the
+            // estimate's convexity left both 3 to 7 % over.
             assert!(
-                within(gold, 15_000.0, 0.1),
+                within(gold, 15_000.0, 0.05),
                 "{admission:?} seed {seed}: gold admitted {gold:.0}/s"
             );
             assert!(
-                within(free, 5_000.0, 0.1),
+                within(free, 5_000.0, 0.05),
                 "{admission:?} seed {seed}: free admitted {free:.0}/s, gold {gold:.0}/s"
             );
-            assert!(within(gold + free, 20_000.0, 0.08), "{gold} + {free}");
+            assert!(within(gold + free, 20_000.0, 0.03), "{gold} + {free}");
             let gold_directive = &outcome.directives["gold"];
             assert_eq!(gold_directive.cost_unit, "tokens");
             // In tokens a second: the fair share, plus what free leaves
@@ -466,15 +467,15 @@ fn budget_20000() -> Policy {
 }
 
 /// The admitted cost over 1 s and 10 s windows. The traffic's own noise
-/// sets a floor no controller can go below: a window admits a third of
+/// sets a floor no drop ratio can go below: a window admits a third of
 /// what was offered in it, about 20 requests a second of costs with
 /// `E[C²]/E[C]² ≈ 4`, and one request at the 99.9th percentile is a
-/// whole second's budget. What the controller must do is add little to
-/// that floor: its 10 s windows stray no more than those of the exact
-/// ratio, and its mean is within a few percent, with the coin and with
-/// the credit.
+/// whole second's budget. The budget's balance pays each interval's noise
+/// back over the next ones, so the 10 s windows stray well below that
+/// floor and the mean sits on the budget; the price is a little more
+/// spread between single seconds, which now answer the ones before.
 #[test]
-fn windows_of_admitted_cost_stray_no_more_than_the_traffic_makes_them() {
+fn the_balance_pays_back_the_noise_of_the_costs_admitted() {
     let policy = budget_20000();
     let oracle = simulate(
         &policy,
@@ -499,22 +500,23 @@ fn windows_of_admitted_cost_stray_no_more_than_the_traffic_makes_them() {
         let series = outcome.admitted_total_per_interval();
         let ten = spread(&window_errors(&series, 10.0, 20_000.0));
         let one = spread(&window_errors(&series, 1.0, 20_000.0));
-        eprintln!(
-            "{admission:?}: 10 s {ten:.3?} (floor {floor_10s:.3?}), 1 s {one:.3?} (floor {floor_1s:.3?})"
-        );
-        assert!(ten.mean.abs() <= 0.03, "{admission:?}: mean {ten:?}");
-        // The coin adds its own noise to the floor's.
-        let allowed = if admission == Admission::Coin {
-            1.3
-        } else {
-            1.1
+        let inside = |seconds: f64, bound: f64| {
+            let errors = window_errors(&series, seconds, 20_000.0);
+            errors.iter().filter(|e| e.abs() <= bound).count() as f64 / errors.len() as f64
         };
+        eprintln!(
+            "{admission:?}: 10 s {ten:.3?} (floor {floor_10s:.3?}), 1 s {one:.3?} \
+             (floor {floor_1s:.3?}); within: 10 s ±5 % {:.2}, 1 s ±10 % {:.2}",
+            inside(10.0, 0.05),
+            inside(1.0, 0.10)
+        );
+        assert!(ten.mean.abs() <= 0.015, "{admission:?}: mean {ten:?}");
         assert!(
-            ten.rms <= floor_10s.rms * allowed,
+            ten.rms <= floor_10s.rms * 0.8,
             "{admission:?}: 10 s windows {ten:?}, floor {floor_10s:?}"
         );
         assert!(
-            one.rms <= floor_1s.rms * allowed,
+            one.rms <= floor_1s.rms * 1.2,
             "{admission:?}: 1 s windows {one:?}, floor {floor_1s:?}"
         );
     }
@@ -524,10 +526,11 @@ fn windows_of_admitted_cost_stray_no_more_than_the_traffic_makes_them() {
 /// interval is admitted at the old ratio (0), the controller sees the
 /// request rate more than double and follows at once. The overshoot is
 /// `(k − 1) × budget × one interval` for a step of `k` times the budget:
-/// +100 % over the first second, +10 % over the first ten, on average
-/// over runs (each window's own noise comes on top).
+/// +100 % over the first second on average over runs (each window's own
+/// noise comes on top). The balance repays it over the next seconds, so
+/// the first ten hold the budget.
 #[test]
-fn a_three_times_step_overshoots_by_one_interval() {
+fn a_three_times_step_overshoots_by_one_interval_then_repays_it() {
     let policy = budget_20000();
     let (mut sum_1s, mut sum_10s) = (0.0, 0.0);
     let (mut worst_1s, mut worst_10s) = (f64::MIN, f64::MIN);
@@ -559,7 +562,7 @@ fn a_three_times_step_overshoots_by_one_interval() {
          first 10 s mean {mean_10s:.3} worst {worst_10s:.3}"
     );
     assert!(within(mean_1s, 1.0, 0.25), "{mean_1s}");
-    assert!(mean_10s <= 0.2, "{mean_10s}");
+    assert!(mean_10s.abs() <= 0.05, "{mean_10s}");
 }
 
 /// One admission rule of [`limiters_that_admit_before_the_cost_is_known`].
@@ -735,4 +738,110 @@ fn limiters_that_admit_before_the_cost_is_known() {
     assert!((0.4..0.85).contains(&central.0), "{central:?}");
     // Caps per cell do not reach the central bucket's seconds.
     assert!(caps.1 > central.1, "{caps:?} vs {central:?}");
+}
+
+/// One window of `bucket` llm: `offered` requests of `cost` each, of
+/// which `admitted` let through and charged their estimate.
+fn llm_count(offered: u64, admitted: u64, cost: f64) -> BucketCount {
+    BucketCount {
+        bucket: "llm".to_owned(),
+        offered,
+        offered_cost: offered as f64 * cost,
+        admitted,
+        admitted_cost: admitted as f64 * cost,
+        charged_cost: admitted as f64 * cost,
+        ..BucketCount::default()
+    }
+}
+
+/// Reports `count` as proxy `proxy`'s (connected on stream `index`) one
+/// window.
+fn report_one(fleet: &mut Fleet, proxy: &str, index: usize, count: BucketCount) {
+    let report = Report {
+        window_ms: WINDOW_MS,
+        buckets: vec![count],
+        ..Report::default()
+    };
+    fleet
+        .report(proxy, StreamId(index as u64), &report)
+        .unwrap();
+}
+
+/// A budget shadowed for a while admits everything offered. That is not
+/// a debt of the proxies: were it kept, the budget would drop every
+/// request once enforced, or, with a canary, push the whole repayment
+/// onto the proxies that enforce.
+#[test]
+fn a_shadowed_budget_leaves_no_debt_behind() {
+    // Whether the bucket's mode says shadow, and what the proxies report.
+    for by_mode in [true, false] {
+        let mut policy = budget_20000();
+        let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+        fleet.connect("envoy-a", 1, StreamId(0));
+        let mut controller = Controller::tracking(ControlInterval::default());
+        // 60,000 tokens/s offered; `admitted` of the 60 requests let
+        // through, `shadow_dropped` of them only because of shadowing.
+        let mut interval = |policy: &Policy, admitted: u64, shadow_dropped: u64| {
+            let count = BucketCount {
+                shadow_dropped,
+                ..llm_count(60, admitted, 500.0)
+            };
+            report_one(&mut fleet, "envoy-a", 0, count);
+            let load = fleet.tick_with(&|_| true);
+            let decision = controller.decide(&load, policy);
+            decision.buckets[0].drop_ratio.get()
+        };
+        if by_mode {
+            policy.modes.buckets.insert("llm".into(), Mode::Shadow);
+        }
+        let shadow_dropped = if by_mode { 0 } else { 40 };
+        let shadowed: Vec<f64> = (0..40)
+            .map(|_| interval(&policy, 60, shadow_dropped))
+            .collect();
+        policy.modes.buckets.clear();
+        // The interval of the switch still ran shadowed; the next one
+        // admits what the ratio asks.
+        interval(&policy, 60, shadow_dropped);
+        let enforced = interval(&policy, 20, 0);
+        assert!(
+            (0.6..0.72).contains(&enforced),
+            "by mode {by_mode}: enforced at {enforced} after {shadowed:?}"
+        );
+    }
+}
+
+/// A proxy that admits everything whatever it is asked (broken, or lying
+/// about it within what the share cap lets one proxy claim) runs a debt
+/// that never ends. The others then admit less, down to half their
+/// share, but the cell is never shut.
+#[test]
+fn a_proxy_that_never_enforces_cannot_shut_the_budget() {
+    let policy = budget_20000();
+    let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+    for (index, proxy) in ["honest-a", "honest-b", "rogue"].iter().enumerate() {
+        fleet.connect(proxy, 1, StreamId(index as u64));
+    }
+    let mut controller = Controller::tracking(ControlInterval::default());
+    let mut ratio: f64 = 0.0;
+    let mut ratios = Vec::new();
+    for _ in 0..200 {
+        // Each offers 20,000 tokens/s (40 requests of 250 a window).
+        for (index, proxy) in ["honest-a", "honest-b", "rogue"].iter().enumerate() {
+            let admitted = if *proxy == "rogue" {
+                40
+            } else {
+                (40.0 * (1.0 - ratio)).round() as u64
+            };
+            report_one(&mut fleet, proxy, index, llm_count(40, admitted, 250.0));
+        }
+        let load = fleet.tick_with(&|_| true);
+        ratio = controller.decide(&load, &policy).buckets[0]
+            .drop_ratio
+            .get();
+        ratios.push(ratio);
+    }
+    // Asked 2/3; the honest proxies admit at least half their share
+    // (within the correction's bounds) and never nothing.
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    assert!(worst < 0.9, "{ratios:?}");
 }

@@ -55,10 +55,12 @@ use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
+use balance::Balance;
 use blocked::Blocks;
 use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
+mod balance;
 mod blocked;
 #[cfg(test)]
 mod cost_tests;
@@ -123,6 +125,9 @@ struct CellState {
     priority: Priority,
     /// `None` for a cell that appeared this tick and is not pushed yet.
     pushed: Option<Pushed>,
+    /// For a cell of a budget: its cost admitted beyond or short of its
+    /// share, repaid over the next intervals.
+    balance: Balance,
 }
 
 /// The budget a bucket's directives carry.
@@ -435,6 +440,22 @@ impl Controller {
                 ),
                 None => (None, 0.0, None),
             };
+            let target = match (signal, target) {
+                (Signal::Cost, Some(target)) => {
+                    // The interval just reported ran under the mode pushed
+                    // before; shadow drops show any proxy shadowing it.
+                    let shadowed = cell.shadow_dropped_rps > 0.0
+                        || modes.shadow_any(mode)
+                        || cell_state
+                            .pushed
+                            .is_some_and(|pushed| pushed.mode == Some(Mode::Shadow));
+                    self.repaid_target(cell, cell_state, target, shadowed)
+                }
+                _ => {
+                    cell_state.balance = Balance::default();
+                    target
+                }
+            };
             let ratio = self.policy.signal_drop_ratio(
                 bucket,
                 &cell.tenant,
@@ -554,6 +575,29 @@ impl Controller {
         );
     }
 
+    /// A budget cell's target for the next interval: its share, less the
+    /// debt (or plus the credit) of the intervals before ([`Balance`]).
+    fn repaid_target(
+        &self,
+        cell: &CellLoad,
+        state: &mut CellState,
+        target: LimitRps,
+        shadowed: bool,
+    ) -> Option<LimitRps> {
+        let seconds = self.interval.as_duration().as_secs_f64();
+        state.balance = state.balance.after(&balance::Interval {
+            seconds,
+            target_per_s: target.get(),
+            admitted_per_s: cell.load.admitted_rps,
+            fresh: 1.0 - cell.load.stale_share,
+            shedding: state
+                .pushed
+                .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER),
+            shadowed,
+        });
+        LimitRps::new(state.balance.target(target.get(), seconds)).ok()
+    }
+
     /// The retry hint of the standing blocks: the shortest one.
     fn standing_retry_after_ms(&self) -> u64 {
         retry_after_ms(self.interval, 0)
@@ -613,6 +657,7 @@ fn merge_cells(
                 tenant: Arc::clone(&cell.tenant),
                 priority: cell.priority,
                 pushed: None,
+                balance: Balance::default(),
             });
         merged.push(state);
     }
