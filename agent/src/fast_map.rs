@@ -15,9 +15,9 @@
 use std::collections::HashMap;
 
 /// A `HashMap` with a randomly seeded foldhash.
-pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// An empty [`FastMap`].
-pub fn new<K, V>() -> FastMap<K, V> {
+pub(crate) fn new<K, V>() -> FastMap<K, V> {
     FastMap::with_hasher(foldhash::fast::RandomState::default())
 }

@@ -401,7 +401,7 @@ pub(crate) struct StreamCloser {
 impl StreamCloser {
     /// The status to end the stream with, once someone closes it; never
     /// resolves otherwise. Cancel-safe.
-    pub async fn closed(&mut self) -> tonic::Status {
+    pub(crate) async fn closed(&mut self) -> tonic::Status {
         match (&mut self.receiver).await {
             Ok(status) => status,
             Err(_) => std::future::pending().await,

@@ -292,7 +292,7 @@ pub(crate) mod client {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-    pub fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
+    pub(crate) fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
         RateLimitDescriptor {
             entries: vec![Entry {
                 key: key.to_owned(),
@@ -303,7 +303,7 @@ pub(crate) mod client {
     }
 
     /// A request of one hit per descriptor.
-    pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    pub(crate) fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         RateLimitRequest {
             domain: domain.to_owned(),
             descriptors,
@@ -311,7 +311,7 @@ pub(crate) mod client {
         }
     }
 
-    pub async fn ask(
+    pub(crate) async fn ask(
         grpc: std::net::SocketAddr,
         domain: &str,
         descriptors: Vec<RateLimitDescriptor>,

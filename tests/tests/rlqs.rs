@@ -291,7 +291,7 @@ mod rogue {
     use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
     /// A usage for `{bucket: name}`.
-    pub fn usage(name: &str, seconds: i64, allowed: u64) -> BucketQuotaUsage {
+    pub(crate) fn usage(name: &str, seconds: i64, allowed: u64) -> BucketQuotaUsage {
         BucketQuotaUsage {
             bucket_id: Some(BucketId {
                 bucket: HashMap::from([("bucket".to_owned(), name.to_owned())]),
@@ -305,7 +305,7 @@ mod rogue {
     /// Opens an RLQS stream as `proxy_id` and sends `messages`; returns the
     /// stream's first answer (or error) and keeps the stream open until
     /// the returned sender is dropped.
-    pub async fn send(
+    pub(crate) async fn send(
         grpc: std::net::SocketAddr,
         proxy_id: &str,
         messages: Vec<Vec<BucketQuotaUsage>>,

@@ -22,7 +22,7 @@ const AUTHORITY_TAG: u8 = 0x12;
 const ONE_BYTE_VARINT: usize = 0x80;
 
 /// What to pass to the host's gRPC stream call for `cluster`.
-pub fn stream_target(cluster: &str) -> String {
+pub(crate) fn stream_target(cluster: &str) -> String {
     if is_valid_authority(cluster) {
         return cluster.to_owned();
     }

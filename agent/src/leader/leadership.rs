@@ -28,7 +28,7 @@ use sluice_proto::v1::{
 
 /// Most queue messages the leader takes per tick: one per VM per tick
 /// arrives, so this only bounds a backlog, never falls behind in steady state.
-pub const MAX_DEQUEUES_PER_TICK: usize = 256;
+pub(crate) const MAX_DEQUEUES_PER_TICK: usize = 256;
 /// While the control plane stays unreachable, warn again every this many
 /// failed attempts (the others are logged at debug level).
 const RECONNECT_WARN_EVERY: u32 = 20;

@@ -45,7 +45,7 @@ struct Cell {
 
 /// Counts of the last second per cell and source (leader side).
 #[derive(Debug)]
-pub struct ProcessRates {
+pub(crate) struct ProcessRates {
     cells: FastMap<String, Cell>,
     /// Per source, the time its counts covered in each slot.
     covered_ms: FastMap<u64, Slots>,
@@ -58,7 +58,7 @@ pub struct ProcessRates {
 
 impl ProcessRates {
     /// Rates of at most `max_cells` cells.
-    pub fn new(max_cells: usize) -> Self {
+    pub(crate) fn new(max_cells: usize) -> Self {
         Self {
             cells: fast_map::new(),
             covered_ms: fast_map::new(),
@@ -74,7 +74,7 @@ impl ProcessRates {
     /// a cost budget ([`crate::directives::DirectiveTable::offered_in_unit`]),
     /// so that the budgets derived from these rates compare with the
     /// directive's.
-    pub fn add(&mut self, key: &str, source: u64, offered: u64) {
+    pub(crate) fn add(&mut self, key: &str, source: u64, offered: u64) {
         if offered == 0 {
             return;
         }
@@ -105,7 +105,7 @@ impl ProcessRates {
     /// hand-off, or the leader's own since it last added them) cover
     /// `span_ms`. A source with no span recorded is measured over the
     /// slots' own time.
-    pub fn add_span(&mut self, source: u64, span_ms: u64) {
+    pub(crate) fn add_span(&mut self, source: u64, span_ms: u64) {
         if span_ms == 0
             || (!self.covered_ms.contains_key(&source) && self.covered_ms.len() >= MAX_SOURCES)
         {
@@ -121,7 +121,7 @@ impl ProcessRates {
     /// Closes the open slot at `now_ms` and opens the next (the oldest
     /// leaves the window); sources and cells with no count left are
     /// forgotten.
-    pub fn close_slot(&mut self, now_ms: u64) {
+    pub(crate) fn close_slot(&mut self, now_ms: u64) {
         let span = match self.closed_at_ms {
             Some(closed) if now_ms > closed => now_ms - closed,
             _ => DEFAULT_SPAN_MS,
@@ -177,7 +177,7 @@ impl ProcessRates {
     #[cfg(test)]
     /// The rate of `key` from `source` over the closed slots, in requests
     /// per second.
-    pub fn rate_rps(&self, key: &str, source: u64) -> Option<f64> {
+    pub(crate) fn rate_rps(&self, key: &str, source: u64) -> Option<f64> {
         let span: u64 = self.spans_ms.iter().sum();
         let (_, slots) = self
             .cells
@@ -190,7 +190,7 @@ impl ProcessRates {
 
     /// The published form: every cell's per-source rates (at most
     /// [`crate::shared::process_rates::MAX_PUBLISHED`] cells).
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let span: u64 = self.spans_ms.iter().sum();
         let mut written = PublishedRates::new();
         if span > 0 {

@@ -26,12 +26,12 @@ use sluice_proto::v1::BucketCount;
 use std::collections::HashMap;
 
 /// A source is waited for if it handed off this recently.
-pub const SOURCE_LIVE_MS: u64 = 250;
+pub(crate) const SOURCE_LIVE_MS: u64 = 250;
 /// Longest wait for stragglers after a window's end.
-pub const MAX_WAIT_MS: u64 = 150;
+pub(crate) const MAX_WAIT_MS: u64 = 150;
 /// A source counts as a worker (for splitting local limits) if it had
 /// traffic this recently.
-pub const WORKER_LIVE_MS: u64 = 2_000;
+pub(crate) const WORKER_LIVE_MS: u64 = 2_000;
 
 #[derive(Debug)]
 struct Closing {
@@ -49,7 +49,7 @@ struct Source {
 
 /// A report ready to send.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReadyWindow {
+pub(crate) struct ReadyWindow {
     /// Length of the window.
     pub window_ms: u64,
     /// Counts of the window.
@@ -58,7 +58,7 @@ pub struct ReadyWindow {
 
 /// The leader's windows.
 #[derive(Debug)]
-pub struct ReportWindows {
+pub(crate) struct ReportWindows {
     current: BucketCounters,
     current_start_ms: u64,
     closing: Option<Closing>,
@@ -69,7 +69,7 @@ pub struct ReportWindows {
 
 impl ReportWindows {
     /// A first window starting at `now_ms`.
-    pub fn new(max_cells: usize, now_ms: u64) -> Self {
+    pub(crate) fn new(max_cells: usize, now_ms: u64) -> Self {
         Self {
             current: BucketCounters::new(max_cells),
             current_start_ms: now_ms,
@@ -81,17 +81,17 @@ impl ReportWindows {
     }
 
     /// When the current window started.
-    pub fn current_start_ms(&self) -> u64 {
+    pub(crate) fn current_start_ms(&self) -> u64 {
         self.current_start_ms
     }
 
     /// Whether a closed window waits to be sent.
-    pub fn is_closing(&self) -> bool {
+    pub(crate) fn is_closing(&self) -> bool {
         self.closing.is_some()
     }
 
     /// The leader's own counts up to `now_ms`.
-    pub fn add_own(&mut self, own: &mut CellTable, now_ms: u64) {
+    pub(crate) fn add_own(&mut self, own: &mut CellTable, now_ms: u64) {
         if !own.has_no_counts() {
             self.own_traffic_ms = Some(now_ms);
         }
@@ -101,7 +101,7 @@ impl ReportWindows {
     /// A follower's hand-off, received at `now_ms`.
     /// `limited` says which cell keys have a directive (they may use the
     /// counters' reserved share).
-    pub fn add_handoff(
+    pub(crate) fn add_handoff(
         &mut self,
         handoff: Handoff,
         now_ms: u64,
@@ -148,7 +148,7 @@ impl ReportWindows {
     /// Closes the current window at `now_ms` (after the leader's own counts
     /// were added). A window still waiting is folded into this one first,
     /// so counts are never lost.
-    pub fn close(&mut self, now_ms: u64) {
+    pub(crate) fn close(&mut self, now_ms: u64) {
         let mut counts = std::mem::replace(&mut self.current, BucketCounters::new(self.max_cells));
         let mut start_ms = self.current_start_ms;
         if let Some(mut older) = self.closing.take() {
@@ -165,7 +165,7 @@ impl ReportWindows {
 
     /// The closed window, once every live source has handed off past its
     /// end or the wait is over.
-    pub fn take_ready(&mut self, now_ms: u64) -> Option<ReadyWindow> {
+    pub(crate) fn take_ready(&mut self, now_ms: u64) -> Option<ReadyWindow> {
         let closing = self.closing.as_ref()?;
         let end = closing.end_ms;
         let waiting = self.sources.values().any(|s| {
@@ -182,7 +182,7 @@ impl ReportWindows {
     }
 
     /// Everything not yet reported (when leadership ends).
-    pub fn drain_all(&mut self) -> BucketCounters {
+    pub(crate) fn drain_all(&mut self) -> BucketCounters {
         let mut all = std::mem::replace(&mut self.current, BucketCounters::new(self.max_cells));
         if let Some(mut closing) = self.closing.take() {
             closing.counts.move_into(&mut all);
@@ -192,7 +192,7 @@ impl ReportWindows {
 
     /// VMs (followers and the leader) with traffic within
     /// [`WORKER_LIVE_MS`]; at least 1. Forgets sources silent for longer.
-    pub fn workers(&mut self, now_ms: u64) -> u32 {
+    pub(crate) fn workers(&mut self, now_ms: u64) -> u32 {
         self.sources
             .retain(|_, s| now_ms.saturating_sub(s.last_seen_ms) <= WORKER_LIVE_MS);
         let recent = |t: Option<u64>| t.is_some_and(|t| now_ms.saturating_sub(t) <= WORKER_LIVE_MS);
@@ -206,7 +206,7 @@ impl ReportWindows {
     }
 
     /// Requests not counted because a window was full.
-    pub fn take_untracked(&mut self) -> u64 {
+    pub(crate) fn take_untracked(&mut self) -> u64 {
         let mut n = self.current.take_untracked();
         if let Some(closing) = &mut self.closing {
             n = n.saturating_add(closing.counts.take_untracked());

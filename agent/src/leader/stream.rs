@@ -10,7 +10,7 @@ use sluice_core::backoff::Backoff;
 
 /// Where the stream is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamState {
+pub(crate) enum StreamState {
     /// No stream; the next attempt may start at `retry_at_ms`.
     Closed {
         /// Unix ms of the earliest next attempt.
@@ -29,7 +29,7 @@ pub enum StreamState {
 
 /// A stream close the caller should log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reconnect {
+pub(crate) struct Reconnect {
     /// Milliseconds until the next attempt.
     pub delay_ms: u64,
     /// Consecutive failed attempts, this one included.
@@ -38,7 +38,7 @@ pub struct Reconnect {
 
 /// The stream state machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControlStream {
+pub(crate) struct ControlStream {
     state: StreamState,
     backoff: Backoff,
 }
@@ -51,7 +51,7 @@ impl Default for ControlStream {
 
 impl ControlStream {
     /// Closed, ready to open at once.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             state: StreamState::Closed { retry_at_ms: 0 },
             backoff: Backoff::default(),
@@ -60,17 +60,17 @@ impl ControlStream {
 
     #[cfg(test)]
     /// The current state.
-    pub fn state(&self) -> StreamState {
+    pub(crate) fn state(&self) -> StreamState {
         self.state
     }
 
     /// Whether to try opening a stream now.
-    pub fn should_open(&self, now_ms: u64) -> bool {
+    pub(crate) fn should_open(&self, now_ms: u64) -> bool {
         matches!(self.state, StreamState::Closed { retry_at_ms } if now_ms >= retry_at_ms)
     }
 
     /// The token of the open stream.
-    pub fn open_token(&self) -> Option<u32> {
+    pub(crate) fn open_token(&self) -> Option<u32> {
         match self.state {
             StreamState::Open { token, .. } => Some(token),
             StreamState::Closed { .. } => None,
@@ -78,7 +78,7 @@ impl ControlStream {
     }
 
     /// The host opened a stream.
-    pub fn opened(&mut self, token: u32, now_ms: u64) {
+    pub(crate) fn opened(&mut self, token: u32, now_ms: u64) {
         self.state = StreamState::Open {
             token,
             next_sequence: 1,
@@ -88,7 +88,7 @@ impl ControlStream {
 
     /// Opening or sending failed, or the host closed the stream: schedule
     /// the next attempt.
-    pub fn failed(&mut self, now_ms: u64, rng: &mut impl Rng) -> Reconnect {
+    pub(crate) fn failed(&mut self, now_ms: u64, rng: &mut impl Rng) -> Reconnect {
         let delay_ms = self.backoff.next_delay_ms(rng);
         self.state = StreamState::Closed {
             retry_at_ms: now_ms.saturating_add(delay_ms),
@@ -101,13 +101,18 @@ impl ControlStream {
 
     /// The host closed stream `token`. `None` if it is not the current
     /// stream (a stream this VM already abandoned).
-    pub fn closed(&mut self, token: u32, now_ms: u64, rng: &mut impl Rng) -> Option<Reconnect> {
+    pub(crate) fn closed(
+        &mut self,
+        token: u32,
+        now_ms: u64,
+        rng: &mut impl Rng,
+    ) -> Option<Reconnect> {
         (self.open_token() == Some(token)).then(|| self.failed(now_ms, rng))
     }
 
     /// A message arrived on `token`; returns whether it is the current
     /// stream. The stream has proved healthy, so the backoff resets.
-    pub fn received(&mut self, token: u32, now_ms: u64) -> bool {
+    pub(crate) fn received(&mut self, token: u32, now_ms: u64) -> bool {
         match &mut self.state {
             StreamState::Open {
                 token: open,
@@ -126,7 +131,7 @@ impl ControlStream {
     /// A healthy control plane sends at least a heartbeat every second, so
     /// a stream this quiet is wedged: giving it up releases whatever Envoy
     /// buffered for it, and the reconnect finds a working control plane.
-    pub fn silent_for(&self, now_ms: u64, timeout_ms: u64) -> Option<u32> {
+    pub(crate) fn silent_for(&self, now_ms: u64, timeout_ms: u64) -> Option<u32> {
         match self.state {
             StreamState::Open {
                 token,
@@ -138,7 +143,7 @@ impl ControlStream {
     }
 
     /// Takes the sequence number for the next report, if open.
-    pub fn take_sequence(&mut self) -> Option<(u32, u64)> {
+    pub(crate) fn take_sequence(&mut self) -> Option<(u32, u64)> {
         match &mut self.state {
             StreamState::Open {
                 token,
@@ -154,7 +159,7 @@ impl ControlStream {
     }
 
     /// Abandons the stream (lease lost); returns the token to close.
-    pub fn shut_down(&mut self) -> Option<u32> {
+    pub(crate) fn shut_down(&mut self) -> Option<u32> {
         let token = self.open_token();
         self.state = StreamState::Closed { retry_at_ms: 0 };
         token

@@ -167,7 +167,7 @@ impl Counts {
 /// How many of `max_cells` cells without a directive may take: all but a
 /// quarter, which stays reserved for cells with one (at least one cell
 /// each way once `max_cells` is 2 or more).
-pub fn unlimited_cap(max_cells: usize) -> usize {
+pub(crate) fn unlimited_cap(max_cells: usize) -> usize {
     max_cells
         .saturating_sub(max_cells.div_ceil(4))
         .max(usize::from(max_cells >= 2))
@@ -499,7 +499,7 @@ fn has_room(len: usize, max_cells: usize, limited: bool) -> bool {
 
 /// Values by cell key, hashed in parts.
 #[derive(Debug, Clone)]
-pub struct CellMap<V> {
+pub(crate) struct CellMap<V> {
     table: HashTable<(String, V)>,
     hasher: RandomState,
 }
@@ -536,14 +536,14 @@ fn hash_key(state: &RandomState, key: &str) -> u64 {
 
 impl<V> CellMap<V> {
     /// The value of the cell key `key`.
-    pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
+    pub(crate) fn get_mut(&mut self, key: &str) -> Option<&mut V> {
         let hash = hash_key(&self.hasher, key);
         self.table.find_mut(hash, |(k, _)| k == key).map(|(_, v)| v)
     }
 
     /// The value of the bucket-wide cell of `bucket`, without building its
     /// key.
-    pub fn get_bucket_wide_mut(&mut self, bucket: &str) -> Option<&mut V> {
+    pub(crate) fn get_bucket_wide_mut(&mut self, bucket: &str) -> Option<&mut V> {
         let hash = hash_parts(&self.hasher, BUCKET_WIDE, bucket.as_bytes());
         self.table
             .find_mut(hash, |(k, _)| {
@@ -553,7 +553,7 @@ impl<V> CellMap<V> {
     }
 
     /// Inserts `value` for `key`, replacing any value it had.
-    pub fn insert(&mut self, key: String, value: V) {
+    pub(crate) fn insert(&mut self, key: String, value: V) {
         let hash = hash_key(&self.hasher, &key);
         match self.table.find_mut(hash, |(k, _)| *k == key) {
             Some((_, existing)) => *existing = value,
@@ -568,7 +568,7 @@ impl<V> CellMap<V> {
     /// The value of `key`, or the value `make` returns inserted for it;
     /// `None` if the key is absent and `make` returns `None`. One hash of
     /// the key either way, and a copy of it only when inserting.
-    pub fn get_or_try_insert(
+    pub(crate) fn get_or_try_insert(
         &mut self,
         key: &str,
         make: impl FnOnce() -> Option<V>,
@@ -588,32 +588,32 @@ impl<V> CellMap<V> {
     }
 
     /// Keeps the entries `keep` says to keep (it may change them).
-    pub fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&str, &mut V) -> bool) {
         self.table.retain(|(k, v)| keep(k, v));
     }
 
     /// Every entry, mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
         self.table.iter_mut().map(|(k, v)| (k.as_str(), v))
     }
 
     /// Takes every entry, keeping the capacity.
-    pub fn drain(&mut self) -> impl Iterator<Item = (String, V)> + '_ {
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (String, V)> + '_ {
         self.table.drain()
     }
 
     /// Every entry.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
         self.table.iter().map(|(k, v)| (k.as_str(), v))
     }
 
     /// Number of entries.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.table.len()
     }
 
     /// Whether there is no entry.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
 }

@@ -8,7 +8,7 @@ const OLD_ENCODED_LEN: usize = 24;
 
 /// The shared freshness record.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DirectivesMeta {
+pub(crate) struct DirectivesMeta {
     /// Increments whenever the table blob is rewritten.
     pub sequence: u64,
     /// When the last batch arrived (Unix ms, this proxy's clock).
@@ -21,7 +21,7 @@ pub struct DirectivesMeta {
 
 impl DirectivesMeta {
     /// The stored form.
-    pub fn encode(&self) -> [u8; ENCODED_LEN] {
+    pub(crate) fn encode(&self) -> [u8; ENCODED_LEN] {
         let mut bytes = [0; ENCODED_LEN];
         for (chunk, value) in bytes.chunks_exact_mut(8).zip([
             self.sequence,
@@ -35,7 +35,7 @@ impl DirectivesMeta {
     }
 
     /// Parses the stored form; `None` for anything malformed.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         if bytes.len() != ENCODED_LEN && bytes.len() != OLD_ENCODED_LEN {
             return None;
         }

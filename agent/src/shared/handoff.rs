@@ -4,7 +4,7 @@
 /// A follower's counts as handed to the leader through the shared queue
 /// (aligned to the leader's report windows by [`crate::leader::report_window`]).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Handoff {
+pub(crate) struct Handoff {
     /// The VM's random id.
     #[prost(uint64, tag = "1")]
     pub source: u64,
@@ -24,12 +24,12 @@ pub struct Handoff {
 
 impl Handoff {
     /// The queued form.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         prost::Message::encode_to_vec(self)
     }
 
     /// Parses the queued form.
-    pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
         <Self as prost::Message>::decode(bytes)
     }
 }

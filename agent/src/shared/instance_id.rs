@@ -2,16 +2,16 @@
 
 /// The process's id in `Hello`, the same whichever VM leads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InstanceId(pub u64);
+pub(crate) struct InstanceId(pub u64);
 
 impl InstanceId {
     /// The stored form.
-    pub fn encode(self) -> [u8; 8] {
+    pub(crate) fn encode(self) -> [u8; 8] {
         self.0.to_le_bytes()
     }
 
     /// Parses the stored form; `None` for anything malformed.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         Some(Self(u64::from_le_bytes(<[u8; 8]>::try_from(bytes).ok()?)))
     }
 }

@@ -5,7 +5,7 @@ const ENCODED_LEN: usize = 16;
 /// Which VM of the process owns the control-plane stream, and until when
 /// (the election itself is [`crate::tick::lease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// The VM holding it (a random id per VM).
     pub holder: u64,
     /// Unix milliseconds after which anyone may take it.
@@ -14,7 +14,7 @@ pub struct Lease {
 
 impl Lease {
     /// The stored form.
-    pub fn encode(&self) -> [u8; ENCODED_LEN] {
+    pub(crate) fn encode(&self) -> [u8; ENCODED_LEN] {
         let mut bytes = [0; ENCODED_LEN];
         let (holder, expiry) = bytes.split_at_mut(8);
         holder.copy_from_slice(&self.holder.to_le_bytes());
@@ -23,7 +23,7 @@ impl Lease {
     }
 
     /// Parses the stored form; `None` for anything malformed.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         let bytes: &[u8; ENCODED_LEN] = bytes.try_into().ok()?;
         let (holder, expiry) = bytes.split_at(8);
         Some(Self {
@@ -33,7 +33,7 @@ impl Lease {
     }
 
     /// Whether the lease still holds at `now_ms`.
-    pub fn is_live(&self, now_ms: u64) -> bool {
+    pub(crate) fn is_live(&self, now_ms: u64) -> bool {
         now_ms < self.expires_at_ms
     }
 }

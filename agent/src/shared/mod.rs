@@ -24,36 +24,36 @@ mod directives_meta;
 mod handoff;
 mod instance_id;
 mod lease;
-pub mod process_rates;
+pub(crate) mod process_rates;
 mod window_end;
 mod worker_count;
 
-pub use directives_meta::DirectivesMeta;
-pub use handoff::Handoff;
-pub use instance_id::InstanceId;
-pub use lease::Lease;
-pub use window_end::WindowEnd;
-pub use worker_count::WorkerCount;
+pub(crate) use directives_meta::DirectivesMeta;
+pub(crate) use handoff::Handoff;
+pub(crate) use instance_id::InstanceId;
+pub(crate) use lease::Lease;
+pub(crate) use window_end::WindowEnd;
+pub(crate) use worker_count::WorkerCount;
 
 /// The directive table (an encoded `DirectiveBatch`), written by the leader.
-pub const DIRECTIVES_KEY: &str = "sluice.v1.directives";
+pub(crate) const DIRECTIVES_KEY: &str = "sluice.v1.directives";
 /// The table's sequence number, the arrival time of the last batch and its
 /// TTL ([`DirectivesMeta`]): small, so every VM can read it on every short
 /// tick and read the table only when it changed.
-pub const DIRECTIVES_META_KEY: &str = "sluice.v1.directives_meta";
+pub(crate) const DIRECTIVES_META_KEY: &str = "sluice.v1.directives_meta";
 /// VMs serving requests ([`WorkerCount`]), written by the leader.
-pub const WORKERS_KEY: &str = "sluice.v1.workers";
+pub(crate) const WORKERS_KEY: &str = "sluice.v1.workers";
 /// The leader lease ([`Lease`], see [`crate::tick::lease`]).
-pub const LEASE_KEY: &str = "sluice.v1.leader";
+pub(crate) const LEASE_KEY: &str = "sluice.v1.leader";
 /// The process-wide instance id sent in `Hello` ([`InstanceId`]).
-pub const INSTANCE_ID_KEY: &str = "sluice.v1.instance_id";
+pub(crate) const INSTANCE_ID_KEY: &str = "sluice.v1.instance_id";
 /// The queue through which VMs hand their counts to the leader
 /// ([`Handoff`] messages; version 2 added the span they cover).
-pub const COUNTS_QUEUE: &str = "sluice.v2.counts";
+pub(crate) const COUNTS_QUEUE: &str = "sluice.v2.counts";
 /// The process's offered rate per limited cell over the last second
 /// ([`process_rates`]), written by the leader on every slow tick.
-pub const PROCESS_RATES_KEY: &str = "sluice.v1.process_rates";
+pub(crate) const PROCESS_RATES_KEY: &str = "sluice.v1.process_rates";
 /// When the leader closed its last report window ([`WindowEnd`]): a
 /// follower that has not handed off past it does so on its next short
 /// tick.
-pub const WINDOW_END_KEY: &str = "sluice.v1.window_end";
+pub(crate) const WINDOW_END_KEY: &str = "sluice.v1.window_end";

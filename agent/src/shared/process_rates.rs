@@ -11,20 +11,20 @@ use crate::fast_map::{self, FastMap};
 /// Layout version of the published bytes.
 const VERSION: u8 = 2;
 /// Most cells published: the key is read by every VM on every slow tick.
-pub const MAX_PUBLISHED: usize = 4_096;
+pub(crate) const MAX_PUBLISHED: usize = 4_096;
 
 /// The record being written: cells are added one by one; past
 /// [`MAX_PUBLISHED`] cells, or with a key or a source list the layout cannot
 /// hold, a cell is left out.
 #[derive(Debug)]
-pub struct PublishedRates {
+pub(crate) struct PublishedRates {
     bytes: Vec<u8>,
     cells: u32,
 }
 
 impl PublishedRates {
     /// An empty record.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut bytes = vec![VERSION];
         bytes.extend_from_slice(&0u32.to_le_bytes());
         Self { bytes, cells: 0 }
@@ -32,7 +32,7 @@ impl PublishedRates {
 
     /// Adds a cell: whether it had traffic for the whole window, and each
     /// source's id and rate in requests per second.
-    pub fn push(
+    pub(crate) fn push(
         &mut self,
         key: &str,
         established: bool,
@@ -57,7 +57,7 @@ impl PublishedRates {
     }
 
     /// The stored form.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         if let Some(count) = self.bytes.get_mut(1..5) {
             count.copy_from_slice(&self.cells.to_le_bytes());
         }
@@ -86,7 +86,7 @@ pub struct ProcessShare {
 /// Reads the published form as `source`'s share of each cell's process
 /// traffic (0 where `source` has none); `None` if the bytes are not a form
 /// this build writes.
-pub fn shares_of(bytes: &[u8], source: u64) -> Option<FastMap<String, ProcessShare>> {
+pub(crate) fn shares_of(bytes: &[u8], source: u64) -> Option<FastMap<String, ProcessShare>> {
     let (&version, rest) = bytes.split_first()?;
     if version != VERSION {
         return None;

@@ -5,16 +5,16 @@
 /// their counts over at once instead of at their next slow tick: the
 /// window is sent as soon as every VM has handed off past its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowEnd(pub u64);
+pub(crate) struct WindowEnd(pub u64);
 
 impl WindowEnd {
     /// The stored form.
-    pub fn encode(self) -> [u8; 8] {
+    pub(crate) fn encode(self) -> [u8; 8] {
         self.0.to_le_bytes()
     }
 
     /// Parses the stored form; `None` for anything malformed.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         let bytes = <[u8; 8]>::try_from(bytes).ok()?;
         Some(Self(u64::from_le_bytes(bytes)))
     }

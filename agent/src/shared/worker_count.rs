@@ -3,17 +3,17 @@
 /// How many VMs of the process serve requests, as the leader counts them
 /// (sources with recent traffic); at least one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerCount(pub u32);
+pub(crate) struct WorkerCount(pub u32);
 
 impl WorkerCount {
     /// The stored form.
-    pub fn encode(self) -> [u8; 4] {
+    pub(crate) fn encode(self) -> [u8; 4] {
         self.0.to_le_bytes()
     }
 
     /// Parses the stored form (a zero reads as one); `None` for anything
     /// malformed.
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         let bytes = <[u8; 4]>::try_from(bytes).ok()?;
         Some(Self(u32::from_le_bytes(bytes).max(1)))
     }

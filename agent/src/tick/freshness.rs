@@ -7,7 +7,7 @@ use sluice_core::regime::{Fallback, Regime};
 
 /// A VM's view of the table's freshness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Freshness {
+pub(crate) struct Freshness {
     /// The last batch's arrival, if any arrived.
     pub received_at_ms: Option<u64>,
     /// The TTL in force (the batch's, else the configured default).
@@ -16,7 +16,7 @@ pub struct Freshness {
 
 impl Freshness {
     /// Milliseconds since the last batch; 0 before the first.
-    pub fn age_ms(&self, now_ms: u64) -> u64 {
+    pub(crate) fn age_ms(&self, now_ms: u64) -> u64 {
         self.received_at_ms
             .map_or(0, |at| now_ms.saturating_sub(at))
     }
@@ -24,19 +24,19 @@ impl Freshness {
     /// Milliseconds since the last batch, or `None` before the first: what
     /// a report tells the control plane, which must tell "no table yet"
     /// from "just refreshed".
-    pub fn table_age_ms(&self, now_ms: u64) -> Option<u64> {
+    pub(crate) fn table_age_ms(&self, now_ms: u64) -> Option<u64> {
         self.received_at_ms.map(|at| now_ms.saturating_sub(at))
     }
 
     /// Whether the table is past its TTL. A table that never received a
     /// batch is not stale: it is empty, and new-bucket rules apply.
-    pub fn is_stale(&self, now_ms: u64) -> bool {
+    pub(crate) fn is_stale(&self, now_ms: u64) -> bool {
         self.received_at_ms.is_some() && self.age_ms(now_ms) > self.ttl_ms
     }
 
     /// Takes the TTL a batch named, else (`batch_ttl_ms` 0) the
     /// configured one.
-    pub fn set_ttl(&mut self, batch_ttl_ms: u64, configured_ms: u64) {
+    pub(crate) fn set_ttl(&mut self, batch_ttl_ms: u64, configured_ms: u64) {
         self.ttl_ms = if batch_ttl_ms == 0 {
             configured_ms
         } else {
@@ -45,7 +45,7 @@ impl Freshness {
     }
 
     /// The regime of the request path.
-    pub fn regime(&self, now_ms: u64, fallback: Fallback) -> Regime {
+    pub(crate) fn regime(&self, now_ms: u64, fallback: Fallback) -> Regime {
         if self.is_stale(now_ms) {
             Regime::Stale(fallback)
         } else {

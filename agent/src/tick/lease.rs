@@ -12,13 +12,13 @@
 //! everybody reads next tick, so exactly one of them goes on to lead.
 
 /// Ticks a lease outlives its last renewal; covers a late tick or two.
-pub const LEASE_TTL_TICKS: u64 = 3;
+pub(crate) const LEASE_TTL_TICKS: u64 = 3;
 
 use crate::shared::Lease;
 
 /// What a VM does with the lease this tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseStep {
+pub(crate) enum LeaseStep {
     /// It holds the lease: extend it and act as leader.
     Renew,
     /// Another VM holds a live lease: follow it.
@@ -29,7 +29,7 @@ pub enum LeaseStep {
 }
 
 /// Decides the lease step from what was read (`None`: absent or unreadable).
-pub fn next_step(current: Option<Lease>, me: u64, now_ms: u64) -> LeaseStep {
+pub(crate) fn next_step(current: Option<Lease>, me: u64, now_ms: u64) -> LeaseStep {
     match current {
         Some(lease) if lease.holder == me => LeaseStep::Renew,
         Some(lease) if lease.is_live(now_ms) => LeaseStep::Follow,

@@ -17,7 +17,7 @@ use sluice_core::allowance::{AllowanceSettings, DirectiveRates, LocalRate, allow
 
 /// One cell's budget, derived from the process's offered rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ProcessBudget {
+pub(crate) struct ProcessBudget {
     /// With the margin of ten seconds' counts of the rate.
     narrow_rps: f64,
     /// With the margin of one second's count (equal to `narrow_rps` when
@@ -36,7 +36,7 @@ impl ProcessBudget {
     /// The budget of a process offered `total_rps` of a cell under
     /// `rates`; `None` where the allowance sets no cap (unlimited, or no
     /// traffic).
-    pub fn derive(
+    pub(crate) fn derive(
         total_rps: f64,
         rates: DirectiveRates,
         settings: AllowanceSettings,
@@ -72,7 +72,12 @@ impl ProcessBudget {
     /// says first that the cell grew: the process's second only after a
     /// slow tick and a tenth of a second's change, the VM's own tick at the
     /// next tick after a step.
-    pub fn rps_at(&mut self, total_rps: f64, share: f64, last_tick: Option<LocalRate>) -> f64 {
+    pub(crate) fn rps_at(
+        &mut self,
+        total_rps: f64,
+        share: f64,
+        last_tick: Option<LocalRate>,
+    ) -> f64 {
         if total_rps > self.grown_above_rps {
             self.grown = true;
         }

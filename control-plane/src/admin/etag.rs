@@ -24,7 +24,7 @@ pub(crate) struct ETag(String);
 
 impl ETag {
     /// The tag of `value`'s JSON representation.
-    pub fn of<T: Serialize>(value: &T) -> Self {
+    pub(crate) fn of<T: Serialize>(value: &T) -> Self {
         // Serialising the admin API's own types cannot fail; an empty body
         // would still give a stable tag.
         let bytes = serde_json::to_vec(value).unwrap_or_default();
@@ -32,12 +32,12 @@ impl ETag {
     }
 
     /// The quoted form.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The `ETag` header carrying it.
-    pub fn header(&self) -> HeaderMap {
+    pub(crate) fn header(&self) -> HeaderMap {
         let mut headers = HeaderMap::new();
         if let Ok(value) = HeaderValue::from_str(&self.0) {
             headers.insert(header::ETAG, value);
@@ -69,7 +69,7 @@ enum Condition {
 impl IfMatch {
     /// Parses the header's values (comma-separated lists, possibly over
     /// several header lines).
-    pub fn parse(headers: &HeaderMap) -> Result<Self, Problem> {
+    pub(crate) fn parse(headers: &HeaderMap) -> Result<Self, Problem> {
         let mut tags = Vec::new();
         let mut any = false;
         let mut present = false;
@@ -102,7 +102,7 @@ impl IfMatch {
 
     /// 412 unless the precondition holds for a resource whose current tag
     /// is `current` (`None`: it does not exist).
-    pub fn check(&self, current: Option<&ETag>) -> Result<(), Problem> {
+    pub(crate) fn check(&self, current: Option<&ETag>) -> Result<(), Problem> {
         let holds = match (&self.0, current) {
             (None, _) => true,
             (Some(Condition::Any), current) => current.is_some(),

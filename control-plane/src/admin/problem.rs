@@ -25,7 +25,7 @@ pub(crate) struct Problem {
 
 impl Problem {
     /// A problem with the given status and explanation.
-    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
             kind: "about:blank",
             title: status.canonical_reason().unwrap_or("Error").to_owned(),
@@ -40,7 +40,7 @@ impl Problem {
     }
 
     /// 422: well-formed but unacceptable.
-    pub fn unprocessable(detail: impl Into<String>) -> Self {
+    pub(crate) fn unprocessable(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, detail)
     }
 

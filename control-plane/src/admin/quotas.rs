@@ -12,7 +12,7 @@ use crate::quotas::{QuotaRead, ReadError};
 
 /// `GET /v1/quotas/{domain}`: the query's parameters, in order, are the
 /// descriptor's entries (`?plan=free&user=bob`).
-pub async fn read(
+pub(super) async fn read(
     State(admin): State<Admin>,
     Path(domain): Path<String>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,

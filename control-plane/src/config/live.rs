@@ -587,7 +587,7 @@ impl ReloadMetrics {
     }
 
     /// The counters in OpenMetrics text, ending with `# EOF`.
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)

@@ -14,7 +14,7 @@ use crate::config::overrides::unix_now;
 pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(1);
 
 /// Polls every `period` until `shutdown` is cancelled.
-pub async fn run(live: Arc<LiveConfig>, period: Duration, shutdown: CancellationToken) {
+pub(crate) async fn run(live: Arc<LiveConfig>, period: Duration, shutdown: CancellationToken) {
     let mut interval = time::interval(period);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {

@@ -41,7 +41,7 @@ pub(crate) struct History {
 impl History {
     /// A history of `span` at `interval`, bounded by
     /// [`MAX_CELL_INTERVALS`].
-    pub fn new(span: Duration, interval: Duration) -> Self {
+    pub(crate) fn new(span: Duration, interval: Duration) -> Self {
         let per = interval.as_millis().max(1);
         let max_intervals = usize::try_from(span.as_millis() / per).unwrap_or(usize::MAX);
         Self::with_bounds(max_intervals.max(1), MAX_CELL_INTERVALS)
@@ -58,7 +58,7 @@ impl History {
 
     /// Records one interval's fleet total and upstream signals, forgetting
     /// the oldest past the bounds.
-    pub fn record(&mut self, load: &FleetLoad, health: &HashMap<String, UpstreamHealth>) {
+    pub(crate) fn record(&mut self, load: &FleetLoad, health: &HashMap<String, UpstreamHealth>) {
         let recorded = Recorded {
             load: FleetLoad {
                 buckets: load.buckets.clone(),
@@ -80,14 +80,14 @@ impl History {
 
     /// The last `intervals` recorded intervals (all of them if fewer),
     /// oldest first.
-    pub fn last(&self, intervals: usize) -> Vec<Recorded> {
+    pub(crate) fn last(&self, intervals: usize) -> Vec<Recorded> {
         let skip = self.loads.len().saturating_sub(intervals);
         self.loads.iter().skip(skip).cloned().collect()
     }
 
     /// Intervals recorded.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.loads.len()
     }
 }

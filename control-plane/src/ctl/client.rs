@@ -54,7 +54,7 @@ pub(crate) struct Client {
 impl Client {
     /// A client for the API at `url`, with the token from `token_file` or,
     /// without one, from `SLUICE_ADMIN_TOKEN` if set.
-    pub fn new(url: &str, token_file: Option<&Path>) -> Result<Self, CtlError> {
+    pub(super) fn new(url: &str, token_file: Option<&Path>) -> Result<Self, CtlError> {
         let token = match token_file {
             Some(path) => Some(Token::from_file(path)?),
             None if std::env::var_os(TOKEN_ENV).is_some() => Some(Token::from_env(TOKEN_ENV)?),
@@ -87,7 +87,7 @@ impl Client {
     }
 
     /// GET; the reply body.
-    pub async fn get(&self, path: &str) -> Result<Option<Value>, CtlError> {
+    pub(super) async fn get(&self, path: &str) -> Result<Option<Value>, CtlError> {
         Ok(self.call(Method::GET, path, None, None).await?.0)
     }
 
@@ -100,7 +100,11 @@ impl Client {
     }
 
     /// PUT with an optional JSON body.
-    pub async fn put(&self, path: &str, body: Option<Value>) -> Result<Option<Value>, CtlError> {
+    pub(super) async fn put(
+        &self,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Option<Value>, CtlError> {
         let tag = self.if_match.as_deref();
         Ok(self.call(Method::PUT, path, body, tag).await?.0)
     }
@@ -116,12 +120,12 @@ impl Client {
     }
 
     /// POST with a JSON body (a question, not a change: no `If-Match`).
-    pub async fn post(&self, path: &str, body: Value) -> Result<Option<Value>, CtlError> {
+    pub(super) async fn post(&self, path: &str, body: Value) -> Result<Option<Value>, CtlError> {
         Ok(self.call(Method::POST, path, Some(body), None).await?.0)
     }
 
     /// DELETE.
-    pub async fn delete(&self, path: &str) -> Result<Option<Value>, CtlError> {
+    pub(super) async fn delete(&self, path: &str) -> Result<Option<Value>, CtlError> {
         let tag = self.if_match.as_deref();
         Ok(self.call(Method::DELETE, path, None, tag).await?.0)
     }

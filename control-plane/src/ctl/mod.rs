@@ -373,7 +373,7 @@ pub(crate) async fn execute(args: CtlArgs) -> ExitCode {
 }
 
 /// Runs `sluice ctl` and returns what it prints.
-pub async fn run(args: &CtlArgs) -> Result<String, CtlError> {
+pub(crate) async fn run(args: &CtlArgs) -> Result<String, CtlError> {
     let client =
         Client::new(&args.url, args.token_file.as_deref())?.with_if_match(args.if_match.clone());
     let json = args.json;

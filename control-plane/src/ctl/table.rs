@@ -107,7 +107,7 @@ pub(crate) fn buckets(reply: &Value) -> String {
 }
 
 /// `GET /v1/proxies`.
-pub fn proxies(reply: &Value) -> String {
+pub(super) fn proxies(reply: &Value) -> String {
     let columns = [
         "proxy_id",
         "zone",

@@ -27,7 +27,7 @@ struct HistogramInner {
 
 impl AtomicHistogram {
     /// A histogram with these upper bounds, in seconds, ascending.
-    pub fn new(bounds: &[f64]) -> Self {
+    pub(crate) fn new(bounds: &[f64]) -> Self {
         Self {
             inner: Arc::new(HistogramInner {
                 bounds: bounds.to_vec(),
@@ -38,7 +38,7 @@ impl AtomicHistogram {
     }
 
     /// Records one duration.
-    pub fn observe(&self, duration: Duration) {
+    pub(crate) fn observe(&self, duration: Duration) {
         let seconds = duration.as_secs_f64();
         let inner = &self.inner;
         let index = inner.bounds.partition_point(|&bound| bound < seconds);

@@ -33,7 +33,7 @@ enum How<'a> {
 
 /// A limit a descriptor hits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Match<'a> {
+pub(crate) struct Match<'a> {
     /// The limit.
     pub limit: &'a Limit,
     /// The key path metrics count it under.
@@ -55,7 +55,11 @@ pub(crate) enum MetricKey<'a> {
 }
 
 /// The limit for `entries` of `domain` under `root`, if any.
-pub fn find<'a>(root: &'a Node, domain: &str, entries: &[(&str, &str)]) -> Option<Match<'a>> {
+pub(crate) fn find<'a>(
+    root: &'a Node,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> Option<Match<'a>> {
     if entries.is_empty() || entries.len() > MAX_ENTRIES {
         return None;
     }
@@ -183,7 +187,7 @@ pub fn find<'a>(root: &'a Node, domain: &str, entries: &[(&str, &str)]) -> Optio
 /// The key path envoyproxy/ratelimit names a descriptor with a limit
 /// override by: `domain.key_value.key…` (a key without `_` when its value
 /// is empty), values cut at [`MAX_METRIC_VALUE_BYTES`].
-pub fn descriptor_key<'a>(
+pub(crate) fn descriptor_key<'a>(
     domain: &str,
     entries: impl Iterator<Item = (&'a str, &'a str)>,
 ) -> String {

@@ -15,7 +15,7 @@ use crate::config::quota_file::Unit;
 
 /// The metadata of an answer to `request`, with the `metadata` of the
 /// limits that passed, in request order.
-pub fn response<'a>(
+pub(super) fn response<'a>(
     request: &RateLimitRequest,
     passed: impl Iterator<Item = &'a serde_json::Map<String, serde_json::Value>>,
 ) -> Struct {

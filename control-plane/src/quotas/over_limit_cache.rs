@@ -59,7 +59,7 @@ pub(crate) struct OverLimitCache {
 
 impl OverLimitCache {
     /// A cache of at most `max_bytes`; `None` for 0 (off).
-    pub fn new(max_bytes: usize) -> Option<Self> {
+    pub(crate) fn new(max_bytes: usize) -> Option<Self> {
         (max_bytes > 0).then(|| Self {
             entries: Mutex::default(),
             max_bytes,
@@ -81,7 +81,7 @@ impl OverLimitCache {
     /// first; if it is still spent the entry is not kept (a flood of keys
     /// over their limit then costs a round trip each, as without the
     /// cache).
-    pub fn insert(&self, counter: &str, for_ms: u64, now_ms: u64) {
+    pub(crate) fn insert(&self, counter: &str, for_ms: u64, now_ms: u64) {
         if for_ms == 0 {
             return;
         }
@@ -120,7 +120,7 @@ impl OverLimitCache {
     /// `hits` noted as owed to the store in the same step (a refund that
     /// takes the counter out of the cache meanwhile cannot lose them), and
     /// whether the caller is to start the write-behind (as [`Self::owe`]).
-    pub fn answer(&self, counter: &str, now_ms: u64, hits: u64) -> Option<(u64, bool)> {
+    pub(crate) fn answer(&self, counter: &str, now_ms: u64, hits: u64) -> Option<(u64, bool)> {
         let mut entries = self.lock();
         let entry = entries.by_counter.get_mut(counter)?;
         if entry.until_ms <= now_ms {
@@ -139,7 +139,7 @@ impl OverLimitCache {
     /// under way for this counter): it then calls [`Self::take_owed`] until
     /// that answers 0.
     #[cfg(test)]
-    pub fn owe(&self, counter: &str, hits: u64) -> bool {
+    pub(crate) fn owe(&self, counter: &str, hits: u64) -> bool {
         let mut entries = self.lock();
         let Some(entry) = entries.by_counter.get_mut(counter) else {
             return false;
@@ -170,14 +170,14 @@ impl OverLimitCache {
 
     /// Hits owed for `counter` not taken yet.
     #[cfg(test)]
-    pub fn owed(&self, counter: &str) -> u64 {
+    pub(crate) fn owed(&self, counter: &str) -> u64 {
         self.lock().by_counter.get(counter).map_or(0, |e| e.owed)
     }
 
     /// `counter` may be under its limit again (a refund reached the
     /// store): it is no longer answered here; hits it still owes are still
     /// written behind.
-    pub fn forget(&self, counter: &str) {
+    pub(crate) fn forget(&self, counter: &str) {
         let mut entries = self.lock();
         let Some(entry) = entries.by_counter.get_mut(counter) else {
             return;
@@ -191,7 +191,7 @@ impl OverLimitCache {
     }
 
     /// Keeps a write-behind task's handle (finished ones are let go).
-    pub fn track(&self, flush: JoinHandle<()>) {
+    pub(crate) fn track(&self, flush: JoinHandle<()>) {
         let mut flushes = self.flushes.lock().unwrap_or_else(PoisonError::into_inner);
         flushes.retain(|flush| !flush.is_finished());
         flushes.push(flush);
@@ -199,13 +199,13 @@ impl OverLimitCache {
 
     /// Entries held (expired ones included until swept).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().by_counter.len()
     }
 
     /// Whether no entry is held.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

@@ -15,7 +15,7 @@ pub(crate) struct NearLimitRatio(f64);
 
 impl NearLimitRatio {
     /// The ratio, if it is strictly between 0 and 1.
-    pub fn new(ratio: f64) -> Result<Self, String> {
+    pub(crate) fn new(ratio: f64) -> Result<Self, String> {
         if ratio.is_finite() && ratio > 0.0 && ratio < 1.0 {
             Ok(Self(ratio))
         } else {
@@ -24,7 +24,7 @@ impl NearLimitRatio {
     }
 
     /// The ratio.
-    pub fn get(self) -> f64 {
+    pub(crate) fn get(self) -> f64 {
         self.0
     }
 }

@@ -61,7 +61,7 @@ pub(crate) struct MemoryStore {
 impl MemoryStore {
     /// A store of at most `max_bytes` of counter keys (plus a fixed
     /// overhead per counter).
-    pub fn new(max_bytes: usize) -> Self {
+    pub(crate) fn new(max_bytes: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
@@ -71,7 +71,7 @@ impl MemoryStore {
 
     /// Decides `hits` taken from the counter `key`.
     #[cfg(test)]
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         key: &str,
         algorithm: Algorithm,
@@ -84,7 +84,7 @@ impl MemoryStore {
 
     /// Applies `hits` in `direction` to the counter `key`. A refund to a
     /// counter that holds nothing stores nothing.
-    pub fn apply(
+    pub(crate) fn apply(
         &self,
         key: &str,
         algorithm: Algorithm,
@@ -131,7 +131,13 @@ impl MemoryStore {
 
     /// What `key` would answer a request of no hits at `now_ms`, without
     /// storing anything (an unseen counter reads as whole).
-    pub fn peek(&self, key: &str, algorithm: Algorithm, quota: Quota, now_ms: u64) -> QuotaOutcome {
+    pub(crate) fn peek(
+        &self,
+        key: &str,
+        algorithm: Algorithm,
+        quota: Quota,
+        now_ms: u64,
+    ) -> QuotaOutcome {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         let mut state = self
             .shards
@@ -146,7 +152,7 @@ impl MemoryStore {
 
     /// Live counters.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
             .map(|s| {

@@ -84,7 +84,7 @@ impl Assignment {
 
     /// The rate the assignment admits, in requests per second (`None`:
     /// unlimited).
-    pub fn rate_rps(&self) -> Option<f64> {
+    pub(super) fn rate_rps(&self) -> Option<f64> {
         match *self {
             Self::AllowAll => None,
             Self::DenyAll => Some(0.0),

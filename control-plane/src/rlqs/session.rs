@@ -47,7 +47,7 @@ pub(crate) struct RlqsService {
 
 impl RlqsService {
     /// A service whose streams run on `streams` until `shutdown`.
-    pub fn new(
+    pub(crate) fn new(
         state: AppState,
         streams: TaskTracker,
         shutdown: CancellationToken,

@@ -310,7 +310,7 @@ pub(crate) enum ServeError {
 
 /// `sluice serve`: load the limits, bind, announce, serve until SIGINT or
 /// SIGTERM.
-pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+pub(crate) async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let text = std::fs::read_to_string(&args.config).map_err(|source| ConfigError::Read {
         path: args.config.clone(),
         source,

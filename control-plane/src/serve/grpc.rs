@@ -89,7 +89,7 @@ impl From<TcpListener> for GrpcEndpoint {
 /// Every stream runs in a task on `streams`, and each of those tasks ends
 /// when `shutdown` fires: tonic's graceful shutdown waits for open streams,
 /// and a proxy never closes its stream by itself.
-pub async fn serve(
+pub(crate) async fn serve(
     endpoint: GrpcEndpoint,
     state: AppState,
     streams: TaskTracker,

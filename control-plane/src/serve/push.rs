@@ -113,7 +113,7 @@ impl Publisher {
     /// A publisher for `epoch` with no directive published yet and `modes`
     /// in force; every batch carries `ttl`, and heartbeats go out every
     /// [`MAX_HEARTBEAT`] or a quarter of the TTL, whichever is shorter.
-    pub fn new(epoch: u64, ttl: DirectiveTtl, modes: ModePolicy) -> Self {
+    pub(crate) fn new(epoch: u64, ttl: DirectiveTtl, modes: ModePolicy) -> Self {
         let (sender, _) = broadcast::channel(CAPACITY);
         let ttl_ms = ttl.as_millis();
         Self {
@@ -133,7 +133,7 @@ impl Publisher {
     }
 
     /// The epoch every batch carries.
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
 
@@ -146,7 +146,7 @@ impl Publisher {
     /// if a directive or the mode policy changed; with no change, broadcasts
     /// an empty heartbeat once [`Publisher::heartbeat_every`] has passed
     /// since the last batch.
-    pub fn publish(&self, update: Update) -> Published {
+    pub(crate) fn publish(&self, update: Update) -> Published {
         self.publish_at(update, Instant::now())
     }
 
@@ -247,7 +247,7 @@ impl Publisher {
 
     /// A snapshot of everything currently pushed, and a subscription to the
     /// deltas that follow it.
-    pub fn subscribe(&self) -> (DirectiveBatch, Subscription) {
+    pub(crate) fn subscribe(&self) -> (DirectiveBatch, Subscription) {
         let (snapshot, receiver) = self.snapshot_and_receiver();
         let subscription = Subscription {
             publisher: self.clone(),
@@ -297,7 +297,7 @@ impl Subscription {
     /// The next batch to send. A stream that fell too far behind gets a fresh
     /// snapshot (merge semantics make that equivalent to the missed deltas)
     /// and continues from there. `None` once the publisher is gone.
-    pub async fn next(&mut self) -> Option<Arc<Outgoing>> {
+    pub(crate) async fn next(&mut self) -> Option<Arc<Outgoing>> {
         match self.receiver.recv().await {
             Ok(batch) => Some(batch),
             Err(RecvError::Lagged(missed)) => {

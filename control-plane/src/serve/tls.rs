@@ -45,7 +45,7 @@ pub(crate) enum TlsError {
 
 impl GrpcTlsFiles {
     /// Reads the files into tonic's server TLS configuration.
-    pub fn load(&self) -> Result<ServerTlsConfig, TlsError> {
+    pub(crate) fn load(&self) -> Result<ServerTlsConfig, TlsError> {
         let cert = read_pem(&self.cert, &["CERTIFICATE"], "CERTIFICATE")?;
         let key = read_pem(
             &self.key,

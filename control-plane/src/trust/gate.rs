@@ -20,7 +20,7 @@ use crate::state::AppState;
 
 /// Shared by the streams of one listener.
 #[derive(Debug)]
-pub struct StreamGate {
+pub(crate) struct StreamGate {
     identity: Option<IdentityPolicy>,
     ceilings: Ceilings,
     hello: HelloLimits,
@@ -30,7 +30,7 @@ pub struct StreamGate {
 
 /// What a Hello (or an RLQS stream's metadata) says about its proxy.
 #[derive(Debug, Clone, Copy)]
-pub struct Claim<'a> {
+pub(crate) struct Claim<'a> {
     /// The proxy id.
     pub proxy_id: &'a str,
     /// The process's instance id (0: unknown, as for RLQS).
@@ -43,7 +43,7 @@ impl StreamGate {
     /// A gate with client-certificate rules (`None`: the listener has no
     /// client certificates, and any stream may claim any proxy id), report
     /// ceilings, Hello limits and peer limits.
-    pub fn new(
+    pub(crate) fn new(
         identity: Option<IdentityPolicy>,
         ceilings: Ceilings,
         hello: HelloLimits,
@@ -60,7 +60,7 @@ impl StreamGate {
 
     /// The connections and streams peers hold, which the listener's accept
     /// loop shares.
-    pub fn peers(&self) -> &Arc<PeerLedger> {
+    pub(crate) fn peers(&self) -> &Arc<PeerLedger> {
         &self.peers
     }
 
@@ -77,7 +77,7 @@ impl StreamGate {
     /// A place for a new proxy stream on the connection from `connection`
     /// (its client's address), for the client certificate `peer`; refused
     /// with `RESOURCE_EXHAUSTED`, counted and logged, beyond the caps.
-    pub fn open_stream(
+    pub(crate) fn open_stream(
         &self,
         state: &AppState,
         connection: Option<SocketAddr>,
@@ -109,7 +109,7 @@ impl StreamGate {
     /// report, see [`crate::fleet::Fleet::take_conflicts`]). Refusals
     /// are counted, logged once per peer and reason, and returned as
     /// `INVALID_ARGUMENT` (names) or `PERMISSION_DENIED` (identity).
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         state: &AppState,
         peer: Option<&PeerIdentity>,

@@ -55,12 +55,12 @@ impl PeerIdentity {
 
     /// The names, URIs first.
     #[cfg(test)]
-    pub fn names(&self) -> &[String] {
+    pub(crate) fn names(&self) -> &[String] {
         &self.names
     }
 
     /// A short label for logs: the first name, or `(no SAN)`.
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         self.names.first().map_or("(no SAN)", String::as_str)
     }
 }
@@ -119,7 +119,7 @@ pub(crate) enum Refusal {
 
 impl Refusal {
     /// The metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::NotAllowed => "proxy_id_not_allowed",
             Self::HeldByAnother => "proxy_id_held_by_another_identity",

@@ -15,7 +15,7 @@ mod peers;
 pub(crate) mod plausibility;
 mod refusal_log;
 
-pub use gate::{Claim, StreamGate};
+pub(crate) use gate::{Claim, StreamGate};
 pub(crate) use hello::HelloLimits;
 pub(crate) use identity::{IdentityPolicy, IdentityRule, PeerIdentity};
 pub(crate) use listener::{Exposure, ListenerRefused, Transport, check_listener};

@@ -68,7 +68,7 @@ pub(crate) enum StreamsRefusal {
 
 impl StreamsRefusal {
     /// The metric label.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Self::PerConnection { .. } => "streams_per_connection",
             Self::PerIdentity { .. } => "connections_per_identity",
@@ -95,7 +95,7 @@ struct Streams {
 
 impl PeerLedger {
     /// A ledger enforcing `limits`.
-    pub fn new(limits: PeerLimits) -> Arc<Self> {
+    pub(crate) fn new(limits: PeerLimits) -> Arc<Self> {
         Arc::new(Self {
             limits,
             ..Self::default()
@@ -103,13 +103,13 @@ impl PeerLedger {
     }
 
     /// The caps.
-    pub fn limits(&self) -> PeerLimits {
+    pub(crate) fn limits(&self) -> PeerLimits {
         self.limits
     }
 
     /// A place for a new connection from `ip`, held until the slot drops;
     /// `None` when the address holds its maximum.
-    pub fn accept(self: &Arc<Self>, ip: IpAddr) -> Option<ConnectionSlot> {
+    pub(crate) fn accept(self: &Arc<Self>, ip: IpAddr) -> Option<ConnectionSlot> {
         let mut connections = lock(&self.connections);
         let held = connections.entry(ip).or_insert(0);
         if *held >= self.limits.max_connections_per_ip {
@@ -128,7 +128,7 @@ impl PeerLedger {
     /// A place for a new proxy stream on `connection`, held until the slot
     /// drops; `identity` is the client certificate's label under mutual
     /// TLS. Without a known connection (not TCP) nothing is counted.
-    pub fn open_stream(
+    pub(crate) fn open_stream(
         self: &Arc<Self>,
         connection: Option<SocketAddr>,
         identity: Option<&str>,

@@ -16,7 +16,7 @@ impl RefusalLog {
 
     /// Whether this is the first refusal of `peer` (and it should be
     /// logged at warning level).
-    pub fn first(&self, peer: &str) -> bool {
+    pub(crate) fn first(&self, peer: &str) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if seen.contains(peer) || seen.len() >= Self::CAPACITY {
             return false;

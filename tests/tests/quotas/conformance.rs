@@ -105,7 +105,7 @@ fn assert_reset(status: &DescriptorStatus, window_s: u64, context: &str) {
 /// domain, so that runs on one store do not share counters) and its
 /// `sluice serve` options.
 #[derive(Debug, Clone, Copy)]
-pub struct Variant {
+pub(crate) struct Variant {
     /// Part of the domains.
     pub name: &'static str,
     /// `LOCAL_CACHE_SIZE_IN_BYTES=1000`: `--quota-local-cache-bytes 1000`.
@@ -129,7 +129,7 @@ impl Variant {
 
 /// The variants `TestBasicConfig` runs on Redis (without a second Redis
 /// for per-second limits, which Sluice does not have).
-pub const REDIS_VARIANTS: [Variant; 4] = [
+pub(crate) const REDIS_VARIANTS: [Variant; 4] = [
     Variant {
         name: "plain",
         local_cache: false,
@@ -153,7 +153,7 @@ pub const REDIS_VARIANTS: [Variant; 4] = [
 ];
 
 /// In memory there is no local cache (nothing to save a round trip to).
-pub const MEMORY_VARIANTS: [Variant; 2] = [
+pub(crate) const MEMORY_VARIANTS: [Variant; 2] = [
     Variant {
         name: "plain",
         local_cache: false,
@@ -200,7 +200,7 @@ fn files(variant: &str) -> Vec<(String, String)> {
 /// The runs of `variants` against the store at `store`, each on a control
 /// plane of its own; the service's behaviours once, then the statistics'
 /// names.
-pub async fn replay(dir: &std::path::Path, store: Store<'_>, variants: &[Variant]) {
+pub(crate) async fn replay(dir: &std::path::Path, store: Store<'_>, variants: &[Variant]) {
     for variant in variants {
         let run = dir.join(variant.name);
         std::fs::create_dir_all(&run).unwrap();

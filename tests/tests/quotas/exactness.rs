@@ -18,7 +18,7 @@ use sluice_integration_tests::control_plane::{ControlPlane, sample};
 use sluice_integration_tests::quotas::{OK, OVER_LIMIT, RlsClient};
 
 /// The quota file of this test.
-pub const EXACT: &str = "domain: exact\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 200}\n";
+pub(crate) const EXACT: &str = "domain: exact\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 200}\n";
 const LIMIT: u64 = 200;
 const CLIENTS: usize = 16;
 /// Each client's pace: 16 × 125 a second, ten times the quota.
@@ -37,7 +37,7 @@ fn unix_ms() -> u64 {
 
 /// Reads a window's count from the store: `GET` of a key, on whichever
 /// node serves it.
-pub type Reader<'a> =
+pub(crate) type Reader<'a> =
     Box<dyn Fn(String) -> Pin<Box<dyn Future<Output = anyhow::Result<Option<String>>> + 'a>> + 'a>;
 
 /// One answered call.
@@ -52,7 +52,7 @@ struct Call {
 /// Runs the clients for `seconds` whole windows (plus the partial ones
 /// around them) against the rate limit service at `control_plane`; with a
 /// `reader`, reads each window's count from the store while its key lives.
-pub async fn sixteen_clients(
+pub(crate) async fn sixteen_clients(
     control_plane: &ControlPlane,
     value: &str,
     seconds: u64,
