@@ -37,11 +37,11 @@ pub enum Command {
 pub struct CheckConfigArgs {
     /// Limits file (YAML).
     #[arg(value_name = "FILE", required_unless_present = "quotas")]
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// A quota file or directory in envoyproxy/ratelimit's format (what
     /// `sluice serve --quotas` reads), checked without starting a server.
     #[arg(long, value_name = "FILE_OR_DIR")]
-    pub quotas: Option<PathBuf>,
+    pub(crate) quotas: Option<PathBuf>,
     /// With `--quotas`: merge files that name the same domain
     /// (MERGE_DOMAIN_CONFIG), as `sluice serve --quota-merge-domains`.
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", value_name = "BOOL", num_args = 0..=1, require_equals = true,

@@ -23,12 +23,12 @@ use crate::types::{ControlInterval, DirectiveTtl};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// How often the controller runs.
-    pub control_interval: ControlInterval,
+    pub(crate) control_interval: ControlInterval,
     /// Initial limits, tenants and modes; the admin API changes them at run
     /// time.
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// TTL stamped on every directive batch.
-    pub directive_ttl: DirectiveTtl,
+    pub(crate) directive_ttl: DirectiveTtl,
     /// Bounds on the cells reports can create.
     pub fleet_caps: FleetCaps,
     /// Longest start-up hold ([`crate::serve::warmup`]); zero: none.
@@ -61,7 +61,6 @@ pub struct AppState {
 #[derive(Debug)]
 struct Shared {
     control_interval: ControlInterval,
-    directive_ttl: DirectiveTtl,
     policy: RwLock<Policy>,
     fleet: Mutex<Fleet>,
     buckets: RwLock<Arc<[BucketStatus]>>,
@@ -94,7 +93,6 @@ impl AppState {
         Self {
             inner: Arc::new(Shared {
                 control_interval: settings.control_interval,
-                directive_ttl: settings.directive_ttl,
                 policy: RwLock::new(settings.policy),
                 fleet: Mutex::new(Fleet::with_caps(
                     Fleet::DEFAULT_CARRY_TICKS,
@@ -132,7 +130,7 @@ impl AppState {
     /// Tells the task of `stream` to end it with `status` (a superseded
     /// stream is closed with `ABORTED`, so its proxy reconnects); returns
     /// whether the stream was still open.
-    pub fn close_stream(&self, stream: StreamId, status: tonic::Status) -> bool {
+    pub(crate) fn close_stream(&self, stream: StreamId, status: tonic::Status) -> bool {
         let closer = self.closers().remove(&stream);
         closer.is_some_and(|closer| closer.send(status).is_ok())
     }
@@ -218,7 +216,7 @@ impl AppState {
     /// Moves the adaptive limits on one interval's `health` and `load`;
     /// returns `policy` with them in place of the configured limits, or
     /// `None` when no bucket is adaptive.
-    pub fn adapt(
+    pub(crate) fn adapt(
         &self,
         policy: &Policy,
         load: &FleetLoad,
@@ -248,7 +246,7 @@ impl AppState {
     }
 
     /// Watches whether this process takes proxies' streams.
-    pub fn accepting_streams(&self) -> watch::Receiver<bool> {
+    pub(crate) fn accepting_streams(&self) -> watch::Receiver<bool> {
         self.inner.accepting_streams.subscribe()
     }
 
@@ -268,18 +266,13 @@ impl AppState {
     }
 
     /// The control interval.
-    pub fn control_interval(&self) -> ControlInterval {
+    pub(crate) fn control_interval(&self) -> ControlInterval {
         self.inner.control_interval
     }
 
     /// The start-up hold.
-    pub fn warmup(&self) -> &Warmup {
+    pub(crate) fn warmup(&self) -> &Warmup {
         &self.inner.warmup
-    }
-
-    /// The TTL stamped on directive batches.
-    pub fn directive_ttl(&self) -> DirectiveTtl {
-        self.inner.directive_ttl
     }
 
     /// Read access to the policy (limits, tenants, modes).
@@ -312,7 +305,7 @@ impl AppState {
     /// have a limit so that unlimited ones cannot crowd them out. Takes the
     /// policy's read lock, then the fleet's (no other path holds the fleet
     /// lock while it takes the policy's).
-    pub fn report(
+    pub(crate) fn report(
         &self,
         proxy_id: &str,
         stream: StreamId,
@@ -343,7 +336,7 @@ impl AppState {
     }
 
     /// The buckets as of the last control interval.
-    pub fn buckets(&self) -> Arc<[BucketStatus]> {
+    pub(crate) fn buckets(&self) -> Arc<[BucketStatus]> {
         self.inner
             .buckets
             .read()

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
 pub use sluice_core::control_interval::{ControlInterval, InvalidControlInterval};
-pub use sluice_core::directive::DirectiveTtl;
+pub(crate) use sluice_core::directive::DirectiveTtl;
 pub use sluice_core::limit::{InvalidLimit, LimitRps, MAX_LIMIT_RPS};
 
 /// The longest bucket key or tenant an operator can configure: the filter

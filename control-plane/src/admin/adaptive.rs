@@ -21,7 +21,7 @@ use crate::state::AppState;
 #[derive(Debug, Serialize)]
 pub(crate) struct AdaptiveReply {
     /// Per adaptive bucket, by bucket.
-    pub buckets: Vec<AdaptiveStatus>,
+    pub(crate) buckets: Vec<AdaptiveStatus>,
 }
 
 /// `GET /v1/adaptive`.
@@ -35,9 +35,9 @@ pub(crate) async fn list(State(state): State<AppState>) -> axum::Json<AdaptiveRe
 #[derive(Debug, Serialize)]
 pub(crate) struct AdaptiveBucketReply {
     /// The spec as the limits file holds it (defaults filled in).
-    pub spec: AdaptiveSpec,
+    pub(crate) spec: AdaptiveSpec,
     /// Where its limit stands; `null` until a control interval ran with it.
-    pub status: Option<AdaptiveStatus>,
+    pub(crate) status: Option<AdaptiveStatus>,
 }
 
 /// `GET /v1/adaptive/{bucket}`: the bucket's spec and status (404 if it

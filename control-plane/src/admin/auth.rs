@@ -63,7 +63,7 @@ impl Token {
     }
 
     /// Reads the token from a file.
-    pub fn from_file(path: &Path) -> Result<Self, TokenError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, TokenError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
             path: path.to_path_buf(),
             source,
@@ -79,7 +79,7 @@ impl Token {
 
     /// Compares in time that depends only on the lengths, not on where the
     /// first differing byte is.
-    pub fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         constant_time_eq(&self.0, presented)
     }
 

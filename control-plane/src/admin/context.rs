@@ -37,12 +37,12 @@ impl Admin {
     }
 
     /// The exact quotas, when this control plane serves them.
-    pub fn quotas(&self) -> Option<&Quotas> {
+    pub(crate) fn quotas(&self) -> Option<&Quotas> {
         self.quotas.as_deref()
     }
 
     /// An unauthenticated admin API whose changes live in memory only.
-    pub fn in_memory(state: AppState) -> Self {
+    pub(crate) fn in_memory(state: AppState) -> Self {
         let config = Config::from_policy(&state.policy());
         Self::new(
             Arc::new(LiveConfig::in_memory(state, config)),
@@ -51,12 +51,12 @@ impl Admin {
     }
 
     /// The shared control plane state.
-    pub fn state(&self) -> &AppState {
+    pub(crate) fn state(&self) -> &AppState {
         self.live.state()
     }
 
     /// The configuration in force and its file.
-    pub fn live(&self) -> &Arc<LiveConfig> {
+    pub(crate) fn live(&self) -> &Arc<LiveConfig> {
         &self.live
     }
 

@@ -26,7 +26,7 @@ pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
 #[derive(Debug, Serialize)]
 pub(crate) struct Health {
     /// Always `"ok"`: answering at all is the signal.
-    pub status: &'static str,
+    pub(crate) status: &'static str,
 }
 
 /// `GET /healthz`.
@@ -62,11 +62,11 @@ pub(crate) async fn openapi() -> impl IntoResponse {
 #[derive(Debug, Serialize)]
 pub struct BucketsReply {
     /// This process's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// The control interval.
-    pub control_interval_ms: u64,
+    pub(crate) control_interval_ms: u64,
     /// Buckets with traffic, sorted by bucket.
-    pub buckets: std::sync::Arc<[BucketStatus]>,
+    pub(crate) buckets: std::sync::Arc<[BucketStatus]>,
 }
 
 /// `GET /v1/buckets`.
@@ -82,18 +82,18 @@ pub(crate) async fn buckets(State(state): State<AppState>) -> axum::Json<Buckets
 #[derive(Debug, Serialize)]
 pub struct LimitsReply {
     /// Limit for buckets no rule names; null = unlimited (or a budget).
-    pub default_limit_rps: Option<LimitRps>,
+    pub(crate) default_limit_rps: Option<LimitRps>,
     /// Budget for buckets no rule names, when the default is one; left
     /// out otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) default_budget: Option<Budget>,
     /// Limits in force (overrides included): exact limits sorted by bucket,
     /// then patterns in file order.
-    pub limits: Vec<LimitRule>,
+    pub(crate) limits: Vec<LimitRule>,
     /// Temporary limits by bucket, with their deadlines; left out when
     /// there are none.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub overrides: std::collections::BTreeMap<String, LimitOverride>,
+    pub(crate) overrides: std::collections::BTreeMap<String, LimitOverride>,
 }
 
 /// `GET /v1/limits`.
@@ -119,10 +119,10 @@ pub(crate) async fn limits(State(admin): State<Admin>) -> axum::Json<LimitsReply
 pub struct PutLimit {
     /// A limit in requests per second.
     #[serde(default)]
-    pub limit_rps: Option<LimitRps>,
+    pub(crate) limit_rps: Option<LimitRps>,
     /// A cost budget instead.
     #[serde(default)]
-    pub budget: Option<Budget>,
+    pub(crate) budget: Option<Budget>,
 }
 
 impl PutLimit {
@@ -145,10 +145,10 @@ impl PutLimit {
 #[derive(Debug, Serialize)]
 pub struct LimitReply {
     /// The bucket.
-    pub bucket: String,
+    pub(crate) bucket: String,
     /// Its limit now: `limit_rps` or `budget`.
     #[serde(flatten)]
-    pub limit: Limit,
+    pub(crate) limit: Limit,
 }
 
 /// `GET /v1/limits/{bucket}`: the bucket's exact limit (404 if it has

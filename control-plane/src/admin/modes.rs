@@ -50,7 +50,7 @@ pub(crate) async fn put(
 #[serde(deny_unknown_fields)]
 pub(crate) struct PutBucketMode {
     /// `shadow` or `enforce`.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
 }
 
 /// `PUT /v1/modes/buckets/{bucket}`.
@@ -123,7 +123,7 @@ async fn set_kill_switch(admin: &Admin, if_match: IfMatch, on: bool) -> Result<R
 #[serde(deny_unknown_fields)]
 pub(crate) struct PutCanary {
     /// Fraction of proxies that enforce, `0 ..= 1`.
-    pub canary_fraction: Fraction,
+    pub(crate) canary_fraction: Fraction,
 }
 
 /// `PUT /v1/canary`.

@@ -39,12 +39,12 @@ pub(crate) async fn list(State(admin): State<Admin>) -> (HeaderMap, axum::Json<O
 pub(crate) struct PutLimitOverride {
     /// The limit while the override lasts, in requests per second.
     #[serde(default)]
-    pub limit_rps: Option<LimitRps>,
+    pub(crate) limit_rps: Option<LimitRps>,
     /// A cost budget while the override lasts, instead.
     #[serde(default)]
-    pub budget: Option<Budget>,
+    pub(crate) budget: Option<Budget>,
     /// How long it lasts, in seconds (at most 30 days).
-    pub ttl_s: OverrideTtl,
+    pub(crate) ttl_s: OverrideTtl,
 }
 
 /// `PUT /v1/overrides/limits/{bucket}`.
@@ -99,15 +99,15 @@ pub(crate) async fn delete_limit(
 pub(crate) struct PutTenantOverride {
     /// Weight while the override lasts.
     #[serde(default)]
-    pub weight: Option<Weight>,
+    pub(crate) weight: Option<Weight>,
     /// Burst multiplier while the override lasts.
     #[serde(default)]
-    pub burst: Option<BurstMultiplier>,
+    pub(crate) burst: Option<BurstMultiplier>,
     /// Floor while the override lasts.
     #[serde(default)]
-    pub min_floor_rps: Option<LimitRps>,
+    pub(crate) min_floor_rps: Option<LimitRps>,
     /// How long it lasts, in seconds (at most 30 days).
-    pub ttl_s: OverrideTtl,
+    pub(crate) ttl_s: OverrideTtl,
 }
 
 /// `PUT /v1/overrides/tenants/{tenant}`.

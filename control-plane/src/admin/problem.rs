@@ -14,13 +14,13 @@ pub(crate) const CONTENT_TYPE: &str = "application/problem+json";
 pub(crate) struct Problem {
     /// `about:blank`: the status code says it all and `detail` explains.
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// The status code's reason phrase, as RFC 9457 asks for `about:blank`.
-    pub title: String,
+    pub(crate) title: String,
     /// The HTTP status code.
-    pub status: u16,
+    pub(crate) status: u16,
     /// What was wrong with this request.
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 impl Problem {

@@ -10,10 +10,10 @@ use crate::state::AppState;
 #[derive(Debug, Serialize)]
 pub(crate) struct ProxiesReply {
     /// Proxies with an open stream.
-    pub connected: usize,
+    pub(crate) connected: usize,
     /// Every tracked proxy, sorted by id: connected ones and disconnected
     /// ones whose rates are still carried.
-    pub proxies: Vec<ProxyStatus>,
+    pub(crate) proxies: Vec<ProxyStatus>,
 }
 
 /// `GET /v1/proxies`.

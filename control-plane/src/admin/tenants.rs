@@ -20,9 +20,9 @@ use crate::config::policy::TenantPolicy;
 pub(crate) struct TenantsReply {
     /// Policies in force (overrides included) by tenant; the `default`
     /// entry applies to tenants not listed.
-    pub tenants: BTreeMap<String, TenantPolicy>,
+    pub(crate) tenants: BTreeMap<String, TenantPolicy>,
     /// Temporary tenant values, with their deadlines.
-    pub overrides: BTreeMap<String, TenantOverride>,
+    pub(crate) overrides: BTreeMap<String, TenantOverride>,
 }
 
 /// `GET /v1/tenants`.
@@ -41,10 +41,10 @@ pub(crate) async fn list(State(admin): State<Admin>) -> axum::Json<TenantsReply>
 #[derive(Debug, Serialize)]
 pub(crate) struct TenantReply {
     /// The tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Its base policy now.
     #[serde(flatten)]
-    pub policy: TenantPolicy,
+    pub(crate) policy: TenantPolicy,
 }
 
 /// `GET /v1/tenants/{tenant}`: the tenant's own policy (404 if it has

@@ -27,7 +27,7 @@ pub struct CostUnit(Arc<str>);
 
 impl CostUnit {
     /// Validates a unit name.
-    pub fn new(name: &str) -> Result<Self, InvalidBudget> {
+    pub(crate) fn new(name: &str) -> Result<Self, InvalidBudget> {
         if name.is_empty() || name.len() > MAX_UNIT_LEN {
             return Err(InvalidBudget::UnitLength);
         }
@@ -83,7 +83,7 @@ impl<'de> Deserialize<'de> for CostUnit {
 /// What a budget's amount is counted over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum BudgetPeriod {
+pub(crate) enum BudgetPeriod {
     /// One second.
     Second,
     /// Sixty seconds.
@@ -94,7 +94,7 @@ pub enum BudgetPeriod {
 
 impl BudgetPeriod {
     /// The period's length in seconds.
-    pub fn seconds(self) -> u64 {
+    pub(crate) fn seconds(self) -> u64 {
         match self {
             Self::Second => 1,
             Self::Minute => 60,
@@ -103,7 +103,7 @@ impl BudgetPeriod {
     }
 
     /// The name the limits file uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Second => "second",
             Self::Minute => "minute",
@@ -116,7 +116,7 @@ impl BudgetPeriod {
 /// second once spread over its period.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize)]
 #[serde(into = "f64")]
-pub struct Amount(f64);
+pub(crate) struct Amount(f64);
 
 /// The largest amount over any period: [`MAX_LIMIT_RPS`] a second for an
 /// hour. The rate check in [`Budget::new`] bounds shorter periods.
@@ -124,7 +124,7 @@ const MAX_AMOUNT: f64 = MAX_LIMIT_RPS * 3600.0;
 
 impl Amount {
     /// Validates an amount.
-    pub fn new(amount: f64) -> Result<Self, InvalidBudget> {
+    pub(crate) fn new(amount: f64) -> Result<Self, InvalidBudget> {
         if !(amount.is_finite() && amount > 0.0) {
             Err(InvalidBudget::Amount)
         } else if amount > MAX_AMOUNT {
@@ -135,7 +135,7 @@ impl Amount {
     }
 
     /// The amount.
-    pub fn get(self) -> f64 {
+    pub(crate) fn get(self) -> f64 {
         self.0
     }
 }
@@ -218,7 +218,11 @@ impl<'de> Deserialize<'de> for Budget {
 
 impl Budget {
     /// A budget whose rate is at most [`MAX_LIMIT_RPS`] units a second.
-    pub fn new(amount: Amount, unit: CostUnit, per: BudgetPeriod) -> Result<Self, InvalidBudget> {
+    pub(crate) fn new(
+        amount: Amount,
+        unit: CostUnit,
+        per: BudgetPeriod,
+    ) -> Result<Self, InvalidBudget> {
         let rate = amount.get() / per.seconds() as f64;
         if rate > MAX_LIMIT_RPS {
             return Err(InvalidBudget::RateTooLarge);
@@ -237,13 +241,13 @@ impl Budget {
     }
 
     /// The period the amount is counted over.
-    pub fn per(&self) -> BudgetPeriod {
+    pub(crate) fn per(&self) -> BudgetPeriod {
         self.per
     }
 
     /// The budget as a fleet-wide rate in units per second: what the
     /// controller divides and steers the offered cost towards.
-    pub fn rate(&self) -> LimitRps {
+    pub(crate) fn rate(&self) -> LimitRps {
         // `new` bounded the rate, so this never falls back.
         LimitRps::new(self.amount.get() / self.per.seconds() as f64).unwrap_or(LimitRps::ZERO)
     }
@@ -263,7 +267,7 @@ impl fmt::Display for Budget {
 
 /// Why a budget or one of its parts is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidBudget {
+pub(crate) enum InvalidBudget {
     /// Zero, negative, NaN or infinite.
     #[error("must be a finite number above 0")]
     Amount,

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::config::budget::Budget;
 use crate::types::LimitRps;
-pub use sluice_core::glob::Glob;
+pub(crate) use sluice_core::glob::Glob;
 
 /// What an entry or the default with both a rate and a budget is told.
 pub(crate) const BOTH_LIMITS: &str =
@@ -48,7 +48,7 @@ impl Limit {
     }
 
     /// Whether the limit admits nothing (a rate of 0; a budget is never 0).
-    pub fn is_blocked(&self) -> bool {
+    pub(crate) fn is_blocked(&self) -> bool {
         matches!(self, Self::Rps(rps) if rps.is_blocked())
     }
 }
@@ -182,7 +182,7 @@ impl LimitTable {
 
     /// The aggregate patterns, in file order: what the filters are told to
     /// count as one bucket each.
-    pub fn aggregate_patterns(&self) -> &[String] {
+    pub(crate) fn aggregate_patterns(&self) -> &[String] {
         &self.aggregates
     }
 
@@ -212,7 +212,7 @@ impl LimitTable {
     }
 
     /// Sets (or replaces) an exact limit; returns the previous one.
-    pub fn set_exact(&mut self, bucket: String, limit: Limit) -> Option<Limit> {
+    pub(crate) fn set_exact(&mut self, bucket: String, limit: Limit) -> Option<Limit> {
         match self.blocked_exact.binary_search(&bucket) {
             Ok(at) if !limit.is_blocked() => {
                 self.blocked_exact.remove(at);

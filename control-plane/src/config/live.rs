@@ -139,13 +139,13 @@ impl LiveConfig {
 
     /// A configuration that lives only in memory: writes take effect but
     /// are lost on restart, and nothing is watched.
-    pub fn in_memory(state: AppState, config: Config) -> Self {
+    pub(crate) fn in_memory(state: AppState, config: Config) -> Self {
         Self::build(state, config, None, None)
     }
 
     /// A replica's configuration, shared through `store` where `config` is
     /// stored as `version`; `runtime` runs the store calls of writes.
-    pub fn shared(
+    pub(crate) fn shared(
         state: AppState,
         config: Config,
         version: u64,
@@ -198,7 +198,7 @@ impl LiveConfig {
     }
 
     /// The shared state this configuration drives.
-    pub fn state(&self) -> &AppState {
+    pub(crate) fn state(&self) -> &AppState {
         &self.state
     }
 
@@ -209,7 +209,7 @@ impl LiveConfig {
     }
 
     /// The configuration in force, shared. Never waits for a writer.
-    pub fn snapshot(&self) -> Arc<Config> {
+    pub(crate) fn snapshot(&self) -> Arc<Config> {
         self.current.load_full()
     }
 
@@ -369,11 +369,6 @@ impl LiveConfig {
     /// Whether the configuration lives in a shared store.
     pub(crate) fn is_shared(&self) -> bool {
         self.shared.is_some()
-    }
-
-    /// The stored version held (0 without a shared store).
-    pub fn version(&self) -> u64 {
-        self.lock().version
     }
 
     /// Removes overrides that expired by `now` and picks up a changed file.

@@ -5,7 +5,7 @@
 //! every error, including "negative limit", carries the YAML position and the
 //! field path of the offending value.
 
-pub mod budget;
+pub(crate) mod budget;
 mod error;
 pub mod limits;
 pub mod live;
@@ -42,14 +42,14 @@ use crate::types::{BucketName, ControlInterval, DirectiveTtl, LimitRps};
 pub struct Config {
     /// Control interval from the file; the command line may override it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control_interval_ms: Option<ControlInterval>,
+    pub(crate) control_interval_ms: Option<ControlInterval>,
     /// How long proxies trust directives without hearing from the control
     /// plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub directive_ttl_ms: Option<DirectiveTtl>,
+    pub(crate) directive_ttl_ms: Option<DirectiveTtl>,
     /// Limit for buckets no rule names; `None` = unlimited.
     #[serde(default)]
-    pub default_limit_rps: Option<LimitRps>,
+    pub(crate) default_limit_rps: Option<LimitRps>,
     /// A cost budget for buckets no rule names, instead of
     /// `default_limit_rps` (not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,17 +68,17 @@ pub struct Config {
     pub overrides: Overrides,
     /// The shared store (`redis://…`) replicas share; `--store` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub store: Option<crate::store::StoreSetting>,
+    pub(crate) store: Option<crate::store::StoreSetting>,
     /// Exact quotas in buckets and tenants, served through the rate limit
     /// service as the domain `sluice`.
     #[serde(
         default,
         skip_serializing_if = "crate::config::quota_section::NativeQuotas::is_empty"
     )]
-    pub quotas: crate::config::quota_section::NativeQuotas,
+    pub(crate) quotas: crate::config::quota_section::NativeQuotas,
     /// Buckets whose limit follows the upstream's health.
     #[serde(default, skip_serializing_if = "AdaptiveSpecs::is_empty")]
-    pub adaptive: AdaptiveSpecs,
+    pub(crate) adaptive: AdaptiveSpecs,
 }
 
 fn tenants_empty(tenants: &Tenants) -> bool {
@@ -169,7 +169,7 @@ impl Config {
     }
 
     /// The file a policy would be read from (no overrides, no interval).
-    pub fn from_policy(policy: &Policy) -> Self {
+    pub(crate) fn from_policy(policy: &Policy) -> Self {
         let default = policy.limits.default_limit();
         Self {
             default_limit_rps: match default {
@@ -306,7 +306,7 @@ impl<'de> Deserialize<'de> for Rules {
 
 /// Aggregate patterns a limits file may hold: the filters match each
 /// request's bucket against every one of them.
-pub use sluice_core::glob::MAX_AGGREGATE_PATTERNS;
+pub(crate) use sluice_core::glob::MAX_AGGREGATE_PATTERNS;
 
 /// What a limit entry names exactly one of.
 const ONE_SELECTOR: &str = "needs exactly one of `bucket`, `pattern` or `aggregate_pattern`";

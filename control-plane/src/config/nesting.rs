@@ -23,9 +23,9 @@ pub(crate) const MAX_DEPTH: usize = 32;
 pub(crate) struct TooLarge {
     /// 1-based line and column where it went too deep; `None` when the
     /// text as a whole is too large.
-    pub location: Option<(usize, usize)>,
+    pub(crate) location: Option<(usize, usize)>,
     /// What is wrong.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Checks `text`'s size and nesting. A syntax error is not reported here:

@@ -37,11 +37,11 @@ pub(crate) fn unix_now_ms() -> u64 {
 /// How long an override lasts: `1 ..= 30 days`, in whole seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "u64", into = "u64")]
-pub struct OverrideTtl(u64);
+pub(crate) struct OverrideTtl(u64);
 
 impl OverrideTtl {
     /// Validates a TTL in seconds.
-    pub fn from_secs(secs: u64) -> Result<Self, InvalidOverrideTtl> {
+    pub(crate) fn from_secs(secs: u64) -> Result<Self, InvalidOverrideTtl> {
         if (1..=MAX_TTL_S).contains(&secs) {
             Ok(Self(secs))
         } else {
@@ -50,7 +50,7 @@ impl OverrideTtl {
     }
 
     /// The TTL in seconds.
-    pub fn as_secs(self) -> u64 {
+    pub(crate) fn as_secs(self) -> u64 {
         self.0
     }
 
@@ -77,7 +77,7 @@ impl From<OverrideTtl> for u64 {
 /// A TTL outside `1 ..= 2592000` seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("must be between 1 and 2592000 (seconds, 30 days)")]
-pub struct InvalidOverrideTtl;
+pub(crate) struct InvalidOverrideTtl;
 
 /// Parses `90s`, `15m`, `1h`, `2d` or a plain number of seconds.
 #[cfg(any(test, feature = "ctl"))]
@@ -107,12 +107,12 @@ pub(crate) fn parse_duration(text: &str) -> Result<OverrideTtl, String> {
 /// `budget`, as in the limits file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "LimitOverrideFields")]
-pub struct LimitOverride {
+pub(crate) struct LimitOverride {
     /// The limit while the override lasts.
     #[serde(flatten)]
-    pub limit: Limit,
+    pub(crate) limit: Limit,
     /// When the base limit applies again (seconds since the Unix epoch).
-    pub expires_at_unix_s: u64,
+    pub(crate) expires_at_unix_s: u64,
 }
 
 /// A [`LimitOverride`] as written, before the check that it has exactly
@@ -158,18 +158,18 @@ pub(crate) fn one_limit(
 /// their base value.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TenantOverride {
+pub(crate) struct TenantOverride {
     /// Weight while the override lasts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight: Option<Weight>,
+    pub(crate) weight: Option<Weight>,
     /// Burst multiplier while the override lasts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<BurstMultiplier>,
+    pub(crate) burst: Option<BurstMultiplier>,
     /// Floor while the override lasts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_floor_rps: Option<LimitRps>,
+    pub(crate) min_floor_rps: Option<LimitRps>,
     /// When the base values apply again (seconds since the Unix epoch).
-    pub expires_at_unix_s: u64,
+    pub(crate) expires_at_unix_s: u64,
 }
 
 /// Every override, by bucket and by tenant.
@@ -182,14 +182,14 @@ pub struct Overrides {
         skip_serializing_if = "BTreeMap::is_empty",
         deserialize_with = "crate::types::bucket_keyed"
     )]
-    pub limits: BTreeMap<String, LimitOverride>,
+    pub(crate) limits: BTreeMap<String, LimitOverride>,
     /// Tenant overrides by tenant name.
     #[serde(
         default,
         skip_serializing_if = "BTreeMap::is_empty",
         deserialize_with = "crate::types::tenant_keyed"
     )]
-    pub tenants: BTreeMap<String, TenantOverride>,
+    pub(crate) tenants: BTreeMap<String, TenantOverride>,
 }
 
 impl Overrides {
@@ -199,7 +199,7 @@ impl Overrides {
     }
 
     /// Applies the overrides still in force at `now` on top of `policy`.
-    pub fn apply(&self, policy: &mut Policy, now: u64) {
+    pub(crate) fn apply(&self, policy: &mut Policy, now: u64) {
         for (bucket, over) in &self.limits {
             if over.expires_at_unix_s > now {
                 policy.limits.set_exact(bucket.clone(), over.limit.clone());

@@ -229,12 +229,12 @@ impl Tenants {
     }
 
     /// Every configured tenant, `default` included.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &TenantPolicy)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &TenantPolicy)> {
         self.0.iter()
     }
 
     /// The policy configured for `tenant` itself, if any.
-    pub fn get(&self, tenant: &str) -> Option<TenantPolicy> {
+    pub(crate) fn get(&self, tenant: &str) -> Option<TenantPolicy> {
         self.0.get(tenant).copied()
     }
 
@@ -244,7 +244,7 @@ impl Tenants {
     }
 
     /// Removes a tenant; returns whether it was configured.
-    pub fn remove(&mut self, tenant: &str) -> bool {
+    pub(crate) fn remove(&mut self, tenant: &str) -> bool {
         self.0.remove(tenant).is_some()
     }
 }
@@ -270,7 +270,7 @@ pub struct Modes {
     pub default: Mode,
     /// Per-bucket modes by exact bucket key.
     #[serde(default, deserialize_with = "crate::types::bucket_keyed")]
-    pub buckets: BTreeMap<String, Mode>,
+    pub(crate) buckets: BTreeMap<String, Mode>,
     /// While on, every proxy shadows every bucket; turning it off restores
     /// the modes above unchanged.
     #[serde(default)]
@@ -282,7 +282,7 @@ pub struct Modes {
 
 impl Mode {
     /// The wire value.
-    pub fn to_wire(self) -> sluice_proto::v1::Mode {
+    pub(crate) fn to_wire(self) -> sluice_proto::v1::Mode {
         match self {
             Self::Shadow => sluice_proto::v1::Mode::Shadow,
             Self::Enforce => sluice_proto::v1::Mode::Enforce,
@@ -294,7 +294,7 @@ impl Modes {
     /// Whether any proxy may shadow a bucket whose own mode is `mode`
     /// (`None`: not listed): the kill switch, a canary fraction below 1,
     /// or the bucket's (or the default) mode.
-    pub fn shadow_any(&self, mode: Option<Mode>) -> bool {
+    pub(crate) fn shadow_any(&self, mode: Option<Mode>) -> bool {
         self.kill_switch
             || self.canary_fraction.is_some_and(|f| f.get() < 1.0)
             || mode.unwrap_or(self.default) == Mode::Shadow
@@ -302,7 +302,7 @@ impl Modes {
 
     /// What every directive batch carries: kill switch, default mode and
     /// canary fraction (per-bucket modes travel in the directives).
-    pub fn to_wire(&self) -> sluice_proto::v1::ModePolicy {
+    pub(crate) fn to_wire(&self) -> sluice_proto::v1::ModePolicy {
         sluice_proto::v1::ModePolicy {
             kill_switch: self.kill_switch,
             default_mode: self.default.to_wire() as i32,

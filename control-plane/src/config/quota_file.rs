@@ -27,7 +27,7 @@ use crate::config::error::{ConfigError, InvalidConfig};
 /// A time unit of envoyproxy/ratelimit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Unit {
+pub(crate) enum Unit {
     /// 1 s.
     Second,
     /// 60 s.
@@ -49,7 +49,7 @@ const UNIT_NAMES: &[&str] = &["second", "minute", "hour", "day", "week", "month"
 
 impl Unit {
     /// The window in milliseconds.
-    pub fn window_ms(self) -> u64 {
+    pub(crate) fn window_ms(self) -> u64 {
         const SECOND: u64 = 1_000;
         SECOND
             * match self {
@@ -64,7 +64,7 @@ impl Unit {
     }
 
     /// From the wire enum of `envoy.service.ratelimit.v3` (0 = unknown).
-    pub fn from_wire(unit: i32) -> Option<Self> {
+    pub(crate) fn from_wire(unit: i32) -> Option<Self> {
         Some(match unit {
             1 => Unit::Second,
             2 => Unit::Minute,
@@ -78,7 +78,7 @@ impl Unit {
     }
 
     /// As written in a configuration file (`second`, `minute`, …).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Unit::Second => "second",
             Unit::Minute => "minute",
@@ -92,7 +92,7 @@ impl Unit {
 
     /// A unit name in any case (`second`, `SECOND`, `Minute`), as
     /// envoyproxy/ratelimit reads it.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Some(match name.to_ascii_lowercase().as_str() {
             "second" => Unit::Second,
             "minute" => Unit::Minute,
@@ -106,7 +106,7 @@ impl Unit {
     }
 
     /// To that wire enum.
-    pub fn to_wire(self) -> i32 {
+    pub(crate) fn to_wire(self) -> i32 {
         match self {
             Unit::Second => 1,
             Unit::Minute => 2,
@@ -128,7 +128,7 @@ impl<'de> Deserialize<'de> for Unit {
 
 /// How files are combined.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LoadOptions {
+pub(crate) struct LoadOptions {
     /// Files naming the same domain are merged into one tree (a
     /// descriptor in two of them is still an error), as
     /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG=true`; otherwise a
@@ -138,31 +138,31 @@ pub struct LoadOptions {
 
 /// A configured limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Limit {
+pub(crate) struct Limit {
     /// `None`: unlimited.
-    pub quota: Option<(u32, Unit)>,
+    pub(crate) quota: Option<(u32, Unit)>,
     /// Over-limit requests are counted but answered OK.
-    pub shadow_mode: bool,
+    pub(crate) shadow_mode: bool,
     /// Over limit, this descriptor refuses the request only when every
     /// quota-mode descriptor of the request is over its limit.
-    pub quota_mode: bool,
+    pub(crate) quota_mode: bool,
     /// The limit's name (for `replaces`).
-    pub name: String,
+    pub(crate) name: String,
     /// Names of limits this one replaces in the same request.
-    pub replaces: Vec<String>,
+    pub(crate) replaces: Vec<String>,
     /// Metrics per value, not per configured key.
-    pub detailed_metric: bool,
+    pub(crate) detailed_metric: bool,
     /// The configured key path (`domain.key_value.key`), for metrics.
     pub(crate) full_key: String,
     /// The descriptor's `metadata`, returned in the response's dynamic
     /// metadata when the descriptor passes (if enabled).
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A `value` (or `key`) with `*` in it: matches the composite `key_value`
 /// of a request entry, each `*` standing for any run of characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wildcard {
+pub(crate) struct Wildcard {
     /// The composite as configured (`path_/api/*`), the child's name.
     pub(crate) composite: String,
     /// It split on `*`.
@@ -171,7 +171,7 @@ pub struct Wildcard {
 
 impl Wildcard {
     /// The wildcard of a child named `composite` (which holds a `*`).
-    pub fn new(composite: &str) -> Self {
+    pub(crate) fn new(composite: &str) -> Self {
         Self {
             composite: composite.to_owned(),
             parts: composite.split('*').map(str::to_owned).collect(),
@@ -180,7 +180,7 @@ impl Wildcard {
 
     /// Whether `composite` (`key_value` of a request entry) matches: the
     /// literal parts in order, the first at the start, the last at the end.
-    pub fn matches(&self, composite: &str) -> bool {
+    pub(crate) fn matches(&self, composite: &str) -> bool {
         let [first, middle @ .., last] = self.parts.as_slice() else {
             return self.parts.first().is_some_and(|only| only == composite);
         };
@@ -206,25 +206,25 @@ impl Wildcard {
 
 /// One level of the descriptor tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Node {
+pub(crate) struct Node {
     /// Children by `key` or `key_value` (wildcards by their composite).
     pub(crate) children: HashMap<String, Node>,
     /// Children whose composite holds a `*`, in file order.
-    pub wildcards: Vec<Wildcard>,
+    pub(crate) wildcards: Vec<Wildcard>,
     /// The limit at this node.
-    pub limit: Option<Limit>,
+    pub(crate) limit: Option<Limit>,
     /// Metrics name this level by the request's value.
-    pub value_to_metric: bool,
+    pub(crate) value_to_metric: bool,
     /// Requests matching this wildcard share one counter (and metrics
     /// name the pattern).
-    pub share_threshold: bool,
+    pub(crate) share_threshold: bool,
 }
 
 /// Every domain's tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QuotaConfig {
+pub(crate) struct QuotaConfig {
     /// Domain → root node.
-    pub domains: HashMap<String, Node>,
+    pub(crate) domains: HashMap<String, Node>,
 }
 
 impl QuotaConfig {
@@ -236,7 +236,7 @@ impl QuotaConfig {
     }
 
     /// As [`Self::from_path`], with `options`.
-    pub fn load(path: &Path, options: LoadOptions) -> Result<Self, ConfigError> {
+    pub(crate) fn load(path: &Path, options: LoadOptions) -> Result<Self, ConfigError> {
         Self::from_files_with(&Self::read_files(path)?, options)
     }
 

@@ -37,9 +37,9 @@ pub struct NativeQuotas(Vec<NativeQuota>);
 #[serde(deny_unknown_fields)]
 pub(crate) struct PerUnit {
     /// Hits per unit (0: none).
-    pub requests_per_unit: u32,
+    pub(crate) requests_per_unit: u32,
     /// The unit.
-    pub unit: Unit,
+    pub(crate) unit: Unit,
 }
 
 /// One entry of the section.
@@ -198,13 +198,13 @@ impl BucketMatch {
 
 impl NativeQuotas {
     /// Whether the section is empty (or absent).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// The [`DOMAIN`] tree the rate limit service matches requests
     /// against; `None` for an empty section.
-    pub fn domain(&self) -> Option<Node> {
+    pub(crate) fn domain(&self) -> Option<Node> {
         if self.is_empty() {
             return None;
         }

@@ -44,21 +44,21 @@ pub enum SharedConfigError {
 
 /// The stored document and its version.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stored {
+pub(crate) struct Stored {
     /// Incremented by every write; 1 for the first.
-    pub version: u64,
+    pub(crate) version: u64,
     /// The limits file's YAML.
-    pub yaml: String,
+    pub(crate) yaml: String,
 }
 
 /// A held write lock; give it back with [`SharedConfig::unlock`].
 #[derive(Debug)]
 #[must_use]
-pub struct WriteLock(String);
+pub(crate) struct WriteLock(String);
 
 /// The shared configuration's keys in one store; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct SharedConfig {
+pub(crate) struct SharedConfig {
     store: Store,
     document: String,
     version: String,
@@ -92,7 +92,7 @@ return 0
 
 impl SharedConfig {
     /// The shared configuration in `store`.
-    pub fn new(store: Store) -> Self {
+    pub(crate) fn new(store: Store) -> Self {
         let keys = Keys::default();
         Self {
             store,
@@ -103,7 +103,7 @@ impl SharedConfig {
     }
 
     /// The version alone (one small read): `None` while nothing is stored.
-    pub async fn version(&self) -> Result<Option<u64>, SharedConfigError> {
+    pub(crate) async fn version(&self) -> Result<Option<u64>, SharedConfigError> {
         let mut connection = self.store.connection();
         bounded(
             redis::cmd("GET")
@@ -114,7 +114,7 @@ impl SharedConfig {
     }
 
     /// The document and its version, `None` while nothing is stored.
-    pub async fn read(&self) -> Result<Option<Stored>, SharedConfigError> {
+    pub(crate) async fn read(&self) -> Result<Option<Stored>, SharedConfigError> {
         let mut connection = self.store.connection();
         let (yaml, version): (Option<String>, Option<u64>) = bounded(
             redis::cmd("MGET")
@@ -131,7 +131,7 @@ impl SharedConfig {
 
     /// Stores `yaml` as version 1 unless a document is stored already;
     /// returns what is stored after.
-    pub async fn seed(&self, yaml: &str) -> Result<Stored, SharedConfigError> {
+    pub(crate) async fn seed(&self, yaml: &str) -> Result<Stored, SharedConfigError> {
         let lock = self.lock().await?;
         let outcome = async {
             if let Some(stored) = self.read().await? {
@@ -149,7 +149,7 @@ impl SharedConfig {
     }
 
     /// Takes the write lock, waiting up to two seconds for another writer.
-    pub async fn lock(&self) -> Result<WriteLock, SharedConfigError> {
+    pub(crate) async fn lock(&self) -> Result<WriteLock, SharedConfigError> {
         let token = format!(
             "{:016x}{:016x}",
             crate::state::random_epoch(),
@@ -191,7 +191,7 @@ impl SharedConfig {
 
     /// Writes `yaml` if the stored version is `expected` (0: nothing
     /// stored); returns the new version, above `floor` too.
-    pub async fn write(
+    pub(crate) async fn write(
         &self,
         expected: u64,
         yaml: &str,

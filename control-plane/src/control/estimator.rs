@@ -232,7 +232,8 @@ impl Tracking {
 
     /// The correction factor learned for `bucket`'s bucket-wide cell (1 if
     /// unknown).
-    pub fn correction(&self, bucket: &str) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn correction(&self, bucket: &str) -> f64 {
         self.buckets.get(bucket).map_or(1.0, |s| s.correction)
     }
 

@@ -28,13 +28,13 @@ use sluice_core::{CLASSES, Reason};
 
 /// One tenant's claim in [`water_fill_with`]: it gets `clamp(weight · level, lo, hi)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// Relative weight, `> 0`.
-    pub weight: f64,
+    pub(crate) weight: f64,
     /// Guaranteed minimum (its floor, capped at its demand).
     pub(crate) lo: f64,
     /// Its demand; `lo <= hi`.
-    pub hi: f64,
+    pub(crate) hi: f64,
 }
 
 /// Weighted max-min fair shares with bounds, by water-filling in
@@ -109,7 +109,7 @@ pub struct TenantDemand {
 
 /// How a class fared.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub enum ClassOutcome {
+pub(crate) enum ClassOutcome {
     /// Everything it offered is admitted (or it offered nothing).
     #[default]
     Admitted,
@@ -130,9 +130,9 @@ pub struct TenantAllocation {
     pub admitted: [f64; CLASSES],
     /// Share per class: what the tenant may send in that class before it is
     /// dropped (at least `admitted`).
-    pub share: [f64; CLASSES],
+    pub(crate) share: [f64; CLASSES],
     /// Why the tenant is dropped in a class; `None` where it is not.
-    pub reason: [Option<Reason>; CLASSES],
+    pub(crate) reason: [Option<Reason>; CLASSES],
 }
 
 /// A bucket's division of its limit.
@@ -141,7 +141,7 @@ pub struct Allocation {
     /// Per tenant, in the order given.
     pub tenants: Vec<TenantAllocation>,
     /// Per class.
-    pub classes: [ClassOutcome; CLASSES],
+    pub(crate) classes: [ClassOutcome; CLASSES],
     /// The tenants' floors alone exceed the limit (see the module docs).
     pub(crate) floors_exceed_limit: bool,
 }

@@ -23,10 +23,10 @@ const SIGNAL_CELLS: usize = 2;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Recorded {
     /// The fleet's totals.
-    pub load: FleetLoad,
+    pub(crate) load: FleetLoad,
     /// The fleet's sampled upstream signals per bucket (what the adaptive
     /// limits moved on).
-    pub health: HashMap<String, UpstreamHealth>,
+    pub(crate) health: HashMap<String, UpstreamHealth>,
 }
 
 /// Recorded intervals, oldest first.

@@ -33,49 +33,49 @@ use sluice_core::Priority;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct WhatIf {
     /// Control intervals replayed.
-    pub intervals: usize,
+    pub(crate) intervals: usize,
     /// The time they cover, in seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Whether any CRITICAL traffic would have been dropped.
-    pub critical_dropped: bool,
+    pub(crate) critical_dropped: bool,
     /// Per bucket, sorted by bucket.
-    pub buckets: Vec<BucketWhatIf>,
+    pub(crate) buckets: Vec<BucketWhatIf>,
 }
 
 /// One bucket under the proposal.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct BucketWhatIf {
     /// The bucket key.
-    pub bucket: Arc<str>,
+    pub(crate) bucket: Arc<str>,
     /// Its limit under the proposal at the end of the replay (`None`:
     /// unlimited).
-    pub limit_rps: Option<f64>,
+    pub(crate) limit_rps: Option<f64>,
     /// Where the proposal's adaptive limit went (`None`: not adaptive).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub adaptive: Option<AdaptiveWhatIf>,
+    pub(crate) adaptive: Option<AdaptiveWhatIf>,
     /// Offered, as recorded.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// Admitted, as recorded (under the policy in force).
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
     /// Admitted under the proposal.
-    pub would_admit_rps: f64,
+    pub(crate) would_admit_rps: f64,
     /// Dropped under the proposal.
-    pub would_drop_rps: f64,
+    pub(crate) would_drop_rps: f64,
     /// Per tenant and priority class.
-    pub cells: Vec<CellWhatIf>,
+    pub(crate) cells: Vec<CellWhatIf>,
 }
 
 /// Where a proposed adaptive limit went over the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub(crate) struct AdaptiveWhatIf {
     /// Its limit after the first replayed interval.
-    pub first_rps: f64,
+    pub(crate) first_rps: f64,
     /// The lowest it reached.
-    pub min_rps: f64,
+    pub(crate) min_rps: f64,
     /// The highest it reached.
-    pub max_rps: f64,
+    pub(crate) max_rps: f64,
     /// Its limit after the last replayed interval.
-    pub last_rps: f64,
+    pub(crate) last_rps: f64,
 }
 
 impl AdaptiveWhatIf {
@@ -99,17 +99,17 @@ impl AdaptiveWhatIf {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct CellWhatIf {
     /// The tenant (empty: none).
-    pub tenant: Arc<str>,
+    pub(crate) tenant: Arc<str>,
     /// The priority class.
-    pub priority: Priority,
+    pub(crate) priority: Priority,
     /// Offered, as recorded.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// Admitted, as recorded.
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
     /// Admitted under the proposal.
-    pub would_admit_rps: f64,
+    pub(crate) would_admit_rps: f64,
     /// Dropped under the proposal.
-    pub would_drop_rps: f64,
+    pub(crate) would_drop_rps: f64,
 }
 
 type CellKey = (Arc<str>, Arc<str>, Priority);

@@ -25,26 +25,26 @@ pub struct CtlArgs {
         default_value = "http://127.0.0.1:8080",
         global = true
     )]
-    pub url: String,
+    pub(crate) url: String,
     /// File holding the bearer token; without it, the token is read from
     /// SLUICE_ADMIN_TOKEN if that is set.
     #[arg(long, value_name = "FILE", global = true)]
-    pub token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Write only if the resource's entity tag (its `ETag`) is still this
     /// one; otherwise the API answers 412 and nothing changes.
     #[arg(long, value_name = "ETAG", global = true)]
-    pub if_match: Option<String>,
+    pub(crate) if_match: Option<String>,
     /// What to do.
     #[command(subcommand)]
-    pub command: CtlCommand,
+    pub(crate) command: CtlCommand,
 }
 
 /// `sluice ctl` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum CtlCommand {
+pub(crate) enum CtlCommand {
     /// Buckets with traffic: rates, limits, drop ratios.
     Buckets,
     /// Proxies: identity, zone, last report, directive age, connected.
@@ -118,7 +118,7 @@ fn parse_entry(text: &str) -> Result<(String, String), String> {
 
 /// `on` or `off`.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Switch {
+pub(crate) enum Switch {
     /// On.
     On,
     /// Off.
@@ -127,7 +127,7 @@ pub enum Switch {
 
 /// `shadow` or `enforce`.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ModeArg {
+pub(crate) enum ModeArg {
     /// Count would-be drops, reject nothing.
     Shadow,
     /// Reject with 429.
@@ -147,7 +147,7 @@ impl ModeArg {
 /// limits table prints it (`1200000 tokens/minute`; the space may be left
 /// out). The control plane validates the values.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BudgetArg {
+pub(crate) struct BudgetArg {
     amount: f64,
     unit: String,
     per: String,
@@ -192,7 +192,7 @@ fn limit_body(rps: Option<f64>, budget: Option<&BudgetArg>) -> serde_json::Map<S
 
 /// `sluice ctl limit`.
 #[derive(Debug, Subcommand)]
-pub enum LimitCommand {
+pub(crate) enum LimitCommand {
     /// Set BUCKET's fleet-wide limit in requests per second, or a cost
     /// budget with `--budget`.
     Set {
@@ -219,16 +219,16 @@ pub enum LimitCommand {
 
 /// Values of a tenant policy; those not given take their defaults.
 #[derive(Debug, Args)]
-pub struct TenantValues {
+pub(crate) struct TenantValues {
     /// Relative weight in the fair share.
     #[arg(long)]
-    pub weight: Option<f64>,
+    pub(crate) weight: Option<f64>,
     /// Burst multiplier (1-100).
     #[arg(long)]
-    pub burst: Option<f64>,
+    pub(crate) burst: Option<f64>,
     /// Floor in requests per second, below which the tenant is never dropped.
     #[arg(long, value_name = "RPS")]
-    pub floor: Option<f64>,
+    pub(crate) floor: Option<f64>,
 }
 
 impl TenantValues {
@@ -249,7 +249,7 @@ impl TenantValues {
 
 /// `sluice ctl adaptive`.
 #[derive(Debug, Subcommand)]
-pub enum AdaptiveCommand {
+pub(crate) enum AdaptiveCommand {
     /// Make BUCKET adaptive, or replace its spec, from FILE: one entry of
     /// the limits file's `adaptive:` section, in YAML or JSON (`bucket`
     /// may be left out; fields left out take their defaults).
@@ -268,7 +268,7 @@ pub enum AdaptiveCommand {
 
 /// `sluice ctl tenant`.
 #[derive(Debug, Subcommand)]
-pub enum TenantCommand {
+pub(crate) enum TenantCommand {
     /// Set NAME's policy; values not given take their defaults (weight 1,
     /// burst 1, floor 0).
     Set {
@@ -287,7 +287,7 @@ pub enum TenantCommand {
 
 /// `sluice ctl mode`.
 #[derive(Debug, Subcommand)]
-pub enum ModeCommand {
+pub(crate) enum ModeCommand {
     /// Set BUCKET's mode.
     Set {
         /// Exact bucket key.
@@ -309,7 +309,7 @@ pub enum ModeCommand {
 
 /// `sluice ctl override`.
 #[derive(Debug, Subcommand)]
-pub enum OverrideCommand {
+pub(crate) enum OverrideCommand {
     /// Give BUCKET a limit for a while.
     Limit {
         /// Exact bucket key.
@@ -351,7 +351,7 @@ pub enum OverrideCommand {
 
 /// What an override applies to.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum OverrideKind {
+pub(crate) enum OverrideKind {
     /// A bucket's limit.
     Limit,
     /// A tenant's values.

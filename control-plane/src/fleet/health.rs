@@ -40,7 +40,7 @@ impl UpstreamHealth {
 
 impl UpstreamHealth {
     /// Adds `other`'s responses, errors and latencies.
-    pub fn absorb(&mut self, other: &UpstreamHealth) {
+    pub(crate) fn absorb(&mut self, other: &UpstreamHealth) {
         self.responses = self.responses.saturating_add(other.responses);
         self.errors = self.errors.saturating_add(other.errors);
         self.latency.merge(&other.latency);

@@ -10,17 +10,17 @@ use sluice_core::Priority;
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Rates {
     /// Everything the proxy saw, dropped requests included.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// What it let through.
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
     /// What it would have dropped but shadow mode let through.
-    pub shadow_dropped_rps: f64,
+    pub(crate) shadow_dropped_rps: f64,
     /// The estimated cost of what it saw.
-    pub offered_cost: f64,
+    pub(crate) offered_cost: f64,
     /// The estimated cost of what it let through.
-    pub admitted_cost: f64,
+    pub(crate) admitted_cost: f64,
     /// The actual cost charged at stream end.
-    pub charged_cost: f64,
+    pub(crate) charged_cost: f64,
 }
 
 impl Rates {
@@ -57,11 +57,11 @@ pub struct BucketCost {
     /// Σ estimated cost admitted per second.
     pub(crate) admitted_per_s: f64,
     /// Σ actual cost charged per second at stream end.
-    pub charged_per_s: f64,
+    pub(crate) charged_per_s: f64,
     /// Σ requests offered per second.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// Σ requests admitted per second.
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
 }
 
 impl BucketCost {
@@ -128,39 +128,39 @@ pub struct CellLoad {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketTraffic {
     /// Bucket key.
-    pub bucket: Arc<str>,
+    pub(crate) bucket: Arc<str>,
     /// Totals over the cells; `proxies_reporting` counts each proxy once.
     pub load: BucketLoad,
     /// Σ over the cells of their shadow-dropped rate.
-    pub shadow_dropped_rps: f64,
+    pub(crate) shadow_dropped_rps: f64,
     /// Cells with a non-zero offered rate, sorted by tenant then priority.
     pub cells: Vec<CellLoad>,
     /// The cap on one proxy's share of the bucket, when enough proxies
     /// report it for one to apply ([`super::ShareCap`]).
-    pub proxy_cap: Option<ProxyCap>,
+    pub(crate) proxy_cap: Option<ProxyCap>,
     /// Cost and request rates side by side, when the bucket's limit is a
     /// budget or its proxies count cost.
-    pub cost: Option<BucketCost>,
+    pub(crate) cost: Option<BucketCost>,
 }
 
 /// The per-proxy cap in force for a bucket and the proxies it cut.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ProxyCap {
     /// Most a proxy's offered rate counts for, in requests per second.
-    pub cap_rps: f64,
+    pub(crate) cap_rps: f64,
     /// Proxies whose claim was capped or ignored, sorted by proxy id.
-    pub capped: Vec<CappedProxy>,
+    pub(crate) capped: Vec<CappedProxy>,
 }
 
 /// One proxy's claim for a bucket that the cap cut.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CappedProxy {
     /// The proxy.
-    pub proxy_id: Arc<str>,
+    pub(crate) proxy_id: Arc<str>,
     /// The offered rate it reported.
-    pub claimed_rps: f64,
+    pub(crate) claimed_rps: f64,
     /// What of it counts in the fleet sum (0: ignored).
-    pub counted_rps: f64,
+    pub(crate) counted_rps: f64,
 }
 
 impl BucketTraffic {
@@ -214,7 +214,7 @@ pub struct FleetLoad {
     /// Buckets with traffic, sorted by bucket.
     pub buckets: Vec<BucketTraffic>,
     /// Counts since the previous tick.
-    pub stats: FleetStats,
+    pub(crate) stats: FleetStats,
 }
 
 impl FleetLoad {
@@ -236,7 +236,8 @@ impl FleetLoad {
     }
 
     /// Whether no bucket has traffic.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }
 }
@@ -245,9 +246,9 @@ impl FleetLoad {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FleetStats {
     /// Cells tracked after the tick.
-    pub cells: usize,
+    pub(crate) cells: usize,
     /// Buckets tracked after the tick.
-    pub buckets: usize,
+    pub(crate) buckets: usize,
     /// Report entries refused: bucket or tenant longer than allowed.
     pub(crate) rejected_key_too_long: u64,
     /// Report entries refused: the proxy already had its maximum of cells

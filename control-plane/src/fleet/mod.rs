@@ -38,7 +38,7 @@ pub use load::{
     Rates,
 };
 pub use share_cap::{ShareCap, Weight};
-pub use status::ProxyStatus;
+pub(crate) use status::ProxyStatus;
 
 use share_cap::ClaimWeights;
 
@@ -116,7 +116,7 @@ pub enum Connected {
 #[error("proxy id is held by a live stream of {}", holder.as_deref().unwrap_or("a client without identity"))]
 pub(crate) struct HeldByAnother {
     /// The principal of the stream that holds it.
-    pub holder: Option<Arc<str>>,
+    pub(crate) holder: Option<Arc<str>>,
 }
 
 /// Why a report was not counted.
@@ -224,11 +224,11 @@ struct UnconfirmedConflict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProxyIdConflict {
     /// The shared proxy id.
-    pub proxy_id: String,
+    pub(crate) proxy_id: String,
     /// The instance that held the id first.
-    pub holder: u64,
+    pub(crate) holder: u64,
     /// The instance that said Hello beside it.
-    pub newcomer: u64,
+    pub(crate) newcomer: u64,
 }
 
 impl Proxy {
@@ -411,7 +411,7 @@ impl Fleet {
     }
 
     /// The caps in force.
-    pub fn caps(&self) -> FleetCaps {
+    pub(crate) fn caps(&self) -> FleetCaps {
         self.caps
     }
 
@@ -666,7 +666,8 @@ impl Fleet {
 
     /// Instance id of the proxy id's first instance, as its latest Hello
     /// announced it.
-    pub fn instance_id(&self, proxy_id: &str) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn instance_id(&self, proxy_id: &str) -> Option<u64> {
         self.proxies
             .get(proxy_id)
             .and_then(|instances| instances.first())
@@ -691,7 +692,7 @@ impl Fleet {
 
     /// Every tracked proxy, sorted by proxy id then instance: connected ones
     /// and disconnected ones whose rates are still carried.
-    pub fn proxies(&self) -> Vec<ProxyStatus> {
+    pub(crate) fn proxies(&self) -> Vec<ProxyStatus> {
         let now = Instant::now();
         let mut proxies: Vec<ProxyStatus> = self
             .proxies
@@ -731,17 +732,20 @@ impl Fleet {
 
     /// Number of proxies still tracked (connected, or disconnected but
     /// still carried); two instances of one id count twice.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.proxies.values().map(Vec::len).sum()
     }
 
     /// Whether no proxy is tracked.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.proxies.is_empty()
     }
 
     /// Cells tracked right now.
-    pub fn cells(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn cells(&self) -> usize {
         self.cells.live
     }
 

@@ -6,28 +6,28 @@ use serde::Serialize;
 
 /// One proxy as the admin API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ProxyStatus {
+pub(crate) struct ProxyStatus {
     /// Proxy id from the Hello.
-    pub proxy_id: String,
+    pub(crate) proxy_id: String,
     /// Zone from the Hello; empty when the proxy named none.
-    pub zone: String,
+    pub(crate) zone: String,
     /// Instance id from the latest Hello; changes when the proxy restarts.
-    pub instance_id: u64,
+    pub(crate) instance_id: u64,
     /// Whether a stream of the proxy is open.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// Whether another live instance (another Envoy process) says Hello
     /// with the same proxy id: both are counted, as two proxies.
-    pub conflict: bool,
+    pub(crate) conflict: bool,
     /// Whether the proxy has passed its probation: until then its claims
     /// are weighed against the established proxies' and have no say in
     /// what is plausible.
-    pub established: bool,
+    pub(crate) established: bool,
     /// Time since the proxy's last report (since its Hello before the
     /// first one); serialized as `since_last_report_ms`.
     #[serde(rename = "since_last_report_ms", serialize_with = "millis")]
     pub(crate) since_last_report: Duration,
     /// Cells (bucket, tenant, priority) in the proxy's current rates.
-    pub cells: usize,
+    pub(crate) cells: usize,
     /// Age of the directives the proxy enforces, on its own clock, as of
     /// its last report; `None` (JSON null) until a report names one, or
     /// while the proxy holds no directives; serialized as

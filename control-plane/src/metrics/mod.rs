@@ -12,7 +12,7 @@ mod cost;
 mod histogram;
 mod labels;
 mod proxies;
-pub mod quotas;
+pub(crate) mod quotas;
 mod replicas;
 mod rlqs;
 mod staleness;
@@ -82,7 +82,7 @@ const TICK_BUCKETS: [f64; 18] = [
 
 /// What a stream handed to its transport.
 #[derive(Debug, Clone, Copy)]
-pub enum Sent {
+pub(crate) enum Sent {
     /// A full snapshot (on connect, or to resynchronise a stream that fell
     /// behind); it was not decided by a control interval, so it has no
     /// latency to report.
@@ -150,7 +150,7 @@ struct BucketMetrics {
 
 impl ControlPlaneMetrics {
     /// Metrics for a process with `epoch`, all at zero.
-    pub fn new(epoch: u64) -> Self {
+    pub(crate) fn new(epoch: u64) -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
         registry.register(
             "build",
@@ -368,22 +368,22 @@ impl ControlPlaneMetrics {
     }
 
     /// The exact quotas' counters.
-    pub fn quotas(&self) -> QuotaMetrics {
+    pub(crate) fn quotas(&self) -> QuotaMetrics {
         self.quotas.clone()
     }
 
     /// The upstream's health per limited bucket.
-    pub fn upstream(&self) -> &UpstreamMetrics {
+    pub(crate) fn upstream(&self) -> &UpstreamMetrics {
         &self.upstream
     }
 
     /// The replica's metrics (all zero without a store).
-    pub fn replicas(&self) -> &ReplicaMetrics {
+    pub(crate) fn replicas(&self) -> &ReplicaMetrics {
         &self.replicas
     }
 
     /// The exposition, in the OpenMetrics text format ([`CONTENT_TYPE`]).
-    pub fn encode(&self) -> Result<String, fmt::Error> {
+    pub(crate) fn encode(&self) -> Result<String, fmt::Error> {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
@@ -597,7 +597,7 @@ impl ControlPlaneMetrics {
     }
 
     /// A report arrived (whether or not it is counted).
-    pub fn report_received(&self) {
+    pub(crate) fn report_received(&self) {
         self.reports_received.inc();
     }
 

@@ -53,26 +53,26 @@ pub(crate) enum CallError {
 /// How a descriptor's hits went, for the per-key statistics (see
 /// [`QuotaMetrics::counted`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Hits of the request.
-    pub hits: u64,
+    pub(crate) hits: u64,
     /// The counter before them.
-    pub before: u64,
+    pub(crate) before: u64,
     /// The counter after them.
-    pub after: u64,
+    pub(crate) after: u64,
     /// The limit.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// Where "near the limit" starts (`floor(limit × NEAR_LIMIT_RATIO)`).
-    pub near: u64,
+    pub(crate) near: u64,
     /// Whether the algorithm refused them.
-    pub over: bool,
+    pub(crate) over: bool,
     /// Whether the limit is in shadow mode.
-    pub shadow: bool,
+    pub(crate) shadow: bool,
 }
 
 /// The quota counters; cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct QuotaMetrics {
+pub(crate) struct QuotaMetrics {
     total_hits: Family<LimitLabels, Counter>,
     over_limit: Family<LimitLabels, Counter>,
     near_limit: Family<LimitLabels, Counter>,
@@ -212,7 +212,7 @@ impl QuotaMetrics {
     /// and those between the near-limit threshold and the limit in
     /// `near_limit`; when within, the hits in `within_limit` and those past
     /// the threshold in `near_limit`.
-    pub fn counted(&self, domain: &str, key: &str, outcome: Outcome) {
+    pub(crate) fn counted(&self, domain: &str, key: &str, outcome: Outcome) {
         let labels = labels(domain, key);
         let add = |family: &Family<LimitLabels, Counter>, by: u64| {
             if by > 0 {
@@ -315,7 +315,7 @@ impl QuotaMetrics {
     }
 
     /// A request refused whole.
-    pub fn refused(&self, reason: &'static str) {
+    pub(crate) fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabels { reason }).inc();
     }
 }

@@ -15,7 +15,7 @@ struct OpLabels {
 
 /// The replica metrics; cheap to clone (clones share the series).
 #[derive(Debug, Clone, Default)]
-pub struct ReplicaMetrics {
+pub(crate) struct ReplicaMetrics {
     leader: Gauge,
     fence: Gauge,
     replicas: Gauge,

@@ -14,7 +14,7 @@ use crate::fleet::health::UpstreamHealth;
 
 /// The upstream metrics; cheap to clone (clones share the series).
 #[derive(Debug, Clone, Default)]
-pub struct UpstreamMetrics {
+pub(crate) struct UpstreamMetrics {
     responses: Family<BucketLabels, Counter>,
     errors: Family<BucketLabels, Counter>,
     p99: Family<BucketLabels, F64Gauge>,
@@ -62,7 +62,7 @@ impl UpstreamMetrics {
 
     /// One interval's health; buckets `limited` says have no limit get no
     /// series.
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         health: &HashMap<String, UpstreamHealth>,
         limited: impl Fn(&str) -> bool,

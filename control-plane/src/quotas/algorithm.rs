@@ -87,7 +87,7 @@ pub struct QuotaOutcome {
     pub admitted: bool,
     /// Hits left before the next refusal (as the algorithm counts them);
     /// 0 when refused.
-    pub remaining: u32,
+    pub(crate) remaining: u32,
     /// Milliseconds until the quota is whole again (fixed and sliding: the
     /// current window's end; GCRA: until the schedule is back at now, or
     /// when refused until these hits would pass); more than 0 when
@@ -96,13 +96,19 @@ pub struct QuotaOutcome {
     /// The count after this request, for "near limit" metrics: the fixed
     /// window's counter (refused hits included, as envoyproxy/ratelimit
     /// counts them), the sliding estimate, GCRA's hits in flight.
-    pub used: u64,
+    pub(crate) used: u64,
 }
 
 impl Algorithm {
     /// Decides `hits` units taken at `now_ms` against `quota`, updating
     /// `state`.
-    pub fn decide(self, state: &mut State, quota: Quota, now_ms: u64, hits: u32) -> QuotaOutcome {
+    pub(crate) fn decide(
+        self,
+        state: &mut State,
+        quota: Quota,
+        now_ms: u64,
+        hits: u32,
+    ) -> QuotaOutcome {
         self.apply(state, quota, now_ms, hits, Direction::Take)
     }
 

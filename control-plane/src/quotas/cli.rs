@@ -14,7 +14,7 @@ use crate::config::quota_file::{LoadOptions, QuotaConfig};
 
 /// How `sluice serve` counts and answers exact quotas.
 #[derive(Debug, Clone, Args)]
-pub struct QuotaArgs {
+pub(crate) struct QuotaArgs {
     /// The algorithm of every quota: fixed_window (envoyproxy/ratelimit's,
     /// the default), sliding_window or gcra (no boundary bursts).
     #[arg(long, value_name = "NAME", default_value = "fixed_window", value_parser = parse_algorithm)]
@@ -115,7 +115,7 @@ pub struct QuotaArgs {
 
 impl QuotaArgs {
     /// The settings these options give.
-    pub fn settings(&self) -> QuotaSettings {
+    pub(crate) fn settings(&self) -> QuotaSettings {
         QuotaSettings {
             algorithm: self.quota_algorithm,
             store_failure: if self.quota_fail_closed {
@@ -181,7 +181,7 @@ fn parse_near_limit_ratio(value: &str) -> Result<NearLimitRatio, String> {
 /// `sluice check-config --quotas PATH`: loads the quota file or directory
 /// as `sluice serve` would, prints what it holds (or every problem's
 /// `file:line:column: field: message`) and exits 0 (valid) or 1.
-pub fn check(path: &Path, options: LoadOptions) -> ExitCode {
+pub(crate) fn check(path: &Path, options: LoadOptions) -> ExitCode {
     let files = match QuotaConfig::read_files(path) {
         Ok(files) => files,
         Err(err) => {

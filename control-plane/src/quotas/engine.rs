@@ -17,10 +17,10 @@ use crate::store::StoreConnection;
 
 /// Milliseconds since the Unix epoch (fixed windows align to it, as
 /// envoyproxy/ratelimit's do); injected so tests control time.
-pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+pub(crate) type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The system clock.
-pub fn system_clock() -> Clock {
+pub(crate) fn system_clock() -> Clock {
     Arc::new(crate::config::overrides::unix_now_ms)
 }
 
@@ -30,7 +30,7 @@ pub struct Quotas {
     /// What the configuration in force is made of.
     sources: Mutex<Sources>,
     /// Where the configuration was read from, for hot reload.
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     pub(super) counters: Counters,
     pub(super) settings: QuotaSettings,
     pub(super) clock: Clock,
@@ -73,7 +73,7 @@ impl Sources {
 
 impl Quotas {
     /// Quotas from a loaded configuration.
-    pub fn new(
+    pub(crate) fn new(
         config: QuotaConfig,
         path: Option<PathBuf>,
         settings: QuotaSettings,
@@ -95,7 +95,7 @@ impl Quotas {
     }
 
     /// How it counts and answers.
-    pub fn settings(&self) -> &QuotaSettings {
+    pub(crate) fn settings(&self) -> &QuotaSettings {
         &self.settings
     }
 
@@ -126,14 +126,14 @@ impl Quotas {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> Arc<QuotaConfig> {
+    pub(crate) fn config(&self) -> Arc<QuotaConfig> {
         Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Replaces the quota directory's configuration (counters are kept: a
     /// key that still exists keeps counting). Refused, changing nothing,
     /// if it clashes with the limits file's `quotas:` section.
-    pub fn replace(&self, config: QuotaConfig) -> Result<bool, String> {
+    pub(crate) fn replace(&self, config: QuotaConfig) -> Result<bool, String> {
         let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = std::mem::replace(&mut sources.directory, config);
         self.apply(&mut sources, |sources| sources.directory = previous)

@@ -35,12 +35,12 @@ enum How<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Match<'a> {
     /// The limit.
-    pub limit: &'a Limit,
+    pub(crate) limit: &'a Limit,
     /// The key path metrics count it under.
     pub(crate) metric_key: MetricKey<'a>,
     /// Per entry, the pattern its counter uses instead of its value
     /// (`share_threshold`); `None` when no entry shares.
-    pub shared: Option<Vec<Option<&'a str>>>,
+    pub(crate) shared: Option<Vec<Option<&'a str>>>,
 }
 
 /// The key path of a match's metrics.

@@ -8,7 +8,7 @@
 //! ([`crate::config::quota_file`], [`crate::config::quota_section`]).
 
 pub mod algorithm;
-pub mod cli;
+pub(crate) mod cli;
 #[cfg(test)]
 mod conformance;
 pub(crate) mod engine;
@@ -24,8 +24,8 @@ pub(crate) mod store;
 
 pub(crate) use crate::config::quota_file::{LoadOptions, QuotaConfig};
 pub use algorithm::{Algorithm, Direction};
-pub use engine::{Clock, Quotas, system_clock};
-pub(crate) use read::{QuotaRead, ReadError};
+pub(crate) use engine::{Quotas, system_clock};
+pub use read::{QuotaRead, ReadError};
 pub use redis_store::RedisCounters;
 pub use reload::watch;
 pub use service::{MAX_DESCRIPTORS, RateLimitGrpc, counter_for};

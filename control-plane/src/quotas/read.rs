@@ -16,25 +16,25 @@ use super::store::CountError;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct QuotaRead {
     /// The domain.
-    pub domain: String,
+    pub(crate) domain: String,
     /// The descriptor's entries, in order, as `[key, value]`.
-    pub entries: Vec<(String, String)>,
+    pub(crate) entries: Vec<(String, String)>,
     /// The configured key path the limit is counted under in metrics.
-    pub key: String,
+    pub(crate) key: String,
     /// The limit's `name` (empty when it has none).
-    pub name: String,
+    pub(crate) name: String,
     /// Hits per unit.
-    pub requests_per_unit: u32,
+    pub(crate) requests_per_unit: u32,
     /// `second`, `minute`, …
-    pub unit: &'static str,
+    pub(crate) unit: &'static str,
     /// Whether over-limit hits are answered OK.
-    pub shadow_mode: bool,
+    pub(crate) shadow_mode: bool,
     /// The count as the algorithm sees it now (fixed window: hits in the
     /// window, refused ones included; sliding: the weighted estimate;
     /// GCRA: hits in flight).
-    pub used: u64,
+    pub(crate) used: u64,
     /// Hits left before the next refusal.
-    pub remaining: u32,
+    pub(crate) remaining: u32,
     /// Milliseconds until the quota is whole again.
     pub(crate) reset_ms: u64,
 }
@@ -65,7 +65,7 @@ pub enum ReadError {
 impl Quotas {
     /// The quota the descriptor `entries` of `domain` hits and its counter
     /// now, as a request of no hits would see it.
-    pub async fn read(
+    pub(crate) async fn read(
         &self,
         domain: &str,
         entries: &[(String, String)],

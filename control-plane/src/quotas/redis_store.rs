@@ -49,7 +49,7 @@ impl Count {
     /// Whether these hits could take the counter over its limit (and so
     /// take part in `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`): a refund
     /// never does.
-    pub fn adds(&self) -> bool {
+    pub(crate) fn adds(&self) -> bool {
         self.direction != Direction::Refund
     }
 }
@@ -83,7 +83,7 @@ impl RedisCounters {
     /// [`Self::open_connection`]), else the store's. With
     /// `stop_increment`, when some fixed window would go over its limit
     /// only the windows that would go over count these hits.
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         algorithm: Algorithm,
         counts: &[Count],

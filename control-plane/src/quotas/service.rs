@@ -49,7 +49,7 @@ pub struct RateLimitGrpc {
 impl RateLimitGrpc {
     /// A service answering from `quotas`, over the store's shared
     /// connection.
-    pub fn new(quotas: Arc<Quotas>) -> Self {
+    pub(crate) fn new(quotas: Arc<Quotas>) -> Self {
         Self {
             quotas,
             connection: None,
@@ -96,7 +96,11 @@ enum Plan<'a> {
 
 impl Quotas {
     /// Answers one request (on Redis, over the store's shared connection).
-    pub async fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    #[cfg(test)]
+    pub(crate) async fn answer(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         self.answer_on(request, None).await
     }
 

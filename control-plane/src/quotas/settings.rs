@@ -54,13 +54,13 @@ pub(crate) enum StoreFailure {
 /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the tightest limit's quota, what
 /// remains of it and the seconds until it resets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResponseHeaders {
+pub(crate) struct ResponseHeaders {
     /// `LIMIT_LIMIT_HEADER` (`RateLimit-Limit`).
-    pub limit: String,
+    pub(crate) limit: String,
     /// `LIMIT_REMAINING_HEADER` (`RateLimit-Remaining`).
-    pub remaining: String,
+    pub(crate) remaining: String,
     /// `LIMIT_RESET_HEADER` (`RateLimit-Reset`).
-    pub reset: String,
+    pub(crate) reset: String,
 }
 
 impl Default for ResponseHeaders {
@@ -75,9 +75,9 @@ impl Default for ResponseHeaders {
 
 /// How [`Quotas`](super::engine::Quotas) counts and answers.
 #[derive(Debug, Clone)]
-pub struct QuotaSettings {
+pub(crate) struct QuotaSettings {
     /// The algorithm of every quota (fixed windows unless chosen).
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// What a hit that cannot be counted is answered.
     pub(crate) store_failure: StoreFailure,
     /// The store's byte budget.
@@ -97,7 +97,7 @@ pub struct QuotaSettings {
     pub(crate) count_refused_hits: bool,
     /// Rate limit headers to add to every answer with a limit (none by
     /// default: Envoy's `enable_x_ratelimit_headers` adds its own).
-    pub response_headers: Option<ResponseHeaders>,
+    pub(crate) response_headers: Option<ResponseHeaders>,
     /// Answer OK whatever the counts say (`SHADOW_MODE`); the counting
     /// and the descriptors' statuses are unchanged.
     pub(crate) global_shadow_mode: bool,
@@ -105,9 +105,9 @@ pub struct QuotaSettings {
     pub(crate) global_quota_mode: bool,
     /// Answer with dynamic metadata: the domain, the descriptors and the
     /// `metadata` of the limits that passed (`RESPONSE_DYNAMIC_METADATA`).
-    pub dynamic_metadata: bool,
+    pub(crate) dynamic_metadata: bool,
     /// How configuration files combine (`MERGE_DOMAIN_CONFIG`).
-    pub load: LoadOptions,
+    pub(crate) load: LoadOptions,
 }
 
 impl Default for QuotaSettings {

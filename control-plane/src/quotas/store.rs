@@ -41,7 +41,7 @@ pub enum CountError {
 
 impl CountError {
     /// A short name for metrics and the `x-ratelimit-error` header.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             CountError::Full => "store_full",
             CountError::Timeout => "store_timeout",

@@ -67,12 +67,12 @@ struct WireUpstream {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Share {
     /// The rates per bucket and cell.
-    pub buckets: Vec<BucketTraffic>,
+    pub(crate) buckets: Vec<BucketTraffic>,
     /// The proxies whose streams the replica held, sorted.
-    pub proxies: Vec<String>,
+    pub(crate) proxies: Vec<String>,
     /// Its proxies' upstream signals of the last interval, per adaptive
     /// bucket.
-    pub upstream: Upstream,
+    pub(crate) upstream: Upstream,
 }
 
 /// Upstream signals per bucket over one interval.

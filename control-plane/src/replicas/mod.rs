@@ -140,7 +140,7 @@ pub struct Shared {
     /// elsewhere yet).
     pub orphans: usize,
     /// Shares refused as unreadable (another layout, corruption).
-    pub unreadable: usize,
+    pub(crate) unreadable: usize,
     /// The upstream signals of the interval over the live replicas' proxies
     /// (this replica's own included), per adaptive bucket. Vanished shares'
     /// signals are not counted again: they are old news.
@@ -237,7 +237,7 @@ impl Replica {
     }
 
     /// This replica's id.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.options.id
     }
 
@@ -317,7 +317,7 @@ impl Replica {
     /// Notes that this replica let its proxies go (closed their streams
     /// past its store grace): back on the store, it decides again only
     /// once they have had time to return.
-    pub fn hand_off(&mut self) {
+    pub(crate) fn hand_off(&mut self) {
         self.handed_off = true;
     }
 
@@ -586,7 +586,7 @@ impl Replica {
     }
 
     /// Steps down without telling the store (it could not be reached).
-    pub fn step_down(&mut self) {
+    pub(crate) fn step_down(&mut self) {
         if self.fence.take().is_some() {
             tracing::warn!(replica = %self.options.id, "stepped down: the store is unreachable");
         }

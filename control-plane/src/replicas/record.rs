@@ -22,7 +22,7 @@ type Key = (String, String, i32);
 /// Why a record cannot be read.
 #[derive(Debug, thiserror::Error)]
 #[error("unreadable directive record: {0}")]
-pub struct RecordError(#[from] prost::DecodeError);
+pub(crate) struct RecordError(#[from] prost::DecodeError);
 
 /// A directive table with the fence of the leader that wrote it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -30,17 +30,17 @@ pub struct Record {
     /// The writing leader's fence token (0: nothing written yet).
     pub fence: u64,
     /// Increments with every record; continues across leaders.
-    pub version: u64,
+    pub(crate) version: u64,
     directives: BTreeMap<Key, Directive>,
     /// The mode policy in force.
-    pub modes: ModePolicy,
+    pub(crate) modes: ModePolicy,
 }
 
 impl Record {
     /// The table after one control interval of the leader: `changed`
     /// upserted (a lift removes its cell), then `retired` removed; stamped
     /// with `fence` and the next version.
-    pub fn next(
+    pub(crate) fn next(
         &self,
         fence: u64,
         changed: &[Directive],
@@ -92,13 +92,8 @@ impl Record {
         self.directives.len()
     }
 
-    /// Whether the table holds no directive.
-    pub fn is_empty(&self) -> bool {
-        self.directives.is_empty()
-    }
-
     /// The stored form.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         DirectiveBatch {
             epoch: self.fence,
             version: self.version,
@@ -112,7 +107,7 @@ impl Record {
     }
 
     /// Reads the stored form.
-    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let batch = DirectiveBatch::decode(bytes)?;
         Ok(Self {
             fence: batch.epoch,

@@ -15,12 +15,12 @@ use crate::store::{Store, StoreOptions};
 pub struct ConfigArgs {
     /// What to do.
     #[command(subcommand)]
-    pub command: ConfigCommand,
+    pub(crate) command: ConfigCommand,
     /// The shared store: `redis://HOST:PORT[/DB]`, `rediss://…`, or one
     /// node of a Redis Cluster (`redis+cluster://HOST:PORT`), or the
     /// sentinels of a master (`redis[s]+sentinel://HOST:PORT/MASTER`).
     #[arg(long, value_name = "URL", global = true)]
-    pub store: Option<String>,
+    pub(crate) store: Option<String>,
     /// File holding the store's password (else SLUICE_STORE_PASSWORD).
     #[arg(long, value_name = "FILE", global = true)]
     pub(crate) store_password_file: Option<PathBuf>,
@@ -41,7 +41,7 @@ pub struct ConfigArgs {
 
 /// `sluice config` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// Print the shared configuration (a limits file) and its version.
     Export {
         /// Write it here instead of standard output.

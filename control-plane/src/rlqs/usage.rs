@@ -23,32 +23,32 @@ use super::bucket_id::{CellOfBucket, cell_of};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SeenBucket {
     /// The cell it stands for.
-    pub cell: CellOfBucket,
+    pub(crate) cell: CellOfBucket,
     /// The id as Envoy sent it; assignments must name it exactly.
-    pub id: HashMap<String, String>,
+    pub(crate) id: HashMap<String, String>,
     /// What this Envoy was offered of it over the report's window; `None`
     /// for a bucket's first report (no time elapsed yet).
-    pub local: Option<LocalRate>,
+    pub(crate) local: Option<LocalRate>,
 }
 
 /// Usages that could not be counted, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Refused {
     /// No bucket id, or one that names no bucket.
-    pub no_bucket: u32,
+    pub(crate) no_bucket: u32,
     /// A negative `time_elapsed`.
-    pub negative_elapsed: u32,
+    pub(crate) negative_elapsed: u32,
 }
 
 /// A usage report, converted.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Converted {
     /// The counts as a Sluice report; `None` when no usage had time elapsed.
-    pub report: Option<Report>,
+    pub(crate) report: Option<Report>,
     /// Every bucket the message named.
-    pub seen: Vec<SeenBucket>,
+    pub(crate) seen: Vec<SeenBucket>,
     /// What was refused.
-    pub refused: Refused,
+    pub(crate) refused: Refused,
 }
 
 /// Whether a message is a periodic report (some bucket has time elapsed),

@@ -32,16 +32,16 @@ use crate::types::ControlInterval;
 pub struct ServeArgs {
     /// Limits file (YAML).
     #[arg(long, value_name = "FILE")]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
     /// Address for the filters' gRPC streams (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
-    pub grpc_listen: SocketAddr,
+    pub(crate) grpc_listen: SocketAddr,
     /// Address for the admin HTTP API (port 0 picks a free port).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
-    pub admin_listen: SocketAddr,
+    pub(crate) admin_listen: SocketAddr,
     /// Control interval in milliseconds (50-60000); overrides the file.
     #[arg(long, value_name = "MS", value_parser = parse_interval)]
-    pub control_interval_ms: Option<ControlInterval>,
+    pub(crate) control_interval_ms: Option<ControlInterval>,
     /// Once the listeners are bound, write `{"grpc": ADDR, "admin": ADDR}`
     /// here (and `"rls": ADDR` with `--rls-listen`).
     #[arg(long, value_name = "PATH")]
@@ -114,7 +114,7 @@ pub struct ServeArgs {
     /// (ShouldRateLimit) on the gRPC listener, configured by this file or
     /// directory in envoyproxy/ratelimit's format (hot-reloaded).
     #[arg(long, value_name = "PATH")]
-    pub quotas: Option<PathBuf>,
+    pub(crate) quotas: Option<PathBuf>,
     /// Serve the rate limit service on this address of its own instead of
     /// the gRPC listener, on threads of its own (`--rls-threads`), with
     /// the gRPC listener's TLS options (port 0 picks a free port).
@@ -126,7 +126,7 @@ pub struct ServeArgs {
     pub(crate) rls_threads: std::num::NonZeroUsize,
     /// How exact quotas count and answer.
     #[command(flatten)]
-    pub quota: crate::quotas::cli::QuotaArgs,
+    pub(crate) quota: crate::quotas::cli::QuotaArgs,
     /// Shared store: `redis://HOST:PORT[/DB]` or `rediss://…` (TLS), or one
     /// node of a Redis Cluster, `redis+cluster://HOST:PORT` (or
     /// `rediss+cluster://…`), or the sentinels of a master,
@@ -137,7 +137,7 @@ pub struct ServeArgs {
     /// live there too. The password comes from `--store-password-file`,
     /// else the environment variable SLUICE_STORE_PASSWORD.
     #[arg(long, value_name = "URL")]
-    pub store: Option<String>,
+    pub(crate) store: Option<String>,
     /// This replica's name in the store (unique among the replicas);
     /// default: the process's epoch in hex.
     #[arg(long, value_name = "NAME")]

@@ -51,22 +51,22 @@ const MAX_CONCURRENT_STREAMS: u32 = 200;
 #[derive(Debug)]
 pub struct GrpcEndpoint {
     /// The bound listener.
-    pub listener: TcpListener,
+    pub(crate) listener: TcpListener,
     /// Server TLS (and client-certificate checks); `None` serves plaintext.
-    pub tls: Option<ServerTlsConfig>,
+    pub(crate) tls: Option<ServerTlsConfig>,
     /// With client certificates: which proxy ids each may claim. `None`:
     /// streams have no identity and may claim any proxy id.
-    pub identity: Option<IdentityPolicy>,
+    pub(crate) identity: Option<IdentityPolicy>,
     /// Most a report may claim.
-    pub ceilings: Ceilings,
+    pub(crate) ceilings: Ceilings,
     /// What a Hello may name.
-    pub hello: HelloLimits,
+    pub(crate) hello: HelloLimits,
     /// How much of the listener one peer may hold.
-    pub peers: PeerLimits,
+    pub(crate) peers: PeerLimits,
     /// Exact quotas: serves Envoy's rate limit service API when set.
-    pub quotas: Option<Arc<Quotas>>,
+    pub(crate) quotas: Option<Arc<Quotas>>,
     /// Serves the quotas on this listener of their own instead.
-    pub rls: Option<RlsListener>,
+    pub(crate) rls: Option<RlsListener>,
 }
 
 impl From<TcpListener> for GrpcEndpoint {

@@ -6,11 +6,11 @@
 pub(crate) mod accept;
 pub(crate) mod command;
 pub mod control_loop;
-pub mod drain;
+pub(crate) mod drain;
 pub(crate) mod grpc;
 pub(crate) mod push;
-pub mod rls_listener;
-pub mod run;
+pub(crate) mod rls_listener;
+pub(crate) mod run;
 pub(crate) mod tls;
 pub(crate) mod warmup;
 

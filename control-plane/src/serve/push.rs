@@ -33,7 +33,7 @@ const CAPACITY: usize = 64;
 #[derive(Debug)]
 pub(crate) struct Outgoing {
     /// The batch.
-    pub batch: DirectiveBatch,
+    pub(crate) batch: DirectiveBatch,
     /// When the control loop published it; `None` for a snapshot sent to
     /// resynchronise a stream, which no control interval decided.
     pub(crate) decided_at: Option<Instant>,
@@ -83,13 +83,13 @@ struct Inner {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Update {
     /// Directives that changed (upserted into the snapshot).
-    pub changed: Vec<Directive>,
+    pub(crate) changed: Vec<Directive>,
     /// Cells to take out of the snapshot after applying `changed`.
-    pub retired: Vec<RetiredCell>,
+    pub(crate) retired: Vec<RetiredCell>,
     /// The mode policy in force.
-    pub modes: ModePolicy,
+    pub(crate) modes: ModePolicy,
     /// The limits' aggregate patterns, in file order.
-    pub aggregate_patterns: Vec<String>,
+    pub(crate) aggregate_patterns: Vec<String>,
 }
 
 /// What [`Publisher::publish`] broadcast.

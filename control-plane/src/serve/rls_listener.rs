@@ -30,11 +30,11 @@ use crate::quotas::{Quotas, RateLimitGrpc};
 #[derive(Debug)]
 pub struct RlsListener {
     /// The bound listener.
-    pub listener: TcpListener,
+    pub(crate) listener: TcpListener,
     /// Server TLS (the gRPC listener's); `None` serves plaintext.
-    pub tls: Option<ServerTlsConfig>,
+    pub(crate) tls: Option<ServerTlsConfig>,
     /// How many threads serve it.
-    pub threads: NonZeroUsize,
+    pub(crate) threads: NonZeroUsize,
 }
 
 /// Why a thread of the rate limit service stopped.

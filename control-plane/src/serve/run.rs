@@ -48,9 +48,9 @@ pub enum RunError {
 #[derive(Debug)]
 pub struct Listeners {
     /// The filters' gRPC API (and with it RLQS and the exact quotas).
-    pub grpc: GrpcEndpoint,
+    pub(crate) grpc: GrpcEndpoint,
     /// The admin API.
-    pub admin: TcpListener,
+    pub(crate) admin: TcpListener,
 }
 
 impl Listeners {
@@ -69,13 +69,13 @@ impl Listeners {
 #[derive(Debug)]
 pub struct RunOptions {
     /// The admin API; its shared state is what the servers serve.
-    pub admin: Admin,
+    pub(crate) admin: Admin,
     /// How often the limits file (if the admin API has one) and the quota
     /// files are checked for edits.
-    pub reload_poll: Duration,
+    pub(crate) reload_poll: Duration,
     /// With a replica: one of the replicas sharing a store
     /// ([`crate::replicas`]).
-    pub replica: Option<Replica>,
+    pub(crate) replica: Option<Replica>,
 }
 
 impl RunOptions {
@@ -103,7 +103,7 @@ impl RunOptions {
 
     /// As `replica`, when there is one.
     #[must_use]
-    pub fn replica(mut self, replica: Option<Replica>) -> Self {
+    pub(crate) fn replica(mut self, replica: Option<Replica>) -> Self {
         self.replica = replica;
         self
     }

@@ -14,9 +14,9 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GrpcTlsFiles {
     /// Server certificate chain (PEM).
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// Private key of the server certificate (PEM).
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
     /// CA bundle (PEM) that client certificates must chain to; `None`
     /// accepts clients without a certificate.
     pub(crate) client_ca: Option<PathBuf>,

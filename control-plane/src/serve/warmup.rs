@@ -27,7 +27,7 @@ pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(6);
 
 /// Whether the start-up hold is still on.
 #[derive(Debug)]
-pub struct Warmup {
+pub(crate) struct Warmup {
     over: AtomicBool,
     state: Mutex<HoldState>,
 }
@@ -45,7 +45,7 @@ struct HoldState {
 
 /// Why the hold ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldEnded {
+pub(crate) enum HoldEnded {
     /// As many proxies reported as the fleet had before.
     FleetComplete {
         /// Proxies heard from.
@@ -65,7 +65,7 @@ pub enum HoldEnded {
 impl Warmup {
     /// A hold starting at `now` for at most `grace`; a zero grace means no
     /// hold at all.
-    pub fn new(now: Instant, grace: Duration) -> Self {
+    pub(crate) fn new(now: Instant, grace: Duration) -> Self {
         Self {
             over: AtomicBool::new(grace.is_zero()),
             state: Mutex::new(HoldState {
@@ -83,7 +83,7 @@ impl Warmup {
     }
 
     /// A proxy said Hello, remembering a fleet of `known_proxies`.
-    pub fn hello(&self, known_proxies: u32) {
+    pub(crate) fn hello(&self, known_proxies: u32) {
         if self.is_over() {
             return;
         }
@@ -92,7 +92,7 @@ impl Warmup {
     }
 
     /// A proxy reported.
-    pub fn reported(&self, proxy_id: &str) {
+    pub(crate) fn reported(&self, proxy_id: &str) {
         if self.is_over() {
             return;
         }
@@ -104,7 +104,7 @@ impl Warmup {
 
     /// Called once per control interval: whether directives may be pushed
     /// now, and, the first time they may, why.
-    pub fn check(&self, now: Instant) -> (bool, Option<HoldEnded>) {
+    pub(crate) fn check(&self, now: Instant) -> (bool, Option<HoldEnded>) {
         if self.is_over() {
             return (true, None);
         }

@@ -32,7 +32,7 @@ pub struct Gated {
 
 impl Gated {
     /// A gate over `manager`, open.
-    pub fn new(manager: ConnectionManager) -> Self {
+    pub(crate) fn new(manager: ConnectionManager) -> Self {
         Self {
             manager,
             origin: Instant::now(),

@@ -18,16 +18,16 @@ pub struct Keys {
     pub format: String,
     /// Sorted set: replica id → when it last published (Unix ms); an index
     /// of the load keys, pruned of long-gone replicas.
-    pub replicas: String,
+    pub(crate) replicas: String,
     /// The leader lease: `"<replica id> <fence>"`, expiring.
     pub leader: String,
     /// The fence counter: incremented by every new lease.
-    pub fence: String,
+    pub(crate) fence: String,
     /// The leader's directive table ([`crate::replicas::record`]).
-    pub directives: String,
+    pub(crate) directives: String,
     /// The shared configuration: the limits file's YAML
     /// ([`crate::config::shared`]).
-    pub config: String,
+    pub(crate) config: String,
     /// Its version, incremented by every write.
     pub(crate) config_version: String,
     /// The configuration's write lock (a random token, expiring).

@@ -15,10 +15,10 @@
 //! variable `SLUICE_STORE_PASSWORD` (or the URL itself); the URL is only
 //! ever shown with its password redacted.
 
-pub mod connection;
+pub(crate) mod connection;
 pub(crate) mod keys;
-pub mod sentinel;
-pub mod url;
+pub(crate) mod sentinel;
+pub(crate) mod url;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,9 +45,9 @@ pub(crate) const SENTINEL_PASSWORD_ENV: &str = "SLUICE_STORE_SENTINEL_PASSWORD";
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Where (its password shown redacted).
-    pub url: StoreUrl,
+    pub(crate) url: StoreUrl,
     /// Bound on one call made while answering a request.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// `rediss://` only: trust this CA (PEM) instead of the system's roots.
     pub(crate) tls_ca: Option<PathBuf>,
     /// `rediss://` only: present this client certificate and key (PEM),
@@ -55,16 +55,16 @@ pub struct StoreOptions {
     pub(crate) tls_client: Option<ClientCert>,
     /// `redis[s]+sentinel://` only: the sentinels' own password (the URL's
     /// credentials are the master's).
-    pub sentinel_password: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
 }
 
 /// A client certificate and its private key (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ClientCert {
     /// The certificate (chain).
-    pub cert: PathBuf,
+    pub(crate) cert: PathBuf,
     /// Its private key.
-    pub key: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 /// Why the store cannot be used; every message names the redacted URL.
@@ -423,7 +423,7 @@ impl Store {
     }
 
     /// The URL, its password redacted when shown.
-    pub fn url(&self) -> &StoreUrl {
+    pub(crate) fn url(&self) -> &StoreUrl {
         &self.url
     }
 
@@ -434,7 +434,7 @@ impl Store {
     }
 
     /// The bound on one call made while answering a request.
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 

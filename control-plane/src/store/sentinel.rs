@@ -19,20 +19,20 @@ use redis::{
 
 /// Where the sentinels are and what they are asked.
 #[derive(Clone)]
-pub struct SentinelSettings {
+pub(crate) struct SentinelSettings {
     /// Every sentinel's host and port, tried in order.
-    pub sentinels: Vec<(String, u16)>,
+    pub(crate) sentinels: Vec<(String, u16)>,
     /// TLS to the sentinels and to the master (`rediss+sentinel://`).
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The CA to trust and the client certificate to present, to the
     /// sentinels and the master alike; `None`: the system's roots.
-    pub certificates: Option<TlsCertificates>,
+    pub(crate) certificates: Option<TlsCertificates>,
     /// The sentinels' own password (their `requirepass`), if they have one.
-    pub sentinel_password: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
     /// The master's name in the sentinels' configuration.
-    pub service: String,
+    pub(crate) service: String,
     /// The master's credentials and database.
-    pub master: redis::RedisConnectionInfo,
+    pub(crate) master: redis::RedisConnectionInfo,
 }
 
 /// Shows no password and no certificate.
@@ -78,7 +78,7 @@ impl Drop for Shared {
 
 impl SentinelConnection {
     /// Asks the sentinels for the master and connects to it.
-    pub async fn connect(
+    pub(crate) async fn connect(
         settings: SentinelSettings,
         config: ConnectionManagerConfig,
     ) -> RedisResult<Self> {

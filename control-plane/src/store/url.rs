@@ -14,23 +14,23 @@ const REDACTED: &str = "***";
 
 /// A parsed store URL.
 #[derive(Clone, PartialEq, Eq)]
-pub struct StoreUrl {
+pub(crate) struct StoreUrl {
     /// `rediss://`: TLS, with the server certificate checked against the
     /// system's roots.
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// What the host names: one server, a cluster node, or a sentinel.
     pub(crate) topology: Topology,
     /// Host name or address (IPv6 without brackets).
-    pub host: String,
+    pub(crate) host: String,
     /// TCP port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// Logical database (0 unless given).
     pub(crate) db: i64,
     /// ACL user name, if the URL names one.
     pub(crate) username: Option<String>,
     /// Password from the URL; `--store-password-file` and
     /// `SLUICE_STORE_PASSWORD` take precedence.
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
 }
 
 /// What a store URL's host is.
@@ -58,9 +58,9 @@ pub(crate) enum Topology {
 #[error("store URL {url}: {reason}")]
 pub struct UrlError {
     /// The URL as given, its password redacted.
-    pub url: String,
+    pub(crate) url: String,
     /// What is wrong.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// The schemes, whether they use TLS, and what their host is.
@@ -82,7 +82,7 @@ enum Kind {
 
 impl StoreUrl {
     /// Parses `text`.
-    pub fn parse(text: &str) -> Result<Self, UrlError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, UrlError> {
         let fail = |reason| UrlError {
             url: redact(text),
             reason,
@@ -197,7 +197,7 @@ impl StoreUrl {
 
     /// Every sentinel's host and port, in order; empty unless
     /// [`Topology::Sentinel`].
-    pub fn sentinels(&self) -> Vec<(String, u16)> {
+    pub(crate) fn sentinels(&self) -> Vec<(String, u16)> {
         let Topology::Sentinel { more_sentinels, .. } = &self.topology else {
             return Vec::new();
         };
@@ -397,11 +397,11 @@ mod tests {
 /// `store:` in a limits file: a URL that parses, kept as written (it may
 /// hold a password, so it is shown only through [`StoreUrl`]'s redaction).
 #[derive(Clone, PartialEq, Eq)]
-pub struct StoreSetting(String);
+pub(crate) struct StoreSetting(String);
 
 impl StoreSetting {
     /// The URL as written.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

@@ -32,11 +32,11 @@ pub(crate) struct StreamGate {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claim<'a> {
     /// The proxy id.
-    pub proxy_id: &'a str,
+    pub(crate) proxy_id: &'a str,
     /// The process's instance id (0: unknown, as for RLQS).
-    pub instance_id: u64,
+    pub(crate) instance_id: u64,
     /// The failure domain; empty when none.
-    pub zone: &'a str,
+    pub(crate) zone: &'a str,
 }
 
 impl StreamGate {

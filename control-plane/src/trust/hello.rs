@@ -14,7 +14,7 @@ use std::fmt;
 
 /// The longest proxy id and zone a Hello may name, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HelloLimits {
+pub(crate) struct HelloLimits {
     /// Longest proxy id.
     pub(crate) max_proxy_id_len: usize,
     /// Longest zone.
@@ -40,7 +40,7 @@ impl Default for HelloLimits {
 
 /// Why a Hello's names were refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HelloRefusal {
+pub(crate) enum HelloRefusal {
     /// The proxy id is empty.
     ProxyIdEmpty,
     /// The proxy id is longer than allowed.
@@ -65,7 +65,7 @@ pub enum HelloRefusal {
 
 impl HelloRefusal {
     /// The metric label.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Self::ProxyIdEmpty => "proxy_id_empty",
             Self::ProxyIdTooLong { .. } => "proxy_id_too_long",
@@ -76,7 +76,7 @@ impl HelloRefusal {
     }
 
     /// Every metric label, so that each series exists at 0.
-    pub const REASONS: [&'static str; 5] = [
+    pub(crate) const REASONS: [&'static str; 5] = [
         "proxy_id_empty",
         "proxy_id_too_long",
         "proxy_id_characters",
@@ -113,7 +113,7 @@ pub(crate) fn allowed(byte: u8) -> bool {
 
 impl HelloLimits {
     /// Checks a Hello's proxy id and zone (the zone may be empty).
-    pub fn check(&self, proxy_id: &str, zone: &str) -> Result<(), HelloRefusal> {
+    pub(crate) fn check(&self, proxy_id: &str, zone: &str) -> Result<(), HelloRefusal> {
         if proxy_id.is_empty() {
             return Err(HelloRefusal::ProxyIdEmpty);
         }

@@ -77,7 +77,7 @@ impl fmt::Display for PeerIdentity {
 /// `IDENTITY=PROXY_IDS`: a peer with a name matching `identity` may claim
 /// a proxy id matching `proxy_ids`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdentityRule {
+pub(crate) struct IdentityRule {
     identity: Glob,
     proxy_ids: Glob,
 }
@@ -85,7 +85,7 @@ pub struct IdentityRule {
 /// A rule that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--grpc-identity {rule:?}: expected IDENTITY=PROXY_IDS with neither side empty")]
-pub struct InvalidIdentityRule {
+pub(crate) struct InvalidIdentityRule {
     rule: String,
 }
 
@@ -129,14 +129,14 @@ impl Refusal {
 
 /// The rules in force.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct IdentityPolicy {
+pub(crate) struct IdentityPolicy {
     rules: Vec<IdentityRule>,
 }
 
 impl IdentityPolicy {
     /// A policy from `--grpc-identity` rules; none: a certificate may claim
     /// only its own names.
-    pub fn new(rules: Vec<IdentityRule>) -> Self {
+    pub(crate) fn new(rules: Vec<IdentityRule>) -> Self {
         Self { rules }
     }
 

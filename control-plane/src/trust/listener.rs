@@ -45,9 +45,9 @@ pub(crate) enum Exposure {
 )]
 pub(crate) struct ListenerRefused {
     /// The address asked for.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The transport it would have had.
-    pub transport: Transport,
+    pub(crate) transport: Transport,
 }
 
 /// Checks the listener's address against its transport.

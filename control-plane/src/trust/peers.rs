@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The caps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerLimits {
+pub(crate) struct PeerLimits {
     /// Proxy streams (Sluice's and RLQS) open at once on one connection.
     pub(crate) max_streams_per_connection: usize,
     /// Connections open at once from one client address.

@@ -13,7 +13,7 @@ use sluice_proto::v1::Report;
 
 /// Most a report may claim, in requests per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Ceilings {
+pub(crate) struct Ceilings {
     /// Σ offered over a report's cells.
     pub(crate) max_proxy_rps: f64,
     /// Offered of any one cell.
@@ -41,7 +41,7 @@ impl Default for Ceilings {
 /// control plane was busy arrive together, each with an honest window, and
 /// a first report may cover time before the stream opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WindowLedger {
+pub(crate) struct WindowLedger {
     claimed_ms: u64,
 }
 
@@ -54,7 +54,7 @@ impl WindowLedger {
 
 /// What [`Ceilings::check`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Checked {
+pub(crate) struct Checked {
     /// The window was shorter than the time that passed and was stretched.
     pub(crate) window_stretched: bool,
     /// Cells whose counts were cut to the per-cell ceiling.
@@ -65,7 +65,7 @@ pub struct Checked {
 
 impl Checked {
     /// Whether anything was changed.
-    pub fn changed(&self) -> bool {
+    pub(crate) fn changed(&self) -> bool {
         self.window_stretched || self.cells_clamped > 0 || self.proxy_clamped
     }
 }
@@ -73,7 +73,7 @@ impl Checked {
 impl Ceilings {
     /// Clamps `report` in place. `open_for` is how long the stream has been
     /// open (since its Hello); `ledger` is the stream's.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         report: &mut Report,
         open_for: Duration,

@@ -6,7 +6,7 @@
 //! machinery (tenants, floors and priority shedding still hold: a lowered
 //! limit sheds BULK, then BEST_EFFORT, then DEGRADED before CRITICAL).
 
-pub mod algorithm;
+pub(crate) mod algorithm;
 pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
@@ -69,19 +69,19 @@ pub struct AdaptiveStatus {
     /// The limit in force.
     pub limit_rps: f64,
     /// The hard bounds.
-    pub min_rps: f64,
+    pub(crate) min_rps: f64,
     /// The hard bounds.
-    pub max_rps: f64,
+    pub(crate) max_rps: f64,
     /// How it moves.
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// What it follows.
-    pub signal: Signal,
+    pub(crate) signal: Signal,
     /// Why it last moved or held.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The last interval's fleet p99 in milliseconds, when measured.
-    pub p99_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
     /// The last interval's fleet 5xx ratio, when there were responses.
-    pub error_ratio: Option<f64>,
+    pub(crate) error_ratio: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -182,7 +182,7 @@ impl AdaptiveLimits {
     /// configured limit, within bounds, else at `max_rps`; removed ones are
     /// forgotten) and moves every limit on `health`; `offered` is each
     /// bucket's fleet offered rate.
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         specs: &AdaptiveSpecs,
         configured: impl Fn(&str) -> Option<f64>,
@@ -281,7 +281,7 @@ impl AdaptiveLimits {
 
     /// Puts every adaptive limit in `limits` in place of the configured
     /// one.
-    pub fn apply(&self, limits: &mut LimitTable) {
+    pub(crate) fn apply(&self, limits: &mut LimitTable) {
         for (bucket, state) in &self.buckets {
             // A budget is a cost, not a capacity: the upstream's health
             // moves request limits only.
@@ -298,7 +298,7 @@ impl AdaptiveLimits {
     }
 
     /// Whether any bucket is adaptive.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }
 

@@ -38,26 +38,26 @@ pub enum Algorithm {
 #[serde(try_from = "RawSpec", into = "RawSpec")]
 pub struct AdaptiveSpec {
     /// The bucket key (exact).
-    pub bucket: String,
+    pub(crate) bucket: String,
     /// What says congested.
     pub signal: Signal,
     /// Latency target (with `latency` or `both`).
     pub target_p99_ms: Option<f64>,
     /// Highest healthy 5xx ratio (with `errors` or `both`).
-    pub max_error_ratio: f64,
+    pub(crate) max_error_ratio: f64,
     /// Hard lower bound.
     pub min_rps: f64,
     /// Hard upper bound: the limit never climbs over it, whatever the
     /// signal says.
     pub max_rps: f64,
     /// How it moves.
-    pub algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// AIMD: added per healthy interval while the limit is in use.
-    pub increase_rps: f64,
+    pub(crate) increase_rps: f64,
     /// AIMD: the limit is multiplied by this when congested.
-    pub decrease_factor: f64,
+    pub(crate) decrease_factor: f64,
     /// Gradient: weight of each interval's new estimate.
-    pub smoothing: f64,
+    pub(crate) smoothing: f64,
 }
 
 /// Default [`AdaptiveSpec::max_error_ratio`].
@@ -185,7 +185,7 @@ impl From<AdaptiveSpec> for RawSpec {
 
 impl AdaptiveSpec {
     /// `value` within the hard bounds.
-    pub fn bound(&self, value: f64) -> f64 {
+    pub(crate) fn bound(&self, value: f64) -> f64 {
         if value.is_finite() {
             value.clamp(self.min_rps, self.max_rps)
         } else {
@@ -239,13 +239,13 @@ impl AdaptiveSpecs {
     }
 
     /// The spec of `bucket`, if it is adaptive.
-    pub fn get(&self, bucket: &str) -> Option<&AdaptiveSpec> {
+    pub(crate) fn get(&self, bucket: &str) -> Option<&AdaptiveSpec> {
         self.0.iter().find(|spec| spec.bucket == bucket)
     }
 
     /// Sets the spec of its bucket: replaces the one in place, else adds
     /// it at the end (one spec per bucket holds by construction).
-    pub fn set(&mut self, spec: AdaptiveSpec) {
+    pub(crate) fn set(&mut self, spec: AdaptiveSpec) {
         match self.0.iter_mut().find(|s| s.bucket == spec.bucket) {
             Some(existing) => *existing = spec,
             None => self.0.push(spec),
@@ -253,7 +253,7 @@ impl AdaptiveSpecs {
     }
 
     /// Removes the spec of `bucket`; whether there was one.
-    pub fn remove(&mut self, bucket: &str) -> bool {
+    pub(crate) fn remove(&mut self, bucket: &str) -> bool {
         let before = self.0.len();
         self.0.retain(|spec| spec.bucket != bucket);
         self.0.len() != before

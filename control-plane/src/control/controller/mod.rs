@@ -72,9 +72,9 @@ mod status;
 mod tests;
 
 pub use crate::control::drop_policy::{DropPolicy, Proportional};
-pub use decision::{CHANGE_THRESHOLD, IntervalOutcome, RetiredCell, lift};
-pub use retry::retry_after_ms;
-pub use status::{BucketStatus, CellStatus, CostStatus};
+pub(crate) use decision::{CHANGE_THRESHOLD, IntervalOutcome, RetiredCell, lift};
+pub(crate) use retry::retry_after_ms;
+pub(crate) use status::{BucketStatus, CellStatus, CostStatus};
 
 /// What proxies were last told about a cell.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -235,7 +235,7 @@ impl Controller {
     /// `sluice-simulate`; see `estimator`) at `interval`. The start-up hold's
     /// status and the what-if replays use a fresh one, so they show what
     /// the service would push.
-    pub fn tracking(interval: ControlInterval) -> Self {
+    pub(crate) fn tracking(interval: ControlInterval) -> Self {
         Self::new(crate::control::estimator::Tracking::new()).with_interval(interval)
     }
 

@@ -12,7 +12,7 @@ pub(crate) const MAX_RETRY_AFTER_MS: u64 = 30_000;
 /// the start). Whole seconds, because `Retry-After` carries
 /// seconds and because a value that moves every interval would be pushed
 /// every interval.
-pub fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u64 {
+pub(crate) fn retry_after_ms(interval: ControlInterval, overloaded_intervals: u32) -> u64 {
     let interval_ms = interval.as_millis();
     let base = (2 * interval_ms).max(1_000);
     let overloaded_ms = u64::from(overloaded_intervals).saturating_mul(interval_ms);

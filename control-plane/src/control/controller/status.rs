@@ -11,60 +11,60 @@ use sluice_core::{DropRatio, Priority, Reason};
 
 /// One bucket as shown by `GET /v1/buckets`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BucketStatus {
+pub(crate) struct BucketStatus {
     /// Bucket key.
-    pub bucket: Arc<str>,
+    pub(crate) bucket: Arc<str>,
     /// Effective limit; `None` (JSON null) when unlimited.
-    pub limit_rps: Option<LimitRps>,
+    pub(crate) limit_rps: Option<LimitRps>,
     /// Fleet offered rate estimate.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// Fleet admitted rate, as reported.
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
     /// The largest drop ratio pushed for a cell of the bucket.
-    pub drop_ratio: DropRatio,
+    pub(crate) drop_ratio: DropRatio,
     /// Proxies with a non-zero offered rate for the bucket.
-    pub proxies_reporting: u32,
+    pub(crate) proxies_reporting: u32,
     /// Fleet rate of requests the decision would have dropped but shadow
     /// mode let through.
-    pub shadow_dropped_rps: f64,
+    pub(crate) shadow_dropped_rps: f64,
     /// The floors of the bucket's tenants alone exceed its limit, so it
     /// admits more than the limit (see [`crate::control::fairness`]).
     pub(crate) floors_exceed_limit: bool,
     /// Per (tenant, priority) cell: load, fair share and drop ratio, sorted
     /// by tenant then priority.
-    pub cells: Vec<CellStatus>,
+    pub(crate) cells: Vec<CellStatus>,
     /// The cap on one proxy's share of the bucket's fleet sum and the
     /// proxies it cut; `None` (JSON null) while fewer proxies report the
     /// bucket than a cap needs.
-    pub proxy_cap: Option<ProxyCap>,
+    pub(crate) proxy_cap: Option<ProxyCap>,
     /// The bucket's cost, when its limit is a budget or its proxies count
     /// cost; `None` (JSON null) otherwise.
-    pub cost: Option<CostStatus>,
+    pub(crate) cost: Option<CostStatus>,
 }
 
 /// A bucket's cost as shown by `GET /v1/buckets`. With a budget, the
 /// bucket's and its cells' rates (`limit_rps`, `offered_rps`,
 /// `admitted_rps`, `share_rps`) are in the budget's unit per second.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CostStatus {
+pub(crate) struct CostStatus {
     /// The budget in force; `None` (JSON null) for a bucket limited in
     /// requests whose proxies count cost.
-    pub budget: Option<Budget>,
+    pub(crate) budget: Option<Budget>,
     /// Fleet estimated cost offered per second (what the controller
     /// steers a budget on).
     pub(crate) offered_per_s: f64,
     /// Fleet estimated cost admitted per second.
     pub(crate) admitted_per_s: f64,
     /// Fleet actual cost charged per second at stream end.
-    pub charged_per_s: f64,
+    pub(crate) charged_per_s: f64,
     /// `charged_per_s / admitted_per_s`: how far the actual cost runs from
     /// the estimate the decisions were made on (above 1: the estimate is
     /// low and the budget is overrun by that factor). `None` when nothing
     /// was admitted. Charges land when streams end, so compare it over
     /// several intervals (the metrics' rates), not one.
-    pub charged_to_estimate: Option<f64>,
+    pub(crate) charged_to_estimate: Option<f64>,
     /// Fleet requests offered per second.
-    pub offered_requests_rps: f64,
+    pub(crate) offered_requests_rps: f64,
     /// Fleet requests admitted per second.
     pub(crate) admitted_requests_rps: f64,
 }
@@ -87,22 +87,22 @@ impl CostStatus {
 
 /// One (tenant, priority) cell of a bucket as shown by `GET /v1/buckets`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CellStatus {
+pub(crate) struct CellStatus {
     /// Tenant; empty when the filter derives none.
-    pub tenant: Arc<str>,
+    pub(crate) tenant: Arc<str>,
     /// Priority as reported.
-    pub priority: Priority,
+    pub(crate) priority: Priority,
     /// Fleet offered rate of the cell.
-    pub offered_rps: f64,
+    pub(crate) offered_rps: f64,
     /// Fleet admitted rate of the cell, as reported.
-    pub admitted_rps: f64,
+    pub(crate) admitted_rps: f64,
     /// Fleet shadow-dropped rate of the cell, as reported.
-    pub shadow_dropped_rps: f64,
+    pub(crate) shadow_dropped_rps: f64,
     /// The cell's share of the limit as pushed; `None` (JSON null) when the
     /// bucket is unlimited.
-    pub share_rps: Option<f64>,
+    pub(crate) share_rps: Option<f64>,
     /// The drop ratio pushed to proxies.
-    pub drop_ratio: DropRatio,
+    pub(crate) drop_ratio: DropRatio,
     /// Why the cell is dropped; `None` (JSON null) when it is not.
-    pub reason: Option<Reason>,
+    pub(crate) reason: Option<Reason>,
 }
