@@ -26,10 +26,10 @@
 //!   is not what the ratio asked, and paying it back would fall on the
 //!   proxies that enforce.
 
-/// Seconds over which a balance is repaid: each second repays this
-/// fraction of it (half, at the default 500 ms interval, per interval).
-/// With the one interval the reports lag, a shorter horizon would answer
-/// a large request with a swing the other way.
+/// Seconds over which a balance is repaid: an interval repays its length
+/// over this of it (a quarter at the default 500 ms). With the one
+/// interval the reports lag, a shorter horizon would answer a large
+/// request with a swing the other way.
 pub(crate) const REPAY_S: f64 = 2.0;
 /// Most debt kept, in seconds of the cell's share.
 pub(crate) const DEBT_S: f64 = 10.0;
@@ -80,7 +80,12 @@ impl Balance {
         {
             return Self::default();
         }
-        let fresh = interval.fresh.clamp(0.0, 1.0);
+        // A rate carried from an earlier tick was taken in then.
+        let fresh = if interval.fresh.is_finite() {
+            interval.fresh.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let moved = fresh * (target - interval.admitted_per_s) * interval.seconds;
         let credit = if interval.shedding {
             CREDIT_S * target
@@ -175,6 +180,9 @@ mod tests {
         let mut carried = interval(1_000.0, 5_000.0);
         carried.fresh = 0.0;
         assert_eq!(Balance(-300.0).after(&carried).get(), -300.0);
+        let mut unknown = interval(1_000.0, 5_000.0);
+        unknown.fresh = f64::NAN;
+        assert_eq!(Balance(-300.0).after(&unknown).get(), -300.0);
         for bad in [f64::NAN, f64::INFINITY, -1.0] {
             assert_eq!(
                 Balance(-300.0).after(&interval(1_000.0, bad)),
