@@ -80,14 +80,17 @@ fn terminate(child: &mut Child, bound: Duration) -> (ExitStatus, Duration) {
 }
 
 #[test]
-fn example_config_is_valid() {
-    let output = Command::new(SLUICE)
-        .arg("check-config")
-        .arg(example())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    assert_eq!(String::from_utf8(output.stdout).unwrap().trim(), "OK");
+fn example_configs_are_valid() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for example in [example(), examples.join("llm-budget.yaml")] {
+        let output = Command::new(SLUICE)
+            .arg("check-config")
+            .arg(&example)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}: {output:?}", example.display());
+        assert_eq!(String::from_utf8(output.stdout).unwrap().trim(), "OK");
+    }
 }
 
 #[test]

@@ -313,6 +313,37 @@ pub fn visit_mappings(value: &mut Value, f: &mut dyn FnMut(&mut Mapping)) {
     }
 }
 
+/// Points every endpoint of the static cluster `name` at `addr` (a
+/// config's own upstream, such as `llm` in `envoy/llm-budget.yaml`).
+pub fn point_cluster(config: &mut Value, name: &str, addr: SocketAddr) -> Result<()> {
+    let mut endpoints = 0;
+    for cluster in seq_mut(config, &["static_resources", "clusters"]) {
+        if cluster.get("name").and_then(Value::as_str) != Some(name) {
+            continue;
+        }
+        let Some(assignment) = cluster.get_mut("load_assignment") else {
+            continue;
+        };
+        for locality in seq_mut(assignment, &["endpoints"]) {
+            for lb in seq_mut(locality, &["lb_endpoints"]) {
+                let socket = lb
+                    .get_mut("endpoint")
+                    .and_then(|e| e.get_mut("address"))
+                    .and_then(socket_address_mut);
+                if let Some(socket) = socket {
+                    socket.insert("address".into(), addr.ip().to_string().into());
+                    socket.insert("port_value".into(), u64::from(addr.port()).into());
+                    endpoints += 1;
+                }
+            }
+        }
+    }
+    if endpoints == 0 {
+        bail!("no static cluster {name} with an endpoint to point at {addr}");
+    }
+    Ok(())
+}
+
 /// The cluster [`route_to_upstream`] adds.
 pub const TEST_UPSTREAM_CLUSTER: &str = "sluice_test_upstream";
 

@@ -46,21 +46,6 @@ use sluice_integration_tests::wait;
 const QUOTA: u64 = 3_000;
 const QUOTAS: &str = "domain: llm\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 3000}\n";
 
-/// Points the `llm` cluster of `config` at `upstream`.
-fn route_llm_to(config: &mut serde_yaml_ng::Value, upstream: std::net::SocketAddr) {
-    let clusters = config["static_resources"]["clusters"]
-        .as_sequence_mut()
-        .unwrap();
-    let llm = clusters
-        .iter_mut()
-        .find(|cluster| cluster["name"].as_str() == Some("llm"))
-        .expect("a cluster `llm`");
-    let address = &mut llm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-        ["socket_address"];
-    address["address"] = upstream.ip().to_string().into();
-    address["port_value"] = upstream.port().into();
-}
-
 /// Sends one chat completion for `tenant` (streamed or not, with
 /// `estimate` in `x-estimated-tokens` when given) and reads the whole
 /// answer: its status.
@@ -181,7 +166,7 @@ async fn check_then_charge_and_reserve_then_settle(
     )
     .unwrap();
     envoy::rewrite(&mut config, &rewrite).unwrap();
-    route_llm_to(&mut config, upstream.addr());
+    envoy::point_cluster(&mut config, "llm", upstream.addr()).unwrap();
     let envoy = Envoy::start(&config, &EnvoyOptions::new("llm-tokens", dir))
         .await
         .unwrap();

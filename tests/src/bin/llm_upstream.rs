@@ -43,6 +43,10 @@ struct Args {
     /// A response header to carry each response's total tokens.
     #[arg(long)]
     usage_header: Option<String>,
+    /// Where to listen (port 0: a free one, printed); `envoy/llm-budget.yaml`
+    /// routes to 127.0.0.1:18081.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
     /// Seconds between reports of the usage per tenant.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     report_every: u64,
@@ -68,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             .map_err(|err| anyhow::anyhow!("usage_header: {err}"))?,
         ..LlmUpstreamOptions::default()
     };
-    let upstream = LlmUpstream::start(options).await?;
+    let upstream = LlmUpstream::start_on(args.listen, options).await?;
     println!("fake LLM upstream at {}", upstream.base_url());
     println!(
         "  POST /v1/chat/completions, /v1/messages, /v1beta/models/M:generateContent, :streamGenerateContent?alt=sse"

@@ -134,6 +134,11 @@ pub struct LlmUpstream {
 impl LlmUpstream {
     /// Listens on a free loopback port.
     pub async fn start(options: LlmUpstreamOptions) -> Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), options).await
+    }
+
+    /// Listens on `listen` (port 0: a free one).
+    pub async fn start_on(listen: SocketAddr, options: LlmUpstreamOptions) -> Result<Self> {
         for (name, rate) in [
             ("abort_rate", options.abort_rate),
             ("error_rate", options.error_rate),
@@ -149,9 +154,9 @@ impl LlmUpstream {
             "error_status: {} is a success",
             options.error_status
         );
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(listen)
             .await
-            .context("cannot bind the LLM upstream")?;
+            .with_context(|| format!("cannot bind the LLM upstream to {listen}"))?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State {
             sampler: TokenSampler::new(options.output_tokens, options.seed),
