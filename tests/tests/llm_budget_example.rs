@@ -11,7 +11,8 @@
 //!   to it: the tokens admitted after the first directives are the
 //!   budget's within ±30 %, gold (weight 3) gets more than bronze
 //!   (weight 1), and their 429s say the unit and the window
-//!   (`ratelimit-policy: "sluice";q=…;w=60;qu="tokens"`, `retry-after`).
+//!   (`ratelimit-policy: "sluice";q=…;w=60;qu="tokens"`, `retry-after`),
+//!   and the control plane shows each tenant's balance in tokens.
 //!
 //! Every request of the load asks for the same number of tokens, so what
 //! is admitted varies only with the coin: ±30 % is several times that.
@@ -204,6 +205,14 @@ async fn the_llm_budget_example_charges_the_body_and_holds_the_budget() {
     }
     let answers: Vec<Answer> = load.join_all().await;
     let buckets = control_plane.admin().buckets().await.unwrap();
+    let raw: serde_json::Value = http
+        .get(format!("http://{}/v1/buckets", control_plane.admin_addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
 
     let mut admitted: BTreeMap<&str, u64> = BTreeMap::new();
     let mut refused: BTreeMap<&str, u64> = BTreeMap::new();
@@ -259,4 +268,14 @@ async fn the_llm_budget_example_charges_the_body_and_holds_the_budget() {
     let llm = buckets.bucket("llm").unwrap();
     assert_eq!(llm.limit_rps, Some(BUDGET_PER_S), "{llm:?}");
     assert!(llm.cost.is_some() && llm.drop_ratio > 0.0, "{llm:?}");
+    // Each tenant's cell shows its balance in tokens.
+    let cells = raw["buckets"]
+        .as_array()
+        .and_then(|buckets| buckets.iter().find(|b| b["bucket"] == "llm"))
+        .and_then(|llm| llm["cells"].as_array())
+        .unwrap();
+    for tenant in TENANTS {
+        let cell = cells.iter().find(|c| c["tenant"] == tenant).unwrap();
+        assert!(cell["balance"].is_f64(), "{cell}");
+    }
 }

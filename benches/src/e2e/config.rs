@@ -4,7 +4,7 @@
 //! the router, so the difference between them is the cost of those filters;
 //! variants 8 and 9 route to a real upstream process instead of answering
 //! locally, so they show what a request that passes costs against one that
-//! is rejected. Variants 14 to 18 route to the fake LLM upstream, which
+//! is rejected. Variants 14 to 19 route to the fake LLM upstream, which
 //! streams a chat completion of a fixed size: with and without a cost rule
 //! whose actual cost the usage parser reads from the stream (18: a rule
 //! that does not read the body).
@@ -77,11 +77,14 @@ pub enum Variant {
     /// (each chunk handed to the parser) and 18 against 14 the rule's
     /// estimate and charge.
     SseUpstreamEstimate,
+    /// Variant 18 with the native dynamic module: 17 against 19 is the
+    /// native module's reading of the body.
+    NativeSseUpstreamEstimate,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 18] = [
+    pub const ALL: [Variant; 19] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -100,6 +103,7 @@ impl Variant {
         Variant::NativeSseUpstream,
         Variant::NativeSseUpstreamUsage,
         Variant::SseUpstreamEstimate,
+        Variant::NativeSseUpstreamEstimate,
     ];
 
     /// Short name for logs and file names.
@@ -123,6 +127,7 @@ impl Variant {
             Variant::NativeSseUpstream => "native-sse-upstream",
             Variant::NativeSseUpstreamUsage => "native-sse-upstream-usage",
             Variant::SseUpstreamEstimate => "sse-upstream-estimate",
+            Variant::NativeSseUpstreamEstimate => "native-sse-upstream-estimate",
         }
     }
 
@@ -149,6 +154,7 @@ impl Variant {
             Variant::NativeSseUpstream => "16. as 14, with the native module",
             Variant::NativeSseUpstreamUsage => "17. as 15, with the native module",
             Variant::SseUpstreamEstimate => "18. as 15, body not read, estimate charged",
+            Variant::NativeSseUpstreamEstimate => "19. as 18, with the native module",
         }
     }
 
@@ -165,7 +171,8 @@ impl Variant {
             | Variant::SseUpstreamUsage
             | Variant::NativeSseUpstream
             | Variant::NativeSseUpstreamUsage
-            | Variant::SseUpstreamEstimate => Some(1e-9),
+            | Variant::SseUpstreamEstimate
+            | Variant::NativeSseUpstreamEstimate => Some(1e-9),
             Variant::SluiceHalf | Variant::UpstreamSluiceHalf | Variant::NativeHalf => Some(0.5),
             _ => None,
         }
@@ -180,7 +187,7 @@ impl Variant {
         }
     }
 
-    /// Whether it routes to the fake LLM upstream (variants 14 to 18).
+    /// Whether it routes to the fake LLM upstream (variants 14 to 19).
     pub fn streams_completions(self) -> bool {
         matches!(
             self,
@@ -189,16 +196,17 @@ impl Variant {
                 | Variant::NativeSseUpstream
                 | Variant::NativeSseUpstreamUsage
                 | Variant::SseUpstreamEstimate
+                | Variant::NativeSseUpstreamEstimate
         )
     }
 
     /// Where its filter's cost rule takes each stream's charge from, named
     /// as the filter's counters name the source: `body` (variants 15 and
-    /// 17), `estimate` (18), or `None`: no cost rule.
+    /// 17), `estimate` (18 and 19), or `None`: no cost rule.
     pub fn charge_source(self) -> Option<&'static str> {
         match self {
             Variant::SseUpstreamUsage | Variant::NativeSseUpstreamUsage => Some("body"),
-            Variant::SseUpstreamEstimate => Some("estimate"),
+            Variant::SseUpstreamEstimate | Variant::NativeSseUpstreamEstimate => Some("estimate"),
             _ => None,
         }
     }
@@ -207,7 +215,7 @@ impl Variant {
 /// The filter configuration keys of `variant`: one bucket from the tenant
 /// header and, for the variants with a cost rule, a rule for it with a
 /// constant estimate that reads the actual cost from the body only (no
-/// dynamic metadata, no header), or from nothing (variant 18).
+/// dynamic metadata, no header), or from nothing (variants 18 and 19).
 fn filter_keys(variant: Variant) -> serde_json::Value {
     let mut keys = json!({
         "proxy_id": "bench",
@@ -248,7 +256,7 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
-    /// The fake LLM upstream (variants 14 to 18).
+    /// The fake LLM upstream (variants 14 to 19).
     pub llm: SocketAddr,
     /// The real control plane's gRPC listener, as RLQS server (variant 10)
     /// and rate limit service (variant 11).
@@ -292,7 +300,10 @@ pub fn envoy_config(
         Variant::NativeNoDrop
         | Variant::NativeHalf
         | Variant::NativeSseUpstream
-        | Variant::NativeSseUpstreamUsage => vec![native_module(control_plane, variant)?, router],
+        | Variant::NativeSseUpstreamUsage
+        | Variant::NativeSseUpstreamEstimate => {
+            vec![native_module(control_plane, variant)?, router]
+        }
     };
     if variant == Variant::SluiceRateLimitService {
         // The control plane, as the rate limit service of variant 11.
@@ -394,7 +405,7 @@ fn rate_limit_quota() -> Result<Value> {
 const RLS_CLUSTER: &str = "bench_rate_limit_service";
 /// Name of the cluster of the upstream (variants 8 and 9).
 const UPSTREAM_CLUSTER: &str = "bench_upstream";
-/// Name of the cluster of the fake LLM upstream (variants 14 to 18).
+/// Name of the cluster of the fake LLM upstream (variants 14 to 19).
 const LLM_CLUSTER: &str = "bench_llm_upstream";
 
 /// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
@@ -432,7 +443,7 @@ typed_config:
 /// route to the rate limit service's cluster, and the fault filter answers
 /// every request with a local 200 before the router would forward it, so no
 /// request leaves Envoy, as in variants 1 to 5; variant 7 measures what that
-/// swap costs. Variants 8, 9 and 14 to 18 really forward to an upstream.
+/// swap costs. Variants 8, 9 and 14 to 19 really forward to an upstream.
 fn route_to_cluster(config: &mut Value, cluster: &str) -> Result<()> {
     let route = config
         .get_mut("static_resources")
@@ -587,6 +598,10 @@ mod tests {
             (Variant::SseUpstream, Variant::SseUpstreamUsage),
             (Variant::NativeSseUpstream, Variant::NativeSseUpstreamUsage),
             (Variant::SseUpstream, Variant::SseUpstreamEstimate),
+            (
+                Variant::NativeSseUpstream,
+                Variant::NativeSseUpstreamEstimate,
+            ),
         ] {
             let mut keys = filter_keys(with);
             keys.as_object_mut().unwrap().remove("cost_rules").unwrap();

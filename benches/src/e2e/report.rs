@@ -20,7 +20,7 @@ pub struct Run {
     pub cpu_us: f64,
     /// The stand-in service's CPU time per request: the rate limit service
     /// (variant 6), the upstream (variants 8 and 9) or the fake LLM upstream
-    /// (variants 14 to 18).
+    /// (variants 14 to 19).
     pub service_cpu_us: Option<f64>,
     /// Median latency, microseconds.
     pub p50_us: f64,

@@ -84,6 +84,7 @@ pub(crate) fn buckets(reply: &Value) -> String {
         "share_rps",
         "drop_ratio",
         "reason",
+        "balance",
     ];
     let mut rows = Vec::new();
     for bucket in reply
@@ -366,7 +367,9 @@ mod tests {
         let last = text.lines().last().unwrap();
         assert_eq!(
             last.split_whitespace().collect::<Vec<_>>(),
-            ["acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-"],
+            [
+                "acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-", "-"
+            ],
             "{text}"
         );
         assert!(lines[1].starts_with("acme            200.0"), "{text}");

@@ -105,7 +105,6 @@ impl Balance {
     }
 
     /// The balance in cost units: negative for a debt.
-    #[cfg(test)]
     pub(crate) fn get(self) -> f64 {
         self.0
     }

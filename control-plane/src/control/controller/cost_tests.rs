@@ -845,3 +845,36 @@ fn a_proxy_that_never_enforces_cannot_shut_the_budget() {
     let worst = ratios.iter().copied().fold(0.0, f64::max);
     assert!(worst < 0.9, "{ratios:?}");
 }
+
+/// The status shows a budget cell's balance: after an interval admitted
+/// at three times the share, the debt it left (in tokens, what the next
+/// intervals repay); a bucket limited in requests shows none.
+#[test]
+fn the_status_shows_a_budget_cells_balance() {
+    for (policy, budget) in [
+        (budget_20000(), true),
+        (
+            policy("limits:\n  - bucket: llm\n    limit_rps: 40\n"),
+            false,
+        ),
+    ] {
+        let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+        fleet.connect("envoy-a", 1, StreamId(0));
+        let mut controller = Controller::tracking(ControlInterval::default());
+        // 60 requests of 500 tokens a window, all let through: 60,000
+        // tokens/s, or 120 requests/s.
+        report_one(&mut fleet, "envoy-a", 0, llm_count(60, 60, 500.0));
+        let load = fleet.tick_with(&|_| true);
+        let decision = controller.decide(&load, &policy);
+        let cells = &decision.buckets[0].cells;
+        assert_eq!(cells.len(), 1, "{cells:?}");
+        let balance = cells[0].balance;
+        if budget {
+            // (20,000 − 60,000) tokens/s over the 500 ms interval.
+            let debt = balance.unwrap();
+            assert!((debt + 20_000.0).abs() < 1.0, "{balance:?}");
+        } else {
+            assert_eq!(balance, None);
+        }
+    }
+}

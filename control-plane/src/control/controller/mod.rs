@@ -424,6 +424,7 @@ impl Controller {
                     share_rps: None,
                     drop_ratio: DropRatio::NEVER,
                     reason: None,
+                    balance: None,
                 });
                 continue;
             }
@@ -512,6 +513,8 @@ impl Controller {
                 share_rps: limit.map(|_| current.share_rps),
                 drop_ratio: current.drop_ratio,
                 reason: current.reason,
+                balance: (signal == Signal::Cost && limit.is_some())
+                    .then(|| cell_state.balance.get()),
             });
         }
         (state, status)

@@ -105,4 +105,9 @@ pub(crate) struct CellStatus {
     pub(crate) drop_ratio: DropRatio,
     /// Why the cell is dropped; `None` (JSON null) when it is not.
     pub(crate) reason: Option<Reason>,
+    /// A budget cell's balance in the budget's unit: negative, cost its
+    /// proxies admitted beyond its share, which the next intervals' targets
+    /// repay; positive, budget left unused while it shed, made up the same
+    /// way. `None` (JSON null) for a cell not limited by a budget.
+    pub(crate) balance: Option<f64>,
 }
