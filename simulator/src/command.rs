@@ -6,14 +6,15 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::sim::Variant;
-use crate::{adaptive, metrics, plot, report, scenario, sim};
+use crate::{adaptive, budget, metrics, plot, report, scenario, sim};
 
 /// `sluice-simulate`: a traffic scenario through the real controller and
 /// the filter's agents on a simulated clock, and its accuracy metrics.
 #[derive(Debug, Parser)]
 #[command(name = "sluice-simulate", version, about)]
 pub struct SimulateArgs {
-    /// Scenario to run, or `all`.
+    /// Scenario to run, or `all` (every one but the token budget, whose
+    /// table is its own: `token-budget`).
     #[arg(long, value_name = "NAME", value_parser = parse_scenario)]
     pub scenario: String,
     /// Seed for arrivals and coin flips; the same seed gives the same result.
@@ -62,12 +63,14 @@ fn parse_variant(value: &str) -> Result<String, String> {
 }
 
 fn parse_scenario(value: &str) -> Result<String, String> {
-    if value == "all" || scenario::NAMES.contains(&value) {
+    if value == "all" || scenario::NAMES.contains(&value) || scenario::BUDGET_NAMES.contains(&value)
+    {
         Ok(value.to_owned())
     } else {
         Err(format!(
-            "unknown scenario; one of: all, {}",
-            scenario::NAMES.join(", ")
+            "unknown scenario; one of: all, {}, {}",
+            scenario::NAMES.join(", "),
+            scenario::BUDGET_NAMES.join(", ")
         ))
     }
 }
@@ -92,6 +95,7 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
     let workers = args.workers as usize;
     let mut rows = Vec::with_capacity(scenarios.len() * variants.len());
     let mut adaptive_rows = Vec::new();
+    let mut budget_rows = Vec::new();
     for scenario in &scenarios {
         let mut traces = Vec::new();
         for &variant in &variants {
@@ -102,9 +106,16 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            // An adaptive run is measured against its upstream's capacity,
-            // not against a fixed limit.
-            if let Some(metrics) = adaptive::compute(scenario, &trace) {
+            // A budget run is measured in its cost unit, an adaptive run
+            // against its upstream's capacity, not against a fixed limit.
+            if let Some(metrics) = budget::compute(scenario, &trace) {
+                budget_rows.push(report::BudgetRow {
+                    scenario: scenario.name.to_owned(),
+                    variant: variant.name.to_owned(),
+                    seed: args.seed,
+                    metrics,
+                });
+            } else if let Some(metrics) = adaptive::compute(scenario, &trace) {
                 adaptive_rows.push(report::AdaptiveRow {
                     scenario: scenario.name.to_owned(),
                     variant: variant.name.to_owned(),
@@ -156,6 +167,20 @@ pub fn run(args: &SimulateArgs) -> ExitCode {
             }
         }
     }
+    let budgets = report::budget_table(&budget_rows);
+    if !budgets.is_empty() {
+        if !rows.is_empty() || !adaptive_rows.is_empty() {
+            println!();
+        }
+        print!("{budgets}");
+        if let Some(dir) = &args.out {
+            let path = dir.join("budget.csv");
+            if let Err(err) = std::fs::write(&path, report::budget_csv(&budget_rows)) {
+                eprintln!("sluice-simulate: cannot write {}: {err}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Some(path) = &args.csv
         && let Err(err) = std::fs::write(path, report::csv(&rows))
     {
@@ -180,5 +205,8 @@ mod tests {
         let err =
             SimulateArgs::try_parse_from(["sluice-simulate", "--scenario", "nope"]).unwrap_err();
         assert!(err.to_string().contains("unknown scenario"), "{err}");
+        let args = SimulateArgs::try_parse_from(["sluice-simulate", "--scenario", "token-budget"])
+            .unwrap();
+        assert_eq!(args.scenario, "token-budget");
     }
 }

@@ -10,8 +10,11 @@
 
 pub mod adaptive;
 pub mod adaptive_plot;
+pub mod budget;
+pub mod budget_plot;
 pub mod chart;
 pub mod command;
+pub mod cost;
 pub mod load;
 pub mod metrics;
 pub mod plot;
@@ -21,5 +24,7 @@ pub mod scenario;
 pub mod sim;
 pub mod upstream;
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 mod tests;

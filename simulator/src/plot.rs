@@ -7,10 +7,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::adaptive_plot;
 use crate::chart::{COLOURS, GREY, legend, line, points, rates};
 use crate::scenario::Scenario;
 use crate::sim::{SLOT_MS, Trace};
+use crate::{adaptive_plot, budget_plot};
 
 /// Why the files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -48,12 +48,16 @@ pub fn series_csv(scenario: &Scenario, trace: &Trace) -> String {
 }
 
 /// Writes `NAME-VARIANT.csv` for every run and `NAME.svg` with all of them
-/// (an adaptive scenario's as [`adaptive_plot`] draws them).
+/// (an adaptive scenario's as [`adaptive_plot`] draws them, a budget
+/// scenario's as [`budget_plot`] does).
 pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), PlotError> {
     let adaptive = scenario.upstream.is_some();
+    let budget = scenario.costs.is_some();
     for (variant, trace) in runs {
         let path = dir.join(format!("{}-{variant}.csv", scenario.name));
-        let series = if adaptive {
+        let series = if budget {
+            budget_plot::series_csv(scenario, trace)
+        } else if adaptive {
             adaptive_plot::series_csv(scenario, trace)
         } else {
             series_csv(scenario, trace)
@@ -64,7 +68,9 @@ pub fn write(dir: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
         })?;
     }
     let path = dir.join(format!("{}.svg", scenario.name));
-    let drawn = if adaptive {
+    let drawn = if budget {
+        budget_plot::draw(&path, scenario, runs)
+    } else if adaptive {
         adaptive_plot::draw(&path, scenario, runs)
     } else {
         draw(&path, scenario, runs)

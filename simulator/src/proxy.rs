@@ -21,8 +21,12 @@ use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_agent::agent::Agent;
+use sluice_agent::config::RequestPolicy;
+use sluice_agent::request::charge::PendingCharge;
+use sluice_agent::request::handler::{self, HttpRequest};
 use sluice_agent::settings::{AgentSettings, DEFAULT_DIRECTIVE_POLL_MS};
 use sluice_agent::testing::host::{FakeHost, FakeProcess};
+use sluice_agent::usage::Charge;
 use sluice_core::Priority;
 use sluice_proto::v1::{ControlMessage, DirectiveBatch, ProxyMessage, control_message};
 
@@ -173,6 +177,61 @@ impl AgentProxy {
     /// worker of the next connection, as the filter's request path does;
     /// true when admitted.
     pub fn admit(&mut self, bucket: &str, tenant: &str) -> bool {
+        let worker = self.next_worker();
+        self.vms.get_mut(worker).is_some_and(|vm| {
+            vm.agent
+                .admit_cell(bucket, tenant, Priority::Unspecified)
+                .admits()
+        })
+    }
+
+    /// Decides a request a cost rule of `policy` applies to on the worker
+    /// of the next connection, through the filter's request handler (its
+    /// estimate counted as offered and, if admitted, as admitted cost);
+    /// the stream to settle when its response ends, if admitted.
+    pub fn admit_costed(
+        &mut self,
+        policy: &RequestPolicy,
+        request: &mut impl HttpRequest,
+    ) -> (bool, Option<OpenStream>) {
+        let worker = self.next_worker();
+        let Some(vm) = self.vms.get_mut(worker) else {
+            return (false, None);
+        };
+        let (mut followed, mut charge) = (None, None);
+        let _ = handler::decide(&mut vm.agent, policy, request, &mut followed, &mut charge);
+        let admitted = vm.agent.last_decision().admits();
+        let stream = charge.map(|pending| OpenStream {
+            worker,
+            start: self.starts,
+            pending,
+        });
+        (admitted, stream)
+    }
+
+    /// The response of `stream` ended as `response` says: the filter's
+    /// handler settles its charge and counts it in the VM that decided it.
+    /// `None` when that process has been restarted since (its counts are
+    /// gone) or the rule no longer applies.
+    pub fn end_stream(
+        &mut self,
+        policy: &RequestPolicy,
+        stream: OpenStream,
+        response: &impl HttpRequest,
+    ) -> Option<Charge> {
+        if stream.start != self.starts {
+            return None;
+        }
+        let vm = self.vms.get_mut(stream.worker)?;
+        let settled = handler::stream_end(policy, response, stream.pending)?;
+        let charge = settled.charge();
+        settled.count(&mut vm.agent);
+        Some(charge)
+    }
+
+    /// The worker of the next connection: Envoy balances connections, not
+    /// requests.
+    fn next_worker(&mut self) -> usize {
         let index = self.next_connection % self.connections.len().max(1);
         self.next_connection = self.next_connection.wrapping_add(1);
         let worker = match self.connections.get_mut(index) {
@@ -188,11 +247,7 @@ impl AgentProxy {
             None => 0,
         };
         self.last_vm = worker;
-        self.vms.get_mut(worker).is_some_and(|vm| {
-            vm.agent
-                .admit_cell(bucket, tenant, Priority::Unspecified)
-                .admits()
-        })
+        worker
     }
 
     /// After an admitted request: the worker that follows its response, if
@@ -209,6 +264,16 @@ impl AgentProxy {
             vm.agent.observe_response(bucket, status, Some(latency_us));
         }
     }
+}
+
+/// An admitted costed request whose response is streaming: the worker
+/// that decided it, in which process, and its pending charge.
+#[derive(Debug, Clone)]
+pub struct OpenStream {
+    worker: usize,
+    /// [`AgentProxy`]'s starts when it was decided.
+    start: u64,
+    pending: PendingCharge,
 }
 
 /// A worker for a new connection, uniformly.

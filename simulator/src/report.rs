@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::adaptive::{AdaptiveMetrics, Phase};
+use crate::budget::{BudgetMetrics, StepOvershoot, Windows};
 use crate::metrics::{RunMetrics, TenantShare};
 
 /// One scenario's result, as shown in a table row.
@@ -281,6 +282,179 @@ pub fn adaptive_csv(rows: &[AdaptiveRow]) -> String {
                 phase.error_ratio,
             );
         }
+    }
+    out
+}
+
+/// One budget scenario's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetRow {
+    /// Scenario name.
+    pub scenario: String,
+    /// Controller and decision it ran with.
+    pub variant: String,
+    /// Seed it ran with.
+    pub seed: u64,
+    /// Its metrics.
+    pub metrics: BudgetMetrics,
+}
+
+fn signed(value: f64) -> String {
+    format!("{:+.1} %", value * 100.0)
+}
+
+fn within(windows: &Windows) -> String {
+    windows.fraction().map_or_else(
+        || "-".to_owned(),
+        |f| format!("{:.0} % ({}/{})", f * 100.0, windows.within, windows.count),
+    )
+}
+
+/// The budget runs as markdown: per run the steady span's offered,
+/// admitted and charged rates against the budget and the first 1 s and
+/// 10 s after the load step; the consecutive 10 s and 1 s windows within
+/// ±5 % and ±10 % and their RMS errors, of the cost charged (by stream
+/// end) and of the estimates admitted (by decision); then each tenant's
+/// charged rate against its fair share. Empty without budget runs.
+pub fn budget_table(rows: &[BudgetRow]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "| scenario | variant | budget | steady span | offered | admitted (estimates) | charged | \
+         charged vs budget | step: first 1 s admitted | first 10 s admitted | first 10 s charged |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for row in rows {
+        let m = &row.metrics;
+        let step = |value: fn(&StepOvershoot) -> f64| {
+            m.step
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |s| signed(value(s)))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} {}/s | {}-{} s | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            row.scenario,
+            row.variant,
+            m.budget_per_s,
+            m.unit,
+            m.steady_ms.0 / 1_000,
+            m.steady_ms.1 / 1_000,
+            m.offered_per_s,
+            m.admitted_per_s,
+            m.charged_per_s,
+            signed(m.charged_per_s / m.budget_per_s - 1.0),
+            step(|s| s.admitted_1s),
+            step(|s| s.admitted_10s),
+            step(|s| s.charged_10s),
+        );
+    }
+    out.push_str(
+        "\n| scenario | variant | windows of | 10 s within ±5 % | RMS 10 s | 1 s within ±10 % | \
+         RMS 1 s |\n\
+         | --- | --- | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    for row in rows {
+        let m = &row.metrics;
+        for (counted, ten, one) in [
+            ("cost charged, by stream end", &m.windows_10s, &m.windows_1s),
+            (
+                "estimates admitted, by decision",
+                &m.admitted_10s,
+                &m.admitted_1s,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {counted} | {} | {:.1} % | {} | {:.1} % |",
+                row.scenario,
+                row.variant,
+                within(ten),
+                ten.rms * 100.0,
+                within(one),
+                one.rms * 100.0,
+            );
+        }
+    }
+    out.push_str(
+        "\n| scenario | variant | tenant | weight | offered | fair share | charged | vs share |\n\
+         | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for row in rows {
+        for tenant in &row.metrics.tenants {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} |",
+                row.scenario,
+                row.variant,
+                tenant.tenant,
+                tenant.weight,
+                tenant.offered_per_s,
+                tenant.fair_share_per_s,
+                tenant.charged_per_s,
+                tenant.error().map_or_else(|| "-".to_owned(), signed),
+            );
+        }
+    }
+    out.push('\n');
+    for row in rows {
+        let m = &row.metrics;
+        let _ = writeln!(
+            out,
+            "{} {}: {} streams charged {} {}, {} of them their estimate (no usage read); \
+             the reports carried {:.0}.",
+            row.scenario,
+            row.variant,
+            m.charges,
+            m.charged_total,
+            m.unit,
+            m.charged_estimate,
+            m.charged_reported,
+        );
+    }
+    out
+}
+
+/// The budget rows as CSV with a header line.
+pub fn budget_csv(rows: &[BudgetRow]) -> String {
+    let mut out = String::from(
+        "scenario,variant,seed,budget_per_s,offered_per_s,admitted_per_s,charged_per_s,\
+         windows_10s_within,windows_10s,rms_10s,windows_1s_within,windows_1s,rms_1s,\
+         admitted_10s_within,admitted_10s_rms,admitted_1s_within,admitted_1s_rms,\
+         step_admitted_1s,step_admitted_10s,step_charged_10s\n",
+    );
+    for row in rows {
+        let m = &row.metrics;
+        let step = |value: fn(&StepOvershoot) -> f64| {
+            m.step
+                .as_ref()
+                .map_or_else(String::new, |s| value(s).to_string())
+        };
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            row.scenario,
+            row.variant,
+            row.seed,
+            m.budget_per_s,
+            m.offered_per_s,
+            m.admitted_per_s,
+            m.charged_per_s,
+            m.windows_10s.within,
+            m.windows_10s.count,
+            m.windows_10s.rms,
+            m.windows_1s.within,
+            m.windows_1s.count,
+            m.windows_1s.rms,
+            m.admitted_10s.within,
+            m.admitted_10s.rms,
+            m.admitted_1s.within,
+            m.admitted_1s.rms,
+            step(|s| s.admitted_1s),
+            step(|s| s.admitted_10s),
+            step(|s| s.charged_10s),
+        );
     }
     out
 }

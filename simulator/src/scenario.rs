@@ -3,6 +3,7 @@
 
 use sluice_control_plane::control::adaptive::spec::AdaptiveSpec;
 
+use crate::cost::CostSpec;
 use crate::load::Load;
 use crate::upstream::UpstreamSpec;
 
@@ -119,6 +120,10 @@ pub struct Scenario {
     /// The service behind the proxies, for the adaptive scenarios; `None`:
     /// responses are not simulated and nothing is adaptive.
     pub upstream: Option<UpstreamSpec>,
+    /// What requests cost, for a budget scenario: every bucket's limit is
+    /// then a budget of `limit_rps` units a second, and its load is in
+    /// requests a second; `None`: requests cost nothing.
+    pub costs: Option<CostSpec>,
 }
 
 impl Scenario {
@@ -186,9 +191,14 @@ pub const NAMES: [&str; 12] = [
     "adaptive-gradient",
 ];
 
-/// The scenario called `name`.
+/// Scenarios that `all` leaves out: a budget is held in tokens, not
+/// requests, and has a table of its own.
+pub const BUDGET_NAMES: [&str; 1] = ["token-budget"];
+
+/// The scenario called `name`, of [`NAMES`] or [`BUDGET_NAMES`].
 pub fn by_name(name: &str) -> Option<Scenario> {
     let scenario = match name {
+        "token-budget" => token_budget(),
         "steady" => steady(Arrivals::Poisson),
         "steady-deterministic" => Scenario {
             name: "steady-deterministic",
@@ -226,6 +236,7 @@ fn base(name: &'static str, duration_ms: u64, buckets: Vec<BucketSpec>) -> Scena
         buckets,
         settle_ms: SETTLE_MS,
         upstream: None,
+        costs: None,
     }
 }
 
@@ -420,6 +431,48 @@ fn adaptive(name: &'static str, algorithm: &str) -> Scenario {
     }
 }
 
+/// The token budget: 20,000 tokens a second for the bucket `llm`.
+pub const BUDGET_TOKENS_PER_S: f64 = 20_000.0;
+/// When the token budget's offered load triples, from the budget to 3x.
+pub const BUDGET_STEP_MS: u64 = 30_000;
+
+/// A budget of 20,000 tokens a second for `llm` through three proxies
+/// carrying 60 / 30 / 10 % of the requests, from the tenants gold, silver
+/// and bronze (weights 3 : 2 : 1, offering 50 / 30 / 20 % of the tokens:
+/// fair shares of 10,000 / 6,667 / 3,333 tokens a second, all below what
+/// they offer after the step). The offered tokens equal the budget until
+/// [`BUDGET_STEP_MS`], then triple. Each response uses log-normal tokens
+/// (median 500, p99 8,000), which the client names as its estimate (a
+/// `max_tokens` the model uses up), and streams them after 200 ms at
+/// 1,000 tokens a second: its charge lands 0.7 s after the decision at
+/// the median, 8 s at the p99.
+fn token_budget() -> Scenario {
+    let costs = CostSpec {
+        unit: "tokens".to_owned(),
+        median: 500.0,
+        p99: 8_000.0,
+        first_token_ms: 200,
+        tokens_per_s: 1_000.0,
+    };
+    let rps = BUDGET_TOKENS_PER_S / costs.mean();
+    let load = Load::Steps(vec![(0, rps), (BUDGET_STEP_MS, 3.0 * rps)]);
+    let tenants = vec![
+        tenant("gold", 3.0, 0.5),
+        tenant("silver", 2.0, 0.3),
+        tenant("bronze", 1.0, 0.2),
+    ];
+    let buckets = vec![BucketSpec {
+        tenants,
+        ..bucket("llm", BUDGET_TOKENS_PER_S, load, vec![6.0, 3.0, 1.0])
+    }];
+    Scenario {
+        proxies: vec![Membership::ALWAYS; 3],
+        settle_ms: 10_000,
+        costs: Some(costs),
+        ..base("token-budget", 330_000, buckets)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::float_cmp)]
 mod tests {
@@ -427,9 +480,10 @@ mod tests {
 
     #[test]
     fn every_name_resolves() {
-        for name in NAMES {
+        for name in NAMES.into_iter().chain(BUDGET_NAMES) {
             assert_eq!(by_name(name).unwrap().name, name);
         }
+        assert!(all().iter().all(|s| s.costs.is_none()));
         assert!(by_name("nope").is_none());
     }
 

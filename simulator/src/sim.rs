@@ -14,16 +14,26 @@
 //! four, the filter's default) and reports their signals, and the control
 //! plane moves the adaptive limits on the fleet's signals through the real
 //! [`AdaptiveLimits`] before deciding.
+//!
+//! In a scenario with costs, requests go through the filter's request
+//! handler with a cost rule ([`crate::cost`]): the estimate is counted at
+//! the decision, and each admitted request's stream ends one response time
+//! later, when the handler settles its charge in the VM that decided it
+//! and the next report carries it. The fleet then hands the controller
+//! the budget's cost rates.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sluice_agent::config::RequestPolicy;
 use sluice_agent::tick::pacing::DecisionMode;
+use sluice_agent::usage::ChargeSource;
 use sluice_core::allowance::{AllowanceSettings, Engage};
 use sluice_proto::v1::{Directive, DirectiveBatch, ProxyMessage, proxy_message};
 
-use sluice_control_plane::config::limits::{LimitRule, LimitTable, Selector};
+use sluice_control_plane::config::Config;
+use sluice_control_plane::config::limits::{Limit, LimitRule, LimitTable, Selector};
 use sluice_control_plane::config::policy::{InvalidPolicy, Policy, TenantPolicy, Tenants, Weight};
 use sluice_control_plane::control::adaptive::AdaptiveLimits;
 use sluice_control_plane::control::adaptive::spec::AdaptiveSpecs;
@@ -33,8 +43,9 @@ use sluice_control_plane::fleet::health::HealthWindow;
 use sluice_control_plane::fleet::{Fleet, StreamId};
 use sluice_core::limit::{InvalidLimit, LimitRps};
 
-use crate::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS};
-use crate::scenario::{Arrivals, Scenario};
+use crate::cost::{self, CostSpec, CostedRequest};
+use crate::proxy::{self, AgentProxy, CLOCK_ORIGIN_MS, OpenStream};
+use crate::scenario::{Arrivals, BucketSpec, Scenario};
 use crate::upstream::Upstream;
 
 /// Width of one slot of the recorded trace.
@@ -70,6 +81,54 @@ pub struct BucketTrace {
     /// An adaptive bucket's limit in force at the end of each slot; empty
     /// for a fixed limit.
     pub limit_rps: Vec<f64>,
+    /// Its costs, in a budget scenario.
+    pub cost: Option<CostTrace>,
+}
+
+/// What the requests of a bucket or a tenant cost, per [`SLOT_MS`] slot,
+/// in the budget's unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostTrace {
+    /// The estimates of the requests offered in each slot.
+    pub offered: Vec<u64>,
+    /// The estimates of the requests admitted in each slot.
+    pub admitted: Vec<u64>,
+    /// What the filter charged in each slot, by when each stream ended.
+    pub charged: Vec<u64>,
+    /// Streams charged.
+    pub charges: u64,
+    /// Of them, those charged their estimate: the response's usage was
+    /// not read.
+    pub charged_estimate: u64,
+}
+
+impl CostTrace {
+    fn new(slots: usize) -> Self {
+        Self {
+            offered: vec![0; slots],
+            admitted: vec![0; slots],
+            charged: vec![0; slots],
+            charges: 0,
+            charged_estimate: 0,
+        }
+    }
+
+    fn decided(&mut self, slot: usize, estimate: u64, admitted: bool) {
+        if let (Some(offered), Some(admitted_cost)) =
+            (self.offered.get_mut(slot), self.admitted.get_mut(slot))
+        {
+            *offered += estimate;
+            *admitted_cost += if admitted { estimate } else { 0 };
+        }
+    }
+
+    fn charged(&mut self, slot: usize, cost: u64, source: ChargeSource) {
+        if let Some(charged) = self.charged.get_mut(slot) {
+            *charged += cost;
+        }
+        self.charges += 1;
+        self.charged_estimate += u64::from(source == ChargeSource::Estimate);
+    }
 }
 
 /// What the upstream of an adaptive scenario did, per [`SLOT_MS`] slot (by
@@ -95,6 +154,8 @@ pub struct TenantTrace {
     pub offered: Vec<u64>,
     /// Requests admitted in each slot.
     pub admitted: Vec<u64>,
+    /// Its costs, in a budget scenario.
+    pub cost: Option<CostTrace>,
 }
 
 /// What a run recorded, one entry per bucket in scenario order.
@@ -106,6 +167,9 @@ pub struct Trace {
     pub upstream: Option<UpstreamTrace>,
     /// Directive batches the controller pushed.
     pub batches_pushed: u64,
+    /// The cost charged at stream end that the proxies' reports carried
+    /// to the control plane, over every bucket.
+    pub charged_reported: f64,
 }
 
 /// Why a scenario cannot run.
@@ -133,6 +197,14 @@ pub enum SimError {
     /// The buckets' adaptive specs do not go together.
     #[error("adaptive limits: {0}")]
     Adaptive(String),
+    /// A bucket's budget, or the filter's cost rule for it, is not valid.
+    #[error("bucket {bucket}: {reason}")]
+    Budget {
+        /// The bucket.
+        bucket: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Which controller and which per-request decision a run uses.
@@ -231,6 +303,89 @@ enum Recipient {
     Stream(usize, u32),
 }
 
+/// A budget scenario's costed requests: the filter's cost rule and the
+/// streams whose responses have not ended.
+struct Costs<'s> {
+    spec: &'s CostSpec,
+    policy: RequestPolicy,
+    /// Draws each response's tokens, apart from the arrivals.
+    rng: SmallRng,
+    /// Streams by when they end, then by admission.
+    streams: BTreeMap<(u64, u64), Streaming>,
+    /// Streams admitted so far: the order of those that end together.
+    admitted: u64,
+}
+
+/// An admitted request whose response is still streaming.
+struct Streaming {
+    proxy: usize,
+    bucket: usize,
+    tenant: Option<usize>,
+    request: CostedRequest,
+    stream: OpenStream,
+}
+
+impl<'s> Costs<'s> {
+    /// The costs of `scenario`, drawn from `seed`; `None` without costs.
+    fn new(scenario: &'s Scenario, seed: u64) -> Result<Option<Self>, SimError> {
+        let Some(spec) = scenario.costs.as_ref() else {
+            return Ok(None);
+        };
+        // The cost rule names the bucket it applies to: one bucket.
+        let bucket = match scenario.buckets.as_slice() {
+            [bucket] => bucket.name.as_str(),
+            _ => {
+                return Err(SimError::Budget {
+                    bucket: String::new(),
+                    reason: "a budget scenario has one bucket".to_owned(),
+                });
+            }
+        };
+        let policy = cost::request_policy(bucket).map_err(|reason| SimError::Budget {
+            bucket: bucket.to_owned(),
+            reason,
+        })?;
+        Ok(Some(Self {
+            spec,
+            policy,
+            rng: SmallRng::seed_from_u64(seed ^ 0xC057_C057_C057_C057),
+            streams: BTreeMap::new(),
+            admitted: 0,
+        }))
+    }
+
+    /// Ends every stream due by `t_ms`: the proxy that admitted it
+    /// settles and counts its charge, recorded in `slot`.
+    fn end_streams(&mut self, proxies: &mut [Member], trace: &mut Trace, t_ms: u64, slot: usize) {
+        while let Some(entry) = self.streams.first_entry() {
+            if entry.key().0 > t_ms {
+                break;
+            }
+            let streaming = entry.remove();
+            let Some(member) = proxies.get_mut(streaming.proxy).filter(|m| m.up) else {
+                continue;
+            };
+            let Some(charge) =
+                member
+                    .proxy
+                    .end_stream(&self.policy, streaming.stream, &streaming.request)
+            else {
+                continue;
+            };
+            let Some(recorded) = trace.buckets.get_mut(streaming.bucket) else {
+                continue;
+            };
+            let tenant = streaming
+                .tenant
+                .and_then(|t| recorded.tenants.get_mut(t))
+                .and_then(|t| t.cost.as_mut());
+            for cost in recorded.cost.as_mut().into_iter().chain(tenant) {
+                cost.charged(slot, charge.cost, charge.source);
+            }
+        }
+    }
+}
+
 struct InFlight {
     due_ms: u64,
     recipient: Recipient,
@@ -246,6 +401,8 @@ struct Reception<'a> {
     push_delay_ms: u64,
     version: u64,
     snapshot: &'a [Directive],
+    /// The cost charged that the reports carried.
+    charged_reported: &'a mut f64,
 }
 
 impl Reception<'_> {
@@ -283,11 +440,19 @@ impl Reception<'_> {
                         batch: batch(self.version, t_ms, self.snapshot.to_vec()),
                     });
                 }
-                Some(proxy_message::Kind::Report(report)) => {
+                Some(proxy_message::Kind::Report(mut report)) => {
                     let Some((_, stream)) = member.stream.filter(|(t, _)| *t == token) else {
                         continue;
                     };
+                    // The agent lists its cells in the order of a hash map
+                    // seeded per process; in cell order, the fleet sums
+                    // them alike in every run.
+                    report.buckets.sort_by(|a, b| {
+                        (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+                    });
                     self.health.add(&report.upstream);
+                    *self.charged_reported +=
+                        report.buckets.iter().map(|b| b.charged_cost).sum::<f64>();
                     // A rejected report is lost, as on the wire.
                     let _ = self.fleet.report(member.proxy.id(), stream, &report);
                 }
@@ -322,6 +487,14 @@ pub fn run_workers(
     if scenario.report_interval_ms == 0 || scenario.control_interval_ms == 0 {
         return Err(SimError::ZeroInterval);
     }
+    let mut costs = Costs::new(scenario, seed)?;
+    // The buckets whose limit is a budget: the fleet hands on their cost
+    // rates.
+    let budgets: Vec<&str> = if costs.is_some() {
+        scenario.buckets.iter().map(|b| b.name.as_str()).collect()
+    } else {
+        Vec::new()
+    };
     let policy = Policy {
         limits: limit_table(scenario)?,
         tenants: tenants(scenario)?,
@@ -380,6 +553,7 @@ pub fn run_workers(
                         name: tenant.name.clone(),
                         offered: vec![0; slots],
                         admitted: vec![0; slots],
+                        cost: costs.as_ref().map(|_| CostTrace::new(slots)),
                     })
                     .collect(),
                 limit_rps: if bucket.adaptive.is_some() {
@@ -387,6 +561,7 @@ pub fn run_workers(
                 } else {
                     Vec::new()
                 },
+                cost: costs.as_ref().map(|_| CostTrace::new(slots)),
             })
             .collect(),
         upstream: scenario.upstream.as_ref().map(|_| UpstreamTrace {
@@ -396,6 +571,7 @@ pub fn run_workers(
             latency_us: vec![Vec::new(); slots],
         }),
         batches_pushed: 0,
+        charged_reported: 0.0,
     };
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut snapshot: Vec<Directive> = Vec::new();
@@ -457,12 +633,16 @@ pub fn run_workers(
             push_delay_ms: scenario.push_delay_ms,
             version,
             snapshot: &snapshot,
+            charged_reported: &mut trace.charged_reported,
         };
         reception.exchange(&mut proxies, &mut sent, t_ms);
 
         let slot = usize::try_from(t_ms / SLOT_MS).unwrap_or(usize::MAX);
         if let Some(upstream) = upstream.as_mut() {
             respond(upstream, scenario, &mut proxies, &mut trace, t_ms, slot);
+        }
+        if let Some(costs) = costs.as_mut() {
+            costs.end_streams(&mut proxies, &mut trace, t_ms, slot);
         }
         for (recorded, limit) in trace.buckets.iter_mut().zip(&limits_in_force) {
             if let Some(in_force) = recorded.limit_rps.get_mut(slot) {
@@ -493,7 +673,38 @@ pub fn run_workers(
                 let tenant_name = tenant
                     .and_then(|t| bucket.tenants.get(t))
                     .map_or("", |t| t.name.as_str());
-                let admitted = member.proxy.admit(&bucket.name, tenant_name);
+                let (admitted, estimate) = match costs.as_mut() {
+                    Some(costs) => {
+                        let tokens = costs.spec.draw(&mut costs.rng);
+                        // The client names the tokens it will use.
+                        let mut request =
+                            CostedRequest::new(&bucket.name, tenant_name, tokens, tokens);
+                        let (admitted, stream) =
+                            member.proxy.admit_costed(&costs.policy, &mut request);
+                        if let Some(stream) = stream {
+                            let ends_ms = t_ms + costs.spec.response_ms(tokens);
+                            costs.admitted += 1;
+                            let streaming = Streaming {
+                                proxy: proxy_index,
+                                bucket: bucket_index,
+                                tenant,
+                                request,
+                                stream,
+                            };
+                            costs.streams.insert((ends_ms, costs.admitted), streaming);
+                        }
+                        (admitted, Some(tokens))
+                    }
+                    None => (member.proxy.admit(&bucket.name, tenant_name), None),
+                };
+                if let Some(estimate) = estimate {
+                    let tenant_cost = tenant
+                        .and_then(|t| recorded.tenants.get_mut(t))
+                        .and_then(|t| t.cost.as_mut());
+                    for cost in recorded.cost.as_mut().into_iter().chain(tenant_cost) {
+                        cost.decided(slot, estimate, admitted);
+                    }
+                }
                 if admitted && let Some(upstream) = upstream.as_mut() {
                     let followed = member.proxy.follows_response();
                     upstream.serve(t_ms, proxy_index, bucket_index, followed);
@@ -547,7 +758,7 @@ pub fn run_workers(
         }
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
-            let load = fleet.tick();
+            let load = fleet.tick_with(&|bucket| budgets.contains(&bucket));
             let adapted = adaptive.adapt(&policy, &health.take(), |bucket| {
                 load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
             });
@@ -590,17 +801,41 @@ fn limit_table(scenario: &Scenario) -> Result<LimitTable, SimError> {
         .buckets
         .iter()
         .map(|bucket| {
-            let limit_rps = LimitRps::new(bucket.limit_rps).map_err(|source| SimError::Limit {
-                bucket: bucket.name.clone(),
-                source,
-            })?;
+            let limit = match &scenario.costs {
+                Some(costs) => budget(bucket, costs)?,
+                None => LimitRps::new(bucket.limit_rps)
+                    .map_err(|source| SimError::Limit {
+                        bucket: bucket.name.clone(),
+                        source,
+                    })?
+                    .into(),
+            };
             Ok(LimitRule {
                 selector: Selector::Bucket(bucket.name.clone()),
-                limit: limit_rps.into(),
+                limit,
             })
         })
         .collect::<Result<Vec<_>, SimError>>()?;
     Ok(LimitTable::from_rules(None, rules))
+}
+
+/// A budget of `bucket.limit_rps` of the costs' unit a second, as a
+/// limits file writes it.
+fn budget(bucket: &BucketSpec, costs: &CostSpec) -> Result<Limit, SimError> {
+    let invalid = |reason: String| SimError::Budget {
+        bucket: bucket.name.clone(),
+        reason,
+    };
+    let yaml = format!(
+        "limits:\n  - bucket: {:?}\n    budget: {{amount: {}, unit: {:?}, per: second}}\n",
+        bucket.name, bucket.limit_rps, costs.unit
+    );
+    let config = Config::from_yaml(&yaml, "budget").map_err(|err| invalid(err.to_string()))?;
+    config
+        .limits
+        .exact(&bucket.name)
+        .cloned()
+        .ok_or_else(|| invalid("no budget".to_owned()))
 }
 
 /// The adaptive buckets' specs.

@@ -769,7 +769,7 @@ impl Fleet {
     /// controller, the share cap and the replicas then treat cost rates
     /// exactly as request rates, and [`BucketTraffic::cost`] keeps the
     /// request rates beside them.
-    pub(crate) fn tick_with(&mut self, costed: &dyn Fn(&str) -> bool) -> FleetLoad {
+    pub fn tick_with(&mut self, costed: &dyn Fn(&str) -> bool) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
         let superseded = &mut self.superseded;
         superseded.clear();
