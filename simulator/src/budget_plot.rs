@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::chart::{COLOURS, GREY, legend, line, points, rates};
+use crate::chart::{COLOURS, legend, line, points, rate_chart, rates};
 use crate::scenario::Scenario;
 use crate::sim::{SLOT_MS, Trace};
 
@@ -53,32 +53,14 @@ pub fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<
         "{}: bucket {}, 1 s rates (budget {} {}/s)",
         scenario.name, spec.name, spec.limit_rps, costs.unit
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..seconds, 0.0..top)
-        .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc(format!("{}/s", costs.unit))
-        .draw()
-        .map_err(|e| e.to_string())?;
-
-    line(
-        &mut chart,
-        points(&offered),
-        BLACK.into(),
-        "offered (estimates)".to_owned(),
-    )?;
-    let budget = spec.limit_rps;
-    line(
-        &mut chart,
-        vec![(0.0, budget), (seconds, budget)],
-        GREY.stroke_width(2),
-        "budget".to_owned(),
+    let unit = costs.unit.as_str();
+    let mut chart = rate_chart(
+        &root,
+        title,
+        (seconds, top, 70),
+        unit,
+        ("offered (estimates)", &offered),
+        ("budget", spec.limit_rps),
     )?;
     for ((variant, trace), colour) in runs.iter().zip(COLOURS.iter().cycle()) {
         let Some(cost) = trace.buckets.first().and_then(|b| b.cost.as_ref()) else {

@@ -37,6 +37,46 @@ pub const COLOURS: [RGBColor; 4] = [
 pub type Chart<'a, 'b> =
     ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
+/// The rate plot every scenario draws: `title` over seconds `0..seconds`
+/// against `0..top` in `unit`/s, the `offered` rate in black and the
+/// `limit` as a grey line across, each labelled; `y_labels` is the width
+/// of the value axis' labels.
+pub fn rate_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: String,
+    (seconds, top, y_labels): (f64, f64, u32),
+    unit: &str,
+    (offered_label, offered): (&str, &[f64]),
+    (limit_label, limit): (&str, f64),
+) -> Result<Chart<'a, 'b>, String> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(y_labels)
+        .build_cartesian_2d(0.0..seconds, 0.0..top)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(format!("{unit}/s"))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    line(
+        &mut chart,
+        points(offered),
+        BLACK.into(),
+        offered_label.to_owned(),
+    )?;
+    line(
+        &mut chart,
+        vec![(0.0, limit), (seconds, limit)],
+        GREY.stroke_width(2),
+        limit_label.to_owned(),
+    )?;
+    Ok(chart)
+}
+
 /// Draws one labelled line on `chart`.
 pub fn line(
     chart: &mut Chart<'_, '_>,

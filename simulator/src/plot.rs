@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::chart::{COLOURS, GREY, legend, line, points, rates};
+use crate::chart::{COLOURS, legend, line, points, rate_chart, rates};
 use crate::scenario::Scenario;
 use crate::sim::{SLOT_MS, Trace};
 use crate::{adaptive_plot, budget_plot};
@@ -98,32 +98,13 @@ fn draw(path: &Path, scenario: &Scenario, runs: &[(&str, Trace)]) -> Result<(), 
         "{}: bucket {}, 1 s rates (limit {} rps)",
         scenario.name, bucket.name, spec.limit_rps
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..seconds, 0.0..top)
-        .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("requests/s")
-        .draw()
-        .map_err(|e| e.to_string())?;
-
-    line(
-        &mut chart,
-        points(&offered),
-        BLACK.into(),
-        "offered".to_owned(),
-    )?;
-    let limit = spec.limit_rps;
-    line(
-        &mut chart,
-        vec![(0.0, limit), (seconds, limit)],
-        GREY.stroke_width(2),
-        "limit".to_owned(),
+    let mut chart = rate_chart(
+        &root,
+        title,
+        (seconds, top, 60),
+        "requests",
+        ("offered", &offered),
+        ("limit", spec.limit_rps),
     )?;
     for ((variant, trace), colour) in runs.iter().zip(COLOURS.iter().cycle()) {
         let Some(bucket) = trace.buckets.first() else {
