@@ -355,6 +355,24 @@ pub struct BucketStatus {
     /// cost (then the rates above are in the cost unit per second).
     #[serde(default)]
     pub cost: Option<BucketCost>,
+    /// Per (tenant, priority) cell.
+    #[serde(default)]
+    pub cells: Vec<CellStatus>,
+}
+
+/// One cell of a bucket in `GET /v1/buckets`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CellStatus {
+    /// Tenant; empty when the filter derives none.
+    pub tenant: String,
+    /// The cell's fair share; `None` when the bucket is unlimited.
+    #[serde(default)]
+    pub share_rps: Option<f64>,
+    /// The drop ratio pushed to proxies.
+    pub drop_ratio: f64,
+    /// A budget cell's balance in the budget's unit; `None` otherwise.
+    #[serde(default)]
+    pub balance: Option<f64>,
 }
 
 /// A bucket's cost in `GET /v1/buckets`.
