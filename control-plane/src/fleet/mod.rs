@@ -19,7 +19,7 @@
 //! instance of its id; two live instances of one id are two proxies, each
 //! counted, flagged as a conflict.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -323,7 +323,11 @@ struct Sums {
 /// live processes share an id.
 #[derive(Debug)]
 pub struct Fleet {
-    proxies: HashMap<String, Vec<Proxy>>,
+    /// Ordered by proxy id, so every tick sums the proxies' rates in one
+    /// order: floating-point sums in another order differ in their last
+    /// bits, enough to move a drop ratio across a threshold, and the
+    /// simulator's runs would then differ from process to process.
+    proxies: BTreeMap<String, Vec<Proxy>>,
     carry_ticks: u32,
     caps: FleetCaps,
     cells: Interner,
@@ -397,7 +401,7 @@ impl Fleet {
     /// An empty fleet with the given caps.
     pub(crate) fn with_caps(carry_ticks: u32, caps: FleetCaps) -> Self {
         Self {
-            proxies: HashMap::new(),
+            proxies: BTreeMap::new(),
             carry_ticks,
             caps,
             cells: Interner::default(),

@@ -1030,3 +1030,33 @@ fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
     );
     assert!(llm.proxy_cap.is_some(), "{llm:?}");
 }
+
+/// The sums do not depend on the order proxies connected in (nor on a
+/// hash map's per-process order): the same reports give the same bits.
+#[test]
+fn the_fleet_sums_proxies_in_one_order_whatever_order_they_came_in() {
+    let sums = |ids: &[usize]| {
+        let mut fleet = Fleet::new(3);
+        for &i in ids {
+            fleet.connect(&format!("proxy-{i:02}"), 1, StreamId(i as u64));
+        }
+        for &i in ids {
+            // Rates that are no sums of powers of two: their total
+            // depends on the order they are added in.
+            let window_ms = [3, 7, 11, 13, 17, 19][i % 6];
+            fleet
+                .report(
+                    &format!("proxy-{i:02}"),
+                    StreamId(i as u64),
+                    &report(window_ms, &[("api", 1 + i as u64, 1)]),
+                )
+                .unwrap();
+        }
+        offered(&fleet.tick(), "api").to_bits()
+    };
+    let ids: Vec<usize> = (0..24).collect();
+    let reversed: Vec<usize> = ids.iter().rev().copied().collect();
+    let shuffled: Vec<usize> = ids.iter().map(|i| (i * 7) % 24).collect();
+    assert_eq!(sums(&ids), sums(&reversed));
+    assert_eq!(sums(&ids), sums(&shuffled));
+}
