@@ -9,6 +9,8 @@
 )]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -106,6 +108,7 @@ impl ControlPlane {
             outbound,
             inbound,
             reporter: None,
+            follows: None,
         }
     }
 
@@ -171,6 +174,29 @@ struct Proxy {
     outbound: mpsc::Sender<ProxyMessage>,
     inbound: Streaming<ControlMessage>,
     reporter: Option<JoinHandle<()>>,
+    /// A bucket whose pushed drop ratio the batches it reads set in an
+    /// [`Admitted`].
+    follows: Option<(String, Admitted)>,
+}
+
+/// The fraction of a bucket's requests the fake proxies admit: 1 − the
+/// last drop ratio pushed for it, shared by the proxies that report it.
+#[derive(Clone)]
+struct Admitted(Arc<AtomicU64>);
+
+impl Admitted {
+    /// Everything, as before the first directive.
+    fn all() -> Self {
+        Self(Arc::new(AtomicU64::new(1.0_f64.to_bits())))
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, fraction: f64) {
+        self.0.store(fraction.to_bits(), Ordering::Relaxed);
+    }
 }
 
 impl Proxy {
@@ -216,30 +242,43 @@ impl Proxy {
     }
 
     /// Reports `rps` requests a second for `bucket`, each costing `cost`
-    /// (estimated) and charged `charged`, every `REPORT_MS`, admitting a
-    /// third of them (what a drop ratio of 2/3 asks), in the background.
-    fn report_cost_steadily(&mut self, bucket: &str, rps: u64, cost: f64, charged: f64) {
+    /// (estimated) and charged `charged`, every `REPORT_MS`, admitting the
+    /// fraction `admitted` says (the pushed ratio's, as a filter would), in
+    /// the background.
+    fn report_cost_steadily(
+        &mut self,
+        bucket: &str,
+        (rps, cost, charged): (u64, f64, f64),
+        admitted: Admitted,
+    ) {
         let outbound = self.outbound.clone();
         let requests = rps * REPORT_MS / 1000;
-        let admitted = requests / 3;
-        let count = BucketCount {
-            bucket: bucket.to_owned(),
-            offered: requests,
-            admitted,
-            offered_cost: requests as f64 * cost,
-            admitted_cost: admitted as f64 * cost,
-            charged_cost: admitted as f64 * charged,
-            ..Default::default()
-        };
+        let bucket = bucket.to_owned();
         self.reporter = Some(tokio::spawn(async move {
             let mut ticker = tokio::time::interval(Duration::from_millis(REPORT_MS));
+            // The fraction of a request not yet admitted, carried so that
+            // the windows admit the fraction on average.
+            let mut carried = 0.0;
             for sequence in 0.. {
                 ticker.tick().await;
+                let due = requests as f64 * admitted.get().clamp(0.0, 1.0) + carried;
+                let whole = due.floor();
+                carried = due - whole;
+                let admitted = whole as u64;
+                let count = BucketCount {
+                    bucket: bucket.clone(),
+                    offered: requests,
+                    admitted,
+                    offered_cost: requests as f64 * cost,
+                    admitted_cost: admitted as f64 * cost,
+                    charged_cost: admitted as f64 * charged,
+                    ..Default::default()
+                };
                 let report = ProxyMessage {
                     kind: Some(proxy_message::Kind::Report(Report {
                         sequence,
                         window_ms: REPORT_MS,
-                        buckets: vec![count.clone()],
+                        buckets: vec![count],
                         ..Default::default()
                     })),
                 };
@@ -262,10 +301,16 @@ impl Proxy {
             .expect("no batch in time")
             .expect("stream failed")
             .expect("stream ended");
-        match message.kind {
+        let batch = match message.kind {
             Some(control_message::Kind::Directives(batch)) => batch,
             None => panic!("empty control message"),
+        };
+        if let Some((bucket, admitted)) = &self.follows
+            && let Some(directive) = batch.directives.iter().find(|d| &d.bucket == bucket)
+        {
+            admitted.set(1.0 - directive.drop_ratio);
         }
+        batch
     }
 
     /// Reads batches until one sets `bucket`'s drop ratio near `expected`.
@@ -982,13 +1027,17 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
     let mut proxies = Vec::new();
     // 60/30/10 of 2,400 requests a second of 25 tokens each: 60,000
     // tokens/s offered, three times the budget of 20,000 tokens/s; each
-    // proxy alone is under it or near it.
+    // proxy alone is under it or near it. They admit what the ratio the
+    // first one reads asks: a fixed share would leave the budget's balance
+    // a debt or a credit it never repays.
+    let admitted = Admitted::all();
     for (proxy_id, rps) in [("envoy-a", 1440), ("envoy-b", 720), ("envoy-c", 240)] {
         let mut proxy = cp.connect(proxy_id).await;
         proxy.next_batch().await;
-        proxy.report_cost_steadily("llm", rps, 25.0, 30.0);
+        proxy.report_cost_steadily("llm", (rps, 25.0, 30.0), admitted.clone());
         proxies.push(proxy);
     }
+    proxies[0].follows = Some(("llm".to_owned(), admitted));
     let batch = proxies[0].wait_for_ratio("llm", 2.0 / 3.0).await;
     let llm = batch.directives.iter().find(|d| d.bucket == "llm").unwrap();
     assert_eq!(llm.cost_unit, "tokens");
@@ -996,8 +1045,13 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
     assert_eq!(llm.limit_rps, Some(20_000.0));
     assert!((llm.offered_rps - 60_000.0).abs() < 1.0, "{llm:?}");
 
+    // The budget's 20,000 tokens/s charged at 30 tokens per 25 estimated,
+    // once the proxies admit what the ratio asks.
+    let near_24000 = |rate: Option<f64>| rate.is_some_and(|r| (r / 24_000.0 - 1.0).abs() < 0.1);
     let bucket = cp
-        .wait_for_bucket("llm", |b| b["proxies_reporting"] == 3)
+        .wait_for_bucket("llm", |b| {
+            b["proxies_reporting"] == 3 && near_24000(b["cost"]["charged_per_s"].as_f64())
+        })
         .await;
     assert_eq!(bucket["limit_rps"], 20_000.0);
     assert_eq!(bucket["offered_rps"], 60_000.0);
@@ -1005,7 +1059,6 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
     assert_eq!(cost["budget"]["unit"], "tokens");
     assert_eq!(cost["budget"]["per"], "minute");
     assert_eq!(cost["offered_requests_rps"], 2400.0);
-    assert_eq!(cost["charged_per_s"], 24_000.0);
     assert!((cost["charged_to_estimate"].as_f64().unwrap() - 1.2).abs() < 1e-9);
     let metrics = cp
         .http
@@ -1016,12 +1069,12 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
         .text()
         .await
         .unwrap();
-    assert!(
-        metrics.contains(
-            "sluice_bucket_charged_cost_per_second{bucket=\"llm\",unit=\"tokens\"} 24000"
-        ),
-        "{metrics}"
+    let exposition = Exposition::parse(&metrics).unwrap();
+    let exported = exposition.value(
+        "sluice_bucket_charged_cost_per_second",
+        &[("bucket", "llm"), ("unit", "tokens")],
     );
+    assert!(near_24000(exported), "{metrics}");
 
     // A budget changed through the admin API reaches the stream; a bad one
     // is refused with a problem and changes nothing.
@@ -1053,6 +1106,7 @@ async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
             .await
             .unwrap();
     assert_eq!(response.status(), 200);
+    proxies[1].follows = proxies[0].follows.take();
     let batch = proxies[1].wait_for_ratio("llm", 0.5).await;
     let llm = batch.directives.iter().find(|d| d.bucket == "llm").unwrap();
     assert_eq!(llm.budget_period_s, 1);
