@@ -51,6 +51,12 @@ pub struct BudgetMetrics {
     /// The charged cost the proxies' reports carried to the control plane
     /// (the charges of the last, unfinished report windows are missing).
     pub charged_reported: f64,
+    /// The run's length, in seconds.
+    pub run_s: f64,
+    /// Directive batches the controller pushed over the run.
+    pub batches_pushed: u64,
+    /// Directives those batches carried.
+    pub directives_pushed: u64,
 }
 
 /// How many consecutive windows of a length were within a tolerance of
@@ -196,6 +202,9 @@ pub fn compute(scenario: &Scenario, trace: &Trace) -> Option<BudgetMetrics> {
         charged_estimate: cost.charged_estimate,
         charged_total: cost.charged.iter().sum(),
         charged_reported: trace.charged_reported,
+        run_s: scenario.duration_ms as f64 / 1000.0,
+        batches_pushed: trace.batches_pushed,
+        directives_pushed: trace.directives_pushed,
     })
 }
 

@@ -60,6 +60,18 @@ fn charged_tokens_hold_the_budget_and_the_tenants_their_shares() {
             "{name}: reported {reported:.0} of {}",
             metrics.charged_total
         );
+        // At most one batch a control interval, each carrying what moved.
+        let intervals = scenario.duration_ms / scenario.control_interval_ms;
+        assert!(
+            metrics.batches_pushed > 0 && metrics.batches_pushed <= intervals,
+            "{name}: {} batches",
+            metrics.batches_pushed
+        );
+        assert!(
+            metrics.directives_pushed >= metrics.batches_pushed,
+            "{name}: {} directives",
+            metrics.directives_pushed
+        );
         let shares: Vec<f64> = metrics.tenants.iter().map(|t| t.fair_share_per_s).collect();
         let expected = [10_000.0, 20_000.0 / 3.0, 10_000.0 / 3.0];
         for (share, want) in shares.iter().zip(expected) {

@@ -403,7 +403,8 @@ pub fn budget_table(rows: &[BudgetRow]) -> String {
         let _ = writeln!(
             out,
             "{} {}: {} streams charged {} {}, {} of them their estimate (no usage read); \
-             the reports carried {:.0}.",
+             the reports carried {:.0}; the controller pushed {} directives in {} batches \
+             ({:.1} directives a second).",
             row.scenario,
             row.variant,
             m.charges,
@@ -411,9 +412,20 @@ pub fn budget_table(rows: &[BudgetRow]) -> String {
             m.unit,
             m.charged_estimate,
             m.charged_reported,
+            m.directives_pushed,
+            m.batches_pushed,
+            per_second(m.directives_pushed, m.run_s),
         );
     }
     out
+}
+
+fn per_second(count: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
 }
 
 /// The budget rows as CSV with a header line.

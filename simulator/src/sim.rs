@@ -167,6 +167,9 @@ pub struct Trace {
     pub upstream: Option<UpstreamTrace>,
     /// Directive batches the controller pushed.
     pub batches_pushed: u64,
+    /// Directives those batches carried (a cell's directive counted once
+    /// per batch it changed in).
+    pub directives_pushed: u64,
     /// The cost charged at stream end that the proxies' reports carried
     /// to the control plane, over every bucket.
     pub charged_reported: f64,
@@ -571,6 +574,7 @@ pub fn run_workers(
             latency_us: vec![Vec::new(); slots],
         }),
         batches_pushed: 0,
+        directives_pushed: 0,
         charged_reported: 0.0,
     };
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
@@ -776,6 +780,7 @@ pub fn run_workers(
             if !decision.changed.is_empty() {
                 version += 1;
                 trace.batches_pushed += 1;
+                trace.directives_pushed += decision.changed.len() as u64;
                 last_push_ms = t_ms;
                 in_flight.push_back(InFlight {
                     due_ms: t_ms + scenario.push_delay_ms,
