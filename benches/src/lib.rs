@@ -5,6 +5,7 @@
 
 pub mod control;
 pub mod e2e;
+pub mod exit;
 pub mod fleet;
 pub mod limitador_rls;
 pub mod rls;

@@ -127,13 +127,7 @@ fn slugs_of_all() -> String {
 // core, leaving the other to Envoy's single worker.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_envoy: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_envoy", run()).await
 }
 
 async fn run() -> Result<()> {

@@ -72,13 +72,7 @@ struct Options {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_propagation: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_propagation", run()).await
 }
 
 /// Latencies of one setup, milliseconds.

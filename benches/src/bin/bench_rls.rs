@@ -127,13 +127,7 @@ struct Measured {
 // a second, every service's p99 with it.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_rls: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_rls", run()).await
 }
 
 async fn run() -> Result<()> {

@@ -30,13 +30,7 @@ use tokio::signal::unix::{SignalKind, signal};
 // One thread: one core's worth of work at most, like one replica.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_service: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_service", run()).await
 }
 
 async fn run() -> Result<()> {

@@ -64,13 +64,7 @@ impl Options {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_tokens: error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_tokens", run()).await
 }
 
 /// A filter setting under test.

@@ -89,13 +89,7 @@ impl Options {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench_tokens_vs_ratelimit: error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("bench_tokens_vs_ratelimit", run()).await
 }
 
 async fn run() -> Result<()> {

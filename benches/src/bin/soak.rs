@@ -88,13 +88,7 @@ impl Options {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("soak: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_benches::exit::run_to_exit("soak", run()).await
 }
 
 /// Hot buckets: over the limit, load swinging over a minute.
