@@ -42,6 +42,10 @@ pub struct CellDirective {
     pub budget_period_s: u64,
 }
 
+/// The most one estimate counts under a cost budget, in seconds of the
+/// bucket's budget ([`CellDirective::counted_cost`]).
+pub const COUNTED_BUDGET_S: f64 = 10.0;
+
 impl CellDirective {
     /// Checks a wire directive: a bucket of 1 to [`MAX_BUCKET_KEY_BYTES`]
     /// bytes, a tenant of at most [`MAX_TENANT_BYTES`], a drop ratio in
@@ -84,6 +88,27 @@ impl CellDirective {
         match (&self.cost_unit, estimate) {
             (Some(_), Some(estimate)) => estimate.min(self.max_weight()),
             _ => 1,
+        }
+    }
+
+    /// What a request of estimated cost `estimate` counts in its cell's
+    /// offered (and admitted) cost, and is charged if its stream ends
+    /// without a usage: under a cost budget at most
+    /// [`COUNTED_BUDGET_S`] of the bucket's budget; otherwise its
+    /// estimate, which steers nothing. An estimate is often the client's
+    /// to state, and the controller steers on these counts: one claim of a
+    /// billion tokens counted whole would shut the cell for seconds. Ten
+    /// seconds of the whole bucket's budget is beyond any honest request of
+    /// a heavy tail (so no share is misjudged), and one such claim moves
+    /// the cell's mean cost by a fraction.
+    #[inline]
+    pub fn counted_cost(&self, estimate: u64) -> u64 {
+        match (&self.cost_unit, self.limit_rps) {
+            (Some(_), Some(limit)) => {
+                // The cast saturates; the limit is finite and non-negative.
+                estimate.min(((limit * COUNTED_BUDGET_S).ceil() as u64).max(1))
+            }
+            _ => estimate,
         }
     }
 

@@ -120,13 +120,16 @@ impl RequestPath {
 
     /// Decides and counts a request of the cell in [`Self::cell`], of
     /// estimated cost `estimate` (`None`: the request has no cost rule),
-    /// which is what it weighs under a cost directive.
+    /// which is what it weighs under a cost directive. Returns the
+    /// decision and the cost the request was counted
+    /// ([`sluice_core::directive::CellDirective::counted_cost`]; 0
+    /// without an estimate).
     pub(crate) fn decide(
         &mut self,
         metrics: &mut Metrics,
         rng: &mut SmallRng,
         estimate: Option<u64>,
-    ) -> Decision {
+    ) -> (Decision, u64) {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
         if let Some(pattern) = self.directives.aggregate_of(&self.cell.bucket) {
@@ -151,10 +154,15 @@ impl RequestPath {
         let mut entry = found.and_then(|i| self.directives.entry_mut(i));
         // A request without a cost rule weighs 1 under any directive, so
         // a request limit's decision never reads the directive's unit (a
-        // cache line of its own in a table of many cells).
-        let weight = match (estimate, entry.as_deref()) {
-            (Some(estimate), Some(entry)) => entry.directive.weight(Some(estimate)),
-            _ => 1,
+        // cache line of its own in a table of many cells). A costed one
+        // counts what its directive lets an estimate count.
+        let (weight, counted_cost) = match (estimate, entry.as_deref()) {
+            (Some(estimate), Some(entry)) => (
+                entry.directive.weight(Some(estimate)),
+                entry.directive.counted_cost(estimate),
+            ),
+            (Some(estimate), None) => (1, estimate),
+            (None, _) => (1, 0),
         };
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
@@ -198,12 +206,12 @@ impl RequestPath {
             (None, _) => Outcome::Admitted,
         };
         match record {
-            Some(record) => record.count(outcome, estimate.unwrap_or(0)),
+            Some(record) => record.count(outcome, counted_cost),
             None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, decided.reason);
         self.last = Decision { outcome, ..decided };
-        self.last
+        (self.last, counted_cost)
     }
 
     /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever

@@ -365,6 +365,41 @@ fn a_cost_directive_admits_its_share_of_the_estimated_cost() {
     assert!(error.abs() <= 3_001.0, "admitted {admitted} of {offered}");
 }
 
+/// A client stating a billion tokens in the estimate's header, in a
+/// bucket of 1,000,000 tokens a second: the request counts (offered and
+/// admitted) and, ending without a usage, is charged ten seconds of the
+/// budget at most. The controller steers on the counts: one claim
+/// counted whole would shut the cell for seconds.
+#[test]
+fn an_estimate_beyond_ten_seconds_of_the_budget_counts_ten_seconds() {
+    let (mut agent, policy) = configured();
+    paced_directive(&mut agent, &policy, "llm", 0.0, "tokens");
+    let _ = drained(&mut agent, "llm");
+    let mut claim = request("llm", "1000000000");
+    claim.status = Some(b"200");
+    let charged = run(&mut agent, &policy, &mut claim, b"").unwrap();
+    let ten_seconds = 10_000_000;
+    assert_eq!(
+        charged,
+        Charge {
+            cost: ten_seconds,
+            source: ChargeSource::Estimate
+        }
+    );
+    let count = drained(&mut agent, "llm");
+    assert_eq!(
+        (count.offered_cost, count.admitted_cost, count.charged_cost),
+        (ten_seconds as f64, ten_seconds as f64, ten_seconds as f64)
+    );
+    // Under a limit in requests the estimate steers nothing and is
+    // counted as stated.
+    paced_directive(&mut agent, &policy, "llm", 0.0, "");
+    let _ = drained(&mut agent, "llm");
+    let charged = run(&mut agent, &policy, &mut claim, b"").unwrap();
+    assert_eq!(charged.cost, 1_000_000_000);
+    assert_eq!(drained(&mut agent, "llm").offered_cost, 1e9);
+}
+
 #[test]
 fn a_request_limit_decides_as_if_no_request_had_an_estimate() {
     // The same agent and requests, with and without cost rules, under a
