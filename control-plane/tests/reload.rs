@@ -75,11 +75,15 @@ async fn valid_edits_apply_and_invalid_ones_keep_the_previous_config() {
     assert!(live.poll(unix_now()).is_none(), "unchanged file");
 
     std::fs::write(&file, "limits:\n  - bucket: acme\n    limit_rps: 300\n").unwrap();
+    // A change is taken when a second poll reads it again.
+    assert!(live.poll(unix_now()).is_none(), "seen once");
+    assert_eq!(acme(&state), 200.0);
     assert!(matches!(live.poll(unix_now()), Some(Reload::Applied)));
     assert_eq!(acme(&state), 300.0);
     assert!(live.poll(unix_now()).is_none(), "applied once");
 
     std::fs::write(&file, "limits:\n  - bucket: acme\n    limit_rps: -1\n").unwrap();
+    assert!(live.poll(unix_now()).is_none(), "seen once");
     let Some(Reload::Rejected(ConfigError::Invalid(err))) = live.poll(unix_now()) else {
         panic!("expected a rejected reload");
     };
@@ -101,6 +105,38 @@ async fn valid_edits_apply_and_invalid_ones_keep_the_previous_config() {
     assert_eq!(acme(&state), 300.0);
 
     assert_eq!(reload_counts(&live).await, ("1".into(), "2".into()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file rewritten in place is empty between its truncation and its
+/// write, and an empty file is a valid "no limits": a poll that caught it
+/// then put every limit out of force (a CI run of
+/// tests/quotas.rs lost its quotas that way). Now a change must read the
+/// same on two polls in a row; a file caught empty or cut short is read
+/// whole by the next poll and never put in force.
+#[tokio::test]
+async fn a_file_caught_while_being_written_is_not_put_in_force() {
+    let (dir, state, live) = setup("mid-write");
+    let file = live.file().unwrap().to_path_buf();
+    let edit =
+        "limits:\n  - bucket: acme\n    limit_rps: 300\n  - bucket: beta\n    limit_rps: 9\n";
+    for caught in ["", &edit[..edit.len() / 2], &edit[..30]] {
+        std::fs::write(&file, caught).unwrap();
+        assert!(live.poll(unix_now()).is_none(), "{caught:?} put in force");
+        std::fs::write(&file, edit).unwrap();
+        assert!(live.poll(unix_now()).is_none(), "{caught:?}, then the edit");
+        assert_eq!(acme(&state), 200.0, "{caught:?}");
+        // Back to the file in force: nothing pending.
+        std::fs::write(&file, LIMITS).unwrap();
+        assert!(live.poll(unix_now()).is_none());
+        assert!(live.poll(unix_now()).is_none());
+    }
+    std::fs::write(&file, edit).unwrap();
+    assert!(live.poll(unix_now()).is_none());
+    assert!(matches!(live.poll(unix_now()), Some(Reload::Applied)));
+    assert_eq!(acme(&state), 300.0);
+    assert_eq!(state.policy().limits.limit_for("beta").unwrap().get(), 9.0);
+    assert_eq!(reload_counts(&live).await, ("1".into(), "0".into()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -124,6 +124,9 @@ struct Inner {
     /// Counts changes of `seen`: a file parsed with no lock held is put in
     /// force only if nothing was written or read in between.
     seen_generation: u64,
+    /// A change read once and not yet put in force: the next poll takes it
+    /// if it reads the same bytes again ([`LiveConfig::poll`]).
+    candidate: Option<Vec<u8>>,
     /// Why the file on disk is invalid, while it is.
     invalid: Option<String>,
     /// The stored version held (shared configuration only; 0 otherwise).
@@ -175,6 +178,7 @@ impl LiveConfig {
             inner: Mutex::new(Inner {
                 seen,
                 seen_generation: 0,
+                candidate: None,
                 invalid: None,
                 version: 0,
             }),
@@ -371,8 +375,10 @@ impl LiveConfig {
         self.shared.is_some()
     }
 
-    /// Removes overrides that expired by `now` and picks up a changed file.
-    /// Blocks on file I/O; the reload watcher calls it every poll period.
+    /// Removes overrides that expired by `now` and picks up a changed file
+    /// once two polls in a row read the same change (a file caught while
+    /// it is being written is not put in force). Blocks on file I/O; the
+    /// reload watcher calls it every poll period.
     pub fn poll(&self, now: u64) -> Option<Reload> {
         // Reload first: expiring writes the file, which must not undo an
         // edit not yet picked up.
@@ -401,8 +407,9 @@ impl LiveConfig {
         let yaml = config.to_yaml();
         self.apply(config, now);
         let Some(file) = &self.file else { return };
-        if inner.invalid.is_some() {
-            // The hand edit on disk wins once it is fixed.
+        if inner.invalid.is_some() || inner.candidate.is_some() {
+            // The hand edit on disk wins once it is fixed, or once the next
+            // poll reads it whole.
             return;
         }
         // The expired entries are ignored on load anyway; failing to remove
@@ -450,10 +457,22 @@ impl LiveConfig {
             }
         };
         {
-            let inner = self.lock();
-            if inner.seen_generation != generation
-                || inner.seen.as_deref() == Some(bytes.as_slice())
-            {
+            let mut inner = self.lock();
+            if inner.seen_generation != generation {
+                return None;
+            }
+            if inner.seen.as_deref() == Some(bytes.as_slice()) {
+                // Back to what is in force: a change seen once is forgotten.
+                inner.candidate = None;
+                return None;
+            }
+            // A change is put in force once two reads in a row find the same
+            // bytes. A file read while it is being rewritten in place (an
+            // editor's or `echo >`'s truncate, then write) is empty or cut
+            // short, and may well parse: an empty file is a valid "no
+            // limits". The next read finds the whole file instead.
+            if inner.candidate.as_deref() != Some(bytes.as_slice()) {
+                inner.candidate = Some(bytes);
                 return None;
             }
         }
@@ -500,6 +519,7 @@ impl LiveConfig {
 impl Inner {
     fn see(&mut self, bytes: Option<Vec<u8>>) {
         self.seen = bytes;
+        self.candidate = None;
         self.seen_generation = self.seen_generation.wrapping_add(1);
     }
 }

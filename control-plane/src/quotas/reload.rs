@@ -2,7 +2,9 @@
 //! is read again every poll and the limits file's `quotas:` section is
 //! followed as the live configuration changes; a configuration that
 //! changed and is valid replaces the old one, an invalid one (or one
-//! whose domains clash) is logged and the old one stays.
+//! whose domains clash) is logged and the old one stays. What the
+//! directory says is taken once two polls in a row read the same: a file
+//! caught while it is rewritten in place reads empty or cut short.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,11 +27,12 @@ pub async fn watch(
     let mut interval = time::interval(period);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_error: Option<String> = None;
+    let mut last_read = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = interval.tick() => {
-                let error = poll(&quotas, &section).await.err();
+                let error = poll(&quotas, &section, &mut last_read).await.err();
                 // Once per distinct error: the poll repeats it.
                 if let Some(message) = &error
                     && last_error.as_ref() != Some(message)
@@ -44,7 +47,13 @@ pub async fn watch(
     tracing::debug!("quota configuration watcher stopped");
 }
 
-async fn poll(quotas: &Quotas, section: &impl Fn() -> NativeQuotas) -> Result<(), String> {
+/// One poll: the directory's configuration if `last_read` (what the poll
+/// before read of it) is the same, then the limits file's section.
+async fn poll(
+    quotas: &Quotas,
+    section: &impl Fn() -> NativeQuotas,
+    last_read: &mut Option<Result<QuotaConfig, String>>,
+) -> Result<(), String> {
     if let Some(path) = quotas.path.clone() {
         let shown = path.display().to_string();
         let options = quotas.settings().load;
@@ -52,7 +61,14 @@ async fn poll(quotas: &Quotas, section: &impl Fn() -> NativeQuotas) -> Result<()
             .await
             .map_err(|err| format!("quota configuration poll failed: {err}"))?
             .map_err(|err| err.to_string());
-        let replaced = loaded.and_then(|loaded| quotas.replace(loaded));
+        let settled = last_read.as_ref() == Some(&loaded);
+        *last_read = Some(loaded.clone());
+        // An error too is reported once it reads the same twice.
+        let replaced = if settled {
+            loaded.and_then(|loaded| quotas.replace(loaded))
+        } else {
+            Ok(false)
+        };
         match replaced {
             Ok(true) => {
                 quotas.metrics.config_load(true);
@@ -67,4 +83,54 @@ async fn poll(quotas: &Quotas, section: &impl Fn() -> NativeQuotas) -> Result<()
         tracing::info!("the limits file's quotas: section reloaded");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::quotas::settings::QuotaSettings;
+
+    const QUOTA: &str = "domain: shop\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+
+    /// A quota file rewritten in place reads empty, then cut short, then
+    /// whole: what a poll reads is taken only when the poll after it reads
+    /// the same, so the domain is never lost meanwhile.
+    #[tokio::test]
+    async fn a_file_caught_while_being_written_is_not_put_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shop.yaml");
+        std::fs::write(&file, QUOTA).unwrap();
+        let loaded = QuotaConfig::load(&file, QuotaSettings::default().load).unwrap();
+        let quotas = Quotas::new(
+            loaded.clone(),
+            Some(file.clone()),
+            QuotaSettings::default(),
+            Arc::new(|| 0),
+            crate::metrics::ControlPlaneMetrics::new(1).quotas(),
+        );
+        let section = NativeQuotas::default;
+        let mut last_read = None;
+        poll(&quotas, &section, &mut last_read).await.unwrap();
+        for caught in ["", "domain: shop\n", &QUOTA[..QUOTA.len() - 30]] {
+            std::fs::write(&file, caught).unwrap();
+            let _ = poll(&quotas, &section, &mut last_read).await;
+            assert_eq!(*quotas.config(), loaded, "{caught:?} put in force");
+            std::fs::write(&file, QUOTA).unwrap();
+            poll(&quotas, &section, &mut last_read).await.unwrap();
+            assert_eq!(*quotas.config(), loaded, "{caught:?}");
+        }
+        // A change read twice is taken.
+        let edited = QUOTA.replace("requests_per_unit: 5", "requests_per_unit: 9");
+        std::fs::write(&file, &edited).unwrap();
+        poll(&quotas, &section, &mut last_read).await.unwrap();
+        assert_eq!(*quotas.config(), loaded, "seen once");
+        poll(&quotas, &section, &mut last_read).await.unwrap();
+        assert_ne!(*quotas.config(), loaded, "seen twice");
+        // An invalid one is reported once it reads the same twice.
+        std::fs::write(&file, "domain: shop\ndescriptors: 7\n").unwrap();
+        assert!(poll(&quotas, &section, &mut last_read).await.is_ok());
+        assert!(poll(&quotas, &section, &mut last_read).await.is_err());
+    }
 }
