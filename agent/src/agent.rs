@@ -181,13 +181,11 @@ impl Agent {
         self.set_cell(bucket, tenant, priority);
         self.path
             .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate))
-            .0
     }
 
     fn decide_current(&mut self) -> Decision {
         self.path
             .decide(&mut self.vm.metrics, &mut self.vm.rng, None)
-            .0
     }
 
     /// [`Agent::admit_request`] for a filter with cost rules: a request
@@ -222,13 +220,13 @@ impl Agent {
         let estimate = charge::estimate_of(route, request);
         // What it was counted, not what it claimed: the charge of a stream
         // ending without a usage is bounded as its count was.
-        let (decision, counted) =
-            self.path
-                .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate));
+        let decision = self
+            .path
+            .decide(&mut self.vm.metrics, &mut self.vm.rng, Some(estimate));
         let pending = decision.admits().then(|| PendingCharge {
             key: self.path.cell.exact_key().to_owned(),
             rule: index,
-            estimate: counted,
+            estimate: self.path.last_counted_cost,
             parser: route.actual.body_cap.map(UsageParser::new),
             body_started: false,
             complete: false,

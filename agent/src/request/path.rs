@@ -53,6 +53,11 @@ pub(crate) struct RequestPath {
     pub(crate) cell: CellKeyBuf,
     /// The last request's decision.
     pub(crate) last: Decision,
+    /// What the last request with an estimate was counted
+    /// ([`sluice_core::directive::CellDirective::counted_cost`]); written
+    /// only for such a request, so a request without a cost rule pays
+    /// nothing for it.
+    pub(crate) last_counted_cost: u64,
     /// The 429 of the last dropped request.
     pub(crate) rejection: Option<Arc<RejectResponse>>,
     /// The reused buffer of the last request's record.
@@ -95,6 +100,7 @@ impl RequestPath {
             enforces_local: true,
             cell: CellKeyBuf::default(),
             last: Decision::default(),
+            last_counted_cost: 0,
             rejection: None,
             record: String::new(),
             responses: ResponseSampler::new(settings.upstream_sample_every),
@@ -120,16 +126,14 @@ impl RequestPath {
 
     /// Decides and counts a request of the cell in [`Self::cell`], of
     /// estimated cost `estimate` (`None`: the request has no cost rule),
-    /// which is what it weighs under a cost directive. Returns the
-    /// decision and the cost the request was counted
-    /// ([`sluice_core::directive::CellDirective::counted_cost`]; 0
-    /// without an estimate).
+    /// which is what it weighs under a cost directive; with an estimate,
+    /// what it was counted is left in [`Self::last_counted_cost`].
     pub(crate) fn decide(
         &mut self,
         metrics: &mut Metrics,
         rng: &mut SmallRng,
         estimate: Option<u64>,
-    ) -> (Decision, u64) {
+    ) -> Decision {
         // A bucket an aggregate pattern matches is decided and counted as
         // the bucket the pattern names.
         if let Some(pattern) = self.directives.aggregate_of(&self.cell.bucket) {
@@ -164,6 +168,9 @@ impl RequestPath {
             (Some(estimate), None) => (1, estimate),
             (None, _) => (1, 0),
         };
+        if estimate.is_some() {
+            self.last_counted_cost = counted_cost;
+        }
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
@@ -211,7 +218,7 @@ impl RequestPath {
         }
         metrics.count_decision(outcome, decided.reason);
         self.last = Decision { outcome, ..decided };
-        (self.last, counted_cost)
+        self.last
     }
 
     /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever

@@ -30,7 +30,13 @@ use tokio::signal::unix::{SignalKind, signal};
 // One thread: one core's worth of work at most, like one replica.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    sluice_benches::exit::run_to_exit("bench_service", run()).await
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench_service: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run() -> Result<()> {

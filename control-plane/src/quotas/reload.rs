@@ -61,12 +61,11 @@ async fn poll(
             .await
             .map_err(|err| format!("quota configuration poll failed: {err}"))?
             .map_err(|err| err.to_string());
-        let settled = last_read.as_ref() == Some(&loaded);
-        *last_read = Some(loaded.clone());
         // An error too is reported once it reads the same twice.
-        let replaced = if settled {
+        let replaced = if last_read.as_ref() == Some(&loaded) {
             loaded.and_then(|loaded| quotas.replace(loaded))
         } else {
+            *last_read = Some(loaded);
             Ok(false)
         };
         match replaced {
