@@ -195,8 +195,12 @@ pub struct Decision {
     pub reason: Option<DropReason>,
     /// What decided it.
     pub source: Source,
-    /// The governing directive's drop ratio (0 without one).
-    pub drop_ratio: f64,
+    /// The governing directive's drop ratio (0 without one), to the
+    /// precision a record prints. Single precision keeps the decision
+    /// within eight bytes, which a call returns in a register: a caller
+    /// that copies a decision written field by field into memory whole
+    /// stalls on the copy.
+    pub drop_ratio: f32,
     /// Whether the new-cell limit decided it: the cell has no directive
     /// and is limited locally (its [`Source`] says so only while the
     /// directives are fresh).
@@ -278,7 +282,7 @@ pub fn decide(
         outcome: outcome_of(drop),
         reason: drop,
         source: rules.source(false),
-        drop_ratio: directive.drop_ratio.get(),
+        drop_ratio: directive.drop_ratio.get() as f32,
         new_cell: false,
     }
 }

@@ -187,38 +187,33 @@ impl RequestPath {
             (true, Some(cached)) => Some(self.new_cells.response(cached, exact)),
             _ => None,
         };
-        let (enforce, response) = match (decided.reason, entry) {
-            (None, _) => (false, None),
-            (Some(reason), Some(entry)) => {
-                let fallback = reason == DropReason::FallbackLimit;
-                (
-                    entry.enforce,
-                    Some(Arc::clone(entry.response_for(fallback, weight))),
-                )
-            }
-            (Some(_), None) => (
-                self.enforces_local,
-                Some(
-                    new_cell_response.unwrap_or_else(|| self.new_cells.response(&mut None, exact)),
-                ),
-            ),
-        };
         // The mode: a drop this proxy does not enforce is a shadow drop.
-        let outcome = match (decided.reason, response) {
-            (Some(_), Some(response)) if enforce => {
-                self.rejection = Some(response);
+        let outcome = match (decided.reason, entry) {
+            (None, _) => Outcome::Admitted,
+            (Some(reason), Some(entry)) if entry.enforce => {
+                let fallback = reason == DropReason::FallbackLimit;
+                keep_rejection(&mut self.rejection, entry.response_for(fallback, weight));
+                Outcome::Dropped
+            }
+            (Some(_), None) if self.enforces_local => {
+                self.rejection = Some(
+                    new_cell_response.unwrap_or_else(|| self.new_cells.response(&mut None, exact)),
+                );
                 Outcome::Dropped
             }
             (Some(_), _) => Outcome::ShadowDropped,
-            (None, _) => Outcome::Admitted,
         };
         match record {
             Some(record) => record.count(outcome, counted_cost),
             None => self.cells.count_untracked(),
         }
         metrics.count_decision(outcome, decided.reason);
-        self.last = Decision { outcome, ..decided };
-        self.last
+        // Returned from the value, not read back from `self.last`: a read
+        // of the whole decision just written field by field would wait for
+        // the writes to land.
+        let last = Decision { outcome, ..decided };
+        self.last = last;
+        last
     }
 
     /// Closes the pacer's rate window every [`TICK_MS`] of clock, whatever
@@ -277,5 +272,18 @@ impl RequestPath {
         );
         self.pacer
             .budgets_for_directives(|key| directives.rates_for_cell(key));
+    }
+}
+
+/// Keeps `response` as the 429 of the last drop. A cell's drops in a row
+/// answer with the one already kept: its reference count is left alone
+/// (two atomic operations a drop saved).
+#[inline]
+fn keep_rejection(kept: &mut Option<Arc<RejectResponse>>, response: &Arc<RejectResponse>) {
+    if !kept
+        .as_ref()
+        .is_some_and(|kept| Arc::ptr_eq(kept, response))
+    {
+        *kept = Some(Arc::clone(response));
     }
 }

@@ -229,6 +229,36 @@ fn the_exact_cell_wins_then_the_bucket_wide_directive() {
 }
 
 #[test]
+fn each_drop_answers_with_its_own_cells_429() {
+    let mut fleet = Fleet::new(1);
+    fleet.ticks(2);
+    fleet.push_batch(batch(vec![
+        cell("api", "acme", Priority::Unspecified, 1.0),
+        cell("api", "globex", Priority::Unspecified, 1.0),
+    ]));
+    fleet.tick();
+    let agent = &mut fleet.vms[0].1;
+    let names_its_tenant = |agent: &Agent, tenant: &str| {
+        let response = agent.rejection().expect("a 429");
+        let body = String::from_utf8_lossy(&response.body).into_owned();
+        assert!(body.contains(tenant), "{body}");
+        Arc::strong_count(response)
+    };
+    agent.admit_cell("api", "acme", Priority::Unspecified);
+    let held = names_its_tenant(agent, "acme");
+    // Drops in a row of one cell keep the 429 already held.
+    agent.admit_cell("api", "acme", Priority::Unspecified);
+    assert_eq!(names_its_tenant(agent, "acme"), held);
+    // Cells taking turns each get their own.
+    for _ in 0..3 {
+        agent.admit_cell("api", "globex", Priority::Unspecified);
+        names_its_tenant(agent, "globex");
+        agent.admit_cell("api", "acme", Priority::Unspecified);
+        assert_eq!(names_its_tenant(agent, "acme"), held);
+    }
+}
+
+#[test]
 fn an_aggregate_patterns_buckets_are_one_cell_on_every_vm() {
     let mut fleet = Fleet::new(2);
     fleet.ticks(2);
