@@ -152,12 +152,7 @@ impl AppState {
             let policy = self.policy();
             let limits = &policy.limits;
             let budgets = limits.has_budgets();
-            let costed = |bucket: &str| {
-                budgets
-                    && limits
-                        .rule_for(bucket)
-                        .is_some_and(|l| l.budget().is_some())
-            };
+            let costed = |bucket: &str| budgets.then(|| limits.budget_rate(bucket)).flatten();
             let mut fleet = self.fleet();
             let load = fleet.tick_with(&costed);
             drop(policy);

@@ -493,11 +493,6 @@ pub fn run_workers(
     let mut costs = Costs::new(scenario, seed)?;
     // The buckets whose limit is a budget: the fleet hands on their cost
     // rates.
-    let budgets: Vec<&str> = if costs.is_some() {
-        scenario.buckets.iter().map(|b| b.name.as_str()).collect()
-    } else {
-        Vec::new()
-    };
     let policy = Policy {
         limits: limit_table(scenario)?,
         tenants: tenants(scenario)?,
@@ -762,7 +757,7 @@ pub fn run_workers(
         }
 
         if t_ms > 0 && t_ms % scenario.control_interval_ms == 0 {
-            let load = fleet.tick_with(&|bucket| budgets.contains(&bucket));
+            let load = fleet.tick_with(&|bucket| policy.limits.budget_rate(bucket));
             let adapted = adaptive.adapt(&policy, &health.take(), |bucket| {
                 load.get(bucket).map_or(0.0, |b| b.load.offered_rps)
             });

@@ -174,6 +174,14 @@ impl LimitTable {
 
     /// Whether any rule or the default is a budget: only then does a tick
     /// ask which buckets steer on cost.
+    /// The budget's rate of `bucket`, in cost units a second, when its
+    /// limit is a budget: what the fleet's sums steer it on.
+    pub fn budget_rate(&self, bucket: &str) -> Option<f64> {
+        self.rule_for(bucket)?
+            .budget()
+            .map(|budget| budget.rate().get())
+    }
+
     pub(crate) fn has_budgets(&self) -> bool {
         self.default.iter().any(|l| l.budget().is_some())
             || self.exact.values().any(|l| l.budget().is_some())

@@ -24,6 +24,18 @@ pub struct Rates {
 }
 
 impl Rates {
+    /// Counts at most `per_request` of estimated cost for each request,
+    /// offered or admitted: what a filter counts of one estimate under a
+    /// cost directive ([`sluice_core::directive::COUNTED_BUDGET_S`] of the
+    /// budget), applied to every proxy, so a cell no directive reached
+    /// yet cannot bring one claim of any size into the sums. The charged
+    /// cost, the usage of streams that ended, is a measure, not a claim,
+    /// and is left as reported.
+    pub(crate) fn bound_cost(&mut self, per_request: f64) {
+        self.offered_cost = self.offered_cost.min(self.offered_rps * per_request);
+        self.admitted_cost = self.admitted_cost.min(self.admitted_rps * per_request);
+    }
+
     /// The rates a bucket is steered on: requests, or for a bucket whose
     /// limit is a budget, cost. Shadow drops are counted in requests only,
     /// so their cost is estimated at the cell's mean offered cost.

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use sluice_proto::v1::Report;
 
 use sluice_core::Priority;
+use sluice_core::directive::COUNTED_BUDGET_S;
 
 pub mod health;
 mod interner;
@@ -307,6 +308,9 @@ struct Sums {
     cells: Vec<(BucketLoad, f64, BucketCost)>,
     /// Per bucket id: whether it steers on cost.
     costed: Vec<bool>,
+    /// Per bucket id steered on cost: the most estimated cost one request
+    /// counts ([`Rates::bound_cost`]).
+    cost_bounds: Vec<Option<f64>>,
     /// Per bucket id steered on cost: the mean cost per request of each
     /// (proxy, cell) this tick, then their median in the first place.
     mean_costs: Vec<Vec<f64>>,
@@ -756,7 +760,7 @@ impl Fleet {
     /// Closes the current window of every proxy and returns the fleet load,
     /// every bucket steered on requests.
     pub fn tick(&mut self) -> FleetLoad {
-        self.tick_with(&|_| false)
+        self.tick_with(&|_| None)
     }
 
     /// Closes the current window of every proxy and returns the fleet load.
@@ -767,13 +771,14 @@ impl Fleet {
     /// is forgotten at that point. Cells no proxy's rates mention are
     /// evicted.
     ///
-    /// Buckets for which `costed` answers true (their limit is a budget)
-    /// are summed, weighed by the share cap and handed on in cost per
+    /// Buckets for which `costed` answers a rate (their limit is a budget
+    /// of that many cost units a second) are summed, each request counting
+    /// at most [`COUNTED_BUDGET_S`] of the budget ([`Rates::bound_cost`]), weighed by the share cap and handed on in cost per
     /// second (`offered_cost`, `admitted_cost`) instead of requests: the
     /// controller, the share cap and the replicas then treat cost rates
     /// exactly as request rates, and [`BucketTraffic::cost`] keeps the
     /// request rates beside them.
-    pub fn tick_with(&mut self, costed: &dyn Fn(&str) -> bool) -> FleetLoad {
+    pub fn tick_with(&mut self, costed: &dyn Fn(&str) -> Option<f64>) -> FleetLoad {
         let carry_ticks = self.carry_ticks;
         let superseded = &mut self.superseded;
         superseded.clear();
@@ -814,9 +819,30 @@ impl Fleet {
         let buckets = self.cells.next_bucket as usize;
         sums.costed.clear();
         sums.costed.resize(buckets, false);
+        sums.cost_bounds.clear();
+        sums.cost_bounds.resize(buckets, None);
         for (name, cells) in &self.cells.buckets {
-            if let Some(slot) = sums.costed.get_mut(cells.id as usize) {
-                *slot = costed(name);
+            let budget = costed(name);
+            if let (Some(slot), Some(bound)) = (
+                sums.costed.get_mut(cells.id as usize),
+                sums.cost_bounds.get_mut(cells.id as usize),
+            ) {
+                *slot = budget.is_some();
+                *bound = budget.map(|rate| rate * COUNTED_BUDGET_S);
+            }
+        }
+        for proxy in self.proxies.values_mut().flatten() {
+            for (id, rates) in &mut proxy.rates {
+                let bound = self
+                    .cells
+                    .slots
+                    .get(*id as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|slot| sums.cost_bounds.get(slot.bucket as usize).copied())
+                    .flatten();
+                if let Some(per_request) = bound {
+                    rates.bound_cost(per_request);
+                }
             }
         }
         sums.last_proxy.clear();

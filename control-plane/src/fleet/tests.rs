@@ -963,7 +963,7 @@ fn a_costed_bucket_is_summed_and_steered_in_cost_per_second() {
             ]),
         )
         .unwrap();
-    let load = fleet.tick_with(&|bucket| bucket == "llm");
+    let load = fleet.tick_with(&|bucket| (bucket == "llm").then_some(20_000.0));
     let llm = load.get("llm").unwrap();
     // Steered on cost: 9,000 offered and 3,000 admitted per 0.5 s.
     assert_eq!(llm.load.offered_rps, 18_000.0);
@@ -997,6 +997,35 @@ fn a_costed_bucket_is_summed_and_steered_in_cost_per_second() {
     assert_eq!(load.get("llm").unwrap().load.offered_rps, 30.0);
 }
 
+/// A claim beyond ten seconds of the budget a request (a filter with no
+/// directive for the cell yet counts an estimate as stated) counts ten
+/// seconds, offered and admitted; the charged usage is a measure and is
+/// summed as reported.
+#[test]
+fn a_requests_cost_claim_counts_at_most_ten_seconds_of_the_budget() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let report = Report {
+        window_ms: 1000,
+        buckets: vec![
+            cost_count("llm", 2, 1, [1e9 + 500.0, 1e9, 3e6]),
+            cost_count("api", 1, 1, [1e9, 1e9, 0.0]),
+        ],
+        ..Report::default()
+    };
+    fleet.report("a", StreamId(1), &report).unwrap();
+    let budget = |bucket: &str| (bucket == "llm").then_some(20_000.0);
+    let load = fleet.tick_with(&budget);
+    let cost = load.get("llm").unwrap().cost.unwrap();
+    // Two requests of at most 200,000 tokens a second, one admitted.
+    assert_eq!(cost.offered_per_s, 400_000.0);
+    assert_eq!(cost.admitted_per_s, 200_000.0);
+    assert_eq!(cost.charged_per_s, 3e6);
+    assert_eq!(load.get("llm").unwrap().load.offered_rps, 400_000.0);
+    // A bucket limited in requests has no budget to bound by.
+    assert_eq!(load.get("api").unwrap().cost.unwrap().offered_per_s, 1e9);
+}
+
 #[test]
 fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
     // Five proxies each offering the same requests, one claiming 100× the
@@ -1022,7 +1051,7 @@ fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
         };
         fleet.report(&id, StreamId(i), &report).unwrap();
     }
-    let load = fleet.tick_with(&|_| true);
+    let load = fleet.tick_with(&|_| Some(20_000.0));
     let llm = load.get("llm").unwrap();
     assert!(
         llm.load.offered_rps < 10_000.0,
