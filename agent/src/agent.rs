@@ -226,7 +226,8 @@ impl Agent {
         let pending = decision.admits().then(|| PendingCharge {
             key: self.path.cell.exact_key().to_owned(),
             rule: index,
-            estimate: self.path.last_counted_cost,
+            estimate: self.path.last_cost.counted,
+            claimed: self.path.last_cost.claimed,
             parser: route.actual.body_cap.map(UsageParser::new),
             body_started: false,
             complete: false,
@@ -234,11 +235,13 @@ impl Agent {
         (decision, pending)
     }
 
-    /// Adds the actual cost of a stream that ended to its cell's counts,
-    /// and to the metrics by source.
+    /// Adds the actual cost of a stream that ended to its cell's counts
+    /// (with the usage its count at the decision left out,
+    /// [`PendingCharge::uncounted_usage`]), and to the metrics by source.
     pub fn charge(&mut self, pending: &PendingCharge, charge: Charge) {
         let directives = &self.path.directives;
-        let counted = self.path.cells.charge(&pending.key, charge.cost, || {
+        let late = pending.uncounted_usage(charge);
+        let counted = self.path.cells.charge(&pending.key, charge, late, || {
             parse_key(&pending.key).is_some_and(|(bucket, tenant, priority)| {
                 let wide = tenant.is_empty() && priority == sluice_core::Priority::Unspecified;
                 directives

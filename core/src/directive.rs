@@ -4,6 +4,8 @@
 //! directives stay fresh ([`DirectiveTtl`]). One rule for the side that
 //! sends them and the side that enforces them.
 
+use std::num::NonZeroU64;
+
 use serde::{Deserialize, Serialize};
 use sluice_proto::v1::Directive;
 
@@ -40,6 +42,10 @@ pub struct CellDirective {
     /// The period the budget was configured over, in seconds (at least 1);
     /// the 429's `RateLimit-Policy` window.
     pub budget_period_s: u64,
+    /// Under a budget, the most one request's estimate counts and weighs
+    /// when it is decided (`None`: only the budget's own bounds); see
+    /// [`CellDirective::counted_cost`].
+    pub estimate_cap: Option<NonZeroU64>,
 }
 
 /// The most one estimate counts under a cost budget, in seconds of the
@@ -76,17 +82,19 @@ impl CellDirective {
             offered_rps: finite_non_negative(wire.offered_rps)?,
             cost_unit: (!wire.cost_unit.is_empty()).then(|| wire.cost_unit.as_str().into()),
             budget_period_s: wire.budget_period_s.max(1),
+            estimate_cap: NonZeroU64::new(wire.estimate_cap),
         })
     }
 
     /// What a request of estimated cost `estimate` (`None`: no cost rule
     /// applies to it) weighs under this directive: 1 under a limit in
     /// requests; under a cost budget its estimate, at most a period of the
-    /// cell's budget, and 1 without one.
+    /// cell's budget and at most the directive's estimate cap, and 1
+    /// without one.
     #[inline]
     pub fn weight(&self, estimate: Option<u64>) -> u64 {
         match (&self.cost_unit, estimate) {
-            (Some(_), Some(estimate)) => estimate.min(self.max_weight()),
+            (Some(_), Some(estimate)) => self.capped(estimate.min(self.max_weight())),
             _ => 1,
         }
     }
@@ -101,14 +109,40 @@ impl CellDirective {
     /// seconds of the whole bucket's budget is beyond any honest request of
     /// a heavy tail (so no share is misjudged), and one such claim moves
     /// the cell's mean cost by a fraction.
+    ///
+    /// The directive's estimate cap bounds it further, to a multiple of the
+    /// cell's mean cost: ten seconds of a budget is still a debt that holds
+    /// the cell's honest requests off for seconds, and a false claim let
+    /// through is never shown false by a usage that counts less
+    /// ([`CellDirective::claimed_cost`] is what a usage may still add).
     #[inline]
     pub fn counted_cost(&self, estimate: u64) -> u64 {
+        self.capped(self.claimed_cost(estimate))
+    }
+
+    /// What a request of estimated cost `estimate` counts at most once its
+    /// stream reports a usage: its estimate, under a cost budget at most
+    /// [`COUNTED_BUDGET_S`] of the bucket's budget. A usage above
+    /// [`CellDirective::counted_cost`] adds the rest, up to this, when the
+    /// stream ends, so an honest request above the cap is counted whole,
+    /// only later.
+    #[inline]
+    pub fn claimed_cost(&self, estimate: u64) -> u64 {
         match (&self.cost_unit, self.limit_rps) {
             (Some(_), Some(limit)) => {
                 // The cast saturates; the limit is finite and non-negative.
                 estimate.min(((limit * COUNTED_BUDGET_S).ceil() as u64).max(1))
             }
             _ => estimate,
+        }
+    }
+
+    /// `cost` within the estimate cap, under a cost budget.
+    #[inline]
+    fn capped(&self, cost: u64) -> u64 {
+        match (&self.cost_unit, self.estimate_cap) {
+            (Some(_), Some(cap)) => cost.min(cap.get()),
+            _ => cost,
         }
     }
 
@@ -285,6 +319,51 @@ mod tests {
             ..per_minute
         });
         assert_eq!(blocked.unwrap().weight(Some(u64::MAX)), 1);
+    }
+
+    #[test]
+    fn the_estimate_cap_bounds_the_count_and_weight_not_what_a_usage_may_add() {
+        // 20,000 tokens a second written per minute, a cap of 16,000.
+        let budget = CellDirective::from_wire(&Directive {
+            estimate_cap: 16_000,
+            ..budget_wire()
+        })
+        .unwrap();
+        assert_eq!(budget.estimate_cap.map(NonZeroU64::get), Some(16_000));
+        for (estimate, counted, claimed) in [
+            (800, 800, 800),
+            (16_000, 16_000, 16_000),
+            (50_000, 16_000, 50_000),
+            (1_000_000_000, 16_000, 200_000),
+        ] {
+            assert_eq!(budget.counted_cost(estimate), counted, "{estimate}");
+            assert_eq!(budget.weight(Some(estimate)), counted, "{estimate}");
+            assert_eq!(budget.claimed_cost(estimate), claimed, "{estimate}");
+        }
+        // 0 is no cap; a limit in requests ignores it.
+        let uncapped = CellDirective::from_wire(&Directive {
+            estimate_cap: 0,
+            ..budget_wire()
+        })
+        .unwrap();
+        assert_eq!(uncapped.estimate_cap, None);
+        assert_eq!(uncapped.counted_cost(1_000_000_000), 200_000);
+        let requests = CellDirective::from_wire(&Directive {
+            estimate_cap: 5,
+            ..wire("llm")
+        })
+        .unwrap();
+        assert_eq!(requests.weight(Some(1_000)), 1);
+        assert_eq!(requests.counted_cost(1_000), 1_000);
+    }
+
+    fn budget_wire() -> Directive {
+        Directive {
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            limit_rps: Some(20_000.0),
+            ..wire("llm")
+        }
     }
 
     #[test]

@@ -301,17 +301,7 @@ impl TokenLoad {
                     }
                     while requests.try_join_next().is_some() {}
                     let tokens = sampler.tokens();
-                    let request = client
-                        .post(&url)
-                        .header("x-tenant", &stream.tenant)
-                        .header(ESTIMATE_HEADER, tokens)
-                        .header(OUTPUT_TOKENS_HEADER, tokens)
-                        .json(&json!({
-                            "model": "m",
-                            "messages": [{"role": "user", "content": "hi"}],
-                            "stream": true,
-                            "stream_options": {"include_usage": true},
-                        }));
+                    let request = completion(&client, &url, &stream.tenant, tokens, tokens);
                     let completions = Arc::clone(&completions);
                     let sent = at;
                     requests.spawn(async move {
@@ -368,6 +358,87 @@ impl TokenLoad {
     pub async fn finish(mut self) -> Vec<Completion> {
         while self.tasks.join_next().await.is_some() {}
         self.completions()
+    }
+}
+
+/// A streamed chat completion with its usage at the end, of `tenant`,
+/// stating `estimate` tokens and asking the upstream for `output_tokens`.
+pub fn completion(
+    client: &reqwest::Client,
+    url: &str,
+    tenant: &str,
+    estimate: u64,
+    output_tokens: u64,
+) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("x-tenant", tenant)
+        .header(ESTIMATE_HEADER, estimate)
+        .header(OUTPUT_TOKENS_HEADER, output_tokens)
+        .json(&json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }))
+}
+
+/// One cell's budget through one Envoy, as `token_budget.rs` and
+/// `token_claims.rs` hold it: 20,000 tokens a second written per minute,
+/// offered 3x by the tenant `default` for 18 s, measured from 3 s (before
+/// that the first directives are still settling).
+pub mod one_cell {
+    use std::time::Duration;
+
+    use anyhow::Result;
+
+    use super::{
+        BudgetPeriod, Completion, TokenFleet, TokenFleetOptions, TokenLoad, TokenStream,
+        admitted_tokens,
+    };
+    use crate::fleet::DataPlane;
+
+    /// Tokens per second fleet-wide (1,200,000 a minute).
+    pub const BUDGET_PER_S: f64 = 20_000.0;
+    /// The offered load over the budget.
+    pub const OFFERED: f64 = 3.0;
+    /// How long the load runs.
+    pub const LOAD: Duration = Duration::from_secs(18);
+    /// Where the measured span starts.
+    pub const MEASURE_FROM: Duration = Duration::from_secs(3);
+    /// The tenant of the load.
+    pub const TENANT: &str = "default";
+
+    /// The fleet and its load, started with `extra_filter` (see
+    /// [`TokenFleetOptions::extra_filter`]) and the load's `seed`; the
+    /// URL of the Envoy's completions.
+    pub async fn start(
+        data_plane: DataPlane,
+        extra_filter: serde_json::Value,
+        seed: u64,
+    ) -> Result<(TokenFleet, TokenLoad, String)> {
+        let mut options = TokenFleetOptions::new(BUDGET_PER_S, 1);
+        options.budget_period = BudgetPeriod::Minute;
+        options.data_plane = data_plane;
+        options.extra_filter = extra_filter;
+        let fleet = TokenFleet::start(options).await?;
+        let url = format!("{}/v1/chat/completions", fleet.fleet.url(0)?);
+        let load = TokenLoad::start(
+            &fleet,
+            vec![TokenStream::steady(0, TENANT, OFFERED * BUDGET_PER_S)],
+            LOAD,
+            seed,
+        )?;
+        Ok((fleet, load, url))
+    }
+
+    /// The tokens admitted over the measured span (the load's and
+    /// `more`), the budget's over it, and how far the first is from the
+    /// second (relative).
+    pub fn admitted_against_budget(completions: &[Completion], more: u64) -> (u64, f64, f64) {
+        let admitted = admitted_tokens(completions, MEASURE_FROM, LOAD, |_| true) + more;
+        let expected = BUDGET_PER_S * (LOAD - MEASURE_FROM).as_secs_f64();
+        (admitted, expected, admitted as f64 / expected - 1.0)
     }
 }
 

@@ -29,19 +29,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_integration_tests::fleet::DataPlane;
-use sluice_integration_tests::token_fleet::{
-    BUCKET, BudgetPeriod, ESTIMATE_HEADER, OUTPUT_TOKENS_HEADER, TokenFleet, TokenFleetOptions,
-    TokenLoad, TokenStream, admitted_tokens,
+use sluice_integration_tests::token_fleet::one_cell::{
+    self, BUDGET_PER_S, LOAD, MEASURE_FROM, OFFERED, TENANT,
 };
+use sluice_integration_tests::token_fleet::{BUCKET, completion};
 
-/// Tokens per second fleet-wide (1,200,000 a minute).
-const BUDGET_PER_S: f64 = 20_000.0;
-/// The offered load over the budget.
-const OFFERED: f64 = 3.0;
-/// How long the load runs.
-const LOAD: Duration = Duration::from_secs(18);
-/// Before this the first directives are still settling.
-const MEASURE_FROM: Duration = Duration::from_secs(3);
 /// The admitted tokens' bound, relative to the budget.
 const BOUND: f64 = 0.25;
 /// Tokens of each probe request (small: they are a sliver of the load).
@@ -58,22 +50,11 @@ async fn the_native_module_holds_a_token_budget() {
 }
 
 async fn holds_a_token_budget(data_plane: DataPlane) {
-    let mut options = TokenFleetOptions::new(BUDGET_PER_S, 1);
-    options.budget_period = BudgetPeriod::Minute;
-    options.data_plane = data_plane;
     // The IETF fields are the default; said here because they are tested.
-    options.extra_filter = json!({"response": {"ietf_headers": true}});
-    let limits = options.limits_yaml();
+    let extra_filter = json!({"response": {"ietf_headers": true}});
+    let (fleet, load, url) = one_cell::start(data_plane, extra_filter, 37).await.unwrap();
+    let limits = fleet.options.limits_yaml();
     assert!(limits.contains("per: minute"), "{limits}");
-    let fleet = TokenFleet::start(options).await.unwrap();
-    let url = format!("{}/v1/chat/completions", fleet.fleet.url(0).unwrap());
-    let load = TokenLoad::start(
-        &fleet,
-        vec![TokenStream::steady(0, "default", OFFERED * BUDGET_PER_S)],
-        LOAD,
-        37,
-    )
-    .unwrap();
 
     // Once the budget is enforced, probes until one is dropped; the
     // admitted ones are charged like the load's.
@@ -83,16 +64,7 @@ async fn holds_a_token_budget(data_plane: DataPlane) {
     let mut dropped = None;
     for _ in 0..60 {
         let sent = load.elapsed();
-        let response = client
-            .post(&url)
-            .header(ESTIMATE_HEADER, PROBE_TOKENS)
-            .header(OUTPUT_TOKENS_HEADER, PROBE_TOKENS)
-            .json(&json!({
-                "model": "m",
-                "messages": [{"role": "user", "content": "hi"}],
-                "stream": true,
-                "stream_options": {"include_usage": true},
-            }))
+        let response = completion(&client, &url, TENANT, PROBE_TOKENS, PROBE_TOKENS)
             .send()
             .await
             .unwrap();
@@ -147,9 +119,7 @@ async fn holds_a_token_budget(data_plane: DataPlane) {
     assert_eq!(problem["bucket"], BUCKET, "{problem}");
 
     let span = LOAD - MEASURE_FROM;
-    let admitted = admitted_tokens(&completions, MEASURE_FROM, LOAD, |_| true) + probe_tokens;
-    let expected = BUDGET_PER_S * span.as_secs_f64();
-    let error = admitted as f64 / expected - 1.0;
+    let (admitted, expected, error) = one_cell::admitted_against_budget(&completions, probe_tokens);
     let offered: u64 = completions
         .iter()
         .filter(|c| c.sent >= MEASURE_FROM)

@@ -24,6 +24,7 @@ use crate::request::classify::key_of_count;
 use crate::request::classify::parse_key;
 use crate::request::classify::{BUCKET_WIDE_PREFIX, BUCKET_WIDE_PREFIX_BYTES};
 use crate::request::reject::RejectResponse;
+use crate::usage::Charge;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -332,12 +333,21 @@ impl CellTable {
         }
     }
 
-    /// Adds the actual cost `cost` of a stream of the cell `key` that
-    /// ended, to be reported with this window's counts. A cell whose
+    /// Adds the actual cost of `charge`, a stream of the cell `key` that
+    /// ended, to be reported with this window's counts, and `late` to its
+    /// offered and admitted cost (the usage the request's count left
+    /// out, [`crate::request::charge::PendingCharge::uncounted_usage`]).
+    /// A cell whose
     /// record went (drained and idle) gets one again if it fits
     /// (`limited` tells whether it has a directive); the cost is lost and
     /// `false` returned if it does not.
-    pub fn charge(&mut self, key: &str, cost: u64, limited: impl FnOnce() -> bool) -> bool {
+    pub fn charge(
+        &mut self,
+        key: &str,
+        charge: Charge,
+        late: u64,
+        limited: impl FnOnce() -> bool,
+    ) -> bool {
         let len = self.records.len();
         let max_cells = self.max_cells;
         let record = self.records.get_or_try_insert(key, || {
@@ -346,7 +356,10 @@ impl CellTable {
         });
         match record {
             Some(record) => {
-                record.counts.charged_cost = record.counts.charged_cost.saturating_add(cost);
+                let counts = &mut record.counts;
+                counts.charged_cost = counts.charged_cost.saturating_add(charge.cost);
+                counts.offered_cost = counts.offered_cost.saturating_add(late);
+                counts.admitted_cost = counts.admitted_cost.saturating_add(late);
                 self.counted = true;
                 true
             }

@@ -5,7 +5,7 @@
 
 use crate::request::classify::RequestAttributes;
 use crate::usage::rules::CostRoute;
-use crate::usage::{Estimate, UsageParser};
+use crate::usage::{Charge, ChargeSource, Estimate, UsageParser};
 
 /// What a host keeps of an admitted request with a cost rule, from its
 /// request headers to its stream's end.
@@ -15,8 +15,11 @@ pub struct PendingCharge {
     pub(crate) key: String,
     /// Its rule in the configuration's [`crate::usage::rules::CostRules`].
     pub(crate) rule: usize,
-    /// Its estimate, counted as offered (and admitted) cost.
+    /// Its estimate as counted in offered (and admitted) cost.
     pub(crate) estimate: u64,
+    /// Its estimate within the budget's bound: a usage above `estimate`
+    /// is counted the rest, up to this, when the stream ends.
+    pub(crate) claimed: u64,
     /// The body's usage so far, when the rule reads the body.
     pub(crate) parser: Option<UsageParser>,
     /// Whether a chunk of the response body arrived.
@@ -30,6 +33,19 @@ impl PendingCharge {
     /// Its estimate.
     pub fn estimate(&self) -> u64 {
         self.estimate
+    }
+
+    /// What a stream's `charge` adds to its cell's offered and admitted
+    /// cost when it ends: the part of a reported usage above what the
+    /// request was counted, up to its claimed estimate. A request counted
+    /// at the estimate cap is so counted whole, only later; a claim the
+    /// usage shows false adds nothing; a charge without a usage (the
+    /// estimate, or the configured amount) adds nothing either.
+    pub(crate) fn uncounted_usage(&self, charge: Charge) -> u64 {
+        if charge.source == ChargeSource::Estimate {
+            return 0;
+        }
+        charge.cost.min(self.claimed).saturating_sub(self.estimate)
     }
 
     /// Its rule's index.

@@ -23,6 +23,17 @@ use sluice_core::decision::{self, CellState, Decision, Directed, Now, Outcome, R
 use sluice_core::regime::Regime;
 use std::sync::Arc;
 
+/// What a costed request was counted when decided, and the most its
+/// stream's usage may bring that to
+/// ([`sluice_core::directive::CellDirective::claimed_cost`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CountedCost {
+    /// Counted in its cell's offered (and admitted) cost at the decision.
+    pub(crate) counted: u64,
+    /// Its estimate within the budget's bound, at least `counted`.
+    pub(crate) claimed: u64,
+}
+
 /// What the request path reads and writes.
 #[derive(Debug)]
 pub(crate) struct RequestPath {
@@ -53,11 +64,10 @@ pub(crate) struct RequestPath {
     pub(crate) cell: CellKeyBuf,
     /// The last request's decision.
     pub(crate) last: Decision,
-    /// What the last request with an estimate was counted
-    /// ([`sluice_core::directive::CellDirective::counted_cost`]); written
-    /// only for such a request, so a request without a cost rule pays
-    /// nothing for it.
-    pub(crate) last_counted_cost: u64,
+    /// What the last request with an estimate was counted, and what a
+    /// usage may still add; written only for such a request, so a request
+    /// without a cost rule pays nothing for it.
+    pub(crate) last_cost: CountedCost,
     /// The 429 of the last dropped request.
     pub(crate) rejection: Option<Arc<RejectResponse>>,
     /// The reused buffer of the last request's record.
@@ -100,7 +110,7 @@ impl RequestPath {
             enforces_local: true,
             cell: CellKeyBuf::default(),
             last: Decision::default(),
-            last_counted_cost: 0,
+            last_cost: CountedCost::default(),
             rejection: None,
             record: String::new(),
             responses: ResponseSampler::new(settings.upstream_sample_every),
@@ -127,7 +137,7 @@ impl RequestPath {
     /// Decides and counts a request of the cell in [`Self::cell`], of
     /// estimated cost `estimate` (`None`: the request has no cost rule),
     /// which is what it weighs under a cost directive; with an estimate,
-    /// what it was counted is left in [`Self::last_counted_cost`].
+    /// what it was counted is left in [`Self::last_cost`].
     pub(crate) fn decide(
         &mut self,
         metrics: &mut Metrics,
@@ -160,17 +170,27 @@ impl RequestPath {
         // a request limit's decision never reads the directive's unit (a
         // cache line of its own in a table of many cells). A costed one
         // counts what its directive lets an estimate count.
-        let (weight, counted_cost) = match (estimate, entry.as_deref()) {
+        let (weight, cost) = match (estimate, entry.as_deref()) {
             (Some(estimate), Some(entry)) => (
                 entry.directive.weight(Some(estimate)),
-                entry.directive.counted_cost(estimate),
+                CountedCost {
+                    counted: entry.directive.counted_cost(estimate),
+                    claimed: entry.directive.claimed_cost(estimate),
+                },
             ),
-            (Some(estimate), None) => (1, estimate),
-            (None, _) => (1, 0),
+            (Some(estimate), None) => (
+                1,
+                CountedCost {
+                    counted: estimate,
+                    claimed: estimate,
+                },
+            ),
+            (None, _) => (1, CountedCost::default()),
         };
         if estimate.is_some() {
-            self.last_counted_cost = counted_cost;
+            self.last_cost = cost;
         }
+        let counted_cost = cost.counted;
         let directive = entry.as_deref_mut().map(|entry| Directed {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,

@@ -79,6 +79,15 @@ pub trait DropPolicy: Send + 'static {
     ) -> f64 {
         load.offered_rps
     }
+
+    /// The mean cost per request of a cell steered on cost, as this policy
+    /// estimates it over its long horizon, after the interval's
+    /// [`DropPolicy::offered_estimate`]; `None` (the default) when it
+    /// keeps none. The controller bounds what one request's estimate counts
+    /// at a multiple of it.
+    fn mean_cost(&mut self, _bucket: &str, _tenant: &str, _priority: Priority) -> Option<f64> {
+        None
+    }
 }
 
 /// What a cell's rates count.

@@ -328,6 +328,13 @@ impl DropPolicy for Tracking {
         }
         estimate.0
     }
+
+    fn mean_cost(&mut self, bucket: &str, tenant: &str, priority: Priority) -> Option<f64> {
+        let (states, key) = self.states_of(bucket, tenant, priority);
+        let split = states.get(key)?.split.as_ref()?;
+        let mean = split.cost_sum / split.requests_sum;
+        (split.requests_sum > 0.0 && mean.is_finite() && mean > 0.0).then_some(mean)
+    }
 }
 
 impl Tracking {

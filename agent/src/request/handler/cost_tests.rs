@@ -308,6 +308,18 @@ fn paced_directive(
     drop_ratio: f64,
     unit: &str,
 ) {
+    paced_capped_directive(agent, policy, bucket, drop_ratio, unit, 0);
+}
+
+/// [`paced_directive`] with an estimate cap (0: none).
+fn paced_capped_directive(
+    agent: &mut Agent,
+    policy: &RequestPolicy,
+    bucket: &'static str,
+    drop_ratio: f64,
+    unit: &str,
+    estimate_cap: u64,
+) {
     let mut table = DirectiveTable::new(100);
     table.merge(DirectiveBatch {
         version: 4,
@@ -318,6 +330,7 @@ fn paced_directive(
             limit_rps: Some(1_000_000.0),
             cost_unit: unit.into(),
             budget_period_s: 60,
+            estimate_cap,
             ..Default::default()
         }],
         ..Default::default()
@@ -398,6 +411,58 @@ fn an_estimate_beyond_ten_seconds_of_the_budget_counts_ten_seconds() {
     let charged = run(&mut agent, &policy, &mut claim, b"").unwrap();
     assert_eq!(charged.cost, 1_000_000_000);
     assert_eq!(drained(&mut agent, "llm").offered_cost, 1e9);
+}
+
+/// Under the directive's estimate cap a claim counts the cap when it is
+/// decided, and weighs it. A usage reported at the stream's end adds what
+/// the cap left out, up to the estimate; a usage below the count takes
+/// nothing back; a stream without a usage is charged what it was counted.
+#[test]
+fn an_estimate_counts_up_to_the_cap_and_a_usage_beyond_it_the_rest_later() {
+    let (mut agent, policy) = configured();
+    paced_capped_directive(&mut agent, &policy, "llm", 0.0, "tokens", 1_000);
+    let _ = drained(&mut agent, "llm");
+    let counts = |agent: &mut Agent| {
+        let count = drained(agent, "llm");
+        (count.offered_cost, count.admitted_cost, count.charged_cost)
+    };
+    let ended = |estimate: &'static str, usage: Option<&'static str>| {
+        let mut request = request("llm", estimate);
+        request.status = Some(b"200");
+        if let Some(usage) = usage {
+            request.response_headers.insert("x-usage", usage);
+        }
+        request
+    };
+    // A false claim: counted the cap, its usage of 22 takes nothing back.
+    let charged = run(
+        &mut agent,
+        &policy,
+        &mut ended("1000000000", Some("22")),
+        b"",
+    );
+    assert_eq!(charged.map(|c| c.cost), Some(22));
+    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 22.0));
+    // An honest heavy request: the cap now, the rest at its end.
+    let _ = run(&mut agent, &policy, &mut ended("5000", Some("4000")), b"");
+    assert_eq!(counts(&mut agent), (4_000.0, 4_000.0, 4_000.0));
+    // A usage beyond the estimate adds up to the estimate only, as an
+    // uncapped estimate counts.
+    let _ = run(&mut agent, &policy, &mut ended("3000", Some("9000")), b"");
+    assert_eq!(counts(&mut agent), (3_000.0, 3_000.0, 9_000.0));
+    // Below the cap nothing changes.
+    let _ = run(&mut agent, &policy, &mut ended("300", Some("900")), b"");
+    assert_eq!(counts(&mut agent), (300.0, 300.0, 900.0));
+    // Without a usage: charged, and counted, the cap.
+    let charged = run(&mut agent, &policy, &mut ended("1000000000", None), b"");
+    assert_eq!(
+        charged,
+        Some(Charge {
+            cost: 1_000,
+            source: ChargeSource::Estimate
+        })
+    );
+    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 1_000.0));
 }
 
 #[test]

@@ -324,6 +324,13 @@ fn a_token_budget_offered_three_times_drops_two_thirds_and_admits_the_budget() {
     assert_eq!(cost.budget.as_ref().unwrap().unit().as_str(), "tokens");
     assert!(cost.offered_requests_rps > 30.0, "{cost:?}");
     assert!(cost.offered_per_s > 30_000.0, "{cost:?}");
+    // One request's estimate counts at most a multiple of the mean cost.
+    let mean = cost.offered_per_s / cost.offered_requests_rps;
+    let cap = directive.estimate_cap as f64;
+    assert!(
+        within(cap, ESTIMATE_CAP_MEANS * mean, 0.25),
+        "an estimate cap of {cap} for a mean cost of {mean:.0}"
+    );
 }
 
 #[test]

@@ -91,6 +91,37 @@ struct Pushed {
     /// their local allowance from it. A reason to push on its own only
     /// when it grew by [`OFFERED_GROWTH`] under the limit.
     offered_rps: f64,
+    /// Under a budget, the most one request's estimate counts
+    /// ([`ESTIMATE_CAP_MEANS`] of the cell's mean cost; 0: no cap yet).
+    /// A reason to push on its own only when it moved by a factor of
+    /// [`ESTIMATE_CAP_MOVE`].
+    estimate_cap: u64,
+}
+
+/// A cell's estimate cap, in mean costs per request of the cell.
+///
+/// A request's estimate is often the client's to state (a header), and
+/// what it counts steers the cell: a claim let through is a debt the
+/// cell's balance repays, a claim dropped is a credit its proxy's coin
+/// admits in a burst, and either moves the mean cost. Costs of LLM
+/// requests are heavy-tailed but not boundless: with log-normal tokens
+/// of σ ≈ 1.2 (median 500, p99 8,000) one request in a few thousand is
+/// beyond 16 means. A request beyond the cap is counted the rest, up to
+/// its estimate, when its stream reports its usage, so honest heavy
+/// requests still count whole (later), and a false claim counts as one
+/// heavy request.
+pub(crate) const ESTIMATE_CAP_MEANS: f64 = 16.0;
+/// A cell's estimate cap is pushed on its own when it moved by more than
+/// this factor either way: a cap a little stale bounds a claim as well.
+const ESTIMATE_CAP_MOVE: f64 = 2.0;
+
+/// The estimate cap of a cell whose mean cost per request is `mean`.
+fn estimate_cap(mean: Option<f64>) -> u64 {
+    match mean {
+        // The cast saturates; the mean is finite and positive.
+        Some(mean) => ((mean * ESTIMATE_CAP_MEANS).ceil() as u64).max(1),
+        None => 0,
+    }
 }
 
 /// Under its limit (drop ratio 0) a cell's proxies cap themselves at their
@@ -115,7 +146,14 @@ impl Pushed {
             || self.retry_after_ms != next.retry_after_ms
             || self.burst != next.burst
             || self.reporting_proxies != next.reporting_proxies
+            || cap_moved(self.estimate_cap, next.estimate_cap)
     }
+}
+
+/// Whether an estimate cap moved enough to be pushed on its own.
+fn cap_moved(old: u64, new: u64) -> bool {
+    let (old, new) = (old as f64, new as f64);
+    (old == 0.0) != (new == 0.0) || new > old * ESTIMATE_CAP_MOVE || old > new * ESTIMATE_CAP_MOVE
 }
 
 /// What was pushed for one cell.
@@ -466,7 +504,14 @@ impl Controller {
                 signal,
             );
             let dropping = ratio > DropRatio::NEVER;
+            let mean_cost = match (signal, limit) {
+                (Signal::Cost, Some(_)) => {
+                    self.policy.mean_cost(bucket, &cell.tenant, cell.priority)
+                }
+                _ => None,
+            };
             let next = Pushed {
+                estimate_cap: estimate_cap(mean_cost),
                 drop_ratio: ratio,
                 limit,
                 offered_rps: cell.load.offered_rps,
@@ -758,5 +803,6 @@ fn directive(
         uncounted_admit: counted.uncounted_admit(),
         cost_unit: cost.map_or_else(String::new, |c| c.unit.as_str().to_owned()),
         budget_period_s: cost.map_or(0, |c| c.period_s),
+        estimate_cap: pushed.estimate_cap,
     }
 }
