@@ -16,7 +16,7 @@
 
 use serde::Deserialize;
 
-use memchr::{memchr, memchr3};
+use memchr::{memchr, memchr3, memrchr_iter};
 
 use super::scanner::{Scanner, Step, may_begin_capture};
 use super::tokens::Usage;
@@ -230,7 +230,8 @@ impl UsageParser {
 
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
-        let mut rest = chunk;
+        let chunk = self.framing_of_first_bytes(chunk);
+        let mut rest = self.whole_events_without_usage(chunk);
         while let Some((&b, after)) = rest.split_first() {
             if let Framing::Sse(Line::DataStart) = self.framing {
                 rest = self.data_line_start(rest);
@@ -258,6 +259,55 @@ impl UsageParser {
                 }
                 _ => self.byte(b),
             }
+        }
+    }
+
+    /// Recognises server-sent events by the body's first byte that is no
+    /// blank, before the chunk's events are looked at: what is left of
+    /// `chunk` from that byte, which is read as the first of a line. Any
+    /// other body is recognised byte by byte.
+    fn framing_of_first_bytes<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
+        if self.framing != Framing::Unknown {
+            return chunk;
+        }
+        let first = chunk.trim_ascii_start();
+        match first.first() {
+            // `data:`, `event:`, `id:`, `retry:` or a comment.
+            Some(b'd' | b'e' | b'i' | b'r' | b':') => {
+                self.framing = Framing::Sse(LINE_START);
+                first
+            }
+            _ => chunk,
+        }
+    }
+
+    /// What is left of `chunk` once the events it ends, up to its last
+    /// blank line, are passed over, when nothing in them can begin a
+    /// capture and the scanner stands at rest; else all of it. Scanned,
+    /// each of those lines would leave the scanner at rest (a line that
+    /// begins no capture is forgotten at its end) and the blank line would
+    /// reset it: passed over, the scanner is reset and the next line
+    /// begins. Most chunks of a stream are whole events without a usage,
+    /// so they cost two searches each.
+    fn whole_events_without_usage<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
+        if !matches!(self.framing, Framing::Sse(_)) || !self.scanner.at_rest() {
+            return chunk;
+        }
+        // The last line end that follows another; the common chunk ends
+        // with one.
+        let Some(end) = memrchr_iter(b'\n', chunk)
+            .find(|&at| at > 0 && chunk.get(at - 1) == Some(&b'\n'))
+            .map(|at| at + 1)
+        else {
+            return chunk;
+        };
+        match chunk.get(..end) {
+            Some(events) if !may_begin_capture(events) => {
+                self.scanner.reset();
+                self.framing = Framing::Sse(LINE_START);
+                chunk.get(end..).unwrap_or_default()
+            }
+            _ => chunk,
         }
     }
 
@@ -624,6 +674,22 @@ mod properties {
         ) {
             let body: Vec<u8> = lines.iter().flat_map(|&i| LINES[i].bytes()).collect();
             prop_assert_eq!(in_pieces(&body, &cuts, cap), in_pieces(&body, &[], cap));
+        }
+
+        /// The same streams fed whole, in any chunks and one byte at a
+        /// time (where no chunk holds a whole event, so none is passed
+        /// over before it is scanned) agree.
+        #[test]
+        fn events_passed_over_or_scanned_byte_by_byte_agree(
+            lines in proptest::collection::vec(0_usize..LINES.len(), 0..24),
+            cuts in proptest::collection::vec(any::<usize>(), 0..16),
+            cap in 0_usize..96,
+        ) {
+            let body: Vec<u8> = lines.iter().flat_map(|&i| LINES[i].bytes()).collect();
+            let every_byte: Vec<usize> = (0..body.len()).collect();
+            let by_bytes = in_pieces(&body, &every_byte, cap);
+            prop_assert_eq!(in_pieces(&body, &cuts, cap), by_bytes);
+            prop_assert_eq!(in_pieces(&body, &[], cap), by_bytes);
         }
 
         /// Valid streams with bytes spliced in: no panic, bounded.

@@ -4,9 +4,7 @@
 //! value pass without being stored. Malformed input is never an error: it
 //! only yields no usage.
 
-use std::sync::LazyLock;
-
-use memchr::memmem;
+use memchr::memchr_iter;
 
 /// Keys whose object value is captured.
 const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
@@ -14,15 +12,15 @@ const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
 /// be a target exactly while it is a prefix of this one, which the scanner
 /// checks one byte at a time.
 const LONGEST_TARGET: &[u8] = b"usageMetadata";
-/// What every target key starts with, its opening quote included.
-static TARGET_START: LazyLock<memmem::Finder<'static>> =
-    LazyLock::new(|| memmem::Finder::new(b"\"usage"));
 /// Longest key compared (longer ones are not targets).
 const KEY_BYTES: usize = 16;
 /// Usage objects deeper than this are not captured (OpenAI's and Gemini's
 /// are at depth 1, Anthropic's `message.usage` at 2, a Gemini JSON array's
 /// at 2).
 const MAX_KEY_DEPTH: u32 = 3;
+
+/// Bytes a usage object of one of the three providers takes, about.
+const USUAL_CAPTURE: usize = 256;
 
 /// What one byte did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +180,9 @@ impl Scanner {
                 return Step::Overflow;
             }
             self.capture.clear();
+            // One allocation for a usage object of the usual size, rather
+            // than growing it byte by byte.
+            self.capture.reserve(self.cap.min(USUAL_CAPTURE));
             self.capture.push(b);
             self.capture_depth = Some(self.depth);
             self.began_capture = true;
@@ -250,16 +251,21 @@ impl Scanner {
 /// target key, quoted, then `:` and `{` (blanks between). A capture begins
 /// on nothing else (the converse need not hold: the quote may stand in a
 /// string, or deeper than targets are read), so bytes without one can
-/// pass unscanned, found in one search.
+/// pass unscanned. Found from each `{` backwards: a JSON event holds a few
+/// of them, while a search for the key's first bytes stops at every quote.
 pub(crate) fn may_begin_capture(bytes: &[u8]) -> bool {
-    TARGET_START.find_iter(bytes).any(|at| {
-        let key_on = bytes.get(at.saturating_add(1)..).unwrap_or_default();
+    memchr_iter(b'{', bytes).any(|brace| {
+        let before = bytes.get(..brace).unwrap_or_default().trim_ascii_end();
+        let Some(key) = before
+            .strip_suffix(b":")
+            .map(<[u8]>::trim_ascii_end)
+            .and_then(|key| key.strip_suffix(b"\""))
+        else {
+            return false;
+        };
         TARGETS.iter().any(|target| {
-            key_on
-                .strip_prefix(*target)
-                .and_then(|rest| rest.strip_prefix(b"\""))
-                .and_then(|rest| rest.trim_ascii_start().strip_prefix(b":"))
-                .is_some_and(|rest| rest.trim_ascii_start().first() == Some(&b'{'))
+            key.strip_suffix(*target)
+                .is_some_and(|opened| opened.last() == Some(&b'"'))
         })
     })
 }
