@@ -282,7 +282,12 @@ const MEAN_COST_SPREAD: f64 = 4.0;
 /// rate, or for a bucket steered on cost whose median cost per request is
 /// known, its requests at that median, scaled up by how far its own mean
 /// cost per request exceeds [`MEAN_COST_SPREAD`] times the median.
-fn cost_claim(mean_costs: &[Vec<f64>], costed: &[bool], bucket: u32, rates: &Rates) -> f64 {
+fn cost_claim(
+    mean_costs: &[Vec<f64>],
+    cost_bounds: &[Option<f64>],
+    bucket: u32,
+    rates: &Rates,
+) -> f64 {
     let median = mean_costs
         .get(bucket as usize)
         .and_then(|m| m.first().copied())
@@ -292,12 +297,16 @@ fn cost_claim(mean_costs: &[Vec<f64>], costed: &[bool], bucket: u32, rates: &Rat
             let mean = rates.offered_cost / rates.offered_rps;
             rates.offered_rps * median * (mean / (MEAN_COST_SPREAD * median)).max(1.0)
         }
-        _ => {
-            rates
-                .steering(costed.get(bucket as usize).copied().unwrap_or(false))
-                .0
-        }
+        _ => rates.steering(steers_on_cost(cost_bounds, bucket)).0,
     }
+}
+
+/// Whether the bucket `bucket` steers on cost: it has a bound per request
+/// in `cost_bounds` ([`Sums::cost_bounds`]).
+fn steers_on_cost(cost_bounds: &[Option<f64>], bucket: u32) -> bool {
+    cost_bounds
+        .get(bucket as usize)
+        .is_some_and(Option::is_some)
 }
 
 /// Per-tick sums, kept between ticks so the arrays are allocated once.
@@ -306,10 +315,8 @@ struct Sums {
     /// Per cell id: the steering load, its shadow-dropped rate, and the
     /// cost and request rates side by side.
     cells: Vec<(BucketLoad, f64, BucketCost)>,
-    /// Per bucket id: whether it steers on cost.
-    costed: Vec<bool>,
-    /// Per bucket id steered on cost: the most estimated cost one request
-    /// counts ([`Rates::bound_cost`]).
+    /// Per bucket id: the most estimated cost one request counts
+    /// ([`Rates::bound_cost`]) when the bucket steers on cost, else `None`.
     cost_bounds: Vec<Option<f64>>,
     /// Per bucket id steered on cost: the mean cost per request of each
     /// (proxy, cell) this tick, then their median in the first place.
@@ -773,8 +780,9 @@ impl Fleet {
     ///
     /// Buckets for which `costed` answers a rate (their limit is a budget
     /// of that many cost units a second) are summed, each request counting
-    /// at most [`COUNTED_BUDGET_S`] of the budget ([`Rates::bound_cost`]), weighed by the share cap and handed on in cost per
-    /// second (`offered_cost`, `admitted_cost`) instead of requests: the
+    /// at most [`COUNTED_BUDGET_S`] of the budget ([`Rates::bound_cost`]),
+    /// weighed by the share cap and handed on in cost per second
+    /// (`offered_cost`, `admitted_cost`) instead of requests: the
     /// controller, the share cap and the replicas then treat cost rates
     /// exactly as request rates, and [`BucketTraffic::cost`] keeps the
     /// request rates beside them.
@@ -817,18 +825,11 @@ impl Fleet {
             (BucketLoad::default(), 0.0, BucketCost::default()),
         );
         let buckets = self.cells.next_bucket as usize;
-        sums.costed.clear();
-        sums.costed.resize(buckets, false);
         sums.cost_bounds.clear();
         sums.cost_bounds.resize(buckets, None);
         for (name, cells) in &self.cells.buckets {
-            let budget = costed(name);
-            if let (Some(slot), Some(bound)) = (
-                sums.costed.get_mut(cells.id as usize),
-                sums.cost_bounds.get_mut(cells.id as usize),
-            ) {
-                *slot = budget.is_some();
-                *bound = budget.map(|rate| rate * COUNTED_BUDGET_S);
+            if let Some(bound) = sums.cost_bounds.get_mut(cells.id as usize) {
+                *bound = costed(name).map(|rate| rate * COUNTED_BUDGET_S);
             }
         }
         for proxy in self.proxies.values_mut().flatten() {
@@ -863,11 +864,7 @@ impl Fleet {
                 let Some(Some(slot)) = self.cells.slots.get(id as usize) else {
                     continue;
                 };
-                if sums
-                    .costed
-                    .get(slot.bucket as usize)
-                    .copied()
-                    .unwrap_or(false)
+                if steers_on_cost(&sums.cost_bounds, slot.bucket)
                     && rates.offered_rps > 0.0
                     && let Some(means) = mean_costs.get_mut(slot.bucket as usize)
                 {
@@ -890,7 +887,7 @@ impl Fleet {
                 proxy.established(),
                 proxy.rates.iter().filter_map(|&(id, rates)| {
                     let slot = slots.get(id as usize)?.as_ref()?;
-                    let claim = cost_claim(mean_costs, &sums.costed, slot.bucket, &rates);
+                    let claim = cost_claim(mean_costs, &sums.cost_bounds, slot.bucket, &rates);
                     Some((slot.bucket, claim))
                 }),
             );
@@ -910,13 +907,10 @@ impl Fleet {
                 if factor < 1.0 && factor > 0.0 {
                     // The cap cut the claim as weighed; of the cost it
                     // counts no more than that.
-                    let claim = cost_claim(&sums.mean_costs, &sums.costed, slot.bucket, &rates);
-                    let (offered, _, _) = rates.steering(
-                        sums.costed
-                            .get(slot.bucket as usize)
-                            .copied()
-                            .unwrap_or(false),
-                    );
+                    let claim =
+                        cost_claim(&sums.mean_costs, &sums.cost_bounds, slot.bucket, &rates);
+                    let (offered, _, _) =
+                        rates.steering(steers_on_cost(&sums.cost_bounds, slot.bucket));
                     if offered > 0.0 {
                         factor = (claim * factor / offered).min(1.0);
                     }
@@ -929,7 +923,7 @@ impl Fleet {
                     }
                     continue;
                 }
-                let steered = sums.costed.get(bucket).copied().unwrap_or(false);
+                let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
                 if let Some((sum, shadow, cost)) = sums.cells.get_mut(id as usize) {
                     let (offered, admitted, shadow_dropped) = rates.steering(steered);
                     sum.offered_rps += offered * factor;
@@ -1049,7 +1043,7 @@ impl Fleet {
                 proxy_cap: sums.caps.get_mut(cells.id as usize).and_then(Option::take),
                 cost: None,
             };
-            let steered = sums.costed.get(cells.id as usize).copied().unwrap_or(false);
+            let steered = steers_on_cost(&sums.cost_bounds, cells.id);
             let mut bucket_cost = BucketCost {
                 steered,
                 ..BucketCost::default()
