@@ -11,6 +11,26 @@ use sluice_proto::v1::Directive;
 
 use crate::{DropRatio, DropReason, DropThreshold, MAX_BUCKET_KEY_BYTES, MAX_TENANT_BYTES};
 
+/// What a costed request counts when decided, and the most its stream's
+/// usage may bring that to ([`CellDirective::count`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountedCost {
+    /// Counted in its cell's offered (and admitted) cost at the decision.
+    pub counted: u64,
+    /// Its estimate within the budget's bound, at least `counted`.
+    pub claimed: u64,
+}
+
+impl CountedCost {
+    /// An estimate counted whole (no directive bounds it).
+    pub const fn whole(estimate: u64) -> Self {
+        Self {
+            counted: estimate,
+            claimed: estimate,
+        }
+    }
+}
+
 /// A validated directive of one cell.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellDirective {
@@ -44,12 +64,12 @@ pub struct CellDirective {
     pub budget_period_s: u64,
     /// Under a budget, the most one request's estimate counts and weighs
     /// when it is decided (`None`: only the budget's own bounds); see
-    /// [`CellDirective::counted_cost`].
+    /// [`CellDirective::count`].
     pub estimate_cap: Option<NonZeroU64>,
 }
 
 /// The most one estimate counts under a cost budget, in seconds of the
-/// bucket's budget ([`CellDirective::counted_cost`]).
+/// bucket's budget ([`CellDirective::count`]).
 pub const COUNTED_BUDGET_S: f64 = 10.0;
 
 impl CellDirective {
@@ -100,8 +120,10 @@ impl CellDirective {
     }
 
     /// What a request of estimated cost `estimate` counts in its cell's
-    /// offered (and admitted) cost, and is charged if its stream ends
-    /// without a usage: under a cost budget at most
+    /// offered (and admitted) cost, and at most once its stream reports a
+    /// usage ([`CountedCost`]).
+    ///
+    /// Under a cost budget the claim is its estimate, at most
     /// [`COUNTED_BUDGET_S`] of the bucket's budget; otherwise its
     /// estimate, which steers nothing. An estimate is often the client's
     /// to state, and the controller steers on these counts: one claim of a
@@ -110,30 +132,25 @@ impl CellDirective {
     /// a heavy tail (so no share is misjudged), and one such claim moves
     /// the cell's mean cost by a fraction.
     ///
-    /// The directive's estimate cap bounds it further, to a multiple of the
-    /// cell's mean cost: ten seconds of a budget is still a debt that holds
-    /// the cell's honest requests off for seconds, and a false claim let
-    /// through is never shown false by a usage that counts less
-    /// ([`CellDirective::claimed_cost`] is what a usage may still add).
+    /// What is counted at the decision is the claim within the directive's
+    /// estimate cap, a multiple of the cell's mean cost: ten seconds of a
+    /// budget is still a debt that holds the cell's honest requests off
+    /// for seconds, and a false claim let through is never shown false by
+    /// a usage that counts less. A usage above the count adds the rest, up
+    /// to the claim, when the stream ends, so an honest request above the
+    /// cap is counted whole, only later.
     #[inline]
-    pub fn counted_cost(&self, estimate: u64) -> u64 {
-        self.capped(self.claimed_cost(estimate))
-    }
-
-    /// What a request of estimated cost `estimate` counts at most once its
-    /// stream reports a usage: its estimate, under a cost budget at most
-    /// [`COUNTED_BUDGET_S`] of the bucket's budget. A usage above
-    /// [`CellDirective::counted_cost`] adds the rest, up to this, when the
-    /// stream ends, so an honest request above the cap is counted whole,
-    /// only later.
-    #[inline]
-    pub fn claimed_cost(&self, estimate: u64) -> u64 {
-        match (&self.cost_unit, self.limit_rps) {
+    pub fn count(&self, estimate: u64) -> CountedCost {
+        let claimed = match (&self.cost_unit, self.limit_rps) {
             (Some(_), Some(limit)) => {
                 // The cast saturates; the limit is finite and non-negative.
                 estimate.min(((limit * COUNTED_BUDGET_S).ceil() as u64).max(1))
             }
             _ => estimate,
+        };
+        CountedCost {
+            counted: self.capped(claimed),
+            claimed,
         }
     }
 
@@ -336,9 +353,12 @@ mod tests {
             (50_000, 16_000, 50_000),
             (1_000_000_000, 16_000, 200_000),
         ] {
-            assert_eq!(budget.counted_cost(estimate), counted, "{estimate}");
+            assert_eq!(
+                budget.count(estimate),
+                CountedCost { counted, claimed },
+                "{estimate}"
+            );
             assert_eq!(budget.weight(Some(estimate)), counted, "{estimate}");
-            assert_eq!(budget.claimed_cost(estimate), claimed, "{estimate}");
         }
         // 0 is no cap; a limit in requests ignores it.
         let uncapped = CellDirective::from_wire(&Directive {
@@ -347,14 +367,14 @@ mod tests {
         })
         .unwrap();
         assert_eq!(uncapped.estimate_cap, None);
-        assert_eq!(uncapped.counted_cost(1_000_000_000), 200_000);
+        assert_eq!(uncapped.count(1_000_000_000).counted, 200_000);
         let requests = CellDirective::from_wire(&Directive {
             estimate_cap: 5,
             ..wire("llm")
         })
         .unwrap();
         assert_eq!(requests.weight(Some(1_000)), 1);
-        assert_eq!(requests.counted_cost(1_000), 1_000);
+        assert_eq!(requests.count(1_000), CountedCost::whole(1_000));
     }
 
     fn budget_wire() -> Directive {

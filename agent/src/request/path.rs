@@ -20,19 +20,9 @@ use crate::upstream::ResponseSampler;
 use rand::rngs::SmallRng;
 use sluice_core::DropReason;
 use sluice_core::decision::{self, CellState, Decision, Directed, Now, Outcome, Rules};
+use sluice_core::directive::CountedCost;
 use sluice_core::regime::Regime;
 use std::sync::Arc;
-
-/// What a costed request was counted when decided, and the most its
-/// stream's usage may bring that to
-/// ([`sluice_core::directive::CellDirective::claimed_cost`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct CountedCost {
-    /// Counted in its cell's offered (and admitted) cost at the decision.
-    pub(crate) counted: u64,
-    /// Its estimate within the budget's bound, at least `counted`.
-    pub(crate) claimed: u64,
-}
 
 /// What the request path reads and writes.
 #[derive(Debug)]
@@ -173,18 +163,9 @@ impl RequestPath {
         let (weight, cost) = match (estimate, entry.as_deref()) {
             (Some(estimate), Some(entry)) => (
                 entry.directive.weight(Some(estimate)),
-                CountedCost {
-                    counted: entry.directive.counted_cost(estimate),
-                    claimed: entry.directive.claimed_cost(estimate),
-                },
+                entry.directive.count(estimate),
             ),
-            (Some(estimate), None) => (
-                1,
-                CountedCost {
-                    counted: estimate,
-                    claimed: estimate,
-                },
-            ),
+            (Some(estimate), None) => (1, CountedCost::whole(estimate)),
             (None, _) => (1, CountedCost::default()),
         };
         if estimate.is_some() {

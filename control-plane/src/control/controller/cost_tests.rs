@@ -849,7 +849,7 @@ fn a_proxy_that_never_enforces_cannot_shut_the_budget() {
 }
 
 /// One request claiming ten seconds of the budget (the most the filter
-/// counts one estimate under a directive, `CellDirective::counted_cost`),
+/// counts one estimate under a directive, `CellDirective::count`),
 /// dropped, among 60 requests of 500 tokens a window at 3x the budget;
 /// or a billion tokens claimed by the first request through a proxy
 /// that just started, which has no directive for the cell yet and counts
