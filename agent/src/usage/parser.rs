@@ -16,7 +16,7 @@
 
 use serde::Deserialize;
 
-use memchr::{memchr, memchr3, memrchr_iter};
+use memchr::{memchr, memrchr_iter};
 
 use super::scanner::{Scanner, Step, may_begin_capture};
 use super::tokens::Usage;
@@ -237,10 +237,18 @@ impl UsageParser {
                 rest = self.data_line_start(rest);
                 continue;
             }
-            let skip = self.skippable(rest);
-            if skip > 0 {
-                rest = rest.get(skip..).unwrap_or_default();
+            if let Some(end) = self.document_bytes(rest) {
+                let (read, step) = self.scanner.run(rest.get(..end).unwrap_or_default());
+                rest = rest.get(read..).unwrap_or_default();
+                self.take_step(step);
                 continue;
+            }
+            if let Framing::Sse(Line::Skip) = self.framing {
+                let end = memchr(b'\n', rest).unwrap_or(rest.len());
+                if end > 0 {
+                    rest = rest.get(end..).unwrap_or_default();
+                    continue;
+                }
             }
             rest = after;
             match self.framing {
@@ -328,28 +336,18 @@ impl UsageParser {
         rest
     }
 
-    /// How many of `bytes`' first bytes change nothing (the rest of a
-    /// skipped SSE line, the inside of a string that is no key, what lies
-    /// between values): the content of a response passes in a few
-    /// searches.
+    /// How many of `bytes`' first bytes are the JSON document's and go
+    /// to the scanner as they are, in bulk: all of a JSON body, the rest
+    /// of a `data:` line up to its end (whose byte ends the line); `None`
+    /// when there are none.
     #[inline]
-    fn skippable(&self, bytes: &[u8]) -> usize {
-        let found = match self.framing {
-            Framing::Sse(Line::Skip) => memchr(b'\n', bytes),
-            Framing::Sse(Line::Data { .. }) | Framing::Json => {
-                if self.scanner.in_plain_string() {
-                    memchr3(b'"', b'\\', b'\n', bytes)
-                } else if self.scanner.between_values() {
-                    bytes
-                        .iter()
-                        .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b'\n'))
-                } else {
-                    return 0;
-                }
-            }
-            Framing::Unknown | Framing::Sse(_) | Framing::GaveUp(_) => return 0,
+    fn document_bytes(&self, bytes: &[u8]) -> Option<usize> {
+        let end = match self.framing {
+            Framing::Json => bytes.len(),
+            Framing::Sse(Line::Data { .. }) => memchr(b'\n', bytes).unwrap_or(bytes.len()),
+            Framing::Unknown | Framing::Sse(_) | Framing::GaveUp(_) => return None,
         };
-        found.unwrap_or(bytes.len())
+        (end > 0).then_some(end)
     }
 
     #[inline]
@@ -368,7 +366,13 @@ impl UsageParser {
 
     #[inline]
     fn json_byte(&mut self, b: u8) {
-        match self.scanner.byte(b) {
+        let step = self.scanner.byte(b);
+        self.take_step(step);
+    }
+
+    #[inline]
+    fn take_step(&mut self, step: Step) {
+        match step {
             Step::Continue => {}
             Step::Captured => self.take_capture(),
             Step::Overflow => self.framing = Framing::GaveUp(Outcome::OverCap),

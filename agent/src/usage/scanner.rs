@@ -1,10 +1,12 @@
 //! A streaming JSON scanner that keeps only the objects under the keys
 //! `usage` and `usageMetadata` (at most [`MAX_KEY_DEPTH`] levels deep),
-//! byte by byte, whatever the chunking: strings, numbers and every other
-//! value pass without being stored. Malformed input is never an error: it
-//! only yields no usage.
+//! whatever the chunking: strings, numbers and every other value pass
+//! without being stored. It decides byte by byte on quotes, brackets and
+//! the bytes of a possible key, and passes the runs between them in one
+//! search ([`Scanner::run`]). Malformed input is never an error: it only
+//! yields no usage.
 
-use memchr::memchr_iter;
+use memchr::{memchr_iter, memchr2};
 
 /// Keys whose object value is captured.
 const TARGETS: [&[u8]; 2] = [b"usage", b"usageMetadata"];
@@ -33,7 +35,7 @@ pub(crate) enum Step {
     Overflow,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Scanner {
     /// Open containers (saturating: only compared with small depths).
     depth: u32,
@@ -126,22 +128,63 @@ impl Scanner {
         self.began_capture
     }
 
-    /// Whether the bytes up to the next `"`, `\\` or line end change
-    /// nothing: inside a string that is no key to compare, outside a
-    /// capture.
-    pub(crate) fn in_plain_string(&self) -> bool {
-        self.capture_depth.is_none() && self.in_string && !self.escaped && self.key_too_long
+    /// Reads `bytes` up to the first step that is not
+    /// [`Step::Continue`]: how many it read, and that step (or
+    /// `Continue`, having read them all). The same as [`Self::byte`] on
+    /// each, but the runs of bytes that change nothing (a string that is
+    /// no key, what lies between values) or that a capture only copies are
+    /// passed in one search each, so a document's bytes cost about one
+    /// step per quote and bracket.
+    pub(crate) fn run(&mut self, bytes: &[u8]) -> (usize, Step) {
+        let mut read = 0;
+        while let Some(rest) = bytes.get(read..).filter(|rest| !rest.is_empty()) {
+            read += self.plain_run(rest);
+            let Some(&b) = bytes.get(read) else {
+                break;
+            };
+            read += 1;
+            let step = self.byte(b);
+            if step != Step::Continue {
+                return (read, step);
+            }
+        }
+        (read, Step::Continue)
     }
 
-    /// Whether the bytes up to the next quote, bracket or line end change
-    /// nothing: between values, no key just read, outside a capture
-    /// (numbers, literals, commas, colons and blanks only count depth and
-    /// strings, which they do not open or close).
-    pub(crate) fn between_values(&self) -> bool {
-        self.capture_depth.is_none()
-            && !self.in_string
-            && !self.after_string
-            && !self.value_of_target
+    /// How many of `bytes`' first bytes change nothing but the capture,
+    /// which takes them here (never beyond its cap: the byte that would
+    /// exceed it is left to [`Self::byte`]).
+    #[inline]
+    fn plain_run(&mut self, bytes: &[u8]) -> usize {
+        let structural = |b: &u8| matches!(b, b'"' | b'{' | b'}' | b'[' | b']');
+        if self.capture_depth.is_some() {
+            let run = if self.in_string {
+                if self.escaped {
+                    return 0;
+                }
+                memchr2(b'"', b'\\', bytes)
+            } else {
+                bytes.iter().position(structural)
+            }
+            .unwrap_or(bytes.len())
+            .min(self.cap.saturating_sub(self.capture.len()));
+            self.capture
+                .extend_from_slice(bytes.get(..run).unwrap_or_default());
+            return run;
+        }
+        if self.in_string {
+            // A string that may still be a key is compared byte by byte.
+            if self.escaped || !self.key_too_long {
+                return 0;
+            }
+            return memchr2(b'"', b'\\', bytes).unwrap_or(bytes.len());
+        }
+        if self.after_string || self.value_of_target {
+            return 0;
+        }
+        // Numbers, literals, commas, colons and blanks only count depth
+        // and strings, which they do not open or close.
+        bytes.iter().position(structural).unwrap_or(bytes.len())
     }
 
     /// Reads one byte.
@@ -285,5 +328,86 @@ mod tests {
         );
         assert!(TARGETS.contains(&LONGEST_TARGET));
         assert!(LONGEST_TARGET.len() <= KEY_BYTES);
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod properties {
+    #![allow(clippy::indexing_slicing)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Pieces of JSON around usage keys, and bytes that are none.
+    const PIECES: [&[u8]; 18] = [
+        b"\"usage\":{",
+        b"\"usageMetadata\" :\t{",
+        b"\"usage\"",
+        b"\"usageMetadata\"",
+        b"\"usag\"",
+        b"\"text\\\"usage\\\"\"",
+        b"\"a \\\\\"",
+        b":",
+        b" : ",
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b",",
+        b"\"",
+        b"\\",
+        b"12",
+        b"\n",
+    ];
+
+    /// Every step that is not `Continue`, where it came and what was
+    /// captured then, and the scanner at the end.
+    type Trace = (Vec<(usize, Step, Vec<u8>)>, Scanner);
+
+    fn byte_by_byte(bytes: &[u8], cap: usize) -> Trace {
+        let mut scanner = Scanner::new(cap);
+        let mut steps = Vec::new();
+        for (at, &b) in bytes.iter().enumerate() {
+            let step = scanner.byte(b);
+            if step != Step::Continue {
+                steps.push((at + 1, step, scanner.captured().to_vec()));
+            }
+        }
+        (steps, scanner)
+    }
+
+    fn in_runs(bytes: &[u8], cap: usize) -> Trace {
+        let mut scanner = Scanner::new(cap);
+        let mut steps = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let (read, step) = scanner.run(&bytes[at..]);
+            assert!(read > 0, "a run read nothing");
+            at += read;
+            if step != Step::Continue {
+                steps.push((at, step, scanner.captured().to_vec()));
+            }
+        }
+        (steps, scanner)
+    }
+
+    proptest! {
+        /// Runs read as the bytes one by one do: the same steps at the
+        /// same places, the same captures, the same scanner after.
+        #[test]
+        fn runs_read_as_bytes_one_by_one_do(
+            pieces in proptest::collection::vec(
+                prop_oneof![
+                    (0_usize..PIECES.len()).prop_map(|i| PIECES[i].to_vec()),
+                    proptest::collection::vec(any::<u8>(), 1..4),
+                ],
+                0..48,
+            ),
+            cap in 0_usize..48,
+        ) {
+            let bytes: Vec<u8> = pieces.concat();
+            prop_assert_eq!(in_runs(&bytes, cap), byte_by_byte(&bytes, cap));
+        }
     }
 }
