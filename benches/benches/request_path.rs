@@ -2,7 +2,8 @@
 //! coin flip and counting, for one bucket and across 10k buckets, both as
 //! the bare table operations and through a warm agent (what a VM runs per
 //! request, with coin flips and with the credit), also for a tenant's cell
-//! among 10k; following a response
+//! among 10k and for a request under a token budget's cost rule; following
+//! a response
 //! for the upstream signals, and for the members of an aggregate pattern;
 //! bucket-key derivation; and a VM re-reading a
 //! 10k-cell shared table after one cell changed.
@@ -14,9 +15,10 @@ use sluice_agent::agent::Agent;
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::leader::counters::BucketCounters;
 use sluice_agent::request::classify::{BucketKeySpec, KeyPart, KeySource};
+use sluice_agent::usage::rules::CostRules;
 use sluice_benches::{
     Request, bucket_names, table_with, warm_agent, warm_agent_following, warm_aggregate_agent,
-    warm_credit_agent, warm_tenant_agent,
+    warm_budget_agent, warm_credit_agent, warm_tenant_agent,
 };
 use sluice_core::Priority;
 use sluice_core::coin;
@@ -110,6 +112,43 @@ fn decision(c: &mut Criterion) {
     group.finish();
 }
 
+/// A token budget's request path from the request's headers: the
+/// classification and decision of a request no cost rule applies to, then
+/// the same request under the filter's cost rule (its estimate read from a
+/// header, counted within the directive's bounds, and the charge its
+/// stream's end settles, with the usage parser, made for each request let
+/// through).
+fn costed_decision(c: &mut Criterion) {
+    let request = Request {
+        headers: vec![
+            (":path".into(), "/v1/chat/completions".into()),
+            ("x-estimated-tokens".into(), "1200".into()),
+        ],
+    };
+    let (mut agent, policy) = match warm_budget_agent(0.5) {
+        Ok(warm) => warm,
+        Err(err) => {
+            eprintln!("decision/agent_budget_*: the filter configuration: {err}");
+            return;
+        }
+    };
+    let mut group = c.benchmark_group("decision");
+    let uncosted = CostRules::default();
+    group.bench_function("agent_budget_request_no_cost_rule", |b| {
+        b.iter(|| {
+            agent
+                .admit_costed_request(&policy.classifier, &uncosted, black_box(&request))
+                .0
+        })
+    });
+    group.bench_function("agent_budget_request_costed", |b| {
+        b.iter(|| {
+            agent.admit_costed_request(&policy.classifier, &policy.costs, black_box(&request))
+        })
+    });
+    group.finish();
+}
+
 fn bucket_key(c: &mut Criterion) {
     let spec = BucketKeySpec::new(
         vec![
@@ -179,5 +218,5 @@ fn shared_table(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decision, bucket_key, shared_table);
+criterion_group!(benches, decision, costed_decision, bucket_key, shared_table);
 criterion_main!(benches);

@@ -13,11 +13,13 @@ pub mod tokens;
 pub mod upstream;
 
 use sluice_agent::agent::Agent;
+use sluice_agent::config::{ConfigError, FilterConfig, RequestPolicy};
 use sluice_agent::directives::DirectiveTable;
 use sluice_agent::host::{
     ControlStreams, HostError, Log, LogLevel, MetricId, MetricKind, MetricSink, SharedData,
     SharedValue,
 };
+use sluice_agent::identity::ProxyIdentity;
 use sluice_agent::request::classify::RequestAttributes;
 use sluice_agent::settings::{AgentSettings, DEFAULT_UPSTREAM_SAMPLE_EVERY};
 use sluice_agent::tick::pacing::DecisionMode;
@@ -270,4 +272,84 @@ pub fn warm_agent_following(buckets: &[String], drop_ratio: f64, sample_every: u
         agent.admit(bucket);
     }
     agent
+}
+
+/// The bucket of [`warm_budget_agent`].
+pub const BUDGET_BUCKET: &str = "llm";
+
+/// An agent enforcing a token budget, deciding with the credit (the
+/// configuration's default mode), and the request policy of its filter:
+/// every request in the bucket [`BUDGET_BUCKET`], its estimate read from
+/// `x-estimated-tokens` by the cost rule, its usage from the body. The
+/// directive is the control plane's for a budget of 20,000 tokens a
+/// second written per minute, estimates counted up to 16,000, with
+/// `drop_ratio`. Warmed like [`warm_credit_agent`].
+pub fn warm_budget_agent(drop_ratio: f64) -> Result<(Agent, RequestPolicy), ConfigError> {
+    let config = serde_json::json!({
+        "control_plane_cluster": "sluice_control_plane",
+        "decision": "credit",
+        "bucket_key": [{"source": "literal", "value": BUDGET_BUCKET}],
+        "cost_rules": [{
+            "bucket": BUDGET_BUCKET,
+            "cost": {"estimate": {"source": "request_header", "name": "x-estimated-tokens", "default": 500}},
+            "actual": {"metadata": null, "body": {"parse": true}},
+        }],
+    });
+    let parts = FilterConfig::from_json(config.to_string().as_bytes())?
+        .into_parts(|| ProxyIdentity::Named("bench".into()), String::new);
+    let mut agent = Agent::new(
+        AgentSettings {
+            allowance: None,
+            ..parts.agent
+        },
+        7,
+    );
+    let mut table = DirectiveTable::new(1);
+    table.merge(DirectiveBatch {
+        epoch: 1,
+        version: 1,
+        directives: vec![Directive {
+            bucket: BUDGET_BUCKET.into(),
+            drop_ratio,
+            limit_rps: Some(20_000.0),
+            cost_unit: "tokens".into(),
+            budget_period_s: 60,
+            estimate_cap: 16_000,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    agent.load_directives(table);
+    agent.admit(BUDGET_BUCKET);
+    agent.on_tick(&mut QuietHost, 1_000);
+    agent.on_tick(&mut QuietHost, 1_100);
+    agent.admit(BUDGET_BUCKET);
+    Ok((agent, parts.request))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the costed rows measure: a request let through under the cost
+    /// rule carries its header's estimate to its stream's end; without
+    /// the rule it carries nothing.
+    #[test]
+    fn the_budget_agent_counts_the_header_estimate() -> Result<(), ConfigError> {
+        let request = Request {
+            headers: vec![("x-estimated-tokens".into(), "1200".into())],
+        };
+        let (mut agent, policy) = warm_budget_agent(0.0)?;
+        let (decision, pending) =
+            agent.admit_costed_request(&policy.classifier, &policy.costs, &request);
+        assert!(decision.admits());
+        assert_eq!(pending.map(|pending| pending.estimate()), Some(1_200));
+        let (_, pending) = agent.admit_costed_request(
+            &policy.classifier,
+            &sluice_agent::usage::rules::CostRules::default(),
+            &request,
+        );
+        assert!(pending.is_none());
+        Ok(())
+    }
 }
