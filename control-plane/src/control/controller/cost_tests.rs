@@ -594,11 +594,16 @@ impl DebtBucket {
         }
     }
 
-    fn admits(&mut self, cost: f64, ms: u64) -> bool {
+    /// The level at `ms`, refilled since the last call.
+    fn level_at(&mut self, ms: u64) -> f64 {
         let elapsed_s = ms.saturating_sub(self.at_ms) as f64 / 1000.0;
         self.at_ms = ms;
         self.level = (self.level + elapsed_s * self.rate_per_s).min(self.capacity);
-        let admitted = self.level > 0.0;
+        self.level
+    }
+
+    fn admits(&mut self, cost: f64, ms: u64) -> bool {
+        let admitted = self.level_at(ms) > 0.0;
         if admitted {
             self.level -= cost;
         }
@@ -618,16 +623,19 @@ impl Admits for Central {
 
 /// The exact drop ratio, applied to cost per cell as the credit does.
 struct ExactRatio {
-    admit_share: f64,
+    /// Per cell, the part of its offered cost it admits.
+    admit_shares: Vec<f64>,
     balances: Vec<f64>,
 }
 
 impl Admits for ExactRatio {
     fn admits(&mut self, cell: usize, cost: f64, _: u64) -> bool {
-        let Some(balance) = self.balances.get_mut(cell) else {
+        let (Some(balance), Some(admit_share)) =
+            (self.balances.get_mut(cell), self.admit_shares.get(cell))
+        else {
             return false;
         };
-        *balance += self.admit_share * cost;
+        *balance += admit_share * cost;
         let admitted = *balance > 0.0;
         if admitted {
             *balance -= cost;
@@ -648,16 +656,49 @@ impl Admits for CellCaps {
     }
 }
 
-/// The 1 s and 10 s windows of three references on the benchmark's
-/// traffic (three proxies 60/30/10, tenants 50/30/20 of the demand, 3x a
-/// budget of 20,000 tokens/s, costs log-normal median 500 / p99 8,000,
-/// Poisson arrivals, 1,000 s): what the issue's bounds (±10 % over 1 s,
-/// ±5 % over 10 s) ask of any limiter that decides before the cost is
-/// known. Even one exact central bucket consulted on every request leaves
-/// about a third of the seconds outside ±10 %; caps per cell, however
-/// exact their shares, do worse than the central bucket at a couple of
-/// admitted requests a second per cell. Run with `--nocapture` for the
-/// table (docs/usage-limits.md).
+/// A cap per proxy pooling its cells (one bucket for all its tenants),
+/// each cell also keeping an account at its own part of the budget that
+/// may run at most `borrow_s` of that part into debt: the proxy's cap
+/// decides, the accounts keep the tenants to their shares over seconds.
+/// Cells are numbered proxy by proxy, `tenants` to a proxy.
+struct PooledCaps {
+    proxies: Vec<DebtBucket>,
+    cells: Vec<DebtBucket>,
+    tenants: usize,
+    borrow_s: f64,
+}
+
+impl Admits for PooledCaps {
+    fn admits(&mut self, cell: usize, cost: f64, ms: u64) -> bool {
+        let (Some(account), Some(pool)) = (
+            self.cells.get_mut(cell),
+            self.proxies.get_mut(cell / self.tenants),
+        ) else {
+            return false;
+        };
+        let most_debt = account.rate_per_s * self.borrow_s;
+        let admitted = pool.level_at(ms) > 0.0 && account.level_at(ms) > -most_debt;
+        if admitted {
+            pool.level -= cost;
+            account.level -= cost;
+        }
+        admitted
+    }
+}
+
+/// The 1 s and 10 s windows of the references on the benchmark's
+/// traffic (three proxies 60/30/10, tenants 50/30/20 of the demand
+/// weighted 2:1:1, 3x a budget of 20,000 tokens/s, costs log-normal median
+/// 500 / p99 8,000, Poisson arrivals, 1,000 s), each told its exact parts:
+/// what the issue's bounds (±10 % over 1 s, ±5 % over 10 s) ask of any
+/// limiter that decides before the cost is known. Even one exact central
+/// bucket consulted on every request leaves about a third of the seconds
+/// outside ±10 %. Caps per cell, however exact their parts, do worse over
+/// 10 s: at a couple of admitted requests a second per cell, each cell's
+/// debt after a large request is its own, while one cap per proxy over
+/// all its tenants shares it, and accounts per tenant beside that cap keep
+/// the tenants to their parts. Run with `--nocapture` for the table
+/// (docs/usage-limits.md).
 #[test]
 fn limiters_that_admit_before_the_cost_is_known() {
     const BUDGET: f64 = 20_000.0;
@@ -665,10 +706,28 @@ fn limiters_that_admit_before_the_cost_is_known() {
     let distribution = TokenDistribution::median_500_p99_8000();
     let sigma = (distribution.p99() / distribution.median()).ln() / 2.326_347_874;
     let mean_cost = distribution.median() * (sigma * sigma / 2.0).exp();
-    let shares: Vec<f64> = [0.6, 0.3, 0.1]
-        .iter()
-        .flat_map(|proxy| [0.5, 0.3, 0.2].map(|tenant| proxy * tenant))
-        .collect();
+    // Each cell's part of the demand, and of the budget: tenants offer
+    // 50/30/20 % and are weighted 2:1:1, as in the benchmark.
+    let per_cell = |tenants: [f64; 3]| -> Vec<f64> {
+        [0.6, 0.3, 0.1]
+            .iter()
+            .flat_map(|proxy| tenants.map(|tenant| proxy * tenant))
+            .collect()
+    };
+    let demand = per_cell([0.5, 0.3, 0.2]);
+    let shares = per_cell([0.5, 0.25, 0.25]);
+    let caps_of = |shares: &[f64], capacity_s: f64| -> Vec<DebtBucket> {
+        shares
+            .iter()
+            .map(|share| DebtBucket::new(BUDGET * share, capacity_s))
+            .collect()
+    };
+    let pooled = |borrow_s: f64| PooledCaps {
+        proxies: caps_of(&[0.6, 0.3, 0.1], 1.0),
+        cells: caps_of(&shares, 2.0),
+        tenants: 3,
+        borrow_s,
+    };
     let mut limiters: Vec<(&str, Box<dyn Admits>)> = vec![
         (
             "one central bucket",
@@ -677,18 +736,26 @@ fn limiters_that_admit_before_the_cost_is_known() {
         (
             "the exact ratio",
             Box::new(ExactRatio {
-                admit_share: 1.0 / 3.0,
+                admit_shares: shares
+                    .iter()
+                    .zip(&demand)
+                    .map(|(share, demand)| share / demand / 3.0)
+                    .collect(),
                 balances: vec![0.0; shares.len()],
             }),
         ),
+        ("a cap per cell", Box::new(CellCaps(caps_of(&shares, 0.5)))),
         (
-            "a cap per cell",
-            Box::new(CellCaps(
-                shares
-                    .iter()
-                    .map(|share| DebtBucket::new(BUDGET * share, 0.5))
-                    .collect(),
-            )),
+            "a cap per cell, 2 s of it banked",
+            Box::new(CellCaps(caps_of(&shares, 2.0))),
+        ),
+        (
+            "a cap per proxy, its tenants pooled (1 s banked)",
+            Box::new(pooled(f64::INFINITY)),
+        ),
+        (
+            "the same, each tenant's account at its part (2 s banked, 3 s of debt at most)",
+            Box::new(pooled(3.0)),
         ),
     ];
     let mut results = Vec::new();
@@ -696,16 +763,19 @@ fn limiters_that_admit_before_the_cost_is_known() {
         // The same traffic for each.
         let mut sampler = TokenSampler::new(distribution, 41);
         let mut per_second = vec![0.0; SECONDS as usize];
+        let mut admitted_per_cell = vec![0.0; shares.len()];
         for ms in 0..SECONDS * 1000 {
-            for (cell, share) in shares.iter().enumerate() {
-                if !sampler.chance(3.0 * BUDGET / mean_cost * share / 1000.0) {
+            for (cell, demand) in demand.iter().enumerate() {
+                if !sampler.chance(3.0 * BUDGET / mean_cost * demand / 1000.0) {
                     continue;
                 }
                 let cost = sampler.tokens() as f64;
                 if limiter.admits(cell, cost, ms)
                     && let Some(second) = per_second.get_mut((ms / 1000) as usize)
+                    && let Some(admitted) = admitted_per_cell.get_mut(cell)
                 {
                     *second += cost;
+                    *admitted += cost;
                 }
             }
         }
@@ -718,28 +788,80 @@ fn limiters_that_admit_before_the_cost_is_known() {
             let inside = errors.iter().filter(|e| e.abs() <= bound).count();
             (inside as f64 / errors.len() as f64, spread(&errors))
         };
+        // Each tenant's admitted cost against its part of the budget.
+        let total: f64 = admitted_per_cell.iter().sum();
+        let tenants_off = (0..3)
+            .map(|tenant| {
+                let admitted: f64 = admitted_per_cell.iter().skip(tenant).step_by(3).sum();
+                let part: f64 = shares.iter().skip(tenant).step_by(3).sum();
+                admitted / total / part - 1.0
+            })
+            .fold(0.0_f64, |most, off| most.max(off.abs()));
         let (one_within, one) = within(1, 0.10);
         let (ten_within, ten) = within(10, 0.05);
         eprintln!(
             "{name}: 1 s windows within ±10 %: {:.0} % (RMS {:.1} %), \
-             10 s within ±5 %: {:.0} % (RMS {:.1} %), mean {:+.1} %",
+             10 s within ±5 %: {:.0} % (RMS {:.1} %), mean {:+.1} %, \
+             tenants within {:.1} % of their parts",
             one_within * 100.0,
             one.rms * 100.0,
             ten_within * 100.0,
             ten.rms * 100.0,
-            one.mean * 100.0
+            one.mean * 100.0,
+            tenants_off * 100.0
         );
-        results.push((one_within, one.rms, ten.rms));
+        results.push(Reference {
+            one_within,
+            one_rms: one.rms,
+            ten_within,
+            ten_rms: ten.rms,
+            tenants_off,
+        });
     }
-    let [central, ratio, caps] = results[..] else {
-        panic!("three limiters");
+    let [central, ratio, caps, banked, pooled, accounts] = results[..] else {
+        panic!("six limiters");
     };
     // The central bucket holds seconds far better than any ratio, yet
     // still misses the 1 s bound in a good part of them.
-    assert!(central.1 < ratio.1 / 2.0, "{central:?} vs {ratio:?}");
-    assert!((0.4..0.85).contains(&central.0), "{central:?}");
-    // Caps per cell do not reach the central bucket's seconds.
-    assert!(caps.1 > central.1, "{caps:?} vs {central:?}");
+    assert!(
+        central.one_rms < ratio.one_rms / 2.0,
+        "{central:?} vs {ratio:?}"
+    );
+    assert!((0.4..0.85).contains(&central.one_within), "{central:?}");
+    // Caps per cell do not reach the central bucket's seconds; what they
+    // cannot bank while a cell waits for its next request is lost.
+    assert!(caps.one_rms > central.one_rms, "{caps:?} vs {central:?}");
+    assert!(banked.ten_rms < caps.ten_rms, "{banked:?} vs {caps:?}");
+    // Pooling a proxy's tenants in one cap takes most of the way from the
+    // caps per cell to the central bucket over 10 s, but admits tenants
+    // by their demand; accounts per tenant keep each near its part at
+    // little cost.
+    assert!(
+        pooled.ten_rms < caps.ten_rms * 0.7,
+        "{pooled:?} vs {caps:?}"
+    );
+    assert!(
+        pooled.ten_within > caps.ten_within,
+        "{pooled:?} vs {caps:?}"
+    );
+    assert!(pooled.tenants_off > 0.1, "{pooled:?}");
+    assert!(
+        accounts.ten_rms < caps.ten_rms * 0.8,
+        "{accounts:?} vs {caps:?}"
+    );
+    assert!(accounts.tenants_off < 0.05, "{accounts:?}");
+}
+
+/// What one reference of [`limiters_that_admit_before_the_cost_is_known`]
+/// measured: 1 s windows (within ±10 %, RMS), 10 s windows (within ±5 %,
+/// RMS) and the farthest tenant from its part of the budget.
+#[derive(Debug, Clone, Copy)]
+struct Reference {
+    one_within: f64,
+    one_rms: f64,
+    ten_within: f64,
+    ten_rms: f64,
+    tenants_off: f64,
 }
 
 /// One window of `bucket` llm: `offered` requests of `cost` each, of
