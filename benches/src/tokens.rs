@@ -57,6 +57,10 @@ pub struct RunArgs {
     /// The file whose section is replaced, or `-` to print only.
     #[arg(long, default_value = "BENCHMARKS.md")]
     pub output: String,
+    /// Worker threads of every Envoy: each runs its own agent, so each
+    /// cell's credit and cap is split over them.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub workers: u32,
 }
 
 impl RunArgs {
@@ -69,11 +73,16 @@ impl RunArgs {
     }
 }
 
-/// The token fleet of the benchmarks: [`BUDGET`], one Envoy per part of
-/// [`ENVOY_SKEW`], the [`TENANTS`] weighted, `data_plane` with `filter`'s
-/// extra keys.
-pub fn fleet_options(data_plane: DataPlane, filter: serde_json::Value) -> TokenFleetOptions {
+/// The token fleet of the benchmarks: [`BUDGET`], one Envoy of `workers`
+/// per part of [`ENVOY_SKEW`], the [`TENANTS`] weighted, `data_plane` with
+/// `filter`'s extra keys.
+pub fn fleet_options(
+    data_plane: DataPlane,
+    workers: u32,
+    filter: serde_json::Value,
+) -> TokenFleetOptions {
     let mut options = TokenFleetOptions::new(BUDGET, ENVOY_SKEW.len());
+    options.workers = workers;
     options.tenants = TENANTS
         .iter()
         .map(|(t, w, _)| ((*t).to_owned(), *w))

@@ -93,14 +93,18 @@ pub struct TokenFleetOptions {
     pub data_plane: DataPlane,
     /// `--control-interval-ms` (`None`: the limits file's default).
     pub control_interval_ms: Option<u64>,
+    /// Worker threads of every Envoy (`--concurrency`): each runs its own
+    /// agent, with its own credits and caps per cell.
+    pub workers: u32,
     /// More filter configuration keys (a JSON object), over the ones
     /// [`Self::filter`] sets.
     pub extra_filter: serde_json::Value,
 }
 
 impl TokenFleetOptions {
-    /// `envoys` Envoys holding `budget_per_s` tokens a second (written
-    /// per second), exact estimates, the wasm filter, no tenants.
+    /// `envoys` Envoys of two workers holding `budget_per_s` tokens a
+    /// second (written per second), exact estimates, the wasm filter, no
+    /// tenants.
     pub fn new(budget_per_s: f64, envoys: usize) -> Self {
         Self {
             budget_per_s,
@@ -110,6 +114,7 @@ impl TokenFleetOptions {
             estimate: Estimate::Exact,
             data_plane: DataPlane::Wasm,
             control_interval_ms: None,
+            workers: 2,
             extra_filter: json!({}),
         }
     }
@@ -182,6 +187,7 @@ impl TokenFleet {
         let mut fleet_options = FleetOptions::new(&options.limits_yaml(), options.envoys)
             .with_data_plane(options.data_plane)
             .control_interval_ms(options.control_interval_ms)
+            .concurrency(options.workers)
             .filter(options.filter());
         fleet_options.upstream = Some(upstream.addr());
         let fleet = Fleet::start(fleet_options).await?;

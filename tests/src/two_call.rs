@@ -143,8 +143,8 @@ impl TwoCallFleet {
     /// Starts Redis, the upstream (as [`TokenFleet::start`] does), the
     /// control plane with [`quota_yaml`] of `options.budget_per_s` and
     /// its counters on Redis, and `options.envoys` Envoys ([`envoy`]).
-    /// Only the budget and the Envoy count of `options` are used: no
-    /// Sluice filter runs.
+    /// Only the budget, the Envoy count and the workers of `options` are
+    /// used: no Sluice filter runs.
     pub async fn start(options: TokenFleetOptions) -> Result<Self> {
         let dir = TestDir::new("sluice-two-call-", "two-call fleet")?;
         let redis = RedisServer::start(dir.path()).await?;
@@ -159,7 +159,8 @@ impl TwoCallFleet {
         let mut fleet = Fleet::start(fleet_options).await?;
         for index in 0..options.envoys {
             let letter = char::from(b'a' + u8::try_from(index % 26).unwrap_or(0));
-            let spec = envoy(&format!("two-call-{letter}"), upstream.addr());
+            let spec =
+                envoy(&format!("two-call-{letter}"), upstream.addr()).concurrency(options.workers);
             fleet.start_envoy(&spec).await?;
         }
         let fleet = Self {

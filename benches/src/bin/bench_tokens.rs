@@ -1,7 +1,7 @@
 //! How closely a fleet holds a token budget, in real Envoy.
 //!
 //! ```text
-//! bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--output FILE|-]
+//! bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--workers N] [--output FILE|-]
 //! ```
 //!
 //! Three Envoys (`ENVOY_BIN`, the filter `SLUICE_WASM` or the native
@@ -10,7 +10,8 @@
 //! second for one bucket, three tenants weighted 2:1:1 offering 50/30/20 %
 //! of the demand. Each request draws its output tokens from a log-normal
 //! distribution (median 500, p99 8,000) and names them as its estimate;
-//! the Envoys get 60/30/10 % of the load (Poisson arrivals).
+//! the Envoys (two workers each, `--workers`) get 60/30/10 % of the load
+//! (Poisson arrivals).
 //!
 //! Two runs per filter setting:
 //! - **steady**: 3x the budget offered for `--seconds`; after `--warmup`,
@@ -119,7 +120,7 @@ async fn run() -> Result<()> {
             eprintln!("== {data_plane:?}, {}: steady", setting.name);
             let steady = steady(&options, data_plane, &setting).await?;
             eprintln!("== {data_plane:?}, {}: step", setting.name);
-            let step = step(data_plane, &setting).await?;
+            let step = step(&options, data_plane, &setting).await?;
             section.push_str(&row(data_plane, &setting, &steady, &step));
         }
     }
@@ -133,8 +134,22 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
+/// The benchmark's fleet for one data plane and filter setting.
+async fn start_fleet(
+    options: &Options,
+    data_plane: DataPlane,
+    setting: &Setting,
+) -> Result<TokenFleet> {
+    TokenFleet::start(fleet_options(
+        data_plane,
+        options.run.workers,
+        setting.filter.clone(),
+    ))
+    .await
+}
+
 async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> Result<Steady> {
-    let fleet = TokenFleet::start(fleet_options(data_plane, setting.filter.clone())).await?;
+    let fleet = start_fleet(options, data_plane, setting).await?;
     let load = TokenLoad::start(
         &fleet,
         streams(3.0, None),
@@ -183,8 +198,8 @@ async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> 
     })
 }
 
-async fn step(data_plane: DataPlane, setting: &Setting) -> Result<Step> {
-    let fleet = TokenFleet::start(fleet_options(data_plane, setting.filter.clone())).await?;
+async fn step(options: &Options, data_plane: DataPlane, setting: &Setting) -> Result<Step> {
+    let fleet = start_fleet(options, data_plane, setting).await?;
     let at = Duration::from_secs(STEP_BEFORE_S);
     let load = TokenLoad::start(
         &fleet,
@@ -215,7 +230,7 @@ async fn step(data_plane: DataPlane, setting: &Setting) -> Result<Step> {
 fn header(options: &Options) -> String {
     format!(
         "### Token budgets through real Envoy (`just bench-tokens`)\n\n\
-         Three Envoys (60/30/10 % of the load), a budget of {BUDGET:.0} tokens/s for one bucket, three tenants \
+         Three Envoys (60/30/10 % of the load, `--concurrency {}`), a budget of {BUDGET:.0} tokens/s for one bucket, three tenants \
          weighted 2:1:1 offering 50/30/20 % of the demand, streamed OpenAI-style completions from the fake LLM \
          upstream with output tokens drawn log-normally (median 500, p99 8,000; about {:.0} tokens a request on \
          average), each request naming its tokens as its estimate. Steady: 3x the budget for {} s, measured after \
@@ -223,6 +238,7 @@ fn header(options: &Options) -> String {
          when the stream ended). Errors are admitted / budget - 1 (tenants: / fair share - 1).\n\n\
          | data plane | filter setting | steady, whole span | 1 s windows | 10 s windows | tenants gold / silver / bronze | step: first 1 s / first 10 s / peak 1 s |\n\
          | --- | --- | --- | --- | --- | --- | --- |\n",
+        options.run.workers,
         sluice_integration_tests::llm_upstream::TokenDistribution::median_500_p99_8000().mean(),
         options.seconds,
         options.run.warmup,

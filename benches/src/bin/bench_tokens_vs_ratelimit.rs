@@ -100,7 +100,8 @@ async fn run() -> Result<()> {
 
     eprintln!("== Sluice's token budget ({data_plane:?})");
     let sluice = {
-        let fleet = TokenFleet::start(fleet_options(data_plane, json!({}))).await?;
+        let fleet =
+            TokenFleet::start(fleet_options(data_plane, options.run.workers, json!({}))).await?;
         let measured = measure_run(&options, &fleet, None, ticks).await;
         if measured.is_err() {
             fleet.fleet.print_logs();
@@ -111,7 +112,8 @@ async fn run() -> Result<()> {
 
     eprintln!("== two-call: Envoy's ratelimit filter, the rate limit service on Redis");
     let two_call = {
-        let fleet = TwoCallFleet::start(fleet_options(data_plane, json!({}))).await?;
+        let fleet =
+            TwoCallFleet::start(fleet_options(data_plane, options.run.workers, json!({}))).await?;
         let measured = measure_run(&options, &fleet.tokens, Some(fleet.redis.pid()), ticks).await;
         if measured.is_err() {
             fleet.print_logs();
@@ -366,8 +368,8 @@ fn section(options: &Options, machine: &Machine, sluice: &Measured, two_call: &M
         .join(" ");
     let mut out = format!(
         "### Token budget against the two-call pattern (`just bench-tokens-vs-ratelimit`)\n\n\
-         The same load, one after the other in one run: three Envoys (60/30/10 % of the load, two workers \
-         each), 3x a budget of {BUDGET:.0} tokens/s offered for {seconds} s (measured after {warmup} s) in \
+         The same load, one after the other in one run: three Envoys (60/30/10 % of the load, \
+         `--concurrency {workers}`), 3x a budget of {BUDGET:.0} tokens/s offered for {seconds} s (measured after {warmup} s) in \
          streamed OpenAI-style completions from the fake LLM upstream, output tokens log-normal (median 500, \
          p99 8,000), three tenants offering 50/30/20 % of the demand, the same seeded requests at the same \
          instants on both sides.\n\n\
@@ -392,6 +394,7 @@ fn section(options: &Options, machine: &Machine, sluice: &Measured, two_call: &M
          | --- | --- | --- |\n",
         seconds = options.seconds,
         warmup = options.run.warmup,
+        workers = options.run.workers,
         idle = IDLE.as_secs(),
         data_plane = options.run.data_plane,
         cpus = machine.cpus,
