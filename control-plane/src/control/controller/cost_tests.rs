@@ -730,21 +730,23 @@ impl Admits for PooledCaps {
 /// bucket consulted on every request leaves about a third of the seconds
 /// outside ±10 %. Caps per cell, however exact their parts, do worse over
 /// 10 s: at a couple of admitted requests a second per cell, each cell's
-/// debt after a large request is its own (and split over Envoy's workers
-/// each cap holds half of it), while one cap per proxy over all its
-/// tenants shares it, and accounts per tenant beside that cap keep the
+/// debt after a large request is its own (and, split over Envoy's
+/// workers, a debt against half the rate), while one cap per proxy over
+/// all its tenants shares it, and accounts per tenant beside that cap keep the
 /// tenants to their parts. Run with `--nocapture` for the table
 /// (docs/usage-limits.md).
 #[test]
 fn limiters_that_admit_before_the_cost_is_known() {
     const BUDGET: f64 = 20_000.0;
     const SECONDS: u64 = 1_000;
+    const TENANTS: usize = 3;
+    const WORKERS: usize = 2;
     let distribution = TokenDistribution::median_500_p99_8000();
     let sigma = (distribution.p99() / distribution.median()).ln() / 2.326_347_874;
     let mean_cost = distribution.median() * (sigma * sigma / 2.0).exp();
     // Each cell's part of the demand, and of the budget: tenants offer
     // 50/30/20 % and are weighted 2:1:1, as in the benchmark.
-    let per_cell = |tenants: [f64; 3]| -> Vec<f64> {
+    let per_cell = |tenants: [f64; TENANTS]| -> Vec<f64> {
         [0.6, 0.3, 0.1]
             .iter()
             .flat_map(|proxy| tenants.map(|tenant| proxy * tenant))
@@ -761,7 +763,7 @@ fn limiters_that_admit_before_the_cost_is_known() {
     let pooled = |borrow_s: f64| PooledCaps {
         proxies: caps_of(&[0.6, 0.3, 0.1], 1.0),
         cells: caps_of(&shares, 2.0),
-        tenants: 3,
+        tenants: TENANTS,
         borrow_s,
     };
     let mut limiters: Vec<(&str, Box<dyn Admits>)> = vec![
@@ -787,11 +789,11 @@ fn limiters_that_admit_before_the_cost_is_known() {
                 caps: caps_of(
                     &shares
                         .iter()
-                        .flat_map(|share| [share / 2.0; 2])
+                        .flat_map(|share| [share / WORKERS as f64; WORKERS])
                         .collect::<Vec<_>>(),
                     0.5,
                 ),
-                workers: 2,
+                workers: WORKERS,
                 next: vec![0; shares.len()],
             }),
         ),
@@ -840,10 +842,10 @@ fn limiters_that_admit_before_the_cost_is_known() {
         };
         // Each tenant's admitted cost against its part of the budget.
         let total: f64 = admitted_per_cell.iter().sum();
-        let tenants_off = (0..3)
+        let tenants_off = (0..TENANTS)
             .map(|tenant| {
-                let admitted: f64 = admitted_per_cell.iter().skip(tenant).step_by(3).sum();
-                let part: f64 = shares.iter().skip(tenant).step_by(3).sum();
+                let admitted: f64 = admitted_per_cell.iter().skip(tenant).step_by(TENANTS).sum();
+                let part: f64 = shares.iter().skip(tenant).step_by(TENANTS).sum();
                 admitted / total / part - 1.0
             })
             .fold(0.0_f64, |most, off| most.max(off.abs()));
