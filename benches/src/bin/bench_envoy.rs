@@ -37,6 +37,11 @@ use sluice_integration_tests::paths;
 const DIRECTIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Worker VMs pick up new directives on a 100 ms tick; wait a few ticks.
 const DIRECTIVE_SETTLE: Duration = Duration::from_millis(400);
+/// A streamed completion is dozens of events and tens of milliseconds of
+/// the upstream's pacing: its variants send this fraction of the requests,
+/// still hundreds of ms of Envoy CPU a run, so a whole run stays in
+/// minutes.
+const STREAMS_PER_REQUEST: usize = 10;
 
 #[derive(Debug, Clone)]
 struct Options {
@@ -50,6 +55,18 @@ struct Options {
 }
 
 impl Options {
+    /// The unmeasured and measured requests of a run of `variant`.
+    fn requests_of(&self, variant: Variant) -> (usize, usize) {
+        if variant.streams_completions() {
+            (
+                (self.warmup / STREAMS_PER_REQUEST).max(100),
+                (self.requests / STREAMS_PER_REQUEST).max(100),
+            )
+        } else {
+            (self.warmup, self.requests)
+        }
+    }
+
     fn parse() -> Result<Self> {
         let mut options = Self {
             // /proc CPU times tick every 10 ms: 100k requests at ~15 µs make
@@ -337,8 +354,8 @@ impl Bench<'_> {
         }
 
         let ask = variant.ask();
-        let mut warm =
-            client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
+        let (warmup, requests) = self.options.requests_of(variant);
+        let mut warm = client::run(addr, warmup, self.options.concurrency, ask).await?;
         if variant == Variant::RateLimitQuota {
             // Envoy reports every 5 s; the assignment follows the first
             // report with traffic. Keep traffic flowing until it is there.
@@ -349,8 +366,7 @@ impl Bench<'_> {
                     self.control_plane.print_log();
                     bail!("{name}: no RLQS assignment within {RLQS_ASSIGNMENT_TIMEOUT:?}");
                 }
-                warm =
-                    client::run(addr, self.options.warmup, self.options.concurrency, ask).await?;
+                warm = client::run(addr, warmup, self.options.concurrency, ask).await?;
             }
         }
         if variant.drop_ratio() == Some(0.5) {
@@ -373,14 +389,13 @@ impl Bench<'_> {
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
         let before = measure::cpu_time(pid, self.ticks)?;
-        let outcome =
-            client::run(addr, self.options.requests, self.options.concurrency, ask).await?;
+        let outcome = client::run(addr, requests, self.options.concurrency, ask).await?;
         let after = measure::cpu_time(pid, self.ticks)?;
         let service_after = service
             .map(|pid| measure::cpu_time(pid, self.ticks))
             .transpose()?;
         if variant.streams_completions()
-            && let Err(err) = check_charges(&envoy, variant, self.options.requests).await
+            && let Err(err) = check_charges(&envoy, variant, requests).await
         {
             envoy.print_log();
             bail!("{name}: {err:#}");

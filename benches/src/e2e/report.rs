@@ -249,7 +249,9 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          HTTP/1.1 on loopback. \
          Each run starts a fresh Envoy, sends {warmup} unmeasured requests, then \
          {requests} requests over {concurrency} keep-alive connections (closed loop: \
-         each connection sends its next request when the previous answer is in). \
+         each connection sends its next request when the previous answer is in); \
+         the streamed variants (14 to 19) send a tenth as many, each a streamed \
+         completion. \
          The variants are interleaved over {rounds} rounds, in a rotated order each \
          round, and each cell is the median with the min–max over the rounds; `×1` \
          is the median's ratio to variant 1.\n\n\
@@ -278,15 +280,15 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          `200 ok`, reached through Envoy's connection pool as in production. \
          Variant 9 puts Sluice at 50% drop in front of it: a rejected request \
          never reaches the upstream, so 9 against 8 is what a 429 saves over a \
-         request that passes. Variants 10 to 18 have sections of their own \
+         request that passes. Variants 10 to 19 have sections of their own \
          below.\n\n\
          ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\
          - Envoy: {envoy}\n\
          - Date: {date}\n\
          - Command: `{command}`\n\
-         - Reproduce: `just bench-envoy` (builds the filters, then about five \
-         minutes on 2 cores) or `just bench-envoy --quick` (about a minute); \
+         - Reproduce: `just bench-envoy` (builds the filters, then about twenty \
+         minutes on 2 cores) or `just bench-envoy --quick` (a few minutes); \
          `just bench-envoy --variants empty-wasm,sluice-no-drop --output -` \
          prints a subset\n\n",
         warmup = setup.warmup,
