@@ -25,6 +25,16 @@
 //! - nothing is kept while any proxy shadows the cell: what it admits then
 //!   is not what the ratio asked, and paying it back would fall on the
 //!   proxies that enforce.
+//!
+//! A tenant's cell repays alone within [`MAX_MOVE`] of its share, so a
+//! large request of a small tenant would take many intervals to repay
+//! while the bucket as a whole runs over. A central bucket repays any
+//! request with the whole budget; [`Pool`] does the same: the cells of a
+//! bucket lend one another what their own bounded moves leave of the
+//! bucket's repayment, spread by share and bounded by [`LEND`]. A lender
+//! admits less than its share for it, which its own balance counts as
+//! credit and reclaims over the next intervals, so a loan is settled
+//! between the tenants and no tenant keeps less than its share for long.
 
 /// Seconds over which a balance is repaid: an interval repays its length
 /// over this of it (a quarter at the default 500 ms). With the one
@@ -42,6 +52,11 @@ pub(crate) const CREDIT_S: f64 = 2.0;
 /// others admit but never shut the cell. A large request's debt is repaid
 /// over a few more intervals.
 pub(crate) const MAX_MOVE: f64 = 0.5;
+/// Most the cells of a bucket lend one another in one interval, as a
+/// fraction of each cell's share. A proxy that never enforces runs a
+/// debt that does not end; lending bounded below [`MAX_MOVE`] leaves the
+/// other tenants' own credit room to reclaim what they lend it.
+pub(crate) const LEND: f64 = 0.25;
 /// Most of the balance repaid in one interval: a long control interval
 /// must not turn the repayment into an oscillation.
 const MAX_REPAID_PER_INTERVAL: f64 = 0.5;
@@ -98,15 +113,68 @@ impl Balance {
     /// The target for the next interval of `seconds`: the share plus the
     /// part of the balance repaid in it, within [`MAX_MOVE`] of the share.
     pub(crate) fn target(self, share_per_s: f64, seconds: f64) -> f64 {
-        let repaid = (seconds / REPAY_S).clamp(0.0, MAX_REPAID_PER_INTERVAL);
-        let moved = self.0 * repaid / seconds.max(f64::MIN_POSITIVE);
+        (share_per_s + self.moved(share_per_s, seconds)).max(0.0)
+    }
+
+    /// What the balance moves a target of `share_per_s` in an interval of
+    /// `seconds`, within [`MAX_MOVE`] of the share.
+    fn moved(self, share_per_s: f64, seconds: f64) -> f64 {
         let most = MAX_MOVE * share_per_s;
-        (share_per_s + moved.clamp(-most, most)).max(0.0)
+        repaid_per_s(self.0, seconds).clamp(-most, most)
     }
 
     /// The balance in cost units: negative for a debt.
     pub(crate) fn get(self) -> f64 {
         self.0
+    }
+}
+
+/// The part of `balance` repaid per second in an interval of `seconds`.
+fn repaid_per_s(balance: f64, seconds: f64) -> f64 {
+    let repaid = (seconds / REPAY_S).clamp(0.0, MAX_REPAID_PER_INTERVAL);
+    balance * repaid / seconds.max(f64::MIN_POSITIVE)
+}
+
+/// The balances of one bucket's cells in an interval: what they repay
+/// together beyond each cell's own bounded move.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pool {
+    shares: f64,
+    balances: f64,
+    moved: f64,
+}
+
+impl Pool {
+    /// Takes in a cell of `share_per_s` with `balance`.
+    pub(crate) fn add(&mut self, balance: Balance, share_per_s: f64, seconds: f64) {
+        let valid = |x: f64| x.is_finite() && x >= 0.0;
+        if !valid(share_per_s) || !valid(seconds) {
+            return;
+        }
+        self.shares += share_per_s;
+        self.balances += balance.0;
+        self.moved += balance.moved(share_per_s, seconds);
+    }
+
+    /// What each unit of a cell's share is lent (negative: lends) in the
+    /// next interval of `seconds`: the bucket's repayment, within
+    /// [`MAX_MOVE`] of its shares, less the cells' own moves, within
+    /// [`LEND`] of the shares.
+    pub(crate) fn lent_per_share(&self, seconds: f64) -> f64 {
+        if self.shares <= 0.0 || !self.shares.is_finite() {
+            return 0.0;
+        }
+        let most = MAX_MOVE * self.shares;
+        let bucket = repaid_per_s(self.balances, seconds).clamp(-most, most);
+        let lent = (bucket - self.moved).clamp(-LEND * self.shares, LEND * self.shares);
+        lent / self.shares
+    }
+
+    /// The target of a cell of `share_per_s` with `balance` for the next
+    /// interval of `seconds`: its own move plus its part of the loan.
+    pub(crate) fn target(&self, balance: Balance, share_per_s: f64, seconds: f64) -> f64 {
+        let lent = self.lent_per_share(seconds) * share_per_s;
+        (balance.target(share_per_s, seconds) + lent).max(0.0)
     }
 }
 
@@ -155,6 +223,84 @@ mod tests {
         assert_eq!(Balance(-1e12).target(1_000.0, 0.5), 500.0);
         assert_eq!(Balance(1e12).target(1_000.0, 0.5), 1_500.0);
         assert_eq!(Balance(-1e12).target(0.0, 0.5), 0.0);
+    }
+
+    /// Two cells of a bucket, both shedding: each interval they admit
+    /// their targets; `debts` adds a cost admitted beyond the target of
+    /// each, per interval.
+    fn settle(
+        balances: &mut [Balance; 2],
+        shares: [f64; 2],
+        debts: impl Fn(usize) -> [f64; 2],
+        intervals: usize,
+    ) -> [f64; 2] {
+        let mut admitted = [0.0; 2];
+        for i in 0..intervals {
+            let mut pool = Pool::default();
+            for (balance, share) in balances.iter().zip(shares) {
+                pool.add(*balance, share, 0.5);
+            }
+            for (cell, (balance, share)) in balances.iter_mut().zip(shares).enumerate() {
+                let rate = pool.target(*balance, share, 0.5) + debts(i)[cell] / 0.5;
+                admitted[cell] += rate * 0.5;
+                *balance = balance.after(&interval(share, rate));
+            }
+        }
+        admitted
+    }
+
+    #[test]
+    fn a_small_cells_large_request_is_repaid_by_the_bucket() {
+        // A tenant of 1,000/s beside one of 9,000/s: one request of
+        // 4,000 beyond its target. Alone it repays at most 500/s; the
+        // bucket repays a quarter of the debt an interval, as one cell
+        // does within its bound.
+        let shares = [1_000.0, 9_000.0];
+        let mut balances = [Balance(-4_000.0), Balance::default()];
+        let mut pool = Pool::default();
+        for (balance, share) in balances.iter().zip(shares) {
+            pool.add(*balance, share, 0.5);
+        }
+        assert_eq!(pool.target(balances[0], 1_000.0, 0.5), 350.0);
+        assert_eq!(pool.target(balances[1], 9_000.0, 0.5), 7_650.0);
+        // Over 2 s the bucket repays more than the debtor could alone
+        // (at most 500/s), and over 40 s each cell admits its share: the
+        // debtor less its debt, the lender all it lent.
+        let early = settle(&mut balances.clone(), shares, |_| [0.0; 2], 4);
+        assert!(early[0] + early[1] < 20_000.0 - 2_000.0, "{early:?}");
+        let whole = settle(&mut balances, shares, |_| [0.0; 2], 80);
+        assert!((whole[0] - (40_000.0 - 4_000.0)).abs() < 1.0, "{whole:?}");
+        assert!((whole[1] - 360_000.0).abs() < 1.0, "{whole:?}");
+    }
+
+    #[test]
+    fn a_debt_that_never_ends_borrows_at_most_the_bound() {
+        // A cell that overruns its target by 1,000/s every interval: its
+        // debt stays at the bound; the lender lends at most `LEND` of its
+        // share and reclaims it from its own credit, so it still admits
+        // its share.
+        let shares = [1_000.0, 9_000.0];
+        let mut balances = [Balance::default(); 2];
+        let admitted = settle(&mut balances, shares, |_| [500.0, 0.0], 400);
+        assert_eq!(balances[0].get(), -DEBT_S * 1_000.0);
+        let mut pool = Pool::default();
+        for (balance, share) in balances.iter().zip(shares) {
+            pool.add(*balance, share, 0.5);
+        }
+        assert!(pool.lent_per_share(0.5) >= -LEND, "{pool:?}");
+        assert!(balances[1].get() > 0.0, "{balances:?}");
+        assert!(admitted[1] >= 9_000.0 * 200.0 * 0.99, "{admitted:?}");
+    }
+
+    #[test]
+    fn an_empty_or_invalid_pool_lends_nothing() {
+        assert_eq!(Pool::default().lent_per_share(0.5), 0.0);
+        let mut pool = Pool::default();
+        pool.add(Balance(-1_000.0), f64::NAN, 0.5);
+        pool.add(Balance(-1_000.0), -1.0, 0.5);
+        pool.add(Balance(-1_000.0), 1_000.0, f64::INFINITY);
+        assert_eq!(pool.lent_per_share(0.5), 0.0);
+        assert_eq!(pool.target(Balance::default(), 1_000.0, 0.5), 1_000.0);
     }
 
     #[test]

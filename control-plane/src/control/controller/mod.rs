@@ -55,7 +55,7 @@ use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
-use balance::Balance;
+use balance::{Balance, Pool};
 use blocked::Blocks;
 use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
@@ -446,6 +446,10 @@ impl Controller {
         // A first interval lifts what a previous process may have left on
         // the proxies for cells that no longer enforce anything.
         let first_interval = self.decided == 0;
+        let pool = match (signal, limit) {
+            (Signal::Cost, Some(_)) => self.settle(traffic, &mut state.cells, modes, mode),
+            _ => Pool::default(),
+        };
         for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
             if limit.is_none() && mode.is_none() {
                 if cell_state.pushed.take().is_some() || first_interval {
@@ -467,28 +471,13 @@ impl Controller {
                 continue;
             }
             let (target, share, reason) = match limit {
-                Some(_) => cell_share(
-                    &self.tenants,
-                    &self.allocation,
-                    &self.cell_tenant,
-                    index,
-                    (
-                        cell.priority,
-                        self.division.get(index).copied().unwrap_or(0.0),
-                    ),
-                ),
+                Some(_) => self.share_of(index, cell),
                 None => (None, 0.0, None),
             };
             let target = match (signal, target) {
                 (Signal::Cost, Some(target)) => {
-                    // The interval just reported ran under the mode pushed
-                    // before; shadow drops show any proxy shadowing it.
-                    let shadowed = cell.shadow_dropped_rps > 0.0
-                        || modes.shadow_any(mode)
-                        || cell_state
-                            .pushed
-                            .is_some_and(|pushed| pushed.mode == Some(Mode::Shadow));
-                    self.repaid_target(cell, cell_state, target, shadowed)
+                    let seconds = self.interval.as_duration().as_secs_f64();
+                    LimitRps::new(pool.target(cell_state.balance, target.get(), seconds)).ok()
                 }
                 _ => {
                     cell_state.balance = Balance::default();
@@ -623,27 +612,57 @@ impl Controller {
         );
     }
 
-    /// A budget cell's target for the next interval: its share, less the
-    /// debt (or plus the credit) of the intervals before ([`Balance`]).
-    fn repaid_target(
+    /// The target, share and reason of the bucket's cell `index` in the
+    /// division last allocated ([`cell_share`]).
+    fn share_of(&self, index: usize, cell: &CellLoad) -> (Option<LimitRps>, f64, Option<Reason>) {
+        cell_share(
+            &self.tenants,
+            &self.allocation,
+            &self.cell_tenant,
+            index,
+            (
+                cell.priority,
+                self.division.get(index).copied().unwrap_or(0.0),
+            ),
+        )
+    }
+
+    /// Takes the interval just reported into the balances of a budget's
+    /// cells ([`Balance`]) and returns what they repay together
+    /// ([`Pool`]).
+    fn settle(
         &self,
-        cell: &CellLoad,
-        state: &mut CellState,
-        target: LimitRps,
-        shadowed: bool,
-    ) -> Option<LimitRps> {
+        traffic: &BucketTraffic,
+        cells: &mut [CellState],
+        modes: &Modes,
+        mode: Option<Mode>,
+    ) -> Pool {
         let seconds = self.interval.as_duration().as_secs_f64();
-        state.balance = state.balance.after(&balance::Interval {
-            seconds,
-            target_per_s: target.get(),
-            admitted_per_s: cell.load.admitted_rps,
-            fresh: 1.0 - cell.load.stale_share,
-            shedding: state
-                .pushed
-                .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER),
-            shadowed,
-        });
-        LimitRps::new(state.balance.target(target.get(), seconds)).ok()
+        let mut pool = Pool::default();
+        for (index, (cell, state)) in traffic.cells.iter().zip(cells).enumerate() {
+            let (Some(target), _, _) = self.share_of(index, cell) else {
+                continue;
+            };
+            // The interval just reported ran under the mode pushed before;
+            // shadow drops show any proxy shadowing it.
+            let shadowed = cell.shadow_dropped_rps > 0.0
+                || modes.shadow_any(mode)
+                || state
+                    .pushed
+                    .is_some_and(|pushed| pushed.mode == Some(Mode::Shadow));
+            state.balance = state.balance.after(&balance::Interval {
+                seconds,
+                target_per_s: target.get(),
+                admitted_per_s: cell.load.admitted_rps,
+                fresh: 1.0 - cell.load.stale_share,
+                shedding: state
+                    .pushed
+                    .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER),
+                shadowed,
+            });
+            pool.add(state.balance, target.get(), seconds);
+        }
+        pool
     }
 
     /// The retry hint of the standing blocks: the shortest one.
