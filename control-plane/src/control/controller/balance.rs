@@ -170,11 +170,28 @@ impl Pool {
         lent / self.shares
     }
 
-    /// The target of a cell of `share_per_s` with `balance` for the next
-    /// interval of `seconds`: its own move plus its part of the loan.
-    pub(crate) fn target(&self, balance: Balance, share_per_s: f64, seconds: f64) -> f64 {
-        let lent = self.lent_per_share(seconds) * share_per_s;
-        (balance.target(share_per_s, seconds) + lent).max(0.0)
+    /// What the cells repay together in the next interval of `seconds`.
+    pub(crate) fn repayment(&self, seconds: f64) -> Repayment {
+        Repayment {
+            seconds,
+            lent_per_share: self.lent_per_share(seconds),
+        }
+    }
+}
+
+/// A bucket's repayment for one interval, computed once for its cells.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Repayment {
+    seconds: f64,
+    lent_per_share: f64,
+}
+
+impl Repayment {
+    /// The target of a cell of `share_per_s` with `balance`: its own move
+    /// plus its part of the loan.
+    pub(crate) fn target(&self, balance: Balance, share_per_s: f64) -> f64 {
+        let lent = self.lent_per_share * share_per_s;
+        (balance.target(share_per_s, self.seconds) + lent).max(0.0)
     }
 }
 
@@ -241,7 +258,7 @@ mod tests {
                 pool.add(*balance, share, 0.5);
             }
             for (cell, (balance, share)) in balances.iter_mut().zip(shares).enumerate() {
-                let rate = pool.target(*balance, share, 0.5) + debts(i)[cell] / 0.5;
+                let rate = pool.repayment(0.5).target(*balance, share) + debts(i)[cell] / 0.5;
                 admitted[cell] += rate * 0.5;
                 *balance = balance.after(&interval(share, rate));
             }
@@ -261,8 +278,8 @@ mod tests {
         for (balance, share) in balances.iter().zip(shares) {
             pool.add(*balance, share, 0.5);
         }
-        assert_eq!(pool.target(balances[0], 1_000.0, 0.5), 350.0);
-        assert_eq!(pool.target(balances[1], 9_000.0, 0.5), 7_650.0);
+        assert_eq!(pool.repayment(0.5).target(balances[0], 1_000.0), 350.0);
+        assert_eq!(pool.repayment(0.5).target(balances[1], 9_000.0), 7_650.0);
         // Over 2 s the bucket repays more than the debtor could alone
         // (at most 500/s), and over 40 s each cell admits its share: the
         // debtor less its debt, the lender all it lent.
@@ -300,7 +317,10 @@ mod tests {
         pool.add(Balance(-1_000.0), -1.0, 0.5);
         pool.add(Balance(-1_000.0), 1_000.0, f64::INFINITY);
         assert_eq!(pool.lent_per_share(0.5), 0.0);
-        assert_eq!(pool.target(Balance::default(), 1_000.0, 0.5), 1_000.0);
+        assert_eq!(
+            pool.repayment(0.5).target(Balance::default(), 1_000.0),
+            1_000.0
+        );
     }
 
     #[test]

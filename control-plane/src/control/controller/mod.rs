@@ -55,7 +55,7 @@ use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
 use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
-use balance::{Balance, Pool};
+use balance::{Balance, Pool, Repayment};
 use blocked::Blocks;
 use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
@@ -446,9 +446,9 @@ impl Controller {
         // A first interval lifts what a previous process may have left on
         // the proxies for cells that no longer enforce anything.
         let first_interval = self.decided == 0;
-        let pool = match (signal, limit) {
+        let repayment = match (signal, limit) {
             (Signal::Cost, Some(_)) => self.settle(traffic, &mut state.cells, modes, mode),
-            _ => Pool::default(),
+            _ => Repayment::default(),
         };
         for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
             if limit.is_none() && mode.is_none() {
@@ -476,8 +476,7 @@ impl Controller {
             };
             let target = match (signal, target) {
                 (Signal::Cost, Some(target)) => {
-                    let seconds = self.interval.as_duration().as_secs_f64();
-                    LimitRps::new(pool.target(cell_state.balance, target.get(), seconds)).ok()
+                    LimitRps::new(repayment.target(cell_state.balance, target.get())).ok()
                 }
                 _ => {
                     cell_state.balance = Balance::default();
@@ -628,15 +627,15 @@ impl Controller {
     }
 
     /// Takes the interval just reported into the balances of a budget's
-    /// cells ([`Balance`]) and returns what they repay together
-    /// ([`Pool`]).
+    /// cells ([`Balance`]) and returns what they repay together in the
+    /// next interval ([`Pool`]).
     fn settle(
         &self,
         traffic: &BucketTraffic,
         cells: &mut [CellState],
         modes: &Modes,
         mode: Option<Mode>,
-    ) -> Pool {
+    ) -> Repayment {
         let seconds = self.interval.as_duration().as_secs_f64();
         let mut pool = Pool::default();
         for (index, (cell, state)) in traffic.cells.iter().zip(cells).enumerate() {
@@ -662,7 +661,7 @@ impl Controller {
             });
             pool.add(state.balance, target.get(), seconds);
         }
-        pool
+        pool.repayment(seconds)
     }
 
     /// The retry hint of the standing blocks: the shortest one.
