@@ -387,6 +387,10 @@ pub struct BucketCost {
     /// Charged over admitted estimate, when something was admitted.
     #[serde(default)]
     pub charged_to_estimate: Option<f64>,
+    /// Under a budget, the charged cost per unit of admitted estimate the
+    /// controller holds the budget by.
+    #[serde(default)]
+    pub charge_factor: Option<f64>,
 }
 
 /// `proxy_cap` of a bucket in `GET /v1/buckets`.

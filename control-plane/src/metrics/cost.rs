@@ -29,6 +29,7 @@ pub(super) struct CostMetrics {
     admitted: Family<CostLabels, F64Gauge>,
     charged: Family<CostLabels, F64Gauge>,
     charged_to_estimate: Family<CostLabels, F64Gauge>,
+    charge_factor: Family<CostLabels, F64Gauge>,
     budget: Family<CostLabels, F64Gauge>,
     /// Series of the previous control interval.
     previous: Mutex<BTreeSet<CostLabels>>,
@@ -54,8 +55,13 @@ impl CostMetrics {
         );
         registry.register(
             "bucket_charged_to_estimate_ratio",
-            "A bucket's charged cost over its admitted estimated cost in the last control interval: above 1, the estimates are low and the budget is overrun by that factor",
+            "A bucket's charged cost over its admitted estimated cost in the last control interval: above 1, the estimates are low",
             metrics.charged_to_estimate.clone(),
+        );
+        registry.register(
+            "bucket_charge_factor",
+            "Under a budget, the charged cost per unit of admitted estimate over the last half minute that the controller holds the budget by (1: steered on the estimates as they are)",
+            metrics.charge_factor.clone(),
         );
         registry.register(
             "bucket_budget_per_second",
@@ -95,6 +101,14 @@ impl CostMetrics {
                     self.charged_to_estimate.remove(&labels);
                 }
             }
+            match cost.charge_factor {
+                Some(factor) => {
+                    self.charge_factor.get_or_create(&labels).set(factor);
+                }
+                None => {
+                    self.charge_factor.remove(&labels);
+                }
+            }
             match &cost.budget {
                 Some(budget) => {
                     self.budget.get_or_create(&labels).set(budget.rate().get());
@@ -111,6 +125,7 @@ impl CostMetrics {
             self.admitted.remove(&labels);
             self.charged.remove(&labels);
             self.charged_to_estimate.remove(&labels);
+            self.charge_factor.remove(&labels);
             self.budget.remove(&labels);
         }
     }

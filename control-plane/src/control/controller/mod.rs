@@ -57,11 +57,13 @@ use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
 use balance::{Balance, Pool, Repayment};
 use blocked::Blocks;
+use charge_ratio::ChargeRatio;
 use counted::CountedProxies;
 use sluice_core::{CLASSES, DropRatio, Priority, Reason};
 
 mod balance;
 mod blocked;
+mod charge_ratio;
 #[cfg(test)]
 mod cost_tests;
 mod counted;
@@ -196,6 +198,8 @@ struct ControlledBucket {
     cells: Vec<CellState>,
     /// What the bucket's directives last listed as counted in part.
     counted: CountedProxies,
+    /// Under a budget, how far its charges run from its estimates.
+    charges: ChargeRatio,
 }
 
 /// Orders keys that are usually the very same interned string: comparing
@@ -226,8 +230,13 @@ pub struct Controller {
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
     /// Per cell of the bucket at hand: the offered rate it counts for in
-    /// the division ([`DropPolicy::offered_estimate`] for a budget's).
+    /// the division ([`DropPolicy::offered_estimate`] for a budget's,
+    /// weighed by `charge_factor`).
     division: Vec<f64>,
+    /// For the bucket at hand under a budget, its charges per unit of
+    /// admitted estimate ([`ChargeRatio`]): the shares are in the budget's
+    /// unit, the targets the cells are steered to in estimates. 1 otherwise.
+    charge_factor: f64,
     /// The blocked buckets' standing directives.
     blocks: Blocks,
     /// Control intervals decided so far.
@@ -263,6 +272,7 @@ impl Controller {
             pooled: Vec::new(),
             cell_tenant: Vec::new(),
             division: Vec::new(),
+            charge_factor: 1.0,
             blocks: Blocks::default(),
             decided: 0,
         }
@@ -330,6 +340,7 @@ impl Controller {
                     overloaded_intervals: 0,
                     cells: Vec::new(),
                     counted: CountedProxies::default(),
+                    charges: ChargeRatio::default(),
                 });
             let rule = limits.rule_for(&traffic.bucket);
             let limit = rule.map(Limit::rate);
@@ -379,6 +390,18 @@ impl Controller {
         let cost = budget.map(CostTag::of);
         let cost_moved = state.cost != cost;
         state.cost = cost;
+        self.charge_factor = match (signal, &traffic.cost) {
+            (Signal::Cost, Some(cost)) => {
+                state
+                    .charges
+                    .observe(cost, self.interval.as_duration().as_secs_f64());
+                state.charges.factor()
+            }
+            _ => {
+                state.charges = ChargeRatio::default();
+                1.0
+            }
+        };
         if let Some(limit) = limit {
             // A budget is divided on the policy's estimates of the cells'
             // cost rates: each interval's raw cost rates are noisy and
@@ -386,27 +409,34 @@ impl Controller {
             self.division.clear();
             for cell in &traffic.cells {
                 self.division.push(match signal {
-                    Signal::Cost => self.policy.offered_estimate(
-                        bucket,
-                        &cell.tenant,
-                        cell.priority,
-                        &cell.load,
-                        signal,
-                    ),
+                    Signal::Cost => {
+                        self.policy.offered_estimate(
+                            bucket,
+                            &cell.tenant,
+                            cell.priority,
+                            &cell.load,
+                            signal,
+                        ) * self.charge_factor
+                    }
                     Signal::Requests => cell.load.offered_rps,
                 });
             }
             self.allocate(traffic, limit, tenants);
         }
         let blocked = limit.is_some_and(LimitRps::is_blocked);
-        let overloaded = limit.is_some_and(|l| traffic.load.offered_rps > l.get());
+        let overloaded =
+            limit.is_some_and(|l| traffic.load.offered_rps * self.charge_factor > l.get());
         state.overloaded_intervals = if overloaded {
             state.overloaded_intervals.saturating_add(1)
         } else {
             0
         };
         let retry_after = retry_after_ms(self.interval, state.overloaded_intervals);
-        let counted = CountedProxies::of(traffic, limit);
+        // The proxies' room under the limit is counted in estimates.
+        let counted = CountedProxies::of(
+            traffic,
+            limit.and_then(|l| LimitRps::new(l.get() / self.charge_factor).ok()),
+        );
         // A moved list is pushed with every cell of the bucket: the filters
         // resolve it into each cell's ratio.
         let counted_moved = counted.differs_from(&state.counted);
@@ -438,10 +468,13 @@ impl Controller {
             floors_exceed_limit: limit.is_some() && self.allocation.floors_exceed_limit,
             cells: Vec::with_capacity(traffic.cells.len()),
             proxy_cap: traffic.proxy_cap.clone(),
-            cost: traffic
-                .cost
-                .as_ref()
-                .map(|cost| CostStatus::of(cost, budget)),
+            cost: traffic.cost.as_ref().map(|cost| {
+                CostStatus::of(
+                    cost,
+                    budget,
+                    (signal == Signal::Cost).then_some(self.charge_factor),
+                )
+            }),
         };
         // A first interval lifts what a previous process may have left on
         // the proxies for cells that no longer enforce anything.
@@ -613,8 +646,12 @@ impl Controller {
 
     /// The target, share and reason of the bucket's cell `index` in the
     /// division last allocated ([`cell_share`]).
+    ///
+    /// The share is in the limit's unit; under a budget whose charges run
+    /// from its estimates, the target is in estimates (the share over the
+    /// bucket's `charge_factor`), which is what the cell's proxies count.
     fn share_of(&self, index: usize, cell: &CellLoad) -> (Option<LimitRps>, f64, Option<Reason>) {
-        cell_share(
+        let (target, share, reason) = cell_share(
             &self.tenants,
             &self.allocation,
             &self.cell_tenant,
@@ -623,7 +660,14 @@ impl Controller {
                 cell.priority,
                 self.division.get(index).copied().unwrap_or(0.0),
             ),
-        )
+        );
+        let target = match target {
+            Some(target) if self.charge_factor != 1.0 => {
+                LimitRps::new(target.get() / self.charge_factor).ok()
+            }
+            target => target,
+        };
+        (target, share, reason)
     }
 
     /// Takes the interval just reported into the balances of a budget's

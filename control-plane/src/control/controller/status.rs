@@ -59,10 +59,16 @@ pub(crate) struct CostStatus {
     pub(crate) charged_per_s: f64,
     /// `charged_per_s / admitted_per_s`: how far the actual cost runs from
     /// the estimate the decisions were made on (above 1: the estimate is
-    /// low and the budget is overrun by that factor). `None` when nothing
-    /// was admitted. Charges land when streams end, so compare it over
+    /// low; the controller holds a budget by its average over the last half
+    /// minute, `charge_factor`). `None` when nothing was admitted. Charges land when streams end, so compare it over
     /// several intervals (the metrics' rates), not one.
     pub(crate) charged_to_estimate: Option<f64>,
+    /// Under a budget, the charged cost per unit of admitted estimate the
+    /// controller holds the budget by (over the last half minute, 1 while
+    /// the charges say little or run within 2 % of the estimates): the
+    /// cells are steered to their shares divided by it, in estimates.
+    /// `None` (JSON null) for a bucket limited in requests.
+    pub(crate) charge_factor: Option<f64>,
     /// Fleet requests offered per second.
     pub(crate) offered_requests_rps: f64,
     /// Fleet requests admitted per second.
@@ -71,7 +77,11 @@ pub(crate) struct CostStatus {
 
 impl CostStatus {
     /// The status of `cost` under `budget`.
-    pub(crate) fn of(cost: &BucketCost, budget: Option<&Budget>) -> Self {
+    pub(crate) fn of(
+        cost: &BucketCost,
+        budget: Option<&Budget>,
+        charge_factor: Option<f64>,
+    ) -> Self {
         Self {
             budget: budget.cloned(),
             offered_per_s: cost.offered_per_s,
@@ -79,6 +89,7 @@ impl CostStatus {
             charged_per_s: cost.charged_per_s,
             charged_to_estimate: (cost.admitted_per_s > 0.0)
                 .then(|| cost.charged_per_s / cost.admitted_per_s),
+            charge_factor,
             offered_requests_rps: cost.offered_rps,
             admitted_requests_rps: cost.admitted_rps,
         }
