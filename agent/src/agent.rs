@@ -241,14 +241,18 @@ impl Agent {
     pub fn charge(&mut self, pending: &PendingCharge, charge: Charge) {
         let directives = &self.path.directives;
         let late = pending.uncounted_usage(charge);
-        let counted = self.path.cells.charge(&pending.key, charge, late, || {
-            parse_key(&pending.key).is_some_and(|(bucket, tenant, priority)| {
-                let wide = tenant.is_empty() && priority == sluice_core::Priority::Unspecified;
-                directives
-                    .find((!wide).then_some(pending.key.as_str()), bucket)
-                    .is_some()
-            })
-        });
+        let estimate = pending.estimate();
+        let counted = self
+            .path
+            .cells
+            .charge(&pending.key, charge, (estimate, late), || {
+                parse_key(&pending.key).is_some_and(|(bucket, tenant, priority)| {
+                    let wide = tenant.is_empty() && priority == sluice_core::Priority::Unspecified;
+                    directives
+                        .find((!wide).then_some(pending.key.as_str()), bucket)
+                        .is_some()
+                })
+            });
         if counted {
             self.vm.metrics.count_charge(charge);
         } else {

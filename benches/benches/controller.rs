@@ -166,6 +166,7 @@ fn fair_shares(c: &mut Criterion) {
                     requests_rps: 0.0,
                 },
                 shadow_dropped_rps: 0.0,
+                charges: None,
             }
         })
         .collect();

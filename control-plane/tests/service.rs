@@ -272,6 +272,7 @@ impl Proxy {
                     offered_cost: requests as f64 * cost,
                     admitted_cost: admitted as f64 * cost,
                     charged_cost: admitted as f64 * charged,
+                    settled_cost: admitted as f64 * cost,
                     ..Default::default()
                 };
                 let report = ProxyMessage {

@@ -28,6 +28,7 @@ fn cell(priority: Priority, offered: f64) -> CellLoad {
             requests_rps: 0.0,
         },
         shadow_dropped_rps: 0.0,
+        charges: None,
     }
 }
 

@@ -29,7 +29,8 @@ const BUDGET_PER_S: f64 = 20_000.0;
 /// What each proxy reports every 100 ms: 3 requests of 1,000 tokens
 /// offered (30,000 tokens/s, 1.5x the budget on its own), of which 850
 /// tokens of estimates admitted (what the fleet's ratio asks once it holds
-/// the budget in charged tokens), charged 1.2x their estimate.
+/// the budget in charged tokens), and streams counted as many charged 1.2x
+/// that.
 fn counts() -> Vec<BucketCount> {
     vec![BucketCount {
         bucket: "llm".to_owned(),
@@ -38,14 +39,15 @@ fn counts() -> Vec<BucketCount> {
         offered_cost: 3_000.0,
         admitted_cost: 850.0,
         charged_cost: 1_020.0,
+        settled_cost: 850.0,
         ..BucketCount::default()
     }]
 }
 
 /// Whether a replica's view of `llm` is the whole fleet's, steered to the
 /// budget in charged tokens: 60,000 tokens/s of estimates offered by both
-/// proxies and charged 1.2x, which the controller holds the budget by
-/// (less its 2 % dead band). These proxies admit what they report whatever
+/// proxies and charged 1.2x, which the controller holds the budget by.
+/// These proxies admit what they report whatever
 /// they are told, so the balance keeps the budget they left unused before
 /// the charges counted and the ratio stays looser than the 0.72 of the
 /// charged budget alone; a replica hearing one proxy alone would drop
@@ -59,7 +61,7 @@ fn steered_on_both(llm: &BucketStatus) -> bool {
         && (llm.offered_rps - 60_000.0).abs() <= 0.05 * 60_000.0
         && cost
             .charge_factor
-            .is_some_and(|factor| (factor - 1.2 / 1.02).abs() < 0.01)
+            .is_some_and(|factor| (factor - 1.2).abs() < 0.01)
         && (0.5..=0.75).contains(&llm.drop_ratio)
 }
 

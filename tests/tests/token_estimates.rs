@@ -1,5 +1,6 @@
 //! A token budget held in the tokens the streams were charged when every
-//! estimate runs low, through real Envoy 1.40 and the wasm filter: the
+//! estimate runs low, through real Envoy 1.40, for the wasm filter and the
+//! native module: the
 //! route's cost rule estimates every request at a constant 250 tokens
 //! while the fake LLM upstream's responses average about 1,000 (log-normal,
 //! median 500, p99 8,000) and the filter charges what the SSE stream's
@@ -34,10 +35,19 @@ const MEASURE_FROM: Duration = Duration::from_secs(18);
 const BOUND: f64 = 0.35;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn estimates_that_run_low_do_not_overrun_the_budget() {
+async fn the_wasm_filter_holds_a_budget_whose_estimates_run_low() {
+    low_estimates_do_not_overrun_the_budget(DataPlane::Wasm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_module_holds_a_budget_whose_estimates_run_low() {
+    low_estimates_do_not_overrun_the_budget(DataPlane::Native).await;
+}
+
+async fn low_estimates_do_not_overrun_the_budget(data_plane: DataPlane) {
     let mut options = TokenFleetOptions::new(BUDGET_PER_S, 1);
     options.budget_period = BudgetPeriod::Second;
-    options.data_plane = DataPlane::Wasm;
+    options.data_plane = data_plane;
     options.estimate = Estimate::Constant(ESTIMATE);
     let fleet = TokenFleet::start(options).await.unwrap();
     let load = TokenLoad::start(
@@ -61,21 +71,20 @@ async fn estimates_that_run_low_do_not_overrun_the_budget() {
     if error.abs() > BOUND || !(2.5..=6.0).contains(&factor) {
         fleet.fleet.print_logs();
     }
-    // The upstream's tokens over the estimate: about 4, less the 2 %
-    // dead band.
+    // The upstream's tokens over the estimate: about 4.
     assert!(
         (2.5..=6.0).contains(&factor),
-        "charge factor {factor}: {cost:?}"
+        "{data_plane:?}: charge factor {factor}: {cost:?}"
     );
     assert!(
         error.abs() <= BOUND,
-        "admitted {admitted} tokens in the last 10 s against a budget of {expected} \
+        "{data_plane:?}: admitted {admitted} tokens in the last 10 s against a budget of {expected} \
          ({:+.1} %; {} requests, {failed} without a response); {cost:?}",
         error * 100.0,
         completions.len()
     );
     eprintln!(
-        "admitted {admitted} tokens in the last 10 s, budget {expected} ({:+.1} %), \
+        "{data_plane:?}: admitted {admitted} tokens in the last 10 s, budget {expected} ({:+.1} %), \
          charge factor {factor:.2}",
         error * 100.0
     );

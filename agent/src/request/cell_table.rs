@@ -49,6 +49,9 @@ pub struct Counts {
     pub admitted_cost: u64,
     /// The actual cost charged at the end of their streams.
     pub charged_cost: u64,
+    /// The estimated cost counted for those streams (what the charges are
+    /// compared with).
+    pub settled_cost: u64,
 }
 
 impl Counts {
@@ -66,6 +69,7 @@ impl Counts {
             offered_cost: estimate,
             admitted_cost: if admitted { estimate } else { 0 },
             charged_cost: 0,
+            settled_cost: 0,
         }
     }
 
@@ -76,6 +80,7 @@ impl Counts {
         self.offered_cost = self.offered_cost.saturating_add(other.offered_cost);
         self.admitted_cost = self.admitted_cost.saturating_add(other.admitted_cost);
         self.charged_cost = self.charged_cost.saturating_add(other.charged_cost);
+        self.settled_cost = self.settled_cost.saturating_add(other.settled_cost);
     }
 
     /// Whether there is nothing to report: no request and no charge.
@@ -92,6 +97,7 @@ impl Counts {
             offered_cost: self.offered_cost as f64,
             admitted_cost: self.admitted_cost as f64,
             charged_cost: self.charged_cost as f64,
+            settled_cost: self.settled_cost as f64,
             ..count
         }
     }
@@ -124,6 +130,7 @@ impl Counts {
         let (offered_cost, rest_offered_cost) = cost(self.offered_cost);
         let (admitted_cost, rest_admitted_cost) = cost(self.admitted_cost);
         let (charged_cost, rest_charged_cost) = cost(self.charged_cost);
+        let (settled_cost, rest_settled_cost) = cost(self.settled_cost);
         (
             Counts {
                 offered,
@@ -132,6 +139,7 @@ impl Counts {
                 offered_cost,
                 admitted_cost,
                 charged_cost,
+                settled_cost,
             },
             Counts {
                 offered: rest_offered,
@@ -140,6 +148,7 @@ impl Counts {
                 offered_cost: rest_offered_cost,
                 admitted_cost: rest_admitted_cost,
                 charged_cost: rest_charged_cost,
+                settled_cost: rest_settled_cost,
             },
         )
     }
@@ -161,6 +170,7 @@ impl Counts {
             offered_cost: cost(count.offered_cost),
             admitted_cost: cost(count.admitted_cost),
             charged_cost: cost(count.charged_cost),
+            settled_cost: cost(count.settled_cost),
         }
     }
 }
@@ -336,8 +346,9 @@ impl CellTable {
     /// Adds the actual cost of `charge`, a stream of the cell `key` that
     /// ended, to be reported with this window's counts, and `late` to its
     /// offered and admitted cost (the usage the request's count left
-    /// out, [`crate::request::charge::PendingCharge::uncounted_usage`]).
-    /// A cell whose
+    /// out, [`crate::request::charge::PendingCharge::uncounted_usage`]);
+    /// the stream's counted `estimate` and `late` are its settled cost,
+    /// what the charge is compared with. A cell whose
     /// record went (drained and idle) gets one again if it fits
     /// (`limited` tells whether it has a directive); the cost is lost and
     /// `false` returned if it does not.
@@ -345,7 +356,7 @@ impl CellTable {
         &mut self,
         key: &str,
         charge: Charge,
-        late: u64,
+        (estimate, late): (u64, u64),
         limited: impl FnOnce() -> bool,
     ) -> bool {
         let len = self.records.len();
@@ -360,6 +371,9 @@ impl CellTable {
                 counts.charged_cost = counts.charged_cost.saturating_add(charge.cost);
                 counts.offered_cost = counts.offered_cost.saturating_add(late);
                 counts.admitted_cost = counts.admitted_cost.saturating_add(late);
+                counts.settled_cost = counts
+                    .settled_cost
+                    .saturating_add(estimate.saturating_add(late));
                 self.counted = true;
                 true
             }

@@ -269,6 +269,7 @@ mod tests {
                 requests_rps: 0.0,
             },
             shadow_dropped_rps: 0.0,
+            charges: None,
         }
     }
 

@@ -21,6 +21,8 @@ pub struct Rates {
     pub(crate) admitted_cost: f64,
     /// The actual cost charged at stream end.
     pub(crate) charged_cost: f64,
+    /// The estimated cost counted for the streams charged.
+    pub(crate) settled_cost: f64,
 }
 
 impl Rates {
@@ -134,6 +136,97 @@ pub struct CellLoad {
     pub load: BucketLoad,
     /// Σ over proxies of their shadow-dropped rate.
     pub shadow_dropped_rps: f64,
+    /// For a cell of a bucket whose limit is a budget (its rates are
+    /// estimates), what its streams were charged; `None` when not known (a
+    /// bucket limited in requests, or a replica's share written before
+    /// cells carried their charges).
+    pub charges: Option<CellCharges>,
+}
+
+/// The most one proxy's charges may run from their estimates, either way,
+/// as far as they count for a budget's charge factor.
+pub(crate) const MAX_CHARGE_RATIO: f64 = 8.0;
+/// The most estimated cost one proxy's settled streams count for in a
+/// window, as a multiple of the estimated cost it counts as offering.
+const SETTLED_PER_OFFERED: f64 = 2.0;
+
+/// What a budget cell's streams were charged when they ended, as far as
+/// the proxies' claims are plausible ([`CellCharges::plausible`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CellCharges {
+    /// Σ actual cost charged per second.
+    pub charged_per_s: f64,
+    /// Σ estimated cost counted for the same streams per second.
+    pub settled_per_s: f64,
+}
+
+impl CellCharges {
+    /// One proxy's window of `rates`, whose claims count `factor` of
+    /// themselves (the share cap's): its charges within
+    /// [`MAX_CHARGE_RATIO`] of their estimates either way, and its settled
+    /// estimates (with their charges, in proportion) no more than
+    /// [`SETTLED_PER_OFFERED`] times the estimated cost it counts as
+    /// offering. So a proxy sways a budget's charge factor no more than
+    /// its claims sway the budget, whatever it reports. Charges without
+    /// settled estimates (older filters) count up to as much on the
+    /// charged side alone.
+    pub(crate) fn plausible(rates: &Rates, factor: f64) -> Self {
+        let most = SETTLED_PER_OFFERED * rates.offered_cost * factor.clamp(0.0, 1.0);
+        let (charged, settled) = (rates.charged_cost, rates.settled_cost);
+        if !(charged.is_finite() && settled.is_finite() && most.is_finite()) {
+            return Self::default();
+        }
+        if settled <= 0.0 {
+            return Self {
+                charged_per_s: charged.clamp(0.0, MAX_CHARGE_RATIO * most),
+                settled_per_s: 0.0,
+            };
+        }
+        let charged = charged.clamp(settled / MAX_CHARGE_RATIO, settled * MAX_CHARGE_RATIO);
+        let scale = if settled > most { most / settled } else { 1.0 };
+        Self {
+            charged_per_s: charged * scale,
+            settled_per_s: settled * scale,
+        }
+    }
+
+    /// The proxies' `parts` of one cell summed, each proxy's settled
+    /// estimates (with its charges, in proportion) counting at most the
+    /// lower median proxy's: the ratio each proxy reports is kept, and no
+    /// one proxy sways the cell's more than the median one does (with
+    /// three proxies, a third of the weight; with two, a half). Charges
+    /// without settled estimates are added as they are.
+    pub(crate) fn weighed(parts: impl Iterator<Item = Self> + Clone) -> Self {
+        let mut settled: Vec<f64> = parts
+            .clone()
+            .map(|part| part.settled_per_s)
+            .filter(|settled| *settled > 0.0)
+            .collect();
+        settled.sort_unstable_by(f64::total_cmp);
+        let median = settled
+            .get(settled.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or(0.0);
+        parts.fold(Self::default(), |sum, part| {
+            let scale = if part.settled_per_s > median {
+                median / part.settled_per_s
+            } else {
+                1.0
+            };
+            sum.add(Self {
+                charged_per_s: part.charged_per_s * scale,
+                settled_per_s: part.settled_per_s * scale,
+            })
+        })
+    }
+
+    /// Adds another part of the fleet (a replica's share).
+    pub(crate) fn add(self, other: Self) -> Self {
+        Self {
+            charged_per_s: self.charged_per_s + other.charged_per_s,
+            settled_per_s: self.settled_per_s + other.settled_per_s,
+        }
+    }
 }
 
 /// Fleet-wide load of one bucket: totals and cells.
@@ -188,6 +281,7 @@ impl BucketTraffic {
                 priority: Priority::Unspecified,
                 load,
                 shadow_dropped_rps: 0.0,
+                charges: None,
             }],
             proxy_cap: None,
             cost: None,
@@ -281,4 +375,73 @@ pub struct FleetStats {
     pub(crate) claims_ignored: u64,
     /// Connected proxies still on probation after the tick.
     pub(crate) proxies_on_probation: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(offered_cost: f64, charged_cost: f64, settled_cost: f64) -> Rates {
+        Rates {
+            offered_cost,
+            charged_cost,
+            settled_cost,
+            ..Rates::default()
+        }
+    }
+
+    fn charges(charged_per_s: f64, settled_per_s: f64) -> CellCharges {
+        CellCharges {
+            charged_per_s,
+            settled_per_s,
+        }
+    }
+
+    #[test]
+    fn a_proxy_s_charges_count_within_its_claims() {
+        // As reported, within the bounds.
+        let honest = CellCharges::plausible(&rates(30_000.0, 12_000.0, 10_000.0), 1.0);
+        assert_eq!(honest, charges(12_000.0, 10_000.0));
+        // A ratio beyond 8 either way counts as 8.
+        let high = CellCharges::plausible(&rates(30_000.0, 1e12, 10_000.0), 1.0);
+        assert_eq!(high, charges(80_000.0, 10_000.0));
+        let low = CellCharges::plausible(&rates(30_000.0, 0.0, 10_000.0), 1.0);
+        assert_eq!(low, charges(1_250.0, 10_000.0));
+        // Settled beyond twice what it counts as offering: both scaled
+        // down alike (the share cap's factor included).
+        let heavy = CellCharges::plausible(&rates(30_000.0, 2e9, 1e9), 0.5);
+        assert_eq!(heavy, charges(60_000.0, 30_000.0));
+        // Charges without settled estimates (older filters), bounded too.
+        let older = CellCharges::plausible(&rates(30_000.0, 1e12, 0.0), 1.0);
+        assert_eq!(older, charges(480_000.0, 0.0));
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let read = CellCharges::plausible(&rates(30_000.0, bad, bad), 1.0);
+            assert!(read.charged_per_s >= 0.0 && read.settled_per_s >= 0.0);
+            assert!(read.charged_per_s.is_finite() && read.settled_per_s.is_finite());
+        }
+    }
+
+    #[test]
+    fn no_proxy_weighs_more_than_the_median_one() {
+        // Three proxies; the third reports ten times the others' weight at
+        // a ratio of 1/8: it counts as much as the median one.
+        let parts = [
+            charges(10_000.0, 10_000.0),
+            charges(12_000.0, 12_000.0),
+            charges(12_500.0, 100_000.0),
+        ];
+        let sum = CellCharges::weighed(parts.into_iter());
+        assert_eq!(sum.settled_per_s, 34_000.0);
+        assert_eq!(sum.charged_per_s, 10_000.0 + 12_000.0 + 1_500.0);
+        // One proxy alone is itself; charges without settled estimates are
+        // added as they are.
+        let alone = CellCharges::weighed([charges(5.0, 4.0)].into_iter());
+        assert_eq!(alone, charges(5.0, 4.0));
+        let older = CellCharges::weighed([charges(5.0, 4.0), charges(7.0, 0.0)].into_iter());
+        assert_eq!(older, charges(12.0, 4.0));
+        assert_eq!(
+            CellCharges::weighed(std::iter::empty()),
+            CellCharges::default()
+        );
+    }
 }

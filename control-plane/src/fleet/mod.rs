@@ -34,9 +34,10 @@ mod load;
 mod share_cap;
 mod status;
 
+pub(crate) use load::MAX_CHARGE_RATIO;
 pub use load::{
-    BucketCost, BucketLoad, BucketTraffic, CappedProxy, CellLoad, FleetLoad, FleetStats, ProxyCap,
-    Rates,
+    BucketCost, BucketLoad, BucketTraffic, CappedProxy, CellCharges, CellLoad, FleetLoad,
+    FleetStats, ProxyCap, Rates,
 };
 pub use share_cap::{ShareCap, Weight};
 pub(crate) use status::ProxyStatus;
@@ -140,6 +141,7 @@ struct Counts {
     offered_cost: f64,
     admitted_cost: f64,
     charged_cost: f64,
+    settled_cost: f64,
 }
 
 /// The most cost one report entry may count: far above any real window
@@ -165,6 +167,7 @@ impl Counts {
         self.offered_cost += reported_cost(count.offered_cost);
         self.admitted_cost += reported_cost(count.admitted_cost);
         self.charged_cost += reported_cost(count.charged_cost);
+        self.settled_cost += reported_cost(count.settled_cost);
     }
 }
 
@@ -314,10 +317,14 @@ fn steers_on_cost(cost_bounds: &[Option<f64>], bucket: u32) -> bool {
 struct Sums {
     /// Per cell id: the steering load, its shadow-dropped rate, and the
     /// cost and request rates side by side.
-    cells: Vec<(BucketLoad, f64, BucketCost)>,
+    /// And what its streams were charged, as far as it counts.
+    cells: Vec<(BucketLoad, f64, BucketCost, CellCharges)>,
     /// Per bucket id: the most estimated cost one request counts
     /// ([`Rates::bound_cost`]) when the bucket steers on cost, else `None`.
     cost_bounds: Vec<Option<f64>>,
+    /// Each proxy's plausible charges of a budget's cell this tick, by
+    /// cell id: weighed against each other before they are summed.
+    charges: Vec<(u32, CellCharges)>,
     /// Per bucket id steered on cost: the mean cost per request of each
     /// (proxy, cell) this tick, then their median in the first place.
     mean_costs: Vec<Vec<f64>>,
@@ -819,10 +826,16 @@ impl Fleet {
         let tick = self.tick;
 
         let sums = &mut self.sums;
+        sums.charges.clear();
         sums.cells.clear();
         sums.cells.resize(
             self.cells.slots.len(),
-            (BucketLoad::default(), 0.0, BucketCost::default()),
+            (
+                BucketLoad::default(),
+                0.0,
+                BucketCost::default(),
+                CellCharges::default(),
+            ),
         );
         let buckets = self.cells.next_bucket as usize;
         sums.cost_bounds.clear();
@@ -924,7 +937,7 @@ impl Fleet {
                     continue;
                 }
                 let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
-                if let Some((sum, shadow, cost)) = sums.cells.get_mut(id as usize) {
+                if let Some((sum, shadow, cost, _)) = sums.cells.get_mut(id as usize) {
                     let (offered, admitted, shadow_dropped) = rates.steering(steered);
                     sum.offered_rps += offered * factor;
                     // A capped proxy admits as if it offered its counted
@@ -953,6 +966,10 @@ impl Fleet {
                     cost.offered_per_s += rates.offered_cost * factor;
                     cost.admitted_per_s += counted(rates.admitted_cost, rates.offered_cost);
                     cost.charged_per_s += counted(rates.charged_cost, rates.offered_cost);
+                    if steered {
+                        sums.charges
+                            .push((id, CellCharges::plausible(&rates, factor)));
+                    }
                     cost.offered_rps += rates.offered_rps * factor;
                     cost.admitted_rps += counted(rates.admitted_rps, rates.offered_rps);
                 }
@@ -1025,6 +1042,15 @@ impl Fleet {
         stats.evicted_idle = self.cells.evict_unseen(tick);
         stats.claims_capped = capped;
         stats.claims_ignored = ignored;
+        // Each budget cell's charges, no proxy's weighing more than the
+        // median proxy's.
+        sums.charges.sort_unstable_by_key(|(id, _)| *id);
+        for group in sums.charges.chunk_by(|a, b| a.0 == b.0) {
+            let id = group.first().map_or(u32::MAX, |(id, _)| *id);
+            if let Some(cell) = sums.cells.get_mut(id as usize) {
+                cell.3 = CellCharges::weighed(group.iter().map(|(_, charges)| *charges));
+            }
+        }
 
         let mut load = Vec::with_capacity(self.cells.buckets.len());
         for (bucket, cells) in &self.cells.buckets {
@@ -1050,7 +1076,7 @@ impl Fleet {
             };
             for (tenant, priorities) in &cells.tenants {
                 for (&id, priority) in priorities.iter().zip(Priority::ALL) {
-                    let Some(&(sum, shadow, cost)) = sums.cells.get(id as usize) else {
+                    let Some(&(sum, shadow, cost, charges)) = sums.cells.get(id as usize) else {
                         continue;
                     };
                     // A budget's bucket whose proxies count no cost has
@@ -1072,6 +1098,7 @@ impl Fleet {
                             ..sum
                         },
                         shadow_dropped_rps: shadow,
+                        charges: steered.then_some(charges),
                     });
                 }
             }
@@ -1112,6 +1139,7 @@ impl Proxy {
                     offered_cost: counts.offered_cost / seconds,
                     admitted_cost: counts.admitted_cost / seconds,
                     charged_cost: counts.charged_cost / seconds,
+                    settled_cost: counts.settled_cost / seconds,
                 };
                 (id, rates)
             }));

@@ -60,7 +60,7 @@ impl CostMetrics {
         );
         registry.register(
             "bucket_charge_factor",
-            "Under a budget, the charged cost per unit of admitted estimate over the last half minute that the controller holds the budget by (1: steered on the estimates as they are)",
+            "Under a budget, the charged cost per unit of the same streams' estimates over the last half minute that the controller holds the budget by (1: steered on the estimates as they are)",
             metrics.charge_factor.clone(),
         );
         registry.register(

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use sluice_core::histogram::LatencyHistogram;
 
 use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
-use crate::fleet::{BucketCost, BucketLoad, BucketTraffic, CellLoad, FleetLoad, ProxyCap};
+use crate::fleet::{
+    BucketCost, BucketLoad, BucketTraffic, CellCharges, CellLoad, FleetLoad, ProxyCap,
+};
 use sluice_core::Priority;
 
 /// Layout of a published share; bumped when it changes meaning.
@@ -103,6 +105,13 @@ struct WireCell {
     /// request buckets' cells and older shares).
     #[serde(default, skip_serializing_if = "is_zero")]
     requests: f64,
+    /// A budget cell's charged cost per second, and the estimated cost
+    /// settled with it (added later: absent in request buckets' cells and
+    /// older shares, which leave them unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    charged: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    settled: Option<f64>,
 }
 
 fn is_zero(value: &f64) -> bool {
@@ -149,6 +158,8 @@ pub(crate) fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) 
                         proxies: cell.load.proxies_reporting,
                         stale_share: cell.load.stale_share,
                         requests: cell.load.requests_rps,
+                        charged: cell.charges.map(|c| c.charged_per_s),
+                        settled: cell.charges.map(|c| c.settled_per_s),
                     })
                     .collect(),
             })
@@ -188,6 +199,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
                         requests_rps: finite(cell.requests),
                     },
                     shadow_dropped_rps: finite(cell.shadow_dropped),
+                    charges: cell
+                        .charged
+                        .zip(cell.settled)
+                        .map(|(charged, settled)| CellCharges {
+                            charged_per_s: finite(charged),
+                            settled_per_s: finite(settled),
+                        }),
                 })
                 .collect();
             let mut traffic = BucketTraffic::from_cells(&bucket.bucket, cells);
@@ -279,6 +297,10 @@ fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
                 if let Some(existing) = into.cells.get_mut(at) {
                     existing.load = add_load(existing.load, cell.load);
                     existing.shadow_dropped_rps += cell.shadow_dropped_rps;
+                    // Unknown in any part, unknown in the sum: a cell's
+                    // charges from some replicas only would read as
+                    // estimates running high.
+                    existing.charges = existing.charges.zip(cell.charges).map(|(a, b)| a.add(b));
                 }
             }
             Err(at) => into.cells.insert(at, cell),
@@ -348,6 +370,7 @@ mod tests {
                 requests_rps: 0.0,
             },
             shadow_dropped_rps: 0.0,
+            charges: None,
         }
     }
 
@@ -484,6 +507,24 @@ mod tests {
         let summed = llm.cost.unwrap();
         assert_eq!(summed.charged_per_s, 18_000.0);
         assert_eq!(summed.offered_rps, 60.0);
+        // A cell's charges add where every share has them; a share written
+        // before cells carried them leaves the sum unknown.
+        let mut charged = llm.clone();
+        let charges = CellCharges {
+            charged_per_s: 9_000.0,
+            settled_per_s: 10_000.0,
+        };
+        charged.cells[0].charges = Some(charges);
+        let with = FleetLoad::new(vec![charged.clone()]);
+        let read = decode(&encode(&with, &[], &Upstream::new())).unwrap();
+        assert_eq!(read.buckets, with.buckets);
+        let both = merge(with.clone(), vec![read.buckets]);
+        assert_eq!(
+            both.get("llm").unwrap().cells[0].charges,
+            Some(charges.add(charges))
+        );
+        let older = merge(with, vec![vec![llm.clone()]]);
+        assert_eq!(older.get("llm").unwrap().cells[0].charges, None);
         // Bad numbers from the store read as none.
         let bad = br#"{"format":1,"buckets":[{"bucket":"llm","proxies":1,"cells":[],"cost":{"steered":true,"offered_per_s":-5.0,"charged_per_s":-1e300}}]}"#;
         let read = decode(bad).unwrap();

@@ -422,9 +422,16 @@ fn an_estimate_counts_up_to_the_cap_and_a_usage_beyond_it_the_rest_later() {
     let (mut agent, policy) = configured();
     paced_capped_directive(&mut agent, &policy, "llm", 0.0, "tokens", 1_000);
     let _ = drained(&mut agent, "llm");
+    // Each stream's settled cost is what it was counted in all: the
+    // charge is compared with it.
     let counts = |agent: &mut Agent| {
         let count = drained(agent, "llm");
-        (count.offered_cost, count.admitted_cost, count.charged_cost)
+        (
+            count.offered_cost,
+            count.admitted_cost,
+            count.charged_cost,
+            count.settled_cost,
+        )
     };
     let ended = |estimate: &'static str, usage: Option<&'static str>| {
         let mut request = request("llm", estimate);
@@ -442,17 +449,17 @@ fn an_estimate_counts_up_to_the_cap_and_a_usage_beyond_it_the_rest_later() {
         b"",
     );
     assert_eq!(charged.map(|c| c.cost), Some(22));
-    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 22.0));
+    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 22.0, 1_000.0));
     // An honest heavy request: the cap now, the rest at its end.
     let _ = run(&mut agent, &policy, &mut ended("5000", Some("4000")), b"");
-    assert_eq!(counts(&mut agent), (4_000.0, 4_000.0, 4_000.0));
+    assert_eq!(counts(&mut agent), (4_000.0, 4_000.0, 4_000.0, 4_000.0));
     // A usage beyond the estimate adds up to the estimate only, as an
     // uncapped estimate counts.
     let _ = run(&mut agent, &policy, &mut ended("3000", Some("9000")), b"");
-    assert_eq!(counts(&mut agent), (3_000.0, 3_000.0, 9_000.0));
+    assert_eq!(counts(&mut agent), (3_000.0, 3_000.0, 9_000.0, 3_000.0));
     // Below the cap nothing changes.
     let _ = run(&mut agent, &policy, &mut ended("300", Some("900")), b"");
-    assert_eq!(counts(&mut agent), (300.0, 300.0, 900.0));
+    assert_eq!(counts(&mut agent), (300.0, 300.0, 900.0, 300.0));
     // Without a usage: charged, and counted, the cap.
     let charged = run(&mut agent, &policy, &mut ended("1000000000", None), b"");
     assert_eq!(
@@ -462,7 +469,7 @@ fn an_estimate_counts_up_to_the_cap_and_a_usage_beyond_it_the_rest_later() {
             source: ChargeSource::Estimate
         })
     );
-    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 1_000.0));
+    assert_eq!(counts(&mut agent), (1_000.0, 1_000.0, 1_000.0, 1_000.0));
 }
 
 #[test]

@@ -49,6 +49,8 @@ struct Scenario<'a> {
     offered_cost_per_s: (f64, f64),
     step_at: usize,
     charge_factor: f64,
+    /// Tenants charged another factor than `charge_factor`.
+    tenant_charge_factors: &'a [(&'a str, f64)],
     admission: Admission,
     /// VMs (Envoy's workers) per proxy, each with its own credit; a
     /// request lands on one of them at random, as Envoy hands each
@@ -70,6 +72,7 @@ impl Default for Scenario<'_> {
             offered_cost_per_s: (60_000.0, 60_000.0),
             step_at: 0,
             charge_factor: 1.0,
+            tenant_charge_factors: &[],
             admission: Admission::Coin,
             vms: 1,
             seed: 37,
@@ -88,6 +91,8 @@ struct Outcome {
     admitted_per_interval: HashMap<String, Vec<f64>>,
     /// Cost charged at stream end, per second, all tenants.
     charged_cost_per_s: f64,
+    /// Cost charged at stream end per tenant, per second.
+    charged_per_tenant_per_s: HashMap<String, f64>,
     /// Offered cost per second, all tenants.
     offered_cost_per_s: f64,
     /// Mean of the bucket-wide cell's pushed drop ratio.
@@ -180,6 +185,11 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                 };
                 // Poisson arrivals, one chance per millisecond.
                 let per_ms = requests_per_s * share * demand.fraction / 1000.0;
+                let charge_factor = scenario
+                    .tenant_charge_factors
+                    .iter()
+                    .find(|(tenant, _)| *tenant == demand.tenant)
+                    .map_or(scenario.charge_factor, |(_, factor)| *factor);
                 let mut count = BucketCount {
                     bucket: bucket.to_owned(),
                     tenant: demand.tenant.to_owned(),
@@ -210,7 +220,8 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                         }
                         count.admitted += 1;
                         count.admitted_cost += cost;
-                        count.charged_cost += cost * scenario.charge_factor;
+                        count.charged_cost += cost * charge_factor;
+                        count.settled_cost += cost;
                     }
                 }
                 if measured {
@@ -221,6 +232,10 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                         .or_default() += count.admitted_cost;
                     *admitted_now.entry(demand.tenant).or_default() += count.admitted_cost;
                     outcome.charged_cost_per_s += count.charged_cost;
+                    *outcome
+                        .charged_per_tenant_per_s
+                        .entry(demand.tenant.to_owned())
+                        .or_default() += count.charged_cost;
                 }
                 counts.push(count);
             }
@@ -248,6 +263,9 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
         *admitted /= seconds;
     }
     outcome.charged_cost_per_s /= seconds;
+    for charged in outcome.charged_per_tenant_per_s.values_mut() {
+        *charged /= seconds;
+    }
     outcome.offered_cost_per_s /= seconds;
     outcome.mean_drop_ratio = ratio_sum / (intervals - warm_up) as f64;
     outcome.directives = pushed;
@@ -363,7 +381,7 @@ fn a_budget_is_held_in_charged_cost_whatever_the_estimates_bias() {
             admitted * charge_factor,
             1e-9
         ));
-        // Within the dead band's 2 % of the budget, and the noise's.
+        // Within the noise of the costs admitted.
         assert!(
             within(outcome.charged_cost_per_s, 20_000.0, 0.05),
             "{charge_factor}: charged {:.0} tokens/s for a budget of 20,000",
@@ -380,6 +398,64 @@ fn a_budget_is_held_in_charged_cost_whatever_the_estimates_bias() {
         // The share stated to clients stays in the budget's tokens.
         let directive = &outcome.directives[""];
         assert_eq!(directive.limit_rps, Some(20_000.0));
+    }
+}
+
+/// Two tenants of equal weight, each offering 45,000 tokens a second of
+/// estimates; one of them states a third of what its responses use. Held
+/// by one factor for the bucket, the honest tenant would pay for the
+/// other's low estimates; each cell's own factor holds each tenant to its
+/// share in charged tokens.
+#[test]
+fn a_tenant_whose_estimates_run_low_is_held_to_its_own_share() {
+    let policy = policy(
+        "limits:\n  - bucket: llm\n    budget: {amount: 20000, unit: tokens, per: second}\n\
+         tenants:\n  honest: {weight: 1}\n  low: {weight: 1}\n",
+    );
+    let demands = [
+        Demand {
+            tenant: "honest",
+            fraction: 0.5,
+        },
+        Demand {
+            tenant: "low",
+            fraction: 0.5,
+        },
+    ];
+    for seed in [37, 38] {
+        let outcome = simulate(
+            &policy,
+            "llm",
+            &Scenario {
+                demands: &demands,
+                offered_cost_per_s: (90_000.0, 90_000.0),
+                tenant_charge_factors: &[("low", 3.0)],
+                admission: Admission::Credit,
+                seed,
+                ..Scenario::default()
+            },
+        );
+        let charged = |tenant: &str| outcome.charged_per_tenant_per_s[tenant];
+        eprintln!("{seed}: charged {:?}", outcome.charged_per_tenant_per_s);
+        for tenant in ["honest", "low"] {
+            assert!(
+                within(charged(tenant), 10_000.0, 0.06),
+                "{seed}: {tenant} charged {:.0} tokens/s for a share of 10,000 ({:?})",
+                charged(tenant),
+                outcome.charged_per_tenant_per_s
+            );
+        }
+        let status = outcome.status.unwrap();
+        let factor = |tenant: &str| {
+            status
+                .cells
+                .iter()
+                .find(|cell| &*cell.tenant == tenant)
+                .and_then(|cell| cell.charge_factor)
+                .unwrap()
+        };
+        assert!(factor("low") > 2.5, "{}", factor("low"));
+        assert!(factor("honest") < 1.2, "{}", factor("honest"));
     }
 }
 
@@ -945,6 +1021,7 @@ fn llm_count(offered: u64, admitted: u64, cost: f64) -> BucketCount {
         admitted,
         admitted_cost: admitted as f64 * cost,
         charged_cost: admitted as f64 * cost,
+        settled_cost: admitted as f64 * cost,
         ..BucketCount::default()
     }
 }
@@ -1045,6 +1122,49 @@ fn a_proxy_that_never_enforces_cannot_shut_the_budget() {
     // (within the correction's bounds) and never nothing.
     let worst = ratios.iter().copied().fold(0.0, f64::max);
     assert!(worst < 0.9, "{ratios:?}");
+}
+
+/// Three proxies each offering 20,000 tokens/s and admitting what they are
+/// told; one reports charges far from its estimates, a billion times or
+/// nothing at all, with settled estimates a million times what it
+/// admitted. Its charges count within 8x of its estimates and weigh no
+/// more than the median proxy's, so with three proxies the charge factor
+/// is at most (1 + 1 + 8) / 3 and at least (1 + 1 + 1/8) / 3: the honest
+/// proxies are not shut, and the budget is not overrun by more than 1.4
+/// times, where, summed as reported, the factor went to its bound (8 or
+/// 1/8) at once.
+#[test]
+fn a_proxy_that_misreports_its_charges_sways_the_factor_by_a_third_at_most() {
+    let policy = budget_20000();
+    let proxies = ["honest-a", "honest-b", "rogue"];
+    for rogue_charge in [1e9, 0.0] {
+        let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+        for (index, proxy) in proxies.iter().enumerate() {
+            fleet.connect(proxy, 1, StreamId(index as u64));
+        }
+        let mut controller = Controller::tracking(ControlInterval::default());
+        let mut ratio: f64 = 0.0;
+        let mut factor = 1.0;
+        for _ in 0..200 {
+            for (index, proxy) in proxies.iter().enumerate() {
+                let admitted = (40.0 * (1.0 - ratio)).round() as u64;
+                let mut count = llm_count(40, admitted, 250.0);
+                if *proxy == "rogue" {
+                    count.charged_cost = count.admitted_cost * rogue_charge;
+                    count.settled_cost = count.admitted_cost * 1e6;
+                }
+                report_one(&mut fleet, proxy, index, count);
+            }
+            let load = fleet.tick_with(&|name| policy.limits.budget_rate(name));
+            let status = &controller.decide(&load, &policy).buckets[0];
+            ratio = status.drop_ratio.get();
+            factor = status.cost.as_ref().unwrap().charge_factor.unwrap();
+        }
+        assert!((0.70..=3.34).contains(&factor), "{rogue_charge}: {factor}");
+        // Asked 2/3 of 60,000 with the honest charges; 1 - 20,000 / (60,000
+        // x factor) with the rogue's: between 0.53 and 0.9.
+        assert!((0.5..=0.91).contains(&ratio), "{rogue_charge}: {ratio}");
+    }
 }
 
 /// One request claiming ten seconds of the budget (the most the filter

@@ -53,7 +53,7 @@ use crate::config::limits::{Limit, LimitTable};
 use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
 use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
-use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
+use crate::fleet::{BucketTraffic, CellCharges, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
 use balance::{Balance, Pool, Repayment};
 use blocked::Blocks;
@@ -168,6 +168,8 @@ struct CellState {
     /// For a cell of a budget: its cost admitted beyond or short of its
     /// share, repaid over the next intervals.
     balance: Balance,
+    /// For a cell of a budget: how far its charges run from its estimates.
+    charges: ChargeRatio,
 }
 
 /// The budget a bucket's directives carry.
@@ -237,6 +239,10 @@ pub struct Controller {
     /// admitted estimate ([`ChargeRatio`]): the shares are in the budget's
     /// unit, the targets the cells are steered to in estimates. 1 otherwise.
     charge_factor: f64,
+    /// Per cell of the bucket at hand: its own charge factor
+    /// ([`ChargeRatio::cell_factor`]), which weighs its demand and divides
+    /// its target.
+    cell_factors: Vec<f64>,
     /// The blocked buckets' standing directives.
     blocks: Blocks,
     /// Control intervals decided so far.
@@ -273,6 +279,7 @@ impl Controller {
             cell_tenant: Vec::new(),
             division: Vec::new(),
             charge_factor: 1.0,
+            cell_factors: Vec::new(),
             blocks: Blocks::default(),
             decided: 0,
         }
@@ -390,24 +397,27 @@ impl Controller {
         let cost = budget.map(CostTag::of);
         let cost_moved = state.cost != cost;
         state.cost = cost;
-        self.charge_factor = match (signal, &traffic.cost) {
-            (Signal::Cost, Some(cost)) => {
-                state
-                    .charges
-                    .observe(cost, self.interval.as_duration().as_secs_f64());
-                state.charges.factor()
-            }
-            _ => {
-                state.charges = ChargeRatio::default();
-                1.0
-            }
-        };
+        // The steady case: the same cells as last time, updated in place.
+        let same_cells = state.cells.len() == traffic.cells.len()
+            && state.cells.iter().zip(&traffic.cells).all(|(old, new)| {
+                old.priority == new.priority && compare(&old.tenant, &new.tenant).is_eq()
+            });
+        if !same_cells {
+            state.cells = merge_cells(
+                bucket,
+                std::mem::take(&mut state.cells),
+                &traffic.cells,
+                decision,
+            );
+        }
+        self.weigh_charges(traffic, &mut state, signal);
         if let Some(limit) = limit {
             // A budget is divided on the policy's estimates of the cells'
             // cost rates: each interval's raw cost rates are noisy and
             // skewed enough to move the tenants' shares on their own.
             self.division.clear();
-            for cell in &traffic.cells {
+            for (index, cell) in traffic.cells.iter().enumerate() {
+                let charge_factor = self.cell_factors.get(index).copied().unwrap_or(1.0);
                 self.division.push(match signal {
                     Signal::Cost => {
                         self.policy.offered_estimate(
@@ -416,7 +426,7 @@ impl Controller {
                             cell.priority,
                             &cell.load,
                             signal,
-                        ) * self.charge_factor
+                        ) * charge_factor
                     }
                     Signal::Requests => cell.load.offered_rps,
                 });
@@ -442,20 +452,6 @@ impl Controller {
         let counted_moved = counted.differs_from(&state.counted);
         state.counted = counted;
         let mode = modes.buckets.get(bucket.as_ref()).copied();
-
-        // The steady case: the same cells as last time, updated in place.
-        let same_cells = state.cells.len() == traffic.cells.len()
-            && state.cells.iter().zip(&traffic.cells).all(|(old, new)| {
-                old.priority == new.priority && compare(&old.tenant, &new.tenant).is_eq()
-            });
-        if !same_cells {
-            state.cells = merge_cells(
-                bucket,
-                std::mem::take(&mut state.cells),
-                &traffic.cells,
-                decision,
-            );
-        }
 
         let mut status = BucketStatus {
             bucket: Arc::clone(bucket),
@@ -500,6 +496,7 @@ impl Controller {
                     drop_ratio: DropRatio::NEVER,
                     reason: None,
                     balance: None,
+                    charge_factor: None,
                 });
                 continue;
             }
@@ -581,6 +578,8 @@ impl Controller {
                 reason: current.reason,
                 balance: (signal == Signal::Cost && limit.is_some())
                     .then(|| cell_state.balance.get()),
+                charge_factor: (signal == Signal::Cost && limit.is_some())
+                    .then(|| self.cell_factors.get(index).copied().unwrap_or(1.0)),
             });
         }
         (state, status)
@@ -661,13 +660,68 @@ impl Controller {
                 self.division.get(index).copied().unwrap_or(0.0),
             ),
         );
+        let charge_factor = self.cell_factors.get(index).copied().unwrap_or(1.0);
         let target = match target {
-            Some(target) if self.charge_factor != 1.0 => {
-                LimitRps::new(target.get() / self.charge_factor).ok()
+            Some(target) if charge_factor != 1.0 => {
+                LimitRps::new(target.get() / charge_factor).ok()
             }
             target => target,
         };
         (target, share, reason)
+    }
+
+    /// Takes the interval's charges into the bucket's and its cells'
+    /// [`ChargeRatio`]s and sets `charge_factor` and `cell_factors` for the
+    /// bucket at hand (all 1 for a bucket limited in requests).
+    fn weigh_charges(
+        &mut self,
+        traffic: &BucketTraffic,
+        state: &mut ControlledBucket,
+        signal: Signal,
+    ) {
+        self.cell_factors.clear();
+        let cost = match (signal, &traffic.cost) {
+            (Signal::Cost, Some(cost)) => cost,
+            _ => {
+                state.charges = ChargeRatio::default();
+                for cell in &mut state.cells {
+                    cell.charges = ChargeRatio::default();
+                }
+                self.charge_factor = 1.0;
+                self.cell_factors.resize(traffic.cells.len(), 1.0);
+                return;
+            }
+        };
+        let seconds = self.interval.as_duration().as_secs_f64();
+        // The bucket's ratio is its cells' where they are known.
+        let charges = traffic
+            .cells
+            .iter()
+            .filter_map(|cell| cell.charges)
+            .fold(CellCharges::default(), CellCharges::add);
+        state.charges.observe(charges, cost.admitted_rps, seconds);
+        self.charge_factor = state.charges.factor();
+        for (cell, cell_state) in traffic.cells.iter().zip(&mut state.cells) {
+            // The requests behind the admitted cost, as a share of those
+            // behind the offered cost (0 when not known).
+            let load = &cell.load;
+            let admitted_requests = if load.offered_rps > 0.0 {
+                load.requests_rps * load.admitted_rps / load.offered_rps
+            } else {
+                0.0
+            };
+            match cell.charges {
+                Some(charges) => cell_state.charges.observe_rates(
+                    (charges.charged_per_s, charges.settled_per_s),
+                    admitted_requests,
+                    seconds,
+                ),
+                // Not known: the cell goes by the bucket's.
+                None => cell_state.charges = ChargeRatio::default(),
+            }
+            self.cell_factors
+                .push(cell_state.charges.cell_factor(&state.charges));
+        }
     }
 
     /// Takes the interval just reported into the balances of a budget's
@@ -768,6 +822,7 @@ fn merge_cells(
                 priority: cell.priority,
                 pushed: None,
                 balance: Balance::default(),
+                charges: ChargeRatio::default(),
             });
         merged.push(state);
     }

@@ -63,10 +63,11 @@ pub(crate) struct CostStatus {
     /// minute, `charge_factor`). `None` when nothing was admitted. Charges land when streams end, so compare it over
     /// several intervals (the metrics' rates), not one.
     pub(crate) charged_to_estimate: Option<f64>,
-    /// Under a budget, the charged cost per unit of admitted estimate the
-    /// controller holds the budget by (over the last half minute, 1 while
-    /// the charges say little or run within 2 % of the estimates): the
-    /// cells are steered to their shares divided by it, in estimates.
+    /// Under a budget, the charged cost per unit of the same streams'
+    /// estimates that the controller holds the budget by (over the last
+    /// half minute; 1 until the charges say enough): the cells are
+    /// steered to their shares divided by it (each by its own), in
+    /// estimates.
     /// `None` (JSON null) for a bucket limited in requests.
     pub(crate) charge_factor: Option<f64>,
     /// Fleet requests offered per second.
@@ -121,4 +122,8 @@ pub(crate) struct CellStatus {
     /// repay; positive, budget left unused while it shed, made up the same
     /// way. `None` (JSON null) for a cell not limited by a budget.
     pub(crate) balance: Option<f64>,
+    /// A budget cell's charged cost per unit of admitted estimate that its
+    /// share is held by (its own ratio as far as its requests say, else
+    /// its bucket's). `None` (JSON null) for a cell not limited by a budget.
+    pub(crate) charge_factor: Option<f64>,
 }

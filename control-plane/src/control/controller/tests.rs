@@ -66,6 +66,7 @@ fn tenant_cell(tenant: &str, priority: Priority, offered_rps: f64) -> CellLoad {
             requests_rps: 0.0,
         },
         shadow_dropped_rps: 0.0,
+        charges: None,
     }
 }
 
