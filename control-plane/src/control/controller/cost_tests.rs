@@ -26,6 +26,14 @@ struct Demand {
     fraction: f64,
 }
 
+/// Two tenants offering half the demand each.
+fn halves(a: &'static str, b: &'static str) -> [Demand; 2] {
+    [a, b].map(|tenant| Demand {
+        tenant,
+        fraction: 0.5,
+    })
+}
+
 /// How the simulated proxies decide each request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Admission {
@@ -412,16 +420,7 @@ fn a_tenant_whose_estimates_run_low_is_held_to_its_own_share() {
         "limits:\n  - bucket: llm\n    budget: {amount: 20000, unit: tokens, per: second}\n\
          tenants:\n  honest: {weight: 1}\n  low: {weight: 1}\n",
     );
-    let demands = [
-        Demand {
-            tenant: "honest",
-            fraction: 0.5,
-        },
-        Demand {
-            tenant: "low",
-            fraction: 0.5,
-        },
-    ];
+    let demands = halves("honest", "low");
     for seed in [37, 38] {
         let outcome = simulate(
             &policy,
@@ -466,16 +465,7 @@ fn tenants_share_a_cost_budget_by_weight() {
          tenants:\n  gold: {weight: 3}\n  free: {weight: 1}\n",
     );
     // Both offer more than their share: gold 30,000, free 30,000.
-    let demands = [
-        Demand {
-            tenant: "gold",
-            fraction: 0.5,
-        },
-        Demand {
-            tenant: "free",
-            fraction: 0.5,
-        },
-    ];
+    let demands = halves("gold", "free");
     // Several runs: one seed's luck hid the bias of the division on raw
     // cost rates (free ran 10 to 17 % over its share on most seeds).
     for admission in [Admission::Coin, Admission::Credit] {

@@ -241,7 +241,8 @@ pub struct Controller {
     charge_factor: f64,
     /// Per cell of the bucket at hand: its own charge factor
     /// ([`ChargeRatio::cell_factor`]), which weighs its demand and divides
-    /// its target.
+    /// its target; a cell past its end (all of them in a bucket limited in
+    /// requests) reads as 1.
     cell_factors: Vec<f64>,
     /// The blocked buckets' standing directives.
     blocks: Blocks,
@@ -683,12 +684,16 @@ impl Controller {
         let cost = match (signal, &traffic.cost) {
             (Signal::Cost, Some(cost)) => cost,
             _ => {
-                state.charges = ChargeRatio::default();
-                for cell in &mut state.cells {
-                    cell.charges = ChargeRatio::default();
+                // Only a bucket that was a budget has sums to forget: the
+                // many limited in requests pass without touching their
+                // cells (no factor reads as 1).
+                if state.charges != ChargeRatio::default() {
+                    state.charges = ChargeRatio::default();
+                    for cell in &mut state.cells {
+                        cell.charges = ChargeRatio::default();
+                    }
                 }
                 self.charge_factor = 1.0;
-                self.cell_factors.resize(traffic.cells.len(), 1.0);
                 return;
             }
         };
