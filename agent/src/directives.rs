@@ -216,7 +216,7 @@ impl DirectiveTable {
         let directive = self.directive_for_cell(key)?;
         Some(DirectiveRates {
             drop_ratio: directive.drop_ratio,
-            limit_rps: directive.stated_limit_rps(),
+            limit_rps: directive.limit_in_weight_rps(),
             fleet_offered_rps: directive.offered_rps,
         })
     }
@@ -435,6 +435,7 @@ impl DirectiveTable {
                 budget: directive.cost_unit.as_deref().map(|unit| BudgetFacts {
                     unit,
                     period_s: directive.budget_period_s,
+                    charge_factor: directive.charge_factor,
                 }),
             };
             let render = |reason| Arc::new(self.responses.render(&facts(reason)));
@@ -639,11 +640,13 @@ fn valid_aggregates(patterns: &[String]) -> (Vec<Glob>, usize) {
 }
 
 /// Whether a cell's 429s, rendered for `old`, are the ones `new` needs:
-/// they depend on the reason, the stated limit and the retry hint (and the
-/// cell's key and the response settings, which the caller compares).
+/// they depend on the reason, the stated limit and the retry hint, and a
+/// budget's waits on its charge factor (and the cell's key and the
+/// response settings, which the caller compares).
 fn same_response_facts(old: &CellDirective, new: &CellDirective) -> bool {
     old.reason == new.reason
         && old.stated_limit_rps().map(f64::to_bits) == new.stated_limit_rps().map(f64::to_bits)
+        && old.charge_factor.to_bits() == new.charge_factor.to_bits()
         && old.retry_after_ms == new.retry_after_ms
         && old.cost_unit == new.cost_unit
         && old.budget_period_s == new.budget_period_s

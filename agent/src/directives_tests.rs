@@ -552,3 +552,42 @@ fn a_cells_responses_are_rendered_again_only_when_their_facts_change() {
     assert!(!Arc::ptr_eq(&a_later, &responses(&fresh, "a").0));
     assert_eq!(fresh, read);
 }
+
+#[test]
+fn a_budget_s_rates_reach_the_allowance_in_estimates() {
+    // 1,000 charged tokens a second, each estimated token charged 4: the
+    // allowance compares 250 estimated tokens a second with what it counts.
+    let budget = |charge_factor| Directive {
+        cost_unit: "tokens".into(),
+        limit_rps: Some(1_000.0),
+        offered_rps: 600.0,
+        charge_factor,
+        ..directive("llm", 0.0)
+    };
+    let mut table = DirectiveTable::new(100);
+    table.merge(batch(1, 1, vec![budget(4.0), directive("api", 0.0)]));
+    let rates = table
+        .rates_for_cell(&key_of("llm", "", Priority::Unspecified))
+        .unwrap();
+    assert_eq!(
+        (rates.limit_rps, rates.fleet_offered_rps),
+        (Some(250.0), 600.0)
+    );
+    let requests = table
+        .rates_for_cell(&key_of("api", "", Priority::Unspecified))
+        .unwrap();
+    assert_eq!(requests.limit_rps, Some(10.0), "requests ignore it");
+    // A new factor renders the budget's 429s again.
+    let rendered = |table: &DirectiveTable| {
+        table
+            .entry_of(true, "llm")
+            .unwrap()
+            .budget_responses
+            .clone()
+    };
+    let before = rendered(&table);
+    table.merge(batch(1, 2, vec![budget(4.0)]));
+    assert_eq!(rendered(&table), before);
+    table.merge(batch(1, 3, vec![budget(2.0)]));
+    assert_ne!(rendered(&table), before);
+}

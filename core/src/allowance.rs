@@ -60,7 +60,9 @@ impl Default for AllowanceSettings {
 pub struct DirectiveRates {
     /// The pushed drop ratio.
     pub drop_ratio: DropRatio,
-    /// The bucket's fleet-wide limit: `None` when unlimited, 0 when blocked.
+    /// The bucket's fleet-wide limit in the unit of `fleet_offered_rps`
+    /// (under a budget, estimated cost): `None` when unlimited, 0 when
+    /// blocked.
     pub limit_rps: Option<f64>,
     /// The fleet offered rate the ratio was computed from; 0 if unknown.
     pub fleet_offered_rps: f64,

@@ -120,7 +120,9 @@ pub struct Directed<'a> {
     /// Why its drops happen.
     pub reason: DropReason,
     /// The limit it states for the cell (`None`: unlimited; 0: blocked),
-    /// requests per second fleet-wide.
+    /// fleet-wide, in what a request weighs per second: requests, or under
+    /// a budget estimated cost
+    /// ([`crate::directive::CellDirective::limit_in_weight_rps`]).
     pub limit_rps: Option<f64>,
     /// Proxies that reported the cell (0: unknown): the stale-directive
     /// local limit is the limit over them.

@@ -66,7 +66,17 @@ pub struct CellDirective {
     /// when it is decided (`None`: only the budget's own bounds); see
     /// [`CellDirective::count`].
     pub estimate_cap: Option<NonZeroU64>,
+    /// Under a budget, the charged cost of one unit of estimate (1 when
+    /// not known), within [`CHARGE_FACTOR_BOUNDS`]: the rates above are in
+    /// charged cost, what a request weighs is its estimate
+    /// ([`CellDirective::limit_in_weight_rps`]).
+    pub charge_factor: f64,
 }
+
+/// The charge factors a proxy acts on: one from the wire outside is
+/// clamped into them. The control plane keeps its own far inside; the
+/// bound only keeps a rate divided by the factor finite and non-zero.
+pub const CHARGE_FACTOR_BOUNDS: (f64, f64) = (1.0 / 1024.0, 1024.0);
 
 /// The most one estimate counts under a cost budget, in seconds of the
 /// bucket's budget ([`CellDirective::count`]).
@@ -103,6 +113,7 @@ impl CellDirective {
             cost_unit: (!wire.cost_unit.is_empty()).then(|| wire.cost_unit.as_str().into()),
             budget_period_s: wire.budget_period_s.max(1),
             estimate_cap: NonZeroU64::new(wire.estimate_cap),
+            charge_factor: charge_factor(wire.charge_factor)?,
         })
     }
 
@@ -144,6 +155,7 @@ impl CellDirective {
         let claimed = match (&self.cost_unit, self.limit_rps) {
             (Some(_), Some(limit)) => {
                 // The cast saturates; the limit is finite and non-negative.
+                let limit = limit / self.charge_factor;
                 estimate.min(((limit * COUNTED_BUDGET_S).ceil() as u64).max(1))
             }
             _ => estimate,
@@ -170,7 +182,7 @@ impl CellDirective {
     /// of the cell for longer than the period the budget is written over.
     fn max_weight(&self) -> u64 {
         let per_period =
-            self.stated_limit_rps().unwrap_or(f64::INFINITY) * self.budget_period_s as f64;
+            self.limit_in_weight_rps().unwrap_or(f64::INFINITY) * self.budget_period_s as f64;
         // The cast saturates (infinity: no bound beyond u64's); NaN cannot
         // occur (rates are checked finite and non-negative).
         (per_period.ceil() as u64).max(1)
@@ -186,10 +198,23 @@ impl CellDirective {
         }
     }
 
-    /// This proxy's part of the cell's limit when it limits locally: the
-    /// stated limit over the reporting proxies; `None` when unlimited.
+    /// The stated limit in what a request weighs ([`Self::weight`]):
+    /// under a budget, estimated cost per second (the stated limit over
+    /// the charge factor), so an estimate compares with it; otherwise
+    /// requests per second, the stated limit itself.
+    pub fn limit_in_weight_rps(&self) -> Option<f64> {
+        let stated = self.stated_limit_rps()?;
+        Some(match self.cost_unit {
+            Some(_) => stated / self.charge_factor,
+            None => stated,
+        })
+    }
+
+    /// This proxy's part of the cell's limit when it limits locally, in
+    /// what a request weighs: [`Self::limit_in_weight_rps`] over the
+    /// reporting proxies; `None` when unlimited.
     pub fn per_proxy_rps(&self) -> Option<f64> {
-        self.stated_limit_rps()
+        self.limit_in_weight_rps()
             .map(|limit| limit / f64::from(self.reporting_proxies.max(1)))
     }
 }
@@ -199,6 +224,19 @@ impl CellDirective {
 /// a proxy's table. A limit of 0 is a block, not the absence of a limit.
 pub fn is_lift(wire: &Directive) -> bool {
     wire.drop_ratio == 0.0 && wire.limit_rps.is_none() && wire.share_rps == 0.0 && wire.mode == 0
+}
+
+/// A wire charge factor as a proxy acts on it: 0 (absent) is 1, a finite
+/// positive one is clamped into [`CHARGE_FACTOR_BOUNDS`], anything else
+/// (negative, NaN, infinite) makes the directive one not to apply.
+fn charge_factor(wire: f64) -> Option<f64> {
+    let (low, high) = CHARGE_FACTOR_BOUNDS;
+    let factor = finite_non_negative(wire)?;
+    Some(if factor == 0.0 {
+        1.0
+    } else {
+        factor.clamp(low, high)
+    })
 }
 
 fn finite_non_negative(value: f64) -> Option<f64> {
@@ -387,6 +425,48 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_s_rates_reach_estimates_over_its_charge_factor() {
+        // Streams charged 4 tokens for each estimated: 20,000 charged
+        // tokens a second are 5,000 of estimates.
+        let budget = CellDirective::from_wire(&Directive {
+            charge_factor: 4.0,
+            reporting_proxies: 2,
+            ..budget_wire()
+        })
+        .unwrap();
+        assert_eq!(
+            budget.stated_limit_rps(),
+            Some(20_000.0),
+            "told in its unit"
+        );
+        assert_eq!(budget.limit_in_weight_rps(), Some(5_000.0));
+        assert_eq!(budget.per_proxy_rps(), Some(2_500.0));
+        assert_eq!(budget.weight(Some(u64::MAX)), 300_000, "a period of it");
+        assert_eq!(budget.count(u64::MAX).claimed, 50_000, "ten seconds of it");
+        // Absent (an older control plane) is 1; a limit in requests
+        // ignores it; factors beyond reason are clamped.
+        let absent = CellDirective::from_wire(&budget_wire()).unwrap();
+        assert_eq!(absent.charge_factor, 1.0);
+        assert_eq!(absent.limit_in_weight_rps(), Some(20_000.0));
+        let requests = CellDirective::from_wire(&Directive {
+            charge_factor: 4.0,
+            ..wire("acme")
+        })
+        .unwrap();
+        assert_eq!(requests.per_proxy_rps(), Some(100.0));
+        for (wire_factor, kept) in [(1e-300, 1.0 / 1024.0), (f64::MAX, 1024.0)] {
+            let directive = CellDirective::from_wire(&Directive {
+                charge_factor: wire_factor,
+                ..budget_wire()
+            })
+            .unwrap();
+            assert_eq!(directive.charge_factor, kept);
+            let limit = directive.limit_in_weight_rps().unwrap();
+            assert!(limit.is_finite() && limit > 0.0, "{limit}");
+        }
+    }
+
+    #[test]
     fn out_of_range_directives_are_refused() {
         let bad = [
             wire(""),
@@ -410,6 +490,14 @@ mod tests {
             Directive {
                 burst: f64::INFINITY,
                 ..wire("acme")
+            },
+            Directive {
+                charge_factor: -2.0,
+                ..budget_wire()
+            },
+            Directive {
+                charge_factor: f64::NAN,
+                ..budget_wire()
             },
         ];
         for directive in bad {

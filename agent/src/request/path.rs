@@ -176,7 +176,13 @@ impl RequestPath {
             drop_ratio: entry.directive.drop_ratio,
             threshold: entry.directive.threshold,
             reason: entry.directive.reason,
-            limit_rps: entry.directive.stated_limit_rps(),
+            // Only a costed request reads the directive's unit (its
+            // estimate is compared with the budget over the charge factor).
+            limit_rps: if estimate.is_some() {
+                entry.directive.limit_in_weight_rps()
+            } else {
+                entry.directive.stated_limit_rps()
+            },
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
             weight,

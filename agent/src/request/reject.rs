@@ -24,7 +24,8 @@
 //! `x-ratelimit-limit: <share × P>` and
 //! `ratelimit-policy: "<policy>";q=<share × P>;w=<P>;qu="<unit>"`. The wait
 //! is the time until the request's estimate fits at the cell's share
-//! (`estimate / share` seconds), never less than the directive's and at
+//! (`estimate × k / share` seconds, k the directive's `charge_factor`: the
+//! charged cost of one unit of estimate), never less than the directive's and at
 //! most [`MAX_COST_RETRY_SECONDS`]. To keep formatting off the request
 //! path a cost cell's 429 is rendered in a few variants
 //! ([`BudgetResponses`]), waits of 1, 2, 4, 8, 16 and 30 seconds from the
@@ -113,13 +114,17 @@ pub struct RejectFacts<'a> {
     pub budget: Option<BudgetFacts<'a>>,
 }
 
-/// The unit and period of a cost budget, as its 429 states them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The unit and period of a cost budget, as its 429 states them, and what
+/// one unit of estimate is charged.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetFacts<'a> {
     /// The cost unit (`tokens`).
     pub unit: &'a str,
     /// The period the budget was configured over, seconds (at least 1).
     pub period_s: u64,
+    /// The charged cost of one unit of estimate (positive, finite): an
+    /// estimate `e` needs `e × charge_factor` of the stated rate.
+    pub charge_factor: f64,
 }
 
 /// The 429s of a cost cell, one per wait: a request of estimate `e` takes
@@ -162,10 +167,14 @@ impl ResponseSettings {
     /// Renders the variants of a cost cell's response ([`BudgetResponses`]):
     /// waits from the directive's (or the default) up to
     /// [`MAX_COST_RETRY_SECONDS`], each covering the estimates that fit in
-    /// it at `facts.limit_rps`. Without a known rate, the one wait.
+    /// it at `facts.limit_rps` (in estimates: over the budget's charge
+    /// factor). Without a known rate, the one wait.
     pub fn render_budget(&self, facts: &RejectFacts<'_>) -> BudgetResponses {
         let base = self.retry_after_seconds(facts.retry_after_ms);
-        let rate = facts.limit_rps;
+        let rate = match facts.budget {
+            Some(budget) => facts.limit_rps / budget.charge_factor,
+            None => facts.limit_rps,
+        };
         let known = rate.is_finite() && rate > 0.0;
         let waits = std::iter::once(base).chain(
             COST_RETRY_STEPS
@@ -306,18 +315,25 @@ mod tests {
         }
     }
 
+    /// 20,000 tokens a second over a minute, its streams charged
+    /// `charge_factor` tokens for each estimated one.
+    fn per_minute(charge_factor: f64, retry_after_ms: u64) -> RejectFacts<'static> {
+        RejectFacts {
+            budget: Some(BudgetFacts {
+                unit: "tokens",
+                period_s: 60,
+                charge_factor,
+            }),
+            ..facts(DropReason::TenantQuotaExceeded, 20_000.0, retry_after_ms)
+        }
+    }
+
     #[test]
     fn a_cost_budget_states_its_unit_and_period_and_waits_for_the_estimate() {
         let settings = ResponseSettings::default();
         // 20,000 tokens a second over a minute: 1,200,000 per 60 s; the
         // directive's wait is 1.5 s, so 2 s.
-        let minute = RejectFacts {
-            budget: Some(BudgetFacts {
-                unit: "tokens",
-                period_s: 60,
-            }),
-            ..facts(DropReason::TenantQuotaExceeded, 20_000.0, 1_500)
-        };
+        let minute = per_minute(1.0, 1_500);
         let variants = settings.render_budget(&minute);
         let waits: Vec<(u64, &str)> = variants
             .variants
@@ -362,6 +378,7 @@ mod tests {
             budget: Some(BudgetFacts {
                 unit: "tokens",
                 period_s: 3_600,
+                charge_factor: 1.0,
             }),
             ..facts(DropReason::ClusterOverload, 0.01, 0)
         };
@@ -391,6 +408,21 @@ mod tests {
             variants.for_estimate(1).unwrap().header("retry-after"),
             Some("45")
         );
+    }
+
+    #[test]
+    fn a_cost_budget_s_wait_counts_each_estimate_at_what_it_is_charged() {
+        // Streams charged 4 tokens for each estimated: an estimate of
+        // 10,000 takes 40,000 of the share's 20,000 a second, 2 s (where
+        // taken at its word it would fit in 1 s). The limit is still told
+        // in charged tokens.
+        let settings = ResponseSettings::default();
+        let variants = settings.render_budget(&per_minute(4.0, 0));
+        for (estimate, wait) in [(5_000, "1"), (10_000, "2"), (10_001, "4"), (40_000, "8")] {
+            let response = variants.for_estimate(estimate).unwrap();
+            assert_eq!(response.header("retry-after"), Some(wait), "{estimate}");
+            assert_eq!(response.header("x-ratelimit-limit"), Some("1200000"));
+        }
     }
 
     #[test]

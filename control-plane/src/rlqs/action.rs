@@ -37,7 +37,7 @@ pub(super) fn assignment_for(
     }
     let rates = DirectiveRates {
         drop_ratio: directive.drop_ratio,
-        limit_rps: directive.stated_limit_rps(),
+        limit_rps: directive.limit_in_weight_rps(),
         fleet_offered_rps: directive.offered_rps,
     };
     // Envoy's token bucket is the only decision on this path: the cap

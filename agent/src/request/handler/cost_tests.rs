@@ -9,6 +9,7 @@ use crate::metrics::Counter;
 use crate::testing::request::FakeRequest;
 use crate::usage::ChargeSource;
 use sluice_core::Priority;
+use sluice_core::regime::{Fallback, Regime};
 use sluice_proto::v1::{BucketCount, Directive, DirectiveBatch};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -495,44 +496,121 @@ fn a_request_limit_decides_as_if_no_request_had_an_estimate() {
     assert!((239..=241).contains(&admitted), "{admitted}");
 }
 
-#[test]
-fn a_cost_directive_429_names_the_unit_and_waits_for_the_estimate() {
-    let (mut agent, policy) = configured();
+/// Loads one directive for the bucket `llm` (bucket-wide).
+fn llm_directive(agent: &mut Agent, directive: Directive) {
     let mut table = DirectiveTable::new(100);
     table.merge(DirectiveBatch {
         version: 5,
         directives: vec![Directive {
             bucket: "llm".into(),
             priority: Priority::Unspecified as i32,
-            drop_ratio: 1.0,
-            limit_rps: Some(100.0),
-            share_rps: 100.0,
-            cost_unit: "tokens".into(),
-            budget_period_s: 60,
-            ..Default::default()
+            ..directive
         }],
         ..Default::default()
     });
     agent.load_directives(table);
+}
+
+/// A budget of 100 tokens a second, written per minute, that drops every
+/// request, its streams charged `charge_factor` tokens for each estimated
+/// one (0: not said).
+fn shut_budget(charge_factor: f64) -> Directive {
+    Directive {
+        drop_ratio: 1.0,
+        limit_rps: Some(100.0),
+        share_rps: 100.0,
+        cost_unit: "tokens".into(),
+        budget_period_s: 60,
+        charge_factor,
+        ..Default::default()
+    }
+}
+
+/// The 429 a request of `estimate` tokens to `llm` gets.
+fn rejection(
+    agent: &mut Agent,
+    policy: &RequestPolicy,
+    estimate: &'static str,
+) -> Arc<RejectResponse> {
+    decide(
+        agent,
+        policy,
+        &mut request("llm", estimate),
+        &mut None,
+        &mut None,
+    )
+    .unwrap_or_else(|| panic!("{estimate} was admitted"))
+}
+
+#[test]
+fn a_cost_directive_429_names_the_unit_and_waits_for_the_estimate() {
+    let (mut agent, policy) = configured();
+    llm_directive(&mut agent, shut_budget(0.0));
     for (estimate, wait) in [
         ("50", "1"),
         ("150", "2"),
         ("1000", "16"),
         ("99999999", "30"),
     ] {
-        let rejection = decide(
-            &mut agent,
-            &policy,
-            &mut request("llm", estimate),
-            &mut None,
-            &mut None,
-        )
-        .unwrap();
+        let rejection = rejection(&mut agent, &policy, estimate);
         assert_eq!(rejection.header("retry-after"), Some(wait), "{estimate}");
         assert_eq!(
             rejection.header("ratelimit-policy"),
             Some("\"sluice\";q=6000;w=60;qu=\"tokens\"")
         );
         assert_eq!(rejection.header("x-ratelimit-limit"), Some("6000"));
+    }
+}
+
+/// A budget whose streams are charged 4 tokens for each estimated one:
+/// the 429's wait counts each estimate at what it will be charged, while
+/// the limit it states stays the budget's.
+#[test]
+fn a_cost_directive_429_waits_for_what_the_estimate_will_be_charged() {
+    let (mut agent, policy) = configured();
+    llm_directive(&mut agent, shut_budget(4.0));
+    for (estimate, wait) in [("25", "1"), ("50", "2"), ("150", "8"), ("1000", "30")] {
+        let rejection = rejection(&mut agent, &policy, estimate);
+        assert_eq!(rejection.header("retry-after"), Some(wait), "{estimate}");
+        assert_eq!(rejection.header("x-ratelimit-limit"), Some("6000"));
+    }
+}
+
+/// Once the directives are stale, a budget's local limit (its share over
+/// the reporting proxies, a second's burst) holds estimates to the
+/// budget's rate over the charge factor: 1,000 charged tokens a second
+/// over two proxies, each estimated token charged 4, is 125 estimated
+/// tokens here, five requests of 25 at once (twenty taken at their word).
+#[test]
+fn a_stale_budget_limits_estimates_at_its_rate_over_the_charge_factor() {
+    for (charge_factor, expected) in [(4.0, 5), (1.0, 20), (0.0, 20)] {
+        let (mut agent, policy) = configured();
+        llm_directive(
+            &mut agent,
+            Directive {
+                limit_rps: Some(1_000.0),
+                reporting_proxies: 2,
+                cost_unit: "tokens".into(),
+                charge_factor,
+                ..Default::default()
+            },
+        );
+        agent.path.rules.regime = Regime::Stale(Fallback::LocalLimit);
+        let admitted = (0..40)
+            .filter(|_| {
+                decide(
+                    &mut agent,
+                    &policy,
+                    &mut request("llm", "25"),
+                    &mut None,
+                    &mut None,
+                )
+                .is_none()
+            })
+            .count();
+        assert!(
+            (expected..=expected + 1).contains(&admitted),
+            "factor {charge_factor}: admitted {admitted}"
+        );
     }
 }

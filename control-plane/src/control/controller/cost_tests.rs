@@ -403,9 +403,16 @@ fn a_budget_is_held_in_charged_cost_whatever_the_estimates_bias() {
         );
         let steered = cost.charge_factor.unwrap();
         assert!(within(steered, charge_factor, 0.03), "{steered}");
-        // The share stated to clients stays in the budget's tokens.
+        // The share stated to clients stays in the budget's tokens; the
+        // proxies are told the factor, to compare the budget's rates with
+        // estimates (the 429's wait, their local limit when stale).
         let directive = &outcome.directives[""];
         assert_eq!(directive.limit_rps, Some(20_000.0));
+        assert!(
+            within(directive.charge_factor, charge_factor, 0.08),
+            "pushed {}",
+            directive.charge_factor
+        );
     }
 }
 
@@ -455,6 +462,10 @@ fn a_tenant_whose_estimates_run_low_is_held_to_its_own_share() {
         };
         assert!(factor("low") > 2.5, "{}", factor("low"));
         assert!(factor("honest") < 1.2, "{}", factor("honest"));
+        // Each cell's proxies are told its own, as last pushed.
+        let pushed = |tenant: &str| outcome.directives[tenant].charge_factor;
+        assert!(pushed("low") > 2.5, "{}", pushed("low"));
+        assert!(pushed("honest") < 1.2, "{}", pushed("honest"));
     }
 }
 
@@ -531,6 +542,7 @@ fn a_request_limit_is_steered_on_requests_whatever_cost_is_reported() {
     let directive = &outcome.directives[""];
     assert_eq!(directive.cost_unit, "");
     assert_eq!(directive.budget_period_s, 0);
+    assert_eq!(directive.charge_factor, 0.0, "no factor without a budget");
     assert_eq!(directive.limit_rps, Some(20.0));
     // About 59 requests a second offered: a third admitted, in requests.
     assert!(directive.offered_rps < 100.0, "{directive:?}");

@@ -98,7 +98,18 @@ struct Pushed {
     /// A reason to push on its own only when it moved by a factor of
     /// [`ESTIMATE_CAP_MOVE`].
     estimate_cap: u64,
+    /// Under a budget, the cell's charged cost per unit of estimate (0
+    /// otherwise): proxies divide the budget's rates by it where they
+    /// compare them with estimates. A reason to push on its own only when
+    /// it moved by more than [`CHARGE_FACTOR_MOVE`] of itself.
+    charge_factor: f64,
 }
+
+/// A cell's charge factor is pushed on its own when it moved by more than
+/// this fraction of itself: it moves the proxies' 429 waits (in powers of
+/// two), their stale-directive limit and their allowance under the limit,
+/// none of which a few percent changes.
+const CHARGE_FACTOR_MOVE: f64 = 0.05;
 
 /// A cell's estimate cap, in mean costs per request of the cell.
 ///
@@ -149,6 +160,8 @@ impl Pushed {
             || self.burst != next.burst
             || self.reporting_proxies != next.reporting_proxies
             || cap_moved(self.estimate_cap, next.estimate_cap)
+            || (self.charge_factor - next.charge_factor).abs()
+                > CHARGE_FACTOR_MOVE * self.charge_factor.abs().max(next.charge_factor.abs())
     }
 }
 
@@ -529,8 +542,13 @@ impl Controller {
                 }
                 _ => None,
             };
+            let charge_factor = match (signal, limit) {
+                (Signal::Cost, Some(_)) => self.cell_factors.get(index).copied().unwrap_or(1.0),
+                _ => 0.0,
+            };
             let next = Pushed {
                 estimate_cap: estimate_cap(mean_cost),
+                charge_factor,
                 drop_ratio: ratio,
                 limit,
                 offered_rps: cell.load.offered_rps,
@@ -579,8 +597,7 @@ impl Controller {
                 reason: current.reason,
                 balance: (signal == Signal::Cost && limit.is_some())
                     .then(|| cell_state.balance.get()),
-                charge_factor: (signal == Signal::Cost && limit.is_some())
-                    .then(|| self.cell_factors.get(index).copied().unwrap_or(1.0)),
+                charge_factor: (charge_factor > 0.0).then_some(charge_factor),
             });
         }
         (state, status)
@@ -926,5 +943,6 @@ fn directive(
         cost_unit: cost.map_or_else(String::new, |c| c.unit.as_str().to_owned()),
         budget_period_s: cost.map_or(0, |c| c.period_s),
         estimate_cap: pushed.estimate_cap,
+        charge_factor: pushed.charge_factor,
     }
 }
