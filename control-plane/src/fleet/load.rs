@@ -269,6 +269,15 @@ pub struct CappedProxy {
 }
 
 impl BucketTraffic {
+    /// The charges of the cells that carry them, summed: the bucket's
+    /// charges beside the estimates of the same streams.
+    pub(crate) fn cell_charges(&self) -> CellCharges {
+        self.cells
+            .iter()
+            .filter_map(|cell| cell.charges)
+            .fold(CellCharges::default(), CellCharges::add)
+    }
+
     /// A bucket with one cell (no tenant, unclassified), as a filter that
     /// derives neither reports it.
     pub fn single(bucket: &str, load: BucketLoad) -> Self {

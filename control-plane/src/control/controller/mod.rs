@@ -53,7 +53,7 @@ use crate::config::limits::{Limit, LimitTable};
 use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
 use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
-use crate::fleet::{BucketTraffic, CellCharges, CellLoad, FleetLoad};
+use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
 use balance::{Balance, Pool, Repayment};
 use blocked::Blocks;
@@ -481,6 +481,7 @@ impl Controller {
             cost: traffic.cost.as_ref().map(|cost| {
                 CostStatus::of(
                     cost,
+                    traffic.cell_charges(),
                     budget,
                     (signal == Signal::Cost).then_some(self.charge_factor),
                 )
@@ -716,12 +717,9 @@ impl Controller {
         };
         let seconds = self.interval.as_duration().as_secs_f64();
         // The bucket's ratio is its cells' where they are known.
-        let charges = traffic
-            .cells
-            .iter()
-            .filter_map(|cell| cell.charges)
-            .fold(CellCharges::default(), CellCharges::add);
-        state.charges.observe(charges, cost.admitted_rps, seconds);
+        state
+            .charges
+            .observe(traffic.cell_charges(), cost.admitted_rps, seconds);
         self.charge_factor = state.charges.factor();
         for (cell, cell_state) in traffic.cells.iter().zip(&mut state.cells) {
             // The requests behind the admitted cost, as a share of those

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::config::budget::Budget;
-use crate::fleet::{BucketCost, ProxyCap};
+use crate::fleet::{BucketCost, CellCharges, ProxyCap};
 use crate::types::LimitRps;
 use sluice_core::{DropRatio, Priority, Reason};
 
@@ -57,11 +57,14 @@ pub(crate) struct CostStatus {
     pub(crate) admitted_per_s: f64,
     /// Fleet actual cost charged per second at stream end.
     pub(crate) charged_per_s: f64,
-    /// `charged_per_s / admitted_per_s`: how far the actual cost runs from
-    /// the estimate the decisions were made on (above 1: the estimate is
-    /// low; the controller holds a budget by its average over the last half
-    /// minute, `charge_factor`). `None` when nothing was admitted. Charges land when streams end, so compare it over
-    /// several intervals (the metrics' rates), not one.
+    /// How far the actual cost runs from the estimates the decisions were
+    /// made on, in the last interval (above 1: the estimates are low; the
+    /// controller holds a budget by its average over the last half minute,
+    /// `charge_factor`): the cells' charges over the estimates of the same
+    /// streams (`settled`), else, from filters that report no settled
+    /// estimates, `charged_per_s / admitted_per_s` (which compares charges
+    /// with what was admitted while they ended, so read it over several
+    /// intervals). `None` when neither has a denominator.
     pub(crate) charged_to_estimate: Option<f64>,
     /// Under a budget, the charged cost per unit of the same streams'
     /// estimates that the controller holds the budget by (over the last
@@ -77,19 +80,24 @@ pub(crate) struct CostStatus {
 }
 
 impl CostStatus {
-    /// The status of `cost` under `budget`.
+    /// The status of `cost` under `budget`; `charges` are its cells'.
     pub(crate) fn of(
         cost: &BucketCost,
+        charges: CellCharges,
         budget: Option<&Budget>,
         charge_factor: Option<f64>,
     ) -> Self {
+        let charged_to_estimate = if charges.settled_per_s > 0.0 {
+            Some(charges.charged_per_s / charges.settled_per_s)
+        } else {
+            (cost.admitted_per_s > 0.0).then(|| cost.charged_per_s / cost.admitted_per_s)
+        };
         Self {
             budget: budget.cloned(),
             offered_per_s: cost.offered_per_s,
             admitted_per_s: cost.admitted_per_s,
             charged_per_s: cost.charged_per_s,
-            charged_to_estimate: (cost.admitted_per_s > 0.0)
-                .then(|| cost.charged_per_s / cost.admitted_per_s),
+            charged_to_estimate,
             charge_factor,
             offered_requests_rps: cost.offered_rps,
             admitted_requests_rps: cost.admitted_rps,
@@ -126,4 +134,39 @@ pub(crate) struct CellStatus {
     /// share is held by (its own ratio as far as its requests say, else
     /// its bucket's). `None` (JSON null) for a cell not limited by a budget.
     pub(crate) charge_factor: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charged_to_estimate_compares_charges_with_their_own_estimates() {
+        // Streams admitted as the load rose: 30,000 tokens/s of estimates
+        // admitted this interval, 24,000 charged for streams whose
+        // estimates were 20,000.
+        let cost = BucketCost {
+            steered: true,
+            offered_per_s: 60_000.0,
+            admitted_per_s: 30_000.0,
+            charged_per_s: 24_000.0,
+            offered_rps: 60.0,
+            admitted_rps: 30.0,
+        };
+        let settled = CellCharges {
+            charged_per_s: 24_000.0,
+            settled_per_s: 20_000.0,
+        };
+        let status = CostStatus::of(&cost, settled, None, None);
+        assert_eq!(status.charged_to_estimate, Some(1.2));
+        // Filters that report no settled estimates: against the admitted.
+        let status = CostStatus::of(&cost, CellCharges::default(), None, None);
+        assert_eq!(status.charged_to_estimate, Some(0.8));
+        let idle = BucketCost {
+            admitted_per_s: 0.0,
+            ..cost
+        };
+        let status = CostStatus::of(&idle, CellCharges::default(), None, None);
+        assert_eq!(status.charged_to_estimate, None);
+    }
 }
