@@ -99,6 +99,8 @@ pub struct TokenFleetOptions {
     /// More filter configuration keys (a JSON object), over the ones
     /// [`Self::filter`] sets.
     pub extra_filter: serde_json::Value,
+    /// The limits file's `directive_ttl_ms` (`None`: the default).
+    pub directive_ttl_ms: Option<u64>,
 }
 
 impl TokenFleetOptions {
@@ -116,6 +118,7 @@ impl TokenFleetOptions {
             control_interval_ms: None,
             workers: 2,
             extra_filter: json!({}),
+            directive_ttl_ms: None,
         }
     }
 
@@ -126,6 +129,9 @@ impl TokenFleetOptions {
             self.budget_per_s * self.budget_period.seconds() as f64,
             self.budget_period.name()
         );
+        if let Some(ttl_ms) = self.directive_ttl_ms {
+            yaml.push_str(&format!("directive_ttl_ms: {ttl_ms}\n"));
+        }
         if !self.tenants.is_empty() {
             yaml.push_str("tenants:\n");
             for (tenant, weight) in &self.tenants {
