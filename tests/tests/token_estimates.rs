@@ -32,8 +32,8 @@ use serde_json::json;
 
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::token_fleet::{
-    BUCKET, BudgetPeriod, Estimate, TokenFleet, TokenFleetOptions, TokenLoad, TokenStream,
-    admitted_tokens,
+    BUCKET, BudgetPeriod, Completion, Estimate, TokenFleet, TokenFleetOptions, TokenLoad,
+    TokenStream, admitted_tokens,
 };
 
 const BUDGET_PER_S: f64 = 20_000.0;
@@ -68,22 +68,13 @@ async fn low_estimates_do_not_overrun_the_budget(data_plane: DataPlane) {
     // connections land is not what is measured here.
     options.workers = 1;
     let mut fleet = TokenFleet::start(options).await.unwrap();
-    let load = TokenLoad::start(
-        &fleet,
-        vec![TokenStream::steady(0, "default", 3.0 * BUDGET_PER_S)],
-        LOAD,
-        41,
-    )
-    .unwrap();
-    let completions = load.finish().await;
+    let (completions, admitted, expected, error) =
+        offer_three_budgets(&fleet, LOAD, MEASURE_FROM, 41).await;
     let buckets = fleet.fleet.control_plane.admin().buckets().await.unwrap();
     let cost = buckets
         .bucket(BUCKET)
         .and_then(|bucket| bucket.cost.clone())
         .unwrap_or_else(|| panic!("no cost for {BUCKET}: {buckets:?}"));
-    let admitted = admitted_tokens(&completions, MEASURE_FROM, LOAD, |_| true);
-    let expected = BUDGET_PER_S * (LOAD - MEASURE_FROM).as_secs_f64();
-    let error = admitted as f64 / expected - 1.0;
     let factor = cost.charge_factor.unwrap_or_default();
     let failed = completions.iter().filter(|c| c.status == 0).count();
     if error.abs() > BOUND || !(2.5..=6.0).contains(&factor) {
@@ -109,17 +100,8 @@ async fn low_estimates_do_not_overrun_the_budget(data_plane: DataPlane) {
 
     // Without the control plane, past the TTL: the local limit.
     fleet.fleet.control_plane.kill().unwrap();
-    let load = TokenLoad::start(
-        &fleet,
-        vec![TokenStream::steady(0, "default", 3.0 * BUDGET_PER_S)],
-        STALE_LOAD,
-        43,
-    )
-    .unwrap();
-    let completions = load.finish().await;
-    let admitted = admitted_tokens(&completions, STALE_FROM, STALE_LOAD, |_| true);
-    let expected = BUDGET_PER_S * (STALE_LOAD - STALE_FROM).as_secs_f64();
-    let error = admitted as f64 / expected - 1.0;
+    let (completions, admitted, expected, error) =
+        offer_three_budgets(&fleet, STALE_LOAD, STALE_FROM, 43).await;
     if error.abs() > BOUND {
         fleet.fleet.print_logs();
     }
@@ -134,4 +116,27 @@ async fn low_estimates_do_not_overrun_the_budget(data_plane: DataPlane) {
         "{data_plane:?}, stale: admitted {admitted} tokens in 10 s, budget {expected} ({:+.1} %)",
         error * 100.0
     );
+}
+
+/// Offers 3x the budget through the first Envoy for `load`: the
+/// completions, the charged tokens admitted from `from` to the end, the
+/// budget over that span, and the relative error.
+async fn offer_three_budgets(
+    fleet: &TokenFleet,
+    load: Duration,
+    from: Duration,
+    seed: u64,
+) -> (Vec<Completion>, u64, f64, f64) {
+    let run = TokenLoad::start(
+        fleet,
+        vec![TokenStream::steady(0, "default", 3.0 * BUDGET_PER_S)],
+        load,
+        seed,
+    )
+    .unwrap();
+    let completions = run.finish().await;
+    let admitted = admitted_tokens(&completions, from, load, |_| true);
+    let expected = BUDGET_PER_S * (load - from).as_secs_f64();
+    let error = admitted as f64 / expected - 1.0;
+    (completions, admitted, expected, error)
 }

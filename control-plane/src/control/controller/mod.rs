@@ -53,7 +53,7 @@ use crate::config::limits::{Limit, LimitTable};
 use crate::config::policy::{DEFAULT_TENANT, Mode, Modes, Policy, Tenants};
 use crate::control::drop_policy::Signal;
 use crate::control::fairness::{self, Allocation, Scratch, TenantDemand};
-use crate::fleet::{BucketTraffic, CellLoad, FleetLoad};
+use crate::fleet::{BucketTraffic, CellCharges, CellLoad, FleetLoad};
 use crate::types::{ControlInterval, LimitRps};
 use balance::{Balance, Pool, Repayment};
 use blocked::Blocks;
@@ -424,7 +424,7 @@ impl Controller {
                 decision,
             );
         }
-        self.weigh_charges(traffic, &mut state, signal);
+        let charges = self.weigh_charges(traffic, &mut state, signal);
         if let Some(limit) = limit {
             // A budget is divided on the policy's estimates of the cells'
             // cost rates: each interval's raw cost rates are noisy and
@@ -481,7 +481,7 @@ impl Controller {
             cost: traffic.cost.as_ref().map(|cost| {
                 CostStatus::of(
                     cost,
-                    traffic.cell_charges(),
+                    charges,
                     budget,
                     (signal == Signal::Cost).then_some(self.charge_factor),
                 )
@@ -691,13 +691,15 @@ impl Controller {
 
     /// Takes the interval's charges into the bucket's and its cells'
     /// [`ChargeRatio`]s and sets `charge_factor` and `cell_factors` for the
-    /// bucket at hand (all 1 for a bucket limited in requests).
+    /// bucket at hand (all 1 for a bucket limited in requests). Returns
+    /// the cells' charges it took (none for a bucket limited in requests:
+    /// only a budget's cells carry charges).
     fn weigh_charges(
         &mut self,
         traffic: &BucketTraffic,
         state: &mut ControlledBucket,
         signal: Signal,
-    ) {
+    ) -> CellCharges {
         self.cell_factors.clear();
         let cost = match (signal, &traffic.cost) {
             (Signal::Cost, Some(cost)) => cost,
@@ -712,14 +714,15 @@ impl Controller {
                     }
                 }
                 self.charge_factor = 1.0;
-                return;
+                return CellCharges::default();
             }
         };
         let seconds = self.interval.as_duration().as_secs_f64();
         // The bucket's ratio is its cells' where they are known.
+        let bucket_charges = traffic.cell_charges();
         state
             .charges
-            .observe(traffic.cell_charges(), cost.admitted_rps, seconds);
+            .observe(bucket_charges, cost.admitted_rps, seconds);
         self.charge_factor = state.charges.factor();
         for (cell, cell_state) in traffic.cells.iter().zip(&mut state.cells) {
             // The requests behind the admitted cost, as a share of those
@@ -742,6 +745,7 @@ impl Controller {
             self.cell_factors
                 .push(cell_state.charges.cell_factor(&state.charges));
         }
+        bucket_charges
     }
 
     /// Takes the interval just reported into the balances of a budget's
