@@ -49,6 +49,9 @@ pub(super) struct Slot {
     pub(super) bucket: u32,
     /// The last tick at which some proxy's rates mentioned the cell.
     pub(super) seen: u64,
+    /// The tick it was interned at: state a proxy began keeping for the
+    /// id before that was another cell's.
+    pub(super) born: u64,
 }
 
 /// Gives every cell a small id, so that per-proxy state and the per-tick
@@ -147,6 +150,7 @@ impl Interner {
                 },
                 bucket: cells,
                 seen,
+                born: seen,
             });
         }
         self.live += 1;

@@ -143,12 +143,23 @@ pub struct CellLoad {
     pub charges: Option<CellCharges>,
 }
 
-/// The most one proxy's charges may run from their estimates, either way,
-/// as far as they count for a budget's charge factor.
+/// The most one proxy's charges may run from their estimates over its long
+/// run, either way, as far as they count for a budget's charge factor.
 pub(crate) const MAX_CHARGE_RATIO: f64 = 8.0;
 /// The most estimated cost one proxy's settled streams count for in a
 /// window, as a multiple of the estimated cost it counts as offering.
 const SETTLED_PER_OFFERED: f64 = 2.0;
+
+/// The most one proxy's window may be charged, as a multiple of its
+/// settled estimates: beyond any response against any estimate, only so
+/// that sums of charges stay finite.
+const WINDOW_CHARGE_RATIO: f64 = 1e6;
+
+/// How far one proxy's long-run charge ratio may stray from the median
+/// proxy's of the same cell, either way, before its charges count at the
+/// edge of that band: wide enough for honest proxies whose long runs
+/// differ by chance (a few heavy responses) or by their clients.
+pub(crate) const CHARGE_RATIO_SPREAD: f64 = 2.0;
 
 /// What a budget cell's streams were charged when they ended, as far as
 /// the proxies' claims are plausible ([`CellCharges::plausible`]).
@@ -162,13 +173,17 @@ pub struct CellCharges {
 
 impl CellCharges {
     /// One proxy's window of `rates`, whose claims count `factor` of
-    /// themselves (the share cap's): its charges within
-    /// [`MAX_CHARGE_RATIO`] of their estimates either way, and its settled
-    /// estimates (with their charges, in proportion) no more than
-    /// [`SETTLED_PER_OFFERED`] times the estimated cost it counts as
-    /// offering. So a proxy sways a budget's charge factor no more than
-    /// its claims sway the budget, whatever it reports. Charges without
-    /// settled estimates (older filters) count up to as much on the
+    /// themselves (the share cap's): its settled estimates (with their
+    /// charges, in proportion) no more than [`SETTLED_PER_OFFERED`] times
+    /// the estimated cost it counts as offering, so a proxy sways a
+    /// budget's charge factor no more than its claims sway the budget. Its
+    /// charges are bounded only by [`WINDOW_CHARGE_RATIO`] here: a window
+    /// of a few requests may well be charged dozens of times its estimates
+    /// (one long response against a constant), and cutting such windows
+    /// would cut the heavy tail every honest proxy has; how far charges
+    /// may run from estimates is a matter of each proxy's long run
+    /// ([`CellCharges::weighed`]). Charges without settled estimates (older
+    /// filters) count up to [`MAX_CHARGE_RATIO`] times as much on the
     /// charged side alone.
     pub(crate) fn plausible(rates: &Rates, factor: f64) -> Self {
         let most = SETTLED_PER_OFFERED * rates.offered_cost * factor.clamp(0.0, 1.0);
@@ -182,7 +197,7 @@ impl CellCharges {
                 settled_per_s: 0.0,
             };
         }
-        let charged = charged.clamp(settled / MAX_CHARGE_RATIO, settled * MAX_CHARGE_RATIO);
+        let charged = charged.clamp(0.0, settled * WINDOW_CHARGE_RATIO);
         let scale = if settled > most { most / settled } else { 1.0 };
         Self {
             charged_per_s: charged * scale,
@@ -190,34 +205,56 @@ impl CellCharges {
         }
     }
 
-    /// The proxies' `parts` of one cell summed, each proxy's settled
-    /// estimates (with its charges, in proportion) counting at most the
-    /// lower median proxy's: the ratio each proxy reports is kept, and no
-    /// one proxy sways the cell's more than the median one does (with
-    /// three proxies, a third of the weight; with two, a half). Charges
-    /// without settled estimates are added as they are.
-    pub(crate) fn weighed(parts: impl Iterator<Item = Self> + Clone) -> Self {
-        let mut settled: Vec<f64> = parts
-            .clone()
-            .map(|part| part.settled_per_s)
-            .filter(|settled| *settled > 0.0)
-            .collect();
-        settled.sort_unstable_by(f64::total_cmp);
-        let median = settled
-            .get(settled.len().saturating_sub(1) / 2)
-            .copied()
-            .unwrap_or(0.0);
+    /// The proxies' `parts` of one cell summed. Each proxy's settled
+    /// estimates (with its charges, in proportion) count at most the lower
+    /// median proxy's, so no one proxy weighs more than the median one
+    /// (with three proxies, a third of the weight; with two, a half). And
+    /// each proxy's charges count at the ratio of its long run, kept within
+    /// [`CHARGE_RATIO_SPREAD`] of the cell's median proxy's long run
+    /// ([`ratio_band`]) and within [`MAX_CHARGE_RATIO`] of its estimates
+    /// either way: an honest proxy's windows pass as reported, heavy ones
+    /// included, while one that reports charges far from the others' moves
+    /// the cell's ratio by its weight times that spread. Charges without
+    /// settled estimates are added as they are.
+    pub(crate) fn weighed(parts: impl Iterator<Item = ProxyCharges> + Clone) -> Self {
+        let median = lower_median(parts.clone().map(|part| part.window.settled_per_s));
+        let band = ratio_band(parts.clone());
         parts.fold(Self::default(), |sum, part| {
-            let scale = if part.settled_per_s > median {
-                median / part.settled_per_s
+            let window = part.window;
+            let scale = if window.settled_per_s > median {
+                median / window.settled_per_s
             } else {
                 1.0
             };
+            let charged = match (band, part.long_run.ratio()) {
+                (Some((low, high)), Some(ratio)) => {
+                    let counted = if ratio.is_finite() {
+                        ratio.clamp(low, high)
+                    } else {
+                        high
+                    }
+                    .clamp(1.0 / MAX_CHARGE_RATIO, MAX_CHARGE_RATIO);
+                    if ratio > 0.0 && ratio.is_finite() {
+                        window.charged_per_s * counted / ratio
+                    } else {
+                        // Nothing charged over its long run (or sums past
+                        // what a float holds): its estimates at the ratio
+                        // that counts.
+                        window.settled_per_s * counted
+                    }
+                }
+                _ => window.charged_per_s,
+            };
             sum.add(Self {
-                charged_per_s: part.charged_per_s * scale,
-                settled_per_s: part.settled_per_s * scale,
+                charged_per_s: charged * scale,
+                settled_per_s: window.settled_per_s * scale,
             })
         })
+    }
+
+    /// Charged over settled, when something settled.
+    pub(crate) fn ratio(self) -> Option<f64> {
+        (self.settled_per_s > 0.0).then(|| self.charged_per_s / self.settled_per_s)
     }
 
     /// Adds another part of the fleet (a replica's share).
@@ -227,6 +264,67 @@ impl CellCharges {
             settled_per_s: self.settled_per_s + other.settled_per_s,
         }
     }
+}
+
+/// One proxy's charges of a budget cell: this tick's window, and its
+/// long run (exponential sums of its windows, kept by the fleet).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct ProxyCharges {
+    /// This tick's plausible charges ([`CellCharges::plausible`]).
+    pub(crate) window: CellCharges,
+    /// Its windows' charges summed with a decay, this one included.
+    pub(crate) long_run: CellCharges,
+}
+
+/// The lower median of the positive `values`, 0 without any.
+fn lower_median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.filter(|value| *value > 0.0).collect();
+    values.sort_unstable_by(f64::total_cmp);
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// The first of `voters` (ratio, weight) at which their weights reach
+/// `half`.
+fn weighted_median<'a>(voters: impl Iterator<Item = &'a (f64, f64)>, half: f64) -> Option<f64> {
+    let mut below = 0.0;
+    for (ratio, weight) in voters {
+        below += weight;
+        if below >= half {
+            return Some(*ratio);
+        }
+    }
+    None
+}
+
+/// The band a proxy's long-run charge ratio counts within: from the lower
+/// weighted median of the proxies' long-run ratios over
+/// [`CHARGE_RATIO_SPREAD`] to the upper one times it, each proxy weighing
+/// its long-run settled estimates, at most the lower median proxy's. A
+/// proxy that carries more than half the weight is thus never the median
+/// on its own; with two proxies of equal weight the band spans both
+/// (neither can tell which one is wrong), and with one, its own ratio.
+/// `None` when no proxy has a long run.
+fn ratio_band(parts: impl Iterator<Item = ProxyCharges> + Clone) -> Option<(f64, f64)> {
+    let cap = lower_median(parts.clone().map(|part| part.long_run.settled_per_s));
+    let mut voters: Vec<(f64, f64)> = parts
+        .filter_map(|part| {
+            let ratio = part.long_run.ratio()?;
+            ratio
+                .is_finite()
+                .then_some((ratio, part.long_run.settled_per_s.min(cap)))
+        })
+        .collect();
+    voters.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let half = voters.iter().map(|(_, weight)| weight).sum::<f64>() / 2.0;
+    let low = weighted_median(voters.iter(), half)?;
+    let high = weighted_median(voters.iter().rev(), half)?;
+    // The lower median is never above the upper one; kept ordered all the
+    // same, since `clamp` wants it.
+    let low = low / CHARGE_RATIO_SPREAD;
+    Some((low, (high * CHARGE_RATIO_SPREAD).max(low)))
 }
 
 /// Fleet-wide load of one bucket: totals and cells.
@@ -411,11 +509,16 @@ mod tests {
         // As reported, within the bounds.
         let honest = CellCharges::plausible(&rates(30_000.0, 12_000.0, 10_000.0), 1.0);
         assert_eq!(honest, charges(12_000.0, 10_000.0));
-        // A ratio beyond 8 either way counts as 8.
-        let high = CellCharges::plausible(&rates(30_000.0, 1e12, 10_000.0), 1.0);
-        assert_eq!(high, charges(80_000.0, 10_000.0));
+        // A window far from its estimates either way is kept (one long
+        // response against a constant can be dozens of times its
+        // estimate); only beyond a million times is it cut, so that sums
+        // stay finite. Its long run is held to the others' in `weighed`.
+        let heavy_tail = CellCharges::plausible(&rates(30_000.0, 400_000.0, 10_000.0), 1.0);
+        assert_eq!(heavy_tail, charges(400_000.0, 10_000.0));
+        let high = CellCharges::plausible(&rates(30_000.0, 1e300, 10_000.0), 1.0);
+        assert_eq!(high, charges(1e10, 10_000.0));
         let low = CellCharges::plausible(&rates(30_000.0, 0.0, 10_000.0), 1.0);
-        assert_eq!(low, charges(1_250.0, 10_000.0));
+        assert_eq!(low, charges(0.0, 10_000.0));
         // Settled beyond twice what it counts as offering: both scaled
         // down alike (the share cap's factor included).
         let heavy = CellCharges::plausible(&rates(30_000.0, 2e9, 1e9), 0.5);
@@ -430,27 +533,113 @@ mod tests {
         }
     }
 
+    /// A proxy's window without a long run (its first, as far as the
+    /// band goes).
+    fn window(charged_per_s: f64, settled_per_s: f64) -> ProxyCharges {
+        ProxyCharges {
+            window: charges(charged_per_s, settled_per_s),
+            long_run: CellCharges::default(),
+        }
+    }
+
+    /// A proxy's window of 10,000 settled charged at `ratio`, beside a
+    /// long run of `settled` at the same ratio.
+    fn proxy(ratio: f64, settled: f64) -> ProxyCharges {
+        ProxyCharges {
+            window: charges(10_000.0 * ratio, 10_000.0),
+            long_run: charges(settled * ratio, settled),
+        }
+    }
+
     #[test]
     fn no_proxy_weighs_more_than_the_median_one() {
         // Three proxies; the third reports ten times the others' weight at
         // a ratio of 1/8: it counts as much as the median one.
         let parts = [
-            charges(10_000.0, 10_000.0),
-            charges(12_000.0, 12_000.0),
-            charges(12_500.0, 100_000.0),
+            window(10_000.0, 10_000.0),
+            window(12_000.0, 12_000.0),
+            window(12_500.0, 100_000.0),
         ];
         let sum = CellCharges::weighed(parts.into_iter());
         assert_eq!(sum.settled_per_s, 34_000.0);
         assert_eq!(sum.charged_per_s, 10_000.0 + 12_000.0 + 1_500.0);
         // One proxy alone is itself; charges without settled estimates are
         // added as they are.
-        let alone = CellCharges::weighed([charges(5.0, 4.0)].into_iter());
+        let alone = CellCharges::weighed([window(5.0, 4.0)].into_iter());
         assert_eq!(alone, charges(5.0, 4.0));
-        let older = CellCharges::weighed([charges(5.0, 4.0), charges(7.0, 0.0)].into_iter());
+        let older = CellCharges::weighed([window(5.0, 4.0), window(7.0, 0.0)].into_iter());
         assert_eq!(older, charges(12.0, 4.0));
         assert_eq!(
             CellCharges::weighed(std::iter::empty()),
             CellCharges::default()
         );
+    }
+
+    /// Charges of three proxies of one cell, each settling 10,000 a
+    /// window.
+    fn charged(parts: [ProxyCharges; 3]) -> f64 {
+        CellCharges::weighed(parts.into_iter()).charged_per_s
+    }
+
+    #[test]
+    fn a_proxy_s_charges_count_within_twice_the_median_proxy_s_ratio() {
+        // Honest proxies whose long runs differ within the band pass as
+        // reported.
+        let honest = charged([proxy(1.0, 1e5), proxy(1.5, 1e5), proxy(1.9, 1e5)]);
+        assert!((honest - 44_000.0).abs() < 1e-6, "{honest}");
+        // One proxy charged 8x its estimates over its long run, the others
+        // 1 and 1.2: it counts at twice the median (1.2), either way.
+        let high = charged([proxy(1.0, 1e5), proxy(1.2, 1e5), proxy(8.0, 1e5)]);
+        assert!(
+            (high - (10_000.0 + 12_000.0 + 24_000.0)).abs() < 1e-6,
+            "{high}"
+        );
+        let low = charged([proxy(1.0, 1e5), proxy(1.2, 1e5), proxy(0.125, 1e5)]);
+        assert!(
+            (low - (10_000.0 + 12_000.0 + 5_000.0)).abs() < 1e-6,
+            "{low}"
+        );
+        // A long run ten times the others' weighs as much as the median
+        // one's: the proxy is not the median on its own.
+        let heavy = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), proxy(8.0, 1e6)]);
+        assert!((heavy - 40_000.0).abs() < 1e-6, "{heavy}");
+        // Neither of two proxies can tell which one is wrong, and one
+        // proxy is itself: both as reported, as before.
+        let pair =
+            CellCharges::weighed([proxy(1.0, 1e5), proxy(8.0, 1e5)].into_iter()).charged_per_s;
+        assert!((pair - 90_000.0).abs() < 1e-6, "{pair}");
+        let alone = CellCharges::weighed([proxy(8.0, 1e5)].into_iter()).charged_per_s;
+        assert!((alone - 80_000.0).abs() < 1e-6, "{alone}");
+        // Whatever the band, a long run counts within 8x of its estimates
+        // either way, and one charged nothing at the band's floor.
+        let lone = CellCharges::weighed([proxy(40.0, 1e5)].into_iter()).charged_per_s;
+        assert!((lone - 80_000.0).abs() < 1e-6, "{lone}");
+        let none = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), proxy(0.0, 1e5)]);
+        assert!((none - 25_000.0).abs() < 1e-6, "{none}");
+        let tiny = CellCharges::weighed([proxy(1e-3, 1e5)].into_iter()).charged_per_s;
+        assert!((tiny - 1_250.0).abs() < 1e-6, "{tiny}");
+        // A proxy that just connected (a long run of its first window,
+        // charged 8x) is held to the band at once: it cannot reset its
+        // way out of it.
+        let fresh = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), proxy(8.0, 1e4)]);
+        assert!((fresh - 40_000.0).abs() < 1e-6, "{fresh}");
+        // A window of one long response (40x its estimate) from a proxy
+        // whose long run is like the others' counts whole.
+        let long_response = ProxyCharges {
+            window: charges(400_000.0, 10_000.0),
+            long_run: charges(1.3e5, 1e5),
+        };
+        let whole = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), long_response]);
+        assert!((whole - 420_000.0).abs() < 1e-6, "{whole}");
+        // A long run past what a float holds counts its estimates at the
+        // band's top, never as a NaN in the sums.
+        for sums in [f64::INFINITY, f64::NAN] {
+            let broken = ProxyCharges {
+                window: charges(1e10, 10_000.0),
+                long_run: charges(sums, 1e5),
+            };
+            let held = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), broken]);
+            assert!((held - 40_000.0).abs() < 1e-6, "{sums}: {held}");
+        }
     }
 }

@@ -35,6 +35,7 @@ mod share_cap;
 mod status;
 
 pub(crate) use load::MAX_CHARGE_RATIO;
+use load::ProxyCharges;
 pub use load::{
     BucketCost, BucketLoad, BucketTraffic, CappedProxy, CellCharges, CellLoad, FleetLoad,
     FleetStats, ProxyCap, Rates,
@@ -197,6 +198,8 @@ struct Proxy {
     hints: Vec<CellId>,
     /// Rates as of the last tick that had reports.
     rates: Vec<(CellId, Rates)>,
+    /// The long run of its charges of each budget cell it reports.
+    charge_history: IdMap<ChargeHistory>,
     /// Ticks since the last one that had reports.
     silent_ticks: u32,
     /// Ticks since the last one that had reports or a Hello of its current
@@ -212,6 +215,42 @@ struct Proxy {
     /// Set when this instance said Hello beside a live one: which, and how
     /// many reports it had then. See [`Fleet::take_conflicts`].
     unconfirmed_conflict: Option<UnconfirmedConflict>,
+}
+
+/// The mean age, in ticks, of a proxy's long run of a budget cell's
+/// charges: the charge factor's horizon at the default control interval
+/// (`charge_ratio::HORIZON_S`), so a proxy's long run and the factor it is
+/// weighed into rest on the same streams.
+const CHARGE_HISTORY_TICKS: f64 = 60.0;
+/// A long run not added to for this many ticks (four mean ages: it weighs
+/// a fiftieth of what it did) is dropped.
+const CHARGE_HISTORY_KEPT_TICKS: u64 = 240;
+
+/// A proxy's long run of one budget cell's charges: exponential sums of
+/// its windows' plausible charges, a mean age of [`CHARGE_HISTORY_TICKS`].
+#[derive(Debug, Clone, Copy)]
+struct ChargeHistory {
+    sums: CellCharges,
+    /// The tick it began at: it speaks for the cell only if the cell's id
+    /// was not handed out again since ([`interner::Slot::born`]).
+    started: u64,
+    /// The tick of its last window.
+    updated: u64,
+}
+
+impl ChargeHistory {
+    /// Adds the window of `tick` to the sums, after decaying them for the
+    /// ticks since the last window.
+    fn add(&mut self, window: CellCharges, tick: u64) -> CellCharges {
+        let ticks = i32::try_from(tick.saturating_sub(self.updated)).unwrap_or(i32::MAX);
+        let decay = (1.0 - 1.0 / CHARGE_HISTORY_TICKS).powi(ticks);
+        self.sums = CellCharges {
+            charged_per_s: self.sums.charged_per_s * decay + window.charged_per_s,
+            settled_per_s: self.sums.settled_per_s * decay + window.settled_per_s,
+        };
+        self.updated = tick;
+        self.sums
+    }
 }
 
 /// A Hello beside a live instance of the same proxy id, not yet known to be
@@ -254,6 +293,7 @@ impl Proxy {
             counts: IdMap::default(),
             hints: Vec::new(),
             rates: Vec::new(),
+            charge_history: IdMap::default(),
             silent_ticks: 0,
             quiet_ticks: 0,
             carry_ticks: None,
@@ -322,9 +362,10 @@ struct Sums {
     /// Per bucket id: the most estimated cost one request counts
     /// ([`Rates::bound_cost`]) when the bucket steers on cost, else `None`.
     cost_bounds: Vec<Option<f64>>,
-    /// Each proxy's plausible charges of a budget's cell this tick, by
-    /// cell id: weighed against each other before they are summed.
-    charges: Vec<(u32, CellCharges)>,
+    /// Each proxy's plausible charges of a budget's cell this tick, and
+    /// their long run, by cell id: weighed against each other before they
+    /// are summed.
+    charges: Vec<(u32, ProxyCharges)>,
     /// Per bucket id steered on cost: the mean cost per request of each
     /// (proxy, cell) this tick, then their median in the first place.
     mean_costs: Vec<Vec<f64>>,
@@ -908,8 +949,19 @@ impl Fleet {
         let (capped, ignored) = weights.weigh(&self.caps.share_cap);
         sums.ignored.clear();
         sums.ignored.resize(proxy_count, false);
-        for (index, proxy) in self.proxies.values().flatten().enumerate() {
+        for (index, proxy) in self.proxies.values_mut().flatten().enumerate() {
             weights.load_proxy(index);
+            // Long runs of cells whose ids were handed out again, or that
+            // the proxy stopped reporting long ago, are another cell's or
+            // nobody's.
+            let slots = &self.cells.slots;
+            proxy.charge_history.retain(|&id, history| {
+                tick.saturating_sub(history.updated) <= CHARGE_HISTORY_KEPT_TICKS
+                    && slots
+                        .get(id as usize)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|slot| slot.born <= history.started)
+            });
             for &(id, rates) in &proxy.rates {
                 let Some(Some(slot)) = self.cells.slots.get_mut(id as usize) else {
                     continue;
@@ -967,8 +1019,20 @@ impl Fleet {
                     cost.admitted_per_s += counted(rates.admitted_cost, rates.offered_cost);
                     cost.charged_per_s += counted(rates.charged_cost, rates.offered_cost);
                     if steered {
-                        sums.charges
-                            .push((id, CellCharges::plausible(&rates, factor)));
+                        let window = CellCharges::plausible(&rates, factor);
+                        let history = proxy.charge_history.entry(id).or_insert(ChargeHistory {
+                            sums: CellCharges::default(),
+                            started: tick,
+                            updated: tick,
+                        });
+                        // Carried rates (a silent proxy) are not a new
+                        // window of its long run.
+                        let long_run = if proxy.silent_ticks == 0 {
+                            history.add(window, tick)
+                        } else {
+                            history.sums
+                        };
+                        sums.charges.push((id, ProxyCharges { window, long_run }));
                     }
                     cost.offered_rps += rates.offered_rps * factor;
                     cost.admitted_rps += counted(rates.admitted_rps, rates.offered_rps);

@@ -1089,3 +1089,72 @@ fn the_fleet_sums_proxies_in_one_order_whatever_order_they_came_in() {
     assert_eq!(sums(&ids), sums(&reversed));
     assert_eq!(sums(&ids), sums(&shuffled));
 }
+
+/// A costed cell's window of one tenant on bucket `llm`: 10 requests of
+/// 1,000 tokens estimated, all admitted and settled, charged `charged`.
+fn charged_cell(tenant: &str, charged: f64) -> BucketCount {
+    BucketCount {
+        bucket: "llm".to_owned(),
+        tenant: tenant.to_owned(),
+        offered: 10,
+        admitted: 10,
+        offered_cost: 10_000.0,
+        admitted_cost: 10_000.0,
+        charged_cost: charged,
+        settled_cost: 10_000.0,
+        ..BucketCount::default()
+    }
+}
+
+/// A proxy's long run of charges belongs to its cell: a cell charged 40x
+/// its estimates counts at 8x; once it is evicted, the next cell handed
+/// its id starts a long run of its own and counts as reported.
+#[test]
+fn a_long_run_of_charges_is_its_own_cell_s_even_when_the_id_is_reused() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let budget = |bucket: &str| (bucket == "llm").then_some(20_000.0);
+    let send = |fleet: &mut Fleet, counts: Vec<BucketCount>| {
+        let report = Report {
+            window_ms: 500,
+            buckets: counts,
+            ..Report::default()
+        };
+        fleet.report("a", StreamId(1), &report).unwrap();
+        fleet.tick_with(&budget)
+    };
+    let charges = |load: &FleetLoad, tenant: &str| {
+        let llm = load.get("llm").unwrap();
+        let cell = llm.cells.iter().find(|c| &*c.tenant == tenant).unwrap();
+        cell.charges.unwrap()
+    };
+    for _ in 0..10 {
+        let load = send(&mut fleet, vec![charged_cell("heavy", 400_000.0)]);
+        let heavy = charges(&load, "heavy");
+        assert_eq!(heavy.settled_per_s, 20_000.0);
+        assert!((heavy.charged_per_s - 160_000.0).abs() < 1e-6, "{heavy:?}");
+    }
+    let heavy = fleet
+        .cells
+        .find("llm", "heavy", Priority::Unspecified)
+        .unwrap();
+    // A window without the cell: it is evicted.
+    send(&mut fleet, vec![cost_count("api", 1, 1, [1.0, 1.0, 1.0])]);
+    assert_eq!(
+        fleet.cells.find("llm", "heavy", Priority::Unspecified),
+        None
+    );
+    let load = send(&mut fleet, vec![charged_cell("fresh", 10_000.0)]);
+    assert_eq!(
+        fleet.cells.find("llm", "fresh", Priority::Unspecified),
+        Some(heavy),
+        "the id is handed out again"
+    );
+    assert_eq!(
+        charges(&load, "fresh"),
+        CellCharges {
+            charged_per_s: 20_000.0,
+            settled_per_s: 20_000.0
+        }
+    );
+}

@@ -59,6 +59,9 @@ struct Scenario<'a> {
     charge_factor: f64,
     /// Tenants charged another factor than `charge_factor`.
     tenant_charge_factors: &'a [(&'a str, f64)],
+    /// Every request's estimate, when not its cost (a route's constant):
+    /// the cost drawn is then only what it is charged.
+    constant_estimate: Option<f64>,
     admission: Admission,
     /// VMs (Envoy's workers) per proxy, each with its own credit; a
     /// request lands on one of them at random, as Envoy hands each
@@ -81,6 +84,7 @@ impl Default for Scenario<'_> {
             step_at: 0,
             charge_factor: 1.0,
             tenant_charge_factors: &[],
+            constant_estimate: None,
             admission: Admission::Coin,
             vms: 1,
             seed: 37,
@@ -213,7 +217,8 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                         .find(|v| sampler.chance(1.0 / (scenario.vms - v + 1) as f64))
                         .unwrap_or(0);
                     let balance = credit.entry((index, demand.tenant, vm)).or_default();
-                    let cost = sampler.tokens() as f64;
+                    let charged = sampler.tokens() as f64;
+                    let cost = scenario.constant_estimate.unwrap_or(charged);
                     count.offered += 1;
                     count.offered_cost += cost;
                     let admitted = if scenario.admission == Admission::Coin {
@@ -228,7 +233,7 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                         }
                         count.admitted += 1;
                         count.admitted_cost += cost;
-                        count.charged_cost += cost * charge_factor;
+                        count.charged_cost += charged * charge_factor;
                         count.settled_cost += cost;
                     }
                 }
@@ -1129,14 +1134,16 @@ fn a_proxy_that_never_enforces_cannot_shut_the_budget() {
 /// Three proxies each offering 20,000 tokens/s and admitting what they are
 /// told; one reports charges far from its estimates, a billion times or
 /// nothing at all, with settled estimates a million times what it
-/// admitted. Its charges count within 8x of its estimates and weigh no
-/// more than the median proxy's, so with three proxies the charge factor
-/// is at most (1 + 1 + 8) / 3 and at least (1 + 1 + 1/8) / 3: the honest
-/// proxies are not shut, and the budget is not overrun by more than 1.4
-/// times, where, summed as reported, the factor went to its bound (8 or
-/// 1/8) at once.
+/// admitted. Its charges count within 8x of its estimates, at a ratio
+/// within twice the median proxy's long run, and weigh no more than the
+/// median proxy's, so with three proxies the charge factor is at most
+/// (1 + 1 + 2) / 3 and at least (1 + 1 + 1/2) / 3: the budget is held at
+/// three quarters at worst, and overrun by at most 1.2 times. Summed as
+/// reported, the factor went to its bound (8 or 1/8) at once; within 8x
+/// alone, to (1 + 1 + 8) / 3 (the budget held at 30 %) or
+/// (1 + 1 + 1/8) / 3.
 #[test]
-fn a_proxy_that_misreports_its_charges_sways_the_factor_by_a_third_at_most() {
+fn a_proxy_that_misreports_its_charges_sways_the_factor_by_a_third_of_twice() {
     let policy = budget_20000();
     let proxies = ["honest-a", "honest-b", "rogue"];
     for rogue_charge in [1e9, 0.0] {
@@ -1162,10 +1169,11 @@ fn a_proxy_that_misreports_its_charges_sways_the_factor_by_a_third_at_most() {
             ratio = status.drop_ratio.get();
             factor = status.cost.as_ref().unwrap().charge_factor.unwrap();
         }
-        assert!((0.70..=3.34).contains(&factor), "{rogue_charge}: {factor}");
+        eprintln!("{rogue_charge}: factor {factor}, ratio {ratio}");
+        assert!((0.83..=1.34).contains(&factor), "{rogue_charge}: {factor}");
         // Asked 2/3 of 60,000 with the honest charges; 1 - 20,000 / (60,000
-        // x factor) with the rogue's: between 0.53 and 0.9.
-        assert!((0.5..=0.91).contains(&ratio), "{rogue_charge}: {ratio}");
+        // x factor) with the rogue's: between 0.6 and 0.75.
+        assert!((0.58..=0.76).contains(&ratio), "{rogue_charge}: {ratio}");
     }
 }
 
@@ -1327,6 +1335,56 @@ fn the_balance_over_tenants_and_workers() {
         );
         assert!(ten.mean.abs() <= 0.015, "{vms}: {ten:?}");
         assert!(ten.rms < floor.rms, "{vms}: {ten:?} vs {floor:?}");
+    }
+}
+
+/// The benchmark's fleet and tenants (proxies 60/30/10, tenants 50/30/20
+/// weighted 2:1:1, 3x the budget) with a constant estimate of 250 tokens
+/// against log-normal responses (median 500, p99 8,000): each proxy's
+/// ratio of charges to estimates is the noise of a few heavy responses,
+/// most of all a small tenant's on the small proxy, and must not read as
+/// a proxy to hold to the others' ratio. Every tenant is held to its
+/// share in charged tokens.
+#[test]
+fn heavy_tailed_charges_of_a_constant_estimate_hold_every_share() {
+    let policy = policy(
+        "limits:\n  - bucket: llm\n    budget: {amount: 20000, unit: tokens, per: second}\n\
+         tenants:\n  gold: {weight: 2}\n  silver: {weight: 1}\n  bronze: {weight: 1}\n",
+    );
+    let demands = [("gold", 0.5), ("silver", 0.3), ("bronze", 0.2)]
+        .map(|(tenant, fraction)| Demand { tenant, fraction });
+    // The factor waits for 10 s of charges, and learns over 30 s.
+    let constant = Scenario {
+        demands: &demands,
+        constant_estimate: Some(250.0),
+        admission: Admission::Credit,
+        warm_up: 120,
+        intervals: 2120,
+        ..Scenario::default()
+    };
+    for seed in [37, 38] {
+        let outcome = simulate(&policy, "llm", &Scenario { seed, ..constant });
+        let charged = &outcome.charged_per_tenant_per_s;
+        let factor = outcome
+            .status
+            .as_ref()
+            .and_then(|s| s.cost.as_ref()?.charge_factor);
+        eprintln!(
+            "{seed}: charged {:.0} tokens/s, {charged:.0?}, k {factor:?}",
+            outcome.charged_cost_per_s
+        );
+        assert!(
+            within(outcome.charged_cost_per_s, 20_000.0, 0.05),
+            "{seed}: {:.0}",
+            outcome.charged_cost_per_s
+        );
+        for (tenant, share) in [("gold", 10_000.0), ("silver", 5_000.0), ("bronze", 5_000.0)] {
+            assert!(
+                within(charged[tenant], share, 0.1),
+                "{seed}: {tenant} charged {:.0} for a share of {share}",
+                charged[tenant]
+            );
+        }
     }
 }
 
