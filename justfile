@@ -160,7 +160,7 @@ bench-adaptive: build
     ENVOY_BIN="$(./scripts/ensure-envoy.sh)" SLUICE_WASM={{wasm_out}} \
       cargo test -q -p sluice-integration-tests --test adaptive_side_by_side -- --ignored --nocapture
 
-# How closely 3 Envoys (60/30/10) hold a 20,000 tokens/s budget at 3x, streamed completions with log-normal tokens (median 500, p99 8,000), 3 tenants 2:1:1: admitted tokens per 1 s and 10 s window, per tenant, and after a 0.5x -> 3x step, with the filter's defaults and with the allowance always engaged; updates BENCHMARKS.md (`--data-plane wasm|native|both`, `--seconds S`, `--output -`: print only). Not part of `just test`.
+# How closely 3 Envoys (60/30/10) hold a 20,000 tokens/s budget at 3x, streamed completions with log-normal tokens (median 500, p99 8,000), 3 tenants 2:1:1: admitted tokens per 1 s and 10 s window, per tenant, and after a 0.5x -> 3x step, with the filter's defaults and with the allowance always engaged; updates BENCHMARKS.md (`--data-plane wasm|native|both`, `--seconds S`, `--constant-estimate N`: every request estimated at N tokens, its own section; `--output -`: print only). Not part of `just test`.
 bench-tokens *ARGS: build-wasm build-native
     cargo build -q --release -p sluice-control-plane --bin sluice
     cargo build -q --release -p sluice-benches --bins

@@ -1,7 +1,8 @@
 //! How closely a fleet holds a token budget, in real Envoy.
 //!
 //! ```text
-//! bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--workers N] [--output FILE|-]
+//! bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--workers N]
+//!              [--constant-estimate TOKENS] [--output FILE|-]
 //! ```
 //!
 //! Three Envoys (`ENVOY_BIN`, the filter `SLUICE_WASM` or the native
@@ -23,6 +24,12 @@
 //!
 //! Filter settings: the defaults (credit decision, allowance engaged only
 //! when the control plane is lost) and the allowance engaged always.
+//!
+//! `--constant-estimate N` makes the route's estimate the constant `N`
+//! instead of each request's own count (an operator's guess): the budget
+//! is then held by how far the charges run from the estimates, which the
+//! control plane learns over its first tens of seconds (give the warm-up
+//! time for it). Its table has a section of its own in the output file.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,7 +44,7 @@ use sluice_benches::tokens::{
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::token_fleet::{
-    TokenFleet, TokenLoad, admitted_tokens, offered_tokens,
+    Estimate, TokenFleet, TokenLoad, admitted_tokens, offered_tokens,
 };
 
 /// The step run: seconds before and after the step.
@@ -51,6 +58,9 @@ struct Options {
     /// Seconds of the steady run (at least --warmup + 10).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(20..=3600))]
     seconds: u64,
+    /// Every request's estimate, in tokens, instead of its own count.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    constant_estimate: Option<u64>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -128,7 +138,12 @@ async fn run() -> Result<()> {
     println!("{section}");
     if options.run.output != "-" {
         let path = paths::from_root(&options.run.output)?;
-        report::write_marked(&path, "bench_tokens", &section)?;
+        let marker = if options.constant_estimate.is_some() {
+            "bench_tokens_constant_estimate"
+        } else {
+            "bench_tokens"
+        };
+        report::write_marked(&path, marker, &section)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
@@ -140,12 +155,11 @@ async fn start_fleet(
     data_plane: DataPlane,
     setting: &Setting,
 ) -> Result<TokenFleet> {
-    TokenFleet::start(fleet_options(
-        data_plane,
-        options.run.workers,
-        setting.filter.clone(),
-    ))
-    .await
+    let mut fleet = fleet_options(data_plane, options.run.workers, setting.filter.clone());
+    if let Some(tokens) = options.constant_estimate {
+        fleet.estimate = Estimate::Constant(tokens);
+    }
+    TokenFleet::start(fleet).await
 }
 
 async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> Result<Steady> {
@@ -228,12 +242,25 @@ async fn step(options: &Options, data_plane: DataPlane, setting: &Setting) -> Re
 }
 
 fn header(options: &Options) -> String {
+    let (title, estimate) = match options.constant_estimate {
+        Some(tokens) => (
+            format!(" with a constant estimate (`just bench-tokens --constant-estimate {tokens}`)"),
+            format!(
+                "every request estimated at a constant {tokens} tokens by the route (its actual tokens charged \
+                 from the stream's usage)"
+            ),
+        ),
+        None => (
+            " (`just bench-tokens`)".to_owned(),
+            "each request naming its tokens as its estimate".to_owned(),
+        ),
+    };
     format!(
-        "### Token budgets through real Envoy (`just bench-tokens`)\n\n\
+        "### Token budgets through real Envoy{title}\n\n\
          Three Envoys (60/30/10 % of the load, `--concurrency {}`), a budget of {BUDGET:.0} tokens/s for one bucket, three tenants \
          weighted 2:1:1 offering 50/30/20 % of the demand, streamed OpenAI-style completions from the fake LLM \
          upstream with output tokens drawn log-normally (median 500, p99 8,000; about {:.0} tokens a request on \
-         average), each request naming its tokens as its estimate. Steady: 3x the budget for {} s, measured after \
+         average), {estimate}. Steady: 3x the budget for {} s, measured after \
          {} s; step: 0.5x for {STEP_BEFORE_S} s, then 3x. Admitted tokens are counted from the answers (200, by \
          when the stream ended). Errors are admitted / budget - 1 (tenants: / fair share - 1).\n\n\
          | data plane | filter setting | steady, whole span | 1 s windows | 10 s windows | tenants gold / silver / bronze | step: first 1 s / first 10 s / peak 1 s |\n\
