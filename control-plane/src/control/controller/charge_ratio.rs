@@ -23,8 +23,9 @@
 //! high while the admissions grow (comparing with the cost admitted in the
 //! same seconds did, and loosened a budget at every rise of its load).
 //! The ratio is one of exponential sums of both (a mean age of
-//! [`HORIZON_S`]), taken as 1 until [`MIN_EVIDENCE_S`] of intervals settled
-//! something, and bounded by [`MAX_FACTOR`] either way. Charges without
+//! [`HORIZON_S`]), bounded by [`MAX_FACTOR`] either way; until
+//! [`MIN_EVIDENCE_S`] of intervals settled something it may tighten the
+//! budget but not loosen it (taken as 1 when below 1). Charges without
 //! the settled estimates beside them (older proxies) count on the
 //! charged side only, which can only tighten the budget.
 
@@ -32,7 +33,8 @@ use crate::fleet::{CellCharges, MAX_CHARGE_RATIO};
 
 /// The mean age of the sums, in seconds.
 pub(crate) const HORIZON_S: f64 = 30.0;
-/// Seconds of intervals that settled something before the factor counts.
+/// Seconds of intervals that settled something before a factor below 1
+/// counts.
 pub(crate) const MIN_EVIDENCE_S: f64 = 10.0;
 /// The factor is at most this and at least its inverse: an estimate off by
 /// more is a configuration to fix, not a noise to follow (one proxy's
@@ -92,8 +94,8 @@ impl ChargeRatio {
         }
     }
 
-    /// Charged cost per unit of settled estimate: 1 until there is
-    /// evidence, else the ratio of the sums within the bounds.
+    /// Charged cost per unit of settled estimate: the ratio of the sums
+    /// within the bounds, at least 1 until there is evidence.
     pub(crate) fn factor(&self) -> f64 {
         self.log_ratio().map_or(1.0, bounded)
     }
@@ -117,10 +119,18 @@ impl ChargeRatio {
         bounded(log)
     }
 
-    /// The log of charged over settled, once there is evidence.
+    /// The log of charged over settled, once there is evidence; before
+    /// it, only a ratio above 1: the first seconds of charges (after a
+    /// start, a restart, a new budget) may tighten the budget at once but
+    /// not loosen it, since a ratio of a few streams is mostly their
+    /// sizes' noise, and waiting for the evidence to tighten let estimates
+    /// that run `k` times low admit `k` times the budget until then.
     fn log_ratio(&self) -> Option<f64> {
-        let enough = self.evidence_s >= MIN_EVIDENCE_S && self.settled > 0.0 && self.charged > 0.0;
+        if !(self.settled > 0.0 && self.charged > 0.0) {
+            return None;
+        }
         let log = (self.charged / self.settled).ln();
+        let enough = self.evidence_s >= MIN_EVIDENCE_S || log > 0.0;
         (enough && log.is_finite()).then_some(log)
     }
 }
@@ -158,9 +168,13 @@ mod tests {
     }
 
     #[test]
-    fn estimates_that_run_low_or_high_are_followed_after_the_evidence() {
-        assert_eq!(after(9.5, 10_000.0, 15_000.0).factor(), 1.0);
+    fn estimates_that_run_low_tighten_at_once_and_high_ones_loosen_after_the_evidence() {
+        // Charged more than estimated: from the first interval.
+        assert!(near(after(0.5, 10_000.0, 15_000.0).factor(), 1.5));
         assert!(near(after(10.0, 10_000.0, 15_000.0).factor(), 1.5));
+        // Charged less: only after 10 s of intervals settled something.
+        assert_eq!(after(9.5, 10_000.0, 5_000.0).factor(), 1.0);
+        assert!(near(after(10.0, 10_000.0, 5_000.0).factor(), 0.5));
         assert!(near(after(60.0, 10_000.0, 5_000.0).factor(), 0.5));
         assert!(near(after(60.0, 10_000.0, 10_000.0).factor(), 1.0));
     }

@@ -62,6 +62,9 @@ struct Scenario<'a> {
     /// Every request's estimate, when not its cost (a route's constant):
     /// the cost drawn is then only what it is charged.
     constant_estimate: Option<f64>,
+    /// The interval at which the control plane restarts: a fresh fleet
+    /// and controller, the proxies keeping the directives they hold.
+    restart_at: Option<usize>,
     admission: Admission,
     /// VMs (Envoy's workers) per proxy, each with its own credit; a
     /// request lands on one of them at random, as Envoy hands each
@@ -85,6 +88,7 @@ impl Default for Scenario<'_> {
             charge_factor: 1.0,
             tenant_charge_factors: &[],
             constant_estimate: None,
+            restart_at: None,
             admission: Admission::Coin,
             vms: 1,
             seed: 37,
@@ -105,6 +109,8 @@ struct Outcome {
     charged_cost_per_s: f64,
     /// Cost charged at stream end per tenant, per second.
     charged_per_tenant_per_s: HashMap<String, f64>,
+    /// Cost charged at stream end in each measured interval, all tenants.
+    charged_per_interval: Vec<f64>,
     /// Offered cost per second, all tenants.
     offered_cost_per_s: f64,
     /// Mean of the bucket-wide cell's pushed drop ratio.
@@ -165,11 +171,14 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
     let sigma = (distribution.p99() / distribution.median()).ln() / 2.326_347_874;
     let mean_cost = distribution.median() * (sigma * sigma / 2.0).exp();
     let proxies = [("envoy-a", 0.6), ("envoy-b", 0.3), ("envoy-c", 0.1)];
-    let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
-    for (index, (proxy, _)) in proxies.iter().enumerate() {
-        fleet.connect(proxy, 1, StreamId(index as u64));
-    }
-    let mut controller = Controller::tracking(ControlInterval::default());
+    let start = || {
+        let mut fleet = Fleet::new(Fleet::DEFAULT_CARRY_TICKS);
+        for (index, (proxy, _)) in proxies.iter().enumerate() {
+            fleet.connect(proxy, 1, StreamId(index as u64));
+        }
+        (fleet, Controller::tracking(ControlInterval::default()))
+    };
+    let (mut fleet, mut controller) = start();
     let mut pushed: HashMap<String, Directive> = HashMap::new();
     let mut credit: HashMap<(usize, &str, usize), f64> = HashMap::new();
     let mut outcome = Outcome::default();
@@ -177,7 +186,11 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
     let costed = |name: &str| policy.limits.budget_rate(name);
     let (warm_up, intervals) = (scenario.warm_up, scenario.intervals);
     for interval in 0..intervals {
+        if scenario.restart_at == Some(interval) {
+            (fleet, controller) = start();
+        }
         let measured = interval >= warm_up;
+        let mut charged_now = 0.0;
         let offered_cost_per_s = if interval < scenario.step_at {
             scenario.offered_cost_per_s.0
         } else {
@@ -245,6 +258,7 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                         .or_default() += count.admitted_cost;
                     *admitted_now.entry(demand.tenant).or_default() += count.admitted_cost;
                     outcome.charged_cost_per_s += count.charged_cost;
+                    charged_now += count.charged_cost;
                     *outcome
                         .charged_per_tenant_per_s
                         .entry(demand.tenant.to_owned())
@@ -260,6 +274,9 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                 .entry(tenant.to_owned())
                 .or_default()
                 .push(cost);
+        }
+        if measured {
+            outcome.charged_per_interval.push(charged_now);
         }
         let load = fleet.tick_with(&costed);
         let decision = controller.decide(&load, policy);
@@ -1385,6 +1402,36 @@ fn heavy_tailed_charges_of_a_constant_estimate_hold_every_share() {
                 charged[tenant]
             );
         }
+    }
+}
+
+/// A control plane restarted under a budget whose estimates run 4x low
+/// (a constant of 250 tokens against log-normal responses) knows no
+/// charge factor: until it does, the estimates offered (three quarters of
+/// the budget at 3x) read as under the budget. The first charges tighten
+/// it at once; waiting for 10 s of them admitted about three budgets
+/// for those seconds.
+#[test]
+fn a_restart_tightens_a_budget_whose_estimates_run_low_at_the_first_charges() {
+    let policy = budget_20000();
+    for seed in [37, 38] {
+        let outcome = simulate(
+            &policy,
+            "llm",
+            &Scenario {
+                constant_estimate: Some(250.0),
+                admission: Admission::Credit,
+                restart_at: Some(200),
+                seed,
+                warm_up: 200,
+                intervals: 220,
+                ..Scenario::default()
+            },
+        );
+        // Ten seconds of the budget.
+        let after = outcome.charged_per_interval.iter().sum::<f64>() / 200_000.0 - 1.0;
+        eprintln!("{seed}: the 20 intervals after the restart charged {after:+.3} of the budget");
+        assert!(after < 0.3, "{seed}: {after:+.3}");
     }
 }
 
