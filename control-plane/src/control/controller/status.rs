@@ -87,11 +87,9 @@ impl CostStatus {
         budget: Option<&Budget>,
         charge_factor: Option<f64>,
     ) -> Self {
-        let charged_to_estimate = if charges.settled_per_s > 0.0 {
-            Some(charges.charged_per_s / charges.settled_per_s)
-        } else {
+        let charged_to_estimate = charges.ratio().or_else(|| {
             (cost.admitted_per_s > 0.0).then(|| cost.charged_per_s / cost.admitted_per_s)
-        };
+        });
         Self {
             budget: budget.cloned(),
             offered_per_s: cost.offered_per_s,
