@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use sluice_integration_tests::control_plane::BucketStatus;
+use sluice_integration_tests::control_plane::{AdminClient, BucketStatus};
 use sluice_integration_tests::fake_proxy::FakeProxy;
 use sluice_integration_tests::replicas::{ReplicaSet, ReplicaSetOptions, wait_for_leader};
 use sluice_integration_tests::wait;
@@ -65,6 +65,31 @@ fn steered_on_both(llm: &BucketStatus) -> bool {
         && (0.5..=0.75).contains(&llm.drop_ratio)
 }
 
+/// Every replica's view of `llm` once all of them satisfy `seen` (the
+/// charges count after 10 s of them, so within 30 s).
+async fn every_replica_sees(
+    admins: &[AdminClient],
+    what: &str,
+    seen: impl Fn(&BucketStatus) -> bool,
+) -> anyhow::Result<Vec<BucketStatus>> {
+    wait::until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let mut views = Vec::new();
+            for admin in admins {
+                let Some(llm) = admin.buckets().await?.bucket("llm").cloned() else {
+                    return Ok(None);
+                };
+                views.push(llm);
+            }
+            Ok(views.iter().all(&seen).then_some(views))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
     let set = ReplicaSet::start(ReplicaSetOptions::new(LIMITS, 2, 0))
@@ -83,21 +108,10 @@ async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
     let leader = wait_for_leader(&replicas, Duration::from_secs(10)).await;
     let admins: Vec<_> = set.replicas.iter().map(|r| r.admin().clone()).collect();
 
-    let seen = wait::until(
+    let seen = every_replica_sees(
+        &admins,
         "both replicas steering llm on both proxies' charged cost",
-        // The charges count after 10 s of them.
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let mut views = Vec::new();
-            for admin in &admins {
-                let Some(llm) = admin.buckets().await?.bucket("llm").cloned() else {
-                    return Ok(None);
-                };
-                views.push(llm);
-            }
-            Ok(views.iter().all(steered_on_both).then_some(views))
-        },
+        steered_on_both,
     )
     .await;
     if leader.is_err() || seen.is_err() {
@@ -132,6 +146,65 @@ async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
             );
             let ratio = cost.charged_to_estimate.unwrap();
             assert!((ratio - 1.2).abs() < 1e-6, "r{index}: {cost:?}");
+        }
+    }
+    drop(proxies);
+}
+
+/// A cost budget's charge factor across three replicas, one proxy each,
+/// when the third proxy claims its streams were charged ten times their
+/// estimates: alone on its replica, that replica's share carries the claim
+/// at the most one proxy may count (8x); summed with the others' the fleet
+/// would hold the budget at a factor of about 3.5 and admit less than half
+/// of it. Weighed against the other replicas' shares, it counts at twice
+/// their ratio (2.4): a third of the fleet's weight at twice the median
+/// moves the factor to 1.6 on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_alone_on_its_replica_cannot_inflate_the_charges() {
+    let set = ReplicaSet::start(ReplicaSetOptions::new(LIMITS, 3, 0))
+        .await
+        .unwrap();
+    let report_every = Duration::from_millis(100);
+    let mut proxies = Vec::new();
+    for (index, proxy_id) in ["envoy-a", "envoy-b", "envoy-rogue"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut proxy = FakeProxy::connect(set.grpc_addrs()[index], proxy_id, None)
+            .await
+            .unwrap();
+        let mut counts = counts();
+        if proxy_id == "envoy-rogue" {
+            counts[0].charged_cost = 10.0 * counts[0].settled_cost;
+        }
+        proxy.report_every(report_every, counts);
+        proxies.push(proxy);
+    }
+    let admins: Vec<_> = set.replicas.iter().map(|r| r.admin().clone()).collect();
+    let factor_of = |llm: &BucketStatus| llm.cost.as_ref().and_then(|cost| cost.charge_factor);
+    let held = |llm: &BucketStatus| {
+        llm.proxies_reporting == 3 && factor_of(llm).is_some_and(|k| (k - 1.6).abs() < 0.1)
+    };
+    let seen = every_replica_sees(
+        &admins,
+        "every replica holding the charge factor near 1.6",
+        held,
+    )
+    .await;
+    if seen.is_err() {
+        set.print_logs();
+    }
+    println!("{:#?}", seen.unwrap());
+    // And it stays there: the claim does not wear the band down.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (index, admin) in admins.iter().enumerate() {
+            let llm = admin.buckets().await.unwrap().bucket("llm").cloned();
+            let llm = llm.unwrap_or_else(|| panic!("r{index} lost llm"));
+            if !held(&llm) {
+                set.print_logs();
+            }
+            assert!(held(&llm), "r{index}: {llm:#?}");
         }
     }
     drop(proxies);

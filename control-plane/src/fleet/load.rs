@@ -137,10 +137,11 @@ pub struct CellLoad {
     /// Σ over proxies of their shadow-dropped rate.
     pub shadow_dropped_rps: f64,
     /// For a cell of a bucket whose limit is a budget (its rates are
-    /// estimates), what its streams were charged; `None` when not known (a
+    /// estimates), what its streams were charged, this interval and over
+    /// the long run of the proxies reporting it; `None` when not known (a
     /// bucket limited in requests, or a replica's share written before
     /// cells carried their charges).
-    pub charges: Option<CellCharges>,
+    pub charges: Option<PartCharges>,
 }
 
 /// The most one proxy's charges may run from their estimates over its long
@@ -216,7 +217,7 @@ impl CellCharges {
     /// included, while one that reports charges far from the others' moves
     /// the cell's ratio by its weight times that spread. Charges without
     /// settled estimates are added as they are.
-    pub(crate) fn weighed(parts: impl Iterator<Item = ProxyCharges> + Clone) -> Self {
+    pub(crate) fn weighed(parts: impl Iterator<Item = PartCharges> + Clone) -> Self {
         let median = lower_median(parts.clone().map(|part| part.window.settled_per_s));
         let band = ratio_band(parts.clone());
         parts.fold(Self::default(), |sum, part| {
@@ -266,14 +267,39 @@ impl CellCharges {
     }
 }
 
-/// One proxy's charges of a budget cell: this tick's window, and its
-/// long run (exponential sums of its windows, kept by the fleet).
+/// One part's charges of a budget cell (a proxy's, or a replica's share
+/// of the fleet): this tick's window, and its long run (exponential sums
+/// of its windows, kept by the fleet).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct ProxyCharges {
+pub struct PartCharges {
     /// This tick's plausible charges ([`CellCharges::plausible`]).
-    pub(crate) window: CellCharges,
+    pub window: CellCharges,
     /// Its windows' charges summed with a decay, this one included.
-    pub(crate) long_run: CellCharges,
+    pub long_run: CellCharges,
+}
+
+impl PartCharges {
+    /// A part whose long run is not known (a replica's share written
+    /// before shares carried it): its window stands for it.
+    pub(crate) fn window_only(window: CellCharges) -> Self {
+        Self {
+            window,
+            long_run: window,
+        }
+    }
+
+    /// The `parts` of one cell weighed against each other
+    /// ([`CellCharges::weighed`]), the window and the long run alike: a
+    /// proxy's parts into its replica's share, and the replicas' shares
+    /// into the fleet's, so that a proxy alone on its replica is held to
+    /// the band of the other replicas' long runs as if they were one.
+    pub(crate) fn weighed(parts: impl Iterator<Item = Self> + Clone) -> Self {
+        let long_runs = parts.clone().map(|part| Self::window_only(part.long_run));
+        Self {
+            window: CellCharges::weighed(parts),
+            long_run: CellCharges::weighed(long_runs),
+        }
+    }
 }
 
 /// The lower median of the positive `values`, 0 without any.
@@ -307,7 +333,7 @@ fn weighted_median<'a>(voters: impl Iterator<Item = &'a (f64, f64)>, half: f64) 
 /// on its own; with two proxies of equal weight the band spans both
 /// (neither can tell which one is wrong), and with one, its own ratio.
 /// `None` when no proxy has a long run.
-fn ratio_band(parts: impl Iterator<Item = ProxyCharges> + Clone) -> Option<(f64, f64)> {
+fn ratio_band(parts: impl Iterator<Item = PartCharges> + Clone) -> Option<(f64, f64)> {
     let cap = lower_median(parts.clone().map(|part| part.long_run.settled_per_s));
     let mut voters: Vec<(f64, f64)> = parts
         .filter_map(|part| {
@@ -372,7 +398,7 @@ impl BucketTraffic {
     pub(crate) fn cell_charges(&self) -> CellCharges {
         self.cells
             .iter()
-            .filter_map(|cell| cell.charges)
+            .filter_map(|cell| cell.charges.map(|charges| charges.window))
             .fold(CellCharges::default(), CellCharges::add)
     }
 
@@ -535,8 +561,8 @@ mod tests {
 
     /// A proxy's window without a long run (its first, as far as the
     /// band goes).
-    fn window(charged_per_s: f64, settled_per_s: f64) -> ProxyCharges {
-        ProxyCharges {
+    fn window(charged_per_s: f64, settled_per_s: f64) -> PartCharges {
+        PartCharges {
             window: charges(charged_per_s, settled_per_s),
             long_run: CellCharges::default(),
         }
@@ -544,8 +570,8 @@ mod tests {
 
     /// A proxy's window of 10,000 settled charged at `ratio`, beside a
     /// long run of `settled` at the same ratio.
-    fn proxy(ratio: f64, settled: f64) -> ProxyCharges {
-        ProxyCharges {
+    fn proxy(ratio: f64, settled: f64) -> PartCharges {
+        PartCharges {
             window: charges(10_000.0 * ratio, 10_000.0),
             long_run: charges(settled * ratio, settled),
         }
@@ -577,7 +603,7 @@ mod tests {
 
     /// Charges of three proxies of one cell, each settling 10,000 a
     /// window.
-    fn charged(parts: [ProxyCharges; 3]) -> f64 {
+    fn charged(parts: [PartCharges; 3]) -> f64 {
         CellCharges::weighed(parts.into_iter()).charged_per_s
     }
 
@@ -625,7 +651,7 @@ mod tests {
         assert!((fresh - 40_000.0).abs() < 1e-6, "{fresh}");
         // A window of one long response (40x its estimate) from a proxy
         // whose long run is like the others' counts whole.
-        let long_response = ProxyCharges {
+        let long_response = PartCharges {
             window: charges(400_000.0, 10_000.0),
             long_run: charges(1.3e5, 1e5),
         };
@@ -634,7 +660,7 @@ mod tests {
         // A long run past what a float holds counts its estimates at the
         // band's top, never as a NaN in the sums.
         for sums in [f64::INFINITY, f64::NAN] {
-            let broken = ProxyCharges {
+            let broken = PartCharges {
                 window: charges(1e10, 10_000.0),
                 long_run: charges(sums, 1e5),
             };

@@ -35,10 +35,9 @@ mod share_cap;
 mod status;
 
 pub(crate) use load::MAX_CHARGE_RATIO;
-use load::ProxyCharges;
 pub use load::{
     BucketCost, BucketLoad, BucketTraffic, CappedProxy, CellCharges, CellLoad, FleetLoad,
-    FleetStats, ProxyCap, Rates,
+    FleetStats, PartCharges, ProxyCap, Rates,
 };
 pub use share_cap::{ShareCap, Weight};
 pub(crate) use status::ProxyStatus;
@@ -358,14 +357,14 @@ struct Sums {
     /// Per cell id: the steering load, its shadow-dropped rate, and the
     /// cost and request rates side by side.
     /// And what its streams were charged, as far as it counts.
-    cells: Vec<(BucketLoad, f64, BucketCost, CellCharges)>,
+    cells: Vec<(BucketLoad, f64, BucketCost, PartCharges)>,
     /// Per bucket id: the most estimated cost one request counts
     /// ([`Rates::bound_cost`]) when the bucket steers on cost, else `None`.
     cost_bounds: Vec<Option<f64>>,
     /// Each proxy's plausible charges of a budget's cell this tick, and
     /// their long run, by cell id: weighed against each other before they
     /// are summed.
-    charges: Vec<(u32, ProxyCharges)>,
+    charges: Vec<(u32, PartCharges)>,
     /// Per bucket id steered on cost: the mean cost per request of each
     /// (proxy, cell) this tick, then their median in the first place.
     mean_costs: Vec<Vec<f64>>,
@@ -875,7 +874,7 @@ impl Fleet {
                 BucketLoad::default(),
                 0.0,
                 BucketCost::default(),
-                CellCharges::default(),
+                PartCharges::default(),
             ),
         );
         let buckets = self.cells.next_bucket as usize;
@@ -1032,7 +1031,7 @@ impl Fleet {
                         } else {
                             history.sums
                         };
-                        sums.charges.push((id, ProxyCharges { window, long_run }));
+                        sums.charges.push((id, PartCharges { window, long_run }));
                     }
                     cost.offered_rps += rates.offered_rps * factor;
                     cost.admitted_rps += counted(rates.admitted_rps, rates.offered_rps);
@@ -1112,7 +1111,7 @@ impl Fleet {
         for group in sums.charges.chunk_by(|a, b| a.0 == b.0) {
             let id = group.first().map_or(u32::MAX, |(id, _)| *id);
             if let Some(cell) = sums.cells.get_mut(id as usize) {
-                cell.3 = CellCharges::weighed(group.iter().map(|(_, charges)| *charges));
+                cell.3 = PartCharges::weighed(group.iter().map(|(_, charges)| *charges));
             }
         }
 

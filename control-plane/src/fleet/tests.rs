@@ -1126,7 +1126,7 @@ fn a_long_run_of_charges_is_its_own_cell_s_even_when_the_id_is_reused() {
     let charges = |load: &FleetLoad, tenant: &str| {
         let llm = load.get("llm").unwrap();
         let cell = llm.cells.iter().find(|c| &*c.tenant == tenant).unwrap();
-        cell.charges.unwrap()
+        cell.charges.unwrap().window
     };
     for _ in 0..10 {
         let load = send(&mut fleet, vec![charged_cell("heavy", 400_000.0)]);

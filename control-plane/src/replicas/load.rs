@@ -20,7 +20,7 @@ use sluice_core::histogram::LatencyHistogram;
 
 use crate::fleet::health::{MAX_HEALTH_BUCKETS, UpstreamHealth, merge_health};
 use crate::fleet::{
-    BucketCost, BucketLoad, BucketTraffic, CellCharges, CellLoad, FleetLoad, ProxyCap,
+    BucketCost, BucketLoad, BucketTraffic, CellCharges, CellLoad, FleetLoad, PartCharges, ProxyCap,
 };
 use sluice_core::Priority;
 
@@ -112,6 +112,12 @@ struct WireCell {
     charged: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     settled: Option<f64>,
+    /// The same over the long run of the replica's proxies (added later:
+    /// a share without them counts its window for its long run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    charged_long_run: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    settled_long_run: Option<f64>,
 }
 
 fn is_zero(value: &f64) -> bool {
@@ -158,8 +164,10 @@ pub(crate) fn encode(load: &FleetLoad, proxies: &[String], upstream: &Upstream) 
                         proxies: cell.load.proxies_reporting,
                         stale_share: cell.load.stale_share,
                         requests: cell.load.requests_rps,
-                        charged: cell.charges.map(|c| c.charged_per_s),
-                        settled: cell.charges.map(|c| c.settled_per_s),
+                        charged: cell.charges.map(|c| c.window.charged_per_s),
+                        settled: cell.charges.map(|c| c.window.settled_per_s),
+                        charged_long_run: cell.charges.map(|c| c.long_run.charged_per_s),
+                        settled_long_run: cell.charges.map(|c| c.long_run.settled_per_s),
                     })
                     .collect(),
             })
@@ -199,13 +207,19 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Share, ShareError> {
                         requests_rps: finite(cell.requests),
                     },
                     shadow_dropped_rps: finite(cell.shadow_dropped),
-                    charges: cell
-                        .charged
-                        .zip(cell.settled)
-                        .map(|(charged, settled)| CellCharges {
+                    charges: cell.charged.zip(cell.settled).map(|window| {
+                        let read = |(charged, settled): (f64, f64)| CellCharges {
                             charged_per_s: finite(charged),
                             settled_per_s: finite(settled),
-                        }),
+                        };
+                        match cell.charged_long_run.zip(cell.settled_long_run) {
+                            Some(long_run) => PartCharges {
+                                window: read(window),
+                                long_run: read(long_run),
+                            },
+                            None => PartCharges::window_only(read(window)),
+                        }
+                    }),
                 })
                 .collect();
             let mut traffic = BucketTraffic::from_cells(&bucket.bucket, cells);
@@ -244,14 +258,26 @@ fn finite(value: f64) -> f64 {
     }
 }
 
+/// A budget cell's charges in each share that holds the cell, by bucket,
+/// tenant and priority: kept apart until every share is in, then weighed
+/// against each other.
+type ChargeParts = HashMap<(Arc<str>, Arc<str>, Priority), Vec<Option<PartCharges>>>;
+
 /// The fleet total: this replica's own tick (its stats are kept: they
 /// count what this replica's streams did) plus the other live replicas'
-/// shares, summed per bucket and per cell.
+/// shares, summed per bucket and per cell. A budget cell's charges are
+/// weighed rather than summed ([`PartCharges::weighed`]), each share as
+/// one part: no replica's share weighs more than the median one's, and
+/// each counts within the band of the shares' long runs, as each proxy
+/// does within its replica's share. A proxy that reports charges far from
+/// the others' is held to that band whether or not its replica serves
+/// anyone else.
 pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoad {
     if others.iter().all(Vec::is_empty) {
         return own;
     }
     let FleetLoad { buckets, stats } = own;
+    let mut charge_parts = ChargeParts::new();
     let mut merged: BTreeMap<Arc<str>, BucketTraffic> = buckets
         .into_iter()
         .map(|bucket| (Arc::clone(&bucket.bucket), bucket))
@@ -262,10 +288,26 @@ pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoa
             // the bucket's limit between a rate and a budget reaches the
             // replicas (an interval), a share in the other unit is left out.
             Some(into) if steered(into) != steered(&bucket) => {}
-            Some(into) => add_bucket(into, bucket),
+            Some(into) => add_bucket(into, bucket, &mut charge_parts),
             None => {
                 merged.insert(Arc::clone(&bucket.bucket), bucket);
             }
+        }
+    }
+    for ((bucket, tenant, priority), parts) in charge_parts {
+        let cell = merged.get_mut(&bucket).and_then(|traffic| {
+            traffic
+                .cells
+                .iter_mut()
+                .find(|cell| cell.tenant == tenant && cell.priority == priority)
+        });
+        if let Some(cell) = cell {
+            // Unknown in any part, unknown in the sum: a cell's charges
+            // from some replicas only would read as estimates running high.
+            cell.charges = parts
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .map(|parts| PartCharges::weighed(parts.into_iter()));
         }
     }
     let mut load = FleetLoad::new(merged.into_values().collect());
@@ -278,7 +320,7 @@ fn steered(traffic: &BucketTraffic) -> bool {
     traffic.cost.is_some_and(|cost| cost.steered)
 }
 
-fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
+fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic, charge_parts: &mut ChargeParts) {
     into.load = add_load(into.load, from.load);
     into.shadow_dropped_rps += from.shadow_dropped_rps;
     into.cost = match (into.cost, from.cost) {
@@ -297,10 +339,20 @@ fn add_bucket(into: &mut BucketTraffic, from: BucketTraffic) {
                 if let Some(existing) = into.cells.get_mut(at) {
                     existing.load = add_load(existing.load, cell.load);
                     existing.shadow_dropped_rps += cell.shadow_dropped_rps;
-                    // Unknown in any part, unknown in the sum: a cell's
-                    // charges from some replicas only would read as
-                    // estimates running high.
-                    existing.charges = existing.charges.zip(cell.charges).map(|(a, b)| a.add(b));
+                    let key = (
+                        Arc::clone(&into.bucket),
+                        Arc::clone(&cell.tenant),
+                        cell.priority,
+                    );
+                    match charge_parts.get_mut(&key) {
+                        Some(parts) => parts.push(cell.charges),
+                        // Cells without charges in two shares have none in
+                        // the sum whatever the others hold: nothing kept.
+                        None if existing.charges.is_none() && cell.charges.is_none() => {}
+                        None => {
+                            charge_parts.insert(key, vec![existing.charges, cell.charges]);
+                        }
+                    }
                 }
             }
             Err(at) => into.cells.insert(at, cell),
@@ -514,14 +566,14 @@ mod tests {
             charged_per_s: 9_000.0,
             settled_per_s: 10_000.0,
         };
-        charged.cells[0].charges = Some(charges);
+        charged.cells[0].charges = Some(PartCharges::window_only(charges));
         let with = FleetLoad::new(vec![charged.clone()]);
         let read = decode(&encode(&with, &[], &Upstream::new())).unwrap();
         assert_eq!(read.buckets, with.buckets);
         let both = merge(with.clone(), vec![read.buckets]);
         assert_eq!(
             both.get("llm").unwrap().cells[0].charges,
-            Some(charges.add(charges))
+            Some(PartCharges::window_only(charges.add(charges)))
         );
         let older = merge(with, vec![vec![llm.clone()]]);
         assert_eq!(older.get("llm").unwrap().cells[0].charges, None);
@@ -530,6 +582,81 @@ mod tests {
         let read = decode(bad).unwrap();
         let cost = read.buckets[0].cost.unwrap();
         assert_eq!((cost.offered_per_s, cost.charged_per_s), (0.0, 0.0));
+    }
+
+    /// A share of one budget cell whose proxies' window settled 10,000
+    /// estimated tokens a second, charged at `ratio` in the window and
+    /// over a long run of `settled`.
+    fn charged_share(ratio: f64, settled: f64) -> Vec<BucketTraffic> {
+        let mut llm = bucket(
+            "llm",
+            vec![cell("", Priority::Unspecified, 30_000.0, 10_000.0)],
+            1,
+        );
+        llm.cells[0].charges = Some(PartCharges {
+            window: CellCharges {
+                charged_per_s: 10_000.0 * ratio,
+                settled_per_s: 10_000.0,
+            },
+            long_run: CellCharges {
+                charged_per_s: settled * ratio,
+                settled_per_s: settled,
+            },
+        });
+        llm.cost = Some(BucketCost {
+            steered: true,
+            ..BucketCost::default()
+        });
+        // Through the store, as the other replicas read it.
+        let load = FleetLoad::new(vec![llm]);
+        decode(&encode(&load, &[], &Upstream::new()))
+            .unwrap()
+            .buckets
+    }
+
+    /// The charges of the merged cell, charged over settled in its window.
+    fn merged_ratio(own: f64, others: &[(f64, f64)]) -> f64 {
+        let own = FleetLoad::new(charged_share(own, 1e5));
+        let others = others
+            .iter()
+            .map(|&(ratio, settled)| charged_share(ratio, settled))
+            .collect();
+        let merged = merge(own, others);
+        merged.get("llm").unwrap().cells[0]
+            .charges
+            .unwrap()
+            .window
+            .ratio()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_proxy_alone_on_its_replica_is_held_to_the_others_band() {
+        // A proxy that charges 8x its estimates (the most its own replica
+        // lets one proxy count) has a replica to itself: beside two honest
+        // replicas it counts at twice their ratio, and no more than the
+        // median replica weighs, whatever weight it claims.
+        let rogue = merged_ratio(1.0, &[(1.1, 1e5), (8.0, 1e5)]);
+        assert!((rogue - (1.0 + 1.1 + 2.2) / 3.0).abs() < 1e-9, "{rogue}");
+        let heavy = merged_ratio(1.0, &[(1.1, 1e5), (8.0, 1e7)]);
+        assert!((heavy - rogue).abs() < 1e-9, "{heavy}");
+        // Summed as before, it would have taken the cell to 3.4.
+        // Honest replicas whose long runs differ within the band pass as
+        // reported; with two, neither can tell which one is wrong.
+        let honest = merged_ratio(1.0, &[(1.3, 1e5), (1.6, 1e5)]);
+        assert!((honest - 1.3).abs() < 1e-9, "{honest}");
+        let pair = merged_ratio(1.0, &[(8.0, 1e5)]);
+        assert!((pair - 4.5).abs() < 1e-9, "{pair}");
+        // A share written before shares carried a long run counts its
+        // window for it.
+        let older = br#"{"format":1,"buckets":[{"bucket":"llm","proxies":1,"cells":[
+            {"tenant":"","priority":0,"offered":30000.0,"admitted":10000.0,"shadow_dropped":0.0,
+             "proxies":1,"stale_share":0.0,"charged":12000.0,"settled":10000.0}],
+            "cost":{"steered":true}}]}"#;
+        let read = decode(older).unwrap();
+        let charges = read.buckets[0].cells[0].charges.unwrap();
+        assert_eq!(charges.long_run, charges.window);
+        assert_eq!(charges.window.ratio(), Some(1.2));
     }
 
     #[test]

@@ -733,7 +733,7 @@ impl Controller {
             } else {
                 0.0
             };
-            match cell.charges {
+            match cell.charges.map(|charges| charges.window) {
                 Some(charges) => cell_state.charges.observe_rates(
                     (charges.charged_per_s, charges.settled_per_s),
                     admitted_requests,
