@@ -222,6 +222,11 @@ impl CellCharges {
         let band = ratio_band(parts.clone());
         parts.fold(Self::default(), |sum, part| {
             let window = part.window;
+            // Windows are finite as read (`plausible`, a share's decoding);
+            // one that is not is no claim at all.
+            if !(window.charged_per_s.is_finite() && window.settled_per_s.is_finite()) {
+                return sum;
+            }
             let scale = if window.settled_per_s > median {
                 median / window.settled_per_s
             } else {
@@ -666,6 +671,59 @@ mod tests {
             };
             let held = charged([proxy(1.0, 1e5), proxy(1.0, 1e5), broken]);
             assert!((held - 40_000.0).abs() < 1e-6, "{sums}: {held}");
+        }
+    }
+
+    /// A rate as a share or a proxy may report it: finite or not.
+    fn any_rate() -> impl proptest::strategy::Strategy<Value = f64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            8 => 0.0..1e7f64,
+            1 => Just(0.0),
+            1 => prop_oneof![Just(f64::INFINITY), Just(f64::NAN), Just(1e300)],
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the parts (proxies, or replicas' shares), the weighed
+        /// charges are finite and non-negative, settle no more than the
+        /// parts did, and, where every part settled something, count
+        /// within the bounds of a ratio; parts that agree on a ratio pass
+        /// it as it is.
+        #[test]
+        fn weighed_charges_stay_within_the_bounds(
+            parts in proptest::collection::vec(
+                (any_rate(), 1.0..1e7f64, any_rate(), 1.0..1e7f64),
+                1..6,
+            ),
+            agreed in 0.125..8.0f64,
+        ) {
+            let parts: Vec<PartCharges> = parts
+                .into_iter()
+                .map(|(charged, settled, long_charged, long_settled)| PartCharges {
+                    window: charges(charged, settled),
+                    long_run: charges(long_charged, long_settled),
+                })
+                .collect();
+            let sum = PartCharges::weighed(parts.iter().copied());
+            for side in [sum.window, sum.long_run] {
+                proptest::prop_assert!(side.charged_per_s.is_finite() && side.charged_per_s >= 0.0);
+                proptest::prop_assert!(side.settled_per_s.is_finite() && side.settled_per_s >= 0.0);
+            }
+            let settled: f64 = parts.iter().map(|part| part.window.settled_per_s).sum();
+            proptest::prop_assert!(sum.window.settled_per_s <= settled * (1.0 + 1e-12));
+            if let Some(ratio) = sum.long_run.ratio() {
+                proptest::prop_assert!(
+                    (1.0 / MAX_CHARGE_RATIO - 1e-9..=MAX_CHARGE_RATIO + 1e-9).contains(&ratio),
+                    "{ratio}"
+                );
+            }
+            let agreeing = parts.iter().map(|part| PartCharges {
+                window: charges(part.window.settled_per_s * agreed, part.window.settled_per_s),
+                long_run: charges(part.long_run.settled_per_s * agreed, part.long_run.settled_per_s),
+            });
+            let ratio = PartCharges::weighed(agreeing).window.ratio().unwrap();
+            proptest::prop_assert!((ratio - agreed).abs() <= 1e-9 * agreed, "{ratio} vs {agreed}");
         }
     }
 }
