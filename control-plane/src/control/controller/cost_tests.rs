@@ -66,6 +66,10 @@ struct Scenario<'a> {
     /// and controller, the proxies keeping the directives they hold.
     restart_at: Option<usize>,
     admission: Admission,
+    /// Demands that are priorities rather than tenants: each named demand
+    /// is offered in the tenant-less cell of its priority (its directives
+    /// are kept under the demand's name).
+    priorities: &'a [(&'a str, Priority)],
     /// VMs (Envoy's workers) per proxy, each with its own credit; a
     /// request lands on one of them at random, as Envoy hands each
     /// connection to one worker.
@@ -89,12 +93,23 @@ impl Default for Scenario<'_> {
             tenant_charge_factors: &[],
             constant_estimate: None,
             restart_at: None,
+            priorities: &[],
             admission: Admission::Coin,
             vms: 1,
             seed: 37,
             warm_up: 40,
             intervals: 2040,
         }
+    }
+}
+
+impl Scenario<'_> {
+    /// The priority a demand is offered in, when it names one.
+    fn priority_of(&self, demand: &str) -> Option<Priority> {
+        self.priorities
+            .iter()
+            .find(|(name, _)| *name == demand)
+            .map(|(_, priority)| *priority)
     }
 }
 
@@ -113,6 +128,8 @@ struct Outcome {
     charged_per_interval: Vec<f64>,
     /// Offered cost per second, all tenants.
     offered_cost_per_s: f64,
+    /// Offered cost per tenant (or named priority), per second.
+    offered_per_tenant_per_s: HashMap<String, f64>,
     /// Mean of the bucket-wide cell's pushed drop ratio.
     mean_drop_ratio: f64,
     /// The last directive of each tenant's cell.
@@ -215,10 +232,17 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                     .iter()
                     .find(|(tenant, _)| *tenant == demand.tenant)
                     .map_or(scenario.charge_factor, |(_, factor)| *factor);
-                let mut count = BucketCount {
-                    bucket: bucket.to_owned(),
-                    tenant: demand.tenant.to_owned(),
-                    ..BucketCount::default()
+                let mut count = match scenario.priority_of(demand.tenant) {
+                    Some(priority) => BucketCount {
+                        bucket: bucket.to_owned(),
+                        priority: priority.to_wire() as i32,
+                        ..BucketCount::default()
+                    },
+                    None => BucketCount {
+                        bucket: bucket.to_owned(),
+                        tenant: demand.tenant.to_owned(),
+                        ..BucketCount::default()
+                    },
                 };
                 for _ in 0..WINDOW_MS {
                     if !sampler.chance(per_ms) {
@@ -253,6 +277,10 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                 if measured {
                     outcome.offered_cost_per_s += count.offered_cost;
                     *outcome
+                        .offered_per_tenant_per_s
+                        .entry(demand.tenant.to_owned())
+                        .or_default() += count.offered_cost;
+                    *outcome
                         .admitted_cost_per_s
                         .entry(demand.tenant.to_owned())
                         .or_default() += count.admitted_cost;
@@ -281,7 +309,13 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
         let load = fleet.tick_with(&costed);
         let decision = controller.decide(&load, policy);
         for directive in decision.changed {
-            pushed.insert(directive.tenant.clone(), directive);
+            let priority = Priority::from_wire(directive.priority);
+            let name = scenario
+                .priorities
+                .iter()
+                .find(|(_, p)| directive.tenant.is_empty() && *p == priority)
+                .map_or_else(|| directive.tenant.clone(), |(name, _)| (*name).to_owned());
+            pushed.insert(name, directive);
         }
         if measured {
             ratio_sum += pushed.values().map(|d| d.drop_ratio).fold(0.0, f64::max);
@@ -297,6 +331,9 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
         *charged /= seconds;
     }
     outcome.offered_cost_per_s /= seconds;
+    for offered in outcome.offered_per_tenant_per_s.values_mut() {
+        *offered /= seconds;
+    }
     outcome.mean_drop_ratio = ratio_sum / (intervals - warm_up) as f64;
     outcome.directives = pushed;
     outcome
@@ -1501,4 +1538,59 @@ fn a_tenant_whose_proxy_never_enforces_costs_the_others_nothing() {
         assert!(per_s[tenant] >= 0.97 * share, "{tenant}: {per_s:?}");
     }
     assert!(least_bronze > 0.0, "{per_s:?}");
+}
+
+/// A budget sheds by priority as a request limit does: bulk is dropped
+/// before critical. Critical traffic under the budget keeps (almost) all
+/// of it while bulk takes what is left (the balance's repayments fall on
+/// both by their shares, which costs critical a fraction of one percent);
+/// critical beyond the budget takes all of it and bulk is shed.
+#[test]
+fn a_budget_sheds_bulk_before_critical() {
+    let policy = budget_20000();
+    for (critical_fraction, seeds) in [(0.1, 37..41), (0.5, 37..39)] {
+        let demands = [
+            Demand {
+                tenant: "critical",
+                fraction: critical_fraction,
+            },
+            Demand {
+                tenant: "bulk",
+                fraction: 1.0 - critical_fraction,
+            },
+        ];
+        for seed in seeds {
+            let outcome = simulate(
+                &policy,
+                "llm",
+                &Scenario {
+                    demands: &demands,
+                    priorities: &[("critical", Priority::Critical), ("bulk", Priority::Bulk)],
+                    admission: Admission::Credit,
+                    seed,
+                    ..Scenario::default()
+                },
+            );
+            let offered = outcome.offered_per_tenant_per_s["critical"];
+            let critical = outcome.admitted_cost_per_s["critical"];
+            let bulk = outcome.admitted_cost_per_s["bulk"];
+            eprintln!(
+                "critical {critical_fraction}, seed {seed}: critical offered {offered:.0}, \
+                 admitted {critical:.0}; bulk admitted {bulk:.0} tokens/s"
+            );
+            assert!(
+                within(critical + bulk, 20_000.0, 0.03),
+                "{critical} + {bulk}"
+            );
+            if offered < 20_000.0 {
+                assert!(
+                    critical >= 0.98 * offered,
+                    "{seed}: {critical} of {offered}"
+                );
+            } else {
+                assert!(within(critical, 20_000.0, 0.05), "{seed}: {critical}");
+                assert!(bulk < 0.02 * 20_000.0, "{seed}: bulk {bulk}");
+            }
+        }
+    }
 }
