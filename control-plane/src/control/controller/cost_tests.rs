@@ -1594,3 +1594,31 @@ fn a_budget_sheds_bulk_before_critical() {
         }
     }
 }
+
+/// A tenant's floor holds in a budget's unit: bronze, weighted 1 against
+/// gold's 10 (a fair share of about 1,800 tokens/s), is kept at its floor
+/// of 4,000 tokens/s and gold has the rest.
+#[test]
+fn a_tenant_s_floor_holds_within_a_budget() {
+    let policy = policy(
+        "limits:\n  - bucket: llm\n    budget: {amount: 20000, unit: tokens, per: second}\n\
+         tenants:\n  gold: {weight: 10}\n  bronze: {weight: 1, min_floor_rps: 4000}\n",
+    );
+    for seed in 37..41 {
+        let outcome = simulate(
+            &policy,
+            "llm",
+            &Scenario {
+                demands: &halves("gold", "bronze"),
+                admission: Admission::Credit,
+                seed,
+                ..Scenario::default()
+            },
+        );
+        let gold = outcome.admitted_cost_per_s["gold"];
+        let bronze = outcome.admitted_cost_per_s["bronze"];
+        eprintln!("seed {seed}: gold {gold:.0}, bronze {bronze:.0} tokens/s");
+        assert!(within(bronze, 4_000.0, 0.05), "{seed}: bronze {bronze}");
+        assert!(within(gold, 16_000.0, 0.05), "{seed}: gold {gold}");
+    }
+}
