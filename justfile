@@ -81,7 +81,7 @@ check-deploy: build-control-plane
     cargo test -p sluice-integration-tests --test deploy_manifests
 
 # Everything CI checks: formatting, lints, unit tests (native and wasm32), integration tests.
-test: setup fmt-check lint clippy test-unit test-wasm test-integration
+test: setup fmt-check lint clippy doc-check test-unit test-wasm test-integration
 
 # Check formatting.
 fmt-check:
@@ -91,6 +91,10 @@ fmt-check:
 lint:
     python3 -m unittest discover -s scripts -p 'test_*.py' -q
     python3 scripts/check-module-cycles.py
+
+# Build the API docs of every crate with warnings as errors: a broken link fails.
+doc-check:
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items
 
 # Format the code.
 fmt:

@@ -1,9 +1,9 @@
 //! Sluice's Envoy filter as a proxy-wasm module: the glue between Envoy's
 //! proxy-wasm ABI and the agent library (`sluice-agent`), which does all the
 //! work. One agent per VM; the root context configures it, runs its ticks
-//! and carries its control-plane stream ([`root`]); each request's context
-//! hands the request to the agent's request handler ([`http`]); the agent's
-//! host services are proxy-wasm host calls ([`envoy_host`]).
+//! and carries its control-plane stream (`root`); each request's context
+//! hands the request to the agent's request handler (`http`); the agent's
+//! host services are proxy-wasm host calls (`envoy_host`).
 //!
 //! It uses the `proxy_wasm::hostcalls` functions, which return `Result`,
 //! rather than the SDK's trait helpers, which unwrap: every failed host call

@@ -1,5 +1,5 @@
 //! The overload scenario of the adaptive-limit tests: three Envoys carrying
-//! 60/30/10 of the load in front of one [`CappedUpstream`], offered about
+//! 60/30/10 of the load in front of one [`CappedUpstream`](crate::capped_upstream::CappedUpstream), offered about
 //! 3x its capacity, mostly BULK and a little CRITICAL (the `x-tenant`
 //! header names the class).
 

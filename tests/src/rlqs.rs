@@ -15,7 +15,7 @@ pub fn envoy(name: &str, proxy_id: &str) -> EnvoySpec {
     envoy_with_fallback(name, proxy_id, DEFAULT_FALLBACK_RPS)
 }
 
-/// [`envoy`] with the fallback for expired assignments at `fallback_rps`.
+/// [`envoy()`] with the fallback for expired assignments at `fallback_rps`.
 pub fn envoy_with_fallback(name: &str, proxy_id: &str, fallback_rps: u32) -> EnvoySpec {
     let proxy_id = proxy_id.to_owned();
     let mut spec = EnvoySpec::repo(name, "rlqs.yaml")
@@ -64,6 +64,6 @@ fn set_fallback(config: &mut Value, fallback_rps: u32) -> Result<()> {
     Ok(())
 }
 
-/// The fallback of [`envoy`]: generous enough never to bind in a test
+/// The fallback of [`envoy()`]: generous enough never to bind in a test
 /// that does not stop the control plane.
 pub const DEFAULT_FALLBACK_RPS: u32 = 10_000;

@@ -205,7 +205,7 @@ pub fn response_trailers(charge: &mut Option<PendingCharge>) {
 }
 
 /// The stream of a costed request ended: its charge, read from the host
-/// ([`crate::request::charge::settle`]) before the agent is at hand;
+/// ([`settle`]) before the agent is at hand;
 /// [`SettledCharge::count`] adds it to the cell's charged cost.
 pub fn stream_end(
     policy: &RequestPolicy,

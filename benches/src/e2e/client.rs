@@ -41,7 +41,7 @@ const CHAT_BODY: &str = r#"{"model":"bench","messages":[{"role":"user","content"
 pub enum Ask {
     /// `GET /`.
     Get,
-    /// `POST` of [`CHAT_BODY`] to [`CHAT_PATH`], asking the fake LLM
+    /// `POST` of `CHAT_BODY` to `CHAT_PATH`, asking the fake LLM
     /// upstream for [`STREAMED_OUTPUT_TOKENS`] output tokens (its
     /// `x-output-tokens` header): the same stream every time.
     StreamedChat,

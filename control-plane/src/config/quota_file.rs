@@ -235,7 +235,8 @@ impl QuotaConfig {
         Self::load(path, LoadOptions::default())
     }
 
-    /// As [`Self::from_path`], with `options`.
+    /// Reads a file, or every `*.yaml` / `*.yml` file of a directory (in
+    /// name order), with `options`; a domain in two files is an error.
     pub(crate) fn load(path: &Path, options: LoadOptions) -> Result<Self, ConfigError> {
         Self::from_files_with(&Self::read_files(path)?, options)
     }
@@ -275,7 +276,8 @@ impl QuotaConfig {
         Self::from_files_with(files, LoadOptions::default())
     }
 
-    /// As [`Self::from_files`], with `options`.
+    /// Builds the configuration from `(file name, YAML)` pairs with
+    /// `options`, a domain in two files being an error.
     pub(crate) fn from_files_with(
         files: &[(String, String)],
         options: LoadOptions,

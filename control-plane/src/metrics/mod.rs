@@ -1,7 +1,7 @@
 //! Prometheus metrics, served by `GET /metrics` in the OpenMetrics text
 //! format.
 //!
-//! One [`Metrics`] per process, held by the `AppState`. The other modules
+//! One [`ControlPlaneMetrics`] per process, held by the `AppState`. The other modules
 //! call its small typed API; none of them sees the registry. Everything a
 //! per-report or per-push path touches is a plain atomic: counters, gauges,
 //! label children resolved once at start-up, and [`AtomicHistogram`]

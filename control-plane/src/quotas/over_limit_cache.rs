@@ -10,7 +10,7 @@
 //!
 //! Unlike envoyproxy/ratelimit's, this cache never swallows a hit: the
 //! hits it answers are owed to the store and written behind, one call per
-//! counter at a time however many arrive meanwhile (see [`Self::owe`]), so
+//! counter at a time however many arrive meanwhile (see [`OverLimitCache::answer`]), so
 //! that a charge made after the fact (a stream's tokens) is counted even on
 //! a window already full, and a later refund subtracts from the true
 //! count. A refund (`is_negative_hits`) is never answered here: it goes to
@@ -119,7 +119,8 @@ impl OverLimitCache {
     /// If `counter` is over its limit at `now_ms`: the time left, with
     /// `hits` noted as owed to the store in the same step (a refund that
     /// takes the counter out of the cache meanwhile cannot lose them), and
-    /// whether the caller is to start the write-behind (as [`Self::owe`]).
+    /// whether the caller is to start the write-behind (none is under way for
+    /// this counter): it then calls [`Self::take_owed`] until that answers 0.
     pub(crate) fn answer(&self, counter: &str, now_ms: u64, hits: u64) -> Option<(u64, bool)> {
         let mut entries = self.lock();
         let entry = entries.by_counter.get_mut(counter)?;
@@ -153,7 +154,7 @@ impl OverLimitCache {
     }
 
     /// Takes up to `at_most` of the hits owed for `counter`, for the
-    /// write-behind to send; 0 ends it (the next [`Self::owe`] starts
+    /// write-behind to send; 0 ends it (the next hits owed start
     /// another).
     pub(crate) fn take_owed(&self, counter: &str, at_most: u64) -> u64 {
         let mut entries = self.lock();

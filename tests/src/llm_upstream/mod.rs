@@ -45,7 +45,7 @@ pub struct LlmUpstreamOptions {
     pub seed: u64,
     /// Of the input tokens, this fraction is reported as cached.
     pub cached_ratio: f64,
-    /// Output tokens per streamed chunk (at most [`MAX_CHUNKS`] chunks).
+    /// Output tokens per streamed chunk (at most `MAX_CHUNKS` chunks).
     pub tokens_per_chunk: u64,
     /// The pause before each content chunk of a stream (a slow model).
     pub chunk_interval: Duration,
