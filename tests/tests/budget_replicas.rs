@@ -90,6 +90,29 @@ async fn every_replica_sees(
     .await
 }
 
+/// Every replica's view of `llm`, ten times over two seconds: each must
+/// satisfy `holds` (the replicas' logs are printed first when one does
+/// not) and whatever `check` asserts of it, given the replica's index.
+async fn stays_on_every_replica(
+    set: &ReplicaSet,
+    admins: &[AdminClient],
+    holds: impl Fn(&BucketStatus) -> bool,
+    check: impl Fn(usize, &BucketStatus),
+) {
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (index, admin) in admins.iter().enumerate() {
+            let llm = admin.buckets().await.unwrap().bucket("llm").cloned();
+            let llm = llm.unwrap_or_else(|| panic!("r{index} lost llm"));
+            if !holds(&llm) {
+                set.print_logs();
+            }
+            assert!(holds(&llm), "r{index}: {llm:#?}");
+            check(index, &llm);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
     let set = ReplicaSet::start(ReplicaSetOptions::new(LIMITS, 2, 0))
@@ -124,30 +147,22 @@ async fn costs_reported_to_two_replicas_add_up_to_one_budget() {
     // It stays so, on both replicas: one budget for the fleet, not one
     // per replica (which would drop a third, each replica seeing 30,000),
     // held in charged tokens.
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for (index, admin) in admins.iter().enumerate() {
-            let llm = admin.buckets().await.unwrap().bucket("llm").cloned();
-            let llm = llm.unwrap_or_else(|| panic!("r{index} lost llm"));
-            if !steered_on_both(&llm) {
-                set.print_logs();
-            }
-            assert!(steered_on_both(&llm), "r{index}: {llm:#?}");
-            assert_eq!(llm.limit_rps, Some(BUDGET_PER_S), "r{index}: {llm:#?}");
-            let cost = llm.cost.as_ref().unwrap();
-            // What both proxies admitted and charged, summed alike.
-            assert!(
-                (cost.admitted_per_s - 17_000.0).abs() <= 0.05 * BUDGET_PER_S,
-                "r{index}: {cost:?}"
-            );
-            assert!(
-                (cost.charged_per_s - BUDGET_PER_S).abs() <= 0.05 * BUDGET_PER_S,
-                "r{index}: {cost:?}"
-            );
-            let ratio = cost.charged_to_estimate.unwrap();
-            assert!((ratio - 1.2).abs() < 1e-6, "r{index}: {cost:?}");
-        }
-    }
+    stays_on_every_replica(&set, &admins, steered_on_both, |index, llm| {
+        assert_eq!(llm.limit_rps, Some(BUDGET_PER_S), "r{index}: {llm:#?}");
+        let cost = llm.cost.as_ref().unwrap();
+        // What both proxies admitted and charged, summed alike.
+        assert!(
+            (cost.admitted_per_s - 17_000.0).abs() <= 0.05 * BUDGET_PER_S,
+            "r{index}: {cost:?}"
+        );
+        assert!(
+            (cost.charged_per_s - BUDGET_PER_S).abs() <= 0.05 * BUDGET_PER_S,
+            "r{index}: {cost:?}"
+        );
+        let ratio = cost.charged_to_estimate.unwrap();
+        assert!((ratio - 1.2).abs() < 1e-6, "r{index}: {cost:?}");
+    })
+    .await;
     drop(proxies);
 }
 
@@ -196,16 +211,6 @@ async fn a_proxy_alone_on_its_replica_cannot_inflate_the_charges() {
     }
     println!("{:#?}", seen.unwrap());
     // And it stays there: the claim does not wear the band down.
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for (index, admin) in admins.iter().enumerate() {
-            let llm = admin.buckets().await.unwrap().bucket("llm").cloned();
-            let llm = llm.unwrap_or_else(|| panic!("r{index} lost llm"));
-            if !held(&llm) {
-                set.print_logs();
-            }
-            assert!(held(&llm), "r{index}: {llm:#?}");
-        }
-    }
+    stays_on_every_replica(&set, &admins, held, |_, _| {}).await;
     drop(proxies);
 }

@@ -296,10 +296,11 @@ pub(crate) fn merge(own: FleetLoad, others: Vec<Vec<BucketTraffic>>) -> FleetLoa
     }
     for ((bucket, tenant, priority), parts) in charge_parts {
         let cell = merged.get_mut(&bucket).and_then(|traffic| {
-            traffic
+            let at = traffic
                 .cells
-                .iter_mut()
-                .find(|cell| cell.tenant == tenant && cell.priority == priority)
+                .binary_search_by(|c| (&c.tenant, c.priority).cmp(&(&tenant, priority)))
+                .ok()?;
+            traffic.cells.get_mut(at)
         });
         if let Some(cell) = cell {
             // Unknown in any part, unknown in the sum: a cell's charges

@@ -232,17 +232,17 @@ fn simulate(policy: &Policy, bucket: &str, scenario: &Scenario<'_>) -> Outcome {
                     .iter()
                     .find(|(tenant, _)| *tenant == demand.tenant)
                     .map_or(scenario.charge_factor, |(_, factor)| *factor);
-                let mut count = match scenario.priority_of(demand.tenant) {
-                    Some(priority) => BucketCount {
-                        bucket: bucket.to_owned(),
-                        priority: priority.to_wire() as i32,
-                        ..BucketCount::default()
-                    },
-                    None => BucketCount {
-                        bucket: bucket.to_owned(),
-                        tenant: demand.tenant.to_owned(),
-                        ..BucketCount::default()
-                    },
+                let priority = scenario.priority_of(demand.tenant);
+                let mut count = BucketCount {
+                    bucket: bucket.to_owned(),
+                    tenant: if priority.is_some() {
+                        ""
+                    } else {
+                        demand.tenant
+                    }
+                    .to_owned(),
+                    priority: priority.map_or(0, |priority| priority.to_wire() as i32),
+                    ..BucketCount::default()
                 };
                 for _ in 0..WINDOW_MS {
                     if !sampler.chance(per_ms) {
