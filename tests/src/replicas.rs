@@ -155,7 +155,10 @@ impl ReplicaSet {
             .wait_for_bucket(
                 bucket,
                 &format!("{envoys} proxies reporting {bucket} to r0"),
-                Duration::from_secs(8),
+                // Each Envoy's filter may first try a replica that is not
+                // started yet and back off before it finds r0; on a loaded
+                // machine that takes longer than a healthy start suggests.
+                Duration::from_secs(20),
                 Duration::from_millis(50),
                 |b| (b.proxies_reporting >= envoys).then_some(()),
             )
