@@ -10,10 +10,13 @@
 //! Integer arithmetic only (fractions of 2⁻³² of a request in an `i128`),
 //! so the result is the same natively and on wasm32 and nothing can wrap.
 //!
-//! ## Under a cost budget
+//! ## Weighted requests
 //!
-//! A directive whose `cost_unit` is set limits cost, not requests: each
-//! request weighs its estimate `w` ([`Credit::drops_weighted`]). The rule
+//! [`Credit::drops_weighted`] keeps the balance in a weight per request,
+//! such as a cost. The request path does not use it for a cost budget's
+//! requests: those take the coin, since the control plane's balance
+//! already repays the costs' noise and a credit would repay it twice
+//! ([`crate::decision`]). With a weight `w` per request the rule
 //! is the same error diffusion with the balance kept in cost: a request is
 //! admitted when the balance plus the admit share reaches one, exactly as
 //! for a request, and then the balance moves by `w × share − w` (admitted)

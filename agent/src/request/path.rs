@@ -160,13 +160,16 @@ impl RequestPath {
         // a request limit's decision never reads the directive's unit (a
         // cache line of its own in a table of many cells). A costed one
         // counts what its directive lets an estimate count.
-        let (weight, cost) = match (estimate, entry.as_deref()) {
+        // A costed request under a budget takes the coin
+        // ([`decision::Directed::costed`]).
+        let (weight, cost, costed) = match (estimate, entry.as_deref()) {
             (Some(estimate), Some(entry)) => (
                 entry.directive.weight(Some(estimate)),
                 entry.directive.count(estimate),
+                entry.directive.cost_unit.is_some(),
             ),
-            (Some(estimate), None) => (1, CountedCost::whole(estimate)),
-            (None, _) => (1, CountedCost::default()),
+            (Some(estimate), None) => (1, CountedCost::whole(estimate), false),
+            (None, _) => (1, CountedCost::default(), false),
         };
         if estimate.is_some() {
             self.last_cost = cost;
@@ -186,6 +189,7 @@ impl RequestPath {
             reporting_proxies: entry.directive.reporting_proxies,
             fallback: &mut entry.state.fallback,
             weight,
+            costed,
         });
         let decided = decision::decide(state, directive, &self.rules, self.now, rng);
         // A new cell's 429 is rendered with its state, at its first request

@@ -425,6 +425,7 @@ mod tests {
                 reporting_proxies: 0,
                 fallback: &mut None,
                 weight: 1,
+                costed: false,
             };
             let mut stateless = CellState::default();
             let state = match self.cells.get_mut(key) {
