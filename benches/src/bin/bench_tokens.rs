@@ -22,8 +22,9 @@
 //! - **step**: 0.5x the budget for 15 s, then 3x for 15 s: the admitted
 //!   tokens in the first 1 s and the first 10 s after the step.
 //!
-//! Filter settings: the defaults (credit decision, allowance engaged only
-//! when the control plane is lost) and the allowance engaged always.
+//! Filter settings: the defaults (a budget's ratio applied by the coin,
+//! the allowance engaged only when the control plane is lost) and the
+//! allowance engaged always.
 //!
 //! `--constant-estimate N` makes the route's estimate the constant `N`
 //! instead of each request's own count (an operator's guess): the budget
@@ -87,7 +88,7 @@ struct Setting {
 fn settings() -> Vec<Setting> {
     vec![
         Setting {
-            name: "defaults (credit, allowance when lost)",
+            name: "defaults (coin under a budget, allowance when lost)",
             filter: json!({}),
         },
         Setting {

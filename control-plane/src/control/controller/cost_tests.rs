@@ -1353,14 +1353,14 @@ fn the_status_shows_a_budget_cells_balance() {
 
 /// The balance on the benchmark's traffic as Envoy runs it: tenants
 /// offering 50/30/20 % of the demand weighted 2:1:1, and each proxy's
-/// requests spread over two VMs (Envoy's workers), each with its own
-/// credit. A tenant's cell repays its own debt within half its share a
-/// second and the other tenants lend it the rest of the bucket's
-/// repayment within a quarter of theirs, so a large request of a small
-/// tenant still takes longer to repay than one of a bucket without
-/// tenants; the workers' credits add their own remainders. The mean holds and the 10 s windows stay below the
-/// exact ratios' floor. Run with `--nocapture` for the numbers
-/// (docs/usage-limits.md).
+/// requests spread over two VMs (Envoy's workers), each applying the
+/// ratio by the coin as the filter does under a budget. A tenant's cell
+/// repays its own debt within half its share a second and the other
+/// tenants lend it the rest of the bucket's repayment within a quarter
+/// of theirs, so a large request of a small tenant still takes longer to
+/// repay than one of a bucket without tenants. The mean holds and the
+/// 10 s windows stay below the exact ratios' floor. Run with
+/// `--nocapture` for the numbers (docs/usage-limits.md).
 #[test]
 fn the_balance_over_tenants_and_workers() {
     let policy = benchmark_policy();
@@ -1390,7 +1390,7 @@ fn the_balance_over_tenants_and_workers() {
             "llm",
             &Scenario {
                 demands: &demands,
-                admission: Admission::Credit,
+                admission: Admission::Coin,
                 vms,
                 ..Scenario::default()
             },
@@ -1635,7 +1635,7 @@ fn a_budget_sheds_bulk_before_critical() {
                 &Scenario {
                     demands: &demands,
                     priorities: &[("critical", Priority::Critical), ("bulk", Priority::Bulk)],
-                    admission: Admission::Credit,
+                    admission: Admission::Coin,
                     seed,
                     ..Scenario::default()
                 },
