@@ -330,17 +330,24 @@ fn cost_claim(
     bucket: u32,
     rates: &Rates,
 ) -> f64 {
+    match cost_spread(mean_costs, bucket, rates) {
+        Some((median, spread)) => rates.offered_rps * median * spread,
+        None => rates.steering(steers_on_cost(cost_bounds, bucket)).0,
+    }
+}
+
+/// The bucket's median cost per request and how far a proxy's own mean
+/// cost per request exceeds [`MEAN_COST_SPREAD`] times it (1 within the
+/// spread), when the median is known and the proxy offered requests.
+fn cost_spread(mean_costs: &[Vec<f64>], bucket: u32, rates: &Rates) -> Option<(f64, f64)> {
     let median = mean_costs
         .get(bucket as usize)
         .and_then(|m| m.first().copied())
-        .filter(|m| *m > 0.0);
-    match median {
-        Some(median) if rates.offered_rps > 0.0 => {
-            let mean = rates.offered_cost / rates.offered_rps;
-            rates.offered_rps * median * (mean / (MEAN_COST_SPREAD * median)).max(1.0)
-        }
-        _ => rates.steering(steers_on_cost(cost_bounds, bucket)).0,
-    }
+        .filter(|m| *m > 0.0)?;
+    (rates.offered_rps > 0.0).then(|| {
+        let mean = rates.offered_cost / rates.offered_rps;
+        (median, (mean / (MEAN_COST_SPREAD * median)).max(1.0))
+    })
 }
 
 /// Whether the bucket `bucket` steers on cost: it has a bound per request
@@ -967,17 +974,23 @@ impl Fleet {
                 };
                 slot.seen = tick;
                 let bucket = slot.bucket as usize;
-                let mut factor = weights.factor(slot.bucket);
+                let share = weights.factor(slot.bucket);
+                let mut factor = share;
+                // Whether what it admits counts by its requests (below).
+                let mut admissions_by_requests = false;
                 if factor < 1.0 && factor > 0.0 {
                     // The cap cut the claim as weighed; of the cost it
                     // counts no more than that.
                     let claim =
                         cost_claim(&sums.mean_costs, &sums.cost_bounds, slot.bucket, &rates);
-                    let (offered, _, _) =
-                        rates.steering(steers_on_cost(&sums.cost_bounds, slot.bucket));
+                    let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
+                    let (offered, _, _) = rates.steering(steered);
                     if offered > 0.0 {
                         factor = (claim * factor / offered).min(1.0);
                     }
+                    admissions_by_requests = steered
+                        && cost_spread(&sums.mean_costs, slot.bucket, &rates)
+                            .is_some_and(|(_, spread)| spread <= 1.0);
                 }
                 // An ignored claim counts for nothing, not even as a
                 // reporting proxy (the filters split allowances by that).
@@ -995,8 +1008,22 @@ impl Fleet {
                     // part (the directives list it), so what it admits
                     // counts in full up to that part: scaling it down as
                     // well would hide real admissions from the estimator.
+                    // On a budget, when its mean cost per request is
+                    // plausible, the part is its counted share of the
+                    // requests: the claim weighed its cost at the median,
+                    // and an honest interval whose few heavy requests
+                    // happened to be admitted would otherwise hide most
+                    // of their cost from the balance, which then lets the
+                    // budget run over by what it did not see.
+                    let admitted_share = if admissions_by_requests && rates.admitted_rps > 0.0 {
+                        (rates.offered_rps * share / rates.admitted_rps).min(1.0)
+                    } else {
+                        1.0
+                    };
                     let counted = |admitted: f64, offered: f64| {
-                        if factor < 1.0 {
+                        if admissions_by_requests {
+                            admitted * admitted_share
+                        } else if factor < 1.0 {
                             admitted.min(offered * factor)
                         } else {
                             admitted

@@ -1026,11 +1026,10 @@ fn a_requests_cost_claim_counts_at_most_ten_seconds_of_the_budget() {
     assert_eq!(load.get("api").unwrap().cost.unwrap().offered_per_s, 1e9);
 }
 
-#[test]
-fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
-    // Five proxies each offering the same requests, one claiming 100× the
-    // cost of the others: on a budget its claim is what is capped.
-    let mut fleet = Fleet::with_caps(
+/// A fleet with the default share cap whose proxies have their say in
+/// the median from their first report (no probation).
+fn established_at_once() -> Fleet {
+    Fleet::with_caps(
         3,
         FleetCaps {
             share_cap: ShareCap {
@@ -1039,7 +1038,14 @@ fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
             },
             ..FleetCaps::default()
         },
-    );
+    )
+}
+
+#[test]
+fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
+    // Five proxies each offering the same requests, one claiming 100× the
+    // cost of the others: on a budget its claim is what is capped.
+    let mut fleet = established_at_once();
     for i in 0..5_u64 {
         let id = format!("p{i}");
         fleet.connect(&id, 1, StreamId(i));
@@ -1058,6 +1064,51 @@ fn the_share_cap_weighs_cost_claims_on_a_costed_bucket() {
         "the outlier's cost claim counted: {llm:?}"
     );
     assert!(llm.proxy_cap.is_some(), "{llm:?}");
+}
+
+/// On a budget, a proxy capped for its share of the requests whose mean
+/// cost is plausible has what it admitted counted in full up to its
+/// counted share of the requests. Its cost was weighed at the median,
+/// so an interval in which its few heavy requests were the ones admitted
+/// would otherwise have most of their cost hidden from the balance (the
+/// budget then ran over by what the controller did not see). A proxy
+/// whose mean cost is beyond the spread is held to its weighed claim as
+/// before.
+#[test]
+fn a_capped_proxys_heavy_admissions_count_in_full_on_a_budget() {
+    let admitted_cost = |heavy: BucketCount| {
+        let mut fleet = established_at_once();
+        let counts = [
+            ("a", cost_count("llm", 10, 5, [10_000.0, 5_000.0, 0.0])),
+            ("b", cost_count("llm", 10, 5, [10_000.0, 5_000.0, 0.0])),
+            ("c", cost_count("llm", 10, 5, [10_000.0, 5_000.0, 0.0])),
+            ("heavy", heavy),
+        ];
+        for (i, (proxy, count)) in counts.into_iter().enumerate() {
+            fleet.connect(proxy, 1, StreamId(i as u64));
+            let report = Report {
+                window_ms: 1000,
+                buckets: vec![count],
+                ..Report::default()
+            };
+            fleet.report(proxy, StreamId(i as u64), &report).unwrap();
+        }
+        let load = fleet.tick_with(&|_| Some(20_000.0));
+        let llm = load.get("llm").unwrap();
+        assert!(llm.proxy_cap.is_some(), "{llm:?}");
+        llm.cost.unwrap().admitted_per_s
+    };
+    // 60 requests (6x the others: capped to 4x the median) at a mean of
+    // 3,000 tokens, within 4x the median's 1,000; 20 admitted, heavy
+    // ones, 100,000 tokens. It offered 40 of its 60 requests' worth.
+    let plausible = admitted_cost(cost_count("llm", 60, 20, [180_000.0, 100_000.0, 0.0]));
+    assert!((plausible - 115_000.0).abs() < 1e-6, "{plausible}");
+    // Admitting more requests than its counted share: that share counts.
+    let beyond = admitted_cost(cost_count("llm", 60, 60, [180_000.0, 180_000.0, 0.0]));
+    assert!((beyond - (15_000.0 + 120_000.0)).abs() < 1e-6, "{beyond}");
+    // A mean of 10,000 tokens, beyond the spread: held to its claim.
+    let inflated = admitted_cost(cost_count("llm", 60, 20, [600_000.0, 200_000.0, 0.0]));
+    assert!(inflated < 15_000.0 + 40_000.0 + 1e-6, "{inflated}");
 }
 
 /// The sums do not depend on the order proxies connected in (nor on a
