@@ -330,7 +330,22 @@ fn cost_claim(
     bucket: u32,
     rates: &Rates,
 ) -> f64 {
-    match cost_spread(mean_costs, bucket, rates) {
+    claim_at(
+        cost_spread(mean_costs, bucket, rates),
+        cost_bounds,
+        bucket,
+        rates,
+    )
+}
+
+/// [`cost_claim`] from the proxy's [`cost_spread`], already computed.
+fn claim_at(
+    spread: Option<(f64, f64)>,
+    cost_bounds: &[Option<f64>],
+    bucket: u32,
+    rates: &Rates,
+) -> f64 {
+    match spread {
         Some((median, spread)) => rates.offered_rps * median * spread,
         None => rates.steering(steers_on_cost(cost_bounds, bucket)).0,
     }
@@ -981,16 +996,15 @@ impl Fleet {
                 if factor < 1.0 && factor > 0.0 {
                     // The cap cut the claim as weighed; of the cost it
                     // counts no more than that.
-                    let claim =
-                        cost_claim(&sums.mean_costs, &sums.cost_bounds, slot.bucket, &rates);
+                    let spread = cost_spread(&sums.mean_costs, slot.bucket, &rates);
+                    let claim = claim_at(spread, &sums.cost_bounds, slot.bucket, &rates);
                     let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
                     let (offered, _, _) = rates.steering(steered);
                     if offered > 0.0 {
                         factor = (claim * factor / offered).min(1.0);
                     }
-                    admissions_by_requests = steered
-                        && cost_spread(&sums.mean_costs, slot.bucket, &rates)
-                            .is_some_and(|(_, spread)| spread <= 1.0);
+                    admissions_by_requests =
+                        steered && spread.is_some_and(|(_, spread)| spread <= 1.0);
                 }
                 // An ignored claim counts for nothing, not even as a
                 // reporting proxy (the filters split allowances by that).
