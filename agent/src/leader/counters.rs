@@ -359,6 +359,24 @@ mod tests {
     }
 
     #[test]
+    fn drain_keeps_a_cell_that_holds_only_a_cost() {
+        // The settled estimate of a stream charged nothing, and the cost of
+        // requests counted in another part of a split hand-off.
+        let settled = BucketCount {
+            settled_cost: 700.0,
+            ..count("settled", 0, 0)
+        };
+        let admitted = BucketCount {
+            offered_cost: 300.0,
+            admitted_cost: 300.0,
+            ..count("admitted", 0, 0)
+        };
+        let mut counters = BucketCounters::new(10);
+        counters.merge([settled.clone(), admitted.clone()], |_| false);
+        assert_eq!(sorted(counters.drain()), vec![admitted, settled]);
+    }
+
+    #[test]
     fn split_examples() {
         let c = Counts {
             offered: 10,
@@ -372,6 +390,29 @@ mod tests {
         assert_eq!(c.split(0.0).0, Counts::default());
         assert_eq!(c.split(1.0).0, c);
         assert_eq!(c.split(f64::NAN).1, c);
+    }
+
+    #[test]
+    fn a_split_keeps_each_cost_with_what_it_is_the_cost_of() {
+        // One heavy request admitted, a stream charged: three tenths of the
+        // span before the boundary round the request into the rest, and
+        // its cost goes with it.
+        let c = Counts {
+            offered: 1,
+            admitted: 1,
+            offered_cost: 8_000,
+            admitted_cost: 8_000,
+            charged_cost: 1_000,
+            settled_cost: 900,
+            ..Counts::default()
+        };
+        let (before, after) = c.split(0.3);
+        assert_eq!((before.offered, before.offered_cost), (0, 0));
+        assert_eq!((before.admitted, before.admitted_cost), (0, 0));
+        assert_eq!((after.offered_cost, after.admitted_cost), (8_000, 8_000));
+        // The charges by the time, the settled estimates with them.
+        assert_eq!((before.charged_cost, before.settled_cost), (300, 270));
+        assert_eq!((after.charged_cost, after.settled_cost), (700, 630));
     }
 }
 
@@ -401,16 +442,36 @@ mod proptests {
         }
 
         #[test]
-        fn split_preserves_totals_and_invariants(offered in 0u64..1_000_000, a in 0u64..1_000_000, s in 0u64..1_000_000, f in 0.0f64..=1.0) {
+        fn split_preserves_totals_and_invariants(
+            offered in prop_oneof![0u64..4, 0u64..1_000_000],
+            a in prop_oneof![0u64..4, 0u64..1_000_000],
+            s in prop_oneof![0u64..4, 0u64..1_000_000],
+            costs in proptest::array::uniform4(0u64..1_000_000_000),
+            f in 0.0f64..=1.0,
+        ) {
             let admitted = a.min(offered);
             let shadow = s.min(admitted);
-            let c = Counts { offered, admitted, shadow_dropped: shadow, ..Counts::default() };
+            let [offered_cost, admitted_cost, charged_cost, settled_cost] = costs;
+            let c = Counts {
+                offered,
+                admitted,
+                shadow_dropped: shadow,
+                offered_cost,
+                admitted_cost,
+                charged_cost,
+                settled_cost,
+            };
             let (x, y) = c.split(f);
-            prop_assert_eq!(x.offered + y.offered, offered);
-            prop_assert_eq!(x.admitted + y.admitted, admitted);
-            prop_assert_eq!(x.shadow_dropped + y.shadow_dropped, shadow);
+            let mut sum = x;
+            sum.add(y);
+            prop_assert_eq!(sum, c);
             for part in [x, y] {
                 prop_assert!(part.shadow_dropped <= part.admitted && part.admitted <= part.offered);
+                // No part holds the cost of requests (or charges) it does
+                // not hold.
+                prop_assert!(part.offered > 0 || offered == 0 || part.offered_cost == 0);
+                prop_assert!(part.admitted > 0 || admitted == 0 || part.admitted_cost == 0);
+                prop_assert!(part.charged_cost > 0 || charged_cost == 0 || part.settled_cost == 0);
             }
             prop_assert!((x.offered as f64 - offered as f64 * f).abs() <= 1.0);
         }

@@ -326,6 +326,68 @@ mod proptests {
     use proptest::prelude::*;
 
     proptest! {
+        /// Whatever a follower's spans and the leader's windows, every
+        /// request and every cost it handed off reaches a report: the part
+        /// of a split hand-off that holds a cost but rounds its requests
+        /// away is still counted.
+        #[test]
+        fn every_cost_handed_off_is_reported(
+            handoffs in proptest::collection::vec(
+                (1u64..200, 0u64..3, 0u64..20_000, prop_oneof![Just(0u64), 1u64..5_000]),
+                1..60,
+            ),
+            window_ms in 100u64..400,
+        ) {
+            let mut windows = ReportWindows::new(100, 0);
+            let mut handed = Counts::default();
+            let mut reported = Counts::default();
+            let mut report = |ready: ReadyWindow| {
+                for count in &ready.counts {
+                    reported.add(Counts::of(count));
+                }
+            };
+            let (mut now, mut next_close) = (0, window_ms);
+            for (span, requests, cost, charged) in handoffs {
+                let start = now;
+                now += span;
+                while next_close <= now {
+                    if !windows.is_closing() {
+                        windows.close(next_close);
+                    }
+                    if let Some(ready) = windows.take_ready(next_close) {
+                        report(ready);
+                    }
+                    next_close += window_ms;
+                }
+                let count = BucketCount {
+                    bucket: "llm".into(),
+                    offered: requests,
+                    admitted: requests,
+                    offered_cost: cost as f64,
+                    admitted_cost: cost as f64,
+                    charged_cost: charged as f64,
+                    settled_cost: (charged / 2) as f64,
+                    ..Default::default()
+                };
+                handed.add(Counts::of(&count));
+                let handoff = Handoff {
+                    source: 1,
+                    start_ms: start,
+                    end_ms: now,
+                    counts: vec![count],
+                    upstream: Vec::new(),
+                };
+                windows.add_handoff(handoff, now, |_| true);
+                if let Some(ready) = windows.take_ready(now) {
+                    report(ready);
+                }
+            }
+            for count in windows.drain_all().drain() {
+                reported.add(Counts::of(&count));
+            }
+            prop_assert_eq!(reported, handed);
+        }
+
         /// Steady load from followers with arbitrary tick phases: every
         /// report's rate is within one hand-off's rounding of the truth,
         /// and no request is lost.

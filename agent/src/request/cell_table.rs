@@ -83,9 +83,12 @@ impl Counts {
         self.settled_cost = self.settled_cost.saturating_add(other.settled_cost);
     }
 
-    /// Whether there is nothing to report: no request and no charge.
+    /// Whether there is nothing to report: no request and no cost of any
+    /// kind. A part of a split hand-off, or a stream charged nothing, can
+    /// hold a cost without a request or a charge; it still has to reach
+    /// the control plane.
     pub fn is_empty(&self) -> bool {
-        self.offered == 0 && self.charged_cost == 0
+        *self == Counts::default()
     }
 
     /// Fills the counts of a wire record.
@@ -104,7 +107,11 @@ impl Counts {
 
     /// Splits the counts into a `fraction` (clamped to `[0, 1]`) and the
     /// rest, rounding so the parts add up exactly and each part keeps
-    /// `shadow_dropped <= admitted <= offered`.
+    /// `shadow_dropped <= admitted <= offered`. The requests' costs go with
+    /// the requests (each part's mean cost is the whole's), and the settled
+    /// cost with the charged: a part holding a cost without the requests
+    /// it is the cost of would weigh one request of a window as a heavy one
+    /// and hand the next window that request without its cost.
     pub fn split(self, fraction: f64) -> (Counts, Counts) {
         let f = if fraction.is_nan() {
             0.0
@@ -123,14 +130,27 @@ impl Counts {
             .max(self.shadow_dropped.saturating_sub(rest_admitted))
             .min(admitted)
             .min(self.shadow_dropped);
-        let cost = |n: u64| {
-            let part = part(n).min(n);
-            (part, n - part)
+        // `cost` in the time's fraction, and the rest.
+        let by_time = |cost: u64| {
+            let part = part(cost).min(cost);
+            (part, cost - part)
         };
-        let (offered_cost, rest_offered_cost) = cost(self.offered_cost);
-        let (admitted_cost, rest_admitted_cost) = cost(self.admitted_cost);
-        let (charged_cost, rest_charged_cost) = cost(self.charged_cost);
-        let (settled_cost, rest_settled_cost) = cost(self.settled_cost);
+        // `cost` in the proportion `share` of `whole` (by time when there
+        // is no whole to follow), and the rest.
+        let along = |cost: u64, share: u64, whole: u64| {
+            if whole == 0 {
+                return by_time(cost);
+            }
+            let ratio = share as f64 / whole as f64;
+            let part = (((cost as f64) * ratio).round() as u64).min(cost);
+            (part, cost - part)
+        };
+        let (offered_cost, rest_offered_cost) = along(self.offered_cost, offered, self.offered);
+        let (admitted_cost, rest_admitted_cost) =
+            along(self.admitted_cost, admitted, self.admitted);
+        let (charged_cost, rest_charged_cost) = by_time(self.charged_cost);
+        let (settled_cost, rest_settled_cost) =
+            along(self.settled_cost, charged_cost, self.charged_cost);
         (
             Counts {
                 offered,

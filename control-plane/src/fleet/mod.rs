@@ -159,6 +159,18 @@ fn reported_cost(cost: f64) -> f64 {
     }
 }
 
+/// Whether a wire record holds any cost the sums can take.
+fn reports_cost(count: &sluice_proto::v1::BucketCount) -> bool {
+    [
+        count.offered_cost,
+        count.admitted_cost,
+        count.charged_cost,
+        count.settled_cost,
+    ]
+    .into_iter()
+    .any(|cost| reported_cost(cost) > 0.0)
+}
+
 impl Counts {
     fn add(&mut self, count: &sluice_proto::v1::BucketCount) {
         self.offered = self.offered.saturating_add(count.offered);
@@ -663,9 +675,11 @@ impl Fleet {
         proxy.hints.resize(report.buckets.len(), NO_CELL);
         for (count, hint) in report.buckets.iter().zip(proxy.hints.iter_mut()) {
             // Reports list only cells with traffic; a zero entry would only
-            // create state. A charge is traffic: a stream that ends in a
-            // window without new requests of its cell is charged in it.
-            if count.offered == 0 && reported_cost(count.charged_cost) <= 0.0 {
+            // create state. A cost is traffic: a stream that ends in a
+            // window without new requests of its cell is charged in it,
+            // and one its provider charged nothing still settles its
+            // estimate.
+            if count.offered == 0 && !reports_cost(count) {
                 continue;
             }
             if count.bucket.len() > caps.max_bucket_len || count.tenant.len() > caps.max_tenant_len

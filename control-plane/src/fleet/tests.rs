@@ -1157,6 +1157,42 @@ fn charged_cell(tenant: &str, charged: f64) -> BucketCount {
     }
 }
 
+/// A report entry with a cost and nothing else is traffic: the settled
+/// estimate of a stream its provider charged nothing still weighs in the
+/// cell's charges.
+#[test]
+fn an_entry_holding_only_a_settled_estimate_is_counted() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let report = |count: BucketCount| Report {
+        window_ms: 500,
+        buckets: vec![count],
+        ..Report::default()
+    };
+    fleet
+        .report("a", StreamId(1), &report(charged_cell("t", 10_000.0)))
+        .unwrap();
+    let charged_nothing = BucketCount {
+        bucket: "llm".to_owned(),
+        tenant: "t".to_owned(),
+        settled_cost: 5_000.0,
+        ..BucketCount::default()
+    };
+    fleet
+        .report("a", StreamId(1), &report(charged_nothing))
+        .unwrap();
+    let load = fleet.tick_with(&|bucket| (bucket == "llm").then_some(20_000.0));
+    let llm = load.get("llm").unwrap();
+    let cell = llm.cells.iter().find(|c| &*c.tenant == "t").unwrap();
+    assert_eq!(
+        cell.charges.unwrap().window,
+        CellCharges {
+            charged_per_s: 10_000.0,
+            settled_per_s: 15_000.0
+        }
+    );
+}
+
 /// A proxy's long run of charges belongs to its cell: a cell charged 40x
 /// its estimates counts at 8x; once it is evicted, the next cell handed
 /// its id starts a long run of its own and counts as reported.
