@@ -33,9 +33,19 @@ impl Rates {
     /// yet cannot bring one claim of any size into the sums. The charged
     /// cost, the usage of streams that ended, is a measure, not a claim,
     /// and is left as reported.
+    ///
+    /// The usage a stream reported above what its request was counted is
+    /// added to both when the stream ends, in a window that may hold none
+    /// of the cell's requests: that much more is counted, at most what
+    /// the window's streams were charged and at most their settled
+    /// estimates (a stated estimate is never lifted by a usage it did
+    /// not have).
     pub(crate) fn bound_cost(&mut self, per_request: f64) {
-        self.offered_cost = self.offered_cost.min(self.offered_rps * per_request);
-        self.admitted_cost = self.admitted_cost.min(self.admitted_rps * per_request);
+        let late = self.charged_cost.min(self.settled_cost).max(0.0);
+        self.offered_cost = self.offered_cost.min(self.offered_rps * per_request + late);
+        self.admitted_cost = self
+            .admitted_cost
+            .min(self.admitted_rps * per_request + late);
     }
 
     /// The rates a bucket is steered on: requests, or for a bucket whose

@@ -1026,6 +1026,54 @@ fn a_requests_cost_claim_counts_at_most_ten_seconds_of_the_budget() {
     assert_eq!(load.get("api").unwrap().cost.unwrap().offered_per_s, 1e9);
 }
 
+/// A stream's usage above what its request was counted comes with its
+/// charge, often in a window without a request of the cell: it counts, up
+/// to what was charged and settled, and lifts no claim beyond that.
+#[test]
+fn usage_counted_late_is_admitted_in_a_window_without_requests() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    // Two proxies with requests keep the median claim a proxy's with
+    // requests (the share cap is not what is tested).
+    fleet.connect("b", 1, StreamId(2));
+    fleet.connect("c", 1, StreamId(3));
+    let report = |count: BucketCount| Report {
+        window_ms: 1000,
+        buckets: vec![count],
+        ..Report::default()
+    };
+    let budget = |bucket: &str| (bucket == "llm").then_some(20_000.0);
+    // Counted 4,000 at its decision, charged 12,000: 8,000 more now.
+    let late = |charged: f64, settled: f64| BucketCount {
+        bucket: "llm".to_owned(),
+        offered_cost: 8_000.0,
+        admitted_cost: 8_000.0,
+        charged_cost: charged,
+        settled_cost: settled,
+        ..BucketCount::default()
+    };
+    let mut requests = charged_cell("", 10_000.0);
+    requests.tenant.clear();
+    for (charged, settled, admitted) in [
+        (12_000.0, 12_000.0, 28_000.0),
+        // No more than was charged, nor than was settled.
+        (3_000.0, 12_000.0, 23_000.0),
+        (12_000.0, 1_000.0, 21_000.0),
+    ] {
+        fleet
+            .report("a", StreamId(1), &report(late(charged, settled)))
+            .unwrap();
+        for (proxy, stream) in [("b", 2), ("c", 3)] {
+            fleet
+                .report(proxy, StreamId(stream), &report(requests.clone()))
+                .unwrap();
+        }
+        let load = fleet.tick_with(&budget);
+        let cost = load.get("llm").unwrap().cost.unwrap();
+        assert_eq!(cost.admitted_per_s, admitted, "{charged} {settled}");
+    }
+}
+
 /// A fleet with the default share cap whose proxies have their say in
 /// the median from their first report (no probation).
 fn established_at_once() -> Fleet {
