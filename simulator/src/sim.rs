@@ -173,6 +173,12 @@ pub struct Trace {
     /// The cost charged at stream end that the proxies' reports carried
     /// to the control plane, over every bucket.
     pub charged_reported: f64,
+    /// The estimated cost admitted that the reports carried (with the
+    /// usage counted late), over every bucket.
+    pub admitted_reported: f64,
+    /// The estimated cost settled at stream end that the reports carried,
+    /// over every bucket.
+    pub settled_reported: f64,
 }
 
 /// Why a scenario cannot run.
@@ -406,6 +412,9 @@ struct Reception<'a> {
     snapshot: &'a [Directive],
     /// The cost charged that the reports carried.
     charged_reported: &'a mut f64,
+    /// The estimated cost admitted, then settled, that they carried.
+    admitted_reported: &'a mut f64,
+    settled_reported: &'a mut f64,
 }
 
 impl Reception<'_> {
@@ -454,8 +463,11 @@ impl Reception<'_> {
                         (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
                     });
                     self.health.add(&report.upstream);
-                    *self.charged_reported +=
-                        report.buckets.iter().map(|b| b.charged_cost).sum::<f64>();
+                    for bucket in &report.buckets {
+                        *self.charged_reported += bucket.charged_cost;
+                        *self.admitted_reported += bucket.admitted_cost;
+                        *self.settled_reported += bucket.settled_cost;
+                    }
                     // A rejected report is lost, as on the wire.
                     let _ = self.fleet.report(member.proxy.id(), stream, &report);
                 }
@@ -571,6 +583,8 @@ pub fn run_workers(
         batches_pushed: 0,
         directives_pushed: 0,
         charged_reported: 0.0,
+        admitted_reported: 0.0,
+        settled_reported: 0.0,
     };
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut snapshot: Vec<Directive> = Vec::new();
@@ -633,6 +647,8 @@ pub fn run_workers(
             version,
             snapshot: &snapshot,
             charged_reported: &mut trace.charged_reported,
+            admitted_reported: &mut trace.admitted_reported,
+            settled_reported: &mut trace.settled_reported,
         };
         reception.exchange(&mut proxies, &mut sent, t_ms);
 
