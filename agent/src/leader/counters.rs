@@ -360,8 +360,10 @@ mod tests {
 
     #[test]
     fn drain_keeps_a_cell_that_holds_only_a_cost() {
-        // The settled estimate of a stream charged nothing, and the cost of
-        // requests counted in another part of a split hand-off.
+        // The settled estimate of a stream charged nothing, counted when it
+        // ends, in a window without the cell's requests; and an offered cost
+        // without its requests, which no split produces but a drain must
+        // still not drop.
         let settled = BucketCount {
             settled_cost: 700.0,
             ..count("settled", 0, 0)
