@@ -185,6 +185,22 @@ struct CellState {
     charges: ChargeRatio,
 }
 
+/// A cell that shed and whose proxies offered nothing in the intervals
+/// since, and for how long.
+#[derive(Debug)]
+struct QuietCell {
+    state: CellState,
+    quiet_s: f64,
+}
+
+/// How long a cell that sheds keeps its directive while its proxies offer
+/// nothing. A cell of a few requests an interval (a small tenant, or any
+/// cell at a short control interval) often has an interval without one:
+/// lifting its ratio then let the next interval's requests through
+/// unshed, and a budget's small tenants ran far over their shares. A cell
+/// whose traffic stopped for good is lifted once this has passed.
+pub(crate) const QUIET_HOLD_S: f64 = 2.0;
+
 /// The budget a bucket's directives carry.
 #[derive(Debug, Clone, PartialEq)]
 struct CostTag {
@@ -211,6 +227,9 @@ struct ControlledBucket {
     overloaded_intervals: u32,
     /// Sorted by tenant, then priority.
     cells: Vec<CellState>,
+    /// Cells that shed and whose proxies have offered nothing since: their
+    /// directives stand for [`QUIET_HOLD_S`].
+    quiet: Vec<QuietCell>,
     /// What the bucket's directives last listed as counted in part.
     counted: CountedProxies,
     /// Under a budget, how far its charges run from its estimates.
@@ -327,7 +346,9 @@ impl Controller {
     /// time is always pushed, even at drop ratio 0: after a control-plane
     /// restart the proxies may still hold an old non-zero directive for it.
     /// A cell whose traffic stopped is dropped from tracking; if its last
-    /// pushed ratio was non-zero, a final ratio of 0 is pushed to lift it.
+    /// pushed ratio was non-zero, it stands for [`QUIET_HOLD_S`] (traffic
+    /// that comes back meanwhile is decided on as before), then a final
+    /// ratio of 0 is pushed to lift it.
     pub fn decide(&mut self, load: &FleetLoad, policy: &Policy) -> IntervalOutcome {
         self.decide_with(load, &policy.limits, &policy.tenants, &policy.modes)
     }
@@ -346,12 +367,14 @@ impl Controller {
         let previous = std::mem::take(&mut self.buckets);
         let mut next = Vec::with_capacity(load.buckets.len());
         self.blocks.begin();
+        let seconds = self.interval.as_duration().as_secs_f64();
         let mut previous = previous.into_iter().peekable();
         for traffic in load.buckets.iter().filter(|b| b.load.offered_rps > 0.0) {
             while let Some(gone) =
                 previous.next_if(|state| compare(&state.bucket, &traffic.bucket).is_lt())
             {
-                retire_bucket(gone, &mut decision);
+                let hold = holds_quiet(limits, &gone.bucket);
+                next.extend(quiet_bucket(gone, (seconds, hold), &mut decision));
             }
             let state = previous
                 .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
@@ -360,6 +383,7 @@ impl Controller {
                     bucket: Arc::clone(&traffic.bucket),
                     overloaded_intervals: 0,
                     cells: Vec::new(),
+                    quiet: Vec::new(),
                     counted: CountedProxies::default(),
                     charges: ChargeRatio::default(),
                 });
@@ -381,7 +405,8 @@ impl Controller {
             decision.buckets.push(status);
         }
         for gone in previous {
-            retire_bucket(gone, &mut decision);
+            let hold = holds_quiet(limits, &gone.bucket);
+            next.extend(quiet_bucket(gone, (seconds, hold), &mut decision));
         }
         self.blocks
             .finish(limits, modes, self.standing_retry_after_ms(), &mut decision);
@@ -420,10 +445,14 @@ impl Controller {
             state.cells = merge_cells(
                 bucket,
                 std::mem::take(&mut state.cells),
+                &mut state.quiet,
                 &traffic.cells,
                 decision,
             );
         }
+        let seconds = self.interval.as_duration().as_secs_f64();
+        let hold = limit.is_some_and(|limit| !limit.is_blocked());
+        age_quiet(bucket, &mut state.quiet, (seconds, hold), decision);
         let charges = self.weigh_charges(traffic, &mut state, signal);
         if let Some(limit) = limit {
             // A budget is divided on the policy's estimates of the cells'
@@ -798,7 +827,8 @@ impl Controller {
             .buckets
             .iter()
             .flat_map(|state| {
-                state.cells.iter().filter_map(move |cell| {
+                let quiet = state.quiet.iter().map(|quiet| &quiet.state);
+                state.cells.iter().chain(quiet).filter_map(move |cell| {
                     let pushed = cell.pushed.as_ref()?;
                     Some(directive(
                         &state.bucket,
@@ -811,22 +841,22 @@ impl Controller {
                 })
             })
             .collect();
-        let before = directives.len();
         directives.extend(self.blocks.directives(self.standing_retry_after_ms()));
-        if directives.len() > before {
-            directives.sort_by(|a, b| {
-                (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
-            });
-        }
+        // Blocked buckets and quiet cells come after the others.
+        directives.sort_by(|a, b| {
+            (&a.bucket, &a.tenant, a.priority).cmp(&(&b.bucket, &b.tenant, b.priority))
+        });
         directives
     }
 }
 
 /// The cells of a bucket whose set of cells changed: kept ones carry their
-/// pushed state over, new ones start unpushed, gone ones are retired.
+/// pushed state over, as do quiet ones that came back, new ones start
+/// unpushed, gone ones are parked ([`park`]).
 fn merge_cells(
     bucket: &Arc<str>,
     previous: Vec<CellState>,
+    quiet: &mut Vec<QuietCell>,
     cells: &[CellLoad],
     decision: &mut IntervalOutcome,
 ) -> Vec<CellState> {
@@ -835,32 +865,103 @@ fn merge_cells(
     };
     let mut merged = Vec::with_capacity(cells.len());
     let mut previous = previous.into_iter().peekable();
+    let mut parked = Vec::new();
     for cell in cells {
         while let Some(gone) = previous.next_if(|state| order(state, cell).is_lt()) {
-            retire(bucket, gone, decision);
+            park(bucket, gone, &mut parked, decision);
         }
-        let state = previous
-            .next_if(|state| order(state, cell).is_eq())
-            .unwrap_or_else(|| CellState {
+        let mut back = || {
+            let at = quiet.iter().position(|q| order(&q.state, cell).is_eq())?;
+            Some(quiet.swap_remove(at).state)
+        };
+        let state = match previous.next_if(|state| order(state, cell).is_eq()) {
+            Some(state) => state,
+            None => back().unwrap_or_else(|| CellState {
                 tenant: Arc::clone(&cell.tenant),
                 priority: cell.priority,
                 pushed: None,
                 balance: Balance::default(),
                 charges: ChargeRatio::default(),
-            });
+            }),
+        };
         merged.push(state);
     }
     for gone in previous {
-        retire(bucket, gone, decision);
+        park(bucket, gone, &mut parked, decision);
     }
+    quiet.append(&mut parked);
     merged
 }
 
-/// Retires every cell of a bucket whose traffic stopped.
-fn retire_bucket(state: ControlledBucket, decision: &mut IntervalOutcome) {
-    for cell in state.cells {
-        retire(&state.bucket, cell, decision);
+/// A cell absent from this interval's traffic: one that sheds keeps its
+/// directive (quiet, see [`QUIET_HOLD_S`]), any other is retired.
+fn park(
+    bucket: &Arc<str>,
+    cell: CellState,
+    quiet: &mut Vec<QuietCell>,
+    decision: &mut IntervalOutcome,
+) {
+    if cell
+        .pushed
+        .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER)
+    {
+        quiet.push(QuietCell {
+            state: cell,
+            quiet_s: 0.0,
+        });
+    } else {
+        retire(bucket, cell, decision);
     }
+}
+
+/// Whether `bucket`'s quiet cells keep their directives: while it has a
+/// limit that is not a block (a block stands on its own, see `blocked`;
+/// a bucket without a limit has nothing to hold).
+fn holds_quiet(limits: &LimitTable, bucket: &str) -> bool {
+    limits
+        .rule_for(bucket)
+        .is_some_and(|rule| !rule.rate().is_blocked())
+}
+
+/// Ages the quiet cells by an interval of `seconds`; those quiet for
+/// [`QUIET_HOLD_S`] are retired, and all of them unless `hold`.
+fn age_quiet(
+    bucket: &Arc<str>,
+    quiet: &mut Vec<QuietCell>,
+    (seconds, hold): (f64, bool),
+    decision: &mut IntervalOutcome,
+) {
+    if quiet.is_empty() {
+        return;
+    }
+    for cell in std::mem::take(quiet) {
+        let quiet_s = cell.quiet_s + seconds;
+        if !hold || quiet_s >= QUIET_HOLD_S {
+            retire(bucket, cell.state, decision);
+        } else {
+            quiet.push(QuietCell {
+                state: cell.state,
+                quiet_s,
+            });
+        }
+    }
+}
+
+/// Retires every cell of a bucket whose traffic stopped.
+/// A bucket absent from this interval's traffic: its cells are parked
+/// ([`park`]); kept while any of them is quiet.
+fn quiet_bucket(
+    mut state: ControlledBucket,
+    interval: (f64, bool),
+    decision: &mut IntervalOutcome,
+) -> Option<ControlledBucket> {
+    let mut parked = Vec::new();
+    for cell in std::mem::take(&mut state.cells) {
+        park(&state.bucket, cell, &mut parked, decision);
+    }
+    state.quiet.append(&mut parked);
+    age_quiet(&state.bucket, &mut state.quiet, interval, decision);
+    (!state.quiet.is_empty()).then_some(state)
 }
 
 /// The cell's admitted target, share and reason from the division: its

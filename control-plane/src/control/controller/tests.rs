@@ -458,11 +458,13 @@ fn a_blocked_bucket_keeps_a_standing_block_for_cells_not_seen_yet() {
     );
     policy.modes.buckets.clear();
 
-    // All traffic stops: the pattern's member is forgotten, the exact key
-    // keeps its block.
-    let decision = controller.decide(&FleetLoad::default(), &policy);
-    proxy.apply(&decision);
-    proxy.matches_snapshot(&controller);
+    // All traffic stops: once its cells have been quiet for the hold, the
+    // pattern's member is forgotten, the exact key keeps its block.
+    for _ in 0..quiet_intervals() {
+        let decision = controller.decide(&FleetLoad::default(), &policy);
+        proxy.apply(&decision);
+        proxy.matches_snapshot(&controller);
+    }
     assert!(proxy.wide("free-x").is_none());
     assert!(proxy.wide("shut").is_some_and(is_block));
     assert_eq!(proxy.0.len(), 2, "{:?}", proxy.0);
@@ -543,28 +545,83 @@ fn share_reason_and_burst_changes_are_pushed() {
 fn a_stopped_cell_is_lifted_and_retired_while_its_bucket_stays() {
     let policy = policy(100.0, &[]);
     let mut controller = Controller::default();
+    let api = |cells: Vec<CellLoad>| FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)]);
     controller.decide(
-        &FleetLoad::new(vec![BucketTraffic::from_cells(
-            "api",
-            vec![
-                tenant_cell("a", Priority::Unspecified, 300.0),
-                tenant_cell("b", Priority::Unspecified, 10.0),
-            ],
-        )]),
+        &api(vec![
+            tenant_cell("a", Priority::Unspecified, 300.0),
+            tenant_cell("b", Priority::Unspecified, 10.0),
+        ]),
         &policy,
     );
-    let decision = controller.decide(
-        &FleetLoad::new(vec![BucketTraffic::from_cells(
-            "api",
-            vec![tenant_cell("b", Priority::Unspecified, 10.0)],
-        )]),
-        &policy,
-    );
+    let only_b = || api(vec![tenant_cell("b", Priority::Unspecified, 10.0)]);
+    // `a` shed: its ratio stands while it is quiet, then it is lifted.
+    for _ in 1..quiet_intervals() {
+        let decision = controller.decide(&only_b(), &policy);
+        assert!(decision.retired.is_empty(), "{decision:?}");
+        assert!(
+            decision.changed.iter().all(|d| d.tenant != "a"),
+            "{decision:?}"
+        );
+        assert_eq!(controller.snapshot().len(), 2);
+    }
+    let decision = controller.decide(&only_b(), &policy);
     let lifted = find(&decision.changed, "a", Priority::Unspecified);
     assert!(is_lift(lifted));
     assert_eq!(decision.retired.len(), 1);
     assert_eq!(decision.retired[0].tenant.as_ref(), "a");
     assert_eq!(controller.snapshot().len(), 1);
+}
+
+/// Control intervals of the default controller in [`QUIET_HOLD_S`].
+fn quiet_intervals() -> usize {
+    let interval = ControlInterval::default().as_duration().as_secs_f64();
+    (QUIET_HOLD_S / interval).ceil() as usize
+}
+
+/// A cell of a few requests an interval often has an interval without
+/// one. Lifting its ratio then let the next interval through unshed (a
+/// budget's smallest tenant ran far over its share, and at a control
+/// interval of 100 ms the whole budget a quarter over).
+#[test]
+fn a_shedding_cell_keeps_its_ratio_through_a_quiet_interval() {
+    let policy = policy(100.0, &[]);
+    let mut controller = Controller::default();
+    let api = |cells: Vec<CellLoad>| FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)]);
+    let both = || {
+        api(vec![
+            tenant_cell("a", Priority::Unspecified, 100.0),
+            tenant_cell("b", Priority::Unspecified, 100.0),
+        ])
+    };
+    controller.decide(&both(), &policy);
+    controller.decide(&both(), &policy);
+    let before = controller.snapshot();
+    assert!(before.iter().all(|d| d.drop_ratio > 0.0), "{before:?}");
+    // `b` offers nothing for an interval, then comes back.
+    let quiet = controller.decide(
+        &api(vec![tenant_cell("a", Priority::Unspecified, 100.0)]),
+        &policy,
+    );
+    assert!(quiet.retired.is_empty(), "{quiet:?}");
+    assert!(quiet.changed.iter().all(|d| d.tenant != "b"), "{quiet:?}");
+    let held = find(&controller.snapshot(), "b", Priority::Unspecified).clone();
+    assert_eq!(
+        held.drop_ratio,
+        find(&before, "b", Priority::Unspecified).drop_ratio
+    );
+    let back = controller.decide(&both(), &policy);
+    assert!(back.retired.is_empty(), "{back:?}");
+    assert!(back.changed.iter().all(|d| !is_lift(d)), "{back:?}");
+    // The same for a bucket whose only cell is quiet, and a cell that
+    // never shed is lifted at once.
+    let limits = table(&[("acme", 200.0), ("calm", 200.0)]);
+    let mut controller = Controller::default();
+    controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
+    let quiet = controller.tick(&load(&[("calm", 100.0)]), &limits);
+    assert!(quiet.changed.is_empty(), "{quiet:?}");
+    assert!(quiet.retired.is_empty(), "{quiet:?}");
+    let back = controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
+    assert!(back.changed.iter().all(|d| !is_lift(d)), "{back:?}");
 }
 
 #[test]
@@ -850,13 +907,28 @@ fn stopped_bucket_is_lifted_once_then_forgotten() {
     let limits = table(&[("acme", 200.0), ("calm", 200.0)]);
     let mut controller = Controller::default();
     controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
+    // calm did not shed: lifted at once (at 0 included, so the proxies
+    // free its slot). acme's ratio stands while it is quiet.
     let decision = controller.tick(&load(&[]), &limits);
-    // Both lifted, calm at 0 included, so the proxies free both slots.
-    assert_eq!(buckets(&decision.changed), [("acme", 0.0), ("calm", 0.0)]);
+    assert_eq!(buckets(&decision.changed), [("calm", 0.0)]);
     assert!(decision.changed.iter().all(is_lift));
-    assert!(controller.snapshot().is_empty());
-    assert_eq!(decision.retired.len(), 2);
+    assert_eq!(decision.retired.len(), 1);
     assert!(decision.buckets.is_empty());
+    let held = controller.snapshot();
+    assert_eq!(held.len(), 1);
+    assert!(
+        held[0].bucket == "acme" && held[0].drop_ratio > 0.0,
+        "{held:?}"
+    );
+    for _ in 2..quiet_intervals() {
+        let decision = controller.tick(&load(&[]), &limits);
+        assert!(decision.changed.is_empty() && decision.retired.is_empty());
+    }
+    let decision = controller.tick(&load(&[]), &limits);
+    assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
+    assert!(decision.changed.iter().all(is_lift));
+    assert_eq!(decision.retired.len(), 1);
+    assert!(controller.snapshot().is_empty());
     assert!(controller.tick(&load(&[]), &limits).changed.is_empty());
 }
 
