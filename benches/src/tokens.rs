@@ -137,14 +137,18 @@ pub fn spread(errors: &[f64], bound: f64) -> String {
     abs.sort_by(f64::total_cmp);
     let median = abs.get(abs.len() / 2).copied().unwrap_or_default();
     let max = abs.last().copied().unwrap_or_default();
-    let within = abs.iter().filter(|e| **e <= bound).count();
     format!(
-        "median {:.1} %, max {:.1} %, {within}/{} within ±{:.0} %",
+        "median {:.1} %, max {:.1} %, {}",
         median * 100.0,
         max * 100.0,
-        abs.len(),
-        bound * 100.0
+        within(errors, bound)
     )
+}
+
+/// How many of `errors` are within `bound`, of how many.
+pub fn within(errors: &[f64], bound: f64) -> String {
+    let count = errors.iter().filter(|e| e.abs() <= bound).count();
+    format!("{count}/{} within ±{:.0} %", errors.len(), bound * 100.0)
 }
 
 /// The value at quantile `q` of `values` (nearest rank; 0 when empty).
@@ -173,6 +177,12 @@ mod tests {
             .map(|s| s.tokens_per_s[0].1)
             .sum();
         assert!((first - 0.6 * 3.0 * BUDGET).abs() < 1e-6, "{first}");
+    }
+
+    #[test]
+    fn within_counts_both_signs() {
+        assert_eq!(within(&[0.1, -0.1, 0.11, -0.2], 0.1), "2/4 within ±10 %");
+        assert_eq!(within(&[], 0.05), "0/0 within ±5 %");
     }
 
     #[test]

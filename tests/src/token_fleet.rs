@@ -462,9 +462,31 @@ pub fn admitted_tokens(
     to: Duration,
     keep: impl Fn(usize) -> bool,
 ) -> u64 {
+    admitted_tokens_at(completions, from..to, |c| c.ended, keep)
+}
+
+/// Tokens admitted (answered 200) of the requests sent in `[from, to)` by
+/// the streams `keep` selects: counted by when they were decided rather
+/// than by when their streams ended.
+pub fn admitted_tokens_by_decision(
+    completions: &[Completion],
+    from: Duration,
+    to: Duration,
+    keep: impl Fn(usize) -> bool,
+) -> u64 {
+    admitted_tokens_at(completions, from..to, |c| c.sent, keep)
+}
+
+/// Tokens admitted whose instant `at` falls in `span`.
+fn admitted_tokens_at(
+    completions: &[Completion],
+    span: std::ops::Range<Duration>,
+    at: impl Fn(&Completion) -> Duration,
+    keep: impl Fn(usize) -> bool,
+) -> u64 {
     completions
         .iter()
-        .filter(|c| c.status == 200 && c.ended >= from && c.ended < to && keep(c.stream))
+        .filter(|c| c.status == 200 && span.contains(&at(c)) && keep(c.stream))
         .map(|c| c.tokens)
         .sum()
 }

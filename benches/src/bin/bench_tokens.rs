@@ -17,8 +17,9 @@
 //! Two runs per filter setting:
 //! - **steady**: 3x the budget offered for `--seconds`; after `--warmup`,
 //!   the admitted tokens (answered 200, by when the stream ended) per 1 s
-//!   and per 10 s window against the budget, and each tenant's against its
-//!   fair share;
+//!   and per 10 s window against the budget (also counted by when each
+//!   request was sent, i.e. decided), and each tenant's against its fair
+//!   share;
 //! - **step**: 0.5x the budget for 15 s, then 3x for 15 s: the admitted
 //!   tokens in the first 1 s and the first 10 s after the step.
 //!
@@ -41,11 +42,12 @@ use serde_json::json;
 use sluice_benches::e2e::report;
 use sluice_benches::tokens::{
     BUDGET, FAIR_SHARES, RunArgs, TENANTS, check_answers, fleet_options, percent, spread, streams,
+    within,
 };
 use sluice_integration_tests::fleet::DataPlane;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::token_fleet::{
-    Estimate, TokenFleet, TokenLoad, admitted_tokens, offered_tokens,
+    Estimate, TokenFleet, TokenLoad, admitted_tokens, admitted_tokens_by_decision, offered_tokens,
 };
 
 /// The step run: seconds before and after the step.
@@ -105,6 +107,11 @@ struct Steady {
     one_second: Vec<f64>,
     /// The same per 10 s window.
     ten_seconds: Vec<f64>,
+    /// The same per 1 s window, the tokens counted by when each request
+    /// was decided.
+    one_second_by_decision: Vec<f64>,
+    /// The same per 10 s window.
+    ten_seconds_by_decision: Vec<f64>,
     /// Each tenant's admitted over its fair share, minus 1, over the
     /// measured span.
     tenants: Vec<f64>,
@@ -112,6 +119,15 @@ struct Steady {
     overall: f64,
     /// Offered over the budget over the measured span.
     offered: f64,
+}
+
+/// Which instant puts an admitted request's tokens in a window.
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    /// When its stream ended (what an upstream billing by the minute saw).
+    ByStreamEnd,
+    /// When it was sent, i.e. decided (what the filter's estimate counted).
+    ByDecision,
 }
 
 /// What one step run measured: admitted over the budget, minus 1.
@@ -174,19 +190,21 @@ async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> 
     let streams = load.streams.clone();
     let completions = load.finish().await;
     let secs = |s: u64| Duration::from_secs(s);
-    let window = |from: u64, len: u64| {
-        admitted_tokens(&completions, secs(from), secs(from + len), |_| true) as f64
-            / (len as f64 * BUDGET)
-            - 1.0
+    let window = |from: u64, len: u64, count: Counted| {
+        let (from, to) = (secs(from), secs(from + len));
+        let tokens = match count {
+            Counted::ByStreamEnd => admitted_tokens(&completions, from, to, |_| true),
+            Counted::ByDecision => admitted_tokens_by_decision(&completions, from, to, |_| true),
+        };
+        tokens as f64 / (len as f64 * BUDGET) - 1.0
     };
-    let one_second = (options.run.warmup..options.seconds)
-        .map(|s| window(s, 1))
-        .collect();
-    let ten_seconds = (options.run.warmup..options.seconds)
-        .step_by(10)
-        .filter(|s| s + 10 <= options.seconds)
-        .map(|s| window(s, 10))
-        .collect();
+    let windows = |len: u64, count: Counted| -> Vec<f64> {
+        (options.run.warmup..options.seconds)
+            .step_by(len as usize)
+            .filter(|s| s + len <= options.seconds)
+            .map(|s| window(s, len, count))
+            .collect()
+    };
     let span = (options.seconds - options.run.warmup) as f64;
     let (from, to) = (secs(options.run.warmup), secs(options.seconds));
     let tenants = TENANTS
@@ -205,8 +223,10 @@ async fn steady(options: &Options, data_plane: DataPlane, setting: &Setting) -> 
     check_answers(&completions)?;
     drop(fleet);
     Ok(Steady {
-        one_second,
-        ten_seconds,
+        one_second: windows(1, Counted::ByStreamEnd),
+        ten_seconds: windows(10, Counted::ByStreamEnd),
+        one_second_by_decision: windows(1, Counted::ByDecision),
+        ten_seconds_by_decision: windows(10, Counted::ByDecision),
         tenants,
         overall,
         offered,
@@ -263,9 +283,10 @@ fn header(options: &Options) -> String {
          upstream with output tokens drawn log-normally (median 500, p99 8,000; about {:.0} tokens a request on \
          average), {estimate}. Steady: 3x the budget for {} s, measured after \
          {} s; step: 0.5x for {STEP_BEFORE_S} s, then 3x. Admitted tokens are counted from the answers (200, by \
-         when the stream ended). Errors are admitted / budget - 1 (tenants: / fair share - 1).\n\n\
-         | data plane | filter setting | steady, whole span | 1 s windows | 10 s windows | tenants gold / silver / bronze | step: first 1 s / first 10 s / peak 1 s |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         when the stream ended; \"by decision\": by when the request was sent). Errors are admitted / budget - 1 \
+         (tenants: / fair share - 1).\n\n\
+         | data plane | filter setting | steady, whole span | 1 s windows | 10 s windows | by decision: 10 s windows (1 s) | tenants gold / silver / bronze | step: first 1 s / first 10 s / peak 1 s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         options.run.workers,
         sluice_integration_tests::llm_upstream::TokenDistribution::median_500_p99_8000().mean(),
         options.seconds,
@@ -276,12 +297,14 @@ fn header(options: &Options) -> String {
 fn row(data_plane: DataPlane, setting: &Setting, steady: &Steady, step: &Step) -> String {
     let tenants: Vec<String> = steady.tenants.iter().map(|e| percent(*e)).collect();
     format!(
-        "| {data_plane:?} | {} | {} (offered {:.2}x) | {} | {} | {} | {} / {} / {} |\n",
+        "| {data_plane:?} | {} | {} (offered {:.2}x) | {} | {} | {} ({}) | {} | {} / {} / {} |\n",
         setting.name,
         percent(steady.overall),
         steady.offered,
         spread(&steady.one_second, 0.10),
         spread(&steady.ten_seconds, 0.05),
+        spread(&steady.ten_seconds_by_decision, 0.05),
+        within(&steady.one_second_by_decision, 0.10),
         tenants.join(" / "),
         percent(step.first_second),
         percent(step.first_ten_seconds),
