@@ -228,7 +228,7 @@ struct ControlledBucket {
     /// Sorted by tenant, then priority.
     cells: Vec<CellState>,
     /// Cells that shed and whose proxies have offered nothing since: their
-    /// directives stand for [`QUIET_HOLD_S`].
+    /// directives stand for [`QUIET_HOLD_S`]. Sorted as `cells`.
     quiet: Vec<QuietCell>,
     /// What the bucket's directives last listed as counted in part.
     counted: CountedProxies,
@@ -865,46 +865,63 @@ fn merge_cells(
     };
     let mut merged = Vec::with_capacity(cells.len());
     let mut previous = previous.into_iter().peekable();
+    // Every list is sorted, so one pass over each: a flood of new cells
+    // costs what the cells cost, not their product.
+    let mut waiting = std::mem::take(quiet).into_iter().peekable();
+    let mut still_quiet = Vec::new();
     let mut parked = Vec::new();
+    let mut room = MAX_QUIET_CELLS.saturating_sub(waiting.len());
     for cell in cells {
         while let Some(gone) = previous.next_if(|state| order(state, cell).is_lt()) {
-            park(bucket, gone, &mut parked, decision);
+            park(bucket, gone, (&mut parked, &mut room), decision);
         }
-        let mut back = || {
-            let at = quiet.iter().position(|q| order(&q.state, cell).is_eq())?;
-            Some(quiet.swap_remove(at).state)
-        };
-        let state = match previous.next_if(|state| order(state, cell).is_eq()) {
-            Some(state) => state,
-            None => back().unwrap_or_else(|| CellState {
+        while let Some(kept) = waiting.next_if(|q| order(&q.state, cell).is_lt()) {
+            still_quiet.push(kept);
+        }
+        let back = waiting.next_if(|q| order(&q.state, cell).is_eq());
+        let state = match (previous.next_if(|state| order(state, cell).is_eq()), back) {
+            (Some(state), _) => state,
+            (None, Some(back)) => {
+                room = room.saturating_add(1);
+                back.state
+            }
+            (None, None) => CellState {
                 tenant: Arc::clone(&cell.tenant),
                 priority: cell.priority,
                 pushed: None,
                 balance: Balance::default(),
                 charges: ChargeRatio::default(),
-            }),
+            },
         };
         merged.push(state);
     }
     for gone in previous {
-        park(bucket, gone, &mut parked, decision);
+        park(bucket, gone, (&mut parked, &mut room), decision);
     }
-    quiet.append(&mut parked);
+    still_quiet.extend(waiting);
+    *quiet = merge_quiet(still_quiet, parked);
     merged
 }
 
+/// Most quiet cells a bucket keeps: beyond them (a flood of new keys that
+/// each shed once), a gone cell is lifted at once.
+const MAX_QUIET_CELLS: usize = 4_096;
+
 /// A cell absent from this interval's traffic: one that sheds keeps its
-/// directive (quiet, see [`QUIET_HOLD_S`]), any other is retired.
+/// directive (quiet, see [`QUIET_HOLD_S`]) while `room` is left, any
+/// other is retired.
 fn park(
     bucket: &Arc<str>,
     cell: CellState,
-    quiet: &mut Vec<QuietCell>,
+    (quiet, room): (&mut Vec<QuietCell>, &mut usize),
     decision: &mut IntervalOutcome,
 ) {
-    if cell
-        .pushed
-        .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER)
+    if *room > 0
+        && cell
+            .pushed
+            .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER)
     {
+        *room -= 1;
         quiet.push(QuietCell {
             state: cell,
             quiet_s: 0.0,
@@ -912,6 +929,26 @@ fn park(
     } else {
         retire(bucket, cell, decision);
     }
+}
+
+/// Two lists of quiet cells, each sorted by tenant and priority, as one.
+fn merge_quiet(a: Vec<QuietCell>, b: Vec<QuietCell>) -> Vec<QuietCell> {
+    if b.is_empty() {
+        return a;
+    }
+    let order = |x: &QuietCell, y: &QuietCell| {
+        compare(&x.state.tenant, &y.state.tenant).then(x.state.priority.cmp(&y.state.priority))
+    };
+    let mut merged = Vec::with_capacity(a.len() + b.len());
+    let mut b = b.into_iter().peekable();
+    for cell in a {
+        while let Some(first) = b.next_if(|other| order(other, &cell).is_lt()) {
+            merged.push(first);
+        }
+        merged.push(cell);
+    }
+    merged.extend(b);
+    merged
 }
 
 /// Whether `bucket`'s quiet cells keep their directives: while it has a
@@ -956,10 +993,11 @@ fn quiet_bucket(
     decision: &mut IntervalOutcome,
 ) -> Option<ControlledBucket> {
     let mut parked = Vec::new();
+    let mut room = MAX_QUIET_CELLS.saturating_sub(state.quiet.len());
     for cell in std::mem::take(&mut state.cells) {
-        park(&state.bucket, cell, &mut parked, decision);
+        park(&state.bucket, cell, (&mut parked, &mut room), decision);
     }
-    state.quiet.append(&mut parked);
+    state.quiet = merge_quiet(std::mem::take(&mut state.quiet), parked);
     age_quiet(&state.bucket, &mut state.quiet, interval, decision);
     (!state.quiet.is_empty()).then_some(state)
 }

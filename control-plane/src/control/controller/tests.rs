@@ -902,6 +902,88 @@ fn limit_change_that_changes_the_ratio() {
     assert_eq!(buckets(&decision.changed), [("acme", 0.5)]);
 }
 
+proptest! {
+    /// Cells of one bucket come and go at random, every one shedding:
+    /// what was pushed is what a new stream gets, no cell is listed
+    /// twice, every cell with traffic has its directive, and a cell quiet
+    /// for the hold has been lifted, once.
+    #[test]
+    fn quiet_cells_are_held_then_lifted_once(
+        presence in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 6), 1..40),
+    ) {
+        let policy = policy(10.0, &[]);
+        let mut controller = Controller::default();
+        let mut proxy = Pushed::default();
+        let tenants = ["a", "b", "c", "d", "e", "f"];
+        let mut quiet_for = [usize::MAX; 6];
+        let hold = quiet_intervals();
+        for present in &presence {
+            let cells: Vec<CellLoad> = tenants
+                .iter()
+                .zip(present)
+                .filter(|(_, here)| **here)
+                .map(|(tenant, _)| tenant_cell(tenant, Priority::Unspecified, 100.0))
+                .collect();
+            let load = if cells.is_empty() {
+                FleetLoad::default()
+            } else {
+                FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)])
+            };
+            let decision = controller.decide(&load, &policy);
+            proxy.apply(&decision);
+            proxy.matches_snapshot(&controller);
+            let snapshot = controller.snapshot();
+            let mut keys: Vec<&str> = snapshot.iter().map(|d| d.tenant.as_str()).collect();
+            keys.dedup();
+            prop_assert_eq!(keys.len(), snapshot.len(), "{:?}", snapshot);
+            for (index, tenant) in tenants.iter().enumerate() {
+                let lifts = decision
+                    .changed
+                    .iter()
+                    .filter(|d| d.tenant == *tenant && is_lift(d))
+                    .count();
+                if present[index] {
+                    quiet_for[index] = 0;
+                    prop_assert!(proxy.0.keys().any(|k| k.1 == *tenant), "{} not held", tenant);
+                    prop_assert_eq!(lifts, 0);
+                } else {
+                    quiet_for[index] = quiet_for[index].saturating_add(1);
+                    let held = proxy.0.keys().any(|k| k.1 == *tenant);
+                    if quiet_for[index] < hold {
+                        prop_assert!(held, "{} lifted after {} quiet", tenant, quiet_for[index]);
+                    } else {
+                        prop_assert!(!held, "{} held after {} quiet", tenant, quiet_for[index]);
+                    }
+                    prop_assert_eq!(lifts, usize::from(quiet_for[index] == hold));
+                }
+            }
+        }
+    }
+}
+
+/// A flood of one-off keys that each shed once parks at most
+/// `MAX_QUIET_CELLS` of them; the rest are lifted at once, as before.
+#[test]
+fn quiet_cells_of_a_bucket_are_bounded() {
+    let policy = policy(10.0, &[]);
+    let mut controller = Controller::default();
+    let flood = MAX_QUIET_CELLS + 904;
+    let cells = (0..flood)
+        .map(|i| tenant_cell(&format!("t{i:05}"), Priority::Unspecified, 100.0))
+        .collect();
+    controller.decide(
+        &FleetLoad::new(vec![BucketTraffic::from_cells("api", cells)]),
+        &policy,
+    );
+    let gone = controller.decide(&FleetLoad::default(), &policy);
+    assert_eq!(gone.changed.iter().filter(|d| is_lift(d)).count(), 904);
+    assert_eq!(controller.snapshot().len(), MAX_QUIET_CELLS);
+    for _ in 1..quiet_intervals() {
+        controller.decide(&FleetLoad::default(), &policy);
+    }
+    assert!(controller.snapshot().is_empty());
+}
+
 #[test]
 fn stopped_bucket_is_lifted_once_then_forgotten() {
     let limits = table(&[("acme", 200.0), ("calm", 200.0)]);
