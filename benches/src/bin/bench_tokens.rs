@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! bench_tokens [--seconds S] [--warmup S] [--data-plane wasm|native|both] [--workers N]
-//!              [--constant-estimate TOKENS] [--output FILE|-]
+//!              [--constant-estimate TOKENS] [--control-interval-ms MS] [--output FILE|-]
 //! ```
 //!
 //! Three Envoys (`ENVOY_BIN`, the filter `SLUICE_WASM` or the native
@@ -64,6 +64,10 @@ struct Options {
     /// Every request's estimate, in tokens, instead of its own count.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     constant_estimate: Option<u64>,
+    /// The control plane's `--control-interval-ms` (its default if not
+    /// given).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    control_interval_ms: Option<u64>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -176,6 +180,7 @@ async fn start_fleet(
     if let Some(tokens) = options.constant_estimate {
         fleet.estimate = Estimate::Constant(tokens);
     }
+    fleet.control_interval_ms = options.control_interval_ms;
     TokenFleet::start(fleet).await
 }
 
@@ -275,6 +280,10 @@ fn header(options: &Options) -> String {
             " (`just bench-tokens`)".to_owned(),
             "each request naming its tokens as its estimate".to_owned(),
         ),
+    };
+    let estimate = match options.control_interval_ms {
+        Some(ms) => format!("{estimate}, the control plane deciding every {ms} ms"),
+        None => estimate,
     };
     format!(
         "### Token budgets through real Envoy{title}\n\n\
