@@ -85,6 +85,7 @@ pub(crate) fn buckets(reply: &Value) -> String {
         "drop_ratio",
         "reason",
         "balance",
+        "quiet_s",
     ];
     let mut rows = Vec::new();
     for bucket in reply
@@ -363,12 +364,35 @@ mod tests {
 
         let text = buckets(&json!({"buckets": [{"bucket": "acme", "cells": [
             {"tenant": "gold", "priority": "high", "offered_rps": 10.0, "admitted_rps": 10.0,
-             "share_rps": 12.5, "drop_ratio": 0.0, "reason": null}]}]}));
-        let last = text.lines().last().unwrap();
+             "share_rps": 12.5, "drop_ratio": 0.0, "reason": null},
+            {"tenant": "silver", "priority": "high", "offered_rps": 0.0, "admitted_rps": 0.0,
+             "share_rps": 5.0, "drop_ratio": 0.5, "reason": "tenant_share", "quiet_s": 1.5}]}]}));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .rev()
+            .take(2)
+            .map(|line| line.split_whitespace().collect())
+            .collect();
         assert_eq!(
-            last.split_whitespace().collect::<Vec<_>>(),
+            rows[1],
             [
-                "acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-", "-"
+                "acme", "gold", "high", "10.0", "10.0", "12.5", "0.0", "-", "-", "-"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            rows[0],
+            [
+                "acme",
+                "silver",
+                "high",
+                "0.0",
+                "0.0",
+                "5.0",
+                "0.5",
+                "tenant_share",
+                "-",
+                "1.5"
             ],
             "{text}"
         );

@@ -183,10 +183,16 @@ struct CellState {
     balance: Balance,
     /// For a cell of a budget: how far its charges run from its estimates.
     charges: ChargeRatio,
+    /// For a cell of a limited bucket: the offered rate it last counted
+    /// for in the division. A quiet cell keeps counting for it while its
+    /// directive is held.
+    demand: f64,
 }
 
 /// A cell that shed and whose proxies offered nothing in the intervals
-/// since, and for how long.
+/// since, and for how long. Under a budget it keeps counting in the
+/// division for what it last counted for, and what it leaves of its share
+/// is credit to its balance (`Controller::settle_quiet`).
 #[derive(Debug)]
 struct QuietCell {
     state: CellState,
@@ -263,6 +269,9 @@ pub struct Controller {
     pooled: Vec<usize>,
     /// Per cell of the bucket at hand: index into `tenants`.
     cell_tenant: Vec<usize>,
+    /// Per quiet cell of the bucket at hand (held, counted in the
+    /// division): index into `tenants`.
+    quiet_tenant: Vec<usize>,
     /// Per cell of the bucket at hand: the offered rate it counts for in
     /// the division ([`DropPolicy::offered_estimate`] for a budget's,
     /// weighed by `charge_factor`).
@@ -310,6 +319,7 @@ impl Controller {
             tenants: Vec::new(),
             pooled: Vec::new(),
             cell_tenant: Vec::new(),
+            quiet_tenant: Vec::new(),
             division: Vec::new(),
             charge_factor: 1.0,
             cell_factors: Vec::new(),
@@ -453,6 +463,12 @@ impl Controller {
         let seconds = self.interval.as_duration().as_secs_f64();
         let hold = limit.is_some_and(|limit| !limit.is_blocked());
         age_quiet(bucket, &mut state.quiet, (seconds, hold), decision);
+        if signal != Signal::Cost || cost_moved {
+            // What a held quiet cell counted for is in the old unit.
+            for held in &mut state.quiet {
+                held.state.demand = 0.0;
+            }
+        }
         let charges = self.weigh_charges(traffic, &mut state, signal);
         if let Some(limit) = limit {
             // A budget is divided on the policy's estimates of the cells'
@@ -474,7 +490,12 @@ impl Controller {
                     Signal::Requests => cell.load.offered_rps,
                 });
             }
-            self.allocate(traffic, limit, tenants);
+            // A budget's held quiet cells keep counting for what they
+            // last counted for (`settle_quiet` credits what they leave).
+            for (cell_state, &demand) in state.cells.iter_mut().zip(&self.division) {
+                cell_state.demand = if signal == Signal::Cost { demand } else { 0.0 };
+            }
+            self.allocate(traffic, &state.quiet, limit, tenants);
         }
         let blocked = limit.is_some_and(LimitRps::is_blocked);
         let overloaded =
@@ -520,7 +541,10 @@ impl Controller {
         // the proxies for cells that no longer enforce anything.
         let first_interval = self.decided == 0;
         let repayment = match (signal, limit) {
-            (Signal::Cost, Some(_)) => self.settle(traffic, &mut state.cells, modes, mode),
+            (Signal::Cost, Some(_)) => {
+                self.settle_quiet(&mut state, modes, mode);
+                self.settle(traffic, &mut state.cells, modes, mode)
+            }
             _ => Repayment::default(),
         };
         for (index, (cell, cell_state)) in traffic.cells.iter().zip(&mut state.cells).enumerate() {
@@ -541,6 +565,7 @@ impl Controller {
                     reason: None,
                     balance: None,
                     charge_factor: None,
+                    quiet_s: None,
                 });
                 continue;
             }
@@ -628,44 +653,65 @@ impl Controller {
                 balance: (signal == Signal::Cost && limit.is_some())
                     .then(|| cell_state.balance.get()),
                 charge_factor: (charge_factor > 0.0).then_some(charge_factor),
+                quiet_s: None,
             });
+        }
+        if !state.quiet.is_empty() {
+            let budget = signal == Signal::Cost && limit.is_some();
+            status.cells = with_held(std::mem::take(&mut status.cells), &state.quiet, budget);
+            for cell in &status.cells {
+                if cell.drop_ratio > status.drop_ratio {
+                    status.drop_ratio = cell.drop_ratio;
+                }
+            }
         }
         (state, status)
     }
 
     /// Fills `self.allocation` with the bucket's division of the cells'
-    /// offered rates in `self.division`, and `self.cell_tenant` with each
-    /// cell's tenant index.
-    fn allocate(&mut self, traffic: &BucketTraffic, limit: LimitRps, tenants: &Tenants) {
+    /// offered rates in `self.division` and of the held `quiet` cells'
+    /// last demands (a budget's: their shares are theirs while held, not
+    /// the others'), `self.cell_tenant` with each cell's tenant index and
+    /// `self.quiet_tenant` with each quiet cell's.
+    fn allocate(
+        &mut self,
+        traffic: &BucketTraffic,
+        quiet: &[QuietCell],
+        limit: LimitRps,
+        tenants: &Tenants,
+    ) {
         self.tenants.clear();
         self.cell_tenant.clear();
+        self.quiet_tenant.clear();
         self.pooled.clear();
         let mut previous: Option<&str> = None;
-        for (cell, &offered) in traffic.cells.iter().zip(&self.division) {
-            // Cells are sorted by tenant, so a tenant's cells are adjacent.
-            if previous != Some(cell.tenant.as_ref()) {
-                // The `default` entry covers the tenants not named, and the
-                // one named `default` (the filters' name for requests
-                // without a tenant): its floor is theirs together.
-                if cell.tenant.as_ref() == DEFAULT_TENANT || tenants.get(&cell.tenant).is_none() {
-                    self.pooled.push(self.tenants.len());
-                }
-                let policy = tenants.policy_for(&cell.tenant);
-                self.tenants.push(TenantDemand {
-                    weight: policy.weight.get(),
-                    floor: policy.min_floor_rps.get(),
-                    offered: [0.0; CLASSES],
-                });
-                previous = Some(cell.tenant.as_ref());
-            }
-            let index = self.tenants.len().saturating_sub(1);
-            if let Some(class_offered) = self
-                .tenants
-                .last_mut()
-                .and_then(|t| t.offered.get_mut(cell.priority.class()))
+        let mut quiet = quiet.iter().peekable();
+        let order = |q: &QuietCell, cell: &CellLoad| {
+            compare(&q.state.tenant, &cell.tenant).then(q.state.priority.cmp(&cell.priority))
+        };
+        // The cells, then an end that every held cell left sorts before.
+        let cells = traffic.cells.iter().zip(&self.division).map(Some);
+        for next in cells.chain([None]) {
+            while let Some(held) =
+                quiet.next_if(|q| next.is_none_or(|(cell, _)| order(q, cell).is_lt()))
             {
-                *class_offered += offered;
+                let index = add_quiet_demand(
+                    (&mut self.tenants, &mut self.pooled),
+                    held,
+                    tenants,
+                    &mut previous,
+                );
+                self.quiet_tenant.push(index);
             }
+            let Some((cell, &offered)) = next else {
+                break;
+            };
+            let index = add_demand(
+                (&mut self.tenants, &mut self.pooled),
+                (&cell.tenant, cell.priority, offered),
+                tenants,
+                &mut previous,
+            );
             self.cell_tenant.push(index);
         }
         if limit.is_blocked() {
@@ -795,24 +841,53 @@ impl Controller {
             };
             // The interval just reported ran under the mode pushed before;
             // shadow drops show any proxy shadowing it.
-            let shadowed = cell.shadow_dropped_rps > 0.0
-                || modes.shadow_any(mode)
-                || state
-                    .pushed
-                    .is_some_and(|pushed| pushed.mode == Some(Mode::Shadow));
+            let shadowed = cell.shadow_dropped_rps > 0.0 || shadows(state, modes, mode);
             state.balance = state.balance.after(&balance::Interval {
                 seconds,
                 target_per_s: target.get(),
                 admitted_per_s: cell.load.admitted_rps,
                 fresh: 1.0 - cell.load.stale_share,
-                shedding: state
-                    .pushed
-                    .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER),
+                shedding: sheds(state),
                 shadowed,
             });
             pool.add(state.balance, target.get(), seconds);
         }
         pool.repayment(seconds)
+    }
+
+    /// Takes an interval without traffic into the balances of a budget's
+    /// held quiet cells: the share they were counted for and did not use
+    /// is credit. Without it a cell that has no request in some intervals
+    /// (a small tenant, or any cell at a short control interval) would
+    /// admit its share's worth in the others only, run a debt in each, and
+    /// repay it below its share.
+    fn settle_quiet(&self, state: &mut ControlledBucket, modes: &Modes, mode: Option<Mode>) {
+        let seconds = self.interval.as_duration().as_secs_f64();
+        for (index, held) in state.quiet.iter_mut().enumerate() {
+            let (Some(target), _, _) = cell_share(
+                &self.tenants,
+                &self.allocation,
+                &self.quiet_tenant,
+                index,
+                (held.state.priority, held.state.demand),
+            ) else {
+                continue;
+            };
+            let factor = held.state.charges.cell_factor(&state.charges);
+            let target = if factor > 0.0 {
+                target.get() / factor
+            } else {
+                target.get()
+            };
+            held.state.balance = held.state.balance.after(&balance::Interval {
+                seconds,
+                target_per_s: target,
+                admitted_per_s: 0.0,
+                fresh: 1.0,
+                shedding: sheds(&held.state),
+                shadowed: shadows(&held.state, modes, mode),
+            });
+        }
     }
 
     /// The retry hint of the standing blocks: the shortest one.
@@ -891,6 +966,7 @@ fn merge_cells(
                 pushed: None,
                 balance: Balance::default(),
                 charges: ChargeRatio::default(),
+                demand: 0.0,
             },
         };
         merged.push(state);
@@ -916,11 +992,7 @@ fn park(
     (quiet, room): (&mut Vec<QuietCell>, &mut usize),
     decision: &mut IntervalOutcome,
 ) {
-    if *room > 0
-        && cell
-            .pushed
-            .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER)
-    {
+    if *room > 0 && sheds(&cell) {
         *room -= 1;
         quiet.push(QuietCell {
             state: cell,
@@ -936,16 +1008,27 @@ fn merge_quiet(a: Vec<QuietCell>, b: Vec<QuietCell>) -> Vec<QuietCell> {
     if b.is_empty() {
         return a;
     }
-    let order = |x: &QuietCell, y: &QuietCell| {
-        compare(&x.state.tenant, &y.state.tenant).then(x.state.priority.cmp(&y.state.priority))
+    merge_by_cell(a, b, |q| (&q.state.tenant, q.state.priority))
+}
+
+/// Two lists of a bucket's cells, each sorted by tenant and priority
+/// (`key`), as one.
+fn merge_by_cell<T>(
+    a: Vec<T>,
+    b: impl IntoIterator<Item = T>,
+    key: impl Fn(&T) -> (&Arc<str>, Priority),
+) -> Vec<T> {
+    let order = |x: &T, y: &T| {
+        let ((x_tenant, x_priority), (y_tenant, y_priority)) = (key(x), key(y));
+        compare(x_tenant, y_tenant).then(x_priority.cmp(&y_priority))
     };
-    let mut merged = Vec::with_capacity(a.len() + b.len());
     let mut b = b.into_iter().peekable();
-    for cell in a {
-        while let Some(first) = b.next_if(|other| order(other, &cell).is_lt()) {
+    let mut merged = Vec::with_capacity(a.len().saturating_add(b.size_hint().0));
+    for item in a {
+        while let Some(first) = b.next_if(|other| order(other, &item).is_lt()) {
             merged.push(first);
         }
-        merged.push(cell);
+        merged.push(item);
     }
     merged.extend(b);
     merged
@@ -1000,6 +1083,102 @@ fn quiet_bucket(
     state.quiet = merge_quiet(std::mem::take(&mut state.quiet), parked);
     age_quiet(&state.bucket, &mut state.quiet, interval, decision);
     (!state.quiet.is_empty()).then_some(state)
+}
+
+/// A bucket's cell statuses (sorted by tenant and priority) with those of
+/// its held `quiet` cells merged in: what their proxies hold, and for how
+/// long they have offered nothing. `budget`: the bucket's limit is a
+/// budget (the cells show their balances).
+fn with_held(cells: Vec<CellStatus>, quiet: &[QuietCell], budget: bool) -> Vec<CellStatus> {
+    let held = quiet.iter().filter_map(|held| {
+        let cell = &held.state;
+        let pushed = cell.pushed?;
+        Some(CellStatus {
+            tenant: Arc::clone(&cell.tenant),
+            priority: cell.priority,
+            offered_rps: 0.0,
+            admitted_rps: 0.0,
+            shadow_dropped_rps: 0.0,
+            share_rps: pushed.limit.map(|_| pushed.share_rps),
+            drop_ratio: pushed.drop_ratio,
+            reason: pushed.reason,
+            balance: budget.then(|| cell.balance.get()),
+            charge_factor: (pushed.charge_factor > 0.0).then_some(pushed.charge_factor),
+            quiet_s: Some(held.quiet_s),
+        })
+    });
+    merge_by_cell(cells, held, |c| (&c.tenant, c.priority))
+}
+
+/// Whether the cell was last told to shed.
+fn sheds(cell: &CellState) -> bool {
+    cell.pushed
+        .is_some_and(|pushed| pushed.drop_ratio > DropRatio::NEVER)
+}
+
+/// Whether the bucket's mode, or what the cell was last told, shadows it.
+fn shadows(cell: &CellState, modes: &Modes, mode: Option<Mode>) -> bool {
+    modes.shadow_any(mode)
+        || cell
+            .pushed
+            .is_some_and(|pushed| pushed.mode == Some(Mode::Shadow))
+}
+
+/// [`add_demand`] for a held quiet cell; one that counts for nothing
+/// (a bucket limited in requests) is left out, and its index is past the
+/// end.
+fn add_quiet_demand<'a>(
+    lists: (&mut Vec<TenantDemand>, &mut Vec<usize>),
+    held: &'a QuietCell,
+    tenants: &Tenants,
+    previous: &mut Option<&'a str>,
+) -> usize {
+    let cell = &held.state;
+    if cell.demand > 0.0 {
+        add_demand(
+            lists,
+            (&cell.tenant, cell.priority, cell.demand),
+            tenants,
+            previous,
+        )
+    } else {
+        usize::MAX
+    }
+}
+
+/// Counts one cell's `offered` rate for its tenant and class in the
+/// division being built (`demands`, and `pooled` for the tenants the
+/// `default` entry covers); returns the tenant's index. Cells come sorted
+/// by tenant, so a tenant's cells are adjacent.
+fn add_demand<'a>(
+    (demands, pooled): (&mut Vec<TenantDemand>, &mut Vec<usize>),
+    (tenant, priority, offered): (&'a Arc<str>, Priority, f64),
+    tenants: &Tenants,
+    previous: &mut Option<&'a str>,
+) -> usize {
+    if *previous != Some(tenant.as_ref()) {
+        // The `default` entry covers the tenants not named, and the one
+        // named `default` (the filters' name for requests without a
+        // tenant): its floor is theirs together.
+        if tenant.as_ref() == DEFAULT_TENANT || tenants.get(tenant).is_none() {
+            pooled.push(demands.len());
+        }
+        let policy = tenants.policy_for(tenant);
+        demands.push(TenantDemand {
+            weight: policy.weight.get(),
+            floor: policy.min_floor_rps.get(),
+            offered: [0.0; CLASSES],
+        });
+        *previous = Some(tenant.as_ref());
+    }
+    let index = demands.len().saturating_sub(1);
+    if let Some(class_offered) = demands
+        .last_mut()
+        .and_then(|t| t.offered.get_mut(priority.class()))
+    {
+        *class_offered += offered;
+    }
+    index
 }
 
 /// The cell's admitted target, share and reason from the division: its

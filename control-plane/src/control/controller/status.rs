@@ -132,6 +132,10 @@ pub(crate) struct CellStatus {
     /// share is held by (its own ratio as far as its requests say, else
     /// its bucket's). `None` (JSON null) for a cell not limited by a budget.
     pub(crate) charge_factor: Option<f64>,
+    /// Seconds a cell that was shedding has offered nothing while its
+    /// proxies keep its directive (up to 2 s, then it is lifted); `None`
+    /// (JSON null) for a cell with traffic in the interval.
+    pub(crate) quiet_s: Option<f64>,
 }
 
 #[cfg(test)]

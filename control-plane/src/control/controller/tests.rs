@@ -609,6 +609,15 @@ fn a_shedding_cell_keeps_its_ratio_through_a_quiet_interval() {
         held.drop_ratio,
         find(&before, "b", Priority::Unspecified).drop_ratio
     );
+    // The status shows the held cell, and for how long it has been quiet.
+    let cells = &quiet.buckets[0].cells;
+    let shown: Vec<(&str, Option<f64>)> = cells
+        .iter()
+        .map(|c| (c.tenant.as_ref(), c.quiet_s))
+        .collect();
+    assert_eq!(shown, [("a", None), ("b", Some(0.5))], "{cells:?}");
+    assert_eq!(cells[1].drop_ratio.get(), held.drop_ratio, "{cells:?}");
+    assert_eq!(cells[1].offered_rps, 0.0, "{cells:?}");
     let back = controller.decide(&both(), &policy);
     assert!(back.retired.is_empty(), "{back:?}");
     assert!(back.changed.iter().all(|d| !is_lift(d)), "{back:?}");
@@ -905,8 +914,9 @@ fn limit_change_that_changes_the_ratio() {
 proptest! {
     /// Cells of one bucket come and go at random, every one shedding:
     /// what was pushed is what a new stream gets, no cell is listed
-    /// twice, every cell with traffic has its directive, and a cell quiet
-    /// for the hold has been lifted, once.
+    /// twice, every cell with traffic has its directive, a cell quiet
+    /// for the hold has been lifted, once, and the status lists each
+    /// cell with traffic and each held one, in order.
     #[test]
     fn quiet_cells_are_held_then_lifted_once(
         presence in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 6), 1..40),
@@ -936,6 +946,19 @@ proptest! {
             let mut keys: Vec<&str> = snapshot.iter().map(|d| d.tenant.as_str()).collect();
             keys.dedup();
             prop_assert_eq!(keys.len(), snapshot.len(), "{:?}", snapshot);
+            let shown: Vec<(&str, bool)> = decision
+                .buckets
+                .iter()
+                .flat_map(|b| b.cells.iter().map(|c| (c.tenant.as_ref(), c.quiet_s.is_some())))
+                .collect();
+            let mut expected = Vec::new();
+            for (index, tenant) in tenants.iter().enumerate() {
+                let quiet = if present[index] { 0 } else { quiet_for[index].saturating_add(1) };
+                if present[index] || (quiet < hold && present.contains(&true)) {
+                    expected.push((*tenant, !present[index]));
+                }
+            }
+            prop_assert_eq!(shown, expected);
             for (index, tenant) in tenants.iter().enumerate() {
                 let lifts = decision
                     .changed
