@@ -133,6 +133,18 @@ impl Balance {
     pub(crate) fn get(self) -> f64 {
         self.0
     }
+
+    /// Seconds its debt takes to repay at the most the balance moves a
+    /// target of `share_per_s` ([`MAX_MOVE`] of it a second); 0 without a
+    /// debt or a share.
+    pub(crate) fn repaid_in_s(self, share_per_s: f64) -> f64 {
+        let most = MAX_MOVE * share_per_s;
+        if self.0 < 0.0 && most > 0.0 && most.is_finite() {
+            -self.0 / most
+        } else {
+            0.0
+        }
+    }
 }
 
 /// The part of `balance` repaid per second in an interval of `seconds`.

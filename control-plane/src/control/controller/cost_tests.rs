@@ -1946,3 +1946,52 @@ fn a_held_cell_counts_in_a_budget_s_unit_only() {
     let share = gold.and_then(|c| c.share_rps).unwrap_or(0.0);
     assert!((share - 80.0 / 3.0).abs() < 0.1, "{status:?}");
 }
+
+/// A budget cell in debt admits less than its share until the debt is
+/// repaid, so its 429s tell clients to wait that long (at the most the
+/// balance moves its target, half its share a second), not the usual
+/// second; cells without a debt keep the usual wait.
+#[test]
+fn a_cell_in_debt_tells_its_clients_to_wait_for_the_repayment() {
+    let policy = benchmark_policy();
+    let all = |bronze: BucketCount| {
+        vec![
+            bronze,
+            tenant_count("gold", 30, 10),
+            tenant_count("silver", 15, 5),
+        ]
+    };
+    let mut proxy = OneProxy::new();
+    for _ in 0..10 {
+        proxy.tick(&policy, all(tenant_count("bronze", 15, 5)));
+    }
+    // One of bronze's five admitted requests used 30,000 tokens more than
+    // the others: 30,000 beyond its share, about 12 s at 2,500 tokens/s,
+    // told as 16 s (waits are powers of two).
+    // Bronze's five admitted requests used `cost` tokens together.
+    let bronze_admitting = |cost: f64| BucketCount {
+        admitted_cost: cost,
+        charged_cost: cost,
+        settled_cost: cost,
+        ..tenant_count("bronze", 15, 5)
+    };
+    let decision = proxy.tick(&policy, all(bronze_admitting(32_500.0)));
+    let wait_of = |tenant: &str| {
+        let directive = decision.changed.iter().find(|d| d.tenant == tenant);
+        directive.map(|d| d.retry_after_ms)
+    };
+    let bronze = wait_of("bronze").unwrap();
+    assert_eq!(bronze, 16_000, "{decision:?}");
+    assert!(
+        wait_of("gold").is_none_or(|wait| wait == 1_000),
+        "{decision:?}"
+    );
+    // A debt is kept up to DEBT_S of the share (repaid in at most 20 s),
+    // told as the longest wait.
+    let decision = proxy.tick(&policy, all(bronze_admitting(1e9)));
+    let bronze = decision.changed.iter().find(|d| d.tenant == "bronze");
+    assert_eq!(
+        bronze.map(|d| d.retry_after_ms),
+        Some(retry::MAX_RETRY_AFTER_MS)
+    );
+}

@@ -21,7 +21,9 @@
 //!   unspecified (the batch's [`sluice_proto::v1::ModePolicy`] decides);
 //! - `reason`: set only when the ratio is above 0; see
 //!   [`crate::control::fairness`] for how it is chosen;
-//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`];
+//! - `retry_after_ms`: 0 when the ratio is 0; otherwise [`retry_after_ms`],
+//!   and for a budget's cell in debt at least the time its balance takes
+//!   to repay it ([`Balance::repaid_in_s`]);
 //! - `counted_proxies` and `uncounted_admit`: the proxies whose claim the
 //!   share cap cut, so they admit as if they offered their counted part
 //!   ([`counted`]);
@@ -76,6 +78,7 @@ mod tests;
 pub use crate::control::drop_policy::{DropPolicy, Proportional};
 pub(crate) use decision::{CHANGE_THRESHOLD, IntervalOutcome, RetiredCell, lift};
 pub(crate) use retry::retry_after_ms;
+use retry::with_debt;
 pub(crate) use status::{BucketStatus, CellStatus, CostStatus};
 
 /// What proxies were last told about a cell.
@@ -573,6 +576,14 @@ impl Controller {
                 Some(_) => self.share_of(index, cell),
                 None => (None, 0.0, None),
             };
+            // A budget cell's clients wait at least until its debt is
+            // repaid at the most the balance moves its target.
+            let wait = match (signal, target) {
+                (Signal::Cost, Some(target)) => {
+                    with_debt(retry_after, cell_state.balance.repaid_in_s(target.get()))
+                }
+                _ => retry_after,
+            };
             let target = match (signal, target) {
                 (Signal::Cost, Some(target)) => {
                     LimitRps::new(repayment.target(cell_state.balance, target.get())).ok()
@@ -613,7 +624,7 @@ impl Controller {
                 // A policy that still drops (smoothing) where the division
                 // no longer would: the bucket as a whole is the reason.
                 reason: dropping.then(|| reason.unwrap_or(Reason::ClusterOverload)),
-                retry_after_ms: if dropping { retry_after } else { 0 },
+                retry_after_ms: if dropping { wait } else { 0 },
                 burst: tenants.policy_for(&cell.tenant).burst.get(),
             };
             // A cell new this tick is always pushed.

@@ -647,6 +647,14 @@ fn retry_after_grows_with_the_overload_and_is_capped() {
     assert_eq!(retry_after_ms(interval, 1_000), MAX_RETRY_AFTER_MS);
     let slow = ControlInterval::from_millis(5_000).unwrap();
     assert_eq!(retry_after_ms(slow, 0), 10_000, "two control intervals");
+    // A budget cell's debt: whole seconds up, within the longest wait.
+    assert_eq!(retry::with_debt(1_000, 0.0), 1_000);
+    assert_eq!(retry::with_debt(1_000, f64::NAN), 1_000);
+    assert_eq!(retry::with_debt(1_000, 2.1), 4_000);
+    assert_eq!(retry::with_debt(1_000, 0.3), 1_000);
+    assert_eq!(retry::with_debt(5_000, 2.1), 5_000);
+    assert_eq!(retry::with_debt(1_000, 17.0), MAX_RETRY_AFTER_MS);
+    assert_eq!(retry::with_debt(1_000, 1e30), MAX_RETRY_AFTER_MS);
 
     // Through the controller: the same bucket, longer overloaded.
     let limits = table(&[("acme", 100.0)]);
