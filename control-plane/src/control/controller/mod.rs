@@ -494,9 +494,12 @@ impl Controller {
                 });
             }
             // A budget's held quiet cells keep counting for what they
-            // last counted for (`settle_quiet` credits what they leave).
-            for (cell_state, &demand) in state.cells.iter_mut().zip(&self.division) {
-                cell_state.demand = if signal == Signal::Cost { demand } else { 0.0 };
+            // last counted for (`settle_quiet` credits what they leave);
+            // a request limit's count for nothing (reset above).
+            if signal == Signal::Cost {
+                for (cell_state, &demand) in state.cells.iter_mut().zip(&self.division) {
+                    cell_state.demand = demand;
+                }
             }
             self.allocate(traffic, &state.quiet, limit, tenants);
         }
