@@ -193,12 +193,13 @@ pub const NAMES: [&str; 12] = [
 
 /// Scenarios that `all` leaves out: a budget is held in tokens, not
 /// requests, and has a table of its own.
-pub const BUDGET_NAMES: [&str; 1] = ["token-budget"];
+pub const BUDGET_NAMES: [&str; 2] = ["token-budget", "token-budget-bench"];
 
 /// The scenario called `name`, of [`NAMES`] or [`BUDGET_NAMES`].
 pub fn by_name(name: &str) -> Option<Scenario> {
     let scenario = match name {
         "token-budget" => token_budget(),
+        "token-budget-bench" => token_budget_bench(),
         "steady" => steady(Arrivals::Poisson),
         "steady-deterministic" => Scenario {
             name: "steady-deterministic",
@@ -470,6 +471,25 @@ fn token_budget() -> Scenario {
         settle_ms: 10_000,
         costs: Some(costs),
         ..base("token-budget", 330_000, buckets)
+    }
+}
+
+/// [`token_budget`] with the tenants of `bench_tokens` (weights 2 : 1 : 1,
+/// fair shares of 10,000 / 5,000 / 5,000 tokens a second): bronze offers
+/// 2.4 times its share, the least of the three, so a cap that wastes part
+/// of its allowance leaves it the least for the balance to make up.
+fn token_budget_bench() -> Scenario {
+    let mut scenario = token_budget();
+    let tenants = scenario
+        .buckets
+        .iter_mut()
+        .flat_map(|b| b.tenants.iter_mut());
+    for (tenant, weight) in tenants.zip([2.0, 1.0, 1.0]) {
+        tenant.weight = weight;
+    }
+    Scenario {
+        name: "token-budget-bench",
+        ..scenario
     }
 }
 
