@@ -230,17 +230,11 @@ impl DirectiveTable {
         Some(&self.entries.get(index)?.directive)
     }
 
-    /// What the cell `key` offered in the unit of the directive governing
-    /// it: `offered` requests, or under a cost budget their estimated
-    /// `offered_cost`, so a rate of it compares with the directive's rates.
-    /// `None` when no directive governs the cell.
-    pub fn offered_in_unit(&self, key: &str, offered: u64, offered_cost: u64) -> Option<u64> {
-        let directive = self.directive_for_cell(key)?;
-        Some(if directive.cost_unit.is_some() {
-            offered_cost
-        } else {
-            offered
-        })
+    /// Whether the directive governing the cell `key` is a cost budget (its
+    /// rates in estimated cost, not requests); `None` when no directive
+    /// governs the cell.
+    pub fn is_budget(&self, key: &str) -> Option<bool> {
+        Some(self.directive_for_cell(key)?.cost_unit.is_some())
     }
 
     /// Whether a directive governs the cell `key` (its own or its

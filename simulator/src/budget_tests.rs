@@ -94,11 +94,14 @@ fn charged_tokens_hold_the_budget_and_the_tenants_their_shares() {
 }
 
 /// The benchmark's tenants with the allowance's caps always engaged: each
-/// tenant within 10 % of its share, with one VM a proxy and with two.
+/// tenant within 7 % of its share, with one VM a proxy and with two.
 /// Bronze, at about a request a second per VM, came 12.8 % (one VM, seed
 /// 37) and 12.0 % (two, seed 38) short while a cap's burst floor was six
 /// tokens rather than six requests' worth: the allowance of each gap
-/// between its requests longer than the tick was lost.
+/// between its requests longer than the tick was lost. Then 8.1 % (one VM,
+/// seed 37) and 7.6 % (two, seed 38) while the process's budget of a cell
+/// was derived from its estimates of the last second rather than its
+/// requests times their mean estimate (at most 5.2 % since).
 #[test]
 fn the_caps_keep_a_small_tenant_near_its_share() {
     let scenario = scenario::by_name("token-budget-bench")
@@ -116,7 +119,7 @@ fn the_caps_keep_a_small_tenant_near_its_share() {
             for tenant in &metrics.tenants {
                 let error = tenant.error().unwrap();
                 assert!(
-                    error.abs() <= 0.10,
+                    error.abs() <= 0.07,
                     "{workers} VMs, seed {seed}: {} {:+.1} % off its share",
                     tenant.tenant,
                     error * 100.0

@@ -177,10 +177,9 @@ impl Leadership {
                 .add_span(vm.id, now_ms.saturating_sub(counted_from_ms));
             let directives = &path.directives;
             for (key, counts) in path.cells.offered_by_key() {
-                if let Some(offered) =
-                    directives.offered_in_unit(key, counts.offered, counts.offered_cost)
-                {
-                    self.process.add(key, vm.id, offered);
+                if let Some(budget) = directives.is_budget(key) {
+                    let cost = budget.then_some(counts.offered_cost);
+                    self.process.add(key, vm.id, counts.offered, cost);
                 }
             }
         }
@@ -303,14 +302,11 @@ impl Leadership {
                                     &count.tenant,
                                     Priority::from_wire(count.priority),
                                 );
-                                if let Some(offered) = directives.offered_in_unit(
-                                    &key,
-                                    count.offered,
+                                if let Some(budget) = directives.is_budget(&key) {
                                     // Whole units (the wire's cost is a
                                     // float; the cast saturates, NaN to 0).
-                                    count.offered_cost as u64,
-                                ) {
-                                    self.process.add(&key, handoff.source, offered);
+                                    let cost = budget.then_some(count.offered_cost as u64);
+                                    self.process.add(&key, handoff.source, count.offered, cost);
                                 }
                             }
                         }

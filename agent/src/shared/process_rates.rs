@@ -31,7 +31,8 @@ impl PublishedRates {
     }
 
     /// Adds a cell: whether it had traffic for the whole window, and each
-    /// source's id and rate in requests per second.
+    /// source's id and rate in requests per second (under a cost budget,
+    /// estimated cost per second).
     pub(crate) fn push(
         &mut self,
         key: &str,
@@ -76,7 +77,8 @@ impl Default for PublishedRates {
 pub struct ProcessShare {
     /// The VM's part of the process's offered rate, in `[0, 1]`.
     pub share: f64,
-    /// The process's offered rate, in requests per second.
+    /// The process's offered rate, in requests per second (under a cost
+    /// budget, estimated cost per second).
     pub total_rps: f64,
     /// Whether the cell has had traffic for the whole window, so that its
     /// rate says what the process offers (not a cell just starting).
