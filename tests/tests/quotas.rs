@@ -140,11 +140,14 @@ async fn three_envoys_admit_exactly(store: Store<'_>) {
         0,
         "{summary}"
     );
-    // 16 requests in flight may fall a few behind the schedule; the
-    // offered load stays far above both quotas.
+    // 16 requests in flight may fall a few behind the schedule, most in
+    // the first second while the Envoys warm up; the offered load stays
+    // far above both quotas (2,250 against 1,000 a minute, 180 against
+    // 100 a second), which is all the assertions below need. A bound of
+    // 1 % failed on a loaded 2-core machine at 1.06 %.
     let sent = minute.sent + second.sent;
     assert!(
-        (minute.skipped + second.skipped) * 100 <= sent,
+        (minute.skipped + second.skipped) * 50 <= sent,
         "the load generator fell behind\n{summary}"
     );
     // One minute window, offered 2,250: exactly 1,000.
