@@ -143,12 +143,16 @@ impl ProcessRates {
         let Some(cost) = cost else {
             return;
         };
-        if !self.means.contains_key(key) && self.means.len() >= self.max_cells {
-            return;
+        // Looked up before it is inserted: the entry API would copy the key
+        // at every hand-off of a cell it already holds.
+        let (cost, requests) = (cost as f64, offered as f64);
+        if let Some(mean) = self.means.get_mut(key) {
+            mean.cost += cost;
+            mean.requests += requests;
+        } else if self.means.len() < self.max_cells {
+            self.means
+                .insert(key.to_owned(), MeanCost { cost, requests });
         }
-        let mean = self.means.entry(key.to_owned()).or_default();
-        mean.cost += cost as f64;
-        mean.requests += offered as f64;
     }
 
     /// Records that `source`'s counts added in the open slot (one
