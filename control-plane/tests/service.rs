@@ -575,6 +575,14 @@ async fn stopped_traffic_lifts_the_directive() {
     // traffic and its directive is lifted explicitly (proxies keep unnamed
     // buckets' last directive).
     proxy.stop_reporting();
+    // Until then the bucket is listed with its held cell, offered 0.
+    let held = cp
+        .wait_for_bucket("acme", |b| {
+            b["offered_rps"] == 0.0 && b["cells"][0]["quiet_s"].is_number()
+        })
+        .await;
+    assert!(held["drop_ratio"].as_f64().unwrap() > 0.5, "{held}");
+    assert_eq!(held["proxies_reporting"], 0, "{held}");
     let batch = proxy.wait_for_ratio("acme", 0.0).await;
     assert_eq!(batch.directives.len(), 1);
     let deadline = Instant::now() + WAIT;

@@ -1868,6 +1868,46 @@ fn a_quiet_tenant_keeps_its_share_of_a_budget() {
     }
 }
 
+/// A budget whose every tenant goes quiet at once is still listed while
+/// its cells' directives stand: what its proxies hold, in the budget's
+/// unit, with nothing offered; and no longer once they are lifted.
+#[test]
+fn a_quiet_budget_is_listed_while_its_directives_stand() {
+    let policy = benchmark_policy();
+    let mut proxy = OneProxy::new();
+    for _ in 0..10 {
+        proxy.tick(
+            &policy,
+            vec![tenant_count("gold", 30, 10), tenant_count("silver", 15, 5)],
+        );
+    }
+    let quiet = proxy.tick(&policy, Vec::new());
+    assert_eq!(quiet.buckets.len(), 1, "{quiet:?}");
+    let status = &quiet.buckets[0];
+    assert_eq!(status.bucket.as_ref(), "llm");
+    assert_eq!(status.offered_rps, 0.0, "{status:?}");
+    assert!(status.drop_ratio.get() > 0.0, "{status:?}");
+    let cost = status.cost.as_ref().unwrap();
+    let budget = policy.limits.rule_for("llm").and_then(Limit::budget);
+    assert_eq!(cost.budget.as_ref(), budget, "{cost:?}");
+    assert!(cost.charge_factor.is_some(), "{cost:?}");
+    let shown: Vec<(&str, Option<f64>, bool)> = status
+        .cells
+        .iter()
+        .map(|c| (c.tenant.as_ref(), c.quiet_s, c.balance.is_some()))
+        .collect();
+    assert_eq!(
+        shown,
+        [("gold", Some(0.5), true), ("silver", Some(0.5), true)],
+        "{status:?}"
+    );
+    let mut last = quiet;
+    for _ in 0..10 {
+        last = proxy.tick(&policy, Vec::new());
+    }
+    assert!(last.buckets.is_empty(), "{last:?}");
+}
+
 /// A flood of one-off tenants that shed once and never come back holds
 /// their shares of a budget for the hold only: the tenants that stay get
 /// theirs back once the flood's cells are lifted, and the flood's credit

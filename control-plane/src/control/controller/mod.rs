@@ -386,8 +386,7 @@ impl Controller {
             while let Some(gone) =
                 previous.next_if(|state| compare(&state.bucket, &traffic.bucket).is_lt())
             {
-                let hold = holds_quiet(limits, &gone.bucket);
-                next.extend(quiet_bucket(gone, (seconds, hold), &mut decision));
+                next.extend(quiet_bucket(gone, seconds, limits, &mut decision));
             }
             let state = previous
                 .next_if(|state| compare(&state.bucket, &traffic.bucket).is_eq())
@@ -418,8 +417,7 @@ impl Controller {
             decision.buckets.push(status);
         }
         for gone in previous {
-            let hold = holds_quiet(limits, &gone.bucket);
-            next.extend(quiet_bucket(gone, (seconds, hold), &mut decision));
+            next.extend(quiet_bucket(gone, seconds, limits, &mut decision));
         }
         self.blocks
             .finish(limits, modes, self.standing_retry_after_ms(), &mut decision);
@@ -1083,20 +1081,57 @@ fn age_quiet(
 
 /// Retires every cell of a bucket whose traffic stopped.
 /// A bucket absent from this interval's traffic: its cells are parked
-/// ([`park`]); kept while any of them is quiet.
+/// ([`park`]); kept, and shown with its held cells, while any of them is
+/// quiet.
 fn quiet_bucket(
     mut state: ControlledBucket,
-    interval: (f64, bool),
+    seconds: f64,
+    limits: &LimitTable,
     decision: &mut IntervalOutcome,
 ) -> Option<ControlledBucket> {
+    let hold = holds_quiet(limits, &state.bucket);
     let mut parked = Vec::new();
     let mut room = MAX_QUIET_CELLS.saturating_sub(state.quiet.len());
     for cell in std::mem::take(&mut state.cells) {
         park(&state.bucket, cell, (&mut parked, &mut room), decision);
     }
     state.quiet = merge_quiet(std::mem::take(&mut state.quiet), parked);
-    age_quiet(&state.bucket, &mut state.quiet, interval, decision);
-    (!state.quiet.is_empty()).then_some(state)
+    age_quiet(&state.bucket, &mut state.quiet, (seconds, hold), decision);
+    if state.quiet.is_empty() {
+        return None;
+    }
+    decision
+        .buckets
+        .push(held_status(&state, limits.rule_for(&state.bucket)));
+    Some(state)
+}
+
+/// The status of a bucket without traffic whose `held` cells' directives
+/// stand: what its proxies hold, with nothing offered.
+fn held_status(held: &ControlledBucket, rule: Option<&Limit>) -> BucketStatus {
+    let budget = rule.and_then(Limit::budget);
+    let cells = with_held(Vec::new(), &held.quiet, budget.is_some());
+    let drop_ratio =
+        cells
+            .iter()
+            .map(|cell| cell.drop_ratio)
+            .fold(
+                DropRatio::NEVER,
+                |most, ratio| if ratio > most { ratio } else { most },
+            );
+    BucketStatus {
+        bucket: Arc::clone(&held.bucket),
+        limit_rps: rule.map(Limit::rate),
+        offered_rps: 0.0,
+        admitted_rps: 0.0,
+        drop_ratio,
+        proxies_reporting: 0,
+        shadow_dropped_rps: 0.0,
+        floors_exceed_limit: false,
+        cells,
+        proxy_cap: None,
+        cost: budget.map(|budget| CostStatus::held(budget, held.charges.factor())),
+    }
 }
 
 /// A bucket's cell statuses (sorted by tenant and priority) with those of

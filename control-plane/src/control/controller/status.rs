@@ -80,6 +80,21 @@ pub(crate) struct CostStatus {
 }
 
 impl CostStatus {
+    /// The status of a bucket under `budget` whose proxies offer nothing
+    /// while its held cells' directives stand, held by `charge_factor`.
+    pub(crate) fn held(budget: &Budget, charge_factor: f64) -> Self {
+        Self {
+            budget: Some(budget.clone()),
+            offered_per_s: 0.0,
+            admitted_per_s: 0.0,
+            charged_per_s: 0.0,
+            charged_to_estimate: None,
+            charge_factor: Some(charge_factor),
+            offered_requests_rps: 0.0,
+            admitted_requests_rps: 0.0,
+        }
+    }
+
     /// The status of `cost` under `budget`; `charges` are its cells'.
     pub(crate) fn of(
         cost: &BucketCost,

@@ -94,6 +94,15 @@ fn table_for(bucket: &str, rps: f64) -> LimitTable {
     table(&[(bucket, rps)])
 }
 
+/// The status of `bucket` in `decision`.
+fn find_bucket<'a>(decision: &'a IntervalOutcome, bucket: &str) -> &'a BucketStatus {
+    decision
+        .buckets
+        .iter()
+        .find(|status| status.bucket.as_ref() == bucket)
+        .unwrap_or_else(|| panic!("no status for {bucket}: {decision:?}"))
+}
+
 fn find<'a>(directives: &'a [Directive], tenant: &str, priority: Priority) -> &'a Directive {
     directives
         .iter()
@@ -629,6 +638,14 @@ fn a_shedding_cell_keeps_its_ratio_through_a_quiet_interval() {
     let quiet = controller.tick(&load(&[("calm", 100.0)]), &limits);
     assert!(quiet.changed.is_empty(), "{quiet:?}");
     assert!(quiet.retired.is_empty(), "{quiet:?}");
+    // The status still lists the quiet bucket, with what its proxies hold.
+    let acme = find_bucket(&quiet, "acme");
+    assert_eq!(acme.offered_rps, 0.0, "{acme:?}");
+    assert_eq!(acme.limit_rps.map(LimitRps::get), Some(200.0), "{acme:?}");
+    assert!(acme.drop_ratio.get() > 0.0, "{acme:?}");
+    assert_eq!(acme.cells.len(), 1, "{acme:?}");
+    assert_eq!(acme.cells[0].quiet_s, Some(0.5), "{acme:?}");
+    assert_eq!(acme.cells[0].drop_ratio, acme.drop_ratio, "{acme:?}");
     let back = controller.tick(&load(&[("acme", 400.0), ("calm", 100.0)]), &limits);
     assert!(back.changed.iter().all(|d| !is_lift(d)), "{back:?}");
 }
@@ -962,7 +979,7 @@ proptest! {
             let mut expected = Vec::new();
             for (index, tenant) in tenants.iter().enumerate() {
                 let quiet = if present[index] { 0 } else { quiet_for[index].saturating_add(1) };
-                if present[index] || (quiet < hold && present.contains(&true)) {
+                if present[index] || quiet < hold {
                     expected.push((*tenant, !present[index]));
                 }
             }
@@ -1026,7 +1043,9 @@ fn stopped_bucket_is_lifted_once_then_forgotten() {
     assert_eq!(buckets(&decision.changed), [("calm", 0.0)]);
     assert!(decision.changed.iter().all(is_lift));
     assert_eq!(decision.retired.len(), 1);
-    assert!(decision.buckets.is_empty());
+    // The status lists acme, whose directive stands, and not calm.
+    let listed: Vec<&str> = decision.buckets.iter().map(|b| b.bucket.as_ref()).collect();
+    assert_eq!(listed, ["acme"], "{decision:?}");
     let held = controller.snapshot();
     assert_eq!(held.len(), 1);
     assert!(
@@ -1036,11 +1055,13 @@ fn stopped_bucket_is_lifted_once_then_forgotten() {
     for _ in 2..quiet_intervals() {
         let decision = controller.tick(&load(&[]), &limits);
         assert!(decision.changed.is_empty() && decision.retired.is_empty());
+        assert_eq!(decision.buckets.len(), 1, "{decision:?}");
     }
     let decision = controller.tick(&load(&[]), &limits);
     assert_eq!(buckets(&decision.changed), [("acme", 0.0)]);
     assert!(decision.changed.iter().all(is_lift));
     assert_eq!(decision.retired.len(), 1);
+    assert!(decision.buckets.is_empty(), "{decision:?}");
     assert!(controller.snapshot().is_empty());
     assert!(controller.tick(&load(&[]), &limits).changed.is_empty());
 }
