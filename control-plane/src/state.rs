@@ -147,7 +147,7 @@ impl AppState {
     /// [`Fleet::take_superseded`]); `then` reads the fleet under the same
     /// lock.
     pub(crate) fn tick_fleet_and<T>(&self, then: impl FnOnce(&Fleet) -> T) -> (FleetLoad, T) {
-        let (load, read, superseded, conflicts) = {
+        let (load, read, superseded, conflicts, uncosted) = {
             // The policy's lock before the fleet's, as `report` takes them.
             let policy = self.policy();
             let limits = &policy.limits;
@@ -157,8 +157,23 @@ impl AppState {
             let load = fleet.tick_with(&costed);
             drop(policy);
             let read = then(&fleet);
-            (load, read, fleet.take_superseded(), fleet.take_conflicts())
+            let uncosted = fleet.take_uncosted_warning();
+            (
+                load,
+                read,
+                fleet.take_superseded(),
+                fleet.take_conflicts(),
+                uncosted,
+            )
         };
+        if let Some(uncosted) = uncosted {
+            tracing::warn!(
+                cells = uncosted.cells,
+                bucket = %uncosted.bucket,
+                tenant = %uncosted.tenant,
+                "cells of a cost budget whose proxies offer requests but no cost are not limited: no cost rule of the filter applies to their requests (see sluice_budget_cells_without_cost)"
+            );
+        }
         for conflict in conflicts {
             self.metrics().proxy_id_conflict();
             tracing::warn!(

@@ -1027,6 +1027,32 @@ async fn a_cardinality_flood_keeps_the_state_bounded() {
     cp.shutdown().await;
 }
 
+/// A budget whose proxies report requests but no cost (no cost rule of
+/// the filter applies to them) cannot be steered: the control plane says
+/// so on /metrics, and stops saying it once the proxies count cost.
+#[tokio::test]
+async fn a_budget_whose_proxies_count_no_cost_is_shown_on_metrics() {
+    let cp = ControlPlane::start(
+        "limits:\n  - bucket: llm\n    budget: {amount: 1200000, unit: tokens, per: minute}\n",
+    )
+    .await;
+    let mut proxy = cp.connect("envoy-a").await;
+    proxy.next_batch().await;
+    proxy.report_steadily("llm", 600);
+    let without_cost = |metrics: &Metrics| metrics.value("sluice_budget_cells_without_cost", &[]);
+    cp.wait_for_metrics("one budget cell without cost", |m| {
+        without_cost(m) == Some(1.0)
+    })
+    .await;
+    proxy.stop_reporting();
+    proxy.report_cost_steadily("llm", (600, 25.0, 25.0), Admitted::all());
+    cp.wait_for_metrics("no budget cell without cost", |m| {
+        without_cost(m) == Some(0.0)
+    })
+    .await;
+    cp.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_token_budget_is_steered_on_reported_cost_over_the_stream() {
     let cp = ControlPlane::start(

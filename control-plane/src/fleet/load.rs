@@ -523,6 +523,11 @@ pub struct FleetStats {
     pub(crate) claims_ignored: u64,
     /// Connected proxies still on probation after the tick.
     pub(crate) proxies_on_probation: usize,
+    /// Cells of buckets under a budget that a proxy offered requests of
+    /// but no cost: no cost rule applies to their requests there, so
+    /// nothing steers them (or, beside proxies that count cost, they are
+    /// steered without that proxy's requests).
+    pub(crate) uncosted_budget_cells: usize,
 }
 
 #[cfg(test)]

@@ -409,6 +409,9 @@ struct Sums {
     caps: Vec<Option<ProxyCap>>,
     /// Per proxy (tick order): whether a claim of it was ignored.
     ignored: Vec<bool>,
+    /// Per cell id: whether a proxy offered requests of a budget's cell
+    /// but no cost (no cost rule applies to them on that proxy).
+    uncosted: Vec<bool>,
 }
 
 /// All proxies, keyed by proxy id: usually one instance each, more when
@@ -431,7 +434,29 @@ pub struct Fleet {
     superseded: Vec<StreamId>,
     /// Conflicts the last tick confirmed.
     conflicts: Vec<ProxyIdConflict>,
+    /// Budget cells without cost the last tick found, when a warning is
+    /// due.
+    uncosted: Option<UncostedBudget>,
+    /// The tick of the last warning about them.
+    uncosted_warned: Option<u64>,
 }
+
+/// Cells of a budget whose proxies count no cost, as the log names them
+/// ([`Fleet::take_uncosted_warning`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UncostedBudget {
+    /// How many cells, this tick.
+    pub(crate) cells: usize,
+    /// The first of them, by bucket then tenant.
+    pub(crate) bucket: Arc<str>,
+    /// Its tenant.
+    pub(crate) tenant: Arc<str>,
+}
+
+/// Ticks between two warnings about budget cells without cost (a minute
+/// at the default interval): `sluice_budget_cells_without_cost` shows
+/// them at every tick, the log only reminds.
+const UNCOSTED_WARNING_TICKS: u64 = 120;
 
 /// Reports a holder must send after a newcomer's Hello before the two are
 /// a conflict: one may have been on its way when its process froze.
@@ -503,6 +528,8 @@ impl Fleet {
             weights: ClaimWeights::default(),
             superseded: Vec::new(),
             conflicts: Vec::new(),
+            uncosted: None,
+            uncosted_warned: None,
         }
     }
 
@@ -788,6 +815,13 @@ impl Fleet {
         std::mem::take(&mut self.conflicts)
     }
 
+    /// The budget cells whose proxies offered requests but no cost at the
+    /// last tick, when it is time to warn about them: at the first tick
+    /// that finds any, then at most every [`UNCOSTED_WARNING_TICKS`].
+    pub(crate) fn take_uncosted_warning(&mut self) -> Option<UncostedBudget> {
+        self.uncosted.take()
+    }
+
     /// Every tracked proxy, sorted by proxy id then instance: connected ones
     /// and disconnected ones whose rates are still carried.
     pub(crate) fn proxies(&self) -> Vec<ProxyStatus> {
@@ -903,6 +937,8 @@ impl Fleet {
 
         let sums = &mut self.sums;
         sums.charges.clear();
+        sums.uncosted.clear();
+        sums.uncosted.resize(self.cells.slots.len(), false);
         sums.cells.clear();
         sums.cells.resize(
             self.cells.slots.len(),
@@ -1029,6 +1065,13 @@ impl Fleet {
                     continue;
                 }
                 let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
+                if steered
+                    && rates.offered_rps > 0.0
+                    && rates.offered_cost <= 0.0
+                    && let Some(uncosted) = sums.uncosted.get_mut(id as usize)
+                {
+                    *uncosted = true;
+                }
                 if let Some((sum, shadow, cost, _)) = sums.cells.get_mut(id as usize) {
                     let (offered, admitted, shadow_dropped) = rates.steering(steered);
                     sum.offered_rps += offered * factor;
@@ -1171,6 +1214,7 @@ impl Fleet {
         }
 
         let mut load = Vec::with_capacity(self.cells.buckets.len());
+        let mut uncosted: Option<(Arc<str>, Arc<str>)> = None;
         for (bucket, cells) in &self.cells.buckets {
             let mut traffic = BucketTraffic {
                 bucket: Arc::clone(bucket),
@@ -1197,9 +1241,23 @@ impl Fleet {
                     let Some(&(sum, shadow, cost, charges)) = sums.cells.get(id as usize) else {
                         continue;
                     };
-                    // A budget's bucket whose proxies count no cost has
-                    // nothing to steer: it shows in the request rates only.
+                    // A budget's cell whose proxies count no cost has
+                    // nothing to steer (beside proxies that count some, the
+                    // others' requests go uncounted): it shows in the
+                    // request rates only, and is counted for the operator.
                     bucket_cost.add(&cost);
+                    if sums.uncosted.get(id as usize).copied().unwrap_or(false) {
+                        stats.uncosted_budget_cells += 1;
+                        let first =
+                            uncosted
+                                .as_ref()
+                                .is_none_or(|(b, t): &(Arc<str>, Arc<str>)| {
+                                    (bucket.as_ref(), tenant.as_ref()) < (b.as_ref(), t.as_ref())
+                                });
+                        if first {
+                            uncosted = Some((Arc::clone(bucket), Arc::clone(tenant)));
+                        }
+                    }
                     if sum.offered_rps <= 0.0 {
                         continue;
                     }
@@ -1237,6 +1295,20 @@ impl Fleet {
         }
         stats.cells = self.cells.live;
         stats.buckets = self.cells.buckets.len();
+        self.uncosted = None;
+        if let Some((bucket, tenant)) = uncosted {
+            let due = self
+                .uncosted_warned
+                .is_none_or(|at| tick.saturating_sub(at) >= UNCOSTED_WARNING_TICKS);
+            if due {
+                self.uncosted_warned = Some(tick);
+                self.uncosted = Some(UncostedBudget {
+                    cells: stats.uncosted_budget_cells,
+                    bucket,
+                    tenant,
+                });
+            }
+        }
         let mut load = FleetLoad::new(load);
         load.stats = stats;
         load

@@ -930,6 +930,68 @@ fn cost_count(bucket: &str, offered: u64, admitted: u64, costs: [f64; 3]) -> Buc
     }
 }
 
+/// A budget whose proxies offer requests but count no cost (no cost rule
+/// applies to them) has nothing to steer on: its cells are counted for
+/// the operator, and a warning is due at the first tick that finds any,
+/// then at most every `UNCOSTED_WARNING_TICKS`. A cell counts when any of
+/// its proxies counts no cost (another proxy's cost steers it, without
+/// this one's requests). Cells with cost, and a request limit's cells
+/// without, are not counted.
+#[test]
+fn a_budgets_cells_without_cost_are_counted_and_warned_about() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 1, StreamId(2));
+    let llm = |tenant: &str, cost: f64| BucketCount {
+        tenant: tenant.to_owned(),
+        ..cost_count("llm", 10, 5, [cost, cost / 2.0, 0.0])
+    };
+    let budget = |bucket: &str| (bucket == "llm").then_some(20_000.0);
+    let mut tick = |uncosted_cost: f64| {
+        let report = Report {
+            window_ms: 500,
+            buckets: vec![
+                llm("beta", uncosted_cost),
+                llm("alpha", uncosted_cost),
+                llm("", 5000.0),
+                cost_count("api", 10, 5, [0.0, 0.0, 0.0]),
+            ],
+            ..Report::default()
+        };
+        fleet.report("a", StreamId(1), &report).unwrap();
+        let costed = Report {
+            window_ms: 500,
+            buckets: vec![llm("beta", 5000.0)],
+            ..Report::default()
+        };
+        fleet.report("b", StreamId(2), &costed).unwrap();
+        let load = fleet.tick_with(&budget);
+        (
+            load.stats.uncosted_budget_cells,
+            fleet.take_uncosted_warning(),
+        )
+    };
+    let (cells, warning) = tick(0.0);
+    assert_eq!(cells, 2);
+    let warning = warning.unwrap();
+    assert_eq!(
+        (
+            warning.cells,
+            warning.bucket.as_ref(),
+            warning.tenant.as_ref()
+        ),
+        (2, "llm", "alpha")
+    );
+    for _ in 1..UNCOSTED_WARNING_TICKS {
+        assert_eq!(tick(0.0), (2, None));
+    }
+    assert!(tick(0.0).1.is_some(), "reminded");
+    // Once the proxies count cost, nothing is counted or due.
+    for _ in 0..=UNCOSTED_WARNING_TICKS {
+        assert_eq!(tick(500.0), (0, None));
+    }
+}
+
 #[test]
 fn a_costed_bucket_is_summed_and_steered_in_cost_per_second() {
     let mut fleet = Fleet::new(3);

@@ -109,6 +109,7 @@ pub struct ControlPlaneMetrics {
     heartbeats_published: Counter,
     staleness: Arc<Staleness>,
     cells_tracked: Gauge,
+    budget_cells_without_cost: Gauge,
     cells_rejected_key: Counter,
     cells_rejected_proxy_cap: Counter,
     cells_rejected_fleet_cap: Counter,
@@ -243,6 +244,12 @@ impl ControlPlaneMetrics {
             "Distinct (bucket, tenant, priority) cells tracked",
             cells_tracked.clone(),
         );
+        let budget_cells_without_cost = Gauge::default();
+        registry.register(
+            "budget_cells_without_cost",
+            "Cells of buckets under a cost budget that a proxy offered requests of but no cost (no cost rule applies to them there), so nothing steers those requests",
+            budget_cells_without_cost.clone(),
+        );
         let cells_rejected = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "cells_rejected",
@@ -343,6 +350,7 @@ impl ControlPlaneMetrics {
             cells_rejected_unlimited_share: rejected("unlimited_share"),
             cells_evicted_idle: cells_evicted.get_or_create_owned(&ReasonLabels { reason: "idle" }),
             cells_tracked,
+            budget_cells_without_cost,
             heartbeats_published,
             staleness,
             rejected_superseded: reason("superseded"),
@@ -516,10 +524,13 @@ impl ControlPlaneMetrics {
             .set(i64::try_from(omitted).unwrap_or(i64::MAX));
     }
 
-    /// Cells tracked, refused and evicted, from one fleet tick.
+    /// Cells tracked, refused, evicted and left without cost, from one
+    /// fleet tick.
     pub(crate) fn observe_fleet(&self, stats: &FleetStats) {
         self.cells_tracked
             .set(i64::try_from(stats.cells).unwrap_or(i64::MAX));
+        self.budget_cells_without_cost
+            .set(i64::try_from(stats.uncosted_budget_cells).unwrap_or(i64::MAX));
         self.cells_rejected_key.inc_by(stats.rejected_key_too_long);
         self.cells_rejected_proxy_cap
             .inc_by(stats.rejected_proxy_cap);
