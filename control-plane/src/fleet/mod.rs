@@ -1248,12 +1248,9 @@ impl Fleet {
                     bucket_cost.add(&cost);
                     if sums.uncosted.get(id as usize).copied().unwrap_or(false) {
                         stats.uncosted_budget_cells += 1;
-                        let first =
-                            uncosted
-                                .as_ref()
-                                .is_none_or(|(b, t): &(Arc<str>, Arc<str>)| {
-                                    (bucket.as_ref(), tenant.as_ref()) < (b.as_ref(), t.as_ref())
-                                });
+                        let first = uncosted.as_ref().is_none_or(|(b, t)| {
+                            (bucket.as_ref(), tenant.as_ref()) < (b.as_ref(), t.as_ref())
+                        });
                         if first {
                             uncosted = Some((Arc::clone(bucket), Arc::clone(tenant)));
                         }

@@ -671,11 +671,7 @@ impl Controller {
         if !state.quiet.is_empty() {
             let budget = signal == Signal::Cost && limit.is_some();
             status.cells = with_held(std::mem::take(&mut status.cells), &state.quiet, budget);
-            for cell in &status.cells {
-                if cell.drop_ratio > status.drop_ratio {
-                    status.drop_ratio = cell.drop_ratio;
-                }
-            }
+            status.drop_ratio = largest_drop_ratio(status.drop_ratio, &status.cells);
         }
         (state, status)
     }
@@ -1046,13 +1042,11 @@ fn merge_by_cell<T>(
     merged
 }
 
-/// Whether `bucket`'s quiet cells keep their directives: while it has a
-/// limit that is not a block (a block stands on its own, see `blocked`;
+/// Whether the quiet cells of a bucket with `rule` keep their
+/// directives: while it has a limit that is not a block (a block stands on its own, see `blocked`;
 /// a bucket without a limit has nothing to hold).
-fn holds_quiet(limits: &LimitTable, bucket: &str) -> bool {
-    limits
-        .rule_for(bucket)
-        .is_some_and(|rule| !rule.rate().is_blocked())
+fn holds_quiet(rule: Option<&Limit>) -> bool {
+    rule.is_some_and(|rule| !rule.rate().is_blocked())
 }
 
 /// Ages the quiet cells by an interval of `seconds`; those quiet for
@@ -1089,7 +1083,8 @@ fn quiet_bucket(
     limits: &LimitTable,
     decision: &mut IntervalOutcome,
 ) -> Option<ControlledBucket> {
-    let hold = holds_quiet(limits, &state.bucket);
+    let rule = limits.rule_for(&state.bucket);
+    let hold = holds_quiet(rule);
     let mut parked = Vec::new();
     let mut room = MAX_QUIET_CELLS.saturating_sub(state.quiet.len());
     for cell in std::mem::take(&mut state.cells) {
@@ -1100,9 +1095,7 @@ fn quiet_bucket(
     if state.quiet.is_empty() {
         return None;
     }
-    decision
-        .buckets
-        .push(held_status(&state, limits.rule_for(&state.bucket)));
+    decision.buckets.push(held_status(&state, rule));
     Some(state)
 }
 
@@ -1111,14 +1104,7 @@ fn quiet_bucket(
 fn held_status(held: &ControlledBucket, rule: Option<&Limit>) -> BucketStatus {
     let budget = rule.and_then(Limit::budget);
     let cells = with_held(Vec::new(), &held.quiet, budget.is_some());
-    let drop_ratio =
-        cells
-            .iter()
-            .map(|cell| cell.drop_ratio)
-            .fold(
-                DropRatio::NEVER,
-                |most, ratio| if ratio > most { ratio } else { most },
-            );
+    let drop_ratio = largest_drop_ratio(DropRatio::NEVER, &cells);
     BucketStatus {
         bucket: Arc::clone(&held.bucket),
         limit_rps: rule.map(Limit::rate),
@@ -1132,6 +1118,16 @@ fn held_status(held: &ControlledBucket, rule: Option<&Limit>) -> BucketStatus {
         proxy_cap: None,
         cost: budget.map(|budget| CostStatus::held(budget, held.charges.factor())),
     }
+}
+
+/// The largest of `from` and the `cells`' drop ratios: a bucket's.
+fn largest_drop_ratio(from: DropRatio, cells: &[CellStatus]) -> DropRatio {
+    cells.iter().map(|cell| cell.drop_ratio).fold(
+        from,
+        |most, ratio| {
+            if ratio > most { ratio } else { most }
+        },
+    )
 }
 
 /// A bucket's cell statuses (sorted by tenant and priority) with those of
