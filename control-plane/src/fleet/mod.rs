@@ -1246,7 +1246,7 @@ impl Fleet {
                     // others' requests go uncounted): it shows in the
                     // request rates only, and is counted for the operator.
                     bucket_cost.add(&cost);
-                    if sums.uncosted.get(id as usize).copied().unwrap_or(false) {
+                    if steered && sums.uncosted.get(id as usize).copied().unwrap_or(false) {
                         stats.uncosted_budget_cells += 1;
                         let first = uncosted.as_ref().is_none_or(|(b, t)| {
                             (bucket.as_ref(), tenant.as_ref()) < (b.as_ref(), t.as_ref())
