@@ -1044,10 +1044,21 @@ async fn a_budget_whose_proxies_count_no_cost_is_shown_on_metrics() {
         without_cost(m) == Some(1.0)
     })
     .await;
+    // Listed with its requests, though it has no cost to show or steer.
+    let llm = cp
+        .wait_for_bucket("llm", |b| b["cost"]["cells_without_cost"] == 1)
+        .await;
+    assert_eq!(llm["cells"], serde_json::json!([]), "{llm}");
+    assert_eq!(llm["cost"]["offered_requests_rps"], 600.0, "{llm}");
+    assert_eq!(llm["limit_rps"], 20_000.0, "{llm}");
     proxy.stop_reporting();
     proxy.report_cost_steadily("llm", (600, 25.0, 25.0), Admitted::all());
     cp.wait_for_metrics("no budget cell without cost", |m| {
         without_cost(m) == Some(0.0)
+    })
+    .await;
+    cp.wait_for_bucket("llm", |b| {
+        b["cost"]["cells_without_cost"] == 0 && b["cells"].as_array().is_some_and(|c| !c.is_empty())
     })
     .await;
     cp.shutdown().await;

@@ -391,6 +391,12 @@ pub struct BucketCost {
     /// controller holds the budget by.
     #[serde(default)]
     pub charge_factor: Option<f64>,
+    /// Requests offered per second, fleet-wide.
+    #[serde(default)]
+    pub offered_requests_rps: f64,
+    /// Under a budget, cells whose proxies offer requests but no cost.
+    #[serde(default)]
+    pub cells_without_cost: u32,
 }
 
 /// `proxy_cap` of a bucket in `GET /v1/buckets`.

@@ -105,6 +105,24 @@ pub(crate) fn buckets(reply: &Value) -> String {
         header.extend(cell_columns);
         out.push_str(&render(&header, &rows));
     }
+    for bucket in reply
+        .get("buckets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let uncosted = bucket
+            .pointer("/cost/cells_without_cost")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        if uncosted > 0 {
+            out.push_str(&format!(
+                "\n{}: {uncosted} cell(s) of this budget offer requests but no cost \
+                 (no cost rule of the filter applies to them): they are not limited\n",
+                cell(bucket.get("bucket"))
+            ));
+        }
+    }
     out
 }
 
@@ -400,6 +418,22 @@ mod tests {
         assert!(lines[2].starts_with("free-long-name  -"), "{text}");
         assert!(lines[0].ends_with("floors_exceed_limit"), "{text}");
         assert!(lines[2].ends_with("true"), "{text}");
+    }
+
+    #[test]
+    fn a_budget_whose_cells_count_no_cost_is_named_under_the_table() {
+        let text = buckets(&json!({"buckets": [
+            {"bucket": "chat", "limit_rps": 20000.0, "offered_rps": 60000.0, "cells": [],
+             "cost": {"cells_without_cost": 0}},
+            {"bucket": "llm", "limit_rps": 20000.0, "offered_rps": 0.0, "cells": [],
+             "cost": {"cells_without_cost": 2, "offered_requests_rps": 600.0}},
+        ]}));
+        let named: Vec<&str> = text
+            .lines()
+            .filter(|line| line.contains("no cost"))
+            .collect();
+        assert_eq!(named.len(), 1, "{text}");
+        assert!(named[0].starts_with("llm: 2 cell(s)"), "{text}");
     }
 
     #[test]

@@ -86,6 +86,11 @@ pub struct BucketCost {
     pub(crate) offered_rps: f64,
     /// Σ requests admitted per second.
     pub(crate) admitted_rps: f64,
+    /// Under a budget, the cells whose proxies report requests but no
+    /// cost (no cost rule of the filter applies to them): nothing steers
+    /// them. Summed over replicas, a cell some of each replica's proxies
+    /// report counts once per replica.
+    pub(crate) cells_without_cost: u32,
 }
 
 impl BucketCost {
@@ -99,6 +104,7 @@ impl BucketCost {
             charged_per_s: clean(self.charged_per_s),
             offered_rps: clean(self.offered_rps),
             admitted_rps: clean(self.admitted_rps),
+            cells_without_cost: self.cells_without_cost,
         }
     }
 
@@ -110,6 +116,9 @@ impl BucketCost {
         self.charged_per_s += other.charged_per_s;
         self.offered_rps += other.offered_rps;
         self.admitted_rps += other.admitted_rps;
+        self.cells_without_cost = self
+            .cells_without_cost
+            .saturating_add(other.cells_without_cost);
     }
 }
 

@@ -1248,6 +1248,8 @@ impl Fleet {
                     bucket_cost.add(&cost);
                     if steered && sums.uncosted.get(id as usize).copied().unwrap_or(false) {
                         stats.uncosted_budget_cells += 1;
+                        bucket_cost.cells_without_cost =
+                            bucket_cost.cells_without_cost.saturating_add(1);
                         let first = uncosted.as_ref().is_none_or(|(b, t)| {
                             (bucket.as_ref(), tenant.as_ref()) < (b.as_ref(), t.as_ref())
                         });
@@ -1278,11 +1280,17 @@ impl Fleet {
             if steered || bucket_cost.offered_per_s > 0.0 || bucket_cost.charged_per_s > 0.0 {
                 traffic.cost = Some(bucket_cost);
             }
-            if traffic.cells.is_empty() {
+            // A budget whose every cell counts no cost is still listed
+            // (with no cells), for the operator to see why it is not held.
+            let uncosted_only = traffic.cost.is_some_and(|cost| cost.cells_without_cost > 0);
+            if traffic.cells.is_empty() && !uncosted_only {
                 continue;
             }
-            traffic.load.stale_share =
-                (traffic.load.stale_share / traffic.load.offered_rps).clamp(0.0, 1.0);
+            traffic.load.stale_share = if traffic.load.offered_rps > 0.0 {
+                (traffic.load.stale_share / traffic.load.offered_rps).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
             if traffic.cells.len() > 1 {
                 traffic
                     .cells

@@ -966,6 +966,12 @@ fn a_budgets_cells_without_cost_are_counted_and_warned_about() {
         };
         fleet.report("b", StreamId(2), &costed).unwrap();
         let load = fleet.tick_with(&budget);
+        let listed = load
+            .get("llm")
+            .and_then(|llm| llm.cost)
+            .map(|cost| cost.cells_without_cost);
+        let counted = u32::try_from(load.stats.uncosted_budget_cells).unwrap();
+        assert_eq!(listed, Some(counted));
         (
             load.stats.uncosted_budget_cells,
             fleet.take_uncosted_warning(),
@@ -990,6 +996,32 @@ fn a_budgets_cells_without_cost_are_counted_and_warned_about() {
     for _ in 0..=UNCOSTED_WARNING_TICKS {
         assert_eq!(tick(500.0), (0, None));
     }
+}
+
+#[test]
+fn a_budget_whose_every_cell_counts_no_cost_is_listed_without_cells() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    let report = Report {
+        window_ms: 500,
+        buckets: vec![
+            cost_count("llm", 10, 5, [0.0, 0.0, 0.0]),
+            // Not a budget: a request limit's bucket is listed as before.
+            cost_count("api", 10, 5, [0.0, 0.0, 0.0]),
+        ],
+        ..Report::default()
+    };
+    fleet.report("a", StreamId(1), &report).unwrap();
+    let load = fleet.tick_with(&|bucket: &str| (bucket == "llm").then_some(20_000.0));
+    let llm = load.get("llm").expect("listed");
+    assert!(llm.cells.is_empty());
+    assert_eq!(llm.load.offered_rps, 0.0);
+    assert_eq!(llm.load.stale_share, 0.0);
+    assert_eq!(llm.load.proxies_reporting, 1);
+    let cost = llm.cost.unwrap();
+    assert_eq!(cost.cells_without_cost, 1);
+    assert_eq!(cost.offered_rps, 20.0);
+    assert_eq!(load.get("api").unwrap().cells.len(), 1);
 }
 
 #[test]

@@ -537,6 +537,7 @@ mod tests {
             charged_per_s: 9_000.0,
             offered_rps: 30.0,
             admitted_rps: 10.0,
+            cells_without_cost: 1,
         };
         let mut llm = bucket(
             "llm",
@@ -560,6 +561,7 @@ mod tests {
         let summed = llm.cost.unwrap();
         assert_eq!(summed.charged_per_s, 18_000.0);
         assert_eq!(summed.offered_rps, 60.0);
+        assert_eq!(summed.cells_without_cost, 2);
         // A cell's charges add where every share has them; a share written
         // before cells carried them leaves the sum unknown.
         let mut charged = llm.clone();

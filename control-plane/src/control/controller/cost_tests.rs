@@ -1908,6 +1908,54 @@ fn a_quiet_budget_is_listed_while_its_directives_stand() {
     assert!(last.buckets.is_empty(), "{last:?}");
 }
 
+/// A budget whose proxies offer requests but count no cost has nothing to
+/// steer: it is listed with its request rate and the cells that count no
+/// cost, pushes nothing, and beside a held status (its proxies counted
+/// cost until now) the count joins that status.
+#[test]
+fn a_budget_whose_cells_count_no_cost_is_listed_and_pushes_nothing() {
+    let policy = benchmark_policy();
+    let uncosted = |tenant: &str| BucketCount {
+        tenant: tenant.to_owned(),
+        ..llm_count(30, 30, 0.0)
+    };
+    let mut proxy = OneProxy::new();
+    let decision = proxy.tick(&policy, vec![uncosted("gold"), uncosted("silver")]);
+    assert!(decision.changed.is_empty(), "{decision:?}");
+    assert_eq!(decision.buckets.len(), 1, "{decision:?}");
+    let status = &decision.buckets[0];
+    assert_eq!(status.bucket.as_ref(), "llm");
+    assert!(status.cells.is_empty(), "{status:?}");
+    assert_eq!(status.drop_ratio, DropRatio::NEVER);
+    assert_eq!(status.proxies_reporting, 1);
+    let cost = status.cost.as_ref().unwrap();
+    assert_eq!(cost.cells_without_cost, 2, "{cost:?}");
+    assert_eq!(cost.offered_requests_rps, 120.0, "{cost:?}");
+    let budget = policy.limits.rule_for("llm").and_then(Limit::budget);
+    assert_eq!(cost.budget.as_ref(), budget, "{cost:?}");
+
+    // Steered first, then the proxies stop counting cost (a rollout that
+    // lost the cost rule): the held cells are listed with the count.
+    let mut proxy = OneProxy::new();
+    for _ in 0..10 {
+        proxy.tick(
+            &policy,
+            vec![tenant_count("gold", 30, 10), tenant_count("silver", 15, 5)],
+        );
+    }
+    let decision = proxy.tick(&policy, vec![uncosted("gold")]);
+    assert_eq!(decision.buckets.len(), 1, "{decision:?}");
+    let status = &decision.buckets[0];
+    assert_eq!(status.cells.len(), 2, "{status:?}");
+    assert!(
+        status.cells.iter().all(|c| c.quiet_s.is_some()),
+        "{status:?}"
+    );
+    let cost = status.cost.as_ref().unwrap();
+    assert_eq!(cost.cells_without_cost, 1, "{cost:?}");
+    assert_eq!(cost.offered_requests_rps, 60.0, "{cost:?}");
+}
+
 /// A flood of one-off tenants that shed once and never come back holds
 /// their shares of a budget for the hold only: the tenants that stay get
 /// theirs back once the flood's cells are lifted, and the flood's credit

@@ -419,6 +419,9 @@ impl Controller {
         for gone in previous {
             next.extend(quiet_bucket(gone, seconds, limits, &mut decision));
         }
+        for traffic in load.buckets.iter().filter(|b| b.load.offered_rps <= 0.0) {
+            list_uncosted(traffic, limits, &mut decision.buckets);
+        }
         self.blocks
             .finish(limits, modes, self.standing_retry_after_ms(), &mut decision);
         self.buckets = next;
@@ -1117,6 +1120,54 @@ fn held_status(held: &ControlledBucket, rule: Option<&Limit>) -> BucketStatus {
         cells,
         proxy_cap: None,
         cost: budget.map(|budget| CostStatus::held(budget, held.charges.factor())),
+    }
+}
+
+/// Lists a budget whose proxies report requests but count no cost in any
+/// cell (nothing to steer, so the loop above passed it over) among the
+/// `statuses`, sorted by bucket: beside its held cells' status if it has
+/// one, else on its own with no cells.
+fn list_uncosted(traffic: &BucketTraffic, limits: &LimitTable, statuses: &mut Vec<BucketStatus>) {
+    let Some(cost) = traffic.cost.filter(|cost| cost.cells_without_cost > 0) else {
+        return;
+    };
+    let rule = limits.rule_for(&traffic.bucket);
+    let Some(budget) = rule.and_then(Limit::budget) else {
+        return;
+    };
+    let at = statuses.binary_search_by(|status| compare(&status.bucket, &traffic.bucket));
+    match at {
+        Ok(at) => {
+            if let Some(status) = statuses.get_mut(at) {
+                status.proxies_reporting = traffic.load.proxies_reporting;
+                if let Some(held) = &mut status.cost {
+                    held.cells_without_cost = cost.cells_without_cost;
+                    held.offered_requests_rps = cost.offered_rps;
+                    held.admitted_requests_rps = cost.admitted_rps;
+                }
+            }
+        }
+        Err(at) => statuses.insert(
+            at,
+            BucketStatus {
+                bucket: Arc::clone(&traffic.bucket),
+                limit_rps: rule.map(Limit::rate),
+                offered_rps: 0.0,
+                admitted_rps: 0.0,
+                drop_ratio: DropRatio::NEVER,
+                proxies_reporting: traffic.load.proxies_reporting,
+                shadow_dropped_rps: 0.0,
+                floors_exceed_limit: false,
+                cells: Vec::new(),
+                proxy_cap: None,
+                cost: Some(CostStatus::of(
+                    &cost,
+                    CellCharges::default(),
+                    Some(budget),
+                    Some(1.0),
+                )),
+            },
+        ),
     }
 }
 

@@ -77,6 +77,11 @@ pub(crate) struct CostStatus {
     pub(crate) offered_requests_rps: f64,
     /// Fleet requests admitted per second.
     pub(crate) admitted_requests_rps: f64,
+    /// Under a budget, its cells whose proxies report requests but count
+    /// no cost (no cost rule of the filter applies to them): their
+    /// requests are not steered, and a budget whose every cell is such is
+    /// listed with no cells.
+    pub(crate) cells_without_cost: u32,
 }
 
 impl CostStatus {
@@ -92,6 +97,7 @@ impl CostStatus {
             charge_factor: Some(charge_factor),
             offered_requests_rps: 0.0,
             admitted_requests_rps: 0.0,
+            cells_without_cost: 0,
         }
     }
 
@@ -114,6 +120,7 @@ impl CostStatus {
             charge_factor,
             offered_requests_rps: cost.offered_rps,
             admitted_requests_rps: cost.admitted_rps,
+            cells_without_cost: cost.cells_without_cost,
         }
     }
 }
@@ -169,6 +176,7 @@ mod tests {
             charged_per_s: 24_000.0,
             offered_rps: 60.0,
             admitted_rps: 30.0,
+            cells_without_cost: 0,
         };
         let settled = CellCharges {
             charged_per_s: 24_000.0,
