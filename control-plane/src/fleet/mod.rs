@@ -1065,11 +1065,8 @@ impl Fleet {
                     continue;
                 }
                 let steered = steers_on_cost(&sums.cost_bounds, slot.bucket);
-                if steered
-                    && rates.offered_rps > 0.0
-                    && rates.offered_cost <= 0.0
-                    && let Some(uncosted) = sums.uncosted.get_mut(id as usize)
-                {
+                let uncosted_here = steered && rates.offered_rps > 0.0 && rates.offered_cost <= 0.0;
+                if uncosted_here && let Some(uncosted) = sums.uncosted.get_mut(id as usize) {
                     *uncosted = true;
                 }
                 if let Some((sum, shadow, cost, _)) = sums.cells.get_mut(id as usize) {
@@ -1101,8 +1098,12 @@ impl Fleet {
                         }
                     };
                     sum.admitted_rps += counted(admitted, offered);
-                    if steered {
-                        // The requests behind the cost, weighed alike.
+                    if steered && !uncosted_here {
+                        // The requests behind the cost, weighed alike: a
+                        // proxy that counts none (an older filter during
+                        // a rollout) has no requests behind it, and would
+                        // only thin the cell's mean cost per request, and
+                        // with it the estimate cap the proxies are given.
                         sum.requests_rps += rates.offered_rps * factor;
                     }
                     sum.proxies_reporting += 1;

@@ -998,6 +998,32 @@ fn a_budgets_cells_without_cost_are_counted_and_warned_about() {
     }
 }
 
+/// Beside a proxy that counts cost, one that counts none (an older filter
+/// during a rollout) adds no requests behind the cell's cost: its mean
+/// cost per request, and the estimate cap derived from it, stay the
+/// costed proxy's. Its requests still show among the bucket's.
+#[test]
+fn a_proxy_without_cost_does_not_thin_a_cells_mean_cost() {
+    let mut fleet = Fleet::new(3);
+    fleet.connect("a", 1, StreamId(1));
+    fleet.connect("b", 1, StreamId(2));
+    let window = |cost: f64| Report {
+        window_ms: 500,
+        buckets: vec![cost_count("llm", 10, 5, [cost, cost / 2.0, 0.0])],
+        ..Report::default()
+    };
+    fleet.report("a", StreamId(1), &window(5_000.0)).unwrap();
+    fleet.report("b", StreamId(2), &window(0.0)).unwrap();
+    let load = fleet.tick_with(&|bucket: &str| (bucket == "llm").then_some(20_000.0));
+    let llm = load.get("llm").unwrap();
+    let cell = &llm.cells[0].load;
+    assert_eq!(cell.offered_rps, 10_000.0);
+    assert_eq!(cell.requests_rps, 20.0, "{cell:?}");
+    let cost = llm.cost.unwrap();
+    assert_eq!(cost.offered_rps, 40.0, "{cost:?}");
+    assert_eq!(cost.cells_without_cost, 1);
+}
+
 #[test]
 fn a_budget_whose_every_cell_counts_no_cost_is_listed_without_cells() {
     let mut fleet = Fleet::new(3);
