@@ -7,7 +7,8 @@
 //! is rejected. Variants 14 to 19 route to the fake LLM upstream, which
 //! streams a chat completion of a fixed size: with and without a cost rule
 //! whose actual cost the usage parser reads from the stream (18: a rule
-//! that does not read the body).
+//! that does not read the body; 20: one charging what Envoy's
+//! `sse_to_metadata` wrote into dynamic metadata).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -80,11 +81,18 @@ pub enum Variant {
     /// Variant 18 with the native dynamic module: 17 against 19 is the
     /// native module's reading of the body.
     NativeSseUpstreamEstimate,
+    /// Variant 18 with Envoy's own `sse_to_metadata` filter writing each
+    /// stream's usage into Envoy AI Gateway's metadata key, which the rule
+    /// charges from: the usage read without the filter reading the body
+    /// (20 against 15 is what that saves the wasm filter).
+    SseUpstreamMetadata,
+    /// Variant 20 with the native dynamic module.
+    NativeSseUpstreamMetadata,
 }
 
 impl Variant {
     /// Every variant, baseline first.
-    pub const ALL: [Variant; 19] = [
+    pub const ALL: [Variant; 21] = [
         Variant::Router,
         Variant::LocalRateLimit,
         Variant::EmptyWasm,
@@ -104,6 +112,8 @@ impl Variant {
         Variant::NativeSseUpstreamUsage,
         Variant::SseUpstreamEstimate,
         Variant::NativeSseUpstreamEstimate,
+        Variant::SseUpstreamMetadata,
+        Variant::NativeSseUpstreamMetadata,
     ];
 
     /// Short name for logs and file names.
@@ -128,6 +138,8 @@ impl Variant {
             Variant::NativeSseUpstreamUsage => "native-sse-upstream-usage",
             Variant::SseUpstreamEstimate => "sse-upstream-estimate",
             Variant::NativeSseUpstreamEstimate => "native-sse-upstream-estimate",
+            Variant::SseUpstreamMetadata => "sse-upstream-metadata",
+            Variant::NativeSseUpstreamMetadata => "native-sse-upstream-metadata",
         }
     }
 
@@ -155,6 +167,8 @@ impl Variant {
             Variant::NativeSseUpstreamUsage => "17. as 15, with the native module",
             Variant::SseUpstreamEstimate => "18. as 15, body not read, estimate charged",
             Variant::NativeSseUpstreamEstimate => "19. as 18, with the native module",
+            Variant::SseUpstreamMetadata => "20. as 18, usage from Envoy's sse_to_metadata",
+            Variant::NativeSseUpstreamMetadata => "21. as 20, with the native module",
         }
     }
 
@@ -172,7 +186,9 @@ impl Variant {
             | Variant::NativeSseUpstream
             | Variant::NativeSseUpstreamUsage
             | Variant::SseUpstreamEstimate
-            | Variant::NativeSseUpstreamEstimate => Some(1e-9),
+            | Variant::NativeSseUpstreamEstimate
+            | Variant::SseUpstreamMetadata
+            | Variant::NativeSseUpstreamMetadata => Some(1e-9),
             Variant::SluiceHalf | Variant::UpstreamSluiceHalf | Variant::NativeHalf => Some(0.5),
             _ => None,
         }
@@ -187,7 +203,7 @@ impl Variant {
         }
     }
 
-    /// Whether it routes to the fake LLM upstream (variants 14 to 19).
+    /// Whether it routes to the fake LLM upstream (variants 14 to 21).
     pub fn streams_completions(self) -> bool {
         matches!(
             self,
@@ -197,16 +213,20 @@ impl Variant {
                 | Variant::NativeSseUpstreamUsage
                 | Variant::SseUpstreamEstimate
                 | Variant::NativeSseUpstreamEstimate
+                | Variant::SseUpstreamMetadata
+                | Variant::NativeSseUpstreamMetadata
         )
     }
 
     /// Where its filter's cost rule takes each stream's charge from, named
     /// as the filter's counters name the source: `body` (variants 15 and
-    /// 17), `estimate` (18 and 19), or `None`: no cost rule.
+    /// 17), `estimate` (18 and 19), `metadata` (20 and 21), or `None`: no
+    /// cost rule.
     pub fn charge_source(self) -> Option<&'static str> {
         match self {
             Variant::SseUpstreamUsage | Variant::NativeSseUpstreamUsage => Some("body"),
             Variant::SseUpstreamEstimate | Variant::NativeSseUpstreamEstimate => Some("estimate"),
+            Variant::SseUpstreamMetadata | Variant::NativeSseUpstreamMetadata => Some("metadata"),
             _ => None,
         }
     }
@@ -215,7 +235,9 @@ impl Variant {
 /// The filter configuration keys of `variant`: one bucket from the tenant
 /// header and, for the variants with a cost rule, a rule for it with a
 /// constant estimate that reads the actual cost from the body only (no
-/// dynamic metadata, no header), or from nothing (variants 18 and 19).
+/// dynamic metadata, no header), from nothing (variants 18 and 19), or
+/// from Envoy AI Gateway's metadata key, the rule's default, alone
+/// (variants 20 and 21).
 fn filter_keys(variant: Variant) -> serde_json::Value {
     let mut keys = json!({
         "proxy_id": "bench",
@@ -227,7 +249,11 @@ fn filter_keys(variant: Variant) -> serde_json::Value {
             json!([{
                 "bucket": BUCKET,
                 "cost": {"estimate": {"source": "constant", "value": STREAMED_OUTPUT_TOKENS}},
-                "actual": {"metadata": null, "body": {"parse": source == "body"}},
+                "actual": if source == "metadata" {
+                    json!({"body": {"parse": false}})
+                } else {
+                    json!({"metadata": null, "body": {"parse": source == "body"}})
+                },
             }]),
         );
     }
@@ -292,6 +318,7 @@ pub fn envoy_config(
         | Variant::SseUpstream
         | Variant::SseUpstreamUsage
         | Variant::SseUpstreamEstimate => vec![sluice, router],
+        Variant::SseUpstreamMetadata => vec![sluice, sse_to_metadata()?, router],
         Variant::GlobalRateLimit => vec![global_ratelimit()?, fault_reply()?, router],
         Variant::FaultReply => vec![fault_reply()?, router],
         Variant::UpstreamRouter => vec![router],
@@ -304,6 +331,11 @@ pub fn envoy_config(
         | Variant::NativeSseUpstreamEstimate => {
             vec![native_module(control_plane, variant)?, router]
         }
+        Variant::NativeSseUpstreamMetadata => vec![
+            native_module(control_plane, variant)?,
+            sse_to_metadata()?,
+            router,
+        ],
     };
     if variant == Variant::SluiceRateLimitService {
         // The control plane, as the rate limit service of variant 11.
@@ -357,6 +389,20 @@ fn http_filters(config: &mut Value) -> Result<&mut Vec<Value>> {
         .and_then(|v| v.get_mut("http_filters"))
         .and_then(Value::as_sequence_mut)
         .context("demo-a.yaml: no http_filters in the first listener")
+}
+
+/// Envoy's `sse_to_metadata` filter as `envoy/llm-tokens.yaml` configures
+/// it: OpenAI's `usage.total_tokens`, event by event, into Envoy AI
+/// Gateway's `io.envoy.ai_gateway` / `llm_total_token` (variants 20 and 21).
+fn sse_to_metadata() -> Result<Value> {
+    let mut example = load_repo_config("llm-tokens.yaml")?;
+    http_filters(&mut example)?
+        .iter()
+        .find(|filter| {
+            filter.get("name").and_then(Value::as_str) == Some("envoy.filters.http.sse_to_metadata")
+        })
+        .cloned()
+        .context("envoy/llm-tokens.yaml: no sse_to_metadata filter")
 }
 
 /// A token bucket far larger than any run can use, enabled and enforced for
@@ -580,13 +626,10 @@ mod tests {
                     .expect("a rule for the bucket");
                 let actual = &config.costs.get(index).unwrap().actual;
                 assert_eq!(actual.body_cap.is_some(), source == "body");
+                assert_eq!(actual.metadata.is_some(), source == "metadata");
                 assert_eq!(
-                    (
-                        &actual.metadata,
-                        &actual.response_header,
-                        &actual.response_trailer
-                    ),
-                    (&None, &None, &None)
+                    (&actual.response_header, &actual.response_trailer),
+                    (&None, &None)
                 );
             }
         }
@@ -601,6 +644,11 @@ mod tests {
             (
                 Variant::NativeSseUpstream,
                 Variant::NativeSseUpstreamEstimate,
+            ),
+            (Variant::SseUpstream, Variant::SseUpstreamMetadata),
+            (
+                Variant::NativeSseUpstream,
+                Variant::NativeSseUpstreamMetadata,
             ),
         ] {
             let mut keys = filter_keys(with);

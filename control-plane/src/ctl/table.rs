@@ -117,8 +117,9 @@ pub(crate) fn buckets(reply: &Value) -> String {
             .unwrap_or(0);
         if uncosted > 0 {
             out.push_str(&format!(
-                "\n{}: {uncosted} cell(s) of this budget offer requests but no cost \
-                 (no cost rule of the filter applies to them): they are not limited\n",
+                "\n{}: {uncosted} cell(s) of this budget have proxies offering requests \
+                 but no cost (no cost rule of the filter applies there): those requests \
+                 are not limited\n",
                 cell(bucket.get("bucket"))
             ));
         }
