@@ -4,7 +4,7 @@
 //! the router, so the difference between them is the cost of those filters;
 //! variants 8 and 9 route to a real upstream process instead of answering
 //! locally, so they show what a request that passes costs against one that
-//! is rejected. Variants 14 to 19 route to the fake LLM upstream, which
+//! is rejected. Variants 14 to 21 route to the fake LLM upstream, which
 //! streams a chat completion of a fixed size: with and without a cost rule
 //! whose actual cost the usage parser reads from the stream (18: a rule
 //! that does not read the body; 20: one charging what Envoy's
@@ -282,7 +282,7 @@ pub struct Services {
     pub rls: SocketAddr,
     /// The HTTP/1.1 upstream (variants 8 and 9).
     pub upstream: SocketAddr,
-    /// The fake LLM upstream (variants 14 to 19).
+    /// The fake LLM upstream (variants 14 to 21).
     pub llm: SocketAddr,
     /// The real control plane's gRPC listener, as RLQS server (variant 10)
     /// and rate limit service (variant 11).
@@ -451,7 +451,7 @@ fn rate_limit_quota() -> Result<Value> {
 const RLS_CLUSTER: &str = "bench_rate_limit_service";
 /// Name of the cluster of the upstream (variants 8 and 9).
 const UPSTREAM_CLUSTER: &str = "bench_upstream";
-/// Name of the cluster of the fake LLM upstream (variants 14 to 19).
+/// Name of the cluster of the fake LLM upstream (variants 14 to 21).
 const LLM_CLUSTER: &str = "bench_llm_upstream";
 
 /// Envoy's global rate limit filter: one `ShouldRateLimit` call per request
@@ -489,7 +489,7 @@ typed_config:
 /// route to the rate limit service's cluster, and the fault filter answers
 /// every request with a local 200 before the router would forward it, so no
 /// request leaves Envoy, as in variants 1 to 5; variant 7 measures what that
-/// swap costs. Variants 8, 9 and 14 to 19 really forward to an upstream.
+/// swap costs. Variants 8, 9 and 14 to 21 really forward to an upstream.
 fn route_to_cluster(config: &mut Value, cluster: &str) -> Result<()> {
     let route = config
         .get_mut("static_resources")

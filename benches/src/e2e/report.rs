@@ -20,7 +20,7 @@ pub struct Run {
     pub cpu_us: f64,
     /// The stand-in service's CPU time per request: the rate limit service
     /// (variant 6), the upstream (variants 8 and 9) or the fake LLM upstream
-    /// (variants 14 to 19).
+    /// (variants 14 to 21).
     pub service_cpu_us: Option<f64>,
     /// Median latency, microseconds.
     pub p50_us: f64,
@@ -250,7 +250,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          Each run starts a fresh Envoy, sends {warmup} unmeasured requests, then \
          {requests} requests over {concurrency} keep-alive connections (closed loop: \
          each connection sends its next request when the previous answer is in); \
-         the streamed variants (14 to 19) send a tenth as many, each a streamed \
+         the streamed variants (14 to 21) send a tenth as many, each a streamed \
          completion. \
          The variants are interleaved over {rounds} rounds, in a rotated order each \
          round, and each cell is the median with the min–max over the rounds; `×1` \
@@ -280,7 +280,7 @@ pub fn markdown(setup: &Setup, summaries: &[Summary]) -> String {
          `200 ok`, reached through Envoy's connection pool as in production. \
          Variant 9 puts Sluice at 50% drop in front of it: a rejected request \
          never reaches the upstream, so 9 against 8 is what a 429 saves over a \
-         request that passes. Variants 10 to 19 have sections of their own \
+         request that passes. Variants 10 to 21 have sections of their own \
          below.\n\n\
          ![CPU per request by variant]({chart})\n\n\
          - Machine: {cpus} CPUs, {model}\n\

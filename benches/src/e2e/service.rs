@@ -22,7 +22,7 @@ pub enum Service {
     /// An HTTP/1.1 upstream answering `200 ok` (variants 8 and 9).
     Upstream,
     /// The harness's fake LLM provider, streaming chat completions of the
-    /// size each request asks for (variants 14 to 19).
+    /// size each request asks for (variants 14 to 21).
     Llm,
     /// Kuadrant's `limitador` library behind the same rate limit service
     /// (`bench_rls`'s reference point).
