@@ -111,6 +111,33 @@ pub(crate) fn buckets(reply: &Value) -> String {
         .into_iter()
         .flatten()
     {
+        if let Some(budget) = bucket.pointer("/cost/budget").filter(|b| b.is_object()) {
+            let unit = cell(budget.get("unit"));
+            let rate = |key: &str| match bucket.pointer(key).and_then(Value::as_f64) {
+                Some(rate) => format!("{rate:.1}"),
+                None => "-".to_owned(),
+            };
+            out.push_str(&format!(
+                "\n{}: a budget of {} {unit} per {}, its rates in {unit} per second; \
+                 charged {}/s, charge factor {}\n",
+                cell(bucket.get("bucket")),
+                match budget.get("amount").and_then(Value::as_f64) {
+                    Some(amount) if amount.fract() == 0.0 && amount.abs() < 1e15 => {
+                        format!("{amount:.0}")
+                    }
+                    _ => cell(budget.get("amount")),
+                },
+                cell(budget.get("per")),
+                rate("/cost/charged_per_s"),
+                match bucket
+                    .pointer("/cost/charge_factor")
+                    .and_then(Value::as_f64)
+                {
+                    Some(factor) => format!("{factor:.2}"),
+                    None => "-".to_owned(),
+                },
+            ));
+        }
         let uncosted = bucket
             .pointer("/cost/cells_without_cost")
             .and_then(Value::as_u64)
@@ -435,6 +462,26 @@ mod tests {
             .collect();
         assert_eq!(named.len(), 1, "{text}");
         assert!(named[0].starts_with("llm: 2 cell(s)"), "{text}");
+    }
+
+    #[test]
+    fn a_budget_says_its_unit_under_the_table() {
+        let text = buckets(&json!({"buckets": [
+            {"bucket": "api", "limit_rps": 100.0, "offered_rps": 50.0, "cost": null},
+            {"bucket": "llm", "limit_rps": 20000.0, "offered_rps": 60000.0,
+             "cost": {"budget": {"amount": 1_200_000.0, "unit": "tokens", "per": "minute"},
+                      "charged_per_s": 19876.54, "charge_factor": 1.034,
+                      "cells_without_cost": 0}},
+        ]}));
+        let budgets: Vec<&str> = text.lines().filter(|l| l.contains("budget")).collect();
+        assert_eq!(
+            budgets,
+            [
+                "llm: a budget of 1200000 tokens per minute, its rates in tokens per second; \
+                 charged 19876.5/s, charge factor 1.03"
+            ],
+            "{text}"
+        );
     }
 
     #[test]
