@@ -37,6 +37,14 @@ fn cell(value: Option<&Value>) -> String {
     }
 }
 
+/// A number with `decimals` places ("-" when absent or not a number).
+fn fixed(value: Option<&Value>, decimals: usize) -> String {
+    match value.and_then(Value::as_f64) {
+        Some(number) => format!("{number:.decimals$}"),
+        None => "-".to_owned(),
+    }
+}
+
 fn rows_of(items: Option<&Value>, columns: &[&str]) -> Vec<Vec<String>> {
     items
         .and_then(Value::as_array)
@@ -113,29 +121,18 @@ pub(crate) fn buckets(reply: &Value) -> String {
     {
         if let Some(budget) = bucket.pointer("/cost/budget").filter(|b| b.is_object()) {
             let unit = cell(budget.get("unit"));
-            let rate = |key: &str| match bucket.pointer(key).and_then(Value::as_f64) {
-                Some(rate) => format!("{rate:.1}"),
-                None => "-".to_owned(),
-            };
             out.push_str(&format!(
                 "\n{}: a budget of {} {unit} per {}, its rates in {unit} per second; \
                  charged {}/s, charge factor {}\n",
                 cell(bucket.get("bucket")),
-                match budget.get("amount").and_then(Value::as_f64) {
-                    Some(amount) if amount.fract() == 0.0 && amount.abs() < 1e15 => {
-                        format!("{amount:.0}")
-                    }
-                    _ => cell(budget.get("amount")),
-                },
-                cell(budget.get("per")),
-                rate("/cost/charged_per_s"),
-                match bucket
-                    .pointer("/cost/charge_factor")
+                // f64's Display: 1200000, 0.5.
+                budget
+                    .get("amount")
                     .and_then(Value::as_f64)
-                {
-                    Some(factor) => format!("{factor:.2}"),
-                    None => "-".to_owned(),
-                },
+                    .map_or_else(|| "-".to_owned(), |amount| amount.to_string()),
+                cell(budget.get("per")),
+                fixed(bucket.pointer("/cost/charged_per_s"), 1),
+                fixed(bucket.pointer("/cost/charge_factor"), 2),
             ));
         }
         let uncosted = bucket
