@@ -51,8 +51,8 @@ use envoy_types::pb::envoy::config::core::v3::{
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::{
-    DirectResponseAction, FilterConfig, Route, RouteConfiguration, RouteMatch, VirtualHost, route,
-    route_match,
+    DirectResponseAction, FilterConfig, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
@@ -399,8 +399,15 @@ impl GatewayWasm {
     /// The gateway's listener as Envoy Gateway sends it over LDS: the
     /// filter inlined, disabled on the listener and enabled on the route,
     /// its code fetched from `module_server` (the cluster `wasm_cluster`)
-    /// and checked against `sha256`.
-    pub fn listener(&self, module_server: SocketAddr, sha256: &str) -> Result<Listener> {
+    /// and checked against `sha256`. The route answers 200 itself, or
+    /// with `backend` forwards to that cluster (an HTTPRoute's backend,
+    /// [`GATEWAY_BACKEND_CLUSTER`]).
+    pub fn listener(
+        &self,
+        module_server: SocketAddr,
+        sha256: &str,
+        backend: Option<&str>,
+    ) -> Result<Listener> {
         #[allow(deprecated)] // `fail_open`: what Envoy Gateway sets.
         let plugin = PluginConfig {
             name: self.name.clone(),
@@ -447,16 +454,25 @@ impl GatewayWasm {
             ))),
             ..HttpFilter::default()
         };
+        let action = match backend {
+            Some(cluster) => route::Action::Route(RouteAction {
+                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                    cluster.to_owned(),
+                )),
+                ..RouteAction::default()
+            }),
+            None => route::Action::DirectResponse(DirectResponseAction {
+                status: 200,
+                ..DirectResponseAction::default()
+            }),
+        };
         let route = Route {
             name: "httproute/default/backend/rule/0".to_owned(),
             r#match: Some(RouteMatch {
                 path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
                 ..RouteMatch::default()
             }),
-            action: Some(route::Action::DirectResponse(DirectResponseAction {
-                status: 200,
-                ..DirectResponseAction::default()
-            })),
+            action: Some(action),
             // Envoy Gateway's `enableFilterOnRoute`: a FilterConfig with an
             // empty `Any` (without one Envoy refuses the route).
             typed_per_filter_config: [(
@@ -513,19 +529,33 @@ const WASM_CLUSTER: &str = "wasm_cluster";
 /// The type URL of LDS resources.
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
+/// The cluster of an HTTPRoute's backend, as Envoy Gateway names it.
+pub const GATEWAY_BACKEND_CLUSTER: &str = "httproute/default/backend/rule/0";
+
 /// An Envoy bootstrap as Envoy Gateway gives its Envoys: node `node_id`,
 /// listeners over ADS from `xds`, the module server's cluster, and
 /// `control_plane_cluster` (a cluster from the EnvoyProxy's bootstrap)
-/// pointed at `control_plane`.
+/// pointed at `control_plane`; with `backend`, the route's backend
+/// cluster [`GATEWAY_BACKEND_CLUSTER`] too (Envoy Gateway sends it over
+/// CDS; what the filter meets is the same).
 pub fn gateway_bootstrap(
     node_id: &str,
     xds: SocketAddr,
     module_server: SocketAddr,
     control_plane_cluster: &Json,
     control_plane: SocketAddr,
+    backend: Option<SocketAddr>,
 ) -> Result<Value> {
     let mut cluster = control_plane_cluster.clone();
     point_cluster_at(&mut cluster, control_plane)?;
+    let mut clusters = vec![
+        http2_cluster(XDS_CLUSTER, xds),
+        http1_cluster(WASM_CLUSTER, module_server),
+        cluster,
+    ];
+    if let Some(backend) = backend {
+        clusters.push(http1_cluster(GATEWAY_BACKEND_CLUSTER, backend));
+    }
     let bootstrap = serde_json::json!({
         "node": {"id": node_id, "cluster": "envoy-gateway-system/eg"},
         "admin": admin(),
@@ -538,13 +568,7 @@ pub fn gateway_bootstrap(
             },
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
         },
-        "static_resources": {
-            "clusters": [
-                http2_cluster(XDS_CLUSTER, xds),
-                http1_cluster(WASM_CLUSTER, module_server),
-                cluster,
-            ],
-        },
+        "static_resources": {"clusters": clusters},
     });
     serde_json::from_value(bootstrap).context("the gateway bootstrap")
 }

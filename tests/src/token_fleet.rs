@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use hyper::header::HeaderName;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -267,14 +267,49 @@ pub struct TokenLoad {
 }
 
 impl TokenLoad {
-    /// Starts sending through `fleet`'s Envoys for `duration`.
+    /// Starts sending through `fleet`'s Envoys for `duration`, each
+    /// request's tokens drawn from the distribution (median 500,
+    /// p99 8,000).
     pub fn start(
         fleet: &TokenFleet,
         streams: Vec<TokenStream>,
         duration: Duration,
         seed: u64,
     ) -> Result<Self> {
-        let distribution = TokenDistribution::median_500_p99_8000();
+        let urls = streams
+            .iter()
+            .map(|stream| {
+                Ok(format!(
+                    "{}/v1/chat/completions",
+                    fleet.fleet.url(stream.envoy)?
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::start_on(
+            &urls,
+            TokenDistribution::median_500_p99_8000(),
+            streams,
+            duration,
+            seed,
+        )
+    }
+
+    /// Starts sending for `duration`: stream `i` posts to `urls[i]` (a
+    /// chat completions URL), each request's tokens drawn from
+    /// `distribution`.
+    pub fn start_on(
+        urls: &[String],
+        distribution: TokenDistribution,
+        streams: Vec<TokenStream>,
+        duration: Duration,
+        seed: u64,
+    ) -> Result<Self> {
+        ensure!(
+            urls.len() == streams.len(),
+            "{} URLs for {} streams",
+            urls.len(),
+            streams.len()
+        );
         let mean_tokens = distribution.mean();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
@@ -283,8 +318,8 @@ impl TokenLoad {
         let started = Instant::now();
         let completions = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = JoinSet::new();
-        for (index, stream) in streams.iter().enumerate() {
-            let url = format!("{}/v1/chat/completions", fleet.fleet.url(stream.envoy)?);
+        for (index, (stream, url)) in streams.iter().zip(urls).enumerate() {
+            let url = url.clone();
             let stream = stream.clone();
             let client = client.clone();
             let completions = Arc::clone(&completions);

@@ -243,8 +243,9 @@ fn every_filter_configuration_passes_the_filters_validation() {
             _ => {}
         }
     }
-    // Two WasmPlugins, one wasm and one native Envoy Gateway extension.
-    assert_eq!(checked, 4);
+    // Two WasmPlugins, one native and two wasm Envoy Gateway extensions
+    // (the Gateway's and the LLM route's).
+    assert_eq!(checked, 5);
 }
 
 #[test]
