@@ -1,7 +1,8 @@
-//! How Istio and Envoy Gateway deliver the wasm filter to Envoy, mirrored
-//! from their sources, so that tests can feed a real Envoy exactly what
-//! they would send: deploy/'s WasmPlugin through ECDS as istiod builds it,
-//! and deploy/'s EnvoyExtensionPolicy inlined as Envoy Gateway builds it.
+//! How Istio and Envoy Gateway deliver the filter to Envoy, mirrored from
+//! their sources, so that tests can feed a real Envoy exactly what they
+//! would send: deploy/'s WasmPlugin through ECDS as istiod builds it, and
+//! deploy/'s EnvoyExtensionPolicies (wasm and native module) inlined as
+//! Envoy Gateway builds them.
 //!
 //! Istio (istio/istio, master of 2026-08):
 //! - a WasmPlugin becomes a TrafficExtension named `<name>~istio-translated-wasmplugin`
@@ -38,7 +39,14 @@
 //! extension has VMs of its own; `configuration` is a StringValue of the
 //! JSON `config`; `root_id` is `rootID`; the code is fetched from Envoy
 //! Gateway's own HTTP server (cluster `wasm_cluster`) with its sha256;
-//! `fail_open` is `failOpen`.
+//! `fail_open` is `failOpen`. A `dynamicModule` entry
+//! (`internal/xds/translator/dynamicmodule.go`, `buildDynamicModules`)
+//! becomes a `DynamicModuleFilter` named
+//! `envoy.filters.http.dynamic_modules/envoyextensionpolicy/<namespace>/<policy>/dynamic-module/<index>`,
+//! inlined, disabled and enabled per route alike, its `filter_name` the
+//! entry's `filterName`, its `filter_config` a StringValue of the JSON
+//! `config`, and its module the EnvoyProxy allow-list entry's local path
+//! as `dynamic_module_config.module.local.filename`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -54,6 +62,7 @@ use envoy_types::pb::envoy::config::route::v3::{
     DirectResponseAction, FilterConfig, Route, RouteAction, RouteConfiguration, RouteMatch,
     VirtualHost, route, route_action, route_match,
 };
+use envoy_types::pb::envoy::extensions::filters::http::dynamic_modules::v3::DynamicModuleFilter;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -66,6 +75,7 @@ use envoy_types::pb::google::protobuf::{Any, Duration as ProtoDuration, StringVa
 use http_body_util::Full;
 use hyper::Response;
 use hyper::body::Bytes;
+use prost::{Message, Name};
 use serde_json::Value as Json;
 use serde_yaml_ng::Value;
 use tokio::net::TcpListener;
@@ -340,28 +350,14 @@ pub struct GatewayWasm {
 impl GatewayWasm {
     /// Every `spec.wasm` entry of the EnvoyExtensionPolicy in `text`.
     pub fn from_manifest(text: &str) -> Result<Vec<Self>> {
-        let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
-        let json: Json = serde_json::to_value(&value).context("the manifest is not JSON-like")?;
-        if at(&json, "/kind") != "EnvoyExtensionPolicy" {
-            bail!("not an EnvoyExtensionPolicy: kind {}", at(&json, "/kind"));
-        }
-        let namespace = at(&json, "/metadata/namespace")
-            .as_str()
-            .context("metadata.namespace")?;
-        let policy = at(&json, "/metadata/name")
-            .as_str()
-            .context("metadata.name")?;
-        let entries = at(&json, "/spec/wasm")
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let (namespace, policy, entries) = extension_policy_entries(text, "wasm")?;
         entries
             .iter()
             .enumerate()
             .map(|(index, entry)| {
                 Ok(Self {
-                    namespace: namespace.to_owned(),
-                    policy: policy.to_owned(),
+                    namespace: namespace.clone(),
+                    policy: policy.clone(),
                     index,
                     name: at(entry, "/name")
                         .as_str()
@@ -377,10 +373,8 @@ impl GatewayWasm {
 
     /// Reads `deploy/<relative>`.
     pub fn from_repo(relative: &str) -> Result<Vec<Self>> {
-        let path = paths::from_root(Path::new("deploy").join(relative))?;
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        Self::from_manifest(&text).with_context(|| path.display().to_string())
+        let text = read_deploy(relative)?;
+        Self::from_manifest(&text).with_context(|| relative.to_owned())
     }
 
     /// Envoy Gateway's IR name of the extension: its VMs' `vm_id`.
@@ -447,78 +441,204 @@ impl GatewayWasm {
             }))),
             ..HttpFilter::default()
         };
-        let router = HttpFilter {
-            name: "envoy.filters.http.router".to_owned(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(to_any(
-                &Router::default(),
-            ))),
+        Ok(gateway_listener(wasm_filter, backend))
+    }
+}
+
+/// One entry of an EnvoyExtensionPolicy's `spec.dynamicModule`, as read
+/// from a manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayDynamicModule {
+    /// The policy's namespace.
+    pub namespace: String,
+    /// The policy's name.
+    pub policy: String,
+    /// The entry's index in `spec.dynamicModule`.
+    pub index: usize,
+    /// `name`: the EnvoyProxy allow-list entry it loads.
+    pub name: String,
+    /// `filterName`: the filter within the module.
+    pub filter_name: String,
+    /// `config` (JSON).
+    pub config: Json,
+}
+
+impl GatewayDynamicModule {
+    /// Every `spec.dynamicModule` entry of the EnvoyExtensionPolicy in
+    /// `text`.
+    pub fn from_manifest(text: &str) -> Result<Vec<Self>> {
+        let (namespace, policy, entries) = extension_policy_entries(text, "dynamicModule")?;
+        entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| {
+                let field = |name: &str| {
+                    at(entry, &format!("/{name}"))
+                        .as_str()
+                        .map(str::to_owned)
+                        .with_context(|| format!("dynamicModule[].{name}"))
+                };
+                Ok(Self {
+                    namespace: namespace.clone(),
+                    policy: policy.clone(),
+                    index,
+                    name: field("name")?,
+                    filter_name: field("filterName")?,
+                    config: at(entry, "/config").clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Reads `deploy/<relative>`.
+    pub fn from_repo(relative: &str) -> Result<Vec<Self>> {
+        let text = read_deploy(relative)?;
+        Self::from_manifest(&text).with_context(|| relative.to_owned())
+    }
+
+    /// The HTTP filter's name: Envoy Gateway's IR name of the extension
+    /// behind the filter type.
+    pub fn http_filter_name(&self) -> String {
+        format!(
+            "envoy.filters.http.dynamic_modules/envoyextensionpolicy/{}/{}/dynamic-module/{}",
+            self.namespace, self.policy, self.index
+        )
+    }
+
+    /// The gateway's listener as Envoy Gateway sends it over LDS: the
+    /// `DynamicModuleFilter` inlined, disabled on the listener and enabled
+    /// on the route, loading the module file at `module_path` (the
+    /// allow-list entry's local path, as `module.local.filename`), the
+    /// configuration a JSON StringValue.
+    pub fn listener(&self, module_path: &Path, backend: Option<&str>) -> Result<Listener> {
+        let filter = DynamicModuleFilter {
+            filter_name: self.filter_name.clone(),
+            filter_config: Some(to_any(&StringValue {
+                value: serde_json::to_string(&self.config)?,
+            })),
+            ..DynamicModuleFilter::default()
+        };
+        let mut value = filter.encode_to_vec();
+        // `dynamic_module_config` (field 1) holding only `module` (field 6),
+        // which Envoy 1.40 has and envoy-types does not yet: encoded by
+        // hand, as Envoy Gateway's go-control-plane encodes it.
+        let module = AsyncDataSource {
+            specifier: Some(async_data_source::Specifier::Local(DataSource {
+                specifier: Some(data_source::Specifier::Filename(
+                    module_path.display().to_string(),
+                )),
+                ..DataSource::default()
+            })),
+        };
+        let mut config = Vec::new();
+        prost::encoding::message::encode(DYNAMIC_MODULE_CONFIG_MODULE_FIELD, &module, &mut config);
+        prost::encoding::bytes::encode(DYNAMIC_MODULE_FILTER_CONFIG_FIELD, &config, &mut value);
+        let filter = HttpFilter {
+            name: self.http_filter_name(),
+            disabled: true,
+            config_type: Some(http_filter::ConfigType::TypedConfig(Any {
+                type_url: DynamicModuleFilter::type_url(),
+                value,
+            })),
             ..HttpFilter::default()
         };
-        let action = match backend {
-            Some(cluster) => route::Action::Route(RouteAction {
-                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
-                    cluster.to_owned(),
-                )),
-                ..RouteAction::default()
+        Ok(gateway_listener(filter, backend))
+    }
+}
+
+/// `DynamicModuleFilter.dynamic_module_config`'s field number.
+const DYNAMIC_MODULE_FILTER_CONFIG_FIELD: u32 = 1;
+/// `DynamicModuleConfig.module`'s field number (Envoy 1.40).
+const DYNAMIC_MODULE_CONFIG_MODULE_FIELD: u32 = 6;
+
+/// The local path of the dynamic module the EnvoyProxy manifest in
+/// `text` allow-lists as `name` (`spec.dynamicModules[].source.local.path`).
+pub fn envoy_proxy_dynamic_module_path(text: &str, name: &str) -> Result<String> {
+    let json = manifest_json(text)?;
+    let entry = at(&json, "/spec/dynamicModules")
+        .as_array()
+        .and_then(|entries| entries.iter().find(|entry| at(entry, "/name") == name))
+        .with_context(|| format!("no dynamic module {name:?} on the EnvoyProxy's allow-list"))?;
+    at(entry, "/source/local/path")
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("the allow-list entry {name:?} has no local path"))
+}
+
+/// The gateway's listener as Envoy Gateway sends it over LDS: `filter`
+/// inlined, disabled on the listener (as given) and enabled on the route
+/// (Envoy Gateway's `enableFilterOnRoute`), then the router. The route
+/// answers 200 itself, or with `backend` forwards to that cluster.
+fn gateway_listener(filter: HttpFilter, backend: Option<&str>) -> Listener {
+    let router = HttpFilter {
+        name: "envoy.filters.http.router".to_owned(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(to_any(
+            &Router::default(),
+        ))),
+        ..HttpFilter::default()
+    };
+    let action = match backend {
+        Some(cluster) => route::Action::Route(RouteAction {
+            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_owned())),
+            ..RouteAction::default()
+        }),
+        None => route::Action::DirectResponse(DirectResponseAction {
+            status: 200,
+            ..DirectResponseAction::default()
+        }),
+    };
+    let route = Route {
+        name: "httproute/default/backend/rule/0".to_owned(),
+        r#match: Some(RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
+            ..RouteMatch::default()
+        }),
+        action: Some(action),
+        // Envoy Gateway's `enableFilterOnRoute`: a FilterConfig with an
+        // empty `Any` (without one Envoy refuses the route).
+        typed_per_filter_config: [(
+            filter.name.clone(),
+            to_any(&FilterConfig {
+                config: Some(Any::default()),
+                ..FilterConfig::default()
             }),
-            None => route::Action::DirectResponse(DirectResponseAction {
-                status: 200,
-                ..DirectResponseAction::default()
-            }),
-        };
-        let route = Route {
-            name: "httproute/default/backend/rule/0".to_owned(),
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_owned())),
-                ..RouteMatch::default()
-            }),
-            action: Some(action),
-            // Envoy Gateway's `enableFilterOnRoute`: a FilterConfig with an
-            // empty `Any` (without one Envoy refuses the route).
-            typed_per_filter_config: [(
-                self.filter_name(),
-                to_any(&FilterConfig {
-                    config: Some(Any::default()),
-                    ..FilterConfig::default()
-                }),
-            )]
-            .into_iter()
-            .collect(),
-            ..Route::default()
-        };
-        let manager = HttpConnectionManager {
-            stat_prefix: "http-10080".to_owned(),
-            route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
-                name: "default/eg/http".to_owned(),
-                virtual_hosts: vec![VirtualHost {
-                    name: "default/eg/http/www_example_com".to_owned(),
-                    domains: vec!["*".to_owned()],
-                    routes: vec![route],
-                    ..VirtualHost::default()
-                }],
-                ..RouteConfiguration::default()
-            })),
-            http_filters: vec![wasm_filter, router],
-            ..HttpConnectionManager::default()
-        };
-        Ok(Listener {
-            name: GATEWAY_LISTENER.to_owned(),
-            address: Some(Address {
-                address: Some(address::Address::SocketAddress(SocketAddress {
-                    address: "127.0.0.1".to_owned(),
-                    port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
-                    ..SocketAddress::default()
-                })),
-            }),
-            filter_chains: vec![FilterChain {
-                filters: vec![Filter {
-                    name: "envoy.filters.network.http_connection_manager".to_owned(),
-                    config_type: Some(filter::ConfigType::TypedConfig(to_any(&manager))),
-                }],
-                ..FilterChain::default()
+        )]
+        .into_iter()
+        .collect(),
+        ..Route::default()
+    };
+    let manager = HttpConnectionManager {
+        stat_prefix: "http-10080".to_owned(),
+        route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
+            name: "default/eg/http".to_owned(),
+            virtual_hosts: vec![VirtualHost {
+                name: "default/eg/http/www_example_com".to_owned(),
+                domains: vec!["*".to_owned()],
+                routes: vec![route],
+                ..VirtualHost::default()
             }],
-            ..Listener::default()
-        })
+            ..RouteConfiguration::default()
+        })),
+        http_filters: vec![filter, router],
+        ..HttpConnectionManager::default()
+    };
+    Listener {
+        name: GATEWAY_LISTENER.to_owned(),
+        address: Some(Address {
+            address: Some(address::Address::SocketAddress(SocketAddress {
+                address: "127.0.0.1".to_owned(),
+                port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
+                ..SocketAddress::default()
+            })),
+        }),
+        filter_chains: vec![FilterChain {
+            filters: vec![Filter {
+                name: "envoy.filters.network.http_connection_manager".to_owned(),
+                config_type: Some(filter::ConfigType::TypedConfig(to_any(&manager))),
+            }],
+            ..FilterChain::default()
+        }],
+        ..Listener::default()
     }
 }
 
@@ -533,29 +653,12 @@ pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Li
 pub const GATEWAY_BACKEND_CLUSTER: &str = "httproute/default/backend/rule/0";
 
 /// An Envoy bootstrap as Envoy Gateway gives its Envoys: node `node_id`,
-/// listeners over ADS from `xds`, the module server's cluster, and
-/// `control_plane_cluster` (a cluster from the EnvoyProxy's bootstrap)
-/// pointed at `control_plane`; with `backend`, the route's backend
-/// cluster [`GATEWAY_BACKEND_CLUSTER`] too (Envoy Gateway sends it over
-/// CDS; what the filter meets is the same).
-pub fn gateway_bootstrap(
-    node_id: &str,
-    xds: SocketAddr,
-    module_server: SocketAddr,
-    control_plane_cluster: &Json,
-    control_plane: SocketAddr,
-    backend: Option<SocketAddr>,
-) -> Result<Value> {
-    let mut cluster = control_plane_cluster.clone();
-    point_cluster_at(&mut cluster, control_plane)?;
-    let mut clusters = vec![
-        http2_cluster(XDS_CLUSTER, xds),
-        http1_cluster(WASM_CLUSTER, module_server),
-        cluster,
-    ];
-    if let Some(backend) = backend {
-        clusters.push(http1_cluster(GATEWAY_BACKEND_CLUSTER, backend));
-    }
+/// listeners over ADS from `xds`, and the static `clusters` (from
+/// [`gateway_module_server_cluster`], [`gateway_control_plane_cluster`],
+/// [`gateway_backend_cluster`]).
+pub fn gateway_bootstrap(node_id: &str, xds: SocketAddr, clusters: Vec<Json>) -> Result<Value> {
+    let mut clusters = clusters;
+    clusters.insert(0, http2_cluster(XDS_CLUSTER, xds));
     let bootstrap = serde_json::json!({
         "node": {"id": node_id, "cluster": "envoy-gateway-system/eg"},
         "admin": admin(),
@@ -571,6 +674,25 @@ pub fn gateway_bootstrap(
         "static_resources": {"clusters": clusters},
     });
     serde_json::from_value(bootstrap).context("the gateway bootstrap")
+}
+
+/// The cluster of Envoy Gateway's module server, at `addr`.
+pub fn gateway_module_server_cluster(addr: SocketAddr) -> Json {
+    http1_cluster(WASM_CLUSTER, addr)
+}
+
+/// `cluster` (a cluster from the EnvoyProxy's bootstrap) pointed at the
+/// control plane at `addr`.
+pub fn gateway_control_plane_cluster(cluster: &Json, addr: SocketAddr) -> Result<Json> {
+    let mut cluster = cluster.clone();
+    point_cluster_at(&mut cluster, addr)?;
+    Ok(cluster)
+}
+
+/// The route's backend cluster [`GATEWAY_BACKEND_CLUSTER`] at `addr`
+/// (Envoy Gateway sends it over CDS; what the filter meets is the same).
+pub fn gateway_backend_cluster(addr: SocketAddr) -> Json {
+    http1_cluster(GATEWAY_BACKEND_CLUSTER, addr)
 }
 
 /// The value of the response header `name` on the first 429 among up to
@@ -633,6 +755,42 @@ fn point_cluster_at(cluster: &mut Json, addr: SocketAddr) -> Result<()> {
         cluster.remove("transport_socket");
     }
     Ok(())
+}
+
+/// An EnvoyExtensionPolicy manifest's namespace, name and the entries of
+/// its `spec.<list>`.
+fn extension_policy_entries(text: &str, list: &str) -> Result<(String, String, Vec<Json>)> {
+    let json = manifest_json(text)?;
+    if at(&json, "/kind") != "EnvoyExtensionPolicy" {
+        bail!("not an EnvoyExtensionPolicy: kind {}", at(&json, "/kind"));
+    }
+    let field = |pointer: &str| {
+        at(&json, pointer)
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| pointer.to_owned())
+    };
+    let entries = at(&json, &format!("/spec/{list}"))
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok((
+        field("/metadata/namespace")?,
+        field("/metadata/name")?,
+        entries,
+    ))
+}
+
+/// A manifest's YAML as JSON.
+fn manifest_json(text: &str) -> Result<Json> {
+    let value: Value = serde_yaml_ng::from_str(text).context("the manifest is not YAML")?;
+    serde_json::to_value(&value).context("the manifest is not JSON-like")
+}
+
+/// The text of `deploy/<relative>`.
+fn read_deploy(relative: &str) -> Result<String> {
+    let path = paths::from_root(Path::new("deploy").join(relative))?;
+    std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// The value at `pointer` in `json`, `null` when absent.

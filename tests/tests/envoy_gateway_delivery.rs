@@ -19,13 +19,16 @@ use std::time::Duration;
 use hyper::header::HeaderName;
 
 use serde_json::{Value as Json, json};
+use sluice_integration_tests::certs;
 use sluice_integration_tests::envoy::counter_total;
 use sluice_integration_tests::fleet::{EnvoySpec, Fleet, FleetOptions};
 use sluice_integration_tests::llm_upstream::{LlmUpstream, LlmUpstreamOptions, TokenDistribution};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::mesh::{
-    GATEWAY_BACKEND_CLUSTER, GATEWAY_LISTENER, GatewayWasm, LISTENER_TYPE, ModuleServer,
-    envoy_proxy_bootstrap_clusters, gateway_bootstrap, header_of_a_429,
+    GATEWAY_BACKEND_CLUSTER, GATEWAY_LISTENER, GatewayDynamicModule, GatewayWasm, LISTENER_TYPE,
+    ModuleServer, envoy_proxy_bootstrap_clusters, envoy_proxy_dynamic_module_path,
+    gateway_backend_cluster, gateway_bootstrap, gateway_control_plane_cluster,
+    gateway_module_server_cluster, header_of_a_429,
 };
 use sluice_integration_tests::oci;
 use sluice_integration_tests::paths;
@@ -100,15 +103,13 @@ impl Gateway {
         };
         let version = gateway.publish();
         for (index, node_id) in node_ids.iter().enumerate() {
-            let config = gateway_bootstrap(
-                node_id,
-                gateway.xds.addr(),
-                gateway.modules.addr(),
-                &cluster,
-                gateway.fleet.control_plane.grpc_addr(),
-                backend,
-            )
-            .unwrap();
+            let mut clusters = vec![
+                gateway_module_server_cluster(gateway.modules.addr()),
+                gateway_control_plane_cluster(&cluster, gateway.fleet.control_plane.grpc_addr())
+                    .unwrap(),
+            ];
+            clusters.extend(backend.map(gateway_backend_cluster));
+            let config = gateway_bootstrap(node_id, gateway.xds.addr(), clusters).unwrap();
             gateway
                 .fleet
                 .start_envoy(&EnvoySpec::generated(&format!("gateway-{index}"), config))
@@ -152,15 +153,23 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
         "envoy-default-eg-e41e7b31-7c9d8f6b5-d3e4f",
     ])
     .await;
+    let ids = holds_the_fleet_limit(&gateway.fleet).await;
+    assert_eq!(ids, gateway.node_ids);
+}
+
+/// Two Envoys of `fleet` offered 3x the limit of acme together (450 and
+/// 150 rps) admit it within ±10 % once the fleet converged, with no
+/// errors; the proxy ids the control plane lists, sorted.
+async fn holds_the_fleet_limit(fleet: &Fleet) -> Vec<String> {
     let load = LoadRun::start(LoadPlan::new(
         vec![
-            StreamSpec::new("A/acme", &gateway.fleet.envoys[0].base_url(), "acme", 450.0),
-            StreamSpec::new("B/acme", &gateway.fleet.envoys[1].base_url(), "acme", 150.0),
+            StreamSpec::new("A/acme", &fleet.envoys[0].base_url(), "acme", 450.0),
+            StreamSpec::new("B/acme", &fleet.envoys[1].base_url(), "acme", 150.0),
         ],
         Duration::from_secs(10),
     ))
     .unwrap();
-    let admin = gateway.fleet.control_plane.admin();
+    let admin = fleet.control_plane.admin();
     let converged = admin
         .wait_for_convergence("acme", ACME_LIMIT, 0.10, 2, Duration::from_secs(5))
         .await;
@@ -180,7 +189,7 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
     );
     println!("{summary}");
     if converged.is_err() {
-        gateway.print_logs();
+        fleet.print_logs();
     }
     converged.unwrap();
     let acme = result.tenant_counts(window, "acme");
@@ -192,7 +201,82 @@ async fn gateway_envoys_hold_the_fleet_limit_with_the_filter_inlined() {
     );
     let mut ids: Vec<String> = proxies.proxies.iter().map(|p| p.proxy_id.clone()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, gateway.node_ids, "{summary}");
+    ids
+}
+
+/// deploy/'s native policy as Envoy Gateway delivers it: the
+/// `DynamicModuleFilter` inlined in the listener sent over LDS, disabled
+/// there and enabled on the route, the module loaded from the file the
+/// EnvoyProxy's allow-list names (here the built module), its `config` a
+/// JSON StringValue, the control plane reached over mutual TLS as the
+/// policy says (its address and certificate files the test's). Two gateway
+/// Envoys hold the fleet limit, each under a name of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_policy_holds_the_fleet_limit_as_envoy_gateway_delivers_it() {
+    let mut fleet =
+        Fleet::start(FleetOptions::control_plane_only(&deploy_limits_yaml().unwrap()).mutual_tls())
+            .await
+            .unwrap();
+    let mut module = GatewayDynamicModule::from_repo("envoy-gateway/extension-policy-native.yaml")
+        .unwrap()
+        .remove(0);
+    let envoy_proxy =
+        std::fs::read_to_string(paths::from_root("deploy/envoy-gateway/envoyproxy.yaml").unwrap())
+            .unwrap();
+    let allowed = envoy_proxy_dynamic_module_path(&envoy_proxy, &module.name).unwrap();
+    assert!(
+        allowed.ends_with("/libsluice_native.so"),
+        "the allow-list loads {allowed}"
+    );
+    let uri = module.config["control_plane_uri"].as_str().unwrap();
+    assert!(uri.starts_with("https://"), "{uri}");
+    module.config["control_plane_uri"] =
+        format!("https://{}", fleet.control_plane.grpc_addr()).into();
+    let certs = fleet.certs().unwrap();
+    for (field, name) in [
+        ("ca_file", certs::CA),
+        ("cert_file", certs::CLIENT_CERT),
+        ("key_file", certs::CLIENT_KEY),
+    ] {
+        assert!(
+            module.config["control_plane_tls"][field].is_string(),
+            "{field}"
+        );
+        module.config["control_plane_tls"][field] = certs.path(name).display().to_string().into();
+    }
+    module.config["report_interval_ms"] = 100.into();
+    let listener = module
+        .listener(&paths::native_module().unwrap(), None)
+        .unwrap();
+    let xds = XdsServer::start().await.unwrap();
+    let version = xds.set(
+        LISTENER_TYPE,
+        vec![(GATEWAY_LISTENER.to_owned(), to_any(&listener))],
+    );
+    let node_ids = [
+        "envoy-default-eg-native-5b7c9d2e-6f8a9b-a1b2c",
+        "envoy-default-eg-native-5b7c9d2e-6f8a9b-d3e4f",
+    ];
+    for (index, node_id) in node_ids.iter().enumerate() {
+        let config = gateway_bootstrap(node_id, xds.addr(), Vec::new()).unwrap();
+        fleet
+            .start_envoy(&EnvoySpec::generated(
+                &format!("gateway-native-{index}"),
+                config,
+            ))
+            .await
+            .unwrap();
+        if let Err(err) = xds
+            .wait_for_ack(node_id, LISTENER_TYPE, version, ACK_TIMEOUT)
+            .await
+        {
+            fleet.print_logs();
+            panic!("{err:#}");
+        }
+    }
+    let ids = holds_the_fleet_limit(&fleet).await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_ne!(ids[0], ids[1]);
 }
 
 /// A changed `config` reaches the gateway as Envoy Gateway sends it, a new
