@@ -48,6 +48,7 @@
 //! `config`, and its module the EnvoyProxy allow-list entry's local path
 //! as `dynamic_module_config.module.local.filename`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -95,6 +96,8 @@ const ISTIO_TRANSLATED_MARKER: &str = "~istio-translated-wasmplugin";
 const ISTIO_RESOURCE_PREFIX: &str = "extensions.istio.io/trafficextension/";
 /// istiod's only wasm runtime.
 const V8: &str = "envoy.wasm.runtime.v8";
+/// The cluster istiod gives a sidecar for its pod's application port.
+const ISTIO_INBOUND_APP_CLUSTER: &str = "inbound|8000||";
 /// The cluster the Istio bootstrap names for istiod's xDS.
 const XDS_CLUSTER: &str = "xds-grpc";
 
@@ -113,6 +116,8 @@ pub struct WasmPlugin {
     pub fail_strategy: Option<String>,
     /// `metadata.resourceVersion`, which the API server sets on every change.
     pub resource_version: String,
+    /// `spec.selector.matchLabels`: the labels of the pods it applies to.
+    pub selector: BTreeMap<String, String>,
 }
 
 impl WasmPlugin {
@@ -138,6 +143,16 @@ impl WasmPlugin {
                 .unwrap_or_else(|| Json::Object(serde_json::Map::new())),
             fail_strategy: text_at("/spec/failStrategy"),
             resource_version: text_at("/metadata/resourceVersion").unwrap_or_else(|| "1".into()),
+            selector: json
+                .pointer("/spec/selector/matchLabels")
+                .and_then(Json::as_object)
+                .map(|labels| {
+                    labels
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 
@@ -244,14 +259,28 @@ pub struct Sidecar {
     pub pod: String,
     /// The pod's namespace.
     pub namespace: String,
+    /// The pod's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The pod's application, which the inbound route forwards to; `None`:
+    /// the route answers 200 itself.
+    pub app: Option<SocketAddr>,
 }
 
 impl Sidecar {
-    /// A sidecar of pod `pod` in `namespace`.
+    /// A sidecar of pod `pod` in `namespace`, labelled `app: <pod>` and
+    /// `sluice.io/rate-limit: enabled` (deploy/istio's selector), whose
+    /// inbound route answers 200 itself.
     pub fn new(pod: &str, namespace: &str) -> Self {
         Self {
             pod: pod.to_owned(),
             namespace: namespace.to_owned(),
+            labels: [
+                ("app".to_owned(), pod.to_owned()),
+                ("sluice.io/rate-limit".to_owned(), "enabled".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
+            app: None,
         }
     }
 
@@ -267,7 +296,8 @@ impl Sidecar {
     /// An Envoy bootstrap for this sidecar: ADS to `xds`, the control
     /// plane's cluster as Istio names it, and one inbound listener whose
     /// HTTP filters are the ECDS resources `extensions` (in order), then
-    /// the router, answering 200 itself.
+    /// the router, forwarding to the pod's application (the cluster Istio
+    /// names `inbound|<port>||`) or answering 200 itself.
     pub fn bootstrap(
         &self,
         xds: SocketAddr,
@@ -294,13 +324,24 @@ impl Sidecar {
             })
             .collect();
         filters.push(router());
+        let mut clusters = vec![
+            http2_cluster(XDS_CLUSTER, xds),
+            http2_cluster(ISTIO_CONTROL_PLANE_CLUSTER, control_plane),
+        ];
+        let route = match self.app {
+            Some(app) => {
+                clusters.push(http1_cluster(ISTIO_INBOUND_APP_CLUSTER, app));
+                serde_json::json!({"cluster": ISTIO_INBOUND_APP_CLUSTER})
+            }
+            None => Json::Null,
+        };
         let bootstrap = serde_json::json!({
             "node": {
                 "id": self.node_id(),
                 "cluster": format!("{}.{}", self.pod, self.namespace),
                 "metadata": {
                     "NAMESPACE": self.namespace,
-                    "LABELS": {"app": self.pod, "sluice.io/rate-limit": "enabled"},
+                    "LABELS": self.labels,
                     "ISTIO_VERSION": "1.30.0",
                     "CLUSTER_ID": "Kubernetes",
                     "INTERCEPTION_MODE": "NONE",
@@ -316,11 +357,8 @@ impl Sidecar {
                 },
             },
             "static_resources": {
-                "clusters": [
-                    http2_cluster(XDS_CLUSTER, xds),
-                    http2_cluster(ISTIO_CONTROL_PLANE_CLUSTER, control_plane),
-                ],
-                "listeners": [listener("virtualInbound", filters)],
+                "clusters": clusters,
+                "listeners": [listener("virtualInbound", filters, route)],
             },
         });
         serde_json::from_value(bootstrap).context("the sidecar bootstrap")
@@ -809,13 +847,18 @@ fn router() -> Json {
     })
 }
 
-/// A static listener answering 200 itself, with `http_filters`.
-fn listener(name: &str, http_filters: Vec<Json>) -> Json {
-    let route = serde_json::json!({
-        "name": "default",
-        "match": {"prefix": "/"},
-        "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
-    });
+/// A static listener with `http_filters`, whose one route takes the
+/// `route` action, or answers 200 itself when that is `null`.
+fn listener(name: &str, http_filters: Vec<Json>, route: Json) -> Json {
+    let route = if route.is_null() {
+        serde_json::json!({
+            "name": "default",
+            "match": {"prefix": "/"},
+            "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}},
+        })
+    } else {
+        serde_json::json!({"name": "default", "match": {"prefix": "/"}, "route": route})
+    };
     serde_json::json!({
         "name": name,
         "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},

@@ -3,6 +3,7 @@
 //! configured as sidecars of pods in one namespace, each fed deploy/'s
 //! WasmPlugin through ECDS exactly as istiod builds it ([`crate::mesh`]).
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -50,6 +51,11 @@ pub struct SidecarOptions {
     pub control_interval_ms: Option<u64>,
     /// Envoy worker threads.
     pub concurrency: u32,
+    /// The WasmPlugin, under deploy/ ([`SIDECAR_PLUGIN`] by default).
+    pub plugin: String,
+    /// The pods' application, which their inbound routes forward to;
+    /// `None`: the sidecars answer 200 themselves.
+    pub app: Option<SocketAddr>,
 }
 
 impl SidecarOptions {
@@ -61,6 +67,8 @@ impl SidecarOptions {
             plugin_patch: serde_json::Map::new(),
             control_interval_ms: None,
             concurrency: 2,
+            plugin: SIDECAR_PLUGIN.to_owned(),
+            app: None,
         }
     }
 }
@@ -81,8 +89,10 @@ pub struct SidecarMesh {
     other: Option<(String, Any)>,
 }
 
-/// The namespace of the sidecars.
+/// The namespace of the sidecars, for a plugin in Istio's root namespace.
 pub const NAMESPACE: &str = "shop";
+/// Istio's root namespace.
+const ISTIO_ROOT_NAMESPACE: &str = "istio-system";
 
 impl SidecarMesh {
     /// Starts the xDS server, the control plane and the sidecars, and
@@ -94,7 +104,7 @@ impl SidecarMesh {
         )
         .await?;
         let xds = XdsServer::start().await?;
-        let mut plugin = WasmPlugin::from_repo(SIDECAR_PLUGIN)?;
+        let mut plugin = WasmPlugin::from_repo(&options.plugin)?;
         if let Some(config) = plugin.plugin_config.as_object_mut() {
             config.extend(options.plugin_patch.clone());
         }
@@ -123,7 +133,17 @@ impl SidecarMesh {
         }
         extensions.push(mesh.plugin.resource_name());
         for pod in &options.pods {
-            let sidecar = Sidecar::new(pod, NAMESPACE);
+            // A plugin in Istio's root namespace applies to pods in any
+            // namespace; one elsewhere, to that namespace's. The pods carry
+            // its selector's labels.
+            let namespace = if mesh.plugin.namespace == ISTIO_ROOT_NAMESPACE {
+                NAMESPACE
+            } else {
+                &mesh.plugin.namespace
+            };
+            let mut sidecar = Sidecar::new(pod, namespace);
+            sidecar.labels.extend(mesh.plugin.selector.clone());
+            sidecar.app = options.app;
             let config = sidecar.bootstrap(
                 mesh.xds.addr(),
                 mesh.fleet.control_plane.grpc_addr(),

@@ -554,3 +554,148 @@ pub fn requests_with_status(
         .filter(|c| c.status == status && c.ended >= from && c.ended < to && keep(c.stream))
         .count() as u64
 }
+
+/// deploy/'s token-budget examples held through a proxy: the bucket `llm`
+/// of deploy/base's limits file, 1,200,000 tokens a minute, in front of
+/// the fake LLM upstream.
+pub mod deployed {
+    use std::time::Duration;
+
+    use anyhow::{Context, Result, ensure};
+
+    use hyper::header::HeaderName;
+
+    use super::{OUTPUT_TOKENS_HEADER, TokenLoad, TokenStream, admitted_tokens, completion};
+    use crate::control_plane::AdminClient;
+    use crate::envoy::{Envoy, counter_total};
+    use crate::llm_upstream::{LlmUpstream, LlmUpstreamOptions, TokenDistribution};
+    use crate::load::within;
+    use crate::wait;
+
+    /// The budget, in tokens a second.
+    pub const BUDGET_PER_S: f64 = 20_000.0;
+    /// How long the load runs, and when its measure starts (the first
+    /// directives settle before).
+    const LOAD: Duration = Duration::from_secs(12);
+    const MEASURE_FROM: Duration = Duration::from_secs(4);
+    /// Tokens of every request of the load: one size, so what is admitted
+    /// varies only with the decisions.
+    const LOAD_TOKENS: u64 = 2_000;
+
+    /// The fake LLM upstream, producing the output tokens each request
+    /// asks for ([`OUTPUT_TOKENS_HEADER`]).
+    pub async fn start_upstream() -> Result<LlmUpstream> {
+        LlmUpstream::start(LlmUpstreamOptions {
+            output_tokens_header: Some(HeaderName::from_static(OUTPUT_TOKENS_HEADER)),
+            ..LlmUpstreamOptions::default()
+        })
+        .await
+    }
+
+    /// Through `envoy` (whose chat completions are at `url`): streamed
+    /// completions are charged from the body exactly what `upstream`
+    /// reported; two tenants offering 1.5x the budget each are held within
+    /// ±30 % of it over 8 s, the control plane holds the budget in charged
+    /// tokens, and a 429 says the unit and the window. Returns a summary.
+    pub async fn holds_the_budget(
+        url: &str,
+        envoy: &Envoy,
+        upstream: &LlmUpstream,
+        admin: &AdminClient,
+    ) -> Result<String> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .context("cannot build the HTTP client")?;
+        let sizes = [40, 400, 4_000];
+        for tokens in sizes {
+            let response = completion(&http, url, "gold", tokens, tokens)
+                .send()
+                .await?;
+            ensure!(
+                response.status() == 200,
+                "a completion of {tokens} tokens: {} {:?}",
+                response.status(),
+                response.headers()
+            );
+            response.bytes().await?;
+        }
+        let stats = wait::until(
+            "every stream charged from its body",
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async {
+                let stats = envoy.stats("sluice.source=").await?;
+                let charges = counter_total(&stats, "sluice.source=body.charges");
+                Ok((charges >= sizes.len() as u64).then_some(stats))
+            },
+        )
+        .await?;
+        let charged = (
+            counter_total(&stats, "sluice.source=body.cost_charged"),
+            counter_total(&stats, "sluice.source=estimate.charges"),
+        );
+        let reported = upstream.tenant("gold").usage.total();
+        ensure!(
+            charged == (reported, 0),
+            "charged {charged:?} (from the body, estimates), the upstream reported {reported}\n{stats}"
+        );
+
+        let load = TokenLoad::start_on(
+            &[url.to_owned(), url.to_owned()],
+            TokenDistribution::new(LOAD_TOKENS as f64, LOAD_TOKENS as f64)?,
+            vec![
+                TokenStream::steady(0, "gold", 1.5 * BUDGET_PER_S),
+                TokenStream::steady(0, "silver", 1.5 * BUDGET_PER_S),
+            ],
+            LOAD,
+            7,
+        )?;
+        tokio::time::sleep(MEASURE_FROM).await;
+        let mut policy = None;
+        let mut probe_admitted = 0;
+        for _ in 0..50 {
+            let response = completion(&http, url, "gold", LOAD_TOKENS, LOAD_TOKENS)
+                .send()
+                .await?;
+            if response.status() == 429 {
+                policy = response
+                    .headers()
+                    .get("ratelimit-policy")
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                break;
+            }
+            response.bytes().await?;
+            probe_admitted += LOAD_TOKENS;
+        }
+        let buckets = admin.buckets().await?;
+        let completions = load.finish().await;
+        let admitted = admitted_tokens(&completions, MEASURE_FROM, LOAD, |_| true) + probe_admitted;
+        let expected = BUDGET_PER_S * (LOAD - MEASURE_FROM).as_secs_f64();
+        let llm = buckets.buckets.iter().find(|b| b.bucket == "llm");
+        let summary = format!(
+            "admitted {admitted} tokens from {MEASURE_FROM:?} to {LOAD:?}, the budget's \
+             {expected:.0}; a 429's ratelimit-policy: {policy:?}; the control plane: {llm:?}"
+        );
+        let policy = policy.with_context(|| format!("no 429 at 3x the budget\n{summary}"))?;
+        ensure!(
+            policy.contains(r#"qu="tokens""#) && policy.contains("w=60"),
+            "{summary}"
+        );
+        // Held in what the streams were charged: their estimates' output
+        // tokens plus the prompts' few.
+        let factor = llm
+            .and_then(|b| b.cost.as_ref())
+            .and_then(|cost| cost.charge_factor);
+        ensure!(
+            factor.is_some_and(|factor| (1.0..1.2).contains(&factor)),
+            "charge factor {factor:?}\n{summary}"
+        );
+        ensure!(
+            within(admitted as f64, expected, 0.30),
+            "admitted {admitted} tokens, the budget's {expected:.0}\n{summary}"
+        );
+        Ok(summary)
+    }
+}

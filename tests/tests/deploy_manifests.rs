@@ -243,9 +243,9 @@ fn every_filter_configuration_passes_the_filters_validation() {
             _ => {}
         }
     }
-    // Two WasmPlugins, one native and two wasm Envoy Gateway extensions
+    // Three WasmPlugins, one native and two wasm Envoy Gateway extensions
     // (the Gateway's and the LLM route's).
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 6);
 }
 
 #[test]

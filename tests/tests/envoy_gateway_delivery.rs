@@ -16,13 +16,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hyper::header::HeaderName;
-
 use serde_json::{Value as Json, json};
 use sluice_integration_tests::certs;
-use sluice_integration_tests::envoy::counter_total;
 use sluice_integration_tests::fleet::{EnvoySpec, Fleet, FleetOptions};
-use sluice_integration_tests::llm_upstream::{LlmUpstream, LlmUpstreamOptions, TokenDistribution};
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::mesh::{
     GATEWAY_BACKEND_CLUSTER, GATEWAY_LISTENER, GatewayDynamicModule, GatewayWasm, LISTENER_TYPE,
@@ -33,20 +29,11 @@ use sluice_integration_tests::mesh::{
 use sluice_integration_tests::oci;
 use sluice_integration_tests::paths;
 use sluice_integration_tests::sidecars::deploy_limits_yaml;
-use sluice_integration_tests::token_fleet::{
-    OUTPUT_TOKENS_HEADER, TokenLoad, TokenStream, admitted_tokens, completion,
-};
-use sluice_integration_tests::wait;
+use sluice_integration_tests::token_fleet::deployed;
 use sluice_integration_tests::xds::{XdsServer, to_any};
 
 const ACME_LIMIT: f64 = 200.0;
 const ACK_TIMEOUT: Duration = Duration::from_secs(15);
-/// deploy/base's budget for the bucket `llm`, 1,200,000 tokens a minute.
-const LLM_BUDGET_PER_S: f64 = 20_000.0;
-/// How long the LLM load runs, and when its measure starts (the first
-/// directives settle before).
-const LLM_LOAD: Duration = Duration::from_secs(12);
-const LLM_MEASURE_FROM: Duration = Duration::from_secs(4);
 
 /// The control plane, Envoy Gateway's module server and xDS, and one Envoy
 /// per node id, serving one of deploy/'s policies.
@@ -356,12 +343,7 @@ async fn a_policy_config_change_applies_without_restart_or_burst() {
 /// to about it, and the 429s say the unit and the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_llm_policy_charges_streamed_tokens_and_holds_the_budget() {
-    let upstream = LlmUpstream::start(LlmUpstreamOptions {
-        output_tokens_header: Some(HeaderName::from_static(OUTPUT_TOKENS_HEADER)),
-        ..LlmUpstreamOptions::default()
-    })
-    .await
-    .unwrap();
+    let upstream = deployed::start_upstream().await.unwrap();
     let gateway = Gateway::start_with(
         &["envoy-default-eg-e41e7b31-7c9d8f6b5-a1b2c"],
         "examples/llm-token-budget.yaml",
@@ -369,107 +351,18 @@ async fn the_llm_policy_charges_streamed_tokens_and_holds_the_budget() {
     )
     .await;
     let url = format!("{}/v1/chat/completions", gateway.fleet.envoys[0].base_url());
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-
-    // Charged from the body: exactly what the upstream reported.
-    let sizes = [40, 400, 4_000];
-    for tokens in sizes {
-        let response = completion(&http, &url, "gold", tokens, tokens)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200, "{:?}", response.headers());
-        response.bytes().await.unwrap();
-    }
-    let envoy = &gateway.fleet.envoys[0];
-    let charged = wait::until(
-        "every stream charged from its body",
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || async {
-            let stats = envoy.stats("sluice.source=").await?;
-            let charges = counter_total(&stats, "sluice.source=body.charges");
-            Ok((charges >= sizes.len() as u64).then_some(stats))
-        },
+    let held = deployed::holds_the_budget(
+        &url,
+        &gateway.fleet.envoys[0],
+        &upstream,
+        gateway.fleet.control_plane.admin(),
     )
     .await;
-    let stats = charged.unwrap_or_else(|err| {
-        gateway.print_logs();
-        panic!("{err:#}")
-    });
-    assert_eq!(
-        (
-            counter_total(&stats, "sluice.source=body.cost_charged"),
-            counter_total(&stats, "sluice.source=estimate.charges"),
-        ),
-        (upstream.tenant("gold").usage.total(), 0),
-        "{stats}"
-    );
-
-    // Two tenants, each offering 1.5x the budget in requests of 2,000
-    // tokens (one size: what is admitted varies only with the decisions).
-    let load = TokenLoad::start_on(
-        &[url.clone(), url.clone()],
-        TokenDistribution::new(2_000.0, 2_000.0).unwrap(),
-        vec![
-            TokenStream::steady(0, "gold", 1.5 * LLM_BUDGET_PER_S),
-            TokenStream::steady(0, "silver", 1.5 * LLM_BUDGET_PER_S),
-        ],
-        LLM_LOAD,
-        7,
-    )
-    .unwrap();
-    tokio::time::sleep(LLM_MEASURE_FROM).await;
-    let mut policy = None;
-    let mut probe_admitted = 0;
-    for _ in 0..50 {
-        let response = completion(&http, &url, "gold", 2_000, 2_000)
-            .send()
-            .await
-            .unwrap();
-        if response.status() == 429 {
-            policy = response
-                .headers()
-                .get("ratelimit-policy")
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned);
-            break;
+    match held {
+        Ok(summary) => println!("{summary}"),
+        Err(err) => {
+            gateway.print_logs();
+            panic!("{err:#}");
         }
-        response.bytes().await.unwrap();
-        probe_admitted += 2_000;
     }
-    let buckets = gateway.fleet.control_plane.admin().buckets().await.unwrap();
-    let completions = load.finish().await;
-    let admitted =
-        admitted_tokens(&completions, LLM_MEASURE_FROM, LLM_LOAD, |_| true) + probe_admitted;
-    let expected = LLM_BUDGET_PER_S * (LLM_LOAD - LLM_MEASURE_FROM).as_secs_f64();
-    let llm = buckets.buckets.iter().find(|b| b.bucket == "llm");
-    let summary = format!(
-        "admitted {admitted} tokens from {LLM_MEASURE_FROM:?} to {LLM_LOAD:?}, the budget's \
-         {expected:.0}; a 429's ratelimit-policy: {policy:?}; the control plane: {llm:?}"
-    );
-    println!("{summary}");
-    let policy = policy.unwrap_or_else(|| {
-        gateway.print_logs();
-        panic!("no 429 at 3x the budget\n{summary}")
-    });
-    assert!(
-        policy.contains(r#"qu="tokens""#) && policy.contains("w=60"),
-        "{summary}"
-    );
-    // The control plane holds the budget in what the streams were charged:
-    // their estimates' output tokens plus the prompts' few.
-    let cost = llm.and_then(|b| b.cost.as_ref()).expect(&summary);
-    assert!(
-        cost.charge_factor
-            .is_some_and(|factor| (1.0..1.2).contains(&factor)),
-        "{summary}"
-    );
-    assert!(
-        within(admitted as f64, expected, 0.30),
-        "the gateway admitted {admitted} tokens, the budget's {expected:.0}\n{summary}"
-    );
 }

@@ -19,6 +19,7 @@ use serde_json::json;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::mesh::header_of_a_429;
 use sluice_integration_tests::sidecars::{SidecarMesh, SidecarOptions};
+use sluice_integration_tests::token_fleet::deployed;
 
 /// deploy/base/configmap-limits.yaml's limit for `acme`, enforced there.
 const ACME_LIMIT: f64 = 200.0;
@@ -178,4 +179,40 @@ async fn a_plugin_config_pushed_through_ecds_applies_without_restart_or_burst() 
         within(admitted, ACME_LIMIT, 0.10),
         "{admitted:.1} rps after the push, limit {ACME_LIMIT}\n{summary}"
     );
+}
+
+/// deploy/examples' LLM token budget for Istio, delivered as istiod
+/// delivers it to the sidecar of a model server in the namespace `models`
+/// labelled as its selector says, in front of the fake LLM upstream:
+/// streamed completions are charged from the body exactly the tokens the
+/// upstream reported, two tenants offering 3x deploy/base's budget are held
+/// to about it, and the 429s say the unit and the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llm_plugin_charges_streamed_tokens_and_holds_the_budget() {
+    let upstream = deployed::start_upstream().await.unwrap();
+    let mut options = options(&["llm-server-6c8d-a"]);
+    options.plugin = "examples/llm-token-budget-istio.yaml".to_owned();
+    options.app = Some(upstream.addr());
+    let mesh = SidecarMesh::start(options).await.unwrap();
+    let sidecar = &mesh.sidecars[0];
+    assert_eq!(sidecar.namespace, "models");
+    assert_eq!(
+        sidecar.labels.get("app").map(String::as_str),
+        Some("llm-server")
+    );
+    let url = format!("{}/v1/chat/completions", mesh.url(0).unwrap());
+    let held = deployed::holds_the_budget(
+        &url,
+        &mesh.fleet.envoys[0],
+        &upstream,
+        mesh.fleet.control_plane.admin(),
+    )
+    .await;
+    match held {
+        Ok(summary) => println!("{summary}"),
+        Err(err) => {
+            mesh.print_logs();
+            panic!("{err:#}");
+        }
+    }
 }
