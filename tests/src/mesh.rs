@@ -252,9 +252,21 @@ fn local_file(path: &Path) -> AsyncDataSource {
     }
 }
 
-/// An Istio sidecar without the Istio agent, as istiod knows it.
+/// What an Istio proxy runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyKind {
+    /// A pod's sidecar (node id `sidecar~…`, an inbound listener).
+    Sidecar,
+    /// A gateway of its own deployment (node id `router~…`).
+    Gateway,
+}
+
+/// An Istio proxy without the Istio agent, as istiod knows it: a sidecar,
+/// or a gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sidecar {
+    /// Sidecar or gateway.
+    pub kind: ProxyKind,
     /// The pod's name.
     pub pod: String,
     /// The pod's namespace.
@@ -267,27 +279,26 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    /// A sidecar of pod `pod` in `namespace`, labelled `app: <pod>` and
-    /// `sluice.io/rate-limit: enabled` (deploy/istio's selector), whose
+    /// A sidecar of pod `pod` in `namespace`, labelled `app: <pod>`, whose
     /// inbound route answers 200 itself.
     pub fn new(pod: &str, namespace: &str) -> Self {
         Self {
+            kind: ProxyKind::Sidecar,
             pod: pod.to_owned(),
             namespace: namespace.to_owned(),
-            labels: [
-                ("app".to_owned(), pod.to_owned()),
-                ("sluice.io/rate-limit".to_owned(), "enabled".to_owned()),
-            ]
-            .into_iter()
-            .collect(),
+            labels: [("app".to_owned(), pod.to_owned())].into_iter().collect(),
             app: None,
         }
     }
 
     /// The node id the Istio agent gives Envoy.
     pub fn node_id(&self) -> String {
+        let kind = match self.kind {
+            ProxyKind::Sidecar => "sidecar",
+            ProxyKind::Gateway => "router",
+        };
         format!(
-            "sidecar~127.0.0.1~{pod}.{ns}~{ns}.svc.cluster.local",
+            "{kind}~127.0.0.1~{pod}.{ns}~{ns}.svc.cluster.local",
             pod = self.pod,
             ns = self.namespace
         )
@@ -335,6 +346,11 @@ impl Sidecar {
             }
             None => Json::Null,
         };
+        // A gateway's listener is named after its address and port.
+        let listener_name = match self.kind {
+            ProxyKind::Sidecar => "virtualInbound",
+            ProxyKind::Gateway => "0.0.0.0_8080",
+        };
         let bootstrap = serde_json::json!({
             "node": {
                 "id": self.node_id(),
@@ -358,7 +374,7 @@ impl Sidecar {
             },
             "static_resources": {
                 "clusters": clusters,
-                "listeners": [listener("virtualInbound", filters, route)],
+                "listeners": [listener(listener_name, filters, route)],
             },
         });
         serde_json::from_value(bootstrap).context("the sidecar bootstrap")

@@ -1,7 +1,8 @@
 //! Istio sidecars without Istio: an xDS server that plays istiod
 //! ([`crate::xds`]), the control plane with deploy/'s limits, and Envoys
-//! configured as sidecars of pods in one namespace, each fed deploy/'s
-//! WasmPlugin through ECDS exactly as istiod builds it ([`crate::mesh`]).
+//! configured as sidecars of pods in one namespace, each fed one of
+//! deploy/'s WasmPlugins through ECDS exactly as istiod builds it
+//! ([`crate::mesh`]), the pods labelled as its selector says.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -12,7 +13,7 @@ use envoy_types::pb::google::protobuf::Any;
 use serde_json::Value as Json;
 
 use crate::fleet::{EnvoySpec, Fleet, FleetOptions};
-use crate::mesh::{Sidecar, WasmPlugin};
+use crate::mesh::{ProxyKind, Sidecar, WasmPlugin};
 use crate::paths;
 use crate::xds::{EXTENSION_CONFIG_TYPE, XdsServer, to_any};
 
@@ -56,6 +57,9 @@ pub struct SidecarOptions {
     /// The pods' application, which their inbound routes forward to;
     /// `None`: the sidecars answer 200 themselves.
     pub app: Option<SocketAddr>,
+    /// The pods are gateways of the plugin's namespace (node id
+    /// `router~…`), not sidecars.
+    pub gateways: bool,
 }
 
 impl SidecarOptions {
@@ -69,6 +73,7 @@ impl SidecarOptions {
             concurrency: 2,
             plugin: SIDECAR_PLUGIN.to_owned(),
             app: None,
+            gateways: false,
         }
     }
 }
@@ -133,15 +138,19 @@ impl SidecarMesh {
         }
         extensions.push(mesh.plugin.resource_name());
         for pod in &options.pods {
-            // A plugin in Istio's root namespace applies to pods in any
-            // namespace; one elsewhere, to that namespace's. The pods carry
-            // its selector's labels.
-            let namespace = if mesh.plugin.namespace == ISTIO_ROOT_NAMESPACE {
+            // A plugin in Istio's root namespace applies to sidecars in any
+            // namespace; one elsewhere, to that namespace's. Gateways run
+            // in the plugin's namespace. The pods carry its selector's
+            // labels.
+            let namespace = if mesh.plugin.namespace == ISTIO_ROOT_NAMESPACE && !options.gateways {
                 NAMESPACE
             } else {
                 &mesh.plugin.namespace
             };
             let mut sidecar = Sidecar::new(pod, namespace);
+            if options.gateways {
+                sidecar.kind = ProxyKind::Gateway;
+            }
             sidecar.labels.extend(mesh.plugin.selector.clone());
             sidecar.app = options.app;
             let config = sidecar.bootstrap(

@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use serde_json::json;
+use sluice_integration_tests::envoy::decisions_in;
 use sluice_integration_tests::load::{LoadPlan, LoadRun, StreamSpec, Window, rate, within};
 use sluice_integration_tests::mesh::header_of_a_429;
 use sluice_integration_tests::sidecars::{SidecarMesh, SidecarOptions};
@@ -23,6 +24,8 @@ use sluice_integration_tests::token_fleet::deployed;
 
 /// deploy/base/configmap-limits.yaml's limit for `acme`, enforced there.
 const ACME_LIMIT: f64 = 200.0;
+/// Its limit for each `ingress/*` bucket, in shadow mode there.
+const INGRESS_LIMIT: f64 = 250.0;
 
 fn options(pods: &[&str]) -> SidecarOptions {
     let mut options = SidecarOptions::new(pods);
@@ -215,4 +218,70 @@ async fn the_llm_plugin_charges_streamed_tokens_and_holds_the_budget() {
             panic!("{err:#}");
         }
     }
+}
+
+/// deploy/istio's ingress-gateway plugin as istiod delivers it to a
+/// gateway (node id `router~…`, labelled `istio: ingressgateway`, in
+/// istio-system): its requests count in the buckets `ingress/<tenant>`
+/// under its node id, which deploy/base's limits run in shadow mode.
+/// Offered twice the `ingress/*` limit, the gateway refuses nothing while
+/// the control plane drops half on paper and the filter counts those
+/// requests as shadow drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingress_gateway_counts_its_tenants_in_shadow_mode() {
+    let mut options = options(&["istio-ingressgateway-6c9f-a"]);
+    options.plugin = "istio/wasmplugin-ingressgateway.yaml".to_owned();
+    options.gateways = true;
+    let mesh = SidecarMesh::start(options).await.unwrap();
+    let gateway = mesh.sidecars[0].node_id();
+    assert!(
+        gateway.starts_with("router~")
+            && gateway.ends_with("istio-system~istio-system.svc.cluster.local"),
+        "{gateway}"
+    );
+    let load = LoadRun::start(LoadPlan::new(
+        vec![StreamSpec::new(
+            "acme",
+            &mesh.url(0).unwrap(),
+            "acme",
+            2.0 * INGRESS_LIMIT,
+        )],
+        Duration::from_secs(6),
+    ))
+    .unwrap();
+    let admin = mesh.fleet.control_plane.admin();
+    let shadowed = admin
+        .wait_for_bucket(
+            "ingress/acme",
+            "ingress/acme limited on paper",
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            |b| (b.limit_rps == Some(INGRESS_LIMIT) && b.drop_ratio > 0.3).then(|| b.clone()),
+        )
+        .await;
+    let proxies = admin.proxies().await.unwrap();
+    let result = load.finish().await.unwrap();
+    let stats = mesh.fleet.envoys[0].stats("sluice.result=").await.unwrap();
+    let summary = format!(
+        "{shadowed:?}\nproxies: {proxies:?}\n{}\n{stats}",
+        result.timeline(Duration::from_millis(500))
+    );
+    if shadowed.is_err() {
+        mesh.print_logs();
+    }
+    shadowed.expect(&summary);
+    let counts = result.tenant_counts(Window::secs(0.0, 6.0), "acme");
+    assert_eq!(
+        (counts.limited, counts.server_errors, counts.errors),
+        (0, 0, 0),
+        "{summary}"
+    );
+    assert!(counts.ok > 0, "{summary}");
+    assert!(decisions_in(&stats, "shadow_drop") > 0, "{summary}");
+    let ids: Vec<&str> = proxies
+        .proxies
+        .iter()
+        .map(|p| p.proxy_id.as_str())
+        .collect();
+    assert_eq!(ids, [gateway.as_str()], "{summary}");
 }
